@@ -1,0 +1,7 @@
+"""remote-ops: drive a remote GPU host over SSH.
+
+The Python API lives in :mod:`remote_ops.api`; importing this package stays cheap so that
+``remote-ops --help`` starts fast.
+"""
+
+__version__ = "0.1.0"

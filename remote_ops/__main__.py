@@ -1,0 +1,5 @@
+import sys
+
+from remote_ops.cli import main
+
+sys.exit(main())

@@ -1,0 +1,95 @@
+"""Wire protocol of the agent: JSON request on stdin, JSON lines on stdout.
+
+Request: ``{"ops": [{"op": "module.name", "args": {...}}, ...], "env": {...}}``.
+Output lines: ``{"event": {...}, "i": N}`` while op N streams, then one final
+``{"results": [{"ok": true, "result": ...} | {"ok": false, "error": {...}}, ...]}``.
+Ops of one request run in order; a failed op does not stop the ones after it unless the
+request says ``"stop_on_error": true``.
+"""
+
+import importlib
+import inspect
+import json
+import os
+import sys
+import traceback
+
+
+class AgentFailure(Exception):
+    """An expected failure, reported to the controller as a typed error (not a crash)."""
+
+    def __init__(self, kind, message, hint=None, **details):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.hint = hint
+        self.details = details
+
+    def to_json(self):
+        out = {"kind": self.kind, "message": self.message, "hint": self.hint}
+        out.update(self.details)
+        return out
+
+
+def _emit(obj, out):
+    out.write(json.dumps(obj, default=str, separators=(",", ":")) + "\n")
+    out.flush()
+
+
+def _run_one(spec, index, out, package):
+    name = spec.get("op", "")
+    args = spec.get("args") or {}
+    module_name, _, func_name = name.rpartition(".")
+    if not module_name or not func_name.isidentifier() or not all(
+            p.isidentifier() for p in module_name.split(".")):
+        raise AgentFailure("bad-op", "unknown agent operation %r" % name)
+    try:
+        module = importlib.import_module("." + module_name, package)
+    except ModuleNotFoundError:
+        raise AgentFailure("bad-op", "unknown agent module %r" % module_name)
+    func = getattr(module, "op_" + func_name, None)
+    if func is None:
+        raise AgentFailure("bad-op", "unknown agent operation %r" % name)
+    if inspect.isgeneratorfunction(func):
+        gen = func(args)
+        while True:
+            try:
+                event = next(gen)
+            except StopIteration as stop:
+                return stop.value
+            _emit({"event": event, "i": index}, out)
+    return func(args)
+
+
+def serve(stdin, out, package):
+    """Read one request from ``stdin`` and answer it on ``out``."""
+    try:
+        request = json.loads(stdin.read() or "{}")
+    except ValueError as exc:
+        _emit({"results": [{"ok": False, "error": {"kind": "bad-request", "message": str(exc)}}]}, out)
+        return 2
+    env = request.get("env") or {}
+    for key, value in env.items():
+        os.environ[str(key)] = str(value)
+    results = []
+    for index, spec in enumerate(request.get("ops") or []):
+        try:
+            results.append({"ok": True, "result": _run_one(spec, index, out, package)})
+        except AgentFailure as exc:
+            results.append({"ok": False, "error": exc.to_json()})
+        except Exception as exc:  # a crash: report it with the traceback, keep serving
+            results.append({"ok": False, "error": {
+                "kind": "crash", "message": "%s: %s" % (type(exc).__name__, exc),
+                "traceback": traceback.format_exc()}})
+        if request.get("stop_on_error") and not results[-1]["ok"]:
+            break
+    _emit({"results": results}, out)
+    return 0
+
+
+def main(package):
+    stdin = sys.stdin
+    out = sys.stdout
+    # Nothing an op prints by accident may corrupt the protocol stream.
+    sys.stdout = sys.stderr
+    return serve(stdin, out, package)

@@ -1,0 +1,66 @@
+"""Packs ``remote_ops/agent`` into a bootstrap that the host's interpreter runs from stdin.
+
+The command line is fixed text plus the quoted interpreter path; everything else (the agent's
+sources, the request, user values) travels on stdin, so nothing a user typed is ever parsed by
+the remote shell.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shlex
+import zlib
+from pathlib import Path
+
+AGENT_PACKAGE = "_remote_ops_agent"
+
+# Runs on the host: reads "<n>\n" + n bytes of zlib(JSON {module: source}) from stdin, installs
+# an importer for them, then hands the rest of stdin to the protocol.
+_BOOT = r"""
+import sys,json,zlib,importlib.abc,importlib.util
+if sys.path and sys.path[0]=="":del sys.path[0]
+r=sys.stdin.buffer
+n=int(r.readline())
+S=json.loads(zlib.decompress(r.read(n)).decode())
+P=%(pkg)r
+class L(importlib.abc.MetaPathFinder,importlib.abc.Loader):
+    def find_spec(self,name,path=None,target=None):
+        k=name+".__init__" if name+".__init__" in S else name
+        if k in S:
+            return importlib.util.spec_from_loader(name,self,is_package=k.endswith(".__init__"))
+    def create_module(self,spec):
+        return None
+    def exec_module(self,m):
+        k=m.__name__+".__init__" if m.__name__+".__init__" in S else m.__name__
+        m.__file__="<remote-ops agent>/"+k.replace(".","/")+".py"
+        exec(compile(S[k],m.__file__,"exec"),m.__dict__)
+sys.meta_path.insert(0,L())
+import io
+sys.stdin=io.TextIOWrapper(r,encoding="utf-8")
+from _remote_ops_agent import protocol
+sys.exit(protocol.main(P))
+""" % {"pkg": AGENT_PACKAGE}
+
+
+@functools.lru_cache(maxsize=1)
+def agent_payload() -> bytes:
+    """Compressed agent sources, prefixed with their length line."""
+    root = Path(__file__).parent / "agent"
+    sources = {}
+    for path in sorted(root.glob("*.py")):
+        stem = path.stem
+        key = f"{AGENT_PACKAGE}.__init__" if stem == "__init__" else f"{AGENT_PACKAGE}.{stem}"
+        sources[key] = path.read_text(encoding="utf-8")
+    blob = zlib.compress(json.dumps(sources).encode(), 9)
+    return str(len(blob)).encode() + b"\n" + blob
+
+
+def agent_command(python: str) -> str:
+    """The remote command line: the quoted interpreter and a fixed bootstrap."""
+    return f"exec {shlex.quote(python)} -c {shlex.quote(_BOOT)}"
+
+
+def encode_request(ops: list[dict], env: dict | None = None, stop_on_error: bool = False) -> bytes:
+    req = {"ops": ops, "env": env or {}, "stop_on_error": stop_on_error}
+    return agent_payload() + json.dumps(req).encode()

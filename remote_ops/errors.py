@@ -1,0 +1,91 @@
+"""Errors that reach the user as one clear line, and the exit statuses they map to."""
+
+from __future__ import annotations
+
+import enum
+
+
+class Exit(enum.IntEnum):
+    """Exit statuses of the CLI. Scripts may rely on these numbers."""
+
+    OK = 0
+    FINDINGS = 1          # check found incompatibilities; a job failed; a fleet had a failed host
+    USAGE = 2             # bad arguments, inventory or playbook
+    UNREACHABLE = 3       # TCP connection refused / no route / DNS
+    AUTH = 4              # authentication refused
+    TIMEOUT = 5           # connect or command timeout
+    HOSTKEY = 6           # unknown or changed host key
+    REMOTE = 7            # the remote agent failed (bad interpreter, crash)
+    REFUSED = 8           # an operation refused to run (preflight, anchor, validation, lock)
+    INTERRUPTED = 130
+
+
+class RemoteOpsError(Exception):
+    """An error meant for the user: one line of what/where, an optional hint of what to do."""
+
+    exit_status: Exit = Exit.REMOTE
+
+    def __init__(self, message: str, hint: str | None = None, *, exit_status: Exit | None = None,
+                 host: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.host = host
+        if exit_status is not None:
+            self.exit_status = exit_status
+
+    def one_line(self) -> str:
+        where = f"{self.host}: " if self.host else ""
+        hint = f" ({self.hint})" if self.hint else ""
+        return f"{where}{self.message}{hint}"
+
+    def to_json(self) -> dict:
+        return {"error": type(self).__name__, "message": self.message, "hint": self.hint,
+                "exit_status": int(self.exit_status), "host": self.host}
+
+
+class UsageError(RemoteOpsError):
+    exit_status = Exit.USAGE
+
+
+class ConfigError(UsageError):
+    """A bad inventory or playbook; the message names file and line."""
+
+    def __init__(self, path: str, line: int | None, problem: str, hint: str | None = None):
+        loc = f"{path}:{line}" if line else str(path)
+        super().__init__(f"{loc}: {problem}", hint)
+        self.path = str(path)
+        self.line = line
+        self.problem = problem
+
+
+class UnreachableError(RemoteOpsError):
+    exit_status = Exit.UNREACHABLE
+
+
+class AuthError(RemoteOpsError):
+    exit_status = Exit.AUTH
+
+
+class TimeoutError_(RemoteOpsError):
+    exit_status = Exit.TIMEOUT
+
+
+class HostKeyError(RemoteOpsError):
+    exit_status = Exit.HOSTKEY
+
+
+class AgentError(RemoteOpsError):
+    """The remote agent could not run or raised; carries the remote traceback for --debug."""
+
+    exit_status = Exit.REMOTE
+
+    def __init__(self, message: str, hint: str | None = None, *, remote_traceback: str | None = None,
+                 host: str | None = None, kind: str | None = None):
+        super().__init__(message, hint, host=host)
+        self.remote_traceback = remote_traceback
+        self.kind = kind
+
+
+class RefusedError(RemoteOpsError):
+    exit_status = Exit.REFUSED

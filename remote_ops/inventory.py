@@ -1,0 +1,216 @@
+"""The inventory: hosts, groups and the default host, loaded with file:line errors."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from remote_ops.errors import ConfigError, UsageError
+from remote_ops.yamlsrc import YamlDoc, load_file, type_name
+
+DEFAULT_INVENTORY = "inventory.yaml"
+
+# key -> (accepted python types, description)
+HOST_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
+    "hostname": ((str,), "string"),
+    "port": ((int,), "integer"),
+    "user": ((str,), "string"),
+    "identity_file": ((str, list), "string or list of strings"),
+    "proxy_jump": ((str, list), "string or list of strings"),
+    "known_hosts": ((str,), "string"),
+    "python": ((str,), "string"),
+    "workdir": ((str,), "string"),
+    "env": ((dict,), "mapping"),
+    "vars": ((dict,), "mapping"),
+    "playbook": ((str,), "string"),
+    "connect_timeout": ((int, float), "number"),
+    "keepalive": ((int,), "integer"),
+}
+TOP_KEYS = {"hosts", "groups", "default"}
+
+
+@dataclass(frozen=True)
+class Host:
+    """One host of the inventory, with the values the inventory set (None where unset)."""
+
+    name: str
+    hostname: str
+    port: int | None = None
+    user: str | None = None
+    identity_file: tuple[str, ...] = ()
+    proxy_jump: tuple[str, ...] | None = None   # None: fall back to ~/.ssh/config; () : none
+    known_hosts: str | None = None
+    python: str = "python3"
+    workdir: str | None = None
+    env: dict = field(default_factory=dict, hash=False, compare=False)
+    vars: dict = field(default_factory=dict, hash=False, compare=False)
+    playbook: str | None = None
+    connect_timeout: float = 10.0
+    keepalive: int = 15
+    inventory_path: str | None = None
+
+    def resolve_path(self, value: str) -> str:
+        """A path from the inventory, relative to the inventory's folder."""
+        p = Path(os.path.expanduser(value))
+        if not p.is_absolute() and self.inventory_path:
+            p = Path(self.inventory_path).parent / p
+        return str(p)
+
+
+@dataclass
+class Inventory:
+    path: str
+    hosts: dict[str, Host]
+    groups: dict[str, list[str]]
+    default: str | None = None
+    doc: YamlDoc | None = None
+
+    def resolve(self, spec: str | None) -> list[Host]:
+        """Hosts named by ``spec``: a host, a group, a comma list of either, or None for the default."""
+        if not spec:
+            if self.default:
+                return [self.hosts[self.default]]
+            if len(self.hosts) == 1:
+                return list(self.hosts.values())
+            raise UsageError(f"{self.path}: no host given and the inventory has no 'default'",
+                             f"name a host ({', '.join(sorted(self.hosts)) or 'none defined'}) "
+                             "or add 'default: NAME'")
+        out: list[Host] = []
+        for part in [p.strip() for p in spec.split(",") if p.strip()]:
+            if part in self.hosts:
+                names = [part]
+            elif part in self.groups:
+                names = self.groups[part]
+            elif part == "all":
+                names = list(self.hosts)
+            else:
+                known = sorted(self.hosts) + sorted(self.groups)
+                raise UsageError(f"{self.path}: unknown host or group {part!r}",
+                                 f"known: {', '.join(known) if known else 'none'}")
+            for name in names:
+                if self.hosts[name] not in out:
+                    out.append(self.hosts[name])
+        if not out:
+            raise UsageError(f"{self.path}: {spec!r} names no hosts")
+        return out
+
+
+def inventory_path(explicit: str | None = None) -> str:
+    return explicit or os.environ.get("REMOTE_OPS_INVENTORY") or DEFAULT_INVENTORY
+
+
+def _str_list(doc: YamlDoc, keys: tuple, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return tuple(v.strip() for v in value.split(",") if v.strip())
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise doc.error(keys + (i,), f"{keys[-1]} entries must be strings, got {type_name(item)}")
+    return tuple(value)
+
+
+def _parse_host(doc: YamlDoc, name: str, entry: Any) -> Host:
+    where = ("hosts", name)
+    if entry is None:
+        entry = {}
+    if not isinstance(entry, dict):
+        raise doc.error(where, f"host {name!r} must be a mapping, got {type_name(entry)}")
+    for key, value in entry.items():
+        if key not in HOST_KEYS:
+            raise doc.error(where + (key,), f"unknown key {key!r} in host {name!r}",
+                            f"known keys: {', '.join(HOST_KEYS)}")
+        types, desc = HOST_KEYS[key]
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise doc.error(where + (key,), f"{key} of host {name!r} must be a {desc}, got {type_name(value)}")
+    for key in ("env", "vars"):
+        for k, v in (entry.get(key) or {}).items():
+            if key == "env" and (not isinstance(k, str) or not k.replace("_", "a").isalnum() or k[0].isdigit()):
+                raise doc.error(where + (key, k), f"env name {k!r} of host {name!r} is not a valid variable name")
+            if key == "env" and isinstance(v, (dict, list)):
+                raise doc.error(where + (key, k), f"env value {k!r} of host {name!r} must be a scalar")
+    port = entry.get("port")
+    if port is not None and not 0 < port < 65536:
+        raise doc.error(where + ("port",), f"port of host {name!r} must be 1-65535, got {port}")
+    proxy = entry.get("proxy_jump")
+    proxy_t = None if proxy is None else _str_list(doc, where + ("proxy_jump",), proxy)
+    if proxy_t is not None and [p.lower() for p in proxy_t] == ["none"]:
+        proxy_t = ()
+    ident = entry.get("identity_file") or ()
+    return Host(
+        name=name,
+        hostname=entry.get("hostname", name),
+        port=port,
+        user=entry.get("user"),
+        identity_file=_str_list(doc, where + ("identity_file",), ident) if ident else (),
+        proxy_jump=proxy_t,
+        known_hosts=entry.get("known_hosts"),
+        python=entry.get("python", "python3"),
+        workdir=entry.get("workdir"),
+        env={k: "" if v is None else str(v) for k, v in (entry.get("env") or {}).items()},
+        vars=dict(entry.get("vars") or {}),
+        playbook=entry.get("playbook"),
+        connect_timeout=float(entry.get("connect_timeout", 10.0)),
+        keepalive=int(entry.get("keepalive", 15)),
+        inventory_path=doc.path,
+    )
+
+
+def parse(doc: YamlDoc) -> Inventory:
+    data = doc.data
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise doc.error((), f"the inventory must be a mapping with 'hosts', got {type_name(data)}")
+    for key in data:
+        if key not in TOP_KEYS:
+            raise doc.error((key,), f"unknown top-level key {key!r}", "known keys: hosts, groups, default")
+    hosts_raw = data.get("hosts") or {}
+    if not isinstance(hosts_raw, dict):
+        raise doc.error(("hosts",), f"'hosts' must be a mapping of name -> settings, got {type_name(hosts_raw)}")
+    hosts = {}
+    for name, entry in hosts_raw.items():
+        if not isinstance(name, str) or not name or "," in name:
+            raise doc.error(("hosts", name), f"invalid host name {name!r}")
+        hosts[name] = _parse_host(doc, name, entry)
+    groups_raw = data.get("groups") or {}
+    if not isinstance(groups_raw, dict):
+        raise doc.error(("groups",), f"'groups' must be a mapping of name -> list of hosts, got {type_name(groups_raw)}")
+    groups: dict[str, list[str]] = {}
+    for gname, members in groups_raw.items():
+        if gname in hosts:
+            raise doc.error(("groups", gname), f"group {gname!r} has the same name as a host")
+        if not isinstance(members, list):
+            raise doc.error(("groups", gname), f"group {gname!r} must be a list of host names, got {type_name(members)}")
+        names: list[str] = []
+        for i, member in enumerate(members):
+            if member in hosts:
+                names.append(member)
+            elif isinstance(member, str) and member in groups_raw and member != gname:
+                # nested group, one level deep is enough for readable inventories
+                inner = groups_raw[member]
+                if not isinstance(inner, list) or any(m not in hosts for m in inner):
+                    raise doc.error(("groups", gname, i), f"group {gname!r} nests {member!r}, which must list hosts only")
+                names.extend(inner)
+            else:
+                raise doc.error(("groups", gname, i), f"group {gname!r} names unknown host {member!r}")
+        groups[gname] = list(dict.fromkeys(names))
+    default = data.get("default")
+    if default is not None:
+        if not isinstance(default, str) or (default not in hosts and default not in groups):
+            raise doc.error(("default",), f"default {default!r} is not a host or group of this inventory")
+    inv = Inventory(doc.path, hosts, groups, default, doc)
+    return inv
+
+
+def load(path: str | None = None, *, missing_ok: bool = False) -> Inventory:
+    p = inventory_path(path)
+    if missing_ok and not Path(p).expanduser().exists():
+        return Inventory(p, {}, {}, None, None)
+    return parse(load_file(p))
+
+
+def resolve_default(inv: Inventory, spec: str | None) -> list[Host]:
+    if not spec and inv.default and inv.default in inv.groups:
+        return [inv.hosts[n] for n in inv.groups[inv.default]]
+    return inv.resolve(spec)

@@ -1,0 +1,351 @@
+"""SSH transport: verified connections (host keys, ssh_config, ProxyJump, keepalive) and agent calls.
+
+This is the only module that knows about SSH. Everything crossing the wire is an *agent call*:
+one exec channel running the stdlib-only agent on the host's interpreter, request on stdin,
+JSON lines back. ``Session.stats`` counts exec channels and SFTP requests (the round trips).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from remote_ops import bundle
+from remote_ops.errors import (AgentError, AuthError, HostKeyError, RemoteOpsError,
+                               TimeoutError_, UnreachableError)
+from remote_ops.inventory import Host
+
+
+@dataclass
+class Stats:
+    connects: int = 0
+    execs: int = 0
+    sftp_requests: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    op_log: list = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"connects": self.connects, "execs": self.execs, "sftp_requests": self.sftp_requests,
+                "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received}
+
+
+@dataclass
+class ConnectOptions:
+    accept_new: bool = False
+    connect_timeout: float | None = None
+    ssh_config_path: str | None = None   # None: ~/.ssh/config when it exists
+
+
+def _ssh_config(path: str | None):
+    import paramiko
+
+    cfg = paramiko.SSHConfig()
+    p = Path(os.path.expanduser(path or "~/.ssh/config"))
+    if p.exists():
+        with open(p) as fh:
+            cfg.parse(fh)
+    return cfg
+
+
+def _parse_hop(hop: str) -> tuple[str | None, str, int | None]:
+    user, _, rest = hop.rpartition("@")
+    host, port = rest, None
+    if rest.startswith("["):
+        host, _, tail = rest[1:].partition("]")
+        port = int(tail[1:]) if tail.startswith(":") else None
+    elif rest.count(":") == 1:
+        host, p = rest.split(":")
+        port = int(p)
+    return (user or None), host, port
+
+
+class Session:
+    """One verified SSH connection to one host, and agent calls over it."""
+
+    def __init__(self, host: Host, options: ConnectOptions | None = None,
+                 inventory_hosts: dict[str, Host] | None = None):
+        self.host = host
+        self.options = options or ConnectOptions()
+        self.inventory_hosts = inventory_hosts or {}
+        self.stats = Stats()
+        self._conn = None
+        self._gateways: list = []
+        self._lock = threading.Lock()
+
+    # ---------------------------------------------------------------- connecting
+    @property
+    def label(self) -> str:
+        return self.host.name
+
+    def _settings(self, host: Host, ssh_cfg) -> dict:
+        """explicit inventory value -> ~/.ssh/config -> OpenSSH default."""
+        entry = ssh_cfg.lookup(host.hostname) if ssh_cfg else {}
+        hostname = entry.get("hostname", host.hostname) if host.hostname == host.name or True else host.hostname
+        port = host.port or int(entry.get("port", 22))
+        user = host.user or entry.get("user") or os.environ.get("USER") or "root"
+        idents = [host.resolve_path(i) for i in host.identity_file] or \
+            [os.path.expanduser(i) for i in entry.get("identityfile", [])]
+        if host.known_hosts:
+            known = host.resolve_path(host.known_hosts)
+        else:
+            ukh = entry.get("userknownhostsfile")
+            known = os.path.expanduser(ukh.split()[0] if ukh else "~/.ssh/known_hosts")
+        if host.proxy_jump is not None:
+            hops = list(host.proxy_jump)
+        else:
+            pj = entry.get("proxyjump")
+            hops = [] if not pj or pj.lower() == "none" else [h.strip() for h in pj.split(",")]
+        timeout = self.options.connect_timeout or host.connect_timeout or float(entry.get("connecttimeout", 10))
+        keepalive = host.keepalive or int(entry.get("serveraliveinterval", 15))
+        return {"hostname": hostname, "port": port, "user": user, "identity_files": idents,
+                "known_hosts": known, "hops": hops, "timeout": timeout, "keepalive": keepalive}
+
+    def _hop_host(self, hop: str) -> Host:
+        if hop in self.inventory_hosts:
+            return self.inventory_hosts[hop]
+        user, hostname, port = _parse_hop(hop)
+        return Host(name=hop, hostname=hostname, port=port, user=user, proxy_jump=(),
+                    known_hosts=self.host.known_hosts, inventory_path=self.host.inventory_path)
+
+    def _make_connection(self, host: Host, ssh_cfg, gateway):
+        import paramiko
+        from fabric import Config, Connection
+
+        s = self._settings(host, ssh_cfg)
+        config = Config(overrides={"load_ssh_configs": False})
+        connect_kwargs = {
+            "key_filename": s["identity_files"] or None,
+            "allow_agent": True,
+            "look_for_keys": not s["identity_files"],
+            "banner_timeout": s["timeout"],
+            "auth_timeout": s["timeout"],
+        }
+        conn = Connection(s["hostname"], user=s["user"], port=s["port"], config=config,
+                          gateway=gateway if gateway is not None else False,
+                          connect_timeout=int(max(1, s["timeout"])), connect_kwargs=connect_kwargs)
+        client: paramiko.SSHClient = conn.client
+        known = s["known_hosts"]
+        if os.path.exists(known):
+            try:
+                client.load_host_keys(known)
+            except (OSError, paramiko.SSHException) as exc:
+                raise HostKeyError(f"cannot read known_hosts {known}: {exc}", host=host.name) from None
+        else:
+            client._host_keys_filename = known
+        policy = _policy(known, self.options.accept_new, host.name)
+        client.set_missing_host_key_policy(policy)
+        return conn, s
+
+    def open(self) -> "Session":
+        if self._conn is not None:
+            return self
+        ssh_cfg = _ssh_config(self.options.ssh_config_path)
+        s0 = self._settings(self.host, ssh_cfg)
+        gateway = None
+        for hop in s0["hops"]:
+            hop_conn, hs = self._make_connection(self._hop_host(hop), ssh_cfg, gateway)
+            self._gateways.append((hop_conn, hs))
+            gateway = hop_conn
+        conn, s = self._make_connection(self.host, ssh_cfg, gateway)
+        for hop_conn, hs in self._gateways:
+            pass
+        self._connect(conn, s)
+        self._conn = conn
+        self.stats.connects += 1
+        return self
+
+    def _connect(self, conn, s):
+        import paramiko
+
+        where = f"{s['user']}@{s['hostname']}:{s['port']}"
+        try:
+            # Gateways open lazily inside conn.open(); wrap their errors the same way.
+            conn.open()
+        except HostKeyError:
+            raise
+        except paramiko.BadHostKeyException as exc:
+            from remote_ops.hostkeys import changed_key_error
+            raise changed_key_error(exc, s["known_hosts"], self.label) from None
+        except paramiko.AuthenticationException as exc:
+            raise AuthError(f"authentication refused by {where} ({exc})",
+                            "check user and identity_file in the inventory, or load the key into ssh-agent",
+                            host=self.label) from None
+        except (socket.timeout, TimeoutError) as exc:
+            raise TimeoutError_(f"connection to {where} timed out after {s['timeout']:g}s",
+                                "check that the host is up and reachable, or raise connect_timeout",
+                                host=self.label) from None
+        except paramiko.ssh_exception.NoValidConnectionsError as exc:
+            raise UnreachableError(f"cannot reach {where}: connection refused",
+                                   "is sshd running and the port right?", host=self.label) from None
+        except socket.gaierror as exc:
+            raise UnreachableError(f"cannot resolve host name {s['hostname']!r} ({exc.strerror})",
+                                   "check hostname in the inventory", host=self.label) from None
+        except (ConnectionError, OSError) as exc:
+            raise UnreachableError(f"cannot reach {where}: {exc.strerror or exc}",
+                                   "check the address and the network path", host=self.label) from None
+        except paramiko.SSHException as exc:
+            msg = str(exc)
+            if "banner" in msg.lower() or "timeout" in msg.lower():
+                raise TimeoutError_(f"no SSH greeting from {where} within {s['timeout']:g}s ({msg})",
+                                    "the port answers but is not an SSH server, or the host is overloaded",
+                                    host=self.label) from None
+            raise UnreachableError(f"SSH negotiation with {where} failed: {msg}", host=self.label) from None
+        conn.transport.set_keepalive(s["keepalive"])
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None
+        for hop_conn, _ in reversed(self._gateways):
+            try:
+                hop_conn.close()
+            except Exception:  # closing a dead gateway must not mask the real error
+                pass
+        self._gateways = []
+
+    def __enter__(self) -> "Session":
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def transport(self):
+        self.open()
+        return self._conn.transport
+
+    def sftp(self):
+        self.open()
+        return self._conn.sftp()
+
+    # ---------------------------------------------------------------- agent calls
+    def _open_channel(self, timeout: float | None):
+        import paramiko
+
+        self.open()
+        try:
+            chan = self._conn.transport.open_session(timeout=timeout or 30)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise UnreachableError(f"connection lost: {exc or type(exc).__name__}",
+                                   "rerun the command; nothing was left half-done on the host",
+                                   host=self.label) from None
+        if timeout:
+            chan.settimeout(timeout)
+        return chan
+
+    def _exec_lines(self, ops: list[dict], env: dict | None, timeout: float | None,
+                    stop_on_error: bool) -> Iterator[dict]:
+        """Run one agent request on one exec channel; yields every parsed output line."""
+        payload = bundle.encode_request(ops, {**self.host.env, **(env or {})}, stop_on_error)
+        chan = self._open_channel(timeout)
+        self.stats.execs += 1
+        self.stats.op_log.append([o["op"] for o in ops])
+        stderr_chunks: list[bytes] = []
+        try:
+            chan.exec_command(bundle.agent_command(self.host.python))
+            chan.sendall(payload)
+            chan.shutdown_write()
+            self.stats.bytes_sent += len(payload)
+            buf = b""
+            while True:
+                try:
+                    data = chan.recv(65536)
+                except socket.timeout:
+                    raise TimeoutError_(f"remote operation {'+'.join(o['op'] for o in ops)} timed out "
+                                        f"after {timeout:g}s", host=self.label) from None
+                while chan.recv_stderr_ready():
+                    stderr_chunks.append(chan.recv_stderr(65536))
+                if not data:
+                    break
+                self.stats.bytes_received += len(data)
+                buf += data
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if line.strip():
+                        try:
+                            yield json.loads(line)
+                        except ValueError:
+                            raise AgentError(f"agent sent unreadable output: {line[:200]!r}",
+                                             host=self.label) from None
+            status = chan.recv_exit_status()
+            while chan.recv_stderr_ready():
+                stderr_chunks.append(chan.recv_stderr(65536))
+        except OSError as exc:
+            raise UnreachableError(f"connection lost during {'+'.join(o['op'] for o in ops)}: {exc}",
+                                   host=self.label) from None
+        finally:
+            chan.close()
+        if buf.strip():
+            try:
+                yield json.loads(buf)
+            except ValueError:
+                pass
+        stderr = b"".join(stderr_chunks).decode(errors="replace").strip()
+        if status == 127:
+            raise AgentError(f"remote interpreter {self.host.python!r} not found",
+                             "set 'python' for this host in the inventory to the venv's python",
+                             host=self.label, remote_traceback=stderr, kind="no-python")
+        if status not in (0, None, -1):
+            last = stderr.splitlines()[-1] if stderr else f"exit status {status}"
+            raise AgentError(f"remote agent failed on {self.host.python}: {last}",
+                             "the host's python must be >= 3.10; rerun with --debug for the remote traceback",
+                             host=self.label, remote_traceback=stderr, kind="agent-exit")
+        if status == -1:
+            raise UnreachableError("connection lost before the remote operation finished",
+                                   host=self.label)
+
+    def call_many(self, ops: list[tuple[str, dict]], *, env: dict | None = None,
+                  timeout: float | None = None, stop_on_error: bool = False) -> list[dict]:
+        """Run several ops in ONE exec round trip; returns the raw ``{"ok", "result"|"error"}`` list."""
+        specs = [{"op": op, "args": args} for op, args in ops]
+        final = None
+        for msg in self._exec_lines(specs, env, timeout, stop_on_error):
+            if "results" in msg:
+                final = msg["results"]
+        if final is None:
+            raise AgentError("the remote agent ended without an answer", host=self.label)
+        return final
+
+    def call(self, op: str, args: dict | None = None, *, env: dict | None = None,
+             timeout: float | None = None) -> Any:
+        """One op, one round trip; raises ``AgentError`` (typed by the agent's ``kind``) on failure."""
+        (res,) = self.call_many([(op, args or {})], env=env, timeout=timeout)
+        return unwrap(res, self.label)
+
+    def stream(self, op: str, args: dict | None = None, *, env: dict | None = None,
+               timeout: float | None = None) -> Iterator[dict]:
+        """Streams a generator op: yields ``{"event": ...}`` and finally ``{"result": ...}``."""
+        specs = [{"op": op, "args": args or {}}]
+        for msg in self._exec_lines(specs, env, timeout, False):
+            if "event" in msg:
+                yield {"event": msg["event"]}
+            elif "results" in msg:
+                yield {"result": unwrap(msg["results"][0], self.label)}
+
+
+def unwrap(res: dict, label: str | None = None) -> Any:
+    if res.get("ok"):
+        return res.get("result")
+    err = res.get("error") or {}
+    raise AgentError(err.get("message") or "remote operation failed", err.get("hint"),
+                     remote_traceback=err.get("traceback"), host=label, kind=err.get("kind"))
+
+
+def _policy(known_hosts: str, accept_new: bool, label: str):
+    from remote_ops.hostkeys import VerifyPolicy
+    return VerifyPolicy(known_hosts, accept_new, label)
+
+
+def connect(host: Host, *, accept_new: bool = False, inventory_hosts: dict | None = None,
+            connect_timeout: float | None = None) -> Session:
+    return Session(host, ConnectOptions(accept_new=accept_new, connect_timeout=connect_timeout),
+                   inventory_hosts).open()
