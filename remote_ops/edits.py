@@ -1,0 +1,370 @@
+"""Playbook edits -> new file text. Pure functions, no SSH, no I/O.
+
+Two kinds of edit:
+- ``CallEdit``: on calls to a callee (``Request`` or ``self.executor.execute_model``; matched on the
+  dotted name as written, or on its trailing components), drop / add / rename keyword arguments.
+  Done with libcst, so formatting, comments and line endings are preserved.
+- ``TextEdit``: an exact ``old`` -> ``new`` replacement that must match exactly once.
+
+Every edit knows its own state on a given text: ``pending`` (it would change the text), ``applied``
+(already in place: a no-op) or it raises ``EditError`` (anchor missing, ambiguous, conflicting),
+which stops the whole patch with a message naming the edit, the file and what was found.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import io
+import textwrap
+import tokenize
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class EditError(Exception):
+    """An edit cannot be applied; ``str()`` names the edit, the file and what was found."""
+
+    def __init__(self, edit_id: str, path: str, problem: str, line: int | None = None):
+        self.edit_id = edit_id
+        self.path = path
+        self.problem = problem
+        self.line = line
+        where = f"{path}:{line}" if line else path
+        super().__init__(f"edit {edit_id!r} on {where}: {problem}")
+
+
+class UnknownCallee(EditError):
+    """The callee of a call edit is never called in the target (a playbook error, not a host state)."""
+
+
+@dataclass
+class EditResult:
+    edit_id: str
+    state: str                       # "pending" | "applied"
+    sites: list[int] = field(default_factory=list)   # 1-based lines the edit touches / matched
+    introduced: set[str] = field(default_factory=set)  # names the edit brings into the code
+
+
+@dataclass
+class CallEdit:
+    id: str
+    callee: str
+    drop: list[str] = field(default_factory=list)
+    add: dict[str, str] = field(default_factory=dict)        # keyword -> value expression (source)
+    rename: dict[str, str] = field(default_factory=dict)     # old keyword -> new keyword
+    expect: int | None = 1           # number of matching calls expected; None: any number >= 1
+    fixes: list[dict] = field(default_factory=list)          # findings this edit targets (optional)
+    line: int | None = None          # line in the playbook
+
+    kind = "call"
+
+    def introduced_names(self) -> set[str]:
+        names: set[str] = set()
+        for expr in self.add.values():
+            for node in ast.walk(ast.parse(expr, mode="eval")):
+                if isinstance(node, ast.Name):
+                    names.add(node.id)
+        return names
+
+
+@dataclass
+class TextEdit:
+    id: str
+    old: str
+    new: str
+    fixes: list[dict] = field(default_factory=list)
+    line: int | None = None
+
+    kind = "text"
+
+    def introduced_names(self) -> set[str]:
+        return _names_in(self.new) - _names_in(self.old)
+
+
+def _names_in(snippet: str) -> set[str]:
+    """Bare identifiers read or bound in a code fragment (attributes and keywords excluded).
+
+    Tokenizer-based, so a fragment need not parse on its own.
+    """
+    import keyword
+
+    out: set[str] = set()
+    prev = None
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(textwrap.dedent(snippet)).readline):
+            if tok.type == tokenize.NAME and not keyword.iskeyword(tok.string) and \
+                    not (prev is not None and prev.type == tokenize.OP and prev.string == "."):
+                out.add(tok.string)
+            if tok.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT,
+                                tokenize.DEDENT):
+                prev = tok
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        pass
+    return out
+
+
+Edit = CallEdit | TextEdit
+
+
+# ------------------------------------------------------------------------------ decoding
+def decode_source(data: bytes) -> tuple[str, str]:
+    """(text, encoding) of Python source bytes, honouring a coding cookie and a BOM; line endings kept."""
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as exc:
+        raise ValueError(f"cannot determine the source encoding: {exc}") from None
+    try:
+        text = data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ValueError(f"line {line}: not valid {encoding}") from None
+    return text, encoding
+
+
+def encode_source(text: str, encoding: str) -> bytes:
+    return text.encode(encoding)
+
+
+def newline_of(text: str) -> str:
+    i = text.find("\n")
+    return "\r\n" if i > 0 and text[i - 1] == "\r" else "\n"
+
+
+# ------------------------------------------------------------------------------ call edits
+def _dotted(node) -> str | None:
+    import libcst as cst
+
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = _dotted(node.value)
+        return f"{base}.{node.attr.value}" if base else None
+    return None
+
+
+def _matches(callee: str, dotted: str | None) -> bool:
+    return dotted is not None and (dotted == callee or dotted.endswith("." + callee))
+
+
+def _expr_key(src: str) -> str:
+    return ast.dump(ast.parse(src.strip(), mode="eval"))
+
+
+def _call_state(edit: CallEdit, call, code_of, path: str, line: int) -> bool:
+    """True when this call still needs the edit; False when it is already in place."""
+    kws = {a.keyword.value: a for a in call.args if a.keyword is not None}
+    pending = False
+    for name in edit.drop:
+        if name in kws:
+            pending = True
+    for old, new in edit.rename.items():
+        if old in kws and new in kws:
+            raise EditError(edit.id, path, f"call passes both {old}= and {new}=; cannot rename", line)
+        if old in kws:
+            pending = True
+    for name, expr in edit.add.items():
+        if name in kws:
+            have = code_of(kws[name].value)
+            try:
+                same = _expr_key(have) == _expr_key(expr)
+            except SyntaxError:
+                same = False
+            if not same:
+                raise EditError(edit.id, path, f"call already passes {name}={have.strip()} "
+                                f"(the edit wants {name}={expr})", line)
+        else:
+            pending = True
+    return pending
+
+
+def _rewrite_call(edit: CallEdit, call):
+    import libcst as cst
+
+    args = list(call.args)
+    # rename
+    if edit.rename:
+        args = [a.with_changes(keyword=cst.Name(edit.rename[a.keyword.value]))
+                if a.keyword is not None and a.keyword.value in edit.rename else a for a in args]
+    # drop: keep the comma style (a removed last argument hands its comma to the new last one)
+    for name in edit.drop:
+        for i, a in enumerate(args):
+            if a.keyword is not None and a.keyword.value == name:
+                removed = args.pop(i)
+                if i == len(args) and args:
+                    args[-1] = args[-1].with_changes(comma=removed.comma,
+                                                     whitespace_after_arg=removed.whitespace_after_arg)
+                break
+    # add, after the last keyword argument and before any ** argument
+    present = {a.keyword.value for a in args if a.keyword is not None}
+    for name, expr in edit.add.items():
+        if name in present:
+            continue
+        new_arg = cst.Arg(keyword=cst.Name(name), value=cst.parse_expression(expr),
+                          equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                                whitespace_after=cst.SimpleWhitespace("")))
+        pos = len(args)
+        while pos > 0 and args[pos - 1].star == "**":
+            pos -= 1
+        if pos == 0:
+            if args:   # only ** arguments: the new keyword goes first
+                new_arg = new_arg.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+            args.insert(0, new_arg)
+            continue
+        prev = args[pos - 1]
+        if pos == len(args):
+            # appending at the end: the new argument inherits the trailing comma (or none),
+            # the previous one gets the separator used between arguments.
+            if pos >= 2:
+                sep = args[pos - 2].comma
+            else:
+                ws = call.whitespace_before_args
+                sep = cst.Comma(whitespace_after=ws) if "\n" in _ws_code(ws) else \
+                    cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+            if isinstance(sep, cst.MaybeSentinel):
+                sep = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+            args[pos - 1] = prev.with_changes(comma=sep, whitespace_after_arg=cst.SimpleWhitespace(""))
+            args.append(new_arg.with_changes(comma=prev.comma, whitespace_after_arg=prev.whitespace_after_arg))
+        else:
+            args.insert(pos, new_arg.with_changes(comma=prev.comma))
+    return call.with_changes(args=args)
+
+
+def _ws_code(ws) -> str:
+    import libcst as cst
+
+    return cst.Module(body=[]).code_for_node(ws) if not isinstance(ws, str) else ws
+
+
+def apply_call_edit(text: str, edit: CallEdit, path: str) -> tuple[str, EditResult]:
+    import libcst as cst
+    from libcst.metadata import MetadataWrapper, PositionProvider
+
+    try:
+        module = cst.parse_module(text)
+    except cst.ParserSyntaxError as exc:
+        raise EditError(edit.id, path, f"the file does not parse: {exc.message}", exc.raw_line) from None
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    positions = wrapper.resolve(PositionProvider)
+    matches: list = []
+
+    class Finder(cst.CSTVisitor):
+        def visit_Call(self, node):
+            if _matches(edit.callee, _dotted(node.func)):
+                matches.append(node)
+
+    wrapper.module.visit(Finder())
+    if not matches:
+        raise UnknownCallee(edit.id, path, f"no call to {edit.callee!r} found")
+    lines = [positions[m].start.line for m in matches]
+    if edit.expect is not None and len(matches) != edit.expect:
+        raise EditError(edit.id, path, f"expected {edit.expect} call(s) to {edit.callee!r}, found "
+                        f"{len(matches)} (lines {', '.join(map(str, lines))}); set 'expect' in the playbook")
+    code_of = wrapper.module.code_for_node
+    pending = {id(m) for m, ln in zip(matches, lines) if _call_state(edit, m, code_of, path, ln)}
+    result = EditResult(edit.id, "pending" if pending else "applied", lines, edit.introduced_names())
+    if not pending:
+        return text, result
+
+    class Rewriter(cst.CSTTransformer):
+        def leave_Call(self, original, updated):
+            if id(original) in pending:
+                return _rewrite_call(edit, updated)
+            return updated
+
+    new_module = wrapper.module.visit(Rewriter())
+    return new_module.code, result
+
+
+# ------------------------------------------------------------------------------ text edits
+def _line_at(text: str, index: int) -> int:
+    return text.count("\n", 0, index) + 1
+
+
+def _all_lines(text: str, needle: str) -> list[int]:
+    out, start = [], 0
+    while True:
+        i = text.find(needle, start)
+        if i < 0:
+            return out
+        out.append(_line_at(text, i))
+        start = i + 1
+
+
+def apply_text_edit(text: str, edit: TextEdit, path: str) -> tuple[str, EditResult]:
+    nl = newline_of(text)
+    old = edit.old.replace("\r\n", "\n")
+    new = edit.new.replace("\r\n", "\n")
+    if nl != "\n":
+        old, new = old.replace("\n", nl), new.replace("\n", nl)
+    n_old = text.count(old)
+    n_new = text.count(new) if new else 0
+    # occurrences of old that are part of an occurrence of new do not count as pending
+    n_old_free = n_old - n_new * new.count(old) if new else n_old
+    if n_old_free == 1:
+        i = _find_free(text, old, new)
+        result = EditResult(edit.id, "pending", [_line_at(text, i)], edit.introduced_names())
+        return text[:i] + new + text[i + len(old):], result
+    if n_old_free > 1:
+        raise EditError(edit.id, path, f"anchor is ambiguous: the old text occurs {n_old_free} times "
+                        f"(lines {', '.join(map(str, _all_lines(text, old)))})")
+    if n_new == 1:
+        return text, EditResult(edit.id, "applied", _all_lines(text, new), edit.introduced_names())
+    if n_new > 1:
+        raise EditError(edit.id, path, f"the new text occurs {n_new} times and the old text not at all; "
+                        "cannot tell whether the edit is in place")
+    first = old.strip().splitlines()[0] if old.strip() else old
+    hint = ""
+    near = difflib.get_close_matches(first.strip(), [ln.strip() for ln in text.splitlines()], n=1, cutoff=0.6)
+    if near:
+        hint = f"; closest line: {near[0]!r}"
+    raise EditError(edit.id, path, f"anchor not found: neither the old nor the new text occurs{hint}")
+
+
+def _find_free(text: str, old: str, new: str) -> int:
+    """Index of the occurrence of ``old`` that is not inside an occurrence of ``new``."""
+    covered: list[tuple[int, int]] = []
+    if new and old in new:
+        start = 0
+        while (j := text.find(new, start)) >= 0:
+            covered.append((j, j + len(new)))
+            start = j + 1
+    start = 0
+    while (i := text.find(old, start)) >= 0:
+        if not any(a <= i and i + len(old) <= b for a, b in covered):
+            return i
+        start = i + 1
+    raise AssertionError("no free occurrence")
+
+
+# ------------------------------------------------------------------------------ whole files
+@dataclass
+class FileResult:
+    path: str
+    old_text: str
+    new_text: str
+    results: list[EditResult]
+
+    @property
+    def changed(self) -> bool:
+        return self.old_text != self.new_text
+
+    def diff(self, label: str | None = None) -> str:
+        name = label or self.path
+        return "".join(difflib.unified_diff(
+            self.old_text.replace("\r\n", "\n").splitlines(keepends=True),
+            self.new_text.replace("\r\n", "\n").splitlines(keepends=True),
+            fromfile=f"a/{name.lstrip('/')}", tofile=f"b/{name.lstrip('/')}"))
+
+
+def apply_edits(text: str, edits: list[Any], path: str) -> FileResult:
+    """Apply the edits in order; raises ``EditError`` on the first one that cannot apply."""
+    current = text
+    results = []
+    for edit in edits:
+        if isinstance(edit, CallEdit):
+            current, res = apply_call_edit(current, edit, path)
+        else:
+            current, res = apply_text_edit(current, edit, path)
+        results.append(res)
+    return FileResult(path, text, current, results)

@@ -1,0 +1,333 @@
+"""Playbooks (playbooks/*.yaml): loader and schema, with file:line errors.
+
+    name: eagle3-speculators-0.3.0          # optional; defaults to the file stem
+    description: ...
+    requires:                               # checked against the host's facts before anything changes
+      speculators: "==0.3.0"
+      vllm: ">=0.17"
+    check:                                  # used by `remote-ops check`
+      targets: [speculators.data_generation.vllm_hidden_states_generator]
+      against: [vllm]
+    allow_outside: false                    # patch targets outside the package / workdir (default: refused)
+    patches:
+      - module: speculators.data_generation.vllm_hidden_states_generator   # or  path: relative/or/absolute.py
+        edits:
+          - id: request-drop-eos-token-id
+            call: Request                   # callee as written (or its trailing dotted components)
+            drop: [eos_token_id]
+            add: {block_size: VLLM_BLOCK_SIZE}
+            rename: {old_kw: new_kw}
+            expect: 1                       # matching calls expected (default 1; "any" for one or more)
+            fixes: [{kind: unexpected-keyword, callee: Request, param: eos_token_id}]
+          - id: execute-then-sample
+            replace:
+              old: "..."
+              new: "..."
+    extract: {...}                          # free-form mapping, read by the extract feature
+
+A value ``FILL-ME`` / ``<FILL ME...>`` anywhere is a placeholder (written by ``check --emit-playbook``):
+the loader refuses the playbook until a person replaces it.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from remote_ops.edits import CallEdit, TextEdit
+from remote_ops.errors import ConfigError, RefusedError
+from remote_ops.yamlsrc import YamlDoc, load_file, load_text, type_name
+
+PLACEHOLDER_RE = re.compile(r"FILL[-_ ]?ME|<\s*FILL[^>]*>", re.I)
+PLACEHOLDER = "FILL-ME"
+TOP_KEYS = {"name", "description", "requires", "check", "patches", "extract", "allow_outside", "vars"}
+PATCH_KEYS = {"module", "path", "edits", "allow_outside"}
+CALL_KEYS = {"id", "call", "drop", "add", "rename", "expect", "fixes", "note"}
+TEXT_KEYS = {"id", "replace", "fixes", "note"}
+_DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass
+class PatchTarget:
+    module: str | None
+    path: str | None
+    edits: list[Any]
+    allow_outside: bool = False
+    line: int | None = None
+
+    @property
+    def label(self) -> str:
+        return self.module or self.path or "?"
+
+    def to_wire(self) -> dict:
+        return {"module": self.module, "path": self.path, "allow_outside": self.allow_outside}
+
+
+@dataclass
+class Playbook:
+    path: str
+    name: str
+    description: str = ""
+    requires: dict[str, str] = field(default_factory=dict)
+    check: dict | None = None          # {"targets": [module...], "against": [package...]}
+    patches: list[PatchTarget] = field(default_factory=list)
+    extract: dict | None = None
+    allow_outside: bool = False
+    doc: YamlDoc | None = None
+
+    def line(self, *keys) -> int | None:
+        return self.doc.line(*keys) if self.doc else None
+
+    def error(self, keys: tuple, problem: str, hint: str | None = None) -> ConfigError:
+        return ConfigError(self.path, self.line(*keys), problem, hint)
+
+    @property
+    def edit_ids(self) -> list[str]:
+        return [e.id for p in self.patches for e in p.edits]
+
+    def edit_line(self, edit_id: str) -> int | None:
+        for p in self.patches:
+            for e in p.edits:
+                if e.id == edit_id:
+                    return e.line
+        return None
+
+    def check_requires(self, versions: dict[str, str | None]) -> list[str]:
+        """Problems with ``requires`` against the host's package versions (empty: all met)."""
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import InvalidVersion, Version
+
+        problems = []
+        for name, spec in self.requires.items():
+            have = versions.get(name)
+            if have is None:
+                problems.append(f"{name} is not installed (playbook requires {name}{spec})")
+                continue
+            try:
+                ok = Version(have) in SpecifierSet(spec, prereleases=True) if spec.strip() else True
+            except InvalidVersion:
+                ok = False
+            if not ok:
+                problems.append(f"{name} {have} does not satisfy {name}{spec}")
+        return problems
+
+    def require_met(self, versions: dict[str, str | None], host: str | None = None) -> None:
+        problems = self.check_requires(versions)
+        if problems:
+            raise RefusedError(f"playbook {self.name} does not apply: " + "; ".join(problems),
+                               f"requirements are at {self.path}:{self.line('requires')}", host=host)
+
+
+def _placeholder_scan(doc: YamlDoc, value: Any, keys: tuple) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _placeholder_scan(doc, v, keys + (k,))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _placeholder_scan(doc, v, keys + (i,))
+    elif isinstance(value, str) and PLACEHOLDER_RE.search(value):
+        raise doc.error(keys, f"placeholder left in {'.'.join(map(str, keys))}: {value.strip()[:60]!r}",
+                        "replace it with a real value (written by check --emit-playbook for a person to fill in)")
+
+
+def _str_list(doc, keys, value, what) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise doc.error(keys, f"{what} must be a list of strings, got {type_name(value)}")
+    return list(value)
+
+
+def _bool(doc, keys, value) -> bool:
+    if not isinstance(value, bool):
+        raise doc.error(keys, f"{keys[-1]} must be true or false, got {type_name(value)}")
+    return value
+
+
+def _parse_edit(doc: YamlDoc, keys: tuple, raw: Any, seen: set[str]):
+    if not isinstance(raw, dict):
+        raise doc.error(keys, f"an edit must be a mapping, got {type_name(raw)}")
+    eid = raw.get("id")
+    if not isinstance(eid, str) or not _ID.match(eid):
+        raise doc.error(keys + ("id",) if "id" in raw else keys,
+                        "every edit needs an 'id' (letters, digits, - _ .)")
+    if eid in seen:
+        raise doc.error(keys + ("id",), f"duplicate edit id {eid!r}")
+    seen.add(eid)
+    line = doc.line(*keys)
+    fixes = raw.get("fixes") or []
+    if not isinstance(fixes, list) or not all(isinstance(f, (dict, str)) for f in fixes):
+        raise doc.error(keys + ("fixes",), "fixes must be a list of finding mappings")
+    fixes = [f if isinstance(f, dict) else {"kind": f} for f in fixes]
+    if "call" in raw and "replace" in raw:
+        raise doc.error(keys, f"edit {eid!r} has both 'call' and 'replace'; use one edit for each")
+    if "call" in raw:
+        for k in raw:
+            if k not in CALL_KEYS:
+                raise doc.error(keys + (k,), f"unknown key {k!r} in call edit {eid!r}",
+                                f"known keys: {', '.join(sorted(CALL_KEYS))}")
+        callee = raw["call"]
+        if not isinstance(callee, str) or not _DOTTED.match(callee):
+            raise doc.error(keys + ("call",), f"unknown callee {callee!r} in edit {eid!r}: "
+                            "must be a dotted name such as Request or self.executor.execute_model")
+        drop = _str_list(doc, keys + ("drop",), raw.get("drop") or [], "drop")
+        add = raw.get("add") or {}
+        rename = raw.get("rename") or {}
+        for what, mapping in (("add", add), ("rename", rename)):
+            if not isinstance(mapping, dict):
+                raise doc.error(keys + (what,), f"{what} must be a mapping, got {type_name(mapping)}")
+        for name in drop + list(add) + list(rename) + [str(v) for v in rename.values()]:
+            if not isinstance(name, str) or not _IDENT.match(name):
+                raise doc.error(keys, f"{name!r} is not a keyword argument name (edit {eid!r})")
+        add_src: dict[str, str] = {}
+        for name, value in add.items():
+            src = value if isinstance(value, str) else repr(value)
+            if isinstance(value, bool) or value is None:
+                src = repr(value)
+            try:
+                ast.parse(src.strip(), mode="eval")
+            except SyntaxError as exc:
+                raise doc.error(keys + ("add", name), f"value of {name} is not a Python expression: "
+                                f"{src!r} ({exc.msg})", "quote a string literal like '\"text\"'") from None
+            add_src[name] = src.strip()
+        if not (drop or add_src or rename):
+            raise doc.error(keys, f"call edit {eid!r} changes nothing: give drop, add or rename")
+        expect = raw.get("expect", 1)
+        if expect == "any":
+            expect = None
+        elif isinstance(expect, bool) or not isinstance(expect, int) or expect < 1:
+            raise doc.error(keys + ("expect",), "expect must be a positive integer or \"any\"")
+        return CallEdit(id=eid, callee=callee, drop=drop, add=add_src,
+                        rename={k: str(v) for k, v in rename.items()}, expect=expect, fixes=fixes, line=line)
+    if "replace" in raw:
+        for k in raw:
+            if k not in TEXT_KEYS:
+                raise doc.error(keys + (k,), f"unknown key {k!r} in text edit {eid!r}",
+                                f"known keys: {', '.join(sorted(TEXT_KEYS))}")
+        rep = raw["replace"]
+        if not isinstance(rep, dict) or set(rep) != {"old", "new"} or \
+                not all(isinstance(v, str) for v in rep.values()):
+            raise doc.error(keys + ("replace",), f"replace of edit {eid!r} must be a mapping with "
+                            "string 'old' and 'new'")
+        if not rep["old"]:
+            raise doc.error(keys + ("replace", "old"), f"old text of edit {eid!r} is empty")
+        if rep["old"] == rep["new"]:
+            raise doc.error(keys + ("replace",), f"edit {eid!r} replaces a text with itself")
+        return TextEdit(id=eid, old=rep["old"], new=rep["new"], fixes=fixes, line=line)
+    raise doc.error(keys, f"edit {eid!r} needs 'call' (structured call edit) or 'replace' (exact text)")
+
+
+def parse(doc: YamlDoc) -> Playbook:
+    data = doc.data
+    if not isinstance(data, dict):
+        raise doc.error((), f"a playbook must be a mapping, got {type_name(data)}")
+    for key in data:
+        if key not in TOP_KEYS:
+            raise doc.error((key,), f"unknown top-level key {key!r}", f"known keys: {', '.join(sorted(TOP_KEYS))}")
+    _placeholder_scan(doc, {k: v for k, v in data.items() if k != "extract"}, ())
+    name = data.get("name") or Path(doc.path).stem
+    if not isinstance(name, str):
+        raise doc.error(("name",), "name must be a string")
+    requires_raw = data.get("requires") or {}
+    if not isinstance(requires_raw, dict):
+        raise doc.error(("requires",), f"requires must be a mapping of package -> version specifier, "
+                        f"got {type_name(requires_raw)}")
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    requires: dict[str, str] = {}
+    for pkg, spec in requires_raw.items():
+        spec = "" if spec is None else str(spec)
+        try:
+            SpecifierSet(spec)
+        except InvalidSpecifier:
+            raise doc.error(("requires", pkg), f"invalid version specifier {spec!r} for {pkg}",
+                            'write e.g. "==0.3.0" or ">=0.17"') from None
+        requires[str(pkg)] = spec
+    check = None
+    if data.get("check") is not None:
+        c = data["check"]
+        if not isinstance(c, dict):
+            raise doc.error(("check",), f"check must be a mapping with targets and against, got {type_name(c)}")
+        for k in c:
+            if k not in ("targets", "against"):
+                raise doc.error(("check", k), f"unknown key {k!r} in check", "known keys: targets, against")
+        targets = _str_list(doc, ("check", "targets"), c.get("targets") or [], "check.targets")
+        against = _str_list(doc, ("check", "against"), c.get("against") or [], "check.against")
+        for i, t in enumerate(targets):
+            if not _DOTTED.match(t):
+                raise doc.error(("check", "targets", i), f"{t!r} is not a module name")
+        if not targets:
+            raise doc.error(("check",), "check needs at least one module in targets")
+        check = {"targets": targets, "against": against}
+    allow_outside = _bool(doc, ("allow_outside",), data.get("allow_outside", False))
+    patches_raw = data.get("patches") or []
+    if not isinstance(patches_raw, list):
+        raise doc.error(("patches",), f"patches must be a list, got {type_name(patches_raw)}")
+    seen: set[str] = set()
+    patches: list[PatchTarget] = []
+    targets_seen: set[str] = set()
+    for i, p in enumerate(patches_raw):
+        keys = ("patches", i)
+        if not isinstance(p, dict):
+            raise doc.error(keys, f"a patch must be a mapping with module or path and edits, got {type_name(p)}")
+        for k in p:
+            if k not in PATCH_KEYS:
+                raise doc.error(keys + (k,), f"unknown key {k!r} in patch", f"known keys: {', '.join(sorted(PATCH_KEYS))}")
+        module, path = p.get("module"), p.get("path")
+        if (module is None) == (path is None):
+            raise doc.error(keys, "a patch names exactly one of 'module' or 'path'")
+        if module is not None and (not isinstance(module, str) or not _DOTTED.match(module)):
+            raise doc.error(keys + ("module",), f"{module!r} is not a module name")
+        if path is not None and (not isinstance(path, str) or not path.strip()):
+            raise doc.error(keys + ("path",), "path must be a non-empty string")
+        label = module or path
+        if label in targets_seen:
+            raise doc.error(keys, f"{label} is patched twice; put all its edits under one entry")
+        targets_seen.add(label)
+        edits_raw = p.get("edits")
+        if not isinstance(edits_raw, list) or not edits_raw:
+            raise doc.error(keys + ("edits",) if "edits" in p else keys, f"patch of {label} needs a non-empty list of edits")
+        edits = [_parse_edit(doc, keys + ("edits", j), e, seen) for j, e in enumerate(edits_raw)]
+        allow = _bool(doc, keys + ("allow_outside",), p.get("allow_outside", allow_outside))
+        patches.append(PatchTarget(module, path, edits, allow, doc.line(*keys)))
+    extract = data.get("extract")
+    if extract is not None and not isinstance(extract, dict):
+        raise doc.error(("extract",), f"extract must be a mapping, got {type_name(extract)}")
+    description = data.get("description") or ""
+    return Playbook(path=doc.path, name=name, description=str(description), requires=requires, check=check,
+                    patches=patches, extract=extract, allow_outside=allow_outside, doc=doc)
+
+
+def load(path: str | Path) -> Playbook:
+    """Load and validate a playbook; raises ``ConfigError`` naming file and line."""
+    return parse(load_file(path))
+
+
+def loads(text: str, path: str = "<playbook>") -> Playbook:
+    return parse(load_text(text, path))
+
+
+def find(spec: str | None, host=None, search_dirs: list[Path] | None = None) -> Path:
+    """The playbook file for ``--playbook SPEC`` (a path, or a name in playbooks/), else the host's."""
+    from remote_ops.errors import UsageError
+
+    chosen = spec or (host.playbook if host is not None else None)
+    if not chosen:
+        raise UsageError("no playbook given and the host has no 'playbook' in the inventory",
+                         "pass --playbook playbooks/NAME.yaml")
+    p = Path(chosen).expanduser()
+    if host is not None and not spec and not p.is_absolute():
+        p = Path(host.resolve_path(chosen))
+    if p.exists():
+        return p
+    dirs = list(search_dirs or []) + [Path.cwd() / "playbooks", Path(__file__).resolve().parent.parent / "playbooks"]
+    for d in dirs:
+        for cand in (d / chosen, d / f"{chosen}.yaml"):
+            if cand.exists():
+                return cand
+    raise ConfigError(str(chosen), None, "playbook not found")
