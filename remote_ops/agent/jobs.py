@@ -1,0 +1,600 @@
+"""Long-running jobs on the host: launch under a detached supervisor, status, tail, logs, stop.
+
+Layout (private: directories 0700, files 0600)::
+
+    $REMOTE_OPS_STATE_DIR/jobs/           (default ~/.remote-ops/jobs/)
+        <key>.lock                        serialises launches of one playbook (flock)
+        <key>.current                     {"job_id": ...} of the playbook's latest job (tmp + rename)
+        <job-id>/job.json                 what to run (no secret values, only their names)
+        <job-id>/run.json                 written by the supervisor: pid, pgid, start time
+        <job-id>/run.lock                 flock held by the live supervisor, and only by it
+        <job-id>/exit.json                real exit status, written by the supervisor
+        <job-id>/stop.json, watchdog.json, log, supervisor.py, supervisor.log
+
+A launch takes ``<key>.lock``, and if the current job's supervisor still holds its ``run.lock`` the
+launch attaches instead of starting a second copy. The new job's ``run.lock`` is locked *before*
+the supervisor starts and handed to it as an inherited descriptor, so there is no instant at which
+a started job looks unclaimed: a controller killed at any point of the launch leaves either no job,
+a job that never started (reported lost, replaced by the next launch) or one running job.
+"""
+
+import errno
+import fcntl
+import os
+import re
+import secrets as _secrets
+import signal
+import subprocess
+import sys
+import time
+
+from . import gpu
+from . import supervisor as sup
+from .protocol import AgentFailure
+
+TERMINAL = ("succeeded", "failed", "stopped", "lost")
+_KEY_RE = re.compile(r"[^A-Za-z0-9_.-]+")
+_JOB_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+# ------------------------------------------------------------------ paths and files
+def state_dir():
+    root = os.environ.get("REMOTE_OPS_STATE_DIR") or os.path.expanduser("~/.remote-ops")
+    jobs = os.path.join(root, "jobs")
+    for d in (root, jobs):
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass
+    os.chmod(jobs, 0o700)
+    return jobs
+
+
+def safe_key(key):
+    key = _KEY_RE.sub("-", str(key or "")).strip("-.")[:60]
+    if not key:
+        raise AgentFailure("bad-args", "a job key (the playbook's name) is required")
+    return key
+
+
+def _jobdir(job_id):
+    if not isinstance(job_id, str) or not _JOB_RE.match(job_id):
+        raise AgentFailure("bad-args", "invalid job id %r" % (job_id,))
+    return os.path.join(state_dir(), job_id)
+
+
+def _supervisor_source():
+    """The supervisor's source, to run it as its own script outside the agent."""
+    path = getattr(sup, "__file__", "") or ""
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    loader = getattr(sup, "__loader__", None)
+    if loader is not None and hasattr(loader, "get_source"):
+        try:
+            src = loader.get_source(sup.__name__)
+            if src:
+                return src
+        except ImportError:
+            pass
+    # Shipped by the bootstrap in bundle.py: the sources live in its __main__ as S.
+    sources = getattr(sys.modules.get("__main__"), "S", None)
+    if isinstance(sources, dict) and sup.__name__ in sources:
+        return sources[sup.__name__]
+    raise AgentFailure("internal", "cannot find the supervisor's source to start the job")
+
+
+def _lock_held(path):
+    """True when another process holds an flock on ``path`` (the live supervisor)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return True
+        raise
+    finally:
+        os.close(fd)
+    return False
+
+
+class _LaunchLock:
+    def __init__(self, path, timeout):
+        self.path, self.timeout, self.fd = path, timeout, None
+
+    def __enter__(self):
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        deadline = time.time() + self.timeout
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise
+            if time.time() > deadline:
+                os.close(self.fd)
+                raise AgentFailure("busy", "another launch of this job is in progress on the host",
+                                   "wait a few seconds and run the command again")
+            time.sleep(0.05)
+
+    def __exit__(self, *exc):
+        os.close(self.fd)
+
+
+# ------------------------------------------------------------------ status
+def _current_id(key):
+    rec = sup.read_json(os.path.join(state_dir(), safe_key(key) + ".current"))
+    job_id = (rec or {}).get("job_id")
+    return job_id if isinstance(job_id, str) and _JOB_RE.match(job_id) else None
+
+
+def _pid_alive(pid, start_ticks):
+    if not pid:
+        return False
+    ticks = sup.proc_start_ticks(pid)
+    if ticks is None:
+        return False
+    if start_ticks is not None and ticks != start_ticks:
+        return False   # the pid was reused by another process
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as fh:
+            data = fh.read()
+        return data[data.rindex(b")") + 2:data.rindex(b")") + 3] != b"Z"
+    except OSError:
+        return False
+
+
+def _read_tail(path, max_bytes):
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            return fh.read()
+    except OSError:
+        return b""
+
+
+_ERR_RE = re.compile(r"(Error|Exception|error:|FAILED|Killed|Aborted|Traceback|CUDA out of memory)")
+
+
+def error_lines(log_path, limit=3):
+    """The lines that say why a job failed: the final exception of the last traceback, else the
+    last lines that look like errors."""
+    text = _read_tail(log_path, 65536).decode("utf-8", "replace")
+    lines = []
+    for raw in text.split("\n"):
+        line = raw.split("\r")[-1].rstrip()
+        if line.strip() and not line.startswith("[remote-ops]"):
+            lines.append(line)
+    tb = max((i for i, l in enumerate(lines) if l.startswith("Traceback (most recent call last)")),
+             default=None)
+    if tb is not None:
+        tail = [l for l in lines[tb + 1:] if not l.startswith((" ", "\t"))]
+        tail = [l for l in tail if not l.startswith(("During handling", "The above exception"))]
+        if tail:
+            return tail[:limit]
+    errs = [l.strip() for l in lines[-50:] if _ERR_RE.search(l)]
+    return errs[-limit:]
+
+
+def job_status(job_id):
+    jobdir = _jobdir(job_id)
+    job = sup.read_json(os.path.join(jobdir, "job.json"))
+    if job is None:
+        raise AgentFailure("no-job", "no job %s on this host" % job_id)
+    run = sup.read_json(os.path.join(jobdir, "run.json")) or {}
+    ext = sup.read_json(os.path.join(jobdir, "exit.json"))
+    stop = sup.read_json(os.path.join(jobdir, "stop.json"))
+    wd = sup.read_json(os.path.join(jobdir, "watchdog.json"))
+    held = _lock_held(os.path.join(jobdir, "run.lock"))
+    t = time.time()
+    out = {
+        "job_id": job_id, "key": job.get("key"), "jobdir": jobdir, "command": job.get("command"),
+        "workdir": job.get("workdir"), "output_dir": job.get("output_dir"), "log": job.get("log"),
+        "env_names": sorted(job.get("env") or {}), "secret_names": job.get("secret_names") or [],
+        "created_at": job.get("created_at"), "started_at": run.get("started_at"),
+        "ended_at": (ext or {}).get("ended_at"), "pid": run.get("pid"), "pgid": run.get("pgid"),
+        "supervisor_pid": run.get("supervisor_pid"), "supervisor_alive": held,
+        "exit_code": None, "signal": None, "signal_name": None, "reason": None, "error_lines": [],
+        "stop_requested": bool(stop), "watchdog": None, "warnings": [],
+    }
+    if ext is not None:
+        out.update(exit_code=ext.get("exit_code"), signal=ext.get("signal"),
+                   signal_name=ext.get("signal_name"), cleanup=ext.get("cleanup"))
+        if ext.get("start_error"):
+            state, reason = "failed", ext["start_error"]
+        elif stop:
+            state = "stopped"
+            reason = "stopped by remote-ops stop; " + (
+                "exit code %s" % ext.get("exit_code") if ext.get("exit_code") is not None
+                else "killed by %s" % ext.get("signal_name"))
+        elif ext.get("exit_code") == 0:
+            state, reason = "succeeded", "exit code 0"
+        else:
+            state = "failed"
+            reason = ("exit code %s" % ext.get("exit_code") if ext.get("exit_code") is not None
+                      else "killed by %s" % ext.get("signal_name"))
+            if ext.get("signal_name") == "SIGKILL":
+                reason += " (out of memory? check dmesg)"
+        if state in ("failed", "stopped"):
+            out["error_lines"] = error_lines(job.get("log"))
+            if out["error_lines"] and state == "failed":
+                reason += ": " + out["error_lines"][-1].strip()
+    elif held:
+        state, reason = ("running" if run else "starting"), None
+    elif run and _pid_alive(run.get("pid"), run.get("start_ticks")):
+        state, reason = "running", None
+        out["warnings"].append("the supervisor is gone while the job runs: its exit status will "
+                               "not be recorded")
+    else:
+        state = "lost"
+        if not run:
+            reason = "the supervisor never started the job (launch interrupted)"
+        elif run.get("boot_id") and sup.boot_id() and run["boot_id"] != sup.boot_id():
+            reason = "the host rebooted while the job ran; no exit status was recorded"
+        else:
+            reason = ("the job's processes are gone and no exit status was recorded "
+                      "(killed with SIGKILL, OOM-killed, or the host rebooted)")
+        out["error_lines"] = error_lines(job.get("log"))
+    out["state"], out["reason"] = state, reason
+    if wd and wd.get("stalled") and state == "running":
+        out["watchdog"] = {"stalled": True, "stalled_for_s": round(t - wd.get("since", t), 1),
+                           "limit_s": wd.get("limit_s")}
+        out["warnings"].append("no progress in log or output for %ds (hung NCCL start?)"
+                               % (t - wd.get("since", t)))
+    # progress
+    done, top = sup.count_samples(job.get("output_dir")) if job.get("output_dir") else (0, -1)
+    start = run.get("started_at")
+    end = out["ended_at"] or (t if state in ("running", "starting") else None) or start
+    elapsed = (end - start) if start and end else None
+    new = done - (run.get("initial_samples") or 0)
+    out["samples"] = {"done": done, "expected": job.get("expected_samples"), "max_index": top,
+                      "at_start": run.get("initial_samples")}
+    out["elapsed_s"] = round(elapsed, 1) if elapsed is not None else None
+    out["rate_per_s"] = round(new / elapsed, 3) if elapsed and elapsed > 0 and new > 0 else None
+    try:
+        out["log_size"] = os.path.getsize(job.get("log") or "")
+    except OSError:
+        out["log_size"] = 0
+    return out
+
+
+def _resolve(args):
+    if args.get("job_id"):
+        return args["job_id"]
+    if args.get("key"):
+        job_id = _current_id(args["key"])
+        if job_id:
+            return job_id
+        raise AgentFailure("no-job", "no job of %s on this host" % safe_key(args["key"]),
+                           "start one with: remote-ops extract HOST")
+    raise AgentFailure("bad-args", "key or job_id is required")
+
+
+def op_status(args):
+    return job_status(_resolve(args))
+
+
+def op_probe(args):
+    """Preflight facts in one go: the playbook's current job and free disk at the output dir."""
+    out = {"job": None, "disk": None}
+    job_id = _current_id(args["key"]) if args.get("key") else None
+    if job_id:
+        try:
+            out["job"] = job_status(job_id)
+        except AgentFailure:
+            out["job"] = None
+    path = args.get("output_dir")
+    if path:
+        path = os.path.expanduser(path)
+        probe = path
+        while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+            probe = os.path.dirname(probe)
+        try:
+            st = os.statvfs(probe)
+            done, top = sup.count_samples(path)
+            sizes = []
+            if done:
+                for i in range(max(0, top - 20), top + 1):
+                    try:
+                        sizes.append(os.path.getsize(os.path.join(path, "data_%d.pt" % i)))
+                    except OSError:
+                        pass
+            out["disk"] = {"path": path, "measured_at": probe, "free_bytes": st.f_bavail * st.f_frsize,
+                           "existing_samples": done, "max_index": top,
+                           "mean_sample_bytes": int(sum(sizes) / len(sizes)) if sizes else None}
+        except OSError as exc:
+            out["disk"] = {"path": path, "error": str(exc)}
+    return out
+
+
+def op_list(args):
+    root = state_dir()
+    jobs = []
+    for name in sorted(os.listdir(root)):
+        if os.path.isdir(os.path.join(root, name)) and _JOB_RE.match(name):
+            try:
+                st = job_status(name)
+            except AgentFailure:
+                continue
+            if not args.get("key") or st.get("key") == safe_key(args["key"]):
+                jobs.append(st)
+    jobs.sort(key=lambda j: j.get("created_at") or 0)
+    return {"jobs": jobs}
+
+
+# ------------------------------------------------------------------ launch
+def _str_dict(value, what):
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                              for k, v in value.items()):
+        raise AgentFailure("bad-args", "%s must map names to strings" % what)
+    return value
+
+
+def op_launch(args):
+    key = safe_key(args.get("key"))
+    command = args.get("command")
+    if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
+        raise AgentFailure("bad-args", "command must be a non-empty list of strings")
+    env = _str_dict(args.get("env"), "env")
+    secret_values = _str_dict(args.get("secrets"), "secrets")
+    workdir = os.path.expanduser(args.get("workdir") or "~")
+    output_dir = os.path.expanduser(args["output_dir"]) if args.get("output_dir") else None
+    root = state_dir()
+    with _LaunchLock(os.path.join(root, key + ".lock"), float(args.get("lock_timeout", 30))):
+        cur = _current_id(key)
+        if cur:
+            try:
+                st = job_status(cur)
+            except AgentFailure:
+                st = None
+            if st and st["state"] in ("starting", "running"):
+                return {"attached": True, "job": st}
+        if not os.path.isdir(workdir):
+            raise AgentFailure("no-workdir", "workdir %s does not exist on the host" % workdir)
+        if output_dir:
+            os.makedirs(output_dir, exist_ok=True)
+        job_id = "%s-%s-%s" % (key, time.strftime("%Y%m%d-%H%M%S"), _secrets.token_hex(3))
+        jobdir = os.path.join(root, job_id)
+        os.mkdir(jobdir, 0o700)
+        log = os.path.join(jobdir, "log")
+        sup.write_json(os.path.join(jobdir, "job.json"), {
+            "job_id": job_id, "key": key, "command": command, "workdir": workdir, "env": env,
+            "secret_names": sorted(secret_values), "output_dir": output_dir, "log": log,
+            "expected_samples": args.get("expected_samples"),
+            "watchdog_seconds": args.get("watchdog_seconds"),
+            "cleanup_grace": args.get("cleanup_grace", 10), "created_at": time.time(),
+            "launcher_pid": os.getpid(), "playbook": args.get("playbook"),
+        })
+        if secret_values:
+            fd = os.open(os.path.join(jobdir, "secrets.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                import json
+                json.dump(secret_values, fh)
+        script = os.path.join(jobdir, "supervisor.py")
+        fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(_supervisor_source())
+        lock_fd = os.open(os.path.join(jobdir, "run.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        os.close(os.open(log, os.O_WRONLY | os.O_CREAT, 0o600))
+        sup.write_json(os.path.join(root, key + ".current"), {"job_id": job_id})
+        sup_env = {k: v for k, v in os.environ.items() if k != sup.MARKER}
+        sup_log = os.open(os.path.join(jobdir, "supervisor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            subprocess.Popen([sys.executable, script, jobdir, str(lock_fd)], cwd=jobdir, env=sup_env,
+                             stdin=subprocess.DEVNULL, stdout=sup_log, stderr=sup_log,
+                             start_new_session=True, close_fds=True, pass_fds=(lock_fd,))
+        finally:
+            os.close(sup_log)
+            os.close(lock_fd)   # the supervisor holds the lock from here on
+        deadline = time.time() + float(args.get("start_timeout", 20))
+        while time.time() < deadline:
+            if os.path.exists(os.path.join(jobdir, "run.json")) or \
+                    os.path.exists(os.path.join(jobdir, "exit.json")):
+                break
+            time.sleep(0.02)
+        return {"attached": False, "job": job_status(job_id)}
+
+
+# ------------------------------------------------------------------ logs and tail
+def _decode(chunk):
+    """Decode up to the last complete UTF-8 character; returns (text, bytes consumed)."""
+    for cut in range(0, 4):
+        end = len(chunk) - cut
+        try:
+            return chunk[:end].decode("utf-8"), end
+        except UnicodeDecodeError as exc:
+            if exc.start < end - 4:
+                return chunk.decode("utf-8", "replace"), len(chunk)
+    return chunk.decode("utf-8", "replace"), len(chunk)
+
+
+def op_logs(args):
+    """The log's last ``lines`` lines (default 50), or its bytes from ``offset``."""
+    st = job_status(_resolve(args))
+    path = st["log"]
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        size = 0
+    if args.get("offset") is not None:
+        start = max(0, min(int(args["offset"]), size))
+        with open(path, "rb") as fh:
+            fh.seek(start)
+            data = fh.read(int(args.get("max_bytes", 1 << 20)))
+        text, used = _decode(data)
+        return {"job": st, "text": text, "offset": start, "next": start + used, "size": size}
+    n = int(args.get("lines", 50))
+    want = 4096
+    while True:
+        data = _read_tail(path, want)
+        if data.count(b"\n") > n or len(data) >= size or want >= 64 << 20:
+            break
+        want *= 4
+    parts = data.split(b"\n")
+    if len(data) < size:
+        parts = parts[1:]   # first line is probably cut
+    if parts and parts[-1] == b"":
+        parts = parts[:-1]
+    text = b"\n".join(parts[-n:]).decode("utf-8", "replace") + ("\n" if parts else "")
+    return {"job": st, "text": text, "offset": size - len(text.encode()), "next": size, "size": size}
+
+
+def _gpu_summary():
+    q = gpu.query(timeout=10, driver=False)
+    if not q["present"]:
+        return None
+    return {"error": q["error"],
+            "gpus": [{"index": g["index"], "memory_used_mib": g["memory_used_mib"],
+                      "memory_total_mib": g["memory_total_mib"], "utilization_pct": g["utilization_pct"]}
+                     for g in q["gpus"]],
+            "processes": len(q["processes"])}
+
+
+def op_tail(args):
+    """Streams the log from ``offset`` as it grows, with periodic snapshots; returns when the job
+    reaches a terminal state (after draining the log) or after ``budget`` seconds, so that the
+    controller re-polls on a fresh channel. Events: {"type": "log", "offset", "next", "data"},
+    {"type": "snapshot", ...}. Result: {"state", "next", "status", "ended": bool}."""
+    job_id = _resolve(args)
+    st = job_status(job_id)
+    path = st["log"]
+    offset = max(0, int(args.get("offset") or 0))
+    budget = float(args.get("budget", 300))
+    poll = float(args.get("poll", 0.05))
+    snap_every = float(args.get("snapshot_every", 5))
+    gpu_every = float(args.get("gpu_every", 10))
+    t0 = time.time()
+    last_snap = last_gpu = last_state = 0.0
+    gpu_info = None
+    fh = None
+    try:
+        while True:
+            if fh is None:
+                try:
+                    fh = open(path, "rb")
+                except OSError:
+                    fh = None
+            if fh is not None:
+                fh.seek(offset)
+                data = fh.read(256 * 1024)
+                if data:
+                    text, used = _decode(data)
+                    if used:
+                        yield {"type": "log", "offset": offset, "next": offset + used, "data": text}
+                        offset += used
+                        if len(data) == 256 * 1024:
+                            continue
+            now = time.time()
+            if now - last_state >= 0.5:
+                last_state = now
+                st = job_status(job_id)
+                if st["state"] in TERMINAL:
+                    if fh is not None:
+                        fh.seek(offset)
+                        rest = fh.read()
+                        if rest:
+                            text, used = _decode(rest)
+                            yield {"type": "log", "offset": offset, "next": offset + used, "data": text}
+                            offset += used
+                    return {"state": st["state"], "next": offset, "status": st, "ended": True}
+            if now - last_snap >= snap_every:
+                if now - last_gpu >= gpu_every:
+                    last_gpu = now
+                    gpu_info = _gpu_summary()
+                last_snap = now
+                yield {"type": "snapshot", "state": st["state"], "samples": st["samples"],
+                       "elapsed_s": st["elapsed_s"], "rate_per_s": st["rate_per_s"],
+                       "watchdog": st["watchdog"], "gpu": gpu_info, "log_size": st["log_size"],
+                       "offset": offset}
+            if now - t0 >= budget:
+                return {"state": st["state"], "next": offset, "status": st, "ended": False}
+            time.sleep(poll)
+    finally:
+        if fh is not None:
+            fh.close()
+
+
+# ------------------------------------------------------------------ stop
+def _proc_info(pid):
+    info = {"pid": pid}
+    try:
+        with open("/proc/%d/comm" % pid) as fh:
+            info["name"] = fh.read().strip()
+    except OSError:
+        info["name"] = None
+    return info
+
+
+def _job_pids(job_id, pgid, exclude):
+    pids = set(sup.marker_pids(job_id, exclude))
+    if pgid:
+        pids |= set(sup.group_pids(pgid, exclude))
+    return sorted(pids)
+
+
+def op_stop(args):
+    """SIGTERM the job's process group and every process carrying its marker, SIGKILL after
+    ``grace`` seconds, then kill job processes still on the GPU list and report what still holds
+    GPU memory."""
+    job_id = _resolve(args)
+    jobdir = _jobdir(job_id)
+    grace = float(args.get("grace", 30))
+    st = job_status(job_id)
+    run = sup.read_json(os.path.join(jobdir, "run.json")) or {}
+    pgid = run.get("pgid")
+    if pgid and not _pid_alive(run.get("pid"), run.get("start_ticks")) and not st["supervisor_alive"]:
+        pgid = None   # gone and possibly reused: never signal a stranger's group
+    exclude = {os.getpid(), run.get("supervisor_pid") or -1}
+    found = _job_pids(job_id, pgid, exclude)
+    report = {"job_id": job_id, "was": st["state"], "terminated": [], "killed": [],
+              "remaining": [], "gpu_holders": [], "gpu_killed": []}
+    if st["state"] in ("starting", "running") and not os.path.exists(os.path.join(jobdir, "stop.json")):
+        sup.write_json(os.path.join(jobdir, "stop.json"), {"requested_at": time.time(), "grace": grace})
+    if found:
+        report["terminated"] = [_proc_info(p) for p in found]
+        sup.kill_all(found, pgid, signal.SIGTERM)
+        deadline = time.time() + grace
+        while time.time() < deadline:
+            time.sleep(0.1)
+            found = _job_pids(job_id, pgid, exclude)
+            if not found:
+                break
+        if found:
+            report["killed"] = [_proc_info(p) for p in found]
+            sup.kill_all(found, pgid, signal.SIGKILL)
+            deadline = time.time() + 5
+            while time.time() < deadline and _job_pids(job_id, pgid, exclude):
+                time.sleep(0.05)
+    # The GPU list finds re-parented workers that cleared or never had the marker in /proc view.
+    q = gpu.query(timeout=10, driver=False)
+    if q["present"]:
+        ours = set(_job_pids(job_id, pgid, exclude))
+        for p in q["processes"]:
+            if p["pid"] in ours:
+                sup.kill_all([p["pid"]], None, signal.SIGKILL)
+                report["gpu_killed"].append(p)
+        if report["gpu_killed"]:
+            time.sleep(1)
+            q = gpu.query(timeout=10, driver=False)
+        ours = set(_job_pids(job_id, pgid, exclude))
+        report["gpu_holders"] = [dict(p, job=p["pid"] in ours) for p in q["processes"]]
+        report["gpu_error"] = q["error"]
+    report["remaining"] = [_proc_info(p) for p in _job_pids(job_id, pgid, exclude)]
+    # Let the supervisor record the exit status before answering.
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        st = job_status(job_id)
+        if st["state"] in TERMINAL:
+            break
+        time.sleep(0.05)
+    report["job"] = st
+    return report
