@@ -71,6 +71,13 @@ class Inventory:
         """Hosts named by ``spec``: a host, a group, a comma list of either, or None for the default."""
         if not spec:
             if self.default:
+                if self.default not in self.hosts and self.default not in self.groups:
+                    line = self.doc.line("default") if self.doc else None
+                    hint = ("start it with: remote-ops sandbox up" if self.default == "sandbox"
+                            else "fix 'default' or name a host on the command line")
+                    raise UsageError(f"{self.path}:{line}: default host {self.default!r} is not defined", hint)
+                if self.default in self.groups:
+                    return [self.hosts[n] for n in self.groups[self.default]]
                 return [self.hosts[self.default]]
             if len(self.hosts) == 1:
                 return list(self.hosts.values())
@@ -196,9 +203,8 @@ def parse(doc: YamlDoc) -> Inventory:
                 raise doc.error(("groups", gname, i), f"group {gname!r} names unknown host {member!r}")
         groups[gname] = list(dict.fromkeys(names))
     default = data.get("default")
-    if default is not None:
-        if not isinstance(default, str) or (default not in hosts and default not in groups):
-            raise doc.error(("default",), f"default {default!r} is not a host or group of this inventory")
+    if default is not None and not isinstance(default, str):
+        raise doc.error(("default",), f"default must be a host or group name, got {type_name(default)}")
     inv = Inventory(doc.path, hosts, groups, default, doc)
     return inv
 
@@ -211,6 +217,4 @@ def load(path: str | None = None, *, missing_ok: bool = False) -> Inventory:
 
 
 def resolve_default(inv: Inventory, spec: str | None) -> list[Host]:
-    if not spec and inv.default and inv.default in inv.groups:
-        return [inv.hosts[n] for n in inv.groups[inv.default]]
     return inv.resolve(spec)

@@ -66,6 +66,8 @@ def load_text(text: str, path: str) -> YamlDoc:
             loader.dispose()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
+        if exc.context_mark is not None and "<stream end>" in (exc.problem or ""):
+            mark = exc.context_mark  # an unclosed bracket: point at where it opened
         line = mark.line + 1 if mark else None
         problem = (exc.problem or exc.context or "invalid YAML").strip()
         raise ConfigError(path, line, f"YAML syntax error: {problem}") from None

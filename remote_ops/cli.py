@@ -1,0 +1,120 @@
+"""Command-line entry point: argument parsing, error handling, nothing else.
+
+Kept import-light: heavy modules load only inside the command that needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+COMMANDS = (
+    "hosts", "facts", "sandbox",
+    "inspect", "check",
+    "patch", "rollback", "history",
+    "extract", "status", "logs", "stop", "verify",
+)
+
+
+def _load_commands():
+    mods = []
+    for name in COMMANDS:
+        try:
+            mods.append(importlib.import_module(f"remote_ops.commands.{name}"))
+        except ModuleNotFoundError as exc:
+            if exc.name != f"remote_ops.commands.{name}":
+                raise
+    return mods
+
+
+def _global_flags(p: argparse.ArgumentParser, suppress: bool) -> None:
+    d = argparse.SUPPRESS if suppress else None
+    p.add_argument("--json", action="store_true", default=d, help="machine-readable output on stdout")
+    p.add_argument("--debug", action="store_true", default=d, help="show tracebacks")
+    p.add_argument("-v", "--verbose", action="count", default=d, help="more detail")
+    p.add_argument("-i", "--inventory", metavar="FILE", default=d,
+                   help="inventory file (default: $REMOTE_OPS_INVENTORY or ./inventory.yaml)")
+    p.add_argument("--accept-new", action="store_true", default=d,
+                   help="record an unknown host key (like ssh -o StrictHostKeyChecking=accept-new)")
+    p.add_argument("--parallel", type=int, metavar="N", default=d, help="hosts worked on at once (default 16)")
+    p.add_argument("--connect-timeout", type=float, metavar="S", default=d, help="SSH connect timeout")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, same as every other user error
+        from remote_ops.errors import UsageError
+        raise UsageError(f"{self.prog}: {message}", f"see: {self.prog} --help")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="remote-ops",
+                     description="Drive a remote GPU host over SSH: check vLLM signatures, patch "
+                                 "speculators, run and watch hidden-state extraction.")
+    _global_flags(parser, suppress=False)
+    parser.add_argument("--version", action="version", version="remote-ops 0.1.0")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for mod in _load_commands():
+        p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
+        _global_flags(p, suppress=True)   # flags work before or after the command
+        mod.add_arguments(p)
+        p.set_defaults(_module=mod)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv
+    json_mode = "--json" in argv
+    from remote_ops.errors import Exit, RemoteOpsError
+    ctx = None
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "_module", None):
+            parser.print_help()
+            return int(Exit.USAGE)
+        from remote_ops.context import Context
+        ctx = Context(json=bool(args.json), debug=bool(args.debug), verbose=args.verbose or 0,
+                      accept_new=bool(args.accept_new), inventory_file=args.inventory,
+                      parallel=args.parallel or 16, connect_timeout=args.connect_timeout)
+        if ctx.parallel < 1:
+            from remote_ops.errors import UsageError
+            raise UsageError("--parallel must be at least 1")
+        return int(args._module.run(args, ctx) or 0)
+    except RemoteOpsError as exc:
+        _report(exc, debug, json_mode)
+        return int(exc.exit_status)
+    except KeyboardInterrupt:
+        sys.stderr.write("remote-ops: interrupted\n")
+        return int(Exit.INTERRUPTED)
+    except BrokenPipeError:
+        return int(Exit.OK)
+    except Exception as exc:  # a bug: one line unless --debug
+        if debug:
+            raise
+        sys.stderr.write(f"remote-ops: internal error: {type(exc).__name__}: {exc} "
+                         "(rerun with --debug for the traceback)\n")
+        return int(Exit.REMOTE)
+    finally:
+        if ctx is not None:
+            ctx.close()
+
+
+def _report(exc, debug: bool, json_mode: bool) -> None:
+    import json
+    import traceback
+
+    if debug:
+        traceback.print_exc()
+        rt = getattr(exc, "remote_traceback", None)
+        if rt:
+            sys.stderr.write("--- remote traceback ---\n" + rt + "\n")
+    if json_mode:
+        sys.stdout.write(json.dumps(exc.to_json()) + "\n")
+    sys.stderr.write(f"remote-ops: {exc.one_line()}\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

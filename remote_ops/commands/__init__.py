@@ -1,0 +1,1 @@
+"""One module per sub-command; see docs/ARCHITECTURE.md for the contract."""

@@ -1,0 +1,61 @@
+"""remote-ops facts: interpreter, packages, GPUs, disk of one host or a group."""
+
+NAME = "facts"
+HELP = "show the remote Python, vllm/speculators/torch/transformers versions, GPUs and disk"
+
+
+def add_arguments(p):
+    p.add_argument("host", nargs="?", metavar="HOST|GROUP", help="host, group or comma list (default: the inventory's default)")
+
+
+def run(args, ctx) -> int:
+    from remote_ops import facts as facts_mod
+
+    hosts = ctx.hosts(args.host)
+    results = ctx.for_each_host(hosts, lambda host, sess: facts_mod.gather(sess))
+    if ctx.json:
+        if len(results) == 1 and results[0].ok:
+            ctx.emit(results[0].value.to_json())
+        else:
+            ctx.emit({"hosts": [r.to_json() if not r.ok else {"host": r.host, "ok": True,
+                                                                "result": r.value.to_json()} for r in results]})
+    else:
+        for r in results:
+            if r.ok:
+                render(ctx.console, r.value)
+        ctx.report_failures(results)
+    return ctx.fleet_status(results)
+
+
+def render(console, f) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from remote_ops.facts import human_bytes
+
+    console.print(Text(f"{f.host} ({f.hostname})", style="bold"))
+    console.print(f"  python   {f.python_version}  {f.python_executable}")
+    for name, p in f.packages.items():
+        if p.present:
+            console.print(f"  {name:<12} {p.version:<12} {p.location or ''}")
+        else:
+            console.print(f"  {name:<12} [dim]absent[/dim]")
+    d = f.disk
+    if "free_bytes" in d:
+        console.print(f"  disk     {human_bytes(d['free_bytes'])} free of {human_bytes(d['total_bytes'])} at {d['path']}")
+    g = f.gpu or {}
+    if not g.get("present"):
+        console.print(f"  gpus     [dim]none ({g.get('error') or 'nvidia-smi not found'})[/dim]")
+        return
+    t = Table(box=None, padding=(0, 1), show_edge=False)
+    for col in ("gpu", "name", "memory", "util", "temp"):
+        t.add_column(col)
+    for gpu in g.get("gpus", []):
+        mem = f"{gpu.get('memory_used_mib', '?')}/{gpu.get('memory_total_mib', '?')} MiB"
+        util = "?" if gpu.get("utilization_pct") is None else f"{gpu['utilization_pct']}%"
+        temp = "?" if gpu.get("temperature_c") is None else f"{gpu['temperature_c']}C"
+        t.add_row(str(gpu.get("index")), str(gpu.get("name")), mem, util, temp)
+    console.print(t)
+    procs = g.get("processes") or []
+    for pr in procs:
+        console.print(f"  gpu process pid {pr.get('pid')} {pr.get('name')} {pr.get('used_memory_mib')} MiB on gpu {pr.get('gpu_index')}")

@@ -1,0 +1,148 @@
+"""What a command gets to work with: inventory, sessions, parallel fan-out, output."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from remote_ops.errors import RemoteOpsError
+
+
+@dataclass
+class HostResult:
+    """The outcome of one host in a fleet run (fabric's GroupResult idea: result or error, never lost)."""
+
+    host: str
+    ok: bool
+    value: Any = None
+    error: RemoteOpsError | None = None
+    traceback: str | None = None
+
+    def to_json(self) -> dict:
+        out = {"host": self.host, "ok": self.ok}
+        if self.ok:
+            out["result"] = self.value
+        else:
+            out["error"] = self.error.to_json() if self.error else None
+        return out
+
+
+@dataclass
+class Context:
+    json: bool = False
+    debug: bool = False
+    verbose: int = 0
+    accept_new: bool = False
+    inventory_file: str | None = None
+    parallel: int = 16
+    connect_timeout: float | None = None
+    _inventory: Any = None
+    _sessions: dict = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _console: Any = None
+    _err: Any = None
+
+    # ------------------------------------------------------------------ inventory
+    @property
+    def inventory(self):
+        if self._inventory is None:
+            from remote_ops import inventory
+            self._inventory = inventory.load(self.inventory_file)
+        return self._inventory
+
+    def hosts(self, spec: str | None):
+        from remote_ops.inventory import resolve_default
+        return resolve_default(self.inventory, spec)
+
+    # ------------------------------------------------------------------ sessions
+    def session(self, host):
+        from remote_ops.transport import ConnectOptions, Session
+
+        with self._lock:
+            sess = self._sessions.get(host.name)
+            if sess is None:
+                sess = Session(host, ConnectOptions(accept_new=self.accept_new,
+                                                    connect_timeout=self.connect_timeout),
+                               self.inventory.hosts if self._inventory is not None else None)
+                self._sessions[host.name] = sess
+        sess.open()
+        return sess
+
+    def drop_session(self, host) -> None:
+        with self._lock:
+            sess = self._sessions.pop(host.name, None)
+        if sess is not None:
+            sess.close()
+
+    def close(self) -> None:
+        with self._lock:
+            sessions, self._sessions = list(self._sessions.values()), {}
+        for s in sessions:
+            try:
+                s.close()
+            except Exception:  # closing must never hide the command's own result
+                pass
+
+    def for_each_host(self, hosts, fn: Callable[[Any, Any], Any], *, connect: bool = True) -> list[HostResult]:
+        """Run ``fn(host, session)`` on every host, in parallel, bounded by ``--parallel``."""
+        import traceback as tb
+
+        def one(host) -> HostResult:
+            try:
+                sess = self.session(host) if connect else None
+                return HostResult(host.name, True, fn(host, sess))
+            except RemoteOpsError as exc:
+                exc.host = exc.host or host.name
+                return HostResult(host.name, False, error=exc, traceback=tb.format_exc())
+            except Exception as exc:  # an unexpected bug on one host must not hide the others
+                err = RemoteOpsError(f"internal error: {type(exc).__name__}: {exc}",
+                                     "rerun with --debug and report it", host=host.name)
+                return HostResult(host.name, False, error=err, traceback=tb.format_exc())
+
+        hosts = list(hosts)
+        if len(hosts) == 1:
+            return [one(hosts[0])]
+        with ThreadPoolExecutor(max_workers=max(1, min(self.parallel, len(hosts)))) as pool:
+            return list(pool.map(one, hosts))
+
+    # ------------------------------------------------------------------ output
+    @property
+    def console(self):
+        if self._console is None:
+            from rich.console import Console
+            self._console = Console(highlight=False, soft_wrap=False)
+        return self._console
+
+    @property
+    def err(self):
+        if self._err is None:
+            from rich.console import Console
+            self._err = Console(stderr=True, highlight=False)
+        return self._err
+
+    def emit(self, data: Any, human: Callable[[Any], None] | None = None) -> None:
+        if self.json or human is None:
+            sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+            sys.stdout.flush()
+        else:
+            human(self.console)
+
+    def report_failures(self, results: list[HostResult]) -> None:
+        """One plain line per failed host on stderr (never wrapped: scripts grep these)."""
+        for r in results:
+            if not r.ok and r.error is not None:
+                sys.stderr.write(f"remote-ops: {r.error.one_line()}\n")
+                if self.debug and r.traceback:
+                    sys.stderr.write(r.traceback)
+
+    def fleet_status(self, results: list[HostResult]) -> int:
+        """Exit status of a fleet run: the first failed host's status, else OK."""
+        from remote_ops.errors import Exit
+        for r in results:
+            if not r.ok:
+                return int(r.error.exit_status) if r.error else int(Exit.REMOTE)
+        return int(Exit.OK)

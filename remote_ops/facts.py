@@ -1,0 +1,70 @@
+"""Facts about a host (pyinfra's idea: read-only state, typed, gathered in one round trip)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class PackageFact:
+    name: str
+    present: bool
+    version: str | None = None
+    location: str | None = None
+
+
+@dataclass
+class HostFacts:
+    host: str
+    hostname: str
+    python_executable: str
+    python_version: str
+    python_version_info: tuple[int, int, int]
+    packages: dict[str, PackageFact]
+    disk: dict
+    gpu: dict
+    memory: dict | None
+    cpus: int | None
+    jobs: Any = None
+    raw: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_agent(cls, host: str, data: dict) -> "HostFacts":
+        pkgs = {k: PackageFact(v["name"], v["present"], v.get("version"), v.get("location"))
+                for k, v in (data.get("packages") or {}).items()}
+        py = data["python"]
+        return cls(host=host, hostname=data.get("hostname", "?"), python_executable=py["executable"],
+                   python_version=py["version"], python_version_info=tuple(py["version_info"]),
+                   packages=pkgs, disk=data.get("disk") or {}, gpu=data.get("gpu") or {"present": False},
+                   memory=data.get("memory"), cpus=data.get("cpus"), jobs=data.get("jobs"), raw=data)
+
+    def version(self, package: str) -> str | None:
+        p = self.packages.get(package)
+        return p.version if p and p.present else None
+
+    def to_json(self) -> dict:
+        return {"host": self.host, **self.raw}
+
+
+def facts_args(host, packages: list[str] | None = None) -> dict:
+    args: dict = {"workdir": host.workdir}
+    if packages:
+        args["packages"] = packages
+    return args
+
+
+def gather(session, packages: list[str] | None = None) -> HostFacts:
+    """One exec round trip."""
+    data = session.call("facts.gather", facts_args(session.host, packages))
+    return HostFacts.from_agent(session.host.name, data)
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"

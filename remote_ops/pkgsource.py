@@ -1,0 +1,163 @@
+"""Real packages from PyPI, as sources only: download wheels once (cached), unpack the ``.py``
+files and the ``.dist-info``, and lay them into a Python environment.
+
+Used by the sandbox host, the tests and the benchmarks. Needs ``pip`` and the package index;
+torch/CUDA are never needed because nothing here imports the packages.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from contextlib import contextmanager
+from pathlib import Path
+
+from remote_ops.errors import RemoteOpsError
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("REMOTE_OPS_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "remote-ops")
+    p = Path(root)
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+@contextmanager
+def _locked(name: str):
+    lock = cache_dir() / f".{name}.lock"
+    with open(lock, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _norm(name: str) -> str:
+    return name.replace("-", "_").lower()
+
+
+def fetch_wheel(name: str, version: str) -> Path:
+    """The cached wheel of ``name==version``, downloaded with ``pip download --no-deps`` if missing."""
+    wheels = cache_dir() / "wheels"
+    wheels.mkdir(exist_ok=True)
+    pattern = f"{_norm(name)}-{version}-*.whl"
+    found = sorted(wheels.glob(pattern))
+    if found:
+        return found[0]
+    with _locked(f"wheel-{_norm(name)}-{version}"):
+        found = sorted(wheels.glob(pattern))
+        if found:
+            return found[0]
+        tmp = wheels / f".dl-{_norm(name)}-{version}-{os.getpid()}"
+        tmp.mkdir(exist_ok=True)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "-q", "-d", str(tmp), f"{name}=={version}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        got = sorted(tmp.glob("*.whl"))
+        if proc.returncode != 0 or not got:
+            shutil.rmtree(tmp, ignore_errors=True)
+            last = (proc.stderr.strip().splitlines() or ["no wheel"])[-1]
+            raise RemoteOpsError(f"cannot download {name}=={version} from the package index: {last}",
+                                 "check network access to PyPI, or put the wheel in " + str(wheels))
+        target = wheels / got[0].name
+        os.replace(got[0], target)
+        shutil.rmtree(tmp, ignore_errors=True)
+        return target
+
+
+def unpacked(name: str, version: str) -> Path:
+    """A cached directory holding only the ``.py`` files and ``.dist-info`` of the wheel."""
+    dest = cache_dir() / "src" / f"{_norm(name)}-{version}"
+    marker = dest / ".complete"
+    if marker.exists():
+        return dest
+    wheel = fetch_wheel(name, version)
+    with _locked(f"src-{_norm(name)}-{version}"):
+        if marker.exists():
+            return dest
+        tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        with zipfile.ZipFile(wheel) as zf:
+            for info in zf.infolist():
+                top = info.filename.split("/", 1)[0]
+                if info.is_dir():
+                    continue
+                if info.filename.endswith(".py") or (top.endswith(".dist-info") and "/" in info.filename) \
+                        or info.filename.endswith(".pyi") or info.filename.endswith("py.typed"):
+                    if top.endswith(".data"):
+                        continue
+                    zf.extract(info, tmp)
+        (tmp / ".complete").write_text(wheel.name + "\n")
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(tmp, dest)
+    return dest
+
+
+def site_packages(python: str | Path) -> Path:
+    out = subprocess.run([str(python), "-c", "import sysconfig;print(sysconfig.get_paths()['purelib'])"],
+                         capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip())
+
+
+def install_sources(site: Path, name: str, version: str, *, copy: bool) -> None:
+    """Lay the unpacked package into ``site``: copied (can be patched) or linked by a ``.pth`` file."""
+    src = unpacked(name, version)
+    if copy:
+        for entry in src.iterdir():
+            if entry.name == ".complete":
+                continue
+            target = site / entry.name
+            if target.exists():
+                shutil.rmtree(target)
+            shutil.copytree(entry, target)
+    else:
+        (site / f"_remote_ops_{_norm(name)}.pth").write_text(str(src) + "\n")
+
+
+def base_python() -> str:
+    """A real interpreter to build venvs from (the base of the controller's own venv)."""
+    return getattr(sys, "_base_executable", None) or sys.executable
+
+
+def torch_site() -> Path:
+    """site-packages of a cached venv holding torch==2.13.0 (CPU) and tqdm, built once."""
+    env = cache_dir() / "envs" / "torch-2.13.0"
+    marker = env / ".complete"
+    if not marker.exists():
+        with _locked("torch-env"):
+            if not marker.exists():
+                shutil.rmtree(env, ignore_errors=True)
+                subprocess.run([base_python(), "-m", "venv", str(env)], check=True)
+                proc = subprocess.run([str(env / "bin" / "python"), "-m", "pip", "install", "-q",
+                                       "--disable-pip-version-check", "torch==2.13.0", "tqdm", "numpy"],
+                                      capture_output=True, text=True)
+                if proc.returncode != 0:
+                    raise RemoteOpsError("cannot install torch==2.13.0 for the sandbox: "
+                                         + (proc.stderr.strip().splitlines() or ["?"])[-1])
+                marker.write_text("ok\n")
+    return site_packages(env / "bin" / "python")
+
+
+def make_env(dest: str | Path, packages: list[tuple[str, str]], *, copy: set[str] | None = None,
+             with_torch: bool = False) -> Path:
+    """Create a venv at ``dest`` holding the real sources of ``packages``; returns its python.
+
+    Packages named in ``copy`` (default: speculators) are copied so they can be patched; the others
+    are linked read-only from the cache through a ``.pth`` file (fast, and they stay pristine).
+    """
+    dest = Path(dest)
+    copy = {"speculators"} if copy is None else copy
+    subprocess.run([base_python(), "-m", "venv", "--without-pip", str(dest)], check=True)
+    python = dest / "bin" / "python"
+    site = site_packages(python)
+    for name, version in packages:
+        install_sources(site, name, version, copy=name in copy)
+    if with_torch:
+        (site / "_remote_ops_torch.pth").write_text(str(torch_site()) + "\n")
+    return python

@@ -1,0 +1,203 @@
+"""The embedded sandbox host: a real OpenSSH sshd on 127.0.0.1 with fresh keys, and a remote Python
+environment holding the real speculators and vLLM sources from PyPI (no torch/CUDA needed for those;
+torch CPU is added so the stand-in extraction job can run).
+
+Layout (next to the inventory, git-ignored): ``.remote-ops/sandbox/``
+    sshd/        host key, user key, known_hosts, sshd_config, pid, log
+    venv/        the host's interpreter (``python`` of the inventory entry)
+    workdir/     the host's workdir (stand-in job, outputs)
+    host-state/  remote-ops' own state on the host (journal, backups, jobs)
+    sandbox.json versions and port
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from remote_ops import pkgsource
+from remote_ops.errors import RemoteOpsError, UsageError
+from remote_ops.sshd import SshdServer
+
+HOST_NAME = "sandbox"
+DEFAULT_PLAYBOOK = "playbooks/eagle3-speculators-0.3.0.yaml"
+BEGIN = "  # >>> sandbox: written by `remote-ops sandbox up`; edits between these markers are overwritten"
+END = "  # <<< sandbox"
+
+
+@dataclass
+class SandboxPaths:
+    root: Path
+
+    @property
+    def sshd(self) -> Path:
+        return self.root / "sshd"
+
+    @property
+    def venv(self) -> Path:
+        return self.root / "venv"
+
+    @property
+    def python(self) -> Path:
+        return self.venv / "bin" / "python"
+
+    @property
+    def workdir(self) -> Path:
+        return self.root / "workdir"
+
+    @property
+    def host_state(self) -> Path:
+        return self.root / "host-state"
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "sandbox.json"
+
+
+def sandbox_root(inventory_path: str) -> Path:
+    env = os.environ.get("REMOTE_OPS_SANDBOX_DIR")
+    if env:
+        return Path(env).expanduser().resolve()
+    return (Path(inventory_path).expanduser().resolve().parent / ".remote-ops" / "sandbox")
+
+
+def _read_state(paths: SandboxPaths) -> dict:
+    try:
+        return json.loads(paths.state_file.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _server(paths: SandboxPaths, port: int | None) -> SshdServer:
+    return SshdServer(paths.sshd, port=port)
+
+
+def up(inventory_path: str, *, speculators: str = "0.3.0", vllm: str = "0.17.0", port: int | None = None,
+       torch: bool = True, progress=lambda msg: None) -> dict:
+    paths = SandboxPaths(sandbox_root(inventory_path))
+    paths.root.mkdir(parents=True, exist_ok=True)
+    os.chmod(paths.root, 0o700)
+    state = _read_state(paths)
+    t0 = time.monotonic()
+
+    wanted = {"speculators": speculators, "vllm": vllm, "torch": torch}
+    if state.get("packages") != wanted or not paths.python.exists():
+        progress(f"preparing the host's Python: speculators=={speculators}, vllm=={vllm} (real sources from PyPI)"
+                 + (", torch==2.13.0 CPU" if torch else ""))
+        shutil.rmtree(paths.venv, ignore_errors=True)
+        pkgsource.make_env(paths.venv, [("speculators", speculators), ("vllm", vllm)], with_torch=torch)
+    paths.workdir.mkdir(exist_ok=True)
+    paths.host_state.mkdir(exist_ok=True, mode=0o700)
+    assets = Path(__file__).parent / "sandbox_assets"
+    for asset in assets.glob("*.py"):
+        if asset.name != "__init__.py":
+            shutil.copy2(asset, paths.workdir / asset.name)
+
+    server = _server(paths, port or state.get("port"))
+    if server.running() and port and port != state.get("port"):
+        server.stop()
+    if not server.running():
+        progress(f"starting sshd on 127.0.0.1:{server.port}")
+        try:
+            server.start(foreground=False)
+        except RemoteOpsError as exc:
+            if port:
+                raise
+            # the remembered port may be taken now: take a free one
+            server = _server(paths, None)
+            server.start(foreground=False)
+    state = {"port": server.port, "packages": wanted, "root": str(paths.root),
+             "python": str(paths.python), "workdir": str(paths.workdir)}
+    paths.state_file.write_text(json.dumps(state, indent=2))
+    write_inventory_entry(inventory_path, host_entry(paths, server))
+    state.update({"running": True, "inventory": inventory_path, "seconds": round(time.monotonic() - t0, 2)})
+    return state
+
+
+def host_entry(paths: SandboxPaths, server: SshdServer) -> dict:
+    return {
+        "hostname": server.address,
+        "port": server.port,
+        "user": server.user,
+        "identity_file": str(server.identity_file),
+        "known_hosts": str(server.known_hosts),
+        "python": str(paths.python),
+        "workdir": str(paths.workdir),
+        "playbook": DEFAULT_PLAYBOOK,
+        "env": {"REMOTE_OPS_STATE_DIR": str(paths.host_state)},
+        "vars": {
+            "extract_script": str(paths.workdir / "extract_standin.py"),
+            "target_model": "tiny-standin",
+            "output_dir": str(paths.workdir / "hidden_states"),
+            "max_samples": 24,
+            "gpus": 0,
+        },
+    }
+
+
+def _block(entry: dict) -> str:
+    import yaml
+
+    body = yaml.safe_dump({HOST_NAME: entry}, sort_keys=False, default_flow_style=False)
+    indented = "".join("  " + line + "\n" for line in body.splitlines())
+    return f"{BEGIN}\n{indented}{END}\n"
+
+
+def write_inventory_entry(inventory_path: str, entry: dict) -> None:
+    """Insert or refresh the managed ``sandbox`` block inside ``hosts:``, keeping everything else."""
+    from remote_ops import inventory
+
+    path = Path(inventory_path).expanduser()
+    block = _block(entry)
+    if not path.exists():
+        text = ("# remote-ops inventory (see README). `default` is used when a command names no host.\n"
+                f"default: {HOST_NAME}\nhosts:\n{block}")
+    else:
+        text = path.read_text()
+        pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", re.S)
+        if pattern.search(text):
+            text = pattern.sub(lambda m: block, text, count=1)
+        else:
+            m = re.search(r"^hosts:[ \t]*(#.*)?\n", text, re.M)
+            if not m:
+                if re.search(r"^hosts:", text, re.M):
+                    raise UsageError(f"{path}: cannot add the sandbox host: 'hosts:' must be a block mapping",
+                                     "write hosts one per line, or point --inventory at a new file")
+                text = text.rstrip("\n") + f"\nhosts:\n{block}"
+            else:
+                text = text[: m.end()] + block + text[m.end():]
+        if not re.search(r"^default:", text, re.M):
+            text = f"default: {HOST_NAME}\n" + text
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    try:
+        inventory.parse(__import__("remote_ops.yamlsrc", fromlist=["x"]).load_file(tmp))
+    except Exception:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+
+
+def down(inventory_path: str, *, purge: bool = False) -> dict:
+    paths = SandboxPaths(sandbox_root(inventory_path))
+    state = _read_state(paths)
+    server = _server(paths, state.get("port"))
+    was_running = server.running()
+    server.stop()
+    if purge:
+        shutil.rmtree(paths.root, ignore_errors=True)
+    return {"stopped": was_running, "purged": purge, "root": str(paths.root)}
+
+
+def status(inventory_path: str) -> dict:
+    paths = SandboxPaths(sandbox_root(inventory_path))
+    state = _read_state(paths)
+    if not state:
+        return {"exists": False, "running": False, "root": str(paths.root)}
+    server = _server(paths, state.get("port"))
+    return {"exists": True, "running": server.running(), **state}

@@ -1,0 +1,129 @@
+"""Shared fixtures: a real OpenSSH sshd on loopback, real package sources from PyPI, inventories.
+
+Nothing here mocks SSH: every test that crosses the wire talks to ``sshd`` over TCP with generated
+keys and strict host-key checking.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from remote_ops import pkgsource
+from remote_ops.inventory import Host
+from remote_ops.sshd import SshdServer
+from remote_ops.transport import ConnectOptions, Session
+
+REPO = Path(__file__).resolve().parent.parent
+SPECULATORS = ("speculators", "0.3.0")
+VLLM_NEW = ("vllm", "0.17.0")
+VLLM_PINNED = ("vllm", "0.11.0")
+
+
+class SshdFixture:
+    """A running sshd plus helpers to describe it as an inventory host."""
+
+    def __init__(self, server: SshdServer):
+        self.server = server
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.server.known_hosts
+
+    @property
+    def identity_file(self) -> Path:
+        return self.server.identity_file
+
+    @property
+    def user(self) -> str:
+        return self.server.user
+
+    def host_entry(self, python: str | None = None, **overrides) -> dict:
+        """Inventory mapping (for YAML) describing this sshd."""
+        entry = {"hostname": self.server.address, "port": self.port, "user": self.user,
+                 "identity_file": str(self.identity_file), "known_hosts": str(self.known_hosts),
+                 "python": str(python or sys.executable)}
+        entry.update(overrides)
+        return entry
+
+    def host(self, name: str = "testhost", python: str | None = None, **overrides) -> Host:
+        e = self.host_entry(python, **overrides)
+        env = e.pop("env", {})
+        return Host(name=name, hostname=e.pop("hostname"), port=e.pop("port"), user=e.pop("user"),
+                    identity_file=(e.pop("identity_file"),), known_hosts=e.pop("known_hosts"),
+                    python=e.pop("python"), env=env, proxy_jump=(), **e)
+
+    def session(self, python: str | None = None, **overrides) -> Session:
+        return Session(self.host(python=python, **overrides), ConnectOptions()).open()
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory):
+    server = SshdServer(tmp_path_factory.mktemp("sshd")).start()
+    yield SshdFixture(server)
+    server.stop()
+
+
+@pytest.fixture
+def state_dir(tmp_path):
+    """An isolated remote-ops state dir on the 'host' (journal, jobs, locks)."""
+    d = tmp_path / "remote-state"
+    d.mkdir()
+    return d
+
+
+def write_inventory(path: Path, hosts: dict, groups: dict | None = None, default: str | None = None) -> Path:
+    data: dict = {"hosts": hosts}
+    if groups:
+        data["groups"] = groups
+    if default:
+        data["default"] = default
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def inventory_file(tmp_path, sshd):
+    """Factory: inventory with one host ``testhost`` on the sshd (python overridable)."""
+    def make(python: str | None = None, name: str = "testhost", **overrides) -> Path:
+        return write_inventory(tmp_path / "inventory.yaml", {name: sshd.host_entry(python, **overrides)})
+    return make
+
+
+@pytest.fixture(scope="session")
+def env_vllm017(tmp_path_factory) -> Path:
+    """Python of a venv holding real speculators 0.3.0 and vLLM 0.17.0 sources (shared, read-only use)."""
+    return pkgsource.make_env(tmp_path_factory.mktemp("env017") / "venv", [SPECULATORS, VLLM_NEW])
+
+
+@pytest.fixture(scope="session")
+def env_vllm011(tmp_path_factory) -> Path:
+    return pkgsource.make_env(tmp_path_factory.mktemp("env011") / "venv", [SPECULATORS, VLLM_PINNED])
+
+
+@pytest.fixture
+def fresh_env017(tmp_path) -> Path:
+    """A private venv (speculators copied, so tests may patch it) with vLLM 0.17.0."""
+    return pkgsource.make_env(tmp_path / "venv", [SPECULATORS, VLLM_NEW])
+
+
+@pytest.fixture
+def cli(monkeypatch, capsys):
+    """Run the CLI in-process: ``cli(args...) -> (status, stdout, stderr)``."""
+    from remote_ops.cli import main
+
+    def run(*args: str, env: dict | None = None):
+        for k, v in (env or {}).items():
+            monkeypatch.setenv(k, v)
+        status = main(list(args))
+        out, err = capsys.readouterr()
+        return status, out, err
+    return run

@@ -1,0 +1,46 @@
+"""The agent runs on hosts with nothing installed: stdlib only, Python 3.10 syntax."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+AGENT = Path(__file__).resolve().parent.parent / "remote_ops" / "agent"
+FILES = sorted(AGENT.glob("*.py"))
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
+def test_agent_module_is_stdlib_only_and_parses_as_310(path):
+    tree = ast.parse(path.read_text(), feature_version=(3, 10))
+    allowed_lazy = {"torch"}  # verify.py imports the HOST's torch inside the op, on purpose
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name.split(".")[0] for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                continue
+            names = [(node.module or "").split(".")[0]]
+        else:
+            continue
+        for name in names:
+            assert name in sys.stdlib_module_names or name in allowed_lazy, \
+                f"{path.name}:{node.lineno} imports non-stdlib {name!r}"
+            assert name != "remote_ops", f"{path.name} imports the controller"
+
+
+def test_bootstrap_runs_under_plain_python(tmp_path):
+    import subprocess
+
+    from remote_ops import bundle
+    proc = subprocess.run(["sh", "-c", bundle.agent_command(sys.executable)],
+                          input=bundle.encode_request([{"op": "ping.ping", "args": {"echo": "ok"}},
+                                                       {"op": "../etc.passwd", "args": {}}]),
+                          capture_output=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    import json
+    res = json.loads(proc.stdout.splitlines()[-1])["results"]
+    assert res[0]["result"]["echo"] == "ok"
+    assert res[1]["ok"] is False and res[1]["error"]["kind"] == "bad-op"
