@@ -1,0 +1,181 @@
+"""Agent ops ``compat.check`` and ``compat.inspect``: API compatibility, computed on the host.
+
+``op_check(args)``
+    targets: [module, ...]      caller modules; default: every module of ``package`` whose
+                                source imports one of ``against``
+    package: str                default "speculators.data_generation"
+    against: [str, ...]         library top-level packages, default ["vllm"]
+    mode: "static"|"runtime"    default "static" (parse only; runtime imports the library)
+    sys_path: [str, ...]        search path, default this interpreter's sys.path
+    override_sources: {module: text}
+                                analyse this text instead of the installed file (used to
+                                re-check edited text in the same round trip, e.g. by patch)
+    Returns {"mode", "python", "versions", "targets": [{module, path}], "findings": [...],
+    "unknown": [...], "calls_checked", "elapsed_s"}.
+
+``op_inspect(args)``
+    symbols: ["module:qualname", ...], mode, sys_path as above.
+    Returns {"mode", "python", "versions", "symbols": [{symbol, kind, mode, signature,
+    parameters, origin, note} | {symbol, kind: "missing"|"unknown", reason}]}.
+
+Everything is stdlib; the library is never imported in static mode.
+"""
+
+import os
+import sys
+import time
+
+from . import callsites
+from .protocol import AgentFailure
+from .signatures import Signature, StaticResolver, Unknown
+
+DEFAULT_PACKAGE = "speculators.data_generation"
+DEFAULT_AGAINST = ("vllm",)
+
+
+def _resolver(args, static):
+    mode = args.get("mode") or "static"
+    if mode == "static":
+        return static
+    if mode == "runtime":
+        from .runtime_sigs import RuntimeResolver
+        return RuntimeResolver(static)
+    raise AgentFailure("bad-args", "unknown mode %r (static or runtime)" % mode)
+
+
+def versions(names, sys_path):
+    import importlib.metadata as md
+    out = {}
+    wanted = {_norm(n): n for n in names}
+    try:
+        for dist in md.distributions(path=list(sys_path)):
+            n = _norm(dist.metadata.get("Name") or "")
+            if n in wanted and wanted[n] not in out:
+                out[wanted[n]] = dist.version
+    except Exception as exc:  # a broken dist-info must not hide the analysis; say so
+        out["_error"] = "%s: %s" % (type(exc).__name__, exc)
+    return out
+
+
+def _norm(n):
+    return n.replace("-", "_").replace(".", "_").lower()
+
+
+def _package_modules(static, package):
+    """(module, path) of every .py module in ``package`` (installed files, not imported)."""
+    spec = static.find_spec(package)
+    if spec is None:
+        raise AgentFailure("missing-target", "package %r is not installed for %s" % (package, sys.executable),
+                           "install it into the host's environment, or name --target modules")
+    if not spec.submodule_search_locations:
+        return [(package, spec.origin)]
+    out = []
+    for root in spec.submodule_search_locations:
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = sorted(d for d in dirnames if d.isidentifier())
+            for fn in sorted(filenames):
+                if fn.endswith(".py"):
+                    rel = os.path.relpath(os.path.join(dirpath, fn), root)[:-3].split(os.sep)
+                    if rel[-1] == "__init__":
+                        rel = rel[:-1]
+                    out.append((".".join([package] + rel), os.path.join(dirpath, fn)))
+    return out
+
+
+def _read(path):
+    with open(path, encoding="utf-8") as fh:
+        return fh.read()
+
+
+def op_check(args):
+    t0 = time.perf_counter()
+    sys_path = args.get("sys_path") or sys.path
+    overrides = args.get("override_sources") or {}
+    against = list(args.get("against") or DEFAULT_AGAINST)
+    static = StaticResolver(sys_path)
+    resolver = _resolver(args, static)
+    # caller modules: the files that will actually run on this host
+    targets = []
+    if args.get("targets"):
+        for mod in args["targets"]:
+            spec = static.find_spec(mod)
+            if spec is None and mod not in overrides:
+                raise AgentFailure("missing-target", "module %r is not installed for %s" % (mod, sys.executable),
+                                   "check the target name and the host's python")
+            path = spec.origin if spec is not None else "<override %s>" % mod
+            targets.append((mod, path))
+    else:
+        package = args.get("package") or DEFAULT_PACKAGE
+        for mod, path in _package_modules(static, package):
+            text = overrides.get(mod)
+            if text is None:
+                text = _read(path)
+            if callsites.imports_library(text, against):
+                targets.append((mod, path))
+    findings, unknown, checked = [], [], 0
+    for mod, path in targets:
+        text = overrides.get(mod)
+        if text is None:
+            try:
+                text = _read(path)
+            except OSError as exc:
+                unknown.append({"path": path, "line": 0, "module": mod, "symbol": None,
+                                "reason": "cannot read: %s" % exc})
+                continue
+        a = callsites.analyse(resolver, mod, path, text, against, suggester=static)
+        findings += a.findings
+        unknown += a.unknown
+        checked += a.calls_checked
+    findings.sort(key=lambda f: (f["path"], f["line"], f["col"], f["kind"], f["name"] or ""))
+    pkgs = sorted(set(against) | {t.split(".")[0] for t, _ in targets})
+    return {"mode": getattr(resolver, "mode", "static"), "python": sys.executable,
+            "versions": versions(pkgs, sys_path),
+            "targets": [{"module": m, "path": p} for m, p in targets],
+            "findings": findings, "unknown": unknown, "calls_checked": checked,
+            "elapsed_s": round(time.perf_counter() - t0, 4)}
+
+
+def _split_symbol(sym):
+    if ":" in sym:
+        mod, _, qual = sym.partition(":")
+        return mod, qual
+    raise AgentFailure("bad-args", "symbol %r must be module:qualname" % sym,
+                       "for example vllm.v1.request:Request")
+
+
+def op_inspect(args):
+    t0 = time.perf_counter()
+    sys_path = args.get("sys_path") or sys.path
+    static = StaticResolver(sys_path)
+    resolver = _resolver(args, static)
+    out = []
+    tops = set()
+    for sym in args.get("symbols") or []:
+        mod, qual = _split_symbol(sym)
+        tops.add(mod.split(".")[0])
+        e = resolver.module(mod)
+        parts = qual.split(".") if qual else []
+        for i, p in enumerate(parts):
+            if e.kind in ("missing", "unknown"):
+                break
+            e = resolver.member(e, p)
+        rec = {"symbol": sym, "kind": e.kind}
+        if e.kind in ("missing", "unknown"):
+            rec["reason"] = e.reason
+        elif e.kind in ("class", "function"):
+            sig = resolver.signature(e)
+            if isinstance(sig, Unknown):
+                rec.update({"kind": "unknown", "object": e.kind, "reason": sig.reason})
+            else:
+                rec.update(sig.to_json())
+                rec["object"] = e.kind
+        else:
+            rec["reason"] = "not a function or class"
+        rec["mode"] = getattr(resolver, "mode", "static")
+        out.append(rec)
+    return {"mode": getattr(resolver, "mode", "static"), "python": sys.executable,
+            "versions": versions(sorted(tops), sys_path), "symbols": out,
+            "elapsed_s": round(time.perf_counter() - t0, 4)}
+
+
+__all__ = ["op_check", "op_inspect", "Signature"]
