@@ -1,0 +1,174 @@
+"""Checks extraction outputs on the host with the host's own torch (imported lazily, inside the op).
+
+Finds: fewer ``data_<N>.pt`` files than expected, gaps in the numbering, files that do not load
+(truncated by a crash), keys / shapes / dtypes that differ from the first good sample, and NaN or
+inf in hidden states. By default it loads a sample of files (first, last, around every gap and a
+seeded random pick); ``all: true`` loads every file. Streams progress events while loading.
+"""
+
+import os
+import random
+import re
+import time
+
+from .protocol import AgentFailure
+
+SAMPLE_RE = re.compile(r"^data_(\d+)\.pt$")
+MAX_LISTED = 50
+
+
+def _import_torch():
+    try:
+        import torch
+    except ImportError as exc:
+        raise AgentFailure("no-torch", "torch cannot be imported by the host's interpreter (%s)" % exc,
+                           "verify runs with the host's python; set 'python' in the inventory to the "
+                           "environment that ran the job")
+    return torch
+
+
+def _describe(torch, obj):
+    """A comparable signature of one sample: keys, and per tensor its dtype and shape shape."""
+    if not isinstance(obj, dict):
+        return None, "is a %s, not a dict" % type(obj).__name__
+    sig = {}
+    for key in sorted(obj, key=str):
+        v = obj[key]
+        if torch.is_tensor(v):
+            sig[key] = ("tensor", str(v.dtype), v.dim())
+        elif isinstance(v, (list, tuple)):
+            sig[key] = ("list", len(v), tuple((str(t.dtype), t.dim(), t.shape[-1] if t.dim() else None)
+                                              if torch.is_tensor(t) else type(t).__name__ for t in v))
+        else:
+            sig[key] = (type(v).__name__,)
+    return sig, None
+
+
+def _check_sample(torch, obj, check_finite):
+    """Problems inside one sample (speculators' layout), as short strings."""
+    problems = []
+    for key in ("input_ids", "hidden_states", "loss_mask"):
+        if key not in obj:
+            problems.append("missing key %r" % key)
+    ids = obj.get("input_ids")
+    hs = obj.get("hidden_states")
+    mask = obj.get("loss_mask")
+    n = ids.shape[0] if torch.is_tensor(ids) and ids.dim() else None
+    if torch.is_tensor(ids) and ids.is_floating_point():
+        problems.append("input_ids has float dtype %s" % ids.dtype)
+    if torch.is_tensor(mask) and n is not None and mask.shape[0] != n:
+        problems.append("loss_mask length %d != input_ids length %d" % (mask.shape[0], n))
+    if hs is not None:
+        if not isinstance(hs, (list, tuple)) or not hs:
+            problems.append("hidden_states is not a non-empty list of tensors")
+        else:
+            for i, t in enumerate(hs):
+                if not torch.is_tensor(t):
+                    problems.append("hidden_states[%d] is not a tensor" % i)
+                    continue
+                if n is not None and t.dim() and t.shape[0] != n:
+                    problems.append("hidden_states[%d] has %d rows for %d tokens" % (i, t.shape[0], n))
+                if check_finite and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    bad = int((~torch.isfinite(t)).sum())
+                    problems.append("hidden_states[%d] has %d NaN/inf values" % (i, bad))
+    return problems
+
+
+def _load(torch, path):
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True), None
+    except TypeError:   # torch < 1.13 has no weights_only
+        try:
+            return torch.load(path, map_location="cpu"), None
+        except Exception as exc:  # a truncated or corrupt file: report it, keep checking
+            return None, "%s: %s" % (type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+    except Exception as exc:  # a truncated or corrupt file: report it, keep checking
+        msg = str(exc).splitlines()[0] if str(exc) else ""
+        return None, "%s: %s" % (type(exc).__name__, msg[:200])
+
+
+def op_verify(args):
+    out_dir = os.path.expanduser(args.get("output_dir") or "")
+    if not out_dir:
+        raise AgentFailure("bad-args", "output_dir is required")
+    if not os.path.isdir(out_dir):
+        raise AgentFailure("no-output", "output directory %s does not exist on the host" % out_dir)
+    expected = args.get("expected")
+    check_all = bool(args.get("all"))
+    sample_n = int(args.get("sample", 32))
+    check_finite = args.get("finite", True)
+    torch = _import_torch()
+
+    indexes = {}
+    empty = []
+    with os.scandir(out_dir) as it:
+        for entry in it:
+            m = SAMPLE_RE.match(entry.name)
+            if m:
+                indexes[int(m.group(1))] = entry.name
+                try:
+                    if entry.stat().st_size == 0:
+                        empty.append(int(m.group(1)))
+                except OSError:
+                    pass
+    top = max(indexes) if indexes else -1
+    upper = max(top + 1, int(expected) if expected else 0)
+    missing = [i for i in range(upper) if i not in indexes]
+    gaps = [i for i in missing if i < top]           # holes below the highest index
+    short = [i for i in missing if i > top]          # never written (fewer than expected)
+
+    ordered = sorted(indexes)
+    if check_all:
+        chosen = ordered
+    else:
+        rng = random.Random(int(args.get("seed", 0)))
+        pick = set(ordered[:1] + ordered[-1:]) | set(empty)
+        for g in gaps[:MAX_LISTED]:
+            pick |= {i for i in (g - 1, g + 1) if i in indexes}
+        rest = [i for i in ordered if i not in pick]
+        pick |= set(rng.sample(rest, min(len(rest), max(0, sample_n - len(pick)))))
+        chosen = sorted(pick)
+
+    bad_load, inconsistent, bad_values = [], [], []
+    reference = None
+    ref_index = None
+    last_event = time.time()
+    for n_done, i in enumerate(chosen, 1):
+        obj, err = _load(torch, os.path.join(out_dir, indexes[i]))
+        if err:
+            bad_load.append({"index": i, "file": indexes[i], "error": err})
+        else:
+            sig, why = _describe(torch, obj)
+            if why:
+                inconsistent.append({"index": i, "problem": why})
+            else:
+                if reference is None:
+                    reference, ref_index = sig, i
+                elif sig != reference:
+                    diff = sorted(k for k in set(sig) | set(reference) if sig.get(k) != reference.get(k))
+                    inconsistent.append({"index": i, "problem": "differs from data_%d.pt in %s"
+                                         % (ref_index, ", ".join(map(str, diff)))})
+                for p in _check_sample(torch, obj, check_finite):
+                    (bad_values if "NaN" in p else inconsistent).append({"index": i, "problem": p})
+        if time.time() - last_event > 2:
+            last_event = time.time()
+            yield {"type": "progress", "checked": n_done, "of": len(chosen)}
+    config = os.path.exists(os.path.join(out_dir, "data_config.json"))
+    ok = not (gaps or short or bad_load or inconsistent or bad_values)
+    return {
+        "ok": ok, "output_dir": out_dir, "files": len(indexes), "expected": expected,
+        "max_index": top, "gaps": gaps[:MAX_LISTED], "gap_count": len(gaps),
+        "missing_after_last": len(short), "empty_files": sorted(empty)[:MAX_LISTED],
+        "checked": len(chosen), "mode": "all" if check_all else "sample",
+        "unloadable": bad_load[:MAX_LISTED], "unloadable_count": len(bad_load),
+        "inconsistent": inconsistent[:MAX_LISTED], "inconsistent_count": len(inconsistent),
+        "non_finite": bad_values[:MAX_LISTED], "non_finite_count": len(bad_values),
+        "data_config": config, "reference": {"index": ref_index, "layout": _jsonable(reference)},
+        "torch": getattr(torch, "__version__", None),
+    }
+
+
+def _jsonable(sig):
+    if sig is None:
+        return None
+    return {k: list(v) for k, v in sig.items()}
