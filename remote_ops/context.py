@@ -81,6 +81,12 @@ class Context:
     def close(self) -> None:
         with self._lock:
             sessions, self._sessions = list(self._sessions.values()), {}
+        if self.verbose:
+            for s in sessions:
+                st = s.stats
+                sys.stderr.write(f"remote-ops: {s.label}: {st.connects} connection(s), {st.execs} exec round "
+                                 f"trip(s), {st.sftp_requests} SFTP request(s), {st.bytes_sent} B sent, "
+                                 f"{st.bytes_received} B received\n")
         for s in sessions:
             try:
                 s.close()

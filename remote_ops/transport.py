@@ -53,7 +53,7 @@ def _ssh_config(path: str | None):
     import paramiko
 
     cfg = paramiko.SSHConfig()
-    p = Path(os.path.expanduser(path or "~/.ssh/config"))
+    p = Path(os.path.expanduser(path or os.environ.get("REMOTE_OPS_SSH_CONFIG") or "~/.ssh/config"))
     if p.exists():
         with open(p) as fh:
             cfg.parse(fh)

@@ -149,3 +149,29 @@ def test_host_env_reaches_agent_on_stdin_not_command_line(sshd, env_vllm017):
     with sshd.session(python=str(env_vllm017), env={"REMOTE_OPS_PROBE": "x; touch /tmp/pwned"}) as sess:
         res = sess.call("ping.ping", {"echo": "$(touch /tmp/pwned2)"})
     assert res["echo"] == "$(touch /tmp/pwned2)"
+
+
+def test_values_fall_back_to_ssh_config(sshd, tmp_path, env_vllm017, cli):
+    """Only the alias in the inventory: HostName, Port, User, IdentityFile, UserKnownHostsFile
+    come from ~/.ssh/config, as OpenSSH would take them."""
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(f"""\
+Host gpu-alias
+    HostName 127.0.0.1
+    Port {sshd.port}
+    User {sshd.user}
+    IdentityFile {sshd.identity_file}
+    UserKnownHostsFile {sshd.known_hosts}
+""")
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(f"hosts:\n  gpu-alias:\n    python: {env_vllm017}\n")
+    status, out, err = cli("facts", "--json", "-i", str(inv), env={"REMOTE_OPS_SSH_CONFIG": str(cfg)})
+    assert status == 0, err
+    assert json.loads(out)["packages"]["speculators"]["version"] == "0.3.0"
+
+
+def test_verbose_reports_round_trips(sshd, inventory_file, env_vllm017, cli):
+    inv = inventory_file(python=str(env_vllm017))
+    status, out, err = cli("facts", "-v", "-i", str(inv))
+    assert status == 0
+    assert "1 connection(s), 1 exec round trip(s)" in err
