@@ -325,7 +325,8 @@ def find(spec: str | None, host=None, search_dirs: list[Path] | None = None) -> 
         p = Path(host.resolve_path(chosen))
     if p.exists():
         return p
-    dirs = list(search_dirs or []) + [Path.cwd() / "playbooks", Path(__file__).resolve().parent.parent / "playbooks"]
+    repo = Path(__file__).resolve().parent.parent
+    dirs = list(search_dirs or []) + [Path.cwd(), Path.cwd() / "playbooks", repo, repo / "playbooks"]
     for d in dirs:
         for cand in (d / chosen, d / f"{chosen}.yaml"):
             if cand.exists():

@@ -1,0 +1,99 @@
+"""remote-ops patch: apply a playbook's edits to a host (or group) in one atomic remote transaction."""
+
+NAME = "patch"
+HELP = "apply a playbook's edits: diff, validate locally, then one atomic, journaled transaction per host"
+
+
+def add_arguments(p):
+    p.add_argument("host", nargs="?", metavar="HOST|GROUP", help="host, group or comma list (default: the inventory's default)")
+    p.add_argument("--playbook", "-p", metavar="P", help="playbook file or name (default: the host's 'playbook')")
+    p.add_argument("--dry-run", action="store_true", help="show the diff and validate; change nothing")
+    p.add_argument("--yes", "-y", action="store_true", help="apply without asking")
+    p.add_argument("--import-check", action="store_true",
+                   help="import the patched modules on the host afterwards; roll back automatically on failure")
+
+
+def _render_diff(console, diff: str) -> None:
+    from rich.text import Text
+
+    for line in diff.splitlines():
+        style = None
+        if line.startswith(("+++", "---")):
+            style = "bold"
+        elif line.startswith("@@"):
+            style = "cyan"
+        elif line.startswith("+"):
+            style = "green"
+        elif line.startswith("-"):
+            style = "red"
+        console.print(Text(line, style=style))
+
+
+def run(args, ctx) -> int:
+    import sys
+    import threading
+
+    from remote_ops import patching
+    from remote_ops import playbook as pbmod
+    from remote_ops.errors import Exit, UsageError
+
+    hosts = ctx.hosts(args.host)
+    books = {}
+    for h in hosts:
+        path = pbmod.find(args.playbook, h)
+        if str(path) not in books:
+            books[str(path)] = pbmod.load(path)   # a bad playbook stops here: one line, exit 2
+    interactive = sys.stdin.isatty() and not ctx.json
+    if not (args.yes or args.dry_run or interactive):
+        raise UsageError("patch changes files on the host; pass --yes to apply without a prompt, "
+                         "or --dry-run to only see the diff")
+    ask_lock = threading.Lock()
+
+    def confirm(plan):
+        if args.yes:
+            return True
+        with ask_lock:
+            _render_diff(ctx.console, plan.diff())
+            answer = input(f"apply {plan.playbook.name} to {plan.host}? [y/N] ")
+            return answer.strip().lower() in ("y", "yes")
+
+    def one(host, session):
+        pb = books[str(pbmod.find(args.playbook, host))]
+        return patching.run_host(session, host, pb, dry_run=args.dry_run, import_check=args.import_check,
+                                 confirm=confirm)
+
+    results = ctx.for_each_host(hosts, one)
+    for r in results:
+        if r.ok:
+            r.value.pop("plan", None)
+    if ctx.json:
+        ctx.emit({"hosts": [r.to_json() for r in results]} if len(results) > 1 or not results[0].ok
+                 else results[0].value)
+    else:
+        for r in results:
+            if not r.ok:
+                continue
+            v = r.value
+            c = ctx.console
+            if v["diff"] and (args.yes or args.dry_run):
+                _render_diff(c, v["diff"])
+            if v.get("recovered"):
+                c.print(f"{v['host']}: recovered an interrupted transaction: {v['recovered']}")
+            if args.dry_run:
+                state = "would change" if v["diff"] else "no changes"
+                c.print(f"{v['host']}: dry run, {state} ({v['round_trips']} round trip, {v['wall_s']}s)")
+            elif v.get("declined"):
+                c.print(f"{v['host']}: not applied")
+            elif v.get("changed"):
+                j = v["journal"]
+                c.print(f"{v['host']}: patched {len(j['targets'])} file(s), journal {j['txid']} "
+                        f"({v['round_trips']} round trips, {v['wall_s']}s)")
+                for t in j["targets"]:
+                    c.print(f"  {t['real']}  backup {t['backup']}")
+                if v.get("import_check"):
+                    c.print(f"  import check: ok ({', '.join(v['import_check']['modules'])})")
+            else:
+                c.print(f"{v['host']}: no changes ({v.get('note') or 'every edit is already applied'}; "
+                        f"{v['round_trips']} round trip{'s' if v['round_trips'] != 1 else ''}, {v['wall_s']}s)")
+        ctx.report_failures(results)
+    return ctx.fleet_status(results) if any(not r.ok for r in results) else int(Exit.OK)

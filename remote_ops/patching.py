@@ -1,0 +1,235 @@
+"""The patch operation: read (1 round trip) -> compute + validate locally -> apply (1 round trip).
+
+- ``read``: one agent request returning facts (python version, package versions), every target's
+  bytes/sha256/mode/owner and, when the playbook has a ``check`` section, the check result.
+- ``compute``: pure; applies the edits, checks ``requires``, validates (syntax for the host's Python,
+  undefined names introduced by edits). No change -> "no changes" and no second round trip.
+- ``apply``: one agent request running the whole transaction (lock, recovery, re-check of the new text
+  with ``compat.check`` + ``override_sources`` before anything changes, CAS, backups, atomic replace,
+  bytecode invalidation, journal, optional import check with automatic rollback).
+"""
+
+from __future__ import annotations
+
+import base64
+import getpass
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from remote_ops import edits as edits_mod
+from remote_ops import validate
+from remote_ops.errors import AgentError, ConfigError, RefusedError
+from remote_ops.playbook import Playbook
+
+# agent failure kinds that are refusals (exit REFUSED), not agent crashes
+REFUSAL_KINDS = {"changed", "locked", "import-failed", "verify-failed", "outside", "other-owner", "read-only",
+                 "hardlinked", "disk-full", "write-failed", "compile", "no-module", "not-source", "no-file",
+                 "not-file", "unreadable", "backup-corrupt", "no-entry", "missing-target"}
+
+
+def who() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:  # no login name in a container: the uid still identifies the controller
+        import os
+        user = f"uid{os.getuid()}"
+    return f"{user}@{socket.gethostname()}"
+
+
+def unwrap(res: dict, host: str, what: str) -> Any:
+    if res.get("ok"):
+        return res.get("result")
+    err = res.get("error") or {}
+    kind = err.get("kind")
+    message = err.get("message") or f"{what} failed"
+    if kind in REFUSAL_KINDS:
+        raise RefusedError(message, err.get("hint"), host=host)
+    raise AgentError(message, err.get("hint"), remote_traceback=err.get("traceback"), host=host, kind=kind)
+
+
+@dataclass
+class TargetPlan:
+    label: str
+    module: str | None
+    path: str
+    real: str
+    is_link: bool
+    sha256: str
+    mode: int
+    encoding: str
+    result: edits_mod.FileResult
+    new_bytes: bytes
+
+    @property
+    def changed(self) -> bool:
+        return self.result.changed
+
+    def diff(self) -> str:
+        return self.result.diff(self.real)
+
+
+@dataclass
+class PatchPlan:
+    host: str
+    playbook: Playbook
+    python: list[int]
+    packages: dict[str, str | None]
+    targets: list[TargetPlan]
+    findings_before: list[dict] | None = None
+    recovered: list = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return any(t.changed for t in self.targets)
+
+    def diff(self) -> str:
+        return "".join(t.diff() for t in self.targets if t.changed)
+
+    def edit_states(self) -> list[dict]:
+        return [{"target": t.label, "edit": r.edit_id, "state": r.state, "lines": r.sites}
+                for t in self.targets for r in t.result.results]
+
+    def targeted_findings(self) -> list[dict]:
+        return [dict(f, module=t.module) for t in self.targets for e in _edits_of(self.playbook, t.label)
+                for f in e.fixes]
+
+
+def _edits_of(pb: Playbook, label: str) -> list:
+    for p in pb.patches:
+        if p.label == label:
+            return p.edits
+    return []
+
+
+def packages_to_query(pb: Playbook) -> list[str]:
+    names = list(pb.requires)
+    for n in (pb.check or {}).get("against", []):
+        if n not in names:
+            names.append(n)
+    for p in pb.patches:
+        if p.module and p.module.split(".")[0] not in names:
+            names.append(p.module.split(".")[0])
+    return names
+
+
+def check_args(pb: Playbook) -> dict | None:
+    if not pb.check:
+        return None
+    return {"targets": pb.check["targets"], "against": pb.check.get("against") or ["vllm"]}
+
+
+def read(session, pb: Playbook, host) -> dict:
+    """Round trip 1: facts + targets (+ check result)."""
+    ops = [("patching.read", {"targets": [p.to_wire() for p in pb.patches], "packages": packages_to_query(pb),
+                              "workdir": host.workdir})]
+    if pb.check:
+        ops.append(("compat.check", check_args(pb)))
+    results = session.call_many(ops)
+    raw = unwrap(results[0], host.name, "reading the patch targets")
+    raw["check"] = None
+    if len(results) > 1:
+        if results[1].get("ok"):
+            raw["check"] = results[1]["result"]
+        else:
+            raw["check_error"] = (results[1].get("error") or {}).get("message")
+    return raw
+
+
+def compute(pb: Playbook, raw: dict, host_name: str) -> PatchPlan:
+    """Pure: requires, edits, validation. Raises RefusedError / ConfigError; nothing was changed."""
+    pb.require_met(raw.get("packages") or {}, host=host_name)
+    python = raw.get("python") or [3, 10]
+    targets: list[TargetPlan] = []
+    for patch, t in zip(pb.patches, raw["targets"]):
+        data = base64.b64decode(t["data"])
+        label = patch.label
+        try:
+            text, encoding = edits_mod.decode_source(data)
+        except ValueError as exc:
+            raise RefusedError(f"{t['real']}: {exc}", "only Python source files can be patched",
+                               host=host_name) from None
+        try:
+            result = edits_mod.apply_edits(text, patch.edits, t["real"])
+        except edits_mod.UnknownCallee as exc:
+            raise ConfigError(pb.path, pb.edit_line(exc.edit_id),
+                              f"unknown callee in edit {exc.edit_id!r}: {exc.problem} in {label} ({t['real']})") from None
+        except edits_mod.EditError as exc:
+            raise RefusedError(f"{exc} (playbook {pb.path}:{pb.edit_line(exc.edit_id)})",
+                               "nothing was changed on the host", host=host_name) from None
+        problems = []
+        if result.changed:
+            p = validate.check_syntax(result.new_text, t["real"], python)
+            if p:
+                problems.append(p)
+            else:
+                introduced = {r.edit_id: r.introduced for r in result.results if r.state == "pending"}
+                problems += validate.undefined_names(text, result.new_text, t["real"], introduced)
+        if problems:
+            raise RefusedError("patched text is invalid: " + "; ".join(map(str, problems)),
+                               "nothing was changed on the host; fix the playbook", host=host_name)
+        new_bytes = edits_mod.encode_source(result.new_text, encoding)
+        targets.append(TargetPlan(label, patch.module, t["path"], t["real"], t.get("is_link", False),
+                                  t["sha256"], t["mode"], encoding, result, new_bytes))
+    findings = (raw.get("check") or {}).get("findings")
+    return PatchPlan(host_name, pb, list(python), raw.get("packages") or {}, targets, findings,
+                     raw.get("recovered") or [])
+
+
+def apply(session, plan: PatchPlan, host, *, import_check: bool = False) -> dict:
+    """Round trip 2: the whole transaction on the host."""
+    pb = plan.playbook
+    changed = [t for t in plan.targets if t.changed]
+    args: dict[str, Any] = {
+        "playbook": pb.name, "playbook_path": pb.path, "who": who(), "workdir": host.workdir,
+        "edit_ids": [r.edit_id for t in changed for r in t.result.results if r.state == "pending"],
+        "targets": [{"real": t.real, "label": t.label, "module": t.module, "expected": t.sha256,
+                     "encoding": t.encoding, "data": base64.b64encode(t.new_bytes).decode()} for t in changed],
+    }
+    gone = plan.targeted_findings()
+    if pb.check and gone:
+        args["verify"] = {"args": check_args(pb), "gone": gone}
+    if import_check:
+        args["import_check"] = sorted({t.module for t in plan.targets if t.module})
+    (res,) = session.call_many([("patching.apply", args)])
+    return unwrap(res, host.name, "applying the patch")
+
+
+def run_host(session, host, pb: Playbook, *, dry_run: bool = False, import_check: bool = False,
+             confirm=None) -> dict:
+    """read -> compute -> (confirm) -> apply on one host; returns a JSON-able outcome."""
+    t0 = time.perf_counter()
+    execs0 = session.stats.execs
+    raw = read(session, pb, host)
+    plan = compute(pb, raw, host.name)
+    out = {"host": host.name, "playbook": pb.name, "playbook_path": pb.path, "python": plan.python,
+           "packages": plan.packages, "changed": False, "dry_run": dry_run,
+           "targets": [{"label": t.label, "path": t.path, "real": t.real, "is_link": t.is_link,
+                        "changed": t.changed, "sha256_before": t.sha256} for t in plan.targets],
+           "edits": plan.edit_states(), "diff": plan.diff(), "findings_before": plan.findings_before,
+           "recovered": plan.recovered, "plan": plan}
+    if plan.changed and not dry_run:
+        if confirm is not None and not confirm(plan):
+            out["declined"] = True
+        else:
+            res = apply(session, plan, host, import_check=import_check)
+            entry = res.get("entry")
+            out.update(changed=bool(res.get("changed")), txid=entry and entry["txid"],
+                       journal=entry, lock_wait_s=res.get("lock_wait_s"), verified=res.get("verified"),
+                       import_check=res.get("import_check"), recovered=plan.recovered + (res.get("recovered") or []))
+            if entry is None:
+                out["note"] = "already applied on the host by another controller"
+    out["round_trips"] = session.stats.execs - execs0
+    out["wall_s"] = round(time.perf_counter() - t0, 3)
+    return out
+
+
+def rollback(session, host, *, to: str | None = None, force: bool = False) -> dict:
+    (res,) = session.call_many([("patching.rollback", {"to": to, "force": force, "who": who()})])
+    return unwrap(res, host.name, "rollback")
+
+
+def history(session, host, *, limit: int | None = None) -> dict:
+    (res,) = session.call_many([("patching.history", {"limit": limit})])
+    return unwrap(res, host.name, "reading the journal")
