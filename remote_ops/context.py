@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -87,6 +88,12 @@ class Context:
                 sys.stderr.write(f"remote-ops: {s.label}: {st.connects} connection(s), {st.execs} exec round "
                                  f"trip(s), {st.sftp_requests} SFTP request(s), {st.bytes_sent} B sent, "
                                  f"{st.bytes_received} B received\n")
+        stats_file = os.environ.get("REMOTE_OPS_STATS_FILE")
+        if stats_file:
+            # benchmarks/run.py: one JSON line per command, each host's round trips (Session.stats)
+            with open(stats_file, "a") as fh:
+                fh.write(json.dumps({s.label: {**s.stats.as_dict(), "ops": s.stats.op_log}
+                                     for s in sessions}) + "\n")
         for s in sessions:
             try:
                 s.close()
