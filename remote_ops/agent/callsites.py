@@ -39,6 +39,7 @@ class Analysis:
         self.class_attrs = {}
         self.seen = set()
         self.calls_checked = 0
+        self.checked = []
 
     # ------------------------------------------------------------------ records
     def _segment(self, node):
@@ -245,7 +246,8 @@ class Analysis:
             if cls_ctx is not None and isinstance(expr.value, ast.Name) and expr.value.id == cls_ctx[1]:
                 return self.class_attrs.get((cls_ctx[0], expr.attr))
             base = self._eval(expr.value, local, cls_ctx)
-            if base is None or base.ent.kind in ("missing", "unknown"):
+            if base is None or base.ent.kind in ("missing", "unknown") or \
+                    (base.ent.kind == "value" and not base.instance):
                 return None
             return Val(self._member(base, expr.attr), base.symbol + "." + expr.attr)
         if isinstance(expr, ast.Call):
@@ -377,6 +379,9 @@ class Analysis:
             return          # outside the library (e.g. re-exported typing helpers)
         sig = self.r.signature(e)
         self.calls_checked += 1
+        self.checked.append({"line": node.lineno, "symbol": symbol,
+                             "signature": sig.render() if isinstance(sig, Signature) else None,
+                             "mode": sig.mode if isinstance(sig, Signature) else None})
         if isinstance(sig, Unknown):
             self.add_unknown(node, symbol, sig.reason)
             return

@@ -10,8 +10,11 @@
     override_sources: {module: text}
                                 analyse this text instead of the installed file (used to
                                 re-check edited text in the same round trip, e.g. by patch)
+    trace: bool                 also return every checked call with the signature used
     Returns {"mode", "python", "versions", "targets": [{module, path}], "findings": [...],
-    "unknown": [...], "calls_checked", "elapsed_s"}.
+    "unknown": [...], "calls_checked", "elapsed_s"[, "trace"]}. A finding carries path, line,
+    col, module, symbol (dotted callee as imported), kind, name, message, suggestion, call (the
+    source text), signature (+ _mode, _origin) and fix (structured, for playbook emission).
 
 ``op_inspect(args)``
     symbols: ["module:qualname", ...], mode, sys_path as above.
@@ -112,7 +115,7 @@ def op_check(args):
                 text = _read(path)
             if callsites.imports_library(text, against):
                 targets.append((mod, path))
-    findings, unknown, checked = [], [], 0
+    findings, unknown, checked, trace = [], [], 0, []
     for mod, path in targets:
         text = overrides.get(mod)
         if text is None:
@@ -126,13 +129,16 @@ def op_check(args):
         findings += a.findings
         unknown += a.unknown
         checked += a.calls_checked
+        if args.get("trace"):
+            trace += [dict(c, module=mod) for c in a.checked]
     findings.sort(key=lambda f: (f["path"], f["line"], f["col"], f["kind"], f["name"] or ""))
     pkgs = sorted(set(against) | {t.split(".")[0] for t, _ in targets})
     return {"mode": getattr(resolver, "mode", "static"), "python": sys.executable,
             "versions": versions(pkgs, sys_path),
             "targets": [{"module": m, "path": p} for m, p in targets],
             "findings": findings, "unknown": unknown, "calls_checked": checked,
-            "elapsed_s": round(time.perf_counter() - t0, 4)}
+            "elapsed_s": round(time.perf_counter() - t0, 4),
+            **({"trace": trace} if args.get("trace") else {})}
 
 
 def _split_symbol(sym):

@@ -692,8 +692,10 @@ class StaticResolver:
                 s = c.special or ""
                 if s in TRANSPARENT_BASES:
                     continue
-                if s in ENUM_BASES and name in ENUM_ATTRS:
-                    return Ent("value", qual=name)
+                if s in ENUM_BASES:
+                    if name in ENUM_ATTRS or (name.startswith("__") and name.endswith("__")):
+                        return Ent("value", qual=name)
+                    continue        # members are assignments in the class body
                 if c.kind == "unknown":
                     return unknown("%s: %s" % (cls.qual, c.reason))
                 return unknown("%s.%s may come from base %s" % (cls.qual, name, s or c.qual))
