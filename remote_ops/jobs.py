@@ -1,0 +1,433 @@
+"""The extraction job, controller side: the playbook's ``extract:`` schema, preflight, launch and
+attach, and the records that status / logs / stop / verify read.
+
+    extract:
+      command: ["{python}", "scripts/data_generation_offline.py",      # argv list (or one string,
+                "--target-model-path", "{vars.model}",                # split like a shell would,
+                "--output-dir", "{output_dir}", "--max-samples", "5000"]   # but never run by one)
+      workdir: "{vars.workdir}"          # default: the host's workdir, else ~
+      output_dir: "{vars.data_root}/hidden_states"
+      expected_samples: 5000
+      bytes_per_sample: 40_000_000       # optional; else estimated from existing data_<N>.pt files
+      env: {CUDA_VISIBLE_DEVICES: "0,1,2,3,4,5,6,7", TQDM_MININTERVAL: "5"}
+      secrets:                           # delivered on stdin, to a 0600 file the supervisor deletes
+        HF_TOKEN: {from_env: HF_TOKEN}
+        WANDB_API_KEY: {from_file: ~/.wandb_key}
+      gpus: {count: 8, free: true}       # refuse unless 8 GPUs and no foreign compute process
+      watchdog_seconds: 900              # flag a job whose log and outputs stop advancing
+      stop_grace_seconds: 30             # SIGTERM -> SIGKILL delay of `stop` and of cleanup
+
+Templates ``{vars.NAME}`` (host vars over playbook vars), ``{output_dir}``, ``{workdir}``,
+``{python}`` (the host's interpreter) and ``{host}`` are filled in locally; every value reaches the
+host as JSON on stdin, never through a shell.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from remote_ops.errors import ConfigError, Exit, RefusedError, UsageError
+from remote_ops.yamlsrc import type_name
+
+EXTRACT_KEYS = {"command", "workdir", "output_dir", "expected_samples", "bytes_per_sample", "env",
+                "secrets", "gpus", "watchdog_seconds", "stop_grace_seconds"}
+TERMINAL = ("succeeded", "failed", "stopped", "lost")
+_TEMPLATE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.]*)\}")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass
+class SecretRef:
+    name: str
+    source: str        # "env" | "file"
+    ref: str
+    line: int | None = None
+
+
+@dataclass
+class ExtractSpec:
+    key: str
+    command: list[str]
+    workdir: str
+    output_dir: str | None
+    expected_samples: int | None = None
+    bytes_per_sample: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    secrets: list[SecretRef] = field(default_factory=list)
+    gpu_count: int = 0
+    gpus_free: bool = True
+    watchdog_seconds: float | None = None
+    stop_grace: float = 30.0
+    playbook_path: str | None = None
+
+    def to_json(self) -> dict:
+        """What may be shown: secret *names* and where they come from, never values."""
+        return {"key": self.key, "command": self.command, "workdir": self.workdir,
+                "output_dir": self.output_dir, "expected_samples": self.expected_samples,
+                "env": self.env, "secrets": {s.name: f"{s.source}:{s.ref}" for s in self.secrets},
+                "gpus": {"count": self.gpu_count, "free": self.gpus_free},
+                "watchdog_seconds": self.watchdog_seconds, "stop_grace_seconds": self.stop_grace}
+
+
+# ------------------------------------------------------------------ schema
+def _fill(value: str, ctx: dict, err) -> str:
+    def sub(m):
+        name = m.group(1)
+        if name in ctx:
+            return str(ctx[name])
+        if name.startswith("vars."):
+            known = sorted(k[5:] for k in ctx if k.startswith("vars."))
+            raise err(f"{{{name}}} is not a var of this host or playbook",
+                      f"known vars: {', '.join(known) or 'none'} (set them under the host's 'vars:')")
+        raise err(f"unknown template {{{name}}}",
+                  "known: {vars.NAME}, {output_dir}, {workdir}, {python}, {host}")
+    return _TEMPLATE.sub(sub, value)
+
+
+def parse_spec(playbook, host) -> ExtractSpec:
+    """The playbook's ``extract:`` section for ``host``, validated with file:line errors."""
+    raw = playbook.extract
+    if raw is None:
+        raise ConfigError(playbook.path, None, f"playbook {playbook.name} has no 'extract' section",
+                          "add extract: {command: [...], output_dir: ...}")
+
+    def err_at(keys):
+        def err(problem, hint=None):
+            return playbook.error(("extract",) + tuple(keys), problem, hint)
+        return err
+
+    for k in raw:
+        if k not in EXTRACT_KEYS:
+            raise err_at((k,))(f"unknown key {k!r} in extract", f"known keys: {', '.join(sorted(EXTRACT_KEYS))}")
+    from remote_ops.playbook import PLACEHOLDER_RE
+
+    def scan(value, keys):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                scan(v, keys + (k,))
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                scan(v, keys + (i,))
+        elif isinstance(value, str) and PLACEHOLDER_RE.search(value):
+            raise err_at(keys)(f"placeholder left in extract: {value.strip()[:60]!r}", "replace it with a real value")
+    scan(raw, ())
+
+    pb_vars = (playbook.doc.data or {}).get("vars") if playbook.doc else None
+    variables = dict(pb_vars or {}) if isinstance(pb_vars, dict) else {}
+    variables.update(host.vars or {})
+    ctx: dict[str, Any] = {f"vars.{k}": v for k, v in variables.items()}
+    ctx["python"] = host.python
+    ctx["host"] = host.name
+
+    def text(keys, value, what):
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise err_at(keys)(f"{what} must be a string, got {type_name(value)}")
+        return _fill(str(value), ctx, err_at(keys))
+
+    workdir = raw.get("workdir")
+    workdir = text(("workdir",), workdir, "workdir") if workdir is not None else (host.workdir or "~")
+    ctx["workdir"] = workdir
+    out = raw.get("output_dir")
+    output_dir = text(("output_dir",), out, "output_dir") if out is not None else None
+    if output_dir is not None:
+        if not output_dir.startswith(("/", "~")):
+            output_dir = workdir.rstrip("/") + "/" + output_dir
+        ctx["output_dir"] = output_dir
+
+    cmd = raw.get("command")
+    if cmd is None:
+        raise err_at(())("extract needs a 'command'", 'e.g. command: ["{python}", "02_extract_hidden_states.py", ...]')
+    if isinstance(cmd, str):
+        try:
+            parts = shlex.split(cmd)
+        except ValueError as exc:
+            raise err_at(("command",))(f"cannot split command: {exc}") from None
+        command = [_fill(p, ctx, err_at(("command",))) for p in parts]
+    elif isinstance(cmd, list) and cmd:
+        command = [text(("command", i), c, "every command item") for i, c in enumerate(cmd)]
+    else:
+        raise err_at(("command",))(f"command must be a list of strings or one string, got {type_name(cmd)}")
+    if not command or not command[0]:
+        raise err_at(("command",))("command is empty")
+
+    def number(key, kind, minimum):
+        v = raw.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)) \
+                or v < minimum:
+            raise err_at((key,))(f"{key} must be a {'whole ' if kind is int else ''}number >= {minimum}, got {v!r}")
+        return kind(v)
+
+    env_raw = raw.get("env") or {}
+    if not isinstance(env_raw, dict):
+        raise err_at(("env",))(f"env must be a mapping of NAME: value, got {type_name(env_raw)}")
+    env = {}
+    for k, v in env_raw.items():
+        if not isinstance(k, str) or not _ENV_NAME.match(k):
+            raise err_at(("env", k))(f"{k!r} is not a valid environment variable name")
+        if v is None:
+            v = ""
+        env[k] = text(("env", k), v, f"env value {k}")
+
+    secrets_raw = raw.get("secrets") or {}
+    if not isinstance(secrets_raw, dict):
+        raise err_at(("secrets",))(f"secrets must be a mapping of NAME: {{from_env|from_file: ...}}, got {type_name(secrets_raw)}")
+    secrets = []
+    for k, v in secrets_raw.items():
+        keys = ("secrets", k)
+        if not isinstance(k, str) or not _ENV_NAME.match(k):
+            raise err_at(keys)(f"{k!r} is not a valid environment variable name")
+        if k in env:
+            raise err_at(keys)(f"{k} is both in env and in secrets; keep it in secrets only")
+        if not isinstance(v, dict) or len(v) != 1 or next(iter(v)) not in ("from_env", "from_file") \
+                or not isinstance(next(iter(v.values())), str):
+            raise err_at(keys)(f"secret {k} must be {{from_env: NAME}} or {{from_file: PATH}}",
+                               "secret values never go into a playbook")
+        (src, ref), = v.items()
+        secrets.append(SecretRef(k, src[5:], ref, playbook.line("extract", "secrets", k)))
+
+    gpus = raw.get("gpus") or {}
+    if isinstance(gpus, int) and not isinstance(gpus, bool):
+        gpus = {"count": gpus}
+    if not isinstance(gpus, dict) or set(gpus) - {"count", "free"}:
+        raise err_at(("gpus",))("gpus must be a mapping {count: N, free: true|false}")
+    count = gpus.get("count", 0)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise err_at(("gpus", "count"))(f"gpus.count must be a whole number >= 0, got {count!r}")
+    free = gpus.get("free", True)
+    if not isinstance(free, bool):
+        raise err_at(("gpus", "free"))("gpus.free must be true or false")
+
+    return ExtractSpec(
+        key=playbook.name, command=command, workdir=workdir, output_dir=output_dir,
+        expected_samples=number("expected_samples", int, 1), bytes_per_sample=number("bytes_per_sample", int, 1),
+        env=env, secrets=secrets, gpu_count=count, gpus_free=free,
+        watchdog_seconds=number("watchdog_seconds", float, 1),
+        stop_grace=number("stop_grace_seconds", float, 0) if raw.get("stop_grace_seconds") is not None else 30.0,
+        playbook_path=playbook.path)
+
+
+def resolve_secrets(spec: ExtractSpec) -> dict[str, str]:
+    """Secret values from the local environment or local files (never logged, never on argv)."""
+    out = {}
+    for s in spec.secrets:
+        if s.source == "env":
+            value = os.environ.get(s.ref)
+            if not value:
+                raise ConfigError(spec.playbook_path or "playbook", s.line,
+                                  f"secret {s.name}: environment variable {s.ref} is not set here",
+                                  f"export {s.ref}=... before running remote-ops")
+        else:
+            path = Path(os.path.expanduser(s.ref))
+            if not path.is_absolute() and spec.playbook_path:
+                path = Path(spec.playbook_path).parent / path
+            try:
+                value = path.read_text().strip()
+            except OSError as exc:
+                raise ConfigError(spec.playbook_path or "playbook", s.line,
+                                  f"secret {s.name}: cannot read {path}: {exc.strerror}") from None
+            if not value:
+                raise ConfigError(spec.playbook_path or "playbook", s.line, f"secret {s.name}: {path} is empty")
+        out[s.name] = value
+    return out
+
+
+# ------------------------------------------------------------------ loading
+def load_for_host(host, playbook_arg: str | None):
+    from remote_ops import playbook as pbmod
+
+    path = pbmod.find(playbook_arg, host)
+    pb = pbmod.load(path)
+    return pb, parse_spec(pb, host)
+
+
+def job_ref(ctx, host, args) -> dict:
+    """Which job a companion command means: --job, else the playbook's (--playbook or the host's),
+    else the newest job on the host (empty dict)."""
+    if getattr(args, "job", None):
+        return {"job_id": args.job}
+    if getattr(args, "playbook", None) or host.playbook:
+        from remote_ops import playbook as pbmod
+        path = pbmod.find(getattr(args, "playbook", None), host)
+        pb = pbmod.load(path)
+        return {"key": pb.name}
+    return {}
+
+
+def resolve_job(session, ref: dict) -> dict:
+    """The job status record for ``ref``; with an empty ref, the newest job on the host."""
+    from remote_ops.errors import AgentError
+    if ref:
+        try:
+            return session.call("jobs.status", ref)
+        except AgentError as exc:
+            if exc.kind == "no-job":
+                raise RefusedError(exc.message, exc.hint, host=session.label, exit_status=Exit.USAGE) from None
+            raise
+    jobs = session.call("jobs.list", {})["jobs"]
+    if not jobs:
+        raise RefusedError("no job on this host", "start one with: remote-ops extract HOST",
+                           host=session.label, exit_status=Exit.USAGE)
+    return jobs[-1]
+
+
+# ------------------------------------------------------------------ preflight and launch
+@dataclass
+class Preflight:
+    running: dict | None = None            # the playbook's job already running: attach to it
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    gpu: dict | None = None
+    disk: dict | None = None
+    check: dict | None = None
+
+    def to_json(self) -> dict:
+        return {"running": self.running, "problems": self.problems, "notes": self.notes,
+                "gpu": self.gpu, "disk": self.disk,
+                "check": None if self.check is None else {
+                    "findings": len(self.check.get("findings") or []),
+                    "unknown": len(self.check.get("unknown") or []),
+                    "calls_checked": self.check.get("calls_checked")}}
+
+
+def _fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False) -> Preflight:
+    """check + GPUs + disk + running job, in ONE round trip."""
+    from remote_ops.transport import unwrap
+
+    ops: list[tuple[str, dict]] = [("jobs.probe", {"key": spec.key, "output_dir": spec.output_dir}),
+                                   ("gpu.query", {"driver": False})]
+    do_check = bool(playbook.check) and not skip_check
+    if do_check:
+        ops.append(("compat.check", {"targets": playbook.check["targets"],
+                                     "against": playbook.check.get("against") or ["vllm"]}))
+    raw = session.call_many(ops)
+    pf = Preflight()
+    probe = unwrap(raw[0], session.label)
+    job = probe.get("job")
+    if job and job.get("state") in ("starting", "running"):
+        pf.running = job
+        return pf
+    pf.disk = probe.get("disk")
+    pf.gpu = unwrap(raw[1], session.label)
+    # check clean
+    if do_check:
+        res = raw[2]
+        if not res.get("ok"):
+            err = res.get("error") or {}
+            pf.problems.append(f"check could not run: {err.get('message')}")
+        else:
+            pf.check = res["result"]
+            findings = pf.check.get("findings") or []
+            for f in findings[:5]:
+                pf.problems.append(f"check: {f.get('path')}:{f.get('line')}: {f.get('message')}")
+            if len(findings) > 5:
+                pf.problems.append(f"check: ... and {len(findings) - 5} more findings")
+            if findings:
+                pf.problems.append("the job would fail on these calls after loading the model: "
+                                   "run remote-ops check / patch first")
+            if pf.check.get("unknown"):
+                pf.notes.append(f"check: {len(pf.check['unknown'])} call(s) could not be verified")
+    elif not playbook.check:
+        pf.notes.append("playbook has no 'check' section: call sites not verified")
+    else:
+        pf.notes.append("check skipped (--skip-check)")
+    # GPUs
+    g = pf.gpu or {}
+    if spec.gpu_count:
+        if not g.get("present"):
+            pf.problems.append(f"the job needs {spec.gpu_count} GPU(s) but nvidia-smi is not on the host")
+        elif g.get("error"):
+            pf.problems.append(f"GPUs: {g['error']}")
+        elif len(g.get("gpus") or []) < spec.gpu_count:
+            pf.problems.append(f"the job needs {spec.gpu_count} GPU(s), the host has {len(g.get('gpus') or [])}")
+    if g.get("present") and spec.gpus_free and (spec.gpu_count or g.get("processes")):
+        procs = g.get("processes") or []
+        for p in procs:
+            pf.problems.append(f"GPU {p.get('gpu_index')}: foreign compute process pid {p.get('pid')} "
+                               f"({p.get('name')}) holds {p.get('used_memory_mib')} MiB")
+        if procs:
+            pf.problems.append("GPUs are not free: stop those processes (or set extract.gpus.free: false)")
+    # disk
+    d = pf.disk or {}
+    if spec.output_dir and spec.expected_samples and not d.get("error"):
+        per = spec.bytes_per_sample or d.get("mean_sample_bytes")
+        left = max(0, spec.expected_samples - (d.get("existing_samples") or 0))
+        if per and left:
+            need = per * left
+            if d.get("free_bytes") is not None and d["free_bytes"] < need * 1.05:
+                pf.problems.append(f"not enough disk at {spec.output_dir}: {left} more samples need about "
+                                   f"{_fmt_bytes(need)}, {_fmt_bytes(d['free_bytes'])} free")
+            else:
+                pf.notes.append(f"disk: {left} samples need ~{_fmt_bytes(need)}, {_fmt_bytes(d.get('free_bytes'))} free")
+        elif left:
+            pf.notes.append("disk need unknown (set extract.bytes_per_sample to check it)")
+    elif d.get("error"):
+        pf.problems.append(f"cannot measure free disk at {spec.output_dir}: {d['error']}")
+    return pf
+
+
+def launch(session, spec: ExtractSpec) -> dict:
+    """Start the job (or attach to the one already running): idempotent per playbook."""
+    secret_values = resolve_secrets(spec)
+    args = {"key": spec.key, "command": spec.command, "workdir": spec.workdir, "env": spec.env,
+            "secrets": secret_values, "output_dir": spec.output_dir,
+            "expected_samples": spec.expected_samples, "watchdog_seconds": spec.watchdog_seconds,
+            "cleanup_grace": spec.stop_grace, "playbook": spec.playbook_path}
+    from remote_ops.errors import AgentError
+    try:
+        return session.call("jobs.launch", args, timeout=120)
+    except AgentError as exc:
+        if exc.kind in ("no-workdir", "busy", "bad-args"):
+            raise RefusedError(exc.message, exc.hint, host=session.label) from None
+        raise
+
+
+# ------------------------------------------------------------------ presenting a status record
+def fmt_duration(s: float | None) -> str:
+    if s is None:
+        return "?"
+    s = int(s)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}h{m:02d}m{sec:02d}s" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
+
+
+def summary_line(st: dict) -> str:
+    s = st.get("samples") or {}
+    prog = f"{s.get('done', 0)}" + (f"/{s['expected']}" if s.get("expected") else "") + " samples"
+    rate = f", {st['rate_per_s']:.2f} samples/s" if st.get("rate_per_s") else ""
+    line = f"{st['job_id']}: {st['state']} after {fmt_duration(st.get('elapsed_s'))}, {prog}{rate}"
+    if st.get("reason") and st["state"] != "succeeded":
+        line += f" - {st['reason']}"
+    return line
+
+
+def exit_for(st: dict) -> int:
+    """Exit status for a job record: 0 succeeded or still running, 1 (Exit.FINDINGS) otherwise."""
+    return int(Exit.OK) if st.get("state") in ("succeeded", "running", "starting") else int(Exit.FINDINGS)
+
+
+def public(st: dict) -> dict:
+    """A status record fit for --json (it never holds secret values; this drops nothing else)."""
+    return dict(st)
+
+
+def check_usage(args) -> None:
+    if getattr(args, "grace", None) is not None and args.grace < 0:
+        raise UsageError("--grace must be >= 0")

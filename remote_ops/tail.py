@@ -1,0 +1,352 @@
+"""Following a job's log: tqdm-aware rendering, and a follower that survives dropped connections.
+
+The host streams raw log bytes from a byte offset (op ``jobs.tail``). ``LineSplitter`` turns them
+into permanent lines (ended by ``\\n``) and progress updates (tqdm's ``\\r`` rewrites), so a tqdm
+bar becomes one live progress bar instead of an endless line. ``Follower`` keeps the offset,
+reconnects with backoff when the connection drops, and only ends when the host says the job
+reached a terminal state: a closed stream is never taken for the end of the job.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from remote_ops.errors import AgentError, TimeoutError_, UnreachableError
+
+# tqdm's default format: "desc: 45%|####      | 45/100 [00:01<00:02, 30.1it/s]" (desc optional,
+# the rate may be "?it/s" or "s/it", total may be unknown: "45it [00:01, 30.1it/s]").
+TQDM_RE = re.compile(
+    r"^(?:(?P<desc>.*?):\s*)?\s*(?P<pct>\d{1,3})%\|(?P<bar>[^|]*)\| ?(?P<n>[\d.]+[kMG]?)/(?P<total>[\d.]+[kMG]?)"
+    r" ?\[(?P<elapsed>[\d:]+)<(?P<remaining>[\d:?]+)(?:, ?(?P<rate>[^\]]*))?\]")
+TQDM_NOTOTAL_RE = re.compile(
+    r"^(?:(?P<desc>.*?):\s*)?(?P<n>[\d.]+[kMG]?)(?P<unit>[A-Za-z/]*) \[(?P<elapsed>[\d:]+)(?:, ?(?P<rate>[^\]]*))?\]")
+
+
+def _num(s: str | None) -> float | None:
+    if not s:
+        return None
+    mult = {"k": 1e3, "M": 1e6, "G": 1e9}.get(s[-1], 1)
+    try:
+        return float(s.rstrip("kMG")) * mult
+    except ValueError:
+        return None
+
+
+@dataclass
+class TqdmState:
+    desc: str
+    n: float
+    total: float | None
+    pct: int | None
+    elapsed: str
+    remaining: str | None
+    rate: str | None
+    text: str          # the bar exactly as tqdm wrote it
+    end: int = 0       # where the bar ends in the line (text after it is ordinary output)
+
+    def to_json(self) -> dict:
+        return {"desc": self.desc, "n": self.n, "total": self.total, "pct": self.pct,
+                "elapsed": self.elapsed, "remaining": self.remaining, "rate": self.rate}
+
+
+def parse_tqdm(line: str) -> TqdmState | None:
+    m = TQDM_RE.match(line)
+    if m:
+        return TqdmState(desc=(m.group("desc") or "").strip(), n=_num(m.group("n")) or 0.0,
+                         total=_num(m.group("total")), pct=int(m.group("pct")),
+                         elapsed=m.group("elapsed"), remaining=m.group("remaining"),
+                         rate=(m.group("rate") or "").strip() or None, text=line[:m.end()], end=m.end())
+    m = TQDM_NOTOTAL_RE.match(line)
+    if m and ("it/s" in (m.group("rate") or "") or "s/it" in (m.group("rate") or "") or m.group("unit")):
+        return TqdmState(desc=(m.group("desc") or "").strip(), n=_num(m.group("n")) or 0.0, total=None,
+                         pct=None, elapsed=m.group("elapsed"), remaining=None,
+                         rate=(m.group("rate") or "").strip() or None, text=line[:m.end()], end=m.end())
+    return None
+
+
+class LineSplitter:
+    """Feed raw log text; get ``("line", str)`` for finished lines and ``("progress", TqdmState)``
+    for the latest state of a bar (also for a bar still being drawn without a terminator)."""
+
+    def __init__(self):
+        self.pending = ""
+        self._shown: str | None = None
+
+    def feed(self, text: str) -> Iterator[tuple[str, object]]:
+        self.pending += text
+        while True:
+            m = re.search(r"\r\n|\n|\r", self.pending)
+            if not m:
+                break
+            if m.group() == "\r" and m.end() == len(self.pending):
+                break   # maybe the first half of a \r\n split across two reads
+            piece, term = self.pending[:m.start()], m.group()
+            self.pending = self.pending[m.end():]
+            if term == "\r":
+                st = parse_tqdm(piece)
+                if st is not None and piece != self._shown:
+                    self._shown = piece
+                    yield "progress", st
+                elif st is None and piece.strip():
+                    # a carriage-return rewrite that is not a tqdm bar: keep its latest text only
+                    yield "transient", piece
+                continue
+            st = parse_tqdm(piece)
+            if st is not None:
+                yield "progress", st
+                yield "bar-done", st
+                rest = piece[st.end:]
+                if rest.strip():
+                    yield "line", rest
+            else:
+                yield "line", piece
+            self._shown = None
+        if self.pending and self.pending != self._shown:
+            st = parse_tqdm(self.pending)
+            if st is not None:
+                self._shown = self.pending
+                yield "progress", st
+
+    def flush(self) -> Iterator[tuple[str, object]]:
+        if self.pending.strip():
+            st = parse_tqdm(self.pending)
+            yield ("bar-done", st) if st is not None else ("line", self.pending)
+        self.pending = ""
+
+
+# ------------------------------------------------------------------ follower
+class Follower:
+    """Streams ``jobs.tail`` from ``offset`` until the job ends; reconnects on connection loss.
+
+    ``on_event(kind, payload)`` receives ("log", text), ("snapshot", dict), ("reconnecting",
+    message), ("reconnected", offset). ``run()`` returns the final status record.
+    """
+
+    def __init__(self, open_session: Callable, drop_session: Callable, ref: dict, *, offset: int = 0,
+                 on_event: Callable[[str, object], None], budget: float = 120.0, read_timeout: float = 30.0,
+                 snapshot_every: float = 5.0, reconnect_for: float = 900.0, poll: float = 0.05,
+                 sleep: Callable[[float], None] = time.sleep):
+        self.open_session = open_session
+        self.drop_session = drop_session
+        self.ref = dict(ref)
+        self.offset = offset
+        self.on_event = on_event
+        self.budget = budget
+        self.read_timeout = read_timeout
+        self.snapshot_every = snapshot_every
+        self.reconnect_for = reconnect_for
+        self.poll = poll
+        self.sleep = sleep
+        self.reconnects = 0
+
+    def _one_stream(self) -> dict | None:
+        session = self.open_session()
+        args = dict(self.ref, offset=self.offset, budget=self.budget, poll=self.poll,
+                    snapshot_every=self.snapshot_every)
+        result = None
+        for msg in session.stream("jobs.tail", args, timeout=self.read_timeout):
+            if "event" in msg:
+                ev = msg["event"]
+                if ev.get("type") == "log":
+                    start, data = int(ev["offset"]), ev["data"]
+                    if start < self.offset:   # overlap after a reconnect: skip what we printed
+                        data = data[len(data.encode()[:self.offset - start].decode("utf-8", "ignore")):]
+                    if data:
+                        self.on_event("log", data)
+                    self.offset = max(self.offset, int(ev["next"]))
+                elif ev.get("type") == "snapshot":
+                    self.on_event("snapshot", ev)
+            elif "result" in msg:
+                result = msg["result"]
+        return result
+
+    def run(self) -> dict:
+        backoff, down_since = 0.5, None
+        while True:
+            try:
+                result = self._one_stream()
+            except (UnreachableError, TimeoutError_, AgentError, OSError, EOFError) as exc:
+                if isinstance(exc, AgentError) and exc.kind not in (None, "agent-exit"):
+                    raise   # a real answer from the agent (e.g. no such job), not a dropped link
+                result = None
+                reason = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+            else:
+                reason = "the stream closed before the job ended"
+            if result is not None:
+                self.offset = max(self.offset, int(result.get("next") or 0))
+                if result.get("ended"):
+                    return result["status"]
+                backoff, down_since = 0.5, None
+                continue   # time budget used up: poll again on a fresh channel
+            # Dropped: never mistake this for the end of the job.
+            now = time.monotonic()
+            down_since = down_since or now
+            if now - down_since > self.reconnect_for:
+                raise UnreachableError(f"lost the connection for {int(now - down_since)}s while following "
+                                       "the job; it keeps running on the host",
+                                       "reattach later with: remote-ops extract HOST --tail")
+            self.on_event("reconnecting", f"{reason}; reconnecting in {backoff:g}s (the job keeps running)")
+            try:
+                self.drop_session()
+            except Exception:  # the old connection is already broken; closing it may fail too
+                pass
+            self.sleep(backoff)
+            backoff = min(backoff * 2, 15.0)
+            self.reconnects += 1
+
+
+# ------------------------------------------------------------------ rendering
+class PlainRenderer:
+    """For pipes and logs: finished lines at once, bar updates at most every ``progress_every`` s."""
+
+    def __init__(self, out=None, progress_every: float = 10.0, snapshot_every: float = 60.0):
+        self.out = out or sys.stdout
+        self.split = LineSplitter()
+        self.progress_every = progress_every
+        self.snapshot_every = snapshot_every
+        self._last_prog = 0.0
+        self._last_snap = 0.0
+        self._last_desc = None
+
+    def write(self, text: str) -> None:
+        self.out.write(text)
+        self.out.flush()
+
+    def __call__(self, kind, payload) -> None:
+        if kind == "log":
+            for k, v in self.split.feed(payload):
+                self._piece(k, v)
+        elif kind == "snapshot":
+            now = time.monotonic()
+            if now - self._last_snap >= self.snapshot_every:
+                self._last_snap = now
+                self.write(f"[remote-ops] {snapshot_text(payload)}\n")
+        elif kind == "reconnecting":
+            self.write(f"[remote-ops] connection lost: {payload}\n")
+
+    def _piece(self, k, v):
+        now = time.monotonic()
+        if k == "line":
+            self.write(v + "\n")
+        elif k == "bar-done":
+            self.write(v.text + "\n")
+            self._last_desc = None
+        elif k == "progress":
+            if v.desc != self._last_desc or now - self._last_prog >= self.progress_every:
+                self._last_desc, self._last_prog = v.desc, now
+                self.write(v.text + "\n")
+
+    def close(self):
+        for k, v in self.split.flush():
+            self._piece(k, v)
+
+
+class LiveRenderer:
+    """For a terminal: log lines scroll above one rich progress bar and a GPU / output status line."""
+
+    def __init__(self, console):
+        from rich.live import Live
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+        from rich.text import Text
+
+        self.console = console
+        self.split = LineSplitter()
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
+                                 TextColumn("{task.completed:.0f}/{task.fields[total_text]}"),
+                                 TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
+                                 console=console, auto_refresh=False)
+        self.status = Text("", style="dim")
+        self.tasks: dict[str, int] = {}
+        from rich.console import Group
+        self.live = Live(Group(self.progress, self.status), console=console, refresh_per_second=8,
+                         transient=False, redirect_stdout=False)
+        self.live.start()
+
+    def __call__(self, kind, payload) -> None:
+        if kind == "log":
+            for k, v in self.split.feed(payload):
+                self._piece(k, v)
+        elif kind == "snapshot":
+            self.status.plain = snapshot_text(payload)
+        elif kind == "reconnecting":
+            self.console.print(f"[yellow]connection lost: {payload}[/]", highlight=False)
+        self.live.refresh()
+
+    def _task(self, st: TqdmState) -> int:
+        key = st.desc or "progress"
+        if key not in self.tasks:
+            self.tasks[key] = self.progress.add_task(key, total=st.total, total_text="?", rate="")
+        return self.tasks[key]
+
+    def _piece(self, k, v):
+        from rich.text import Text
+        if k == "line":
+            self.console.print(Text(v), highlight=False, markup=False, soft_wrap=True)
+        elif k in ("progress", "bar-done"):
+            tid = self._task(v)
+            self.progress.update(tid, completed=v.n, total=v.total,
+                                 total_text=f"{v.total:.0f}" if v.total else "?", rate=v.rate or "")
+        elif k == "transient":
+            self.status.plain = v[-200:]
+
+    def close(self):
+        for k, v in self.split.flush():
+            self._piece(k, v)
+        self.live.refresh()
+        self.live.stop()
+
+
+class JsonRenderer:
+    """--json --tail: one JSON object per line (log lines, progress, snapshots)."""
+
+    def __init__(self, out=None):
+        self.out = out or sys.stdout
+        self.split = LineSplitter()
+
+    def emit(self, obj):
+        import json
+        self.out.write(json.dumps(obj, default=str) + "\n")
+        self.out.flush()
+
+    def __call__(self, kind, payload):
+        if kind == "log":
+            for k, v in self.split.feed(payload):
+                if k == "line":
+                    self.emit({"event": "line", "text": v})
+                elif k in ("progress", "bar-done"):
+                    self.emit({"event": "progress", "done": k == "bar-done", **v.to_json()})
+        elif kind == "snapshot":
+            self.emit({"event": "snapshot", **{k: v for k, v in payload.items() if k != "type"}})
+        elif kind == "reconnecting":
+            self.emit({"event": "reconnecting", "message": payload})
+
+    def close(self):
+        for k, v in self.split.flush():
+            if k == "line":
+                self.emit({"event": "line", "text": v})
+
+
+def snapshot_text(snap: dict) -> str:
+    parts = []
+    s = snap.get("samples") or {}
+    if s:
+        parts.append(f"outputs {s.get('done', 0)}" + (f"/{s['expected']}" if s.get("expected") else ""))
+    if snap.get("rate_per_s"):
+        parts.append(f"{snap['rate_per_s']:.2f} samples/s")
+    g = snap.get("gpu")
+    if g and g.get("gpus"):
+        for x in g["gpus"]:
+            used, total = x.get("memory_used_mib"), x.get("memory_total_mib")
+            mem = f"{used / 1024:.1f}/{total / 1024:.0f}GiB" if used is not None and total else "?"
+            util = f"{x['utilization_pct']}%" if x.get("utilization_pct") is not None else "?"
+            parts.append(f"gpu{x.get('index')} {mem} {util}")
+    elif g and g.get("error"):
+        parts.append(f"gpu: {g['error']}")
+    wd = snap.get("watchdog")
+    if wd and wd.get("stalled"):
+        parts.append(f"WATCHDOG: no progress for {int(wd.get('stalled_for_s') or 0)}s")
+    return " | ".join(parts) or snap.get("state", "")
