@@ -25,7 +25,7 @@ def run(args, ctx) -> int:
                 continue
             entries = r.value.get("entries") or []
             if not entries:
-                ctx.console.print(f"{r.host}: no journal entries")
+                ctx.console.print(f"{r.host}: no journal entries", soft_wrap=True)
             for e in entries:
                 when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.get("when") or 0))
                 who = (e.get("who") or {}).get("controller") or ""
@@ -37,11 +37,11 @@ def run(args, ctx) -> int:
                 elif e.get("rolled_back_by"):
                     extra = f" (rolled back by {e['rolled_back_by']})"
                 ctx.console.print(f"{r.host}  {e.get('txid')}  {when}  {e.get('action')}{extra}  "
-                                  f"{e.get('playbook') or ''}  {who}")
+                                  f"{e.get('playbook') or ''}  {who}", soft_wrap=True)
                 for t in e.get("targets") or []:
-                    ctx.console.print(f"    {t['real']}  {t['before'][:12]} -> {t['after'][:12]}  backup {t['backup']}")
+                    ctx.console.print(f"    {t['real']}  {t['before'][:12]} -> {t['after'][:12]}  backup {t['backup']}", soft_wrap=True)
             if r.value.get("pending"):
                 ctx.console.print(f"{r.host}: {r.value['pending']} interrupted transaction(s) will be "
-                                  "recovered by the next patch or rollback")
+                                  "recovered by the next patch or rollback", soft_wrap=True)
         ctx.report_failures(results)
     return ctx.fleet_status(results)

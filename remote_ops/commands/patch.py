@@ -26,7 +26,7 @@ def _render_diff(console, diff: str) -> None:
             style = "green"
         elif line.startswith("-"):
             style = "red"
-        console.print(Text(line, style=style))
+        console.print(Text(line, style=style), soft_wrap=True)
 
 
 def run(args, ctx) -> int:
@@ -78,22 +78,22 @@ def run(args, ctx) -> int:
             if v["diff"] and (args.yes or args.dry_run):
                 _render_diff(c, v["diff"])
             if v.get("recovered"):
-                c.print(f"{v['host']}: recovered an interrupted transaction: {v['recovered']}")
+                c.print(f"{v['host']}: recovered an interrupted transaction: {v['recovered']}", soft_wrap=True)
             if args.dry_run:
                 state = "would change" if v["diff"] else "no changes"
-                c.print(f"{v['host']}: dry run, {state} ({v['round_trips']} round trip, {v['wall_s']}s)")
+                c.print(f"{v['host']}: dry run, {state} ({v['round_trips']} round trip, {v['wall_s']}s)", soft_wrap=True)
             elif v.get("declined"):
-                c.print(f"{v['host']}: not applied")
+                c.print(f"{v['host']}: not applied", soft_wrap=True)
             elif v.get("changed"):
                 j = v["journal"]
                 c.print(f"{v['host']}: patched {len(j['targets'])} file(s), journal {j['txid']} "
-                        f"({v['round_trips']} round trips, {v['wall_s']}s)")
+                        f"({v['round_trips']} round trips, {v['wall_s']}s)", soft_wrap=True)
                 for t in j["targets"]:
-                    c.print(f"  {t['real']}  backup {t['backup']}")
+                    c.print(f"  {t['real']}  backup {t['backup']}", soft_wrap=True)
                 if v.get("import_check"):
-                    c.print(f"  import check: ok ({', '.join(v['import_check']['modules'])})")
+                    c.print(f"  import check: ok ({', '.join(v['import_check']['modules'])})", soft_wrap=True)
             else:
                 c.print(f"{v['host']}: no changes ({v.get('note') or 'every edit is already applied'}; "
-                        f"{v['round_trips']} round trip{'s' if v['round_trips'] != 1 else ''}, {v['wall_s']}s)")
+                        f"{v['round_trips']} round trip{'s' if v['round_trips'] != 1 else ''}, {v['wall_s']}s)", soft_wrap=True)
         ctx.report_failures(results)
     return ctx.fleet_status(results) if any(not r.ok for r in results) else int(Exit.OK)

@@ -24,12 +24,12 @@ def run(args, ctx) -> int:
                 continue
             v = r.value
             if not v.get("changed"):
-                ctx.console.print(f"{r.host}: {v.get('message') or 'nothing to roll back (files already original)'}")
+                ctx.console.print(f"{r.host}: {v.get('message') or 'nothing to roll back (files already original)'}", soft_wrap=True)
             for d in v.get("rolled_back") or []:
                 e = d["entry"]
                 if e:
-                    ctx.console.print(f"{r.host}: rolled back {d['of']} -> journal {e['txid']}")
+                    ctx.console.print(f"{r.host}: rolled back {d['of']} -> journal {e['txid']}", soft_wrap=True)
                     for t in e["targets"]:
-                        ctx.console.print(f"  {t['real']} restored (sha256 {t['after'][:12]})")
+                        ctx.console.print(f"  {t['real']} restored (sha256 {t['after'][:12]})", soft_wrap=True)
         ctx.report_failures(results)
     return ctx.fleet_status(results)

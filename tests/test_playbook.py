@@ -1,0 +1,116 @@
+"""Playbook loader: schema errors name file and line; placeholders and bad callees refused (exit 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from remote_ops import playbook
+from remote_ops.edits import CallEdit, TextEdit
+from remote_ops.errors import ConfigError, Exit, RefusedError
+
+REPO = Path(__file__).resolve().parent.parent
+SHIPPED = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
+
+GOOD = """\
+name: demo
+requires:
+  speculators: "==0.3.0"
+  vllm: ">=0.17"
+check:
+  targets: [pkg.mod]
+  against: [vllm]
+patches:
+  - module: pkg.mod
+    edits:
+      - id: drop-x
+        call: Request
+        drop: [eos_token_id]
+      - id: add-y
+        call: Scheduler
+        add: {block_size: VLLM_BLOCK_SIZE, flag: false, n: 3}
+      - id: text
+        replace:
+          old: "a = 1\\n"
+          new: "a = 2\\n"
+extract:
+  script: "{workdir}/x.py"
+  anything: [1, 2]
+"""
+
+
+def test_shipped_playbook_loads():
+    pb = playbook.load(SHIPPED)
+    assert pb.requires == {"speculators": "==0.3.0", "vllm": ">=0.17"}
+    assert pb.check["against"] == ["vllm"]
+    ids = pb.edit_ids
+    assert {"request-drop-eos-token-id", "kv-cache-config-drop-kv-cache-specs", "scheduler-add-block-size",
+            "scheduler-config-add-is-encoder-decoder", "execute-model-then-sample-tokens"} == set(ids)
+
+
+def test_good_playbook(tmp_path):
+    p = tmp_path / "demo.yaml"
+    p.write_text(GOOD)
+    pb = playbook.load(p)
+    drop, add, text = pb.patches[0].edits
+    assert isinstance(drop, CallEdit) and drop.drop == ["eos_token_id"] and drop.line == 11
+    assert add.add == {"block_size": "VLLM_BLOCK_SIZE", "flag": "False", "n": "3"}
+    assert isinstance(text, TextEdit) and text.old == "a = 1\n"
+    assert pb.extract == {"script": "{workdir}/x.py", "anything": [1, 2]}
+    assert pb.line("extract", "script") == 22
+
+
+BAD = [
+    ("nme: x\n", 1, "unknown top-level key 'nme'"),
+    ("requires:\n  vllm: '>>0.17'\n", 2, "invalid version specifier '>>0.17' for vllm"),
+    ("patches:\n  - module: a.b\n    edits:\n      - id: e\n        call: 'Request('\n        drop: [x]\n",
+     5, "unknown callee 'Request('"),
+    ("patches:\n  - module: a.b\n    edits:\n      - id: e\n        call: f\n        add: {x: FILL-ME}\n",
+     6, "placeholder left in patches.0.edits.0.add.x"),
+    ("patches:\n  - module: a.b\n    edits:\n      - id: e\n        call: f\n        add: {x: 'a +'}\n",
+     6, "value of x is not a Python expression"),
+    ("patches:\n  - module: a.b\n    edits:\n      - call: f\n        drop: [x]\n", 4, "every edit needs an 'id'"),
+    ("patches:\n  - module: a.b\n    edits:\n      - id: e\n        call: f\n        drop: [x]\n"
+     "      - id: e\n        call: g\n        drop: [x]\n", 7, "duplicate edit id 'e'"),
+    ("patches:\n  - module: a.b\n    path: x.py\n    edits: []\n", 2, "exactly one of 'module' or 'path'"),
+    ("patches:\n  - module: a.b\n    edits:\n      - id: e\n        replace: {old: x}\n", 5, "must be a mapping with"),
+    ("patches:\n  - module: a.b\n    edits:\n      - id: e\n        call: f\n        dorp: [x]\n", 6, "unknown key 'dorp'"),
+    ("patches:\n  - module: a.b\n    edits:\n      - id: e\n        call: f\n", 4, "changes nothing"),
+    ("check:\n  targets: []\n", 1, "check needs at least one module"),
+    ("patches: {a: 1}\n", 1, "patches must be a list"),
+    ("a: [\n", 2, "YAML syntax error"),
+]
+
+
+@pytest.mark.parametrize("text,line,problem", BAD)
+def test_bad_playbooks_name_file_and_line(tmp_path, text, line, problem):
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        playbook.load(p)
+    err = info.value
+    assert err.exit_status == Exit.USAGE == 2
+    assert err.line == line, err.message
+    assert problem in err.message
+    assert err.message.startswith(f"{p}:{line}: ")
+    assert "\n" not in err.one_line()
+
+
+def test_requires_against_facts():
+    pb = playbook.loads('requires:\n  speculators: "==0.3.0"\n  vllm: ">=0.17"\n', "r.yaml")
+    assert pb.check_requires({"speculators": "0.3.0", "vllm": "0.17.0"}) == []
+    assert pb.check_requires({"speculators": "0.3.0", "vllm": "0.11.0"}) == ["vllm 0.11.0 does not satisfy vllm>=0.17"]
+    assert pb.check_requires({"speculators": "0.3.0"}) == ["vllm is not installed (playbook requires vllm>=0.17)"]
+    with pytest.raises(RefusedError, match="does not apply: vllm 0.11.0 does not satisfy"):
+        pb.require_met({"speculators": "0.3.0", "vllm": "0.11.0"})
+
+
+def test_bad_playbook_via_cli_exits_2(tmp_path, cli, inventory_file):
+    inv = inventory_file()
+    p = tmp_path / "bad.yaml"
+    p.write_text("patches:\n  - module: a.b\n    edits:\n      - id: e\n        call: f\n        add: {x: FILL-ME}\n")
+    status, out, err = cli("-i", str(inv), "patch", "testhost", "--playbook", str(p), "--yes")
+    assert status == 2
+    assert f"{p}:6: placeholder left" in err
+    assert len(err.strip().splitlines()) == 1
