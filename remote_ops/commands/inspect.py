@@ -1,0 +1,39 @@
+"""remote-ops inspect: the parameters of library callables as installed on the host."""
+
+NAME = "inspect"
+HELP = "print the parameters of module:qualname callables on the host (static, or --runtime)"
+
+
+def add_arguments(p):
+    p.add_argument("host", metavar="HOST", help="host name from the inventory")
+    p.add_argument("symbols", nargs="+", metavar="SYMBOL",
+                   help="module:qualname, e.g. vllm.v1.request:Request or vllm.v1.core.sched.scheduler:Scheduler.add_request")
+    p.add_argument("--runtime", action="store_true",
+                   help="import the module on the host and use inspect.signature (default: parse the sources)")
+
+
+def run(args, ctx) -> int:
+    from remote_ops import check as check_mod
+    from remote_ops.errors import Exit, UsageError
+
+    for s in args.symbols:
+        mod, sep, qual = s.partition(":")
+        if not sep or not all(p.isidentifier() for p in mod.split(".")) or \
+                (qual and not all(p.isidentifier() for p in qual.split("."))):
+            raise UsageError(f"bad symbol {s!r}: expected module:qualname",
+                             "for example vllm.v1.request:Request")
+    op_args = {"symbols": list(args.symbols), "mode": "runtime" if args.runtime else "static"}
+
+    def one(host, sess):
+        raw = sess.call("compat.inspect", op_args)
+        return dict(raw, host=host.name)
+
+    results = ctx.for_each_host(ctx.hosts(args.host), one)
+    for r in results:
+        if r.ok:
+            ctx.emit(r.value, lambda console, v=r.value: check_mod.render_inspect(console, v))
+    ctx.report_failures(results)
+    if any(not r.ok for r in results):
+        return ctx.fleet_status(results)
+    bad = any(s["kind"] in ("missing", "unknown") for r in results for s in r.value["symbols"])
+    return int(Exit.FINDINGS) if bad else int(Exit.OK)
