@@ -350,3 +350,36 @@ def snapshot_text(snap: dict) -> str:
     if wd and wd.get("stalled"):
         parts.append(f"WATCHDOG: no progress for {int(wd.get('stalled_for_s') or 0)}s")
     return " | ".join(parts) or snap.get("state", "")
+
+
+def follow_job(ctx, host, job: dict, *, offset: int = 0, budget: float = 120.0) -> dict | None:
+    """Follow ``job`` on ``host`` to its end with the renderer that fits the output; returns the
+    final status record, or None when the user pressed Ctrl-C (the job keeps running)."""
+    if ctx.json:
+        renderer = JsonRenderer()
+    elif ctx.console.is_terminal:
+        renderer = LiveRenderer(ctx.console)
+    else:
+        renderer = PlainRenderer()
+    follower = Follower(lambda: ctx.session(host), lambda: ctx.drop_session(host),
+                        {"job_id": job["job_id"]}, offset=offset, on_event=renderer, budget=budget)
+    closed = False
+    try:
+        status = follower.run()
+        renderer.close()
+        closed = True
+        return status
+    except KeyboardInterrupt:
+        renderer.close()
+        closed = True
+        msg = (f"job {job['job_id']} still running; reattach with: remote-ops extract {host.name} --tail")
+        if ctx.json:
+            renderer.emit({"event": "detached", "job_id": job["job_id"], "message": msg})
+        sys.stderr.write(f"\n{msg}\n")
+        return None
+    finally:
+        if not closed:
+            try:
+                renderer.close()
+            except Exception:  # never hide the real error behind a rendering problem
+                pass

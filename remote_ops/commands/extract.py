@@ -1,0 +1,107 @@
+"""remote-ops extract: preflight, then start the playbook's extraction job under a detached
+supervisor on the host (or attach to the one already running), optionally following its log."""
+
+NAME = "extract"
+HELP = "start the playbook's extraction job on a host (detached, supervised); --tail follows it"
+
+
+def add_arguments(p):
+    p.add_argument("host", nargs="?", metavar="HOST", help="host (default: the inventory's default)")
+    p.add_argument("--playbook", "-p", metavar="P", help="playbook file or name (default: the host's)")
+    p.add_argument("--tail", action="store_true", help="follow the log until the job ends (Ctrl-C detaches)")
+    p.add_argument("--skip-check", action="store_true", help="do not run the call-site check in preflight")
+    p.add_argument("--dry-run", action="store_true", help="preflight only: show what would start")
+
+
+def one_host(ctx, spec):
+    from remote_ops.errors import UsageError
+    hosts = ctx.hosts(spec)
+    if len(hosts) != 1:
+        raise UsageError(f"this command works on one host, {spec!r} names {len(hosts)}",
+                         "name a single host")
+    return hosts[0]
+
+
+def run(args, ctx) -> int:
+    import sys
+
+    from remote_ops import jobs
+    from remote_ops.errors import Exit, RefusedError
+    from remote_ops.tail import follow_job
+
+    host = one_host(ctx, args.host)
+    pb, spec = jobs.load_for_host(host, args.playbook)
+    jobs.resolve_secrets(spec)          # a missing secret is refused before touching the host
+    session = ctx.session(host)
+    pf = jobs.preflight(session, spec, pb, skip_check=args.skip_check)
+    attached = False
+    if pf.running:
+        job, attached = pf.running, True
+    elif pf.problems:
+        if ctx.json:
+            ctx.emit({"host": host.name, "started": False, "preflight": pf.to_json()})
+        else:
+            for p in pf.problems:
+                sys.stderr.write(f"  refused: {p}\n")
+        raise RefusedError(f"preflight refused to start {spec.key}: {pf.problems[-1]}",
+                           f"{len(pf.problems)} problem(s) listed above" if not ctx.json else None,
+                           host=host.name)
+    elif args.dry_run:
+        ctx.emit({"host": host.name, "started": False, "dry_run": True, "spec": spec.to_json(),
+                  "preflight": pf.to_json()},
+                 lambda c: [c.print(f"{host.name}: preflight passed; would run: {' '.join(spec.command)}",
+                                    markup=False)] + [c.print(f"  note: {n}", markup=False) for n in pf.notes])
+        return int(Exit.OK)
+    else:
+        res = jobs.launch(session, spec)
+        job, attached = res["job"], res["attached"]
+
+    head = {"host": host.name, "attached": attached, "job": job, "preflight": pf.to_json()}
+    if not args.tail:
+        def human(c):
+            verb = "already running, not started again" if attached else "started"
+            c.print(f"{host.name}: job {job['job_id']} {verb} (pid {job.get('pid')}, state {job['state']})",
+                    markup=False)
+            for n in pf.notes:
+                c.print(f"  note: {n}", markup=False)
+            c.print(f"  log: {job.get('log')}", markup=False)
+            c.print(f"  follow: remote-ops extract {host.name} --tail   |   status / logs / stop "
+                    f"{host.name}", markup=False)
+        ctx.emit(head, human)
+        return jobs.exit_for(job)
+
+    offset = 0
+    if ctx.json:
+        import json
+        sys.stdout.write(json.dumps({"event": "job", **head}, default=str) + "\n")
+        sys.stdout.flush()
+    else:
+        what = "attached to running job" if attached else "started job"
+        ctx.err.print(f"{host.name}: {what} {job['job_id']} (pid {job.get('pid')}); "
+                      "Ctrl-C detaches, the job keeps running", markup=False, highlight=False)
+    if attached and job.get("log_size", 0) > 8192:
+        r = session.call("jobs.logs", {"job_id": job["job_id"], "lines": 20})
+        sys.stdout.write(r["text"].replace("\r", "\n") if not ctx.json else "")
+        offset = r["next"]
+    final = follow_job(ctx, host, job, offset=offset)
+    if final is None:
+        return int(Exit.INTERRUPTED)
+    return report_end(ctx, final)
+
+
+def report_end(ctx, st) -> int:
+    import sys
+
+    from remote_ops import jobs
+    if ctx.json:
+        import json
+        sys.stdout.write(json.dumps({"event": "end", "status": st}, default=str) + "\n")
+        sys.stdout.flush()
+    else:
+        from rich.text import Text
+        style = "green" if st["state"] == "succeeded" else "red"
+        ctx.console.print(Text(jobs.summary_line(st), style=style), highlight=False)
+        if st["state"] != "succeeded":
+            for line in st.get("error_lines") or []:
+                ctx.console.print(f"  {line}", markup=False, highlight=False)
+    return jobs.exit_for(st)

@@ -1,0 +1,51 @@
+"""remote-ops logs: the job's log (readable after the job ended), optionally followed."""
+
+NAME = "logs"
+HELP = "print the last lines of the extraction job's log; --follow keeps printing until it ends"
+
+
+def add_arguments(p):
+    p.add_argument("host", nargs="?", metavar="HOST", help="host (default: the inventory's default)")
+    p.add_argument("-n", "--lines", type=int, default=50, metavar="N", help="lines to show (default 50)")
+    p.add_argument("--follow", "-f", action="store_true", help="keep following until the job ends")
+    p.add_argument("--playbook", "-p", metavar="P", help="the playbook whose job to show (default: the host's)")
+    p.add_argument("--job", metavar="ID", help="a job id (see status --all)")
+
+
+def collapse(text: str) -> str:
+    """A log as a person reads it: of each tqdm \\r-rewritten line only its last state."""
+    out = []
+    for line in text.split("\n"):
+        parts = [p for p in line.split("\r") if p.strip()]
+        out.append(parts[-1] if parts else "")
+    return "\n".join(out)
+
+
+def run(args, ctx) -> int:
+    import sys
+
+    from remote_ops import jobs
+    from remote_ops.commands.extract import one_host
+    from remote_ops.errors import Exit, UsageError
+    from remote_ops.tail import follow_job
+
+    if args.lines < 0:
+        raise UsageError("-n must be >= 0")
+    host = one_host(ctx, args.host)
+    session = ctx.session(host)
+    st = jobs.resolve_job(session, jobs.job_ref(ctx, host, args))
+    r = session.call("jobs.logs", {"job_id": st["job_id"], "lines": args.lines})
+    if ctx.json and not args.follow:
+        ctx.emit({"host": host.name, "job_id": st["job_id"], "state": r["job"]["state"], "text": r["text"],
+                  "size": r["size"]})
+        return int(Exit.OK)
+    if not ctx.json:
+        sys.stdout.write(collapse(r["text"]))
+        sys.stdout.flush()
+    if args.follow and r["job"]["state"] not in jobs.TERMINAL:
+        final = follow_job(ctx, host, st, offset=r["next"])
+        if final is None:
+            return int(Exit.INTERRUPTED)
+        from remote_ops.commands.extract import report_end
+        return report_end(ctx, final)
+    return int(Exit.OK)

@@ -1,0 +1,65 @@
+"""remote-ops stop: SIGTERM the job's process group, SIGKILL after the grace period, then make
+sure nothing of the job is left (marker scan and the GPU process list) and report GPU holders."""
+
+NAME = "stop"
+HELP = "stop the extraction job: TERM, grace, KILL; confirm no process of it is left on CPU or GPU"
+
+
+def add_arguments(p):
+    p.add_argument("host", nargs="?", metavar="HOST", help="host (default: the inventory's default)")
+    p.add_argument("--grace", type=float, default=None, metavar="SECONDS",
+                   help="seconds between SIGTERM and SIGKILL (default: the playbook's, else 30)")
+    p.add_argument("--playbook", "-p", metavar="P", help="the playbook whose job to stop (default: the host's)")
+    p.add_argument("--job", metavar="ID", help="a job id (see status --all)")
+
+
+def run(args, ctx) -> int:
+    from remote_ops import jobs
+    from remote_ops.commands.extract import one_host
+    from remote_ops.errors import Exit
+
+    jobs.check_usage(args)
+    host = one_host(ctx, args.host)
+    session = ctx.session(host)
+    st = jobs.resolve_job(session, jobs.job_ref(ctx, host, args))
+    grace = args.grace if args.grace is not None else 30.0
+    if args.grace is None and (args.playbook or host.playbook):
+        try:
+            grace = jobs.load_for_host(host, args.playbook)[1].stop_grace
+        except Exception:  # the playbook may have changed since; the default grace still stops it
+            pass
+    if not ctx.json and st["state"] in ("running", "starting"):
+        ctx.err.print(f"{host.name}: stopping {st['job_id']} (SIGTERM, SIGKILL after {grace:g}s)...",
+                      markup=False, highlight=False)
+    rep = session.call("jobs.stop", {"job_id": st["job_id"], "grace": grace}, timeout=grace + 120)
+    clean = not rep["remaining"] and not any(h.get("job") for h in rep.get("gpu_holders") or [])
+    ctx.emit({"host": host.name, "clean": clean, **rep}, lambda c: render(c, host.name, rep, clean))
+    return int(Exit.OK) if clean else int(Exit.FINDINGS)
+
+
+def render(c, host, rep, clean) -> None:
+    from rich.text import Text
+
+    from remote_ops import jobs
+
+    def names(ps):
+        return ", ".join(f"{p['pid']} ({p.get('name')})" for p in ps)
+
+    if rep["was"] in jobs.TERMINAL and not rep["terminated"]:
+        c.print(f"{host}: job {rep['job_id']} was not running ({rep['was']})", markup=False)
+    if rep["terminated"]:
+        c.print(f"  SIGTERM: {names(rep['terminated'])}", markup=False)
+    if rep["killed"]:
+        c.print(f"  SIGKILL after grace: {names(rep['killed'])}", markup=False)
+    for p in rep.get("gpu_killed") or []:
+        c.print(f"  killed GPU holder of the job: pid {p['pid']} ({p.get('name')}) {p.get('used_memory_mib')} MiB",
+                markup=False)
+    if rep["remaining"]:
+        c.print(Text(f"  STILL ALIVE: {names(rep['remaining'])}", style="red"))
+    else:
+        c.print(Text("  no process of the job is left", style="green"))
+    for h in rep.get("gpu_holders") or []:
+        who = "of this job" if h.get("job") else "not of this job"
+        c.print(Text(f"  GPU {h.get('gpu_index')}: pid {h['pid']} ({h.get('name')}) holds "
+                     f"{h.get('used_memory_mib')} MiB ({who})", style="yellow"))
+    c.print(jobs.summary_line(rep["job"]), markup=False, highlight=False)
