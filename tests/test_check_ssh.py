@@ -1,0 +1,91 @@
+"""`remote-ops check` / `inspect` end to end over a real sshd, on venvs holding the real packages."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+
+EXPECTED_017 = {
+    ("vllm.v1.core.kv_cache_utils.get_kv_cache_config_from_groups", "unexpected-keyword", "kv_cache_specs"),
+    ("vllm.v1.core.sched.scheduler.Scheduler", "missing-argument", "block_size"),
+    ("vllm.config.SchedulerConfig", "missing-argument", "is_encoder_decoder"),
+    ("vllm.v1.request.Request", "unexpected-keyword", "eos_token_id"),
+}
+
+
+def test_check_017_json_and_exit_status(sshd, inventory_file, env_vllm017, cli):
+    inv = inventory_file(python=str(env_vllm017))
+    t0 = time.perf_counter()
+    status, out, err = cli("check", "testhost", "--json", "-i", str(inv))
+    wall = time.perf_counter() - t0
+    assert status == 1, err
+    res = json.loads(out)
+    assert res["host"] == "testhost" and res["mode"] == "static"
+    assert res["versions"] == {"speculators": "0.3.0", "vllm": "0.17.0"}
+    assert {(f["symbol"], f["kind"], f["name"]) for f in res["findings"]} == EXPECTED_017
+    for f in res["findings"]:
+        assert set(f) >= {"path", "line", "symbol", "kind", "name", "message", "suggestion"}
+        # the analysed file is the one the host's interpreter imports, not a local copy
+        assert f["path"].startswith(str(env_vllm017.parent.parent))
+    assert res["unknown"] == []
+    assert res["timing"]["host_analysis_s"] < 1.0
+    print(f"check over ssh: wall {wall:.2f}s, host analysis {res['timing']['host_analysis_s']:.3f}s")
+
+
+def test_check_011_clean(sshd, inventory_file, env_vllm011, cli):
+    inv = inventory_file(python=str(env_vllm011))
+    status, out, err = cli("check", "testhost", "--json", "-i", str(inv))
+    assert status == 0, err
+    res = json.loads(out)
+    assert res["versions"]["vllm"] == "0.11.0"
+    assert res["findings"] == [] and res["unknown"] == []
+
+
+def test_check_is_one_round_trip(sshd, env_vllm017):
+    from remote_ops import check as check_mod
+    sess = sshd.session(python=str(env_vllm017))
+    try:
+        res = check_mod.run(sess, check_mod.CheckRequest())
+        assert sess.stats.execs == 1 and sess.stats.sftp_requests == 0
+        assert len(res["findings"]) == 4
+    finally:
+        sess.close()
+
+
+def test_check_human_output(sshd, inventory_file, env_vllm017, cli):
+    inv = inventory_file(python=str(env_vllm017))
+    status, out, err = cli("check", "testhost", "-i", str(inv))
+    assert status == 1
+    assert "vllm_hidden_states_generator.py:234" in out
+    assert "eos_token_id" in out and "pass block_size=VLLM_BLOCK_SIZE" in out
+    assert "4 finding(s)" in out
+
+
+def test_check_playbook_targets(sshd, inventory_file, env_vllm017, cli, tmp_path):
+    pb = tmp_path / "pb.yaml"
+    pb.write_text(textwrap.dedent("""\
+        name: t
+        check:
+          targets: [speculators.data_generation.custom_worker]
+          against: [vllm]
+    """))
+    inv = inventory_file(python=str(env_vllm017))
+    status, out, err = cli("check", "testhost", "--json", "--playbook", str(pb), "-i", str(inv))
+    assert status == 0, err
+    res = json.loads(out)
+    assert [t["module"] for t in res["targets"]] == ["speculators.data_generation.custom_worker"]
+
+
+def test_inspect_over_ssh(sshd, inventory_file, env_vllm017, cli):
+    inv = inventory_file(python=str(env_vllm017))
+    status, out, err = cli("inspect", "testhost", "vllm.v1.request:Request",
+                           "vllm.v1.core.sched.scheduler:Scheduler.add_request", "--json", "-i", str(inv))
+    assert status == 0, err
+    res = json.loads(out)
+    assert res["mode"] == "static"
+    req = res["symbols"][0]
+    assert req["parameters"][0] == {"name": "request_id", "kind": "positional-or-keyword",
+                                    "required": True, "default": None, "annotation": "str"}
+    status, out, err = cli("inspect", "testhost", "vllm.v1.request:Request", "-i", str(inv))
+    assert status == 0 and "static" in out and "request_id" in out
