@@ -1,0 +1,216 @@
+"""patch / rollback / history over a real sshd against real speculators 0.3.0 + vLLM 0.17.0 sources."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from remote_ops import patching, playbook
+from remote_ops.errors import RefusedError
+
+REPO = Path(__file__).resolve().parent.parent
+SHIPPED = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
+GEN = "speculators/data_generation/vllm_hidden_states_generator.py"
+FIXED_KINDS = {"unexpected-keyword", "missing-argument"}
+
+
+def sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def site_file(python: Path, rel: str) -> Path:
+    return next(Path(python).parent.parent.glob(f"lib/python*/site-packages/{rel}"))
+
+
+def journal(state: Path) -> list[dict]:
+    p = state / "journal" / "journal.jsonl"
+    return [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p.exists() else []
+
+
+def findings(sess) -> list[dict]:
+    pb = playbook.load(SHIPPED)
+    return sess.call("compat.check", patching.check_args(pb))["findings"]
+
+
+def test_sandbox_round_trip(sshd, fresh_env017, state_dir, inventory_file, cli):
+    target = site_file(fresh_env017, GEN)
+    original = target.read_bytes()
+    inv = inventory_file(python=str(fresh_env017), env={"REMOTE_OPS_STATE_DIR": str(state_dir)},
+                         playbook=str(SHIPPED))
+    sess = sshd.session(python=str(fresh_env017), env={"REMOTE_OPS_STATE_DIR": str(state_dir)})
+    before = findings(sess)
+    assert {(f["kind"], f["name"]) for f in before} >= {
+        ("unexpected-keyword", "eos_token_id"), ("unexpected-keyword", "kv_cache_specs"),
+        ("missing-argument", "block_size"), ("missing-argument", "is_encoder_decoder")}
+
+    status, out, err = cli("-i", str(inv), "patch", "testhost", "--dry-run", "--json")
+    assert status == 0, err
+    dry = json.loads(out)
+    assert dry["diff"] and not dry["changed"] and dry["round_trips"] == 1
+    assert target.read_bytes() == original and journal(state_dir) == []
+
+    status, out, err = cli("-i", str(inv), "patch", "testhost", "--yes", "--json")
+    assert status == 0, err
+    res = json.loads(out)
+    assert res["changed"] and res["round_trips"] == 2
+    assert res["verified"] == {"findings": 0} or res["verified"]["findings"] == 0
+    patched = target.read_bytes()
+    assert patched != original and b"block_size=VLLM_BLOCK_SIZE" in patched
+    assert b"self.executor.sample_tokens(None)" in patched
+    # checked against the host after patching: no finding of the fixed kinds is left
+    assert [f for f in findings(sess) if f["kind"] in FIXED_KINDS] == []
+    # the old bytecode can never run: the cached pyc is a hash-checked one of the new source
+    pycs = list((target.parent / "__pycache__").glob("vllm_hidden_states_generator.*.pyc"))
+    assert pycs and all(int.from_bytes(p.read_bytes()[4:8], "little") & 0b11 == 0b11 for p in pycs)
+
+    mtime = target.stat().st_mtime_ns
+    status, out, err = cli("-i", str(inv), "patch", "testhost", "--yes", "--json")
+    again = json.loads(out)
+    assert status == 0 and not again["changed"] and again["diff"] == "" and again["round_trips"] == 1
+    assert {e["state"] for e in again["edits"]} == {"applied"}
+    assert target.read_bytes() == patched and target.stat().st_mtime_ns == mtime
+    entries = journal(state_dir)
+    assert [e["action"] for e in entries] == ["patch"]
+    e = entries[0]
+    assert e["targets"][0]["before"] == hashlib.sha256(original).hexdigest()
+    assert e["targets"][0]["after"] == hashlib.sha256(patched).hexdigest()
+    backup = Path(e["targets"][0]["backup"])
+    assert backup.read_bytes() == original
+    assert oct(backup.stat().st_mode & 0o777) == oct(0o600 & (target.stat().st_mode | 0o200))
+    assert (state_dir / "journal").stat().st_mode & 0o777 == 0o700
+    assert e["who"]["controller"] and e["edits"] and e["playbook"] == "eagle3-speculators-0.3.0"
+
+    status, out, err = cli("-i", str(inv), "history", "testhost", "--json")
+    assert status == 0 and json.loads(out)["entries"][0]["txid"] == e["txid"]
+
+    status, out, err = cli("-i", str(inv), "rollback", "testhost", "--json")
+    assert status == 0, err
+    assert target.read_bytes() == original
+    assert len(findings(sess)) == len(before)
+    status, out, err = cli("-i", str(inv), "rollback", "testhost", "--json")
+    assert status == 0 and not json.loads(out)["changed"]
+    assert [x["action"] for x in journal(state_dir)] == ["patch", "rollback"]
+    sess.close()
+
+
+# ------------------------------------------------------------------------------ refusals
+@pytest.fixture
+def workhost(sshd, tmp_path, state_dir):
+    """A host with a workdir holding a small package and a playbook factory."""
+    work = tmp_path / "work"
+    (work / "app").mkdir(parents=True)
+    (work / "app" / "__init__.py").write_text("")
+    (work / "app" / "mod.py").write_text(
+        "BLOCK = 16\n\n\ndef f(**kw):\n    return kw\n\n\ndef go():\n    return f(a=1, b=2)\n")
+    (work / "app" / "other.py").write_text("X = 1\nY = 2\n")
+    host = sshd.host(python=sys.executable, workdir=str(work), env={"REMOTE_OPS_STATE_DIR": str(state_dir)})
+    from remote_ops.transport import ConnectOptions, Session
+    sess = Session(host, ConnectOptions()).open()
+
+    def book(body: str, requires: str = "") -> playbook.Playbook:
+        p = tmp_path / "pb.yaml"
+        p.write_text(requires + "patches:\n" + body)
+        return playbook.load(p)
+    yield work, host, sess, book
+    sess.close()
+
+
+def snapshot(work: Path) -> dict:
+    return {str(p): (p.read_bytes(), p.stat().st_mtime_ns) for p in work.rglob("*") if p.is_file()}
+
+
+REFUSALS = [
+    ("syntax", "  - path: app/mod.py\n    edits:\n      - id: broken\n        replace: {old: 'BLOCK = 16', new: 'BLOCK = (16'}\n",
+     "", "does not compile"),
+    ("undefined-name", "  - module: app.mod\n    edits:\n      - id: add-bs\n        call: f\n        add: {block_size: VLLM_BLOCK_SIZE}\n",
+     "", "name 'VLLM_BLOCK_SIZE' is not defined"),
+    ("missing-anchor", "  - module: app.mod\n    edits:\n      - id: ok\n        call: f\n        drop: [b]\n"
+     "      - id: gone\n        replace: {old: 'BLOCK = 32', new: 'BLOCK = 64'}\n", "", "edit 'gone' on "),
+    ("ambiguous-anchor", "  - module: app.other\n    edits:\n      - id: amb\n        replace: {old: ' = ', new: ' == '}\n",
+     "", "ambiguous"),
+    ("version", "  - module: app.mod\n    edits:\n      - id: ok\n        call: f\n        drop: [b]\n",
+     "requires:\n  pytest: '<1'\n", "does not satisfy pytest<1"),
+    ("outside", "  - path: /etc/hostname\n    edits:\n      - id: x\n        replace: {old: a, new: b}\n", "", "outside"),
+]
+
+
+@pytest.mark.parametrize("name,body,requires,message", REFUSALS, ids=[r[0] for r in REFUSALS])
+def test_refusals_leave_host_untouched(workhost, state_dir, name, body, requires, message):
+    work, host, sess, book = workhost
+    before = snapshot(work)
+    pb = book(body, requires)
+    with pytest.raises(RefusedError, match=message):
+        patching.run_host(sess, host, pb)
+    assert snapshot(work) == before
+    assert journal(state_dir) == []
+
+
+def test_unknown_callee_is_a_playbook_error(workhost):
+    work, host, sess, book = workhost
+    from remote_ops.errors import ConfigError
+    pb = book("  - module: app.mod\n    edits:\n      - id: nope\n        call: Nope\n        drop: [b]\n")
+    with pytest.raises(ConfigError, match=r"pb.yaml:4: unknown callee in edit 'nope'"):
+        patching.run_host(sess, host, pb)
+
+
+def test_changed_between_read_and_write(workhost, state_dir):
+    work, host, sess, book = workhost
+    pb = book("  - module: app.mod\n    edits:\n      - id: ok\n        call: f\n        drop: [b]\n")
+    plan = patching.compute(pb, patching.read(sess, pb, host), host.name)
+    target = work / "app" / "mod.py"
+    target.write_text(target.read_text() + "# someone else\n")
+    before = snapshot(work)
+    with pytest.raises(RefusedError, match="changed underneath"):
+        patching.apply(sess, plan, host)
+    assert snapshot(work) == before and journal(state_dir) == []
+
+
+def test_import_check_failure_rolls_back(sshd, fresh_env017, state_dir):
+    """speculators needs packages (pydantic, torch) this host env lacks: the import check fails -> rolled back."""
+    target = site_file(fresh_env017, GEN)
+    original = target.read_bytes()
+    host = sshd.host(python=str(fresh_env017), env={"REMOTE_OPS_STATE_DIR": str(state_dir)})
+    from remote_ops.transport import ConnectOptions, Session
+    with Session(host, ConnectOptions()).open() as sess:
+        with pytest.raises(RefusedError, match=r"importing the patched modules failed: .*No module named .*rolled back"):
+            patching.run_host(sess, host, playbook.load(SHIPPED), import_check=True)
+        assert sess.stats.execs == 2
+    assert target.read_bytes() == original
+    assert [e["action"] for e in journal(state_dir)] == ["patch", "rollback"]
+
+
+def test_import_check_success_symlink_crlf(workhost, state_dir):
+    work, host, sess, book = workhost
+    real = work / "real_mod.py"
+    real.write_bytes(b"def f(**kw):\r\n    return kw\r\n\r\n\r\nVALUE = f(a=1, b=2)\r\n")
+    real.chmod(0o640)
+    (work / "app" / "linked.py").symlink_to(real)
+    pb = book("  - module: app.linked\n    edits:\n      - id: drop-b\n        call: f\n        drop: [b]\n")
+    out = patching.run_host(sess, host, pb, import_check=True)
+    assert out["changed"] and out["import_check"]["error"] is None
+    assert (work / "app" / "linked.py").is_symlink()
+    assert real.read_bytes() == b"def f(**kw):\r\n    return kw\r\n\r\n\r\nVALUE = f(a=1)\r\n"
+    assert real.stat().st_mode & 0o777 == 0o640
+    backup = Path(out["journal"]["targets"][0]["backup"])
+    assert backup.stat().st_mode & 0o777 == 0o600 & (0o640 | 0o200)
+    assert patching.rollback(sess, host)["changed"]
+    assert real.read_bytes().endswith(b"VALUE = f(a=1, b=2)\r\n")
+
+
+def test_rollback_refuses_when_file_changed(workhost, state_dir):
+    work, host, sess, book = workhost
+    pb = book("  - module: app.mod\n    edits:\n      - id: ok\n        call: f\n        drop: [b]\n")
+    original = (work / "app" / "mod.py").read_bytes()
+    patching.run_host(sess, host, pb)
+    (work / "app" / "mod.py").write_text("edited by hand\n")
+    with pytest.raises(RefusedError, match="changed since patch") as info:
+        patching.rollback(sess, host)
+    assert "--force" in info.value.one_line()
+    assert (work / "app" / "mod.py").read_text() == "edited by hand\n"
+    assert patching.rollback(sess, host, force=True)["changed"]
+    assert (work / "app" / "mod.py").read_bytes() == original
