@@ -71,7 +71,9 @@ def explain(f: dict, style: str = "line") -> str:
     where = f"{f['path']}:{f['line']}"
     if style == "line":
         return f"{where}: {f['kind']}: {f['message']}"
-    lines = [f"{where}  {f.get('call') or ''}".rstrip(),
+    call = f.get("call") or ""
+    call = call if len(call) <= 100 else call[:97] + "..."
+    lines = [f"{where}  {call}".rstrip(),
              f"    {f['kind']}: {f['message']}"]
     if f.get("signature"):
         lines.append(f"    remote:  {f['symbol']}{f['signature']}")

@@ -89,3 +89,11 @@ def test_inspect_over_ssh(sshd, inventory_file, env_vllm017, cli):
                                     "required": True, "default": None, "annotation": "str"}
     status, out, err = cli("inspect", "testhost", "vllm.v1.request:Request", "-i", str(inv))
     assert status == 0 and "static" in out and "request_id" in out
+
+
+def test_runtime_without_the_library_importable_is_an_error_not_clean(sshd, inventory_file, env_vllm017, cli):
+    # the test venvs hold vLLM's sources only (no torch, no dependencies): --runtime cannot import it
+    inv = inventory_file(python=str(env_vllm017))
+    status, out, err = cli("check", "testhost", "--runtime", "-i", str(inv))
+    assert status == 7
+    assert "--runtime cannot import vllm" in err

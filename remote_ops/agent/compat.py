@@ -97,6 +97,13 @@ def op_check(args):
     against = list(args.get("against") or DEFAULT_AGAINST)
     static = StaticResolver(sys_path)
     resolver = _resolver(args, static)
+    if resolver is not static:
+        for lib in against:
+            e = resolver.module(lib)
+            if e.kind == "unknown":
+                raise AgentFailure("import-failed", "--runtime cannot import %s on this host: %s" % (lib, e.reason),
+                                   "run the static check (the default), or install %s's dependencies "
+                                   "into the host's environment" % lib)
     # caller modules: the files that will actually run on this host
     targets = []
     if args.get("targets"):

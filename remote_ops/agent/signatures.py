@@ -696,8 +696,8 @@ class StaticResolver:
                     if name in ENUM_ATTRS or (name.startswith("__") and name.endswith("__")):
                         return Ent("value", qual=name)
                     continue        # members are assignments in the class body
-                if c.kind == "unknown":
-                    return unknown("%s: %s" % (cls.qual, c.reason))
+                if c.kind in ("unknown", "missing"):
+                    return unknown("%s: a base cannot be resolved (%s)" % (cls.qual, c.reason))
                 return unknown("%s.%s may come from base %s" % (cls.qual, name, s or c.qual))
             for st in c.node.body:
                 hit = _class_body_binding(st, name)
@@ -860,8 +860,8 @@ class StaticResolver:
                     return self._fields_signature(cls, "model", opts)
                 if s in NAMEDTUPLE_BASES:
                     return self._fields_signature(cls, "namedtuple", opts)
-                if c.kind == "unknown":
-                    return Unknown("%s: %s" % (cls.qual, c.reason))
+                if c.kind in ("unknown", "missing"):
+                    return Unknown("%s: a base cannot be resolved (%s)" % (cls.qual, c.reason))
                 if s.startswith("builtins."):
                     return Unknown("%s derives from the builtin %s" % (cls.qual, s[9:]))
                 return Unknown("%s derives from %s, outside the analysed sources" % (cls.qual, s or c.qual))
