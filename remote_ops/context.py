@@ -127,7 +127,7 @@ class Context:
     def console(self):
         if self._console is None:
             from rich.console import Console
-            self._console = Console(highlight=False, soft_wrap=False)
+            self._console = Console(highlight=False, soft_wrap=True)
         return self._console
 
     @property
