@@ -1,0 +1,183 @@
+"""Faults: concurrent controllers, crashes at every step of a multi-file transaction, a SIGKILLed
+controller, a full disk. The target is always the original or the fully patched bytes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from remote_ops import patching, playbook
+from remote_ops.errors import RefusedError, RemoteOpsError
+from remote_ops.transport import ConnectOptions, Session
+
+REPO = Path(__file__).resolve().parent.parent
+ORIG_A = "def f(**kw):\n    return kw\n\n\nA = f(a=1, b=2)\n"
+ORIG_B = "N = 1\nM = 2\n"
+BOOK = """\
+patches:
+  - path: a.py
+    edits:
+      - id: drop-b
+        call: f
+        drop: [b]
+  - path: b.py
+    edits:
+      - id: n2
+        replace: {old: "N = 1\\n", new: "N = 2\\n"}
+"""
+NEW_A = "def f(**kw):\n    return kw\n\n\nA = f(a=1)\n"
+NEW_B = "N = 2\nM = 2\n"
+
+
+@pytest.fixture
+def two_files(sshd, tmp_path, state_dir):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "a.py").write_text(ORIG_A)
+    (work / "b.py").write_text(ORIG_B)
+    pbp = tmp_path / "two.yaml"
+    pbp.write_text(BOOK)
+
+    def host(**env):
+        return sshd.host(python=sys.executable, workdir=str(work),
+                         env={"REMOTE_OPS_STATE_DIR": str(state_dir), **env})
+    return work, playbook.load(pbp), host, pbp
+
+
+def journal(state: Path) -> list[dict]:
+    p = state / "journal" / "journal.jsonl"
+    return [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p.exists() else []
+
+
+def contents(work):
+    return (work / "a.py").read_text(), (work / "b.py").read_text()
+
+
+@pytest.mark.parametrize("n", [2, 8])
+def test_concurrent_controllers(two_files, state_dir, n):
+    work, pb, host, _ = two_files
+    h = host()
+    barrier = threading.Barrier(n)
+    outcomes, errors = [], []
+
+    def controller():
+        try:
+            with Session(h, ConnectOptions()).open() as sess:
+                raw = patching.read(sess, pb, h)
+                plan = patching.compute(pb, raw, h.name)
+                barrier.wait()          # everyone has read the original before anyone writes
+                outcomes.append(patching.apply(sess, plan, h))
+        except Exception as exc:        # collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=controller) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+    assert contents(work) == (NEW_A, NEW_B)
+    assert sum(1 for o in outcomes if o["changed"]) == 1
+    assert [e["action"] for e in journal(state_dir)] == ["patch"]
+    assert not list(work.glob(".*.tmp"))
+
+
+FAULTS = ["after-intent", "after-rename-0", "after-rename-1", "before-journal", "after-journal"]
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_agent_killed_mid_transaction(two_files, state_dir, fault):
+    work, pb, host, _ = two_files
+    h = host(REMOTE_OPS_FAULT=fault)
+    with Session(h, ConnectOptions()).open() as sess:
+        with pytest.raises(RemoteOpsError):
+            patching.run_host(sess, h, pb)
+    # whatever instant it died at, each file is either original or patched
+    a, b = contents(work)
+    assert a in (ORIG_A, NEW_A) and b in (ORIG_B, NEW_B)
+    # the next run recovers (undoes a half transaction, or finishes a committed one) and completes
+    h2 = host()
+    with Session(h2, ConnectOptions()).open() as sess:
+        out = patching.run_host(sess, h2, pb)
+        assert sess.stats.execs <= 2
+    assert contents(work) == (NEW_A, NEW_B)
+    actions = [e["action"] for e in journal(state_dir)]
+    assert actions.count("patch") == 1
+    assert not list(work.glob(".*.tmp"))
+    assert not list((state_dir / "journal").glob("*/intent.json"))
+    if fault != "after-journal":
+        assert "recovered" in actions and (out["changed"] or out["recovered"])
+
+
+def test_controller_sigkilled_at_random_points(two_files, state_dir, inventory_file, sshd, tmp_path):
+    work, pb, host, pbp = two_files
+    inv = inventory_file(python=sys.executable, workdir=str(work), env={"REMOTE_OPS_STATE_DIR": str(state_dir)})
+    cmd = [sys.executable, "-m", "remote_ops", "-i", str(inv), "patch", "testhost", "--playbook", str(pbp), "--yes"]
+    delays = [0.2, 0.4, 0.55, 0.7, 0.85, 1.0]
+    for d in delays:
+        (work / "a.py").write_text(ORIG_A)
+        (work / "b.py").write_text(ORIG_B)
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(d)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        time.sleep(0.3)   # an orphaned agent may still be finishing; the lock serialises it
+        a, b = contents(work)
+        assert (a, b) in ((ORIG_A, ORIG_B), (NEW_A, NEW_B))
+        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert contents(work) == (NEW_A, NEW_B)
+        # undo for the next round (rollback must find consistent state as well)
+        subprocess.run(cmd[:4] + ["rollback", "testhost"], cwd=REPO, capture_output=True, timeout=60)
+
+
+def test_disk_full_leaves_original(two_files, state_dir, tmp_path):
+    """RLIMIT_FSIZE makes the staging write fail like a full disk; nothing may change."""
+    work, pb, host, _ = two_files
+    big = "# pad\n" * 2000
+    (work / "b.py").write_text(ORIG_B)
+    code = f"""
+import resource, signal, json, base64, hashlib, os, sys
+sys.path.insert(0, {str(REPO)!r})
+os.environ["REMOTE_OPS_STATE_DIR"] = {str(state_dir)!r}
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+from remote_ops.agent import patching
+from remote_ops.agent.protocol import AgentFailure
+target = {str(work / "b.py")!r}
+old = open(target, "rb").read()
+new = old + {big!r}.encode()
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+try:
+    patching.op_apply({{"targets": [{{"real": target, "expected": hashlib.sha256(old).hexdigest(),
+                        "data": base64.b64encode(new).decode()}}]}})
+except AgentFailure as exc:
+    print(exc.kind, exc.message)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.startswith("disk-full could not stage the new files"), out.stdout + out.stderr
+    assert (work / "b.py").read_text() == ORIG_B
+    assert not list(work.glob(".*.tmp")) and journal(state_dir) == []
+    assert list((state_dir / "journal").iterdir()) == []
+
+
+def test_read_only_directory_refused(two_files, state_dir):
+    work, pb, host, _ = two_files
+    if os.geteuid() == 0:
+        pytest.skip("root ignores directory permissions")
+    work.chmod(0o555)
+    try:
+        h = host()
+        with Session(h, ConnectOptions()).open() as sess, pytest.raises(RefusedError, match="cannot write in"):
+            patching.run_host(sess, h, pb)
+        assert contents(work) == (ORIG_A, ORIG_B)
+    finally:
+        work.chmod(0o755)
