@@ -1,0 +1,441 @@
+"""extract / status / logs / stop / verify over a real sshd, with a stand-in job that runs real torch.
+
+The "host" is this machine reached through the test sshd; its python is this venv's (torch + tqdm).
+Each test isolates the host-side state with $REMOTE_OPS_STATE_DIR (set in the inventory's env).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from remote_ops.transport import ConnectOptions, Session
+
+REPO = Path(__file__).resolve().parent.parent
+STANDIN = REPO / "remote_ops" / "sandbox_assets" / "extract_standin.py"
+MARKER = "REMOTE_OPS_JOB_ID"
+
+pytestmark = pytest.mark.timeout(180)
+
+
+# ------------------------------------------------------------------ helpers
+class Env:
+    def __init__(self, tmp_path, sshd, extra_args=(), extract=None, host_env=None, host_vars=None):
+        self.tmp = tmp_path
+        self.state = tmp_path / "state"
+        self.state.mkdir()
+        self.out = tmp_path / "out"
+        self.sshd = sshd
+        env = {"REMOTE_OPS_STATE_DIR": str(self.state)}
+        env.update(host_env or {})
+        entry = sshd.host_entry(sys.executable, env=env, vars={"data": str(tmp_path), **(host_vars or {})})
+        self.inventory = tmp_path / "inventory.yaml"
+        self.inventory.write_text(yaml.safe_dump({"hosts": {"testhost": entry}}))
+        ex = {"command": ["{python}", str(STANDIN), "--output-dir", "{output_dir}",
+                          "--batch-size", "2"] + list(extra_args),
+              "workdir": str(tmp_path), "output_dir": "{vars.data}/out", "stop_grace_seconds": 2}
+        ex.update(extract or {})
+        self.playbook = tmp_path / "pb.yaml"
+        self.playbook.write_text(yaml.safe_dump({"name": "standin", "extract": ex}, sort_keys=False))
+
+    def argv(self, *args):
+        return ["-i", str(self.inventory)] + list(args) + ["--playbook", str(self.playbook)]
+
+    def subprocess(self, *args, **kw):
+        return subprocess.Popen([sys.executable, "-m", "remote_ops"] + self.argv(*args), cwd=REPO,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+    def session(self):
+        from remote_ops import inventory
+        host = inventory.load(str(self.inventory)).hosts["testhost"]
+        return Session(host, ConnectOptions()).open()
+
+    def jobdirs(self):
+        root = self.state / "jobs"
+        return sorted(p for p in root.iterdir() if p.is_dir()) if root.exists() else []
+
+    def job(self):
+        (d,) = self.jobdirs()
+        return d
+
+    def wait_log(self, text, timeout=60):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for d in self.jobdirs():
+                if text in (d / "log").read_text(errors="replace"):
+                    return d
+            time.sleep(0.05)
+        raise AssertionError(f"{text!r} never appeared in the log")
+
+
+def marker_pids(value=None):
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{name}/stat").read_bytes()
+        except OSError:
+            continue
+        if stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] == b"Z":
+            continue
+        for e in env:
+            if e.startswith(MARKER.encode() + b"=") and (value is None or e == f"{MARKER}={value}".encode()):
+                found.append(int(name))
+    return found
+
+
+def cli_json(cli, env: Env, *args):
+    status, out, err = cli(*env.argv(*args, "--json"))
+    return status, json.loads(out) if out.strip() else None, err
+
+
+@pytest.fixture(autouse=True)
+def _no_job_left_behind():
+    before = set(marker_pids())
+    yield
+    for pid in set(marker_pids()) - before:   # a failed test must not leak stubborn workers
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+# ------------------------------------------------------------------ tests
+def test_launch_tail_success_then_status_logs_verify(tmp_path, sshd, cli):
+    env = Env(tmp_path, sshd, ["--max-samples", "10", "--sleep", "0.05"], {"expected_samples": 10})
+    status, out, err = cli(*env.argv("extract", "testhost", "--tail"))
+    assert status == 0, err
+    assert "Generating hidden states" in out and "Saving files" in out
+    assert "succeeded" in out and "10/10 samples" in out
+    # tqdm's \r updates are not dumped as one endless line
+    assert "\r" not in out
+    assert len(list((tmp_path / "out").glob("data_*.pt"))) == 10
+    s, rec, _ = cli_json(cli, env, "status", "testhost")
+    assert s == 0 and rec["job"]["state"] == "succeeded" and rec["job"]["exit_code"] == 0
+    assert rec["job"]["samples"]["done"] == 10 and rec["job"]["elapsed_s"] is not None
+    s, out, _ = cli(*env.argv("logs", "testhost", "-n", "5"))
+    assert s == 0 and "ended: exit code 0" in out
+    s, rec, _ = cli_json(cli, env, "verify", "testhost", "--all")
+    assert s == 0 and rec["ok"] and rec["files"] == 10 and rec["checked"] == 10
+    # private job directory
+    d = env.job()
+    assert (d.stat().st_mode & 0o777) == 0o700
+    assert all((f.stat().st_mode & 0o077) == 0 for f in d.iterdir())
+    assert ((env.state / "jobs").stat().st_mode & 0o777) == 0o700
+
+
+def test_crash_reports_exit_code_and_reason(tmp_path, sshd, cli):
+    env = Env(tmp_path, sshd, ["--max-samples", "10", "--crash-at", "5"])
+    status, out, err = cli(*env.argv("extract", "testhost", "--tail"))
+    assert status == 1
+    assert "failed" in out and "exit code 1" in out
+    assert "RuntimeError: simulated failure while generating sample 5" in out
+    s, rec, _ = cli_json(cli, env, "status", "testhost")
+    assert s == 1 and rec["job"]["state"] == "failed" and rec["job"]["exit_code"] == 1
+    assert "RuntimeError" in rec["job"]["reason"]
+
+
+def test_ctrl_c_detaches_and_kill_mid_tail_reattaches(tmp_path, sshd, cli):
+    env = Env(tmp_path, sshd, ["--max-samples", "24", "--sleep", "0.25"])
+    p = env.subprocess("extract", "testhost", "--tail")
+    env.wait_log("Generating hidden states")
+    time.sleep(0.5)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 130, err
+    assert "still running; reattach with: remote-ops extract testhost --tail" in err
+    # a second follower is SIGKILLed (laptop closed): the job is untouched
+    p = env.subprocess("extract", "testhost", "--tail")
+    time.sleep(1.5)
+    p.kill()
+    p.wait()
+    s, rec, _ = cli_json(cli, env, "status", "testhost")
+    assert rec["job"]["state"] == "running"
+    status, out, err = cli(*env.argv("extract", "testhost", "--tail"))
+    assert status == 0, err
+    assert "attached to running job" in err and "succeeded" in out
+    assert len(env.jobdirs()) == 1
+    assert len(list((tmp_path / "out").glob("data_*.pt"))) == 24
+
+
+def _kill_ssh_connections(sshd):
+    """Drop every live SSH connection: kill sshd's per-connection children (not the listener)."""
+    master = sshd.server.proc.pid
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                stat = Path(f"/proc/{name}/stat").read_bytes()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(b")") + 2:].split()[1]) == master:
+                os.kill(int(name), signal.SIGKILL)
+
+
+def test_dropped_connection_resumes_from_last_byte(tmp_path, sshd):
+    from remote_ops import jobs
+    from remote_ops.playbook import load
+    from remote_ops.tail import Follower
+
+    env = Env(tmp_path, sshd, ["--max-samples", "30", "--sleep", "0.1", "--ticks"])
+    sess = env.session()
+    pb = load(env.playbook)
+    spec = jobs.parse_spec(pb, sess.host)
+    job = jobs.launch(sess, spec)["job"]
+    got, events = [], []
+    holder = {"s": sess}
+
+    def open_session():
+        if holder["s"] is None:
+            holder["s"] = env.session()
+        return holder["s"]
+
+    def drop():
+        s, holder["s"] = holder["s"], None
+        if s:
+            s.close()
+
+    def on_event(kind, payload):
+        events.append(kind)
+        if kind == "log":
+            got.append(payload)
+
+    killer = threading.Timer(1.5, _kill_ssh_connections, args=(sshd,))
+    killer.start()
+    f = Follower(open_session, drop, {"job_id": job["job_id"]}, on_event=on_event, budget=20,
+                 read_timeout=10, sleep=lambda s: time.sleep(min(s, 0.2)))
+    final = f.run()
+    killer.join()
+    assert final["state"] == "succeeded"
+    assert f.reconnects >= 1 and "reconnecting" in events
+    log = (Path(job["log"])).read_bytes().decode()
+    assert "".join(got) == log          # every byte exactly once, nothing lost, nothing repeated
+    assert log.count("tick ") == 15
+    drop()
+
+
+def test_tail_latency_line_written_to_printed(tmp_path, sshd):
+    """Measures the delay from a line written on the host to the follower receiving it."""
+    from remote_ops import jobs
+    from remote_ops.playbook import load
+    from remote_ops.tail import Follower, LineSplitter
+
+    env = Env(tmp_path, sshd, ["--max-samples", "60", "--sleep", "0.1", "--ticks"])
+    sess = env.session()
+    spec = jobs.parse_spec(load(env.playbook), sess.host)
+    job = jobs.launch(sess, spec)["job"]
+    split = LineSplitter()
+    delays = []
+
+    def on_event(kind, payload):
+        if kind == "log":
+            now = time.time()
+            for k, v in split.feed(payload):
+                if k == "line" and v.startswith("tick "):
+                    delays.append(now - float(v.split()[1]))
+
+    f = Follower(lambda: sess, lambda: None, {"job_id": job["job_id"]}, on_event=on_event)
+    assert f.run()["state"] == "succeeded"
+    delays.sort()
+    med, p95, worst = delays[len(delays) // 2], delays[int(len(delays) * 0.95)], delays[-1]
+    print(f"\ntail latency over {len(delays)} lines: median {med * 1000:.1f} ms, "
+          f"p95 {p95 * 1000:.1f} ms, max {worst * 1000:.1f} ms")
+    (tmp_path / "latency.json").write_text(json.dumps({"median": med, "p95": p95, "max": worst}))
+    assert len(delays) == 30 and med < 0.5 and worst < 2.0
+    sess.close()
+
+
+def test_stop_with_stubborn_children_leaves_nothing(tmp_path, sshd, cli):
+    env = Env(tmp_path, sshd, ["--max-samples", "200", "--sleep", "1", "--spawn-workers", "2", "--stubborn"])
+    status, out, err = cli(*env.argv("extract", "testhost"))
+    assert status == 0, err
+    d = env.wait_log("started 2 worker(s)")
+    job_id = d.name
+    time.sleep(0.3)
+    assert len(marker_pids(job_id)) >= 3          # the job and its two workers in their own sessions
+    s, rep, err = cli_json(cli, env, "stop", "testhost", "--grace", "1")
+    assert s == 0, err
+    assert rep["clean"] and rep["remaining"] == []
+    assert len(rep["killed"]) >= 2                # the stubborn workers needed SIGKILL
+    assert marker_pids(job_id) == []
+    assert rep["job"]["state"] == "stopped"
+    s, rec, _ = cli_json(cli, env, "status", "testhost")
+    assert rec["job"]["state"] == "stopped" and s == 1
+
+
+def test_job_exit_cleans_up_leftover_workers(tmp_path, sshd, cli):
+    env = Env(tmp_path, sshd, ["--max-samples", "4", "--spawn-workers", "1", "--stubborn"],
+              {"stop_grace_seconds": 1})
+    status, out, err = cli(*env.argv("extract", "testhost", "--tail"))
+    assert status == 0, err
+    deadline = time.time() + 10
+    while marker_pids(env.job().name) and time.time() < deadline:
+        time.sleep(0.1)
+    assert marker_pids(env.job().name) == []
+    assert json.loads((env.job() / "exit.json").read_text())["cleanup"]
+
+
+def test_lost_job_detected(tmp_path, sshd, cli):
+    env = Env(tmp_path, sshd, ["--max-samples", "200", "--sleep", "0.5"])
+    assert cli(*env.argv("extract", "testhost"))[0] == 0
+    d = env.job()
+    run = json.loads((d / "run.json").read_text())
+    os.kill(run["supervisor_pid"], signal.SIGKILL)      # like an OOM kill or a reboot:
+    os.killpg(run["pgid"], signal.SIGKILL)              # nothing gets to record an exit
+    time.sleep(0.5)
+    s, rec, _ = cli_json(cli, env, "status", "testhost")
+    assert s == 1 and rec["job"]["state"] == "lost"
+    assert "no exit status was recorded" in rec["job"]["reason"]
+    # a lost job does not block a new launch
+    s, rec, err = cli_json(cli, env, "extract", "testhost")
+    assert s == 0 and not rec["attached"] and rec["job"]["job_id"] != d.name
+    cli(*env.argv("stop", "testhost", "--grace", "1"))
+
+
+def test_second_extract_attaches_instead_of_launching(tmp_path, sshd, cli):
+    env = Env(tmp_path, sshd, ["--max-samples", "200", "--sleep", "0.5"])
+    s1, r1, _ = cli_json(cli, env, "extract", "testhost")
+    s2, r2, _ = cli_json(cli, env, "extract", "testhost")
+    assert s1 == s2 == 0
+    assert r1["attached"] is False and r2["attached"] is True
+    assert r1["job"]["job_id"] == r2["job"]["job_id"] and len(env.jobdirs()) == 1
+    status, out, _ = cli(*env.argv("extract", "testhost"))
+    assert "already running, not started again" in out
+    assert cli(*env.argv("stop", "testhost", "--grace", "1"))[0] == 0
+
+
+def test_controller_killed_at_random_points_never_two_jobs(tmp_path, sshd, cli):
+    env = Env(tmp_path, sshd, ["--max-samples", "200", "--sleep", "0.5"])
+    rng = random.Random(7)
+    for _ in range(6):
+        p = env.subprocess("extract", "testhost")
+        time.sleep(rng.uniform(0.05, 1.5))
+        p.kill()
+        p.wait()
+        running = [d for d in env.jobdirs() if (d / "run.json").exists() and not (d / "exit.json").exists()]
+        alive = {d.name for d in running if marker_pids(d.name)}
+        assert len(alive) <= 1
+    s, rec, _ = cli_json(cli, env, "extract", "testhost")
+    assert s == 0
+    live = {d.name for d in env.jobdirs() if marker_pids(d.name)}
+    assert live <= {rec["job"]["job_id"]} and len(live) == 1
+    assert cli(*env.argv("stop", "testhost", "--grace", "1"))[0] == 0
+
+
+def test_secrets_never_visible(tmp_path, sshd, cli, monkeypatch):
+    token = "hf_SeCrEt_" + "%08x" % random.getrandbits(32)
+    monkeypatch.setenv("RO_TEST_TOKEN", token)
+    token_file = tmp_path / "wandb_key"
+    token_file.write_text("wb_" + token + "\n")
+    env = Env(tmp_path, sshd, ["--max-samples", "8", "--sleep", "0.4", "--require-env", "HF_TOKEN",
+                               "--require-env", "WANDB_API_KEY"],
+              {"secrets": {"HF_TOKEN": {"from_env": "RO_TEST_TOKEN"},
+                           "WANDB_API_KEY": {"from_file": str(token_file)}}})
+    s, rec, err = cli_json(cli, env, "extract", "testhost")
+    assert s == 0, err
+    d = env.wait_log("HF_TOKEN is set")
+    assert token not in json.dumps(rec) and token not in err
+    # never on a command line (ps)
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                assert token.encode() not in Path(f"/proc/{name}/cmdline").read_bytes()
+            except OSError:
+                pass
+    assert not (d / "secrets.json").exists()            # deleted before the job started
+    status, out, err = cli(*env.argv("extract", "testhost", "--tail"))
+    assert status == 0
+    assert token not in out and token not in err
+    s, rec, _ = cli_json(cli, env, "status", "testhost")
+    assert token not in json.dumps(rec) and rec["job"]["secret_names"] == ["HF_TOKEN", "WANDB_API_KEY"]
+    for f in [*d.iterdir(), *(env.state / "jobs").iterdir()]:
+        if f.is_file():
+            assert token.encode() not in f.read_bytes(), f
+
+
+def test_missing_secret_refused_before_launch(tmp_path, sshd, cli, monkeypatch):
+    monkeypatch.delenv("RO_MISSING_TOKEN", raising=False)
+    env = Env(tmp_path, sshd, ["--max-samples", "2"], {"secrets": {"HF_TOKEN": {"from_env": "RO_MISSING_TOKEN"}}})
+    status, out, err = cli(*env.argv("extract", "testhost"))
+    assert status == 2 and "RO_MISSING_TOKEN is not set" in err and "pb.yaml:" in err
+    assert env.jobdirs() == []
+
+
+def test_verify_catches_truncated_file_and_gap(tmp_path, sshd, cli):
+    env = Env(tmp_path, sshd, ["--max-samples", "12"], {"expected_samples": 12})
+    assert cli(*env.argv("extract", "testhost", "--tail"))[0] == 0
+    out_dir = tmp_path / "out"
+    with open(out_dir / "data_3.pt", "r+b") as fh:
+        fh.truncate(100)
+    (out_dir / "data_7.pt").unlink()
+    s, rec, _ = cli_json(cli, env, "verify", "testhost", "--all")
+    assert s == 1 and not rec["ok"]
+    assert rec["gaps"] == [7] and [u["index"] for u in rec["unloadable"]] == [3]
+    status, out, _ = cli(*env.argv("verify", "testhost"))   # sampled mode still looks around gaps
+    assert status == 1 and "gaps: 1" in out and "does not load: data_3.pt" in out
+
+
+def test_watchdog_flags_hung_job(tmp_path, sshd, cli):
+    env = Env(tmp_path, sshd, ["--max-samples", "20", "--hang-at", "4"], {"watchdog_seconds": 1})
+    assert cli(*env.argv("extract", "testhost"))[0] == 0
+    env.wait_log("watchdog: no new log output", timeout=30)
+    s, rec, _ = cli_json(cli, env, "status", "testhost")
+    assert rec["job"]["state"] == "running" and rec["job"]["watchdog"]["stalled"]
+    assert any("no progress" in w for w in rec["job"]["warnings"])
+    assert cli(*env.argv("stop", "testhost", "--grace", "1"))[0] == 0
+
+
+def _fake_nvidia_smi(tmp_path, foreign_pid):
+    fix = Path(__file__).parent / "fixtures" / "nvidia-smi"
+    exe = tmp_path / "nvidia-smi"
+    apps = (fix / "query-apps_busy.csv").read_text().replace("429,", f"{foreign_pid},")
+    exe.write_text(f"""#!{sys.executable}
+import sys
+a = " ".join(sys.argv[1:])
+if "--query-gpu=" in a: sys.stdout.write(open({str(fix / 'query-gpu_busy.csv')!r}).read())
+elif "--query-compute-apps=" in a: sys.stdout.write({apps!r})
+""")
+    exe.chmod(0o755)
+    return exe
+
+
+def test_preflight_refuses_busy_gpus_and_too_few(tmp_path, sshd, cli):
+    exe = _fake_nvidia_smi(tmp_path, 4242)
+    env = Env(tmp_path, sshd, ["--max-samples", "2"], {"gpus": {"count": 1}},
+              host_env={"REMOTE_OPS_NVIDIA_SMI": str(exe)})
+    status, out, err = cli(*env.argv("extract", "testhost"))
+    assert status == 8
+    assert "foreign compute process pid 4242 (python3) holds 1386 MiB" in err
+    assert env.jobdirs() == []
+    env2 = Env(tmp_path / "b", sshd, ["--max-samples", "2"], {"gpus": {"count": 8, "free": False}},
+               host_env={"REMOTE_OPS_NVIDIA_SMI": str(exe)}) if (tmp_path / "b").mkdir() is None else None
+    status, out, err = cli(*env2.argv("extract", "testhost"))
+    assert status == 8 and "needs 8 GPU(s), the host has 1" in err
+
+
+def test_preflight_refuses_too_little_disk(tmp_path, sshd, cli):
+    env = Env(tmp_path, sshd, ["--max-samples", "2"], {"expected_samples": 1000,
+                                                       "bytes_per_sample": 10 ** 15})
+    status, out, err = cli(*env.argv("extract", "testhost"))
+    assert status == 8 and "not enough disk" in err
+
+
+def test_extract_schema_errors_name_file_and_line(tmp_path, sshd, cli):
+    env = Env(tmp_path, sshd, extract={"output_dir": "{vars.nope}/out"})
+    status, out, err = cli(*env.argv("extract", "testhost"))
+    assert status == 2 and "pb.yaml:" in err and "{vars.nope}" in err and "known vars: data" in err
+    env2 = Env(tmp_path / "x" if (tmp_path / "x").mkdir() is None else None, sshd,
+               extract={"secrets": {"HF_TOKEN": "hf_plain_value"}})
+    status, out, err = cli(*env2.argv("extract", "testhost"))
+    assert status == 2 and "from_env" in err
