@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,23 @@ def test_bad_playbook_via_cli_exits_2(tmp_path, cli, inventory_file):
     assert status == 2
     assert f"{p}:6: placeholder left" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_emit_playbook_from_real_findings(tmp_path, env_vllm017):
+    """Findings of compat.check on the real sources -> a draft; the missing value is a placeholder."""
+    import subprocess
+    import sys
+    code = ("import json,sys; sys.path.insert(0, %r); from remote_ops.agent import compat; "
+            "print(json.dumps(compat.op_check({})['findings']))" % str(REPO))
+    found = json.loads(subprocess.run([str(env_vllm017), "-c", code], capture_output=True, text=True,
+                                      check=True).stdout)
+    from remote_ops import emit_playbook
+    out = emit_playbook.write(tmp_path / "draft.yaml", found, requires={"vllm": ">=0.17"})
+    text = out.read_text()
+    assert "block_size: VLLM_BLOCK_SIZE" in text and "- eos_token_id" in text
+    with pytest.raises(ConfigError, match=r"draft.yaml:\d+: placeholder left in .*is_encoder_decoder"):
+        playbook.load(out)
+    out.write_text(text.replace("FILL-ME value for is_encoder_decoder", "False"))
+    pb = playbook.load(out)
+    assert sorted(e.callee for e in pb.patches[0].edits) == [
+        "Request", "Scheduler", "SchedulerConfig", "get_kv_cache_config_from_groups"]
