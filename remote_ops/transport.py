@@ -127,7 +127,8 @@ class Session:
         s = self._settings(host, ssh_cfg)
         config = Config(overrides={"load_ssh_configs": False})
         connect_kwargs = {
-            "key_filename": s["identity_files"] or None,
+            # fabric extends a list with this value: None (no identity anywhere) would crash it
+            "key_filename": s["identity_files"] or [],
             "allow_agent": True,
             "look_for_keys": not s["identity_files"],
             "banner_timeout": s["timeout"],
