@@ -82,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         if ctx.parallel < 1:
             from remote_ops.errors import UsageError
             raise UsageError("--parallel must be at least 1")
+        if ctx.connect_timeout is not None and not 0 < ctx.connect_timeout <= 3600:
+            from remote_ops.errors import UsageError
+            raise UsageError(f"--connect-timeout must be a number of seconds in (0, 3600], "
+                             f"got {ctx.connect_timeout:g}")
         return int(args._module.run(args, ctx) or 0)
     except RemoteOpsError as exc:
         _report(exc, debug, json_mode)
