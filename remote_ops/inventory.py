@@ -139,6 +139,14 @@ def _parse_host(doc: YamlDoc, name: str, entry: Any) -> Host:
     port = entry.get("port")
     if port is not None and not 0 < port < 65536:
         raise doc.error(where + ("port",), f"port of host {name!r} must be 1-65535, got {port}")
+    timeout = entry.get("connect_timeout")
+    if timeout is not None and not 0 < timeout <= 3600:   # also refuses .nan and .inf
+        raise doc.error(where + ("connect_timeout",),
+                        f"connect_timeout of host {name!r} must be seconds in (0, 3600], got {timeout}")
+    keepalive = entry.get("keepalive")
+    if keepalive is not None and not 0 <= keepalive <= 86400:
+        raise doc.error(where + ("keepalive",),
+                        f"keepalive of host {name!r} must be 0-86400 seconds (0: off), got {keepalive}")
     proxy = entry.get("proxy_jump")
     proxy_t = None if proxy is None else _str_list(doc, where + ("proxy_jump",), proxy)
     if proxy_t is not None and [p.lower() for p in proxy_t] == ["none"]:
