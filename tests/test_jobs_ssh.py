@@ -439,3 +439,22 @@ def test_extract_schema_errors_name_file_and_line(tmp_path, sshd, cli):
                extract={"secrets": {"HF_TOKEN": "hf_plain_value"}})
     status, out, err = cli(*env2.argv("extract", "testhost"))
     assert status == 2 and "from_env" in err
+
+
+def test_preflight_refuses_when_check_finds_incompatible_calls(tmp_path, sshd, cli, env_vllm017):
+    """speculators 0.3.0 against vLLM 0.17 unpatched: the job would die with a TypeError after
+    loading the model, so extract must refuse before starting it (check batched into preflight)."""
+    env = Env(tmp_path, sshd, ["--max-samples", "2"])
+    data = yaml.safe_load(env.playbook.read_text())
+    data["check"] = {"targets": ["speculators.data_generation.vllm_hidden_states_generator"],
+                     "against": ["vllm"]}
+    env.playbook.write_text(yaml.safe_dump(data, sort_keys=False))
+    inv = yaml.safe_load(env.inventory.read_text())
+    inv["hosts"]["testhost"]["python"] = str(env_vllm017)
+    env.inventory.write_text(yaml.safe_dump(inv))
+    status, out, err = cli(*env.argv("extract", "testhost"))
+    assert status == 8, err
+    assert "check: " in err and "eos_token_id" in err and "run remote-ops check / patch first" in err
+    assert env.jobdirs() == []
+    s, rec, _ = cli_json(cli, env, "extract", "testhost")
+    assert s == 8 and rec["preflight"]["check"]["findings"] >= 1 and rec["started"] is False

@@ -38,14 +38,16 @@ def run(args, ctx) -> int:
     if pf.running:
         job, attached = pf.running, True
     elif pf.problems:
-        if ctx.json:
-            ctx.emit({"host": host.name, "started": False, "preflight": pf.to_json()})
-        else:
-            for p in pf.problems:
-                sys.stderr.write(f"  refused: {p}\n")
-        raise RefusedError(f"preflight refused to start {spec.key}: {pf.problems[-1]}",
-                           f"{len(pf.problems)} problem(s) listed above" if not ctx.json else None,
-                           host=host.name)
+        err = RefusedError(f"preflight refused to start {spec.key}: {pf.problems[-1]}",
+                           f"{len(pf.problems)} problem(s) listed above", host=host.name)
+        if ctx.json:   # one JSON document: the refusal and every problem
+            ctx.emit({"host": host.name, "started": False, "error": err.to_json(),
+                      "preflight": pf.to_json()})
+            sys.stderr.write(f"remote-ops: {err.one_line()}\n")
+            return int(err.exit_status)
+        for p in pf.problems:
+            sys.stderr.write(f"  refused: {p}\n")
+        raise err
     elif args.dry_run:
         ctx.emit({"host": host.name, "started": False, "dry_run": True, "spec": spec.to_json(),
                   "preflight": pf.to_json()},
