@@ -24,6 +24,14 @@ VLLM_NEW = ("vllm", "0.17.0")
 VLLM_PINNED = ("vllm", "0.11.0")
 
 
+@pytest.fixture(autouse=True)
+def _keep_the_checkout_clean(tmp_path, monkeypatch):
+    """No test may read or rewrite the repository's own inventory or sandbox: the default
+    inventory and sandbox dir point into the test's tmp dir (tests pass -i explicitly)."""
+    monkeypatch.setenv("REMOTE_OPS_INVENTORY", str(tmp_path / "default-inventory.yaml"))
+    monkeypatch.setenv("REMOTE_OPS_SANDBOX_DIR", str(tmp_path / "default-sandbox"))
+
+
 class SshdFixture:
     """A running sshd plus helpers to describe it as an inventory host."""
 
