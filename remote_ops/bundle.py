@@ -18,13 +18,13 @@ AGENT_PACKAGE = "_remote_ops_agent"
 # Runs on the host: reads "<n>\n" + n bytes of zlib(JSON {module: source}) from stdin, installs
 # an importer for them, then hands the rest of stdin to the protocol.
 _BOOT = r"""
-import sys,json,zlib,importlib.abc,importlib.util
+import sys,json,zlib,importlib.util
 if sys.path and sys.path[0]=="":del sys.path[0]
 r=sys.stdin.buffer
 n=int(r.readline())
 S=json.loads(zlib.decompress(r.read(n)).decode())
 P=%(pkg)r
-class L(importlib.abc.MetaPathFinder,importlib.abc.Loader):
+class L:
     def find_spec(self,name,path=None,target=None):
         k=name+".__init__" if name+".__init__" in S else name
         if k in S:
