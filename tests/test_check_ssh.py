@@ -97,3 +97,31 @@ def test_runtime_without_the_library_importable_is_an_error_not_clean(sshd, inve
     status, out, err = cli("check", "testhost", "--runtime", "-i", str(inv))
     assert status == 7
     assert "--runtime cannot import vllm" in err
+
+
+def test_emit_playbook_draft_needs_a_person_then_patches_clean(sshd, inventory_file, fresh_env017, cli, tmp_path):
+    """check --emit-playbook: mechanical fixes (drop keywords, block_size=VLLM_BLOCK_SIZE from the module
+    constant), a placeholder where no constant exists; the loader refuses the draft until it is filled."""
+    import yaml
+
+    inv = inventory_file(python=str(fresh_env017))
+    draft = tmp_path / "draft.yaml"
+    status, out, err = cli("check", "testhost", "--emit-playbook", str(draft), "-i", str(inv))
+    assert status == 1 and draft.exists(), err
+    doc = yaml.safe_load(draft.read_text())
+    edits = {e["call"]: e for p in doc["patches"] for e in p["edits"]}
+    assert edits["Request"]["drop"] == ["eos_token_id"]
+    assert edits["get_kv_cache_config_from_groups"]["drop"] == ["kv_cache_specs"]
+    assert edits["Scheduler"]["add"] == {"block_size": "VLLM_BLOCK_SIZE"}
+    assert "FILL-ME" in edits["SchedulerConfig"]["add"]["is_encoder_decoder"]
+    assert doc["requires"] == {"speculators": "==0.3.0", "vllm": "==0.17.0"}
+
+    status, out, err = cli("patch", "testhost", "--playbook", str(draft), "--dry-run", "-i", str(inv))
+    assert status == 2 and "placeholder" in err and f"{draft}:" in err
+
+    draft.write_text(draft.read_text().replace("FILL-ME value for is_encoder_decoder", "'False'"))
+    status, out, err = cli("patch", "testhost", "--playbook", str(draft), "--yes", "-i", str(inv))
+    assert status == 0, err
+    status, out, err = cli("check", "testhost", "--json", "-i", str(inv))
+    assert status == 0, err
+    assert json.loads(out)["findings"] == []
