@@ -237,43 +237,71 @@ def _ws_code(ws) -> str:
 
 
 def apply_call_edit(text: str, edit: CallEdit, path: str) -> tuple[str, EditResult]:
+    new_text, (result,) = apply_call_edits(text, [edit], path)
+    return new_text, result
+
+
+def apply_call_edits(text: str, edits: list[CallEdit], path: str) -> tuple[str, list[EditResult]]:
+    """Apply several call edits with ONE parse, one position pass and one rewrite.
+
+    Edits that touch different calls are independent, so one pass gives the same text as applying
+    them one after the other; when two edits match the same call, they run one after the other.
+    """
     import libcst as cst
     from libcst.metadata import MetadataWrapper, PositionProvider
 
     try:
         module = cst.parse_module(text)
     except cst.ParserSyntaxError as exc:
-        raise EditError(edit.id, path, f"the file does not parse: {exc.message}", exc.raw_line) from None
+        raise EditError(edits[0].id, path, f"the file does not parse: {exc.message}", exc.raw_line) from None
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    positions = wrapper.resolve(PositionProvider)
-    matches: list = []
+    matches: dict[int, list] = {i: [] for i in range(len(edits))}
 
     class Finder(cst.CSTVisitor):
         def visit_Call(self, node):
-            if _matches(edit.callee, _dotted(node.func)):
-                matches.append(node)
+            dotted = _dotted(node.func)
+            for i, edit in enumerate(edits):
+                if _matches(edit.callee, dotted):
+                    matches[i].append(node)
 
     wrapper.module.visit(Finder())
-    if not matches:
-        raise UnknownCallee(edit.id, path, f"no call to {edit.callee!r} found")
-    lines = [positions[m].start.line for m in matches]
-    if edit.expect is not None and len(matches) != edit.expect:
-        raise EditError(edit.id, path, f"expected {edit.expect} call(s) to {edit.callee!r}, found "
-                        f"{len(matches)} (lines {', '.join(map(str, lines))}); set 'expect' in the playbook")
+    seen: set[int] = set()
+    for i in range(len(edits)):
+        ids = {id(m) for m in matches[i]}
+        if len(edits) > 1 and ids & seen:
+            # two edits on the same call: the second must see the first one's result
+            current, results = text, []
+            for edit in edits:
+                current, (res,) = apply_call_edits(current, [edit], path)
+                results.append(res)
+            return current, results
+        seen |= ids
+    positions = wrapper.resolve(PositionProvider)
     code_of = wrapper.module.code_for_node
-    pending = {id(m) for m, ln in zip(matches, lines) if _call_state(edit, m, code_of, path, ln)}
-    result = EditResult(edit.id, "pending" if pending else "applied", lines, edit.introduced_names())
+    pending: dict[int, list[CallEdit]] = {}
+    results = []
+    for i, edit in enumerate(edits):
+        found = matches[i]
+        if not found:
+            raise UnknownCallee(edit.id, path, f"no call to {edit.callee!r} found")
+        lines = [positions[m].start.line for m in found]
+        if edit.expect is not None and len(found) != edit.expect:
+            raise EditError(edit.id, path, f"expected {edit.expect} call(s) to {edit.callee!r}, found "
+                            f"{len(found)} (lines {', '.join(map(str, lines))}); set 'expect' in the playbook")
+        todo = [m for m, ln in zip(found, lines) if _call_state(edit, m, code_of, path, ln)]
+        for m in todo:
+            pending.setdefault(id(m), []).append(edit)
+        results.append(EditResult(edit.id, "pending" if todo else "applied", lines, edit.introduced_names()))
     if not pending:
-        return text, result
+        return text, results
 
     class Rewriter(cst.CSTTransformer):
         def leave_Call(self, original, updated):
-            if id(original) in pending:
-                return _rewrite_call(edit, updated)
+            for edit in pending.get(id(original), ()):
+                updated = _rewrite_call(edit, updated)
             return updated
 
-    new_module = wrapper.module.visit(Rewriter())
-    return new_module.code, result
+    return wrapper.module.visit(Rewriter()).code, results
 
 
 # ------------------------------------------------------------------------------ text edits
@@ -360,11 +388,18 @@ class FileResult:
 def apply_edits(text: str, edits: list[Any], path: str) -> FileResult:
     """Apply the edits in order; raises ``EditError`` on the first one that cannot apply."""
     current = text
-    results = []
-    for edit in edits:
-        if isinstance(edit, CallEdit):
-            current, res = apply_call_edit(current, edit, path)
+    results: list[EditResult] = []
+    i = 0
+    while i < len(edits):
+        if isinstance(edits[i], CallEdit):
+            j = i
+            while j < len(edits) and isinstance(edits[j], CallEdit):
+                j += 1
+            current, res = apply_call_edits(current, list(edits[i:j]), path)
+            results.extend(res)
+            i = j
         else:
-            current, res = apply_text_edit(current, edit, path)
-        results.append(res)
+            current, one = apply_text_edit(current, edits[i], path)
+            results.append(one)
+            i += 1
     return FileResult(path, text, current, results)
