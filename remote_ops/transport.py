@@ -196,6 +196,11 @@ class Session:
         except (ConnectionError, OSError) as exc:
             raise UnreachableError(f"cannot reach {where}: {exc.strerror or exc}",
                                    "check the address and the network path", host=self.label) from None
+        except EOFError:
+            # paramiko raises a bare EOFError when the peer drops the link mid-handshake
+            raise UnreachableError(f"connection to {where} lost during the SSH handshake",
+                                   "rerun the command; check the network path if it keeps happening",
+                                   host=self.label) from None
         except paramiko.SSHException as exc:
             msg = str(exc)
             t = conn.client.get_transport()
@@ -263,6 +268,8 @@ class Session:
     def _exec_lines(self, ops: list[dict], env: dict | None, timeout: float | None,
                     stop_on_error: bool) -> Iterator[dict]:
         """Run one agent request on one exec channel; yields every parsed output line."""
+        import paramiko
+
         payload = bundle.encode_request(ops, {**self.host.env, **(env or {})}, stop_on_error)
         chan = self._open_channel(timeout)
         self.stats.execs += 1
@@ -297,11 +304,15 @@ class Session:
             status = chan.recv_exit_status()
             while chan.recv_stderr_ready():
                 stderr_chunks.append(chan.recv_stderr(65536))
-        except OSError as exc:
-            raise UnreachableError(f"connection lost during {'+'.join(o['op'] for o in ops)}: {exc}",
-                                   host=self.label) from None
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            # the link died mid-call (paramiko: OSError, EOFError or "Channel closed.")
+            raise UnreachableError(f"connection lost during {'+'.join(o['op'] for o in ops)}: "
+                                   f"{exc or type(exc).__name__}", host=self.label) from None
         finally:
-            chan.close()
+            try:
+                chan.close()
+            except (OSError, EOFError, paramiko.SSHException):
+                pass   # the link is already gone: the error that matters was raised above
         if buf.strip():
             try:
                 yield json.loads(buf)
