@@ -37,7 +37,9 @@ class RemoteOpsError(Exception):
     def one_line(self) -> str:
         where = f"{self.host}: " if self.host else ""
         hint = f" ({self.hint})" if self.hint else ""
-        return f"{where}{self.message}{hint}"
+        line = f"{where}{self.message}{hint}"
+        # a user value holding a line break (host name, path, payload) must not split the line
+        return line.replace("\r", "\\r").replace("\n", "\\n")
 
     def to_json(self) -> dict:
         return {"error": type(self).__name__, "message": self.message, "hint": self.hint,
