@@ -136,6 +136,9 @@ def _parse_host(doc: YamlDoc, name: str, entry: Any) -> Host:
                 raise doc.error(where + (key, k), f"env name {k!r} of host {name!r} is not a valid variable name")
             if key == "env" and isinstance(v, (dict, list)):
                 raise doc.error(where + (key, k), f"env value {k!r} of host {name!r} must be a scalar")
+            if key == "env" and isinstance(v, str) and "\x00" in v:
+                raise doc.error(where + (key, k), f"env value {k!r} of host {name!r} holds a NUL character",
+                                "an environment variable cannot carry one")
     port = entry.get("port")
     if port is not None and not 0 < port < 65536:
         raise doc.error(where + ("port",), f"port of host {name!r} must be 1-65535, got {port}")
@@ -185,8 +188,10 @@ def parse(doc: YamlDoc) -> Inventory:
         raise doc.error(("hosts",), f"'hosts' must be a mapping of name -> settings, got {type_name(hosts_raw)}")
     hosts = {}
     for name, entry in hosts_raw.items():
-        if not isinstance(name, str) or not name or "," in name:
-            raise doc.error(("hosts", name), f"invalid host name {name!r}")
+        if not isinstance(name, str) or not name or "," in name or name != name.strip() or \
+                any(ord(c) < 32 or ord(c) == 127 for c in name):
+            raise doc.error(("hosts", name), f"invalid host name {name!r}",
+                            "no commas, control characters or surrounding spaces: it is typed on the command line")
         hosts[name] = _parse_host(doc, name, entry)
     groups_raw = data.get("groups") or {}
     if not isinstance(groups_raw, dict):
