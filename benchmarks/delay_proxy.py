@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import ipaddress
 import json
+import os
 import socket
 import sys
 import threading
@@ -194,8 +195,9 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"connections": proxy.connections}), flush=True)
         elif cmd[0] == "quit":
             break
-    proxy.stop()
-    return 0
+    # open connections die with the process; nothing to drain
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,698 @@
+"""The benchmark: remote-ops vs Ansible vs a person typing ssh, vs the floor, at 0/20/100 ms RTT.
+
+    python benchmarks/run.py [--quick] [--rtts 0,20,100] [--reps N] [--out benchmarks/RESULTS.md]
+
+Everything runs side by side in one run, on the same hosts: real OpenSSH sshd instances on
+127.0.0.1, 127.0.0.2, ... (remote_ops.sshd.SshdServer, fresh keys), each with its own venv holding the
+real speculators 0.3.0 (copied, so it can be patched; reset to the pristine wheel contents before
+every patching run) and vLLM 0.17.0 sources from PyPI (remote_ops.pkgsource.make_env). Every client
+(remote-ops, ansible-playbook, ssh) connects through benchmarks/delay_proxy.py, a separate process
+that delays each direction by RTT/2 (and the TCP handshake by one RTT); the inventories and
+known_hosts files name the proxy's address:port, with strict host-key checking everywhere.
+
+How round trips are counted:
+  remote-ops  Session.stats of the CLI process (REMOTE_OPS_STATS_FILE): exec channels + SFTP requests,
+              after the connection is open.
+  ansible     `-vvv` output: every "SSH: EXEC" line is one ssh/sftp/scp process on the shared
+              ControlMaster connection, i.e. one exec channel (an sftp/scp transfer is counted as one,
+              so this undercounts Ansible's SFTP requests).
+  manual      one ssh process per step, each a new connection plus one exec.
+  floor       one new ssh connection (ControlMaster) running `cat FILE`, then one more exec on it
+              writing the patched bytes (`cat > tmp && mv tmp FILE`): the least any tool can do.
+Figures are medians over --reps runs (wall-clock seconds of the whole client process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "benchmarks"
+sys.path.insert(0, str(REPO))
+
+from remote_ops import pkgsource  # noqa: E402
+from remote_ops.sshd import SshdServer  # noqa: E402
+
+SPECULATORS = ("speculators", "0.3.0")
+VLLM = ("vllm", "0.17.0")
+PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
+TARGET_REL = "speculators/data_generation/vllm_hidden_states_generator.py"
+ANSIBLE_VENV = BENCH / ".venv-ansible"
+CLI = str(Path(sys.executable).parent / "remote-ops")
+
+
+def log(msg: str) -> None:
+    sys.stderr.write(f"[bench {time.strftime('%H:%M:%S')}] {msg}\n")
+    sys.stderr.flush()
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    k = (len(xs) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+# ------------------------------------------------------------------------------------------ hosts
+@dataclass
+class BenchHost:
+    name: str
+    address: str
+    root: Path
+    server: SshdServer
+    python: Path
+    site: Path
+    proxy_port: int = 0
+
+    @property
+    def target(self) -> Path:
+        return self.site / TARGET_REL
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "host-state"
+
+    @property
+    def workdir(self) -> Path:
+        return self.root / "workdir"
+
+    def reset(self) -> None:
+        """speculators back to the wheel's bytes; journal, backups and jobs gone."""
+        src = pkgsource.unpacked(*SPECULATORS) / "speculators"
+        shutil.rmtree(self.site / "speculators", ignore_errors=True)
+        shutil.copytree(src, self.site / "speculators")
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+        self.state_dir.mkdir(mode=0o700)
+        for bak in self.target.parent.glob(self.target.name + ".*"):
+            bak.unlink()   # ansible's and the manual sequence's backups
+
+
+class Lab:
+    """sshd hosts, their envs, the delay proxy, inventories for every tool."""
+
+    def __init__(self, n_hosts: int, root: Path):
+        self.root = root
+        self.hosts: list[BenchHost] = []
+        self.proxy: subprocess.Popen | None = None
+        self.n = n_hosts
+        self.rtt = 0.0
+
+    def addresses(self) -> list[str]:
+        """127.0.0.1..127.0.0.n when they bind here (Linux routes all of 127/8 to lo), else 127.0.0.1."""
+        out = []
+        for i in range(self.n):
+            a = f"127.0.0.{i + 1}"
+            try:
+                with socket.socket() as s:
+                    s.bind((a, 0))
+            except OSError:
+                a = "127.0.0.1"
+            out.append(a)
+        return out
+
+    def start(self) -> None:
+        log(f"starting {self.n} sshd hosts and their envs under {self.root}")
+        for i, addr in enumerate(self.addresses()):
+            hroot = self.root / f"h{i + 1:02d}"
+            hroot.mkdir(parents=True)
+            server = SshdServer(hroot / "sshd", address=addr).start()
+            py = pkgsource.make_env(hroot / "venv", [SPECULATORS, VLLM])
+            site = pkgsource.site_packages(py)
+            h = BenchHost(f"h{i + 1:02d}", addr, hroot, server, py, site)
+            h.workdir.mkdir()
+            shutil.copy2(REPO / "remote_ops" / "sandbox_assets" / "extract_standin.py", h.workdir)
+            h.reset()
+            self.hosts.append(h)
+        routes = [f"{h.address}:{h.server.port}@{h.address}:0" for h in self.hosts]
+        self.proxy = subprocess.Popen([sys.executable, str(BENCH / "delay_proxy.py"), "--rtt-ms", "0", *routes],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        ready = json.loads(self.proxy.stdout.readline())
+        for h, (addr, port) in zip(self.hosts, ready["listen"]):
+            assert addr == h.address
+            h.proxy_port = port
+        # known_hosts naming the proxy's address:port (the sshd's real host key behind it)
+        lines = []
+        for h in self.hosts:
+            kt, key = (h.server.host_key.with_suffix(".pub").read_text().split()[:2])
+            lines.append(f"[{h.address}]:{h.proxy_port} {kt} {key}")
+        self.known_hosts = self.root / "known_hosts"
+        self.known_hosts.write_text("\n".join(lines) + "\n")
+        self.write_inventory()
+
+    def set_rtt(self, ms: float) -> None:
+        self.proxy.stdin.write(f"rtt {ms}\n")
+        self.proxy.stdin.flush()
+        assert self.proxy.stdout.readline().strip() == "ok"
+        self.rtt = ms
+
+    def write_inventory(self) -> None:
+        import yaml
+
+        self.playbook = write_bench_playbook(self.root)
+        hosts = {}
+        for h in self.hosts:
+            hosts[h.name] = {
+                "hostname": h.address, "port": h.proxy_port, "user": h.server.user,
+                "identity_file": str(h.server.identity_file), "known_hosts": str(self.known_hosts),
+                "python": str(h.python), "workdir": str(h.workdir), "playbook": str(self.playbook),
+                "env": {"REMOTE_OPS_STATE_DIR": str(h.state_dir)},
+                "vars": {"extract_script": str(h.workdir / "extract_standin.py"),
+                         "output_dir": str(h.workdir / "hidden_states"), "max_samples": 400,
+                         "target_model": "tiny-standin", "gpus": 0},
+            }
+        groups = {f"fleet{k}": [h.name for h in self.hosts[:k]] for k in (1, 4, 16) if k <= len(self.hosts)}
+        self.inventory = self.root / "inventory.yaml"
+        self.inventory.write_text(yaml.safe_dump({"default": "h01", "hosts": hosts, "groups": groups},
+                                                 sort_keys=False))
+        # the same hosts straight to sshd (no proxy): to show the proxy's own overhead
+        direct = {n: dict(e, port=h.server.port, known_hosts=str(h.server.known_hosts))
+                  for (n, e), h in zip(hosts.items(), self.hosts)}
+        self.inventory_direct = self.root / "inventory-direct.yaml"
+        self.inventory_direct.write_text(yaml.safe_dump({"default": "h01", "hosts": direct}, sort_keys=False))
+
+    def stop(self) -> None:
+        if self.proxy is not None:
+            try:
+                self.proxy.stdin.write("quit\n")
+                self.proxy.stdin.flush()
+                self.proxy.wait(5)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proxy.kill()
+        for h in self.hosts:
+            h.server.stop()
+
+
+def write_bench_playbook(root: Path) -> Path:
+    """The shipped playbook, plus an extract section when it has none (for the extract launch case)."""
+    import yaml
+
+    text = PLAYBOOK.read_text()
+    data = yaml.safe_load(text)
+    if "extract" not in data:
+        text += textwrap.dedent("""
+            extract:
+              command: ["{python}", "{vars.extract_script}", "--output-dir", "{output_dir}",
+                        "--max-samples", "{vars.max_samples}", "--sleep", "0.05", "--ticks"]
+              output_dir: "{vars.output_dir}"
+              expected_samples: 400
+              gpus: {count: 0, free: false}
+            """)
+    p = root / PLAYBOOK.name
+    p.write_text(text)
+    return p
+
+
+# ------------------------------------------------------------------------------------------ runners
+@dataclass
+class Sample:
+    wall: float
+    execs: int | None = None      # round trips after the connection is open
+    connects: int | None = None
+    ok: bool = True
+    note: str = ""
+    stderr: str = ""
+
+
+def run_proc(cmd, *, env=None, stdin=None, timeout=600) -> tuple[float, subprocess.CompletedProcess]:
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, input=stdin, capture_output=True, env=env, timeout=timeout)
+    return time.perf_counter() - t0, proc
+
+
+class Bench:
+    def __init__(self, lab: Lab, reps: int):
+        self.lab = lab
+        self.reps = reps
+        self.slow_reps = max(1, reps - 1)   # ansible, manual, fleet: the slow rows
+        self.rows: dict[tuple[str, float], list[Sample]] = {}
+        self.extra: dict = {}
+        self.stats_file = lab.root / "stats.jsonl"
+        self.have = {name: (REPO / "remote_ops" / "commands" / f"{name}.py").exists()
+                     for name in ("check", "patch", "extract", "stop", "status", "logs")}
+
+    def record(self, name: str, s: Sample) -> None:
+        self.rows.setdefault((name, self.lab.rtt), []).append(s)
+
+    # -------------------------------------------------------------- remote-ops
+    def ro(self, *args, inventory=None, check_ok=True, ok_status=(0,)) -> Sample:
+        self.stats_file.unlink(missing_ok=True)
+        env = dict(os.environ, REMOTE_OPS_STATS_FILE=str(self.stats_file), NO_COLOR="1")
+        cmd = [CLI, "-i", str(inventory or self.lab.inventory), *args]
+        wall, proc = run_proc(cmd, env=env)
+        execs = connects = None
+        if self.stats_file.exists():
+            lines = self.stats_file.read_text().splitlines()
+            if lines:
+                st = json.loads(lines[-1])
+                execs = sum(v["execs"] + v["sftp_requests"] for v in st.values())
+                connects = sum(v["connects"] for v in st.values())
+        ok = proc.returncode in ok_status
+        if not ok and check_ok:
+            log(f"remote-ops {' '.join(args)} exited {proc.returncode}: "
+                f"{proc.stderr.decode(errors='replace').strip()[-400:]}")
+        return Sample(wall, execs, connects, ok, note=proc.stdout.decode(errors="replace"),
+                      stderr=proc.stderr.decode(errors="replace"))
+
+    def case_facts(self) -> None:
+        for _ in range(self.reps):
+            self.record("remote-ops facts", self.ro("facts", "h01", "--json"))
+
+    def case_check(self) -> None:
+        if not self.have["check"]:
+            return
+        for _ in range(self.reps):
+            # exit 1 = findings (speculators 0.3.0 vs vLLM 0.17 has some): a valid answer
+            s = self.ro("check", "h01", "--json", ok_status=(0, 1))
+            self.record("remote-ops check (static)", s)
+        for _ in range(self.reps):
+            s = self.ro("check", "h01", "--runtime", "--json", ok_status=(0, 1), check_ok=False)
+            if not s.ok:   # vllm does not import without torch/CUDA and its dependencies
+                self.extra["runtime_note"] = s.stderr.strip().splitlines()[-1] if s.stderr.strip() else "failed"
+                break
+            self.record("remote-ops check --runtime", s)
+
+    def case_patch(self, inventory=None, label="") -> None:
+        h = self.lab.hosts[0]
+        for _ in range(self.reps):
+            h.reset()
+            self.record(f"remote-ops patch{label} (first run)", self.ro("patch", "h01", "--yes", "--json",
+                                                                         inventory=inventory))
+            self.record(f"remote-ops patch{label} (no-op rerun)", self.ro("patch", "h01", "--yes", "--json",
+                                                                           inventory=inventory))
+        h.reset()
+
+    def case_extract(self) -> None:
+        if not self.have["extract"]:
+            return
+        h = self.lab.hosts[0]
+        for _ in range(self.reps):
+            h.reset()
+            self.ro("patch", "h01", "--yes", "--json")   # preflight refuses an unpatched host
+            s = self.ro("extract", "h01", "--json", check_ok=True)
+            self.record("remote-ops extract launch", s)
+            self.ro("stop", "h01", "--json", check_ok=False)
+        h.reset()
+
+    def case_fleet(self) -> None:
+        for k in (1, 4, 16):
+            if k > len(self.lab.hosts):
+                continue
+            for _ in range(self.slow_reps):
+                s = self.ro("facts", f"fleet{k}", "--json")
+                self.record(f"fleet: remote-ops facts on {k} host{'s' if k > 1 else ''}", s)
+            for _ in range(self.slow_reps):
+                for h in self.lab.hosts[:k]:
+                    h.reset()
+                s = self.ro("patch", f"fleet{k}", "--yes", "--json")
+                self.record(f"fleet: remote-ops patch on {k} host{'s' if k > 1 else ''}", s)
+        for h in self.lab.hosts:
+            h.reset()
+
+    # -------------------------------------------------------------- ssh (manual and floor)
+    def ssh_base(self, h: BenchHost, direct=False) -> list[str]:
+        port = h.server.port if direct else h.proxy_port
+        known = h.server.known_hosts if direct else self.lab.known_hosts
+        return ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                "-o", f"UserKnownHostsFile={known}", "-o", "GlobalKnownHostsFile=/dev/null",
+                "-o", "IdentitiesOnly=yes", "-i", str(h.server.identity_file), "-p", str(port),
+                "-o", "LogLevel=ERROR", f"{h.server.user}@{h.address}"]
+
+    def manual_steps(self, h: BenchHost) -> list[tuple[str, str, bytes | None]]:
+        py = shlex.quote(str(h.python))
+        vsrc = pkgsource.unpacked(*VLLM) / "vllm"
+        t = shlex.quote(str(h.target))
+        patch_script = self.extra["patch_script"].replace("@TARGET@", str(h.target)).encode()
+        steps = [("versions", f"{py} -c \"import importlib.metadata as m; "
+                              f"print(m.version('vllm'), m.version('speculators'))\"", None)]
+        for f, pat in (("v1/request.py", "class Request"), ("v1/core/kv_cache_utils.py",
+                                                            "def get_kv_cache_config_from_groups"),
+                       ("v1/core/sched/scheduler.py", "class Scheduler"), ("config/scheduler.py",
+                                                                          "class SchedulerConfig")):
+            steps.append((f"signature {pat.split()[-1]}",
+                          f"grep -n -A40 {shlex.quote(pat)} {shlex.quote(str(vsrc / f))}", None))
+        steps.append(("grep call sites", f"grep -n -E 'eos_token_id|kv_cache_specs|Scheduler\\(|"
+                                          f"SchedulerConfig\\(|execute_model' {t}", None))
+        steps.append(("backup", f"cp -p {t} {t}.orig", None))
+        steps.append(("python patch one-liner", f"{py} -", patch_script))
+        steps.append(("py_compile", f"{py} -m py_compile {t}", None))
+        return steps
+
+    def case_manual(self) -> None:
+        h = self.lab.hosts[0]
+        for _ in range(self.slow_reps):
+            h.reset()
+            t0 = time.perf_counter()
+            n = 0
+            ok = True
+            for what, cmd, stdin in self.manual_steps(h):
+                _, proc = run_proc(self.ssh_base(h) + [cmd], stdin=stdin)
+                n += 1
+                if proc.returncode != 0:
+                    ok = False
+                    log(f"manual step {what} failed: {proc.stderr.decode(errors='replace').strip()[-300:]}")
+            wall = time.perf_counter() - t0
+            ok = ok and h.target.read_bytes() == self.extra["patched"]
+            self.record("manual: one ssh per step", Sample(wall, n, n, ok))
+        h.reset()
+
+    def floor_once(self, h: BenchHost, direct=False) -> Sample:
+        h.reset()
+        sock = self.lab.root / f"cm-{h.name}-{os.getpid()}"
+        base = self.ssh_base(h, direct)
+        t = shlex.quote(str(h.target))
+        cm = ["-o", f"ControlPath={sock}"]
+        t0 = time.perf_counter()
+        _, p1 = run_proc(base[:1] + ["-o", "ControlMaster=yes", "-o", "ControlPersist=30"] + cm + base[1:]
+                         + [f"cat {t}"])
+        _, p2 = run_proc(base[:1] + cm + base[1:] + [f"cat > {t}.tmp && mv {t}.tmp {t}"],
+                         stdin=self.extra["patched"])
+        wall = time.perf_counter() - t0
+        subprocess.run(base[:1] + cm + ["-O", "exit"] + base[1:], capture_output=True)
+        ok = p1.returncode == 0 and p2.returncode == 0 and p1.stdout == self.extra["pristine"] \
+            and h.target.read_bytes() == self.extra["patched"]
+        h.reset()
+        return Sample(wall, 2, 1, ok)
+
+    def case_floor(self) -> None:
+        for _ in range(self.reps):
+            self.record("floor: new ssh connection + 2 execs", self.floor_once(self.lab.hosts[0]))
+
+    # -------------------------------------------------------------- ansible
+    def ansible_env(self, pipelining: bool, cpdir: Path) -> dict:
+        return dict(os.environ, ANSIBLE_PIPELINING="True" if pipelining else "False",
+                    ANSIBLE_SSH_CONTROL_PATH_DIR=str(cpdir), ANSIBLE_NOCOLOR="1",
+                    ANSIBLE_LOCAL_TEMP=str(self.lab.root / "ansible-local"),
+                    ANSIBLE_CONFIG=str(self.lab.root / "ansible.cfg"), ANSIBLE_RETRY_FILES_ENABLED="False",
+                    ANSIBLE_PYTHON_INTERPRETER="auto_silent", ANSIBLE_HOME=str(self.lab.root / "ansible-home"))
+
+    def case_ansible(self) -> None:
+        ap = ANSIBLE_VENV / "bin" / "ansible-playbook"
+        if not ap.exists():
+            return
+        h = self.lab.hosts[0]
+        for pipelining in (False, True):
+            label = "ansible-playbook, pipelining on" if pipelining else "ansible-playbook, default settings"
+            for i in range(self.slow_reps):
+                h.reset()
+                cpdir = Path(tempfile.mkdtemp(prefix="acp", dir="/tmp"))
+                cmd = [str(ap), "-i", str(self.lab.root / "ansible-inventory.ini"),
+                       str(self.lab.root / "ansible-patch.yml"), "-vvv"]
+                wall, proc = run_proc(cmd, env=self.ansible_env(pipelining, cpdir))
+                for sock in cpdir.iterdir():
+                    subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "x"], capture_output=True)
+                shutil.rmtree(cpdir, ignore_errors=True)
+                out = proc.stdout.decode(errors="replace")
+                execs = len(re.findall(r"SSH: EXEC ", out))
+                ok = proc.returncode == 0 and h.target.read_bytes() == self.extra["patched"]
+                if not ok:
+                    log(f"{label} failed (rc {proc.returncode}): {out[-1500:]} {proc.stderr.decode()[-500:]}")
+                self.record(label, Sample(wall, execs, 1, ok))
+        h.reset()
+
+    def write_ansible(self) -> None:
+        h = self.lab.hosts[0]
+        (self.lab.root / "ansible.cfg").write_text("[defaults]\n")
+        (self.lab.root / "ansible-inventory.ini").write_text(
+            f"{h.name} ansible_host={h.address} ansible_port={h.proxy_port} ansible_user={h.server.user} "
+            f"ansible_ssh_private_key_file={h.server.identity_file} ansible_python_interpreter={h.python} "
+            f"ansible_ssh_common_args='-o UserKnownHostsFile={self.lab.known_hosts} "
+            f"-o GlobalKnownHostsFile=/dev/null -o StrictHostKeyChecking=yes -o IdentitiesOnly=yes'\n")
+        tasks = []
+        for i, (old, new) in enumerate(self.extra["hunks"]):
+            tasks.append({
+                "name": f"speculators 0.3.0 edit {i + 1}",
+                "ansible.builtin.replace": {
+                    "path": str(h.target),
+                    "regexp": "(?m)^" + re.escape(old),
+                    "replace": new.replace("\\", "\\\\"),
+                    "backup": True,
+                    "validate": f"{h.python} -m py_compile %s",
+                },
+            })
+        import yaml
+        play = [{"name": "patch speculators 0.3.0 for vLLM 0.17 (same edits as the remote-ops playbook)",
+                 "hosts": "all", "gather_facts": False, "tasks": tasks}]
+        (self.lab.root / "ansible-patch.yml").write_text(yaml.safe_dump(play, sort_keys=False, width=1000))
+
+    # -------------------------------------------------------------- patched bytes, hunks
+    def learn_patch(self) -> None:
+        """Patch h01 once with remote-ops and take the result as what every tool must produce."""
+        h = self.lab.hosts[0]
+        h.reset()
+        pristine = h.target.read_bytes()
+        s = self.ro("patch", "h01", "--yes", "--json")
+        patched = h.target.read_bytes()
+        if not s.ok or patched == pristine:
+            raise SystemExit("remote-ops patch did not change the target; cannot build the other tools' edits")
+        h.reset()
+        self.extra["pristine"], self.extra["patched"] = pristine, patched
+        a, b = pristine.decode().splitlines(keepends=True), patched.decode().splitlines(keepends=True)
+        hunks = []
+        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+            if tag == "equal":
+                continue
+            old, new = "".join(a[i1:i2]), "".join(b[j1:j2])
+            if not old:   # pure insertion: anchor on the line before
+                old, new = a[i1 - 1], a[i1 - 1] + new
+            hunks.append((old, new))
+        self.extra["hunks"] = hunks
+        body = "".join(f"s = s.replace({o!r}, {n!r}, 1)\n" for o, n in hunks)
+        self.extra["patch_script"] = f"p = '@TARGET@'\ns = open(p).read()\n{body}open(p, 'w').write(s)\n"
+
+    # -------------------------------------------------------------- tail latency
+    def case_tail(self, seconds: float) -> None:
+        """A job prints 'tick <unix time>' lines; `remote-ops logs --follow` prints them here."""
+        if not (self.have["extract"] and self.have["logs"]):
+            return
+        h = self.lab.hosts[0]
+        h.reset()
+        self.ro("patch", "h01", "--yes", "--json")
+        launched = self.ro("extract", "h01", "--json")
+        if not launched.ok:
+            return
+        env = dict(os.environ, NO_COLOR="1")
+        proc = subprocess.Popen([CLI, "-i", str(self.lab.inventory), "logs", "h01", "--follow"],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        lat = []
+        deadline = time.time() + seconds
+
+        def reader():
+            for line in proc.stdout:
+                m = re.search(rb"tick (\d+\.\d+)", line)
+                if m:
+                    lat.append(time.time() - float(m.group(1)))
+        th = threading.Thread(target=reader, daemon=True)
+        th.start()
+        while time.time() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        self.ro("stop", "h01", "--json", check_ok=False)
+        lat = lat[2:]   # the first lines are history from before the follow started
+        if lat:
+            self.extra.setdefault("tail", {})[self.lab.rtt] = (pct(lat, 0.5), pct(lat, 0.95), len(lat))
+        h.reset()
+
+    # -------------------------------------------------------------- cold start
+    def case_cold_start(self) -> None:
+        walls = []
+        for _ in range(max(5, self.reps)):
+            wall, proc = run_proc([CLI, "--help"])
+            walls.append(wall)
+        self.extra["cold_start"] = walls
+
+
+# ------------------------------------------------------------------------------------------ report
+def fmt_s(x):
+    return "-" if x is None or x != x else f"{x:.3f}"
+
+
+def build_report(b: Bench, rtts: list[float], argv: list[str], started: float) -> str:
+    names = []
+    for (name, _), _ in b.rows.items():
+        if name not in names:
+            names.append(name)
+    lines = [f"# remote-ops benchmark", "",
+             f"Command: `{' '.join(['python', 'benchmarks/run.py', *argv])}`  ",
+             f"Host: {platform.node()}, {os.cpu_count()} CPUs, {platform.platform()}, Python "
+             f"{platform.python_version()}; OpenSSH {ssh_version()}; "
+             f"{ansible_version()}; runs per cell: {b.reps} (ansible, manual, fleet: {b.slow_reps}), median; run took {time.time() - started:.0f}s.",
+             "", "Wall time in seconds (median) and round trips after the connection is open "
+             "(remote-ops: exec channels + SFTP requests from Session.stats; ansible: `SSH: EXEC` lines of -vvv; "
+             "manual: ssh processes, each a new connection).", ""]
+    head = "| case | " + " | ".join(f"{r:g} ms: s" for r in rtts) + " | round trips | ok |"
+    lines += [head, "|" + "---|" * (len(rtts) + 3)]
+    for name in names:
+        cells, trips, ok = [], set(), True
+        for r in rtts:
+            ss = b.rows.get((name, r), [])
+            cells.append(fmt_s(median([s.wall for s in ss])) if ss else "-")
+            trips |= {s.execs for s in ss}
+            ok = ok and all(s.ok for s in ss)
+        trip = ", ".join(str(t) for t in sorted(x for x in trips if x is not None)) or "?"
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {trip} | {'yes' if ok else 'NO'} |")
+    lines.append("")
+    if "proxy" in b.extra:
+        d, p = b.extra["proxy"]
+        lines.append(f"Proxy overhead at 0 ms (floor case, median): direct to sshd {d:.3f}s, "
+                     f"through the proxy {p:.3f}s ({(p - d) * 1000:+.1f} ms).")
+    if "tail" in b.extra:
+        for r, (p50, p95, n) in sorted(b.extra["tail"].items()):
+            lines.append(f"--tail latency at {r:g} ms RTT: p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms "
+                         f"over {n} lines (target p95 <= {r + 50:.0f} ms).")
+    if "runtime_note" in b.extra:
+        lines.append(f"`check --runtime` is not in the table: vllm is not importable on these hosts "
+                     f"(sources only, no torch/CUDA): {b.extra['runtime_note']}")
+    if "cold_start" in b.extra:
+        w = b.extra["cold_start"]
+        lines.append(f"Cold start `remote-ops --help`: median {median(w):.3f}s, min {min(w):.3f}s over {len(w)} runs.")
+    lines += ["", "## Targets", ""] + targets(b, rtts)
+    return "\n".join(lines) + "\n"
+
+
+def cell(b: Bench, name: str, rtt: float):
+    ss = b.rows.get((name, rtt))
+    return median([s.wall for s in ss]) if ss else None
+
+
+def trips(b: Bench, name: str):
+    return sorted({s.execs for (n, _), ss in b.rows.items() if n == name for s in ss if s.execs is not None})
+
+
+def targets(b: Bench, rtts: list[float]) -> list[str]:
+    out = []
+    hi = max(rtts)
+
+    def mark(ok):
+        return "met" if ok else "MISSED"
+    t = trips(b, "remote-ops patch (first run)")
+    if t:
+        out.append(f"- patch round trips after connect <= 3: {t} -> {mark(max(t) <= 3)}")
+    t2 = trips(b, "remote-ops patch (no-op rerun)")
+    if t and t2:
+        out.append(f"- no-op rerun round trips <= first run: {t2} vs {t} -> {mark(max(t2) <= min(t))}")
+    p, f = cell(b, "remote-ops patch (first run)", hi), cell(b, "floor: new ssh connection + 2 execs", hi)
+    if p and f:
+        out.append(f"- patch at {hi:g} ms <= 1.3x floor: {p:.3f}s / {f:.3f}s = {p / f:.2f}x -> {mark(p / f <= 1.3)}")
+    for name, want in (("ansible-playbook, default settings", 6.0), ("ansible-playbook, pipelining on", 2.8)):
+        a = cell(b, name, hi)
+        if p and a:
+            out.append(f"- patch at {hi:g} ms >= {want:g}x faster than {name}: {a:.3f}s / {p:.3f}s = "
+                       f"{a / p:.2f}x -> {mark(a / p >= want)}")
+    for r in rtts:
+        one, many = cell(b, "fleet: remote-ops patch on 1 host", r), cell(b, "fleet: remote-ops patch on 16 hosts", r)
+        if one and many:
+            out.append(f"- 16 hosts <= 1.5x one host at {r:g} ms: {many:.3f}s / {one:.3f}s = {many / one:.2f}x "
+                       f"-> {mark(many / one <= 1.5)}")
+    for r, (p50, p95, n) in sorted(b.extra.get("tail", {}).items()):
+        out.append(f"- --tail p95 <= RTT + 50 ms at {r:g} ms: {p95 * 1000:.0f} ms -> {mark(p95 * 1000 <= r + 50)}")
+    if "cold_start" in b.extra:
+        m = median(b.extra["cold_start"])
+        out.append(f"- remote-ops --help < 0.3 s: {m:.3f}s -> {mark(m < 0.3)}")
+    return out
+
+
+def ssh_version() -> str:
+    p = subprocess.run(["ssh", "-V"], capture_output=True, text=True)
+    return (p.stderr or p.stdout).strip().split(",")[0]
+
+
+def ansible_version() -> str:
+    ap = ANSIBLE_VENV / "bin" / "ansible-playbook"
+    if not ap.exists():
+        return "ansible-core not installed"
+    p = subprocess.run([str(ap), "--version"], capture_output=True, text=True)
+    return p.stdout.splitlines()[0].replace("ansible-playbook [core ", "ansible-core ").rstrip("]")
+
+
+def ensure_ansible() -> None:
+    ap = ANSIBLE_VENV / "bin" / "ansible-playbook"
+    if ap.exists():
+        return
+    log("installing ansible-core from PyPI into benchmarks/.venv-ansible")
+    subprocess.run([pkgsource.base_python(), "-m", "venv", str(ANSIBLE_VENV)], check=True)
+    p = subprocess.run([str(ANSIBLE_VENV / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
+                        "ansible-core"], capture_output=True, text=True)
+    if p.returncode != 0:
+        log("ansible-core could not be installed; its rows are left out: " + p.stderr.strip()[-300:])
+        shutil.rmtree(ANSIBLE_VENV, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer hosts, RTTs and repetitions (< 2 minutes)")
+    ap.add_argument("--rtts", default=None, help="comma list of round-trip delays in ms (default 0,20,100)")
+    ap.add_argument("--reps", type=int, default=None, help="runs per cell (default 3, --quick 1)")
+    ap.add_argument("--hosts", type=int, default=None, help="sshd hosts for the fleet case (default 16, --quick 4)")
+    ap.add_argument("--out", default=str(BENCH / "RESULTS.md"))
+    a = ap.parse_args(argv)
+    rtts = [float(x) for x in (a.rtts or ("100" if a.quick else "0,20,100")).split(",")]
+    reps = a.reps or (1 if a.quick else 3)
+    n_hosts = a.hosts or (4 if a.quick else 16)
+    started = time.time()
+    ensure_ansible()
+    root = Path(tempfile.mkdtemp(prefix="ro-bench-", dir="/tmp"))
+    lab = Lab(n_hosts, root)
+    try:
+        lab.start()
+        b = Bench(lab, reps)
+        b.learn_patch()
+        b.write_ansible()
+        b.case_cold_start()
+        # proxy overhead: floor straight to sshd vs through the proxy at 0 ms
+        lab.set_rtt(0)
+        direct = [b.floor_once(lab.hosts[0], direct=True).wall for _ in range(max(3, reps))]
+        proxied = [b.floor_once(lab.hosts[0]).wall for _ in range(max(3, reps))]
+        b.extra["proxy"] = (median(direct), median(proxied))
+        for rtt in rtts:
+            lab.set_rtt(rtt)
+            log(f"RTT {rtt:g} ms")
+            b.case_floor()
+            b.case_facts()
+            b.case_check()
+            b.case_patch()
+            b.case_extract()
+            b.case_manual()
+            b.case_ansible()
+            b.case_fleet()
+            b.case_tail(4 if a.quick else 8)
+        report = build_report(b, rtts, argv, started)
+    finally:
+        lab.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    sys.stdout.write(report)
+    Path(a.out).write_text(report)
+    log(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
