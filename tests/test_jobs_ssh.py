@@ -148,7 +148,7 @@ def test_crash_reports_exit_code_and_reason(tmp_path, sshd, cli):
 
 
 def test_ctrl_c_detaches_and_kill_mid_tail_reattaches(tmp_path, sshd, cli):
-    env = Env(tmp_path, sshd, ["--max-samples", "24", "--sleep", "0.25"])
+    env = Env(tmp_path, sshd, ["--max-samples", "40", "--sleep", "0.3"])
     p = env.subprocess("extract", "testhost", "--tail")
     env.wait_log("Generating hidden states")
     time.sleep(0.5)
@@ -167,7 +167,7 @@ def test_ctrl_c_detaches_and_kill_mid_tail_reattaches(tmp_path, sshd, cli):
     assert status == 0, err
     assert "attached to running job" in err and "succeeded" in out
     assert len(env.jobdirs()) == 1
-    assert len(list((tmp_path / "out").glob("data_*.pt"))) == 24
+    assert len(list((tmp_path / "out").glob("data_*.pt"))) == 40
 
 
 def _kill_ssh_connections(sshd):
@@ -389,8 +389,13 @@ def test_verify_catches_truncated_file_and_gap(tmp_path, sshd, cli):
 def test_watchdog_flags_hung_job(tmp_path, sshd, cli):
     env = Env(tmp_path, sshd, ["--max-samples", "20", "--hang-at", "4"], {"watchdog_seconds": 1})
     assert cli(*env.argv("extract", "testhost"))[0] == 0
-    env.wait_log("watchdog: no new log output", timeout=30)
-    s, rec, _ = cli_json(cli, env, "status", "testhost")
+    env.wait_log("Generating hidden states", timeout=30)   # past the (slow) torch import
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        s, rec, _ = cli_json(cli, env, "status", "testhost")
+        if (rec["job"]["watchdog"] or {}).get("stalled"):
+            break
+        time.sleep(0.3)
     assert rec["job"]["state"] == "running" and rec["job"]["watchdog"]["stalled"]
     assert any("no progress" in w for w in rec["job"]["warnings"])
     assert cli(*env.argv("stop", "testhost", "--grace", "1"))[0] == 0
@@ -458,3 +463,52 @@ def test_preflight_refuses_when_check_finds_incompatible_calls(tmp_path, sshd, c
     assert env.jobdirs() == []
     s, rec, _ = cli_json(cli, env, "extract", "testhost")
     assert s == 8 and rec["preflight"]["check"]["findings"] >= 1 and rec["started"] is False
+
+
+def test_stop_finds_workers_without_marker_and_reports_gpu_holders(tmp_path, sshd, cli):
+    """Workers in new sessions whose environment lost the marker (setproctitle overwrites it) are
+    still found (process tree recorded by the supervisor, matched with the GPU list); a foreign
+    GPU process is reported, never killed."""
+    exe = tmp_path / "nvidia-smi"
+    foreign = subprocess.Popen(["sleep", "60"])
+    exe.write_text(f"""#!{sys.executable}
+import os, sys
+a = " ".join(sys.argv[1:])
+if "--query-gpu=" in a:
+    print("0, GPU-aaaa, NVIDIA H200, 2000, 143771, 50, 40, 300.0")
+elif "--query-compute-apps=" in a:
+    for pid in os.listdir("/proc"):
+        try:
+            cmd = open("/proc/" + pid + "/cmdline", "rb").read()
+        except OSError:
+            continue
+        if b"extract_standin.py\\0--worker" in cmd:
+            print(pid + ", VLLM::Worker_TP0, 1000, GPU-aaaa")
+    print("{foreign.pid}, python3, 1386, GPU-aaaa")
+""")
+    exe.chmod(0o755)
+    env = Env(tmp_path, sshd, ["--max-samples", "200", "--sleep", "1", "--spawn-workers", "2",
+                               "--stubborn", "--clean-env"],
+              {"gpus": {"count": 1, "free": False}}, host_env={"REMOTE_OPS_NVIDIA_SMI": str(exe)})
+    try:
+        assert cli(*env.argv("extract", "testhost"))[0] == 0
+        d = env.wait_log("started 2 worker(s)")
+        workers = [int(x) for x in (d / "log").read_text().split("started 2 worker(s): ")[1].split("\n")[0].split(", ")]
+        deadline = time.time() + 10
+        while time.time() < deadline and not (d / "pids.json").exists():
+            time.sleep(0.1)
+        time.sleep(1.5)
+        assert not any(w in marker_pids() for w in workers)   # invisible to the marker scan
+        s, rep, err = cli_json(cli, env, "stop", "testhost", "--grace", "1")
+        assert s == 0, err
+        assert {w for w in workers} <= {p["pid"] for p in rep["killed"]}
+        assert all(not Path(f"/proc/{w}").exists() or b"Z" in Path(f"/proc/{w}/stat").read_bytes().split(b")")[1][:3]
+                   for w in workers)
+        holders = {h["pid"]: h for h in rep["gpu_holders"]}
+        assert set(holders) == {foreign.pid} and holders[foreign.pid]["job"] is False
+        assert foreign.poll() is None                     # not ours: reported, left alone
+        status, out, _ = cli(*env.argv("stop", "testhost"))
+        assert "not of this job" in out
+    finally:
+        foreign.kill()
+        foreign.wait()

@@ -535,9 +535,13 @@ def _proc_info(pid):
 
 
 def _job_pids(job_id, pgid, exclude):
+    """Every live process of the job: marker in its environment, in its process group, or a
+    descendant recorded by the supervisor (pid + start time, so a reused pid is never hit)."""
     pids = set(sup.marker_pids(job_id, exclude))
     if pgid:
         pids |= set(sup.group_pids(pgid, exclude))
+    known = sup.read_json(os.path.join(_jobdir(job_id), "pids.json"), {}) or {}
+    pids |= set(sup.known_alive({int(k): v for k, v in known.items()})) - set(exclude)
     return sorted(pids)
 
 

@@ -121,6 +121,47 @@ def group_pids(pgid, exclude=()):
     return found
 
 
+def process_table():
+    """{pid: (ppid, start_ticks)} of every live, non-zombie process."""
+    table = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as fh:
+                stat = fh.read()
+            fields = stat[stat.rindex(b")") + 2:].split()
+        except (OSError, ValueError):
+            continue
+        if fields and fields[0] != b"Z":
+            table[int(name)] = (int(fields[1]), int(fields[19]))
+    return table
+
+
+def track_descendants(root_pid, known):
+    """Adds to ``known`` ({pid: start_ticks}) every live descendant of ``root_pid`` or of a known
+    process: workers re-parented later (to init) stay known even if they rename themselves and
+    their environment is overwritten (setproctitle), so the GPU list can be matched against them."""
+    table = process_table()
+    changed = False
+    grew = True
+    while grew:
+        grew = False
+        for pid, (ppid, ticks) in table.items():
+            if pid in known:
+                continue
+            parent = table.get(ppid)
+            if ppid == root_pid or (ppid in known and parent and known[ppid] == parent[1]):
+                known[pid] = ticks
+                grew = changed = True
+    return changed
+
+
+def known_alive(known):
+    """The pids of ``known`` ({pid: start_ticks}) still alive and not reused."""
+    return [pid for pid, ticks in known.items() if proc_start_ticks(pid) == ticks]
+
+
 def kill_all(pids, pgid, sig):
     if pgid:
         try:
@@ -231,10 +272,17 @@ class Supervisor:
             return size, (count_samples(output_dir) if output_dir else None)
 
         last, last_change, stalled = progress(), started, False
+        known = {self.proc.pid: proc_start_ticks(self.proc.pid)}
+        poll = min(poll, 1.0)
         while True:
             try:
                 return self.proc.wait(timeout=poll)
             except subprocess.TimeoutExpired:
+                pass
+            try:
+                if track_descendants(self.proc.pid, known):
+                    write_json(self.path("pids.json"), {str(k): v for k, v in known.items()})
+            except OSError:
                 pass
             if not limit:
                 continue
@@ -257,7 +305,12 @@ class Supervisor:
     def _cleanup(self, log_fd):
         """Nothing of the job may outlive it: TERM, grace, KILL whatever still carries the marker."""
         me = {os.getpid()}
-        left = sorted(set(marker_pids(self.job_id, me)) | set(group_pids(self.pgid, me)))
+        known = {int(k): v for k, v in (read_json(self.path("pids.json"), {}) or {}).items()}
+
+        def leftovers():
+            return sorted(set(marker_pids(self.job_id, me)) | set(group_pids(self.pgid, me))
+                          | (set(known_alive(known)) - me))
+        left = leftovers()
         if not left:
             return []
         log_line(log_fd, "stopping %d leftover process(es) of the job: %s" % (
@@ -267,7 +320,7 @@ class Supervisor:
         first = left
         while now() < deadline:
             time.sleep(0.1)
-            left = sorted(set(marker_pids(self.job_id, me)) | set(group_pids(self.pgid, me)))
+            left = leftovers()
             if not left:
                 break
         if left:

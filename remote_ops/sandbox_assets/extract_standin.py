@@ -34,6 +34,9 @@ def parse_args(argv=None):
     p.add_argument("--hang-at", type=int, default=None, help="stop making progress at sample N")
     p.add_argument("--spawn-workers", type=int, default=0, help="start K worker processes")
     p.add_argument("--stubborn", action="store_true", help="workers ignore SIGTERM, own sessions")
+    p.add_argument("--clean-env", action="store_true",
+                   help="workers start with an empty environment (like a worker whose environ was "
+                        "overwritten by setproctitle): only the process tree and GPU list find them")
     p.add_argument("--require-env", action="append", default=[],
                    help="fail unless this variable is set (prints only its length)")
     p.add_argument("--ticks", action="store_true",
@@ -50,12 +53,13 @@ def worker_main(stubborn):
         time.sleep(1)
 
 
-def spawn_workers(k, stubborn):
+def spawn_workers(k, stubborn, clean_env=False):
     procs = []
     for _ in range(k):
         cmd = [sys.executable, os.path.abspath(__file__), "--worker"] + (["--stubborn"] if stubborn else [])
         # New sessions, like vLLM's engine core and TP workers: not in the job's process group.
-        procs.append(subprocess.Popen(cmd, start_new_session=stubborn, stdin=subprocess.DEVNULL))
+        procs.append(subprocess.Popen(cmd, start_new_session=stubborn, stdin=subprocess.DEVNULL,
+                                      env={} if clean_env else None))
     print("started %d worker(s): %s" % (k, ", ".join(str(p.pid) for p in procs)), flush=True)
     return procs
 
@@ -96,7 +100,7 @@ def main(argv=None):
     print("Loaded target model %s: %d layers, hidden size %d, capturing layers %s"
           % (args.target_model_path, n_layers, args.hidden_size, layers), flush=True)
 
-    workers = spawn_workers(args.spawn_workers, args.stubborn) if args.spawn_workers else []
+    workers = spawn_workers(args.spawn_workers, args.stubborn, args.clean_env) if args.spawn_workers else []
 
     os.makedirs(args.output_dir, exist_ok=True)
     start = highest_index(args.output_dir) + 1
