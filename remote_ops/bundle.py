@@ -31,6 +31,8 @@ class L:
             return importlib.util.spec_from_loader(name,self,is_package=k.endswith(".__init__"))
     def create_module(self,spec):
         return None
+    def get_source(self,name):
+        return S.get(name+".__init__",S.get(name))
     def exec_module(self,m):
         k=m.__name__+".__init__" if m.__name__+".__init__" in S else m.__name__
         m.__file__="<remote-ops agent>/"+k.replace(".","/")+".py"

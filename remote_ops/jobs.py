@@ -47,6 +47,7 @@ class SecretRef:
     source: str        # "env" | "file"
     ref: str
     line: int | None = None
+    optional: bool = False
 
 
 @dataclass
@@ -155,8 +156,21 @@ def parse_spec(playbook, host) -> ExtractSpec:
     if not command or not command[0]:
         raise err_at(("command",))("command is empty")
 
+    def templated_number(keys, v):
+        """A number written as a template ("{vars.gpus}") is filled in, then read as a number."""
+        if isinstance(v, str) and _TEMPLATE.search(v):
+            filled = _fill(v, ctx, err_at(keys)).strip()
+            try:
+                return int(filled)
+            except ValueError:
+                try:
+                    return float(filled)
+                except ValueError:
+                    raise err_at(keys)(f"{v} gives {filled!r}, which is not a number") from None
+        return v
+
     def number(key, kind, minimum):
-        v = raw.get(key)
+        v = templated_number((key,), raw.get(key))
         if v is None:
             return None
         if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)) \
@@ -185,19 +199,21 @@ def parse_spec(playbook, host) -> ExtractSpec:
             raise err_at(keys)(f"{k!r} is not a valid environment variable name")
         if k in env:
             raise err_at(keys)(f"{k} is both in env and in secrets; keep it in secrets only")
-        if not isinstance(v, dict) or len(v) != 1 or next(iter(v)) not in ("from_env", "from_file") \
-                or not isinstance(next(iter(v.values())), str):
-            raise err_at(keys)(f"secret {k} must be {{from_env: NAME}} or {{from_file: PATH}}",
-                               "secret values never go into a playbook")
-        (src, ref), = v.items()
-        secrets.append(SecretRef(k, src[5:], ref, playbook.line("extract", "secrets", k)))
+        optional = v.get("optional", False) if isinstance(v, dict) else False
+        source = {kk: vv for kk, vv in v.items() if kk != "optional"} if isinstance(v, dict) else v
+        if not isinstance(source, dict) or len(source) != 1 or next(iter(source)) not in ("from_env", "from_file") \
+                or not isinstance(next(iter(source.values())), str) or not isinstance(optional, bool):
+            raise err_at(keys)(f"secret {k} must be {{from_env: NAME}} or {{from_file: PATH}} "
+                               "(plus optional: true|false)", "secret values never go into a playbook")
+        (src, ref), = source.items()
+        secrets.append(SecretRef(k, src[5:], ref, playbook.line("extract", "secrets", k), optional))
 
     gpus = raw.get("gpus") or {}
-    if isinstance(gpus, int) and not isinstance(gpus, bool):
+    if isinstance(gpus, (int, str)) and not isinstance(gpus, bool):
         gpus = {"count": gpus}
     if not isinstance(gpus, dict) or set(gpus) - {"count", "free"}:
         raise err_at(("gpus",))("gpus must be a mapping {count: N, free: true|false}")
-    count = gpus.get("count", 0)
+    count = templated_number(("gpus", "count"), gpus.get("count", 0))
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise err_at(("gpus", "count"))(f"gpus.count must be a whole number >= 0, got {count!r}")
     free = gpus.get("free", True)
@@ -217,6 +233,9 @@ def resolve_secrets(spec: ExtractSpec) -> dict[str, str]:
     """Secret values from the local environment or local files (never logged, never on argv)."""
     out = {}
     for s in spec.secrets:
+        if s.optional and ((s.source == "env" and not os.environ.get(s.ref)) or
+                           (s.source == "file" and not Path(os.path.expanduser(s.ref)).exists())):
+            continue  # optional and not provided here: the job runs without it
         if s.source == "env":
             value = os.environ.get(s.ref)
             if not value:
