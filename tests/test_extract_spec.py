@@ -1,0 +1,53 @@
+"""The shipped playbook's extract section: host vars fill templates, numbers included; optional secrets."""
+
+from __future__ import annotations
+
+import pytest
+
+from remote_ops import jobs, playbook
+from remote_ops.errors import ConfigError
+from remote_ops.inventory import Host
+from tests.conftest import REPO
+
+SHIPPED = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
+
+
+def test_defaults_for_a_real_gpu_host():
+    pb = playbook.load(str(SHIPPED))
+    host = Host(name="gpu-host", hostname="gpu01", python="/opt/venvs/eagle3/bin/python", workdir="/data/eagle3")
+    spec = jobs.parse_spec(pb, host)
+    assert spec.command[:2] == ["/opt/venvs/eagle3/bin/python", "02_extract_hidden_states.py"]
+    assert spec.command[spec.command.index("--output-dir") + 1] == "/data/eagle3/hidden_states"
+    assert spec.gpu_count == 8 and spec.gpus_free is True
+    assert spec.expected_samples == 5000 and spec.workdir == "/data/eagle3"
+
+
+def test_host_vars_override_playbook_vars_including_numbers():
+    pb = playbook.load(str(SHIPPED))
+    host = Host(name="sandbox", hostname="127.0.0.1", python="/venv/bin/python", workdir="/w",
+                vars={"extract_script": "/w/standin.py", "gpus": 0, "max_samples": 24, "output_dir": "/out"})
+    spec = jobs.parse_spec(pb, host)
+    assert spec.command[1] == "/w/standin.py"
+    assert spec.command[spec.command.index("--max-samples") + 1] == "24"
+    assert spec.gpu_count == 0 and spec.expected_samples == 24 and spec.output_dir == "/out"
+
+
+def test_a_template_that_is_not_a_number_names_the_line(tmp_path):
+    text = SHIPPED.read_text()
+    p = tmp_path / "pb.yaml"
+    p.write_text(text)
+    pb = playbook.load(str(p))
+    host = Host(name="h", hostname="h", vars={"gpus": "eight"})
+    with pytest.raises(ConfigError) as err:
+        jobs.parse_spec(pb, host)
+    assert "not a number" in err.value.one_line() and f"{p}:" in err.value.one_line()
+
+
+def test_optional_secret_is_skipped_when_absent_and_sent_when_present(monkeypatch):
+    pb = playbook.load(str(SHIPPED))
+    spec = jobs.parse_spec(pb, Host(name="h", hostname="h"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    assert jobs.resolve_secrets(spec) == {}
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_value")
+    assert jobs.resolve_secrets(spec) == {"HF_TOKEN": "hf_secret_value"}
+    assert "hf_secret_value" not in str(spec.to_json())
