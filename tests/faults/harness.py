@@ -114,6 +114,7 @@ class Outcome:
     journal_problems: list = field(default_factory=list)
     job_copies: int | None = None
     stderr: str = ""
+    rerun_output: str = ""
     seconds: float = 0.0
 
     @property
@@ -154,7 +155,8 @@ class Rig:
         self.counts: collections.Counter = collections.Counter()
         self.outcomes: list[Outcome] = []
         self.calib: dict = {}
-        self.uses_cli = (REPO / "remote_ops" / "commands" / "patch.py").exists()
+        self.uses_cli = (REPO / "remote_ops" / "commands" / "patch.py").exists() and \
+            os.environ.get("REMOTE_OPS_FAULTS_DRIVER") != "1"
 
     def close(self) -> None:
         self.kill_jobs()
@@ -227,6 +229,28 @@ class Rig:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
+
+    def overlapping_jobs(self, key: str) -> int:
+        """Most jobs of ``key`` that were running at the same instant, from the supervisors' own records
+        (run.json: started_at; exit.json: ended_at). A job that ended before the next one started is
+        not a duplicate, whoever ended it."""
+        spans = []
+        for d in (self.state / "jobs").glob(f"{key}-*"):
+            try:
+                run = json.loads((d / "run.json").read_text())
+            except (OSError, ValueError):
+                continue                       # never started
+            try:
+                end = json.loads((d / "exit.json").read_text()).get("ended_at") or float("inf")
+            except (OSError, ValueError):
+                end = float("inf")
+            spans.append((run["started_at"], end))
+        events = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans], key=lambda e: (e[0], e[1]))
+        most = cur = 0
+        for _, step in events:
+            cur += step
+            most = max(most, cur)
+        return most
 
     def lock_free(self, timeout: float = 10.0) -> bool:
         path = self.state / "lock"
@@ -302,6 +326,11 @@ class Rig:
 
     # ------------------------------------------------------------------ controllers
     def controller_argv(self, action: str, inv: Path, token: str = "", key: str = "fault-trial") -> list[str]:
+        if self.uses_cli and action == "patch":
+            return [sys.executable, "-m", "remote_ops", "patch", "h", "-i", str(inv), "--playbook", str(PLAYBOOK),
+                    "--yes", "--json"]
+        if self.uses_cli and action == "rollback":
+            return [sys.executable, "-m", "remote_ops", "rollback", "h", "-i", str(inv), "--json"]
         return [sys.executable, "-m", "tests.faults.harness", "drive", action, "-i", str(inv), "--host", "h",
                 "--playbook", str(PLAYBOOK), "--key", key, "--token", token]
 
@@ -323,7 +352,18 @@ class Rig:
             conns = self.proxy.stats.per_connection[before:]
             self.calib[action] = {"seconds": time.monotonic() - t0,
                                   "up": sum(c[0] for c in conns), "down": sum(c[1] for c in conns)}
-        self.calib["launch"] = dict(self.calib["patch"])
+        token = f"remote-ops-fault-token-{os.getpid()}-calibration"
+        self._tokens = getattr(self, "_tokens", []) + [token]
+        before = len(self.proxy.stats.per_connection)
+        t0 = time.monotonic()
+        p = self.controller("launch", self.inventory(via_proxy=True), token, "calibration")
+        out, err = p.communicate(timeout=CONTROLLER_TIMEOUT)
+        assert p.returncode == 0, f"calibration launch failed: {err.decode()}"
+        time.sleep(0.2)
+        conns = self.proxy.stats.per_connection[before:]
+        self.calib["launch"] = {"seconds": time.monotonic() - t0,
+                                "up": sum(c[0] for c in conns), "down": sum(c[1] for c in conns)}
+        self.kill_jobs()
         return self.calib
 
     # ------------------------------------------------------------------ one trial
@@ -367,7 +407,7 @@ class Rig:
         self.counts[fault.split("@")[0] if not fault.startswith("agent-kill") else fault] += 1
         full = err.decode(errors="replace").strip()
         out = Outcome(n, action, fault, proc.returncode, stderr=full[-400:])
-        if "Traceback" in full:
+        if "Traceback" in full or "internal error" in full:
             out.journal_problems.append("controller printed a traceback: " + full[-300:])
         self.wait_agents()
         if action != "launch":
@@ -375,20 +415,24 @@ class Rig:
             out.stuck_lock = not self.lock_free()
         # rerun without fault: it must complete
         rerun = self.controller(action, self.inventory(), token, key)
-        _, rerr = rerun.communicate(timeout=CONTROLLER_TIMEOUT)
+        rout, rerr = rerun.communicate(timeout=CONTROLLER_TIMEOUT)
+        out.rerun_output = rout.decode(errors="replace")[-600:]
         if rerun.returncode != 0:
             out.rerun_ok = False
             out.stderr += " | rerun: " + rerr.decode(errors="replace").strip()[-400:]
         if action == "launch":
             out.state = "original"
             deadline = time.monotonic() + 10
-            while True:
-                copies = len(self.job_pids(token))
-                if copies >= 1 or time.monotonic() > deadline:
-                    break
+            while not self.job_pids(token) and time.monotonic() < deadline:
                 time.sleep(0.1)
             time.sleep(0.5)                      # a late second copy would show up here
-            out.job_copies = len(self.job_pids(token))
+            live = len(self.job_pids(token))
+            out.job_copies = max(live, self.overlapping_jobs(key))
+            if out.job_copies != 1:
+                out.stderr += f" | {out.job_copies} copies of the job ({live} alive); rerun said: {out.rerun_output}"
+                for f in sorted((self.state / "jobs").glob(f"{key}-*/*")):
+                    if f.name in ("log", "exit.json", "run.json"):
+                        out.stderr += f" | {f.parent.name}/{f.name}: {f.read_text(errors='replace')[-300:]}"
             self.kill_jobs()
         else:
             want = "patched" if action == "patch" else "original"
