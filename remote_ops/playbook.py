@@ -285,6 +285,8 @@ def parse(doc: YamlDoc) -> Playbook:
             raise doc.error(keys + ("module",), f"{module!r} is not a module name")
         if path is not None and (not isinstance(path, str) or not path.strip()):
             raise doc.error(keys + ("path",), "path must be a non-empty string")
+        if path is not None and "\x00" in path:   # crashed the host agent's realpath (ValueError)
+            raise doc.error(keys + ("path",), "path holds a NUL character")
         label = module or path
         if label in targets_seen:
             raise doc.error(keys, f"{label} is patched twice; put all its edits under one entry")
