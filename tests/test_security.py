@@ -318,9 +318,8 @@ def test_apply_rechecks_outside_targets(sshd, tmp_path, env_vllm017):
         sess.close()
 
 
-@pytest.mark.xfail(strict=True, reason="DEFECT (reported, remote_ops/playbook.py parse): a patch path holding NUL "
-                   "passes the loader and crashes the agent's realpath (ValueError, kind 'crash')")
 def test_nul_in_playbook_path_is_refused_by_the_loader():
+    """Found here: a NUL in a patch path passed the loader and crashed the agent's realpath."""
     from remote_ops import playbook
     from remote_ops.errors import ConfigError
 
