@@ -152,6 +152,47 @@ class Context:
                 if self.debug and r.traceback:
                     sys.stderr.write(r.traceback)
 
+    def fleet(self, hosts, fn: Callable[[Any, Any], Any], render_one: Callable[[Any, str, Any], None], *,
+              summary: Callable[[Any], str] | None = None,
+              exit_for: Callable[[Any], int] | None = None) -> int:
+        """Run ``fn(host, session)`` on every host in parallel and report like every fleet command:
+        people get each host's output, then (for several hosts) a per-host table; ``--json`` gets one
+        document (``{"hosts": [...], "failed": [...]}`` for several hosts). Returns the exit status:
+        a failed host's status, else the worst of ``exit_for(value)``."""
+        results = self.for_each_host(hosts, fn)
+        if self.json:
+            if len(results) == 1 and results[0].ok:
+                self.emit(results[0].value)
+            else:
+                self.emit({"hosts": [r.to_json() for r in results],
+                           "failed": [r.host for r in results if not r.ok]})
+        else:
+            for r in results:
+                if r.ok:
+                    render_one(self.console, r.host, r.value)
+            if len(results) > 1:
+                self.host_table(results, summary)
+        self.report_failures(results)
+        failed = [r for r in results if not r.ok]
+        if failed:
+            return self.fleet_status(results)
+        return max((exit_for(r.value) if exit_for else 0) for r in results)
+
+    def host_table(self, results: list[HostResult], summary: Callable[[Any], str] | None = None) -> None:
+        from rich.table import Table
+        from rich.text import Text
+
+        t = Table(title_justify="left", show_edge=False)
+        t.add_column("host")
+        t.add_column("status")
+        t.add_column("result")
+        for r in results:
+            if r.ok:
+                t.add_row(r.host, Text("ok", style="green"), Text(summary(r.value) if summary else "done"))
+            else:
+                t.add_row(r.host, Text("FAILED", style="red"), Text(r.error.one_line() if r.error else "?"))
+        self.console.print(t)
+
     def fleet_status(self, results: list[HostResult]) -> int:
         """Exit status of a fleet run: the first failed host's status, else OK."""
         from remote_ops.errors import Exit

@@ -6,20 +6,11 @@ HELP = "start the playbook's extraction job on a host (detached, supervised); --
 
 
 def add_arguments(p):
-    p.add_argument("host", nargs="?", metavar="HOST", help="host (default: the inventory's default)")
+    p.add_argument("host", nargs="?", metavar="HOST|GROUP", help="host, group or comma list (default: the inventory's default)")
     p.add_argument("--playbook", "-p", metavar="P", help="playbook file or name (default: the host's)")
     p.add_argument("--tail", action="store_true", help="follow the log until the job ends (Ctrl-C detaches)")
     p.add_argument("--skip-check", action="store_true", help="do not run the call-site check in preflight")
     p.add_argument("--dry-run", action="store_true", help="preflight only: show what would start")
-
-
-def one_host(ctx, spec):
-    from remote_ops.errors import UsageError
-    hosts = ctx.hosts(spec)
-    if len(hosts) != 1:
-        raise UsageError(f"this command works on one host, {spec!r} names {len(hosts)}",
-                         "name a single host")
-    return hosts[0]
 
 
 def run(args, ctx) -> int:
@@ -29,7 +20,10 @@ def run(args, ctx) -> int:
     from remote_ops.errors import Exit, RefusedError
     from remote_ops.tail import follow_job
 
-    host = one_host(ctx, args.host)
+    hosts = ctx.hosts(args.host)
+    if len(hosts) > 1:
+        return _fleet(args, ctx, hosts)
+    host = hosts[0]
     pb, spec = jobs.load_for_host(host, args.playbook)
     jobs.resolve_secrets(spec)          # a missing secret is refused before touching the host
     session = ctx.session(host)
@@ -107,3 +101,41 @@ def report_end(ctx, st) -> int:
             for line in st.get("error_lines") or []:
                 ctx.console.print(f"  {line}", markup=False, highlight=False)
     return jobs.exit_for(st)
+
+
+def _fleet(args, ctx, hosts) -> int:
+    """extract on several hosts at once: preflight and launch (or attach) in parallel, a per-host
+    table; following several logs at once is left to `status GROUP` / one `extract HOST --tail`."""
+    from remote_ops import jobs
+    from remote_ops.errors import RefusedError, UsageError
+
+    if args.tail:
+        raise UsageError(f"--tail follows one host; {args.host!r} names {len(hosts)}",
+                         "start them with: remote-ops extract GROUP; follow one with: remote-ops extract HOST "
+                         "--tail; watch all with: remote-ops status GROUP")
+    specs = {h.name: jobs.load_for_host(h, args.playbook) for h in hosts}   # bad playbooks fail first, locally
+    for h in hosts:
+        jobs.resolve_secrets(specs[h.name][1])
+
+    def fn(host, session):
+        pb, spec = specs[host.name]
+        pf = jobs.preflight(session, spec, pb, skip_check=args.skip_check)
+        if pf.running:
+            return {"host": host.name, "attached": True, "job": pf.running, "preflight": pf.to_json()}
+        if pf.problems:
+            raise RefusedError(f"preflight refused to start {spec.key}: " + "; ".join(pf.problems),
+                               host=host.name)
+        if args.dry_run:
+            return {"host": host.name, "started": False, "dry_run": True, "spec": spec.to_json(),
+                    "preflight": pf.to_json()}
+        res = jobs.launch(session, spec)
+        return {"host": host.name, "attached": res["attached"], "job": res["job"], "preflight": pf.to_json()}
+
+    def summary(v) -> str:
+        if v.get("dry_run"):
+            return "preflight passed (dry run)"
+        verb = "attached to running" if v["attached"] else "started"
+        return f"{verb} {v['job']['job_id']} (pid {v['job'].get('pid')})"
+
+    return ctx.fleet(hosts, fn, lambda c, name, v: None, summary=summary,
+                     exit_for=lambda v: 0 if v.get("dry_run") else jobs.exit_for(v["job"]))

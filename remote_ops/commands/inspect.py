@@ -5,7 +5,7 @@ HELP = "print the parameters of module:qualname callables on the host (static, o
 
 
 def add_arguments(p):
-    p.add_argument("host", metavar="HOST", help="host name from the inventory")
+    p.add_argument("host", metavar="HOST|GROUP", help="host, group or comma list from the inventory")
     p.add_argument("symbols", nargs="+", metavar="SYMBOL",
                    help="module:qualname, e.g. vllm.v1.request:Request or vllm.v1.core.sched.scheduler:Scheduler.add_request")
     p.add_argument("--runtime", action="store_true",

@@ -5,7 +5,7 @@ HELP = "print the last lines of the extraction job's log; --follow keeps printin
 
 
 def add_arguments(p):
-    p.add_argument("host", nargs="?", metavar="HOST", help="host (default: the inventory's default)")
+    p.add_argument("host", nargs="?", metavar="HOST|GROUP", help="host, group or comma list (default: the inventory's default)")
     p.add_argument("-n", "--lines", type=int, default=50, metavar="N", help="lines to show (default 50)")
     p.add_argument("--follow", "-f", action="store_true", help="keep following until the job ends")
     p.add_argument("--playbook", "-p", metavar="P", help="the playbook whose job to show (default: the host's)")
@@ -25,13 +25,29 @@ def run(args, ctx) -> int:
     import sys
 
     from remote_ops import jobs
-    from remote_ops.commands.extract import one_host
     from remote_ops.errors import Exit, UsageError
     from remote_ops.tail import follow_job
 
     if args.lines < 0:
         raise UsageError("-n must be >= 0")
-    host = one_host(ctx, args.host)
+    hosts = ctx.hosts(args.host)
+    if len(hosts) > 1:
+        if args.follow:
+            raise UsageError(f"--follow follows one host; {args.host!r} names {len(hosts)}",
+                             "follow one with: remote-ops logs HOST --follow")
+
+        def fn(host, session):
+            st = jobs.resolve_job(session, jobs.job_ref(ctx, host, args))
+            r = session.call("jobs.logs", {"job_id": st["job_id"], "lines": args.lines})
+            return {"host": host.name, "job_id": st["job_id"], "state": r["job"]["state"], "text": r["text"],
+                    "size": r["size"]}
+
+        def render_one(c, name, v):
+            c.rule(f"{name}: {v['job_id']} ({v['state']})")
+            c.out(collapse(v["text"]), highlight=False)
+
+        return ctx.fleet(hosts, fn, render_one, summary=lambda v: f"{v['job_id']} ({v['state']})")
+    host = hosts[0]
     session = ctx.session(host)
     st = jobs.resolve_job(session, jobs.job_ref(ctx, host, args))
     r = session.call("jobs.logs", {"job_id": st["job_id"], "lines": args.lines})

@@ -5,7 +5,7 @@ HELP = "state of the extraction job on a host: progress, elapsed time, rate, exi
 
 
 def add_arguments(p):
-    p.add_argument("host", nargs="?", metavar="HOST", help="host (default: the inventory's default)")
+    p.add_argument("host", nargs="?", metavar="HOST|GROUP", help="host, group or comma list (default: the inventory's default)")
     p.add_argument("--playbook", "-p", metavar="P", help="the playbook whose job to show (default: the host's)")
     p.add_argument("--job", metavar="ID", help="a job id (see --all)")
     p.add_argument("--all", action="store_true", help="list every job recorded on the host")
@@ -13,9 +13,11 @@ def add_arguments(p):
 
 def run(args, ctx) -> int:
     from remote_ops import jobs
-    from remote_ops.commands.extract import one_host
 
-    host = one_host(ctx, args.host)
+    hosts = ctx.hosts(args.host)
+    if len(hosts) > 1:
+        return _fleet(args, ctx, hosts)
+    host = hosts[0]
     session = ctx.session(host)
     if args.all:
         recs = session.call("jobs.list", {})["jobs"]
@@ -45,3 +47,23 @@ def render(c, host, st) -> None:
     for w in st.get("warnings") or []:
         c.print(Text(f"  warning: {w}", style="yellow"))
     c.print(f"  output: {st.get('output_dir')}   log: {st.get('log')}", markup=False, highlight=False)
+
+
+def _fleet(args, ctx, hosts) -> int:
+    from remote_ops import jobs
+
+    def fn(host, session):
+        if args.all:
+            return {"host": host.name, "jobs": session.call("jobs.list", {})["jobs"]}
+        return {"host": host.name, "job": jobs.resolve_job(session, jobs.job_ref(ctx, host, args))}
+
+    def render_one(c, name, v):
+        if "jobs" in v:
+            for r in v["jobs"]:
+                c.print(f"{name}: " + jobs.summary_line(r), markup=False, highlight=False)
+        else:
+            render(c, name, v["job"])
+
+    return ctx.fleet(hosts, fn, render_one,
+                     summary=lambda v: jobs.summary_line(v["job"]) if "job" in v else f"{len(v['jobs'])} job(s)",
+                     exit_for=lambda v: jobs.exit_for(v["job"]) if "job" in v else 0)

@@ -6,7 +6,7 @@ HELP = "stop the extraction job: TERM, grace, KILL; confirm no process of it is 
 
 
 def add_arguments(p):
-    p.add_argument("host", nargs="?", metavar="HOST", help="host (default: the inventory's default)")
+    p.add_argument("host", nargs="?", metavar="HOST|GROUP", help="host, group or comma list (default: the inventory's default)")
     p.add_argument("--grace", type=float, default=None, metavar="SECONDS",
                    help="seconds between SIGTERM and SIGKILL (default: the playbook's, else 30)")
     p.add_argument("--playbook", "-p", metavar="P", help="the playbook whose job to stop (default: the host's)")
@@ -15,12 +15,26 @@ def add_arguments(p):
 
 def run(args, ctx) -> int:
     from remote_ops import jobs
-    from remote_ops.commands.extract import one_host
     from remote_ops.errors import Exit
 
     jobs.check_usage(args)
-    host = one_host(ctx, args.host)
+    hosts = ctx.hosts(args.host)
+    if len(hosts) > 1:
+        return ctx.fleet(hosts, lambda h, s: _stop(args, ctx, h, s, quiet=True),
+                         lambda c, name, v: render(c, name, v, v["clean"]),
+                         summary=lambda v: f"{v['job_id']}: " + ("nothing left" if v["clean"] else "PROCESSES LEFT"),
+                         exit_for=lambda v: int(Exit.OK) if v["clean"] else int(Exit.FINDINGS))
+    host = hosts[0]
     session = ctx.session(host)
+    out = _stop(args, ctx, host, session, quiet=ctx.json)
+    rep, clean = out, out["clean"]
+    ctx.emit(out, lambda c: render(c, host.name, rep, clean))
+    return int(Exit.OK) if clean else int(Exit.FINDINGS)
+
+
+def _stop(args, ctx, host, session, *, quiet: bool) -> dict:
+    from remote_ops import jobs
+
     st = jobs.resolve_job(session, jobs.job_ref(ctx, host, args))
     grace = args.grace if args.grace is not None else 30.0
     if args.grace is None and (args.playbook or host.playbook):
@@ -28,13 +42,12 @@ def run(args, ctx) -> int:
             grace = jobs.load_for_host(host, args.playbook)[1].stop_grace
         except Exception:  # the playbook may have changed since; the default grace still stops it
             pass
-    if not ctx.json and st["state"] in ("running", "starting"):
+    if not quiet and st["state"] in ("running", "starting"):
         ctx.err.print(f"{host.name}: stopping {st['job_id']} (SIGTERM, SIGKILL after {grace:g}s)...",
                       markup=False, highlight=False)
     rep = session.call("jobs.stop", {"job_id": st["job_id"], "grace": grace}, timeout=grace + 120)
     clean = not rep["remaining"] and not any(h.get("job") for h in rep.get("gpu_holders") or [])
-    ctx.emit({"host": host.name, "clean": clean, **rep}, lambda c: render(c, host.name, rep, clean))
-    return int(Exit.OK) if clean else int(Exit.FINDINGS)
+    return {"host": host.name, "clean": clean, **rep}
 
 
 def render(c, host, rep, clean) -> None:

@@ -5,7 +5,7 @@ HELP = "check data_<N>.pt outputs on the host: count, gaps, unloadable files, la
 
 
 def add_arguments(p):
-    p.add_argument("host", nargs="?", metavar="HOST", help="host (default: the inventory's default)")
+    p.add_argument("host", nargs="?", metavar="HOST|GROUP", help="host, group or comma list (default: the inventory's default)")
     p.add_argument("--all", action="store_true", help="load every file (default: a sample)")
     p.add_argument("--sample", type=int, default=32, metavar="N", help="files to load when not --all (default 32)")
     p.add_argument("--playbook", "-p", metavar="P", help="playbook (default: the host's)")
@@ -15,18 +15,33 @@ def add_arguments(p):
 
 
 def run(args, ctx) -> int:
-    import sys
-
-    from remote_ops import jobs
-    from remote_ops.commands.extract import one_host
-    from remote_ops.errors import AgentError, Exit, RefusedError, UsageError
+    from remote_ops.errors import Exit, UsageError
 
     if args.sample < 1:
         raise UsageError("--sample must be at least 1")
-    host = one_host(ctx, args.host)
+    hosts = ctx.hosts(args.host)
+    exit_for = lambda v: int(Exit.OK) if v["ok"] else int(Exit.FINDINGS)  # noqa: E731
+    if len(hosts) > 1:
+        return ctx.fleet(hosts, lambda h, s: _verify(args, ctx, h, s, progress=False), render,
+                         summary=_summary, exit_for=exit_for)
+    host = hosts[0]
+    res = _verify(args, ctx, host, ctx.session(host), progress=not ctx.json)
+    ctx.emit(res, lambda c: render(c, host.name, res))
+    return exit_for(res)
+
+
+def _summary(v) -> str:
+    return f"{v.get('files')}/{v.get('expected') or '?'} files, " + ("ok" if v["ok"] else "PROBLEMS")
+
+
+def _verify(args, ctx, host, session, *, progress: bool) -> dict:
+    import sys
+
+    from remote_ops import jobs
+    from remote_ops.errors import AgentError, RefusedError, UsageError
+
     out_dir, expected = args.output_dir, args.expected
     if not out_dir:
-        session = ctx.session(host)
         try:
             st = jobs.resolve_job(session, jobs.job_ref(ctx, host, args))
             out_dir = st.get("output_dir")
@@ -36,12 +51,11 @@ def run(args, ctx) -> int:
             out_dir, expected = spec.output_dir, expected or spec.expected_samples
     if not out_dir:
         raise UsageError("no output directory known", "pass --output-dir or set extract.output_dir")
-    session = ctx.session(host)
     res = None
     try:
         for msg in session.stream("verify.verify", {"output_dir": out_dir, "expected": expected,
                                                     "all": args.all, "sample": args.sample}, timeout=600):
-            if "event" in msg and not ctx.json:
+            if "event" in msg and progress:
                 ev = msg["event"]
                 sys.stderr.write(f"\r  loaded {ev.get('checked')}/{ev.get('of')} files")
                 sys.stderr.flush()
@@ -53,8 +67,7 @@ def run(args, ctx) -> int:
         raise
     if res is None:
         raise AgentError("verify ended without an answer", "rerun it", host=host.name)
-    ctx.emit({"host": host.name, **res}, lambda c: render(c, host.name, res))
-    return int(Exit.OK) if res["ok"] else int(Exit.FINDINGS)
+    return {"host": host.name, **res}
 
 
 def render(c, host, r) -> None:
