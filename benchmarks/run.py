@@ -140,7 +140,8 @@ class Lab:
             hroot = self.root / f"h{i + 1:02d}"
             hroot.mkdir(parents=True)
             server = SshdServer(hroot / "sshd", address=addr).start()
-            py = pkgsource.make_env(hroot / "venv", [SPECULATORS, VLLM])
+            # h01 runs the extract stand-in job (tiny torch model): torch 2.13.0 CPU linked in
+            py = pkgsource.make_env(hroot / "venv", [SPECULATORS, VLLM], with_torch=(i == 0))
             site = pkgsource.site_packages(py)
             h = BenchHost(f"h{i + 1:02d}", addr, hroot, server, py, site)
             h.workdir.mkdir()
@@ -181,7 +182,7 @@ class Lab:
                 "python": str(h.python), "workdir": str(h.workdir), "playbook": str(self.playbook),
                 "env": {"REMOTE_OPS_STATE_DIR": str(h.state_dir)},
                 "vars": {"extract_script": str(h.workdir / "extract_standin.py"),
-                         "output_dir": str(h.workdir / "hidden_states"), "max_samples": 400,
+                         "output_dir": str(h.workdir / "hidden_states"), "max_samples": 4000,
                          "target_model": "tiny-standin", "gpus": 0},
             }
         groups = {f"fleet{k}": [h.name for h in self.hosts[:k]] for k in (1, 4, 16) if k <= len(self.hosts)}
@@ -218,7 +219,7 @@ def write_bench_playbook(root: Path) -> Path:
               command: ["{python}", "{vars.extract_script}", "--output-dir", "{output_dir}",
                         "--max-samples", "{vars.max_samples}", "--sleep", "0.05", "--ticks"]
               output_dir: "{vars.output_dir}"
-              expected_samples: 400
+              expected_samples: 4000
               gpus: {count: 0, free: false}
             """)
     p = root / PLAYBOOK.name
@@ -235,6 +236,14 @@ class Sample:
     ok: bool = True
     note: str = ""
     stderr: str = ""
+    cpu: float | None = None      # machine-wide CPU seconds during the case (client + every host)
+
+
+def machine_cpu_s() -> float:
+    """CPU seconds (user+nice+system, all CPUs) this machine has spent since boot (/proc/stat)."""
+    with open("/proc/stat") as fh:
+        f = fh.readline().split()
+    return (int(f[1]) + int(f[2]) + int(f[3])) / os.sysconf("SC_CLK_TCK")
 
 
 def run_proc(cmd, *, env=None, stdin=None, timeout=600) -> tuple[float, subprocess.CompletedProcess]:
@@ -256,6 +265,12 @@ class Bench:
 
     def record(self, name: str, s: Sample) -> None:
         self.rows.setdefault((name, self.lab.rtt), []).append(s)
+
+    def ro_cpu(self, *args, **kw) -> Sample:
+        c0 = machine_cpu_s()
+        s = self.ro(*args, **kw)
+        s.cpu = machine_cpu_s() - c0
+        return s
 
     # -------------------------------------------------------------- remote-ops
     def ro(self, *args, inventory=None, check_ok=True, ok_status=(0,)) -> Sample:
@@ -322,12 +337,12 @@ class Bench:
             if k > len(self.lab.hosts):
                 continue
             for _ in range(self.slow_reps):
-                s = self.ro("facts", f"fleet{k}", "--json")
+                s = self.ro_cpu("facts", f"fleet{k}", "--json")
                 self.record(f"fleet: remote-ops facts on {k} host{'s' if k > 1 else ''}", s)
             for _ in range(self.slow_reps):
                 for h in self.lab.hosts[:k]:
                     h.reset()
-                s = self.ro("patch", f"fleet{k}", "--yes", "--json")
+                s = self.ro_cpu("patch", f"fleet{k}", "--yes", "--json")
                 self.record(f"fleet: remote-ops patch on {k} host{'s' if k > 1 else ''}", s)
         for h in self.lab.hosts:
             h.reset()
@@ -549,6 +564,7 @@ def build_report(b: Bench, rtts: list[float], argv: list[str], started: float) -
              "manual: ssh processes, each a new connection).", ""]
     head = "| case | " + " | ".join(f"{r:g} ms: s" for r in rtts) + " | round trips | ok |"
     lines += [head, "|" + "---|" * (len(rtts) + 3)]
+    ncpu = os.cpu_count() or 1
     for name in names:
         cells, trips, ok = [], set(), True
         for r in rtts:
@@ -559,6 +575,20 @@ def build_report(b: Bench, rtts: list[float], argv: list[str], started: float) -
         trip = ", ".join(str(t) for t in sorted(x for x in trips if x is not None)) or "?"
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {trip} | {'yes' if ok else 'NO'} |")
     lines.append("")
+    fleet = [(n, r) for (n, r) in b.rows if n.startswith("fleet:")]
+    if fleet:
+        lines += ["Fleet rows, CPU load: machine-wide CPU seconds spent during the run (controller, sshd and "
+                  f"every host's agent share these {ncpu} CPUs) / wall seconds; {ncpu:.1f} means saturated.", "",
+                  "| case | " + " | ".join(f"{r:g} ms: cpu-s / wall" for r in rtts) + " |",
+                  "|" + "---|" * (len(rtts) + 1)]
+        for name in [n for n in names if n.startswith("fleet:")]:
+            cells = []
+            for r in rtts:
+                ss = [x for x in b.rows.get((name, r), []) if x.cpu is not None]
+                cells.append(f"{median([x.cpu for x in ss]):.1f} / {median([x.wall for x in ss]):.1f} = "
+                             f"{median([x.cpu / x.wall for x in ss]):.2f}" if ss else "-")
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append("")
     if "proxy" in b.extra:
         d, p = b.extra["proxy"]
         lines.append(f"Proxy overhead at 0 ms (floor case, median): direct to sshd {d:.3f}s, "
@@ -669,8 +699,10 @@ def main(argv: list[str] | None = None) -> int:
         b.case_cold_start()
         # proxy overhead: floor straight to sshd vs through the proxy at 0 ms
         lab.set_rtt(0)
-        direct = [b.floor_once(lab.hosts[0], direct=True).wall for _ in range(max(3, reps))]
-        proxied = [b.floor_once(lab.hosts[0]).wall for _ in range(max(3, reps))]
+        direct, proxied = [], []
+        for _ in range(5):   # alternating, so drifting load on the machine hits both alike
+            direct.append(b.floor_once(lab.hosts[0], direct=True).wall)
+            proxied.append(b.floor_once(lab.hosts[0]).wall)
         b.extra["proxy"] = (median(direct), median(proxied))
         for rtt in rtts:
             lab.set_rtt(rtt)
@@ -683,7 +715,7 @@ def main(argv: list[str] | None = None) -> int:
             b.case_manual()
             b.case_ansible()
             b.case_fleet()
-            b.case_tail(4 if a.quick else 8)
+            b.case_tail(6)
         report = build_report(b, rtts, argv, started)
     finally:
         lab.stop()
