@@ -83,7 +83,11 @@ def test_all_limits_star_reexport_and_type_checking_imports_do_not_count(lib):
 
 @pytest.mark.parametrize("body,reason", [
     ("import enum\nclass C(enum.Enum):\n    X = 1\n", "Enum"),
-    ("class M(type):\n    pass\nclass C(metaclass=M):\n    pass\n", "metaclass"),
+    ("class M(type):\n    def __call__(cls, *a):\n        pass\nclass C(metaclass=M):\n    pass\n", "metaclass"),
+    ("class M(type):\n    def __new__(mcs, n, b, ns):\n        return super().__new__(mcs, n, b, ns)\n"
+     "class B(metaclass=M):\n    pass\nclass C(B):\n    def __init__(self, a):\n        pass\n", "inherits from B"),
+    ("class B:\n    def __new__(cls, a):\n        pass\nclass C(B):\n    def __init__(self, a, b):\n        pass\n",
+     "__new__"),
     ("class C:\n    def __new__(cls, x):\n        pass\n", "__new__"),
     ("import somewhere_else\nclass C(somewhere_else.Base):\n    pass\n", "somewhere_else"),
     ("def deco(c):\n    c.x = 1\n    return c\n@deco\nclass C:\n    pass\n", "deco"),

@@ -78,9 +78,10 @@ class Analysis:
     def run(self):
         try:
             tree = ast.parse(self.text, filename=self.path)
-        except SyntaxError as exc:
-            self.unknown.append({"path": self.path, "line": exc.lineno or 0, "module": self.modname,
-                                 "symbol": None, "reason": "cannot parse: %s" % exc.msg})
+        except (SyntaxError, ValueError) as exc:
+            self.unknown.append({"path": self.path, "line": getattr(exc, "lineno", 0) or 0,
+                                 "module": self.modname, "symbol": None,
+                                 "reason": "cannot parse: %s" % (getattr(exc, "msg", None) or exc)})
             return self
         self.tree = tree
         for st in tree.body:
@@ -318,6 +319,16 @@ class Analysis:
             self._visit(expr, local, cls_ctx)
 
     def _check_attribute(self, node, local, cls_ctx):
+        try:
+            self._check_attribute_inner(node, local, cls_ctx)
+        except RecursionError:
+            self.add_unknown(node, dotted(node) or _safe_unparse(node),
+                             "analysis gave up: the library's code nests too deeply")
+        except Exception as exc:  # one odd attribute must not fail the op
+            self.add_unknown(node, dotted(node) or _safe_unparse(node), "analysis error (%s: %s)" % (
+                type(exc).__name__, str(exc)[:120]))
+
+    def _check_attribute_inner(self, node, local, cls_ctx):
         base = self._eval(node.value, local, cls_ctx)
         if base is None or base.ent.kind in ("missing", "unknown", "value", "function"):
             return
@@ -357,6 +368,18 @@ class Analysis:
         return []
 
     def _check_call(self, node, local, cls_ctx):
+        try:
+            self._check_call_inner(node, local, cls_ctx)
+        except RecursionError:
+            self.add_unknown(node, self._callee_text(node), "analysis gave up: the library's code nests too deeply")
+        except Exception as exc:  # one odd call must not fail the op: say which and why
+            self.add_unknown(node, self._callee_text(node), "analysis error (%s: %s)" % (
+                type(exc).__name__, str(exc)[:120]))
+
+    def _callee_text(self, node):
+        return dotted(node.func) or _safe_unparse(node.func)
+
+    def _check_call_inner(self, node, local, cls_ctx):
         callee = self._eval(node.func, local, cls_ctx)
         if callee is None:
             return
@@ -425,6 +448,13 @@ class Analysis:
         return (None, None)
 
 
+def _safe_unparse(node):
+    try:
+        return ast.unparse(node)[:80]
+    except Exception:  # unprintable node: still name something
+        return type(node).__name__
+
+
 def _same_val(a, b):
     if a is None or b is None:
         return a is b
@@ -454,8 +484,9 @@ def imports_library(text, libs):
     """Whether the source imports any of ``libs`` (anywhere in the module)."""
     try:
         tree = ast.parse(text)
-    except SyntaxError:
-        return False
+    except (SyntaxError, ValueError):
+        # unparsable: a target if it names the library (the analysis then reports why it stopped)
+        return any(("import " + lib) in text or ("from " + lib) in text for lib in libs)
     libs = set(libs)
     for node in ast.walk(tree):
         if isinstance(node, ast.Import) and any(a.name.split(".")[0] in libs for a in node.names):

@@ -119,7 +119,11 @@ def op_check(args):
         for mod, path in _package_modules(static, package):
             text = overrides.get(mod)
             if text is None:
-                text = _read(path)
+                try:
+                    text = _read(path)
+                except (OSError, UnicodeDecodeError, ValueError):
+                    targets.append((mod, path))     # reported as unreadable below, not skipped
+                    continue
             if callsites.imports_library(text, against):
                 targets.append((mod, path))
     findings, unknown, checked, trace = [], [], 0, []
@@ -128,11 +132,20 @@ def op_check(args):
         if text is None:
             try:
                 text = _read(path)
-            except OSError as exc:
+            except (OSError, UnicodeDecodeError, ValueError) as exc:
                 unknown.append({"path": path, "line": 0, "module": mod, "symbol": None,
                                 "reason": "cannot read: %s" % exc})
                 continue
-        a = callsites.analyse(resolver, mod, path, text, against, suggester=static)
+        a = callsites.Analysis(resolver, mod, path, text, against, suggester=static)
+        try:
+            a.run()
+        except RecursionError:
+            a.unknown.append({"path": path, "line": 0, "module": mod, "symbol": None,
+                              "reason": "analysis gave up on this module: the code nests too deeply"})
+        except Exception as exc:  # the rest of the modules are still checked; say what failed
+            a.unknown.append({"path": path, "line": 0, "module": mod, "symbol": None,
+                              "reason": "analysis error in this module (%s: %s)" % (
+                                  type(exc).__name__, str(exc)[:120])})
         findings += a.findings
         unknown += a.unknown
         checked += a.calls_checked

@@ -15,6 +15,7 @@ found) becomes ``Unknown(reason)``: never a guess.
 """
 
 import ast
+import bisect
 import importlib.machinery
 import os
 import sys
@@ -216,6 +217,7 @@ class ModInfo:
         self.stars = []          # absolute module names of `from x import *`
         self.all = None          # list from a literal __all__
         self.has_getattr = False
+        self.maybe_dynamic = False   # globals().update(...): names we cannot list
         self.maybe = set()       # names bound by means we do not follow (globals(), exec, ...)
         self._collect(tree.body)
 
@@ -285,6 +287,7 @@ class ModInfo:
                 if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Call) and \
                         isinstance(f.value.func, ast.Name) and f.value.func.id == "globals":
                     self.has_getattr = True
+                    self.maybe_dynamic = True
                 if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and \
                         f.value.id == "__all__" and self.all is not None and f.attr == "extend":
                     extra = _literal_strings(st.value.args[0]) if st.value.args else None
@@ -421,8 +424,10 @@ class StaticResolver:
                 if result is None:
                     try:
                         tree = ast.parse(text, filename=origin)
-                    except SyntaxError as exc:
+                    except (SyntaxError, ValueError) as exc:
                         result = unknown("cannot parse %s: %s" % (origin, exc))
+                    except RecursionError:
+                        result = unknown("cannot parse %s: nested too deeply" % origin)
                     else:
                         result = ModInfo(name, origin, tree, is_pkg)
         self._mods[name] = result
@@ -474,10 +479,223 @@ class StaticResolver:
             if sub is not None:
                 return self.module(m.name + "." + name)
         if m.has_getattr:
-            return unknown("%s defines a module __getattr__ (names are made on demand)" % m.name)
+            b = m.names.get("__getattr__")
+            if b is not None and b[0] == "def" and isinstance(b[1], ast.FunctionDef) and not m.maybe_dynamic:
+                e = self._module_getattr(m, b[1], name, seen)
+                if e is not None:
+                    return e
+            return unknown("%s defines a module __getattr__ whose result for %r is not known statically"
+                           % (m.name, name))
         if name.startswith("__") and name.endswith("__"):
             return Ent("value", mod=m, qual=name)
         return missing("%s has no attribute %r" % (m.name, name))
+
+    # ---------------------------------------------------------------- module __getattr__
+    def _module_getattr(self, m, fn, name, seen):
+        """What ``m.<name>`` is when a module-level ``__getattr__`` makes it (PEP 562), for the
+        lazy re-export idioms: ``if name == "X": from .a import X; return X``, ``if name in MAP:
+        mod, attr = MAP[name].split(":"); return getattr(import_module(mod, __package__), attr)``,
+        ``return getattr(import_module(MAP[name]), name)``, ``raise AttributeError``. None when
+        the function does anything else on the way (then the name stays unknown)."""
+        args = fn.args.posonlyargs + fn.args.args
+        if len(args) != 1:
+            return None
+        env = {args[0].arg: ("str", name)}
+        try:
+            return self._getattr_block(m, fn.body, env, seen)
+        except _Opaque:
+            return None
+
+    def _getattr_block(self, m, body, env, seen):
+        for st in body:
+            if isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant):
+                continue
+            if isinstance(st, (ast.Pass, ast.Global, ast.Nonlocal)):
+                continue
+            if isinstance(st, ast.If):
+                cond = self._getattr_test(m, st.test, env)
+                r = self._getattr_block(m, st.body if cond else st.orelse, env, seen)
+                if r is not None:
+                    return r
+                continue
+            if isinstance(st, ast.ImportFrom):
+                src = m._abs(st.module, st.level)
+                for a in st.names:
+                    if a.name == "*":
+                        raise _Opaque()
+                    env[a.asname or a.name] = ("from", src, a.name)
+                continue
+            if isinstance(st, ast.Import):
+                for a in st.names:
+                    if a.name == "importlib":
+                        env[a.asname or "importlib"] = ("importlib",)
+                    elif a.asname:
+                        env[a.asname] = ("module", a.name)
+                    else:
+                        env[a.name.split(".")[0]] = ("module", a.name.split(".")[0])
+                continue
+            if isinstance(st, ast.Assign) and len(st.targets) == 1:
+                t, v = st.targets[0], self._getattr_eval(m, st.value, env)
+                if isinstance(t, ast.Name):
+                    env[t.id] = v
+                elif isinstance(t, (ast.Tuple, ast.List)) and v[0] == "strs" and len(v[1]) == len(t.elts) \
+                        and all(isinstance(x, ast.Name) for x in t.elts):
+                    for x, val in zip(t.elts, v[1]):
+                        env[x.id] = ("str", val)
+                else:
+                    raise _Opaque()
+                continue
+            if isinstance(st, ast.Return):
+                v = self._getattr_eval(m, st.value, env) if st.value is not None else ("opaque",)
+                if v[0] == "from":
+                    return self.lookup(v[1], v[2], seen)
+                if v[0] == "module":
+                    return self.module(v[1])
+                if v[0] == "ent":
+                    return v[1]
+                raise _Opaque()
+            if isinstance(st, ast.Raise):
+                exc = st.exc.func if isinstance(st.exc, ast.Call) else st.exc
+                if dotted(exc) == "AttributeError":
+                    return missing("%s has no attribute %r (its __getattr__ raises AttributeError)" % (m.name, env_name(env)))
+                raise _Opaque()
+            raise _Opaque()
+        return None
+
+    def _getattr_test(self, m, test, env):
+        if isinstance(test, ast.Compare) and len(test.ops) == 1:
+            left = self._getattr_eval(m, test.left, env)
+            op = test.ops[0]
+            if isinstance(op, (ast.In, ast.NotIn)):
+                keys = self._getattr_keys(m, test.comparators[0])
+                if left[0] == "str" and keys is not None:
+                    return (left[1] in keys) == isinstance(op, ast.In)
+            elif isinstance(op, (ast.Eq, ast.NotEq)):
+                right = self._getattr_eval(m, test.comparators[0], env)
+                if left[0] == "str" and right[0] == "str":
+                    return (left[1] == right[1]) == isinstance(op, ast.Eq)
+        raise _Opaque()
+
+    def _getattr_keys(self, m, node):
+        """Literal string keys of a module-level dict/list/tuple/set (or ``__all__``)."""
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            return _literal_strings(ast.List(elts=node.elts)) if node.elts else []
+        if isinstance(node, ast.Name):
+            if node.id == "__all__":
+                return m.all
+            d = self._module_literal(m, node.id)
+            if isinstance(d, dict):
+                return list(d)
+            if isinstance(d, (list, tuple, set, frozenset)) and all(isinstance(x, str) for x in d):
+                return list(d)
+        return None
+
+    def _module_literal(self, m, varname):
+        b = m.names.get(varname)
+        if b is None or b[0] != "value" or getattr(b[1], "value", None) is None:
+            return None
+        st = b[1]
+        # only a single plain binding counts (no later mutation we would miss)
+        for other in ast.walk(m.tree):
+            if isinstance(other, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and other is not st:
+                tg = other.targets if isinstance(other, ast.Assign) else [other.target]
+                for t in tg:
+                    base = t.value if isinstance(t, ast.Subscript) else t
+                    if isinstance(base, ast.Name) and base.id == varname:
+                        return None
+            if isinstance(other, ast.Call) and isinstance(other.func, ast.Attribute) and \
+                    isinstance(other.func.value, ast.Name) and other.func.value.id == varname and \
+                    other.func.attr in ("update", "setdefault", "pop", "__setitem__", "append", "extend", "add"):
+                return None
+        try:
+            return ast.literal_eval(st.value)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return None
+
+    def _getattr_eval(self, m, node, env):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return ("str", node.value)
+        if isinstance(node, ast.Name):
+            if node.id in env:
+                return env[node.id]
+            if node.id == "__package__":
+                return ("str", m.name if m.is_package else m.name.rpartition(".")[0])
+            if node.id == "__name__":
+                return ("str", m.name)
+            raise _Opaque()
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
+            key = self._getattr_eval(m, node.slice, env)
+            d = self._module_literal(m, node.value.id)
+            if key[0] == "str" and isinstance(d, dict) and isinstance(d.get(key[1]), str):
+                return ("str", d[key[1]])
+            if key[0] == "str" and isinstance(d, dict) and isinstance(d.get(key[1]), tuple) and \
+                    all(isinstance(x, str) for x in d[key[1]]):
+                return ("strs", list(d[key[1]]))
+            raise _Opaque()
+        if isinstance(node, ast.Attribute):
+            base = self._getattr_eval(m, node.value, env)
+            if base[0] == "module":
+                return ("from", base[1], node.attr)
+            if base[0] == "from":
+                e = self.lookup(base[1], base[2])
+                if e.kind == "module":
+                    return ("from", e.mod.name, node.attr)
+            if base[0] == "ent" and base[1].kind == "module":
+                return ("from", base[1].mod.name, node.attr)
+            raise _Opaque()
+        if isinstance(node, ast.Call):
+            f = node.func
+            if isinstance(f, ast.Attribute) and f.attr in ("split", "rsplit") and len(node.args) == 1 \
+                    and not node.keywords:
+                base = self._getattr_eval(m, f.value, env)
+                sep = self._getattr_eval(m, node.args[0], env)
+                if base[0] == "str" and sep[0] == "str" and sep[1]:
+                    return ("strs", base[1].split(sep[1]) if f.attr == "split" else base[1].rsplit(sep[1]))
+                raise _Opaque()
+            fname = None
+            if isinstance(f, ast.Name) and f.id in env and env[f.id] == ("from", "importlib", "import_module"):
+                fname = "import_module"
+            elif isinstance(f, ast.Attribute) and f.attr == "import_module" and isinstance(f.value, ast.Name) \
+                    and env.get(f.value.id) == ("importlib",):
+                fname = "import_module"
+            elif isinstance(f, ast.Attribute) and f.attr == "import_module" and dotted(f.value) == "importlib":
+                b = m.names.get("importlib")
+                if b is not None and b[0] == "module" and b[1] == "importlib":
+                    fname = "import_module"
+            elif isinstance(f, ast.Name) and f.id == "import_module" and f.id not in env:
+                b = m.names.get("import_module")
+                if b is not None and b[0] == "from" and b[1] == "importlib" and b[2] == "import_module":
+                    fname = "import_module"
+            elif isinstance(f, ast.Name) and f.id == "getattr" and "getattr" not in env \
+                    and "getattr" not in m.names and len(node.args) == 2:
+                obj = self._getattr_eval(m, node.args[0], env)
+                attr = self._getattr_eval(m, node.args[1], env)
+                if obj[0] == "from":
+                    e = self.lookup(obj[1], obj[2])
+                    if e.kind == "module":
+                        obj = ("module", e.mod.name)
+                if obj[0] == "module" and attr[0] == "str":
+                    return ("from", obj[1], attr[1])
+                raise _Opaque()
+            if fname == "import_module" and node.args and not node.keywords and len(node.args) <= 2:
+                target = self._getattr_eval(m, node.args[0], env)
+                if target[0] != "str":
+                    raise _Opaque()
+                modname = target[1]
+                if modname.startswith("."):
+                    if len(node.args) != 2:
+                        raise _Opaque()
+                    pkg = self._getattr_eval(m, node.args[1], env)
+                    if pkg[0] != "str":
+                        raise _Opaque()
+                    level = len(modname) - len(modname.lstrip("."))
+                    parts = pkg[1].split(".")
+                    if level > 1:
+                        parts = parts[:len(parts) - (level - 1)]
+                    rest = modname[level:]
+                    modname = ".".join(parts + ([rest] if rest else []))
+                return ("module", modname)
+        raise _Opaque()
 
     def _star_names(self, m, _seen=None):
         seen = _seen or set()
@@ -843,13 +1061,17 @@ class StaticResolver:
         if k == "typeddict":
             return Unknown("%s is a TypedDict" % cls.qual)
         mro = self.mro(cls)
-        # an explicit __init__ / __new__ / metaclass before the generated one
-        for kw in cls.node.keywords:
-            if kw.arg == "metaclass":
-                d = dotted(kw.value) or ""
-                if d.rsplit(".", 1)[-1] not in ("ABCMeta", "type"):
-                    return Unknown("%s has metaclass %s" % (cls.qual, d or _unparse(kw.value)))
+        # a metaclass (declared here or inherited from any base) may replace construction
         for c in mro:
+            if c.kind != "class":
+                continue
+            for kw in c.node.keywords:
+                if kw.arg == "metaclass":
+                    why = self._metaclass_effect(c, kw.value)
+                    if why is not None:
+                        return Unknown("%s%s" % (cls.qual, why if c is cls else
+                                                 " inherits from %s, which%s" % (c.qual, why)))
+        for i, c in enumerate(mro):
             if c.kind != "class":
                 s = c.special or ""
                 if s in TRANSPARENT_BASES:
@@ -871,6 +1093,14 @@ class StaticResolver:
             if isinstance(c_opts, Unknown):
                 return Unknown("%s inherits from %s: %s" % (cls.qual, c.qual, c_opts.reason))
             if init is not None:
+                # a __new__ further up also receives the arguments: only (*args, **kwargs) is neutral
+                if new is None:
+                    for later in mro[i + 1:]:
+                        if later.kind == "class":
+                            lnew = _body_def(later.node, "__new__")
+                            if lnew is not None and not (lnew.args.vararg and lnew.args.kwarg):
+                                return Unknown("%s: %s defines __new__, which also receives the arguments"
+                                               % (cls.qual, later.qual))
                 e = Ent("function", mod=c.mod, node=init, qual=c.qual + ".__init__", owner=c, bound=True)
                 sig = self.function_signature(e)
                 if isinstance(sig, Signature):
@@ -881,6 +1111,29 @@ class StaticResolver:
             if new is not None:
                 return Unknown("%s defines __new__" % c.qual)
         return Signature([], "static", cls.where, note="object() takes no arguments")
+
+    def _metaclass_effect(self, c, expr):
+        """None when metaclass ``expr`` (written in class ``c``) constructs instances the normal
+        way (type / ABCMeta, or a class of the sources deriving from them without __call__);
+        else the reason it is not known."""
+        d = dotted(expr)
+        if d is None:
+            return " has metaclass %s (an expression)" % _unparse(expr)
+        e = self.resolve_dotted(c.mod, d)
+        if e.special in ("builtins.type", "abc.ABCMeta") or (e.kind != "class" and d.rsplit(".", 1)[-1]
+                                                             in ("ABCMeta", "type") and not e.special):
+            return None
+        if e.kind != "class":
+            return " has metaclass %s, outside the analysed sources" % d
+        for m in self.mro(e):
+            if m.kind != "class":
+                if m.special in ("builtins.type", "abc.ABCMeta", "builtins.object", "object"):
+                    continue
+                return " has metaclass %s, which derives from %s" % (d, m.special or m.reason or m.qual)
+            for hook in ("__call__", "__new__", "__init__", "__prepare__"):
+                if any(_class_body_binding(st, hook) is not None for st in m.node.body):
+                    return " has metaclass %s, which defines %s" % (d, hook)
+        return None
 
     def fields(self, cls, how):
         """Ordered init fields: list of (Parameter, kw_only) walking dataclass-like bases."""
@@ -1003,40 +1256,77 @@ class StaticResolver:
 
     # ------------------------------------------------------------------ suggestions
     def find_definitions(self, package, name, limit=400):
-        """Modules of ``package`` (files on the search path) that define top-level ``name``."""
-        spec = self.find_spec(package)
-        if spec is None or not spec.submodule_search_locations:
-            return []
+        """Modules of ``package`` (files on the search path) that define top-level ``name``.
+
+        The package's files are read once per resolver (every missing name of a check searches
+        the same bytes); only files holding ``def name``/``class name``/``name =``/``name:`` are
+        parsed, to confirm a top-level binding.
+        """
         hits, count = [], 0
         needle = name.encode()
-        for root_dir in spec.submodule_search_locations:
-            for dirpath, dirnames, filenames in os.walk(root_dir):
-                dirnames[:] = sorted(d for d in dirnames if d.isidentifier())
-                for fn in sorted(filenames):
-                    if not fn.endswith(".py"):
-                        continue
-                    path = os.path.join(dirpath, fn)
-                    try:
-                        with open(path, "rb") as fh:
-                            data = fh.read()
-                    except OSError:
-                        continue
-                    if (b"def " + needle) not in data and (b"class " + needle) not in data and \
-                            (needle + b" =") not in data and (needle + b":") not in data:
-                        continue
-                    rel = os.path.relpath(path, root_dir)[:-3].split(os.sep)
-                    if rel[-1] == "__init__":
-                        rel = rel[:-1]
-                    modname = ".".join([package] + rel)
-                    m = self.load(modname)
-                    if isinstance(m, ModInfo):
-                        b = m.names.get(name)
-                        if b is not None and b[0] in ("def", "value"):
-                            hits.append(modname)
-                    count += 1
-                    if count > limit:
-                        return hits
+        pats = (b"def " + needle, b"class " + needle, needle + b" =", needle + b":")
+        blob, starts, names = self._package_files(package)
+        candidates, pos = [], blob.find(needle)
+        while pos >= 0:
+            i = bisect.bisect_right(starts, pos) - 1
+            candidates.append(i)
+            pos = blob.find(needle, starts[i + 1] if i + 1 < len(starts) else len(blob))
+        for i in candidates:
+            data = blob[starts[i]:starts[i + 1] if i + 1 < len(starts) else len(blob)]
+            modname = names[i]
+            if not any(p in data for p in pats):
+                continue
+            m = self.load(modname)
+            if isinstance(m, ModInfo):
+                b = m.names.get(name)
+                if b is not None and b[0] in ("def", "value"):
+                    hits.append(modname)
+            count += 1
+            if count > limit:
+                break
         return hits
+
+    def _package_files(self, package):
+        cache = self.__dict__.setdefault("_pkg_files", {})
+        if package in cache:
+            return cache[package]
+        out = []
+        spec = self.find_spec(package)
+        if spec is not None and spec.submodule_search_locations:
+            for root_dir in spec.submodule_search_locations:
+                for dirpath, dirnames, filenames in os.walk(root_dir):
+                    dirnames[:] = sorted(d for d in dirnames if d.isidentifier())
+                    for fn in sorted(filenames):
+                        if not fn.endswith(".py"):
+                            continue
+                        path = os.path.join(dirpath, fn)
+                        try:
+                            with open(path, "rb") as fh:
+                                data = fh.read()
+                        except OSError:
+                            continue
+                        rel = os.path.relpath(path, root_dir)[:-3].split(os.sep)
+                        if rel[-1] == "__init__":
+                            rel = rel[:-1]
+                        out.append((".".join([package] + rel), data))
+        # one blob (files separated by a NUL byte) so a name is searched for once, not per file
+        starts, pos = [], 0
+        for _, data in out:
+            starts.append(pos)
+            pos += len(data) + 1
+        cache[package] = (b"\0".join(d for _, d in out), starts, [n for n, _ in out])
+        return cache[package]
+
+
+class _Opaque(Exception):
+    """Raised inside the module-__getattr__ reader when the code does something it does not follow."""
+
+
+def env_name(env):
+    for v in env.values():
+        if v and v[0] == "str":
+            return v[1]
+    return "?"
 
 
 def _forbids_extra(node):
