@@ -164,7 +164,8 @@ def test_check_on_group(fleet, cli):
     assert len(data["hosts"]) == len(LIVE)
     assert status in (0, 1), err   # 1: findings (speculators 0.3.0 vs vLLM 0.17)
     for h in data["hosts"]:
-        assert "findings" in h
+        assert h["ok"] and "findings" in h["result"]
+    assert data["failed"] == []
 
 
 def test_check_mixed_group_reports_failures_and_findings(fleet, cli):
@@ -173,7 +174,7 @@ def test_check_mixed_group_reports_failures_and_findings(fleet, cli):
     assert len(data["hosts"]) == 5
     assert status not in (0, 1)
     failed = [h["error"]["host"] for h in data["hosts"] if "error" in h]
-    assert failed == ["dead", "mute"]
+    assert failed == ["dead", "mute"] == data["failed"]
 
 
 def test_patch_group_then_noop_then_status(fleet, cli):

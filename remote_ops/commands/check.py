@@ -35,39 +35,32 @@ def run(args, ctx) -> int:
     if args.package:
         req.package = args.package
     hosts = ctx.hosts(args.host)
-    results = ctx.for_each_host(hosts, lambda host, sess: check_mod.run(sess, req))
-    if ctx.json:
-        if len(results) == 1 and results[0].ok:
-            ctx.emit(results[0].value)
-        elif len(results) == 1:
-            ctx.report_failures(results)
-        else:
-            ctx.emit({"hosts": [r.value if r.ok else r.to_json() for r in results]})
-            ctx.report_failures(results)
-    else:
-        for r in results:
-            if r.ok:
-                check_mod.render(ctx.console, r.value, ctx.verbose)
-        ctx.report_failures(results)
-    if args.emit_playbook:
-        _emit_playbook(args.emit_playbook, req, [r for r in results if r.ok], ctx)
-    failed = [r for r in results if not r.ok]
-    if failed:
-        return ctx.fleet_status(results)
-    return int(Exit.FINDINGS) if any(r.value["findings"] for r in results) else int(Exit.OK)
+    found: list = []
+
+    def one(host, sess):
+        res = check_mod.run(sess, req)
+        found.append((host.name, res))
+        return res
+
+    status = ctx.fleet(hosts, one, lambda c, name, v: check_mod.render(c, v, ctx.verbose),
+                       summary=lambda v: f"{len(v['findings'])} finding(s), {len(v.get('unknown') or [])} unknown",
+                       exit_for=lambda v: int(Exit.FINDINGS) if v["findings"] else int(Exit.OK))
+    if args.emit_playbook and found:
+        _emit_playbook(args.emit_playbook, req, [v for _, v in sorted(found, key=lambda x: x[0])], ctx)
+    return status
 
 
-def _emit_playbook(path, req, results, ctx) -> None:
+def _emit_playbook(path, req, values, ctx) -> None:
     """One draft for all hosts checked: findings merged, versions pinned to what the hosts run."""
     import sys
 
     from remote_ops import emit_playbook
 
     seen, findings, versions = set(), [], {}
-    for r in results:
-        for pkg, ver in (r.value.get("versions") or {}).items():
+    for value in values:
+        for pkg, ver in (value.get("versions") or {}).items():
             versions.setdefault(pkg, set()).add(ver)
-        for f in r.value["findings"]:
+        for f in value["findings"]:
             key = (f.get("module"), f.get("line"), f.get("symbol"), f.get("kind"), f.get("name"))
             if key not in seen:
                 seen.add(key)
@@ -75,7 +68,7 @@ def _emit_playbook(path, req, results, ctx) -> None:
     requires = {pkg: "==" + next(iter(v)) for pkg, v in sorted(versions.items()) if len(v) == 1 and next(iter(v))}
     check = {}
     targets = list(req.targets or []) or sorted({t["module"] if isinstance(t, dict) else t
-                                                   for r in results for t in (r.value.get("targets") or [])})
+                                                   for v in values for t in (v.get("targets") or [])})
     if targets:
         check["targets"] = targets
     if req.against:

@@ -12,19 +12,14 @@ def run(args, ctx) -> int:
     from remote_ops import facts as facts_mod
 
     hosts = ctx.hosts(args.host)
-    results = ctx.for_each_host(hosts, lambda host, sess: facts_mod.gather(sess))
-    if ctx.json:
-        if len(results) == 1 and results[0].ok:
-            ctx.emit(results[0].value.to_json())
-        else:
-            ctx.emit({"hosts": [r.to_json() if not r.ok else {"host": r.host, "ok": True,
-                                                                "result": r.value.to_json()} for r in results]})
-    else:
-        for r in results:
-            if r.ok:
-                render(ctx.console, r.value)
-        ctx.report_failures(results)
-    return ctx.fleet_status(results)
+    def summary(v) -> str:
+        pk = v.get("packages") or {}
+        vers = ", ".join(f"{k} {p['version']}" for k, p in pk.items() if p.get("present"))
+        gpus = (v.get("gpu") or {}).get("gpus") or []
+        return f"python {v['python']['version']}; {vers}; {len(gpus)} GPU(s)"
+
+    return ctx.fleet(hosts, lambda host, sess: facts_mod.gather(sess).to_json(),
+                     lambda c, name, v: render(c, facts_mod.HostFacts.from_agent(name, v)), summary=summary)
 
 
 def render(console, f) -> None:

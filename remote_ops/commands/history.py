@@ -15,33 +15,27 @@ def run(args, ctx) -> int:
     from remote_ops import patching
 
     hosts = ctx.hosts(args.host)
-    results = ctx.for_each_host(hosts, lambda h, s: patching.history(s, h, limit=args.limit))
-    if ctx.json:
-        ctx.emit({"hosts": [r.to_json() for r in results]} if len(results) > 1 or not results[0].ok
-                 else results[0].value)
-    else:
-        for r in results:
-            if not r.ok:
-                continue
-            entries = r.value.get("entries") or []
-            if not entries:
-                ctx.console.print(f"{r.host}: no journal entries", soft_wrap=True)
-            for e in entries:
-                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.get("when") or 0))
-                who = (e.get("who") or {}).get("controller") or ""
-                extra = ""
-                if e.get("action") == "rollback":
-                    extra = f" of {e.get('of')}"
-                elif e.get("action") == "recovered":
-                    extra = f" of {e.get('of')} (restored {len(e.get('restored') or [])} file(s))"
-                elif e.get("rolled_back_by"):
-                    extra = f" (rolled back by {e['rolled_back_by']})"
-                ctx.console.print(f"{r.host}  {e.get('txid')}  {when}  {e.get('action')}{extra}  "
-                                  f"{e.get('playbook') or ''}  {who}", soft_wrap=True)
-                for t in e.get("targets") or []:
-                    ctx.console.print(f"    {t['real']}  {t['before'][:12]} -> {t['after'][:12]}  backup {t['backup']}", soft_wrap=True)
-            if r.value.get("pending"):
-                ctx.console.print(f"{r.host}: {r.value['pending']} interrupted transaction(s) will be "
-                                  "recovered by the next patch or rollback", soft_wrap=True)
-        ctx.report_failures(results)
-    return ctx.fleet_status(results)
+    def render_one(c, name, v):
+        entries = v.get("entries") or []
+        if not entries:
+            c.print(f"{name}: no journal entries", soft_wrap=True)
+        for e in entries:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.get("when") or 0))
+            who = (e.get("who") or {}).get("controller") or ""
+            extra = ""
+            if e.get("action") == "rollback":
+                extra = f" of {e.get('of')}"
+            elif e.get("action") == "recovered":
+                extra = f" of {e.get('of')} (restored {len(e.get('restored') or [])} file(s))"
+            elif e.get("rolled_back_by"):
+                extra = f" (rolled back by {e['rolled_back_by']})"
+            c.print(f"{name}  {e.get('txid')}  {when}  {e.get('action')}{extra}  "
+                    f"{e.get('playbook') or ''}  {who}", soft_wrap=True)
+            for t in e.get("targets") or []:
+                c.print(f"    {t['real']}  {t['before'][:12]} -> {t['after'][:12]}  backup {t['backup']}", soft_wrap=True)
+        if v.get("pending"):
+            c.print(f"{name}: {v['pending']} interrupted transaction(s) will be "
+                    "recovered by the next patch or rollback", soft_wrap=True)
+
+    return ctx.fleet(hosts, lambda h, s: patching.history(s, h, limit=args.limit), render_one,
+                     summary=lambda v: f"{len(v.get('entries') or [])} journal entr(ies)")

@@ -59,41 +59,41 @@ def run(args, ctx) -> int:
 
     def one(host, session):
         pb = books[str(pbmod.find(args.playbook, host))]
-        return patching.run_host(session, host, pb, dry_run=args.dry_run, import_check=args.import_check,
-                                 confirm=confirm)
+        out = patching.run_host(session, host, pb, dry_run=args.dry_run, import_check=args.import_check,
+                                confirm=confirm)
+        out.pop("plan", None)
+        return out
 
-    results = ctx.for_each_host(hosts, one)
-    for r in results:
-        if r.ok:
-            r.value.pop("plan", None)
-    if ctx.json:
-        ctx.emit({"hosts": [r.to_json() for r in results]} if len(results) > 1 or not results[0].ok
-                 else results[0].value)
-    else:
-        for r in results:
-            if not r.ok:
-                continue
-            v = r.value
-            c = ctx.console
-            if v["diff"] and (args.yes or args.dry_run):
-                _render_diff(c, v["diff"])
-            if v.get("recovered"):
-                c.print(f"{v['host']}: recovered an interrupted transaction: {v['recovered']}", soft_wrap=True)
-            if args.dry_run:
-                state = "would change" if v["diff"] else "no changes"
-                c.print(f"{v['host']}: dry run, {state} ({v['round_trips']} round trip, {v['wall_s']}s)", soft_wrap=True)
-            elif v.get("declined"):
-                c.print(f"{v['host']}: not applied", soft_wrap=True)
-            elif v.get("changed"):
-                j = v["journal"]
-                c.print(f"{v['host']}: patched {len(j['targets'])} file(s), journal {j['txid']} "
-                        f"({v['round_trips']} round trips, {v['wall_s']}s)", soft_wrap=True)
-                for t in j["targets"]:
-                    c.print(f"  {t['real']}  backup {t['backup']}", soft_wrap=True)
-                if v.get("import_check"):
-                    c.print(f"  import check: ok ({', '.join(v['import_check']['modules'])})", soft_wrap=True)
-            else:
-                c.print(f"{v['host']}: no changes ({v.get('note') or 'every edit is already applied'}; "
-                        f"{v['round_trips']} round trip{'s' if v['round_trips'] != 1 else ''}, {v['wall_s']}s)", soft_wrap=True)
-        ctx.report_failures(results)
-    return ctx.fleet_status(results) if any(not r.ok for r in results) else int(Exit.OK)
+    def render_one(c, name, v):
+        if v["diff"] and (args.yes or args.dry_run):
+            _render_diff(c, v["diff"])
+        if v.get("recovered"):
+            c.print(f"{name}: recovered an interrupted transaction: {v['recovered']}", soft_wrap=True)
+        if args.dry_run:
+            state = "would change" if v["diff"] else "no changes"
+            c.print(f"{name}: dry run, {state} ({v['round_trips']} round trip, {v['wall_s']}s)", soft_wrap=True)
+        elif v.get("declined"):
+            c.print(f"{name}: not applied", soft_wrap=True)
+        elif v.get("changed"):
+            j = v["journal"]
+            c.print(f"{name}: patched {len(j['targets'])} file(s), journal {j['txid']} "
+                    f"({v['round_trips']} round trips, {v['wall_s']}s)", soft_wrap=True)
+            for t in j["targets"]:
+                c.print(f"  {t['real']}  backup {t['backup']}", soft_wrap=True)
+            if v.get("import_check"):
+                c.print(f"  import check: ok ({', '.join(v['import_check']['modules'])})", soft_wrap=True)
+        else:
+            c.print(f"{name}: no changes ({v.get('note') or 'every edit is already applied'}; "
+                    f"{v['round_trips']} round trip{'s' if v['round_trips'] != 1 else ''}, {v['wall_s']}s)",
+                    soft_wrap=True)
+
+    def summary(v) -> str:
+        if args.dry_run:
+            return "would change" if v["diff"] else "no changes"
+        if v.get("declined"):
+            return "not applied"
+        if v.get("changed"):
+            return f"patched {len(v['journal']['targets'])} file(s), journal {v['journal']['txid']}"
+        return "no changes"
+
+    return ctx.fleet(hosts, one, render_one, summary=summary)

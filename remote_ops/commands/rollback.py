@@ -14,22 +14,16 @@ def run(args, ctx) -> int:
     from remote_ops import patching
 
     hosts = ctx.hosts(args.host)
-    results = ctx.for_each_host(hosts, lambda h, s: patching.rollback(s, h, to=args.to, force=args.force))
-    if ctx.json:
-        ctx.emit({"hosts": [r.to_json() for r in results]} if len(results) > 1 or not results[0].ok
-                 else results[0].value)
-    else:
-        for r in results:
-            if not r.ok:
-                continue
-            v = r.value
-            if not v.get("changed"):
-                ctx.console.print(f"{r.host}: {v.get('message') or 'nothing to roll back (files already original)'}", soft_wrap=True)
-            for d in v.get("rolled_back") or []:
-                e = d["entry"]
-                if e:
-                    ctx.console.print(f"{r.host}: rolled back {d['of']} -> journal {e['txid']}", soft_wrap=True)
-                    for t in e["targets"]:
-                        ctx.console.print(f"  {t['real']} restored (sha256 {t['after'][:12]})", soft_wrap=True)
-        ctx.report_failures(results)
-    return ctx.fleet_status(results)
+    def render_one(c, name, v):
+        if not v.get("changed"):
+            c.print(f"{name}: {v.get('message') or 'nothing to roll back (files already original)'}", soft_wrap=True)
+        for d in v.get("rolled_back") or []:
+            e = d["entry"]
+            if e:
+                c.print(f"{name}: rolled back {d['of']} -> journal {e['txid']}", soft_wrap=True)
+                for t in e["targets"]:
+                    c.print(f"  {t['real']} restored (sha256 {t['after'][:12]})", soft_wrap=True)
+
+    return ctx.fleet(hosts, lambda h, s: patching.rollback(s, h, to=args.to, force=args.force), render_one,
+                     summary=lambda v: (f"rolled back {len(v.get('rolled_back') or [])} transaction(s)"
+                                        if v.get("changed") else "nothing to roll back"))
