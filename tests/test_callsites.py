@@ -388,6 +388,106 @@ CASES = [
             wrapped(1)
             kept(1)
         """, {(5, "missing-argument", "b")}, ()),
+    ("lazy-module-getattr-reexports", {
+        "__init__.py": """
+            import typing
+
+            MODULE_ATTRS = {
+                "Engine": ".engine:Engine",
+                "make": ".engine:make",
+            }
+            _CLASS_TO_MODULE = {"Cfg": "LIB.cfgs"}
+
+            if typing.TYPE_CHECKING:
+                from LIB.engine import Engine, make
+            else:
+                def __getattr__(name):
+                    from importlib import import_module
+                    if name in MODULE_ATTRS:
+                        module_name, attr_name = MODULE_ATTRS[name].split(":")
+                        module = import_module(module_name, __package__)
+                        return getattr(module, attr_name)
+                    else:
+                        raise AttributeError(name)
+        """,
+        "engine.py": """
+            class Engine:
+                def __init__(self, model, *, seed=0):
+                    self.model = model
+            def make(x):
+                return x
+        """,
+        "cfgs/__init__.py": """
+            import importlib
+            _CLASS_TO_MODULE = {"Cfg": "LIB.cfgs.cfg"}
+            __all__ = ["Cfg", "Lazy"]
+
+            def __getattr__(name):
+                if name in _CLASS_TO_MODULE:
+                    module_name = _CLASS_TO_MODULE[name]
+                    module = importlib.import_module(module_name)
+                    return getattr(module, name)
+                if name == "Lazy":
+                    from .cfg import Lazy
+                    return Lazy
+                if name == "Made":
+                    return object()
+                raise AttributeError(name)
+        """,
+        "cfgs/cfg.py": """
+            from dataclasses import dataclass
+            @dataclass
+            class Cfg:
+                size: int
+            def Lazy(a, b):
+                pass
+        """}, """
+            from LIB import Engine, make
+            from LIB import Nope
+            from LIB.cfgs import Cfg, Lazy, Made
+            Engine("m", seed=1)
+            Engine("m", 1)
+            make(1, 2)
+            Cfg(size=1, sizes=2)
+            Lazy(1)
+            Made(1)
+        """, {(2, "missing-symbol", "Nope"), (5, "too-many-positional", None),
+              (6, "too-many-positional", None), (7, "unexpected-keyword", "sizes"),
+              (8, "missing-argument", "b")}, ()),
+    ("metaclasses-inherited-and-plain", {
+        "__init__.py": "",
+        "api.py": """
+            import abc
+
+            class Registry(type):
+                def __call__(cls, *args, **kwargs):
+                    return super().__call__()
+
+            class Registered(metaclass=Registry):
+                def __init__(self):
+                    pass
+
+            class Child(Registered):
+                pass
+
+            class Marker(abc.ABCMeta):
+                def describe(cls):
+                    return cls.__name__
+
+            class Plain(metaclass=Marker):
+                def __init__(self, a):
+                    pass
+
+            class PlainChild(Plain):
+                pass
+        """}, """
+            from LIB.api import Child, PlainChild, Plain
+            Child(1, 2, x=3)
+            PlainChild(1, 2)
+            Plain(a=1)
+            Plain(b=1)
+        """, {(3, "too-many-positional", None), (5, "unexpected-keyword", "b"),
+              (5, "missing-argument", "a")}, ()),
 ]
 
 
@@ -484,3 +584,81 @@ def test_missing_argument_fix_names_module_constant(tmp_path):
     assert f["fix"] == {"action": "add-keyword", "keyword": "block_size", "value": "VLLM_BLOCK_SIZE",
                         "constant": "VLLM_BLOCK_SIZE", "constant_line": 2}
     assert "VLLM_BLOCK_SIZE" in f["suggestion"]
+
+
+def test_lazy_getattr_unknown_names_say_why(tmp_path):
+    cid = "lazy-module-getattr-reexports"
+    case = next(c for c in CASES if c[0] == cid)
+    lib, app = _write_case(tmp_path, cid, case[1], case[2])
+    res = op_check({"targets": [app + ".main"], "against": [lib], "sys_path": [str(tmp_path)]})
+    u = [u for u in res["unknown"] if u["symbol"].endswith("Made")][0]
+    assert "__getattr__" in u["reason"] and "Made" in u["reason"]
+    meta = next(c for c in CASES if c[0] == "metaclasses-inherited-and-plain")
+    lib, app = _write_case(tmp_path, meta[0], meta[1], meta[2])
+    res = op_check({"targets": [app + ".main"], "against": [lib], "sys_path": [str(tmp_path)]})
+    reasons = {u["symbol"].rsplit(".", 1)[-1]: u["reason"] for u in res["unknown"]}
+    assert "Registry" in reasons["Child"] and "__call__" in reasons["Child"]
+
+
+def test_one_odd_call_is_an_unknown_not_a_failed_op(tmp_path, monkeypatch):
+    """An analysis error on one call becomes an unknown with the reason; the rest is still checked."""
+    from remote_ops.agent import signatures
+
+    lib_files = {"__init__.py": "", "api.py": "def good(a):\n    pass\ndef odd(a):\n    pass\n"}
+    caller = "from LIB.api import good, odd\ngood(1, 2)\nodd(1)\n"
+    lib, app = _write_case(tmp_path, "odd", lib_files, caller)
+    real = signatures.StaticResolver.signature
+
+    def boom(self, e):
+        if e.qual == "odd":
+            raise KeyError("synthetic failure")
+        return real(self, e)
+
+    monkeypatch.setattr(signatures.StaticResolver, "signature", boom)
+    res = op_check({"targets": [app + ".main"], "against": [lib], "sys_path": [str(tmp_path)]})
+    assert _key(res["findings"]) == {(2, "too-many-positional", None)}
+    (u,) = res["unknown"]
+    assert u["line"] == 3 and "KeyError" in u["reason"] and "synthetic failure" in u["reason"]
+
+
+def test_odd_library_and_caller_code_never_fail_the_op(tmp_path):
+    lib_files = {
+        "__init__.py": "from .api import *\n",
+        "api.py": """
+            import functools
+            def make_base():
+                return object
+            class FromExpr(make_base()):
+                pass
+            class Self(Self if False else object):
+                pass
+            class A(B):
+                pass
+            class B(A):
+                pass
+            @functools.lru_cache(maxsize=None)
+            def cached(a):
+                pass
+            def __getattr__(name):
+                return globals()[name.lower()]
+        """,
+        "broken.py": "def f(:\n",
+    }
+    caller = """
+        import LIB
+        from LIB import api, broken
+        from LIB.api import FromExpr, A, cached
+        FromExpr(1)
+        A(1)
+        cached(1, 2)
+        api.table[0](1)
+        (lambda: api.cached)()(1)
+        match 1:
+            case 1:
+                api.cached(1)
+        LIB.api.Whatever(1)
+    """
+    lib, app = _write_case(tmp_path, "oddlib", lib_files, caller)
+    res = op_check({"targets": [app + ".main"], "against": [lib], "sys_path": [str(tmp_path)]})
+    assert (6, "too-many-positional", None) in _key(res["findings"])
+    assert res["unknown"], res

@@ -111,3 +111,59 @@ def test_inspect_static_signatures(paths):
     assert "max_num_encoder_input_tokens" not in iv      # Field(init=False)
     assert "DEFAULT_MAX_NUM_SEQS" not in iv               # ClassVar
     assert missing["kind"] == "missing"
+
+
+# vLLM 0.33.0 moved the kv-cache planning helpers out of vllm.v1.core.kv_cache_utils (verified in its
+# source: vllm/v1/core/kv_cache_planning.py defines get_kv_cache_config_from_groups,
+# _get_kv_cache_groups_uniform_spec and unify_hybrid_kv_cache_specs at top level; kv_cache_utils has
+# no __getattr__ and no re-export), and its top-level `vllm/__init__.py` re-exports lazily through a
+# module __getattr__ over MODULE_ATTRS. Scheduler(block_size), SchedulerConfig(is_encoder_decoder:
+# InitVar[bool]) and Request (no eos_token_id) are as in 0.17.0.
+KVU = "vllm.v1.core.kv_cache_utils."
+EXPECTED_033 = {
+    (GEN, 15, "missing-symbol", KVU + "_get_kv_cache_groups_uniform_spec", "_get_kv_cache_groups_uniform_spec"),
+    (GEN, 15, "missing-symbol", KVU + "get_kv_cache_config_from_groups", "get_kv_cache_config_from_groups"),
+    (GEN, 15, "missing-symbol", KVU + "unify_hybrid_kv_cache_specs", "unify_hybrid_kv_cache_specs"),
+    (GEN, 148, "missing-argument", "vllm.v1.core.sched.scheduler.Scheduler", "block_size"),
+    (GEN, 194, "missing-argument", "vllm.config.SchedulerConfig", "is_encoder_decoder"),
+    (GEN, 234, "unexpected-keyword", "vllm.v1.request.Request", "eos_token_id"),
+}
+
+
+@pytest.fixture(scope="module")
+def vllm_033():
+    return str(pkgsource.unpacked("vllm", "0.33.0"))
+
+
+def test_vllm_033_moved_helpers_and_signatures(vllm_033):
+    spec = str(pkgsource.unpacked("speculators", "0.3.0"))
+    res = op_check({"sys_path": [spec, vllm_033]})
+    assert res["versions"] == {"speculators": "0.3.0", "vllm": "0.33.0"}
+    assert _keys(res) == EXPECTED_033
+    assert res["unknown"] == []
+    for f in res["findings"]:
+        if f["kind"] == "missing-symbol":
+            assert f["fix"]["to"] == "vllm.v1.core.kv_cache_planning", f
+    # the lazy top-level re-exports resolve to the real classes (not "unknown: __getattr__")
+    ins = op_inspect({"sys_path": [vllm_033], "symbols": ["vllm:SamplingParams", "vllm:LLM", "vllm:NoSuch"]})
+    sp, llm, nosuch = ins["symbols"]
+    assert sp["object"] == "class" and "n" in [p["name"] for p in sp["parameters"]]
+    assert llm["object"] == "class" and llm["parameters"][0]["name"] == "model"
+    assert nosuch["kind"] == "missing"
+
+
+def test_speculators_040_pinned_clean_and_newest(vllm_033):
+    """speculators 0.4.0 requires vllm>=0.12.0,<=0.16.0: clean on both ends; on 0.33.0 the moved
+    helpers and Request(eos_token_id) (its Scheduler call already passes block_size)."""
+    spec = str(pkgsource.unpacked("speculators", "0.4.0"))
+    for v in ("0.12.0", "0.16.0"):
+        res = op_check({"sys_path": [spec, str(pkgsource.unpacked("vllm", v))]})
+        assert res["findings"] == [] and res["unknown"] == [], (v, res["findings"], res["unknown"])
+        assert res["calls_checked"] >= 30
+    res = op_check({"sys_path": [spec, vllm_033]})
+    assert {(f["kind"], f["name"]) for f in res["findings"]} == {
+        ("missing-symbol", "_get_kv_cache_groups_uniform_spec"),
+        ("missing-symbol", "get_kv_cache_config_from_groups"),
+        ("missing-symbol", "unify_hybrid_kv_cache_specs"),
+        ("unexpected-keyword", "eos_token_id")}
+    assert res["unknown"] == []

@@ -152,7 +152,8 @@ class Analysis:
             if len(where) > 1:
                 sugg += " (also defined in %s)" % ", ".join(where[1:3])
         else:
-            sugg = "%s was removed; nothing in %s defines it any more" % (name, modname.split(".")[0])
+            sugg = "nothing in the installed %s defines %s (removed, or not there yet)" % (
+                modname.split(".")[0], name)
         self.add(node, modname + "." + name, "missing-symbol", name,
                  "cannot import name %r from %s" % (name, modname), sugg,
                  fix={"action": "move-import", "name": name, "from": modname,
