@@ -63,7 +63,7 @@ def to_json(host: str, raw: dict) -> dict:
     return {"host": host, "mode": raw.get("mode", "static"), "versions": raw.get("versions") or {},
             "findings": findings, "unknown": raw.get("unknown") or [],
             "targets": raw.get("targets") or [], "calls_checked": raw.get("calls_checked"),
-            "python": raw.get("python")}
+            "python": raw.get("python"), **({"note": raw["note"]} if raw.get("note") else {})}
 
 
 def explain(f: dict, style: str = "line") -> str:
@@ -103,6 +103,8 @@ def render(console, result: dict, verbose: int = 0) -> None:
                       f"(not counted as compatible):[/yellow]")
         for u in result["unknown"]:
             console.print(escape(f"  {u.get('path')}:{u.get('line')}  {u.get('symbol')}: {u.get('reason')}"))
+    if result.get("note"):
+        console.print(f"[yellow]{escape(result['note'])}[/yellow]")
     n = len(result["findings"])
     if n:
         console.print(f"[red]{n} finding(s)[/red]")

@@ -167,3 +167,13 @@ def test_speculators_040_pinned_clean_and_newest(vllm_033):
         ("missing-symbol", "unify_hybrid_kv_cache_specs"),
         ("unexpected-keyword", "eos_token_id")}
     assert res["unknown"] == []
+
+
+def test_speculators_without_vllm_imports_says_nothing_was_checked():
+    """From 0.5.0 on, speculators talks to a vLLM server over HTTP (data_generation/vllm_client.py):
+    no module of the package imports vllm, so there is nothing to bind; the check must say so
+    rather than look clean."""
+    spec = str(pkgsource.unpacked("speculators", "0.5.0"))
+    res = op_check({"sys_path": [spec]})
+    assert res["targets"] == [] and res["findings"] == [] and res["calls_checked"] == 0
+    assert "nothing was checked" in res["note"] and "no module of speculators imports it" in res["note"]

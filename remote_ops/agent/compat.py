@@ -126,6 +126,25 @@ def op_check(args):
                     continue
             if callsites.imports_library(text, against):
                 targets.append((mod, path))
+    note = None
+    if not targets and not args.get("targets"):
+        package = args.get("package") or DEFAULT_PACKAGE
+        top = package.split(".")[0]
+        elsewhere = []
+        if top != package:
+            for mod, path in _package_modules(static, top):
+                try:
+                    text = _read(path)
+                except (OSError, UnicodeDecodeError, ValueError):
+                    continue
+                if any(lib in text for lib in against) and callsites.imports_library(text, against):
+                    elsewhere.append(mod)
+        note = "no module of %s imports %s: nothing was checked" % (package, ", ".join(against))
+        if elsewhere:
+            note += " (modules elsewhere in %s that do: %s; name them with targets)" % (
+                top, ", ".join(elsewhere[:5]))
+        else:
+            note += " (no module of %s imports it at all)" % top
     findings, unknown, checked, trace = [], [], 0, []
     for mod, path in targets:
         text = overrides.get(mod)
@@ -158,6 +177,7 @@ def op_check(args):
             "targets": [{"module": m, "path": p} for m, p in targets],
             "findings": findings, "unknown": unknown, "calls_checked": checked,
             "elapsed_s": round(time.perf_counter() - t0, 4),
+            **({"note": note} if note else {}),
             **({"trace": trace} if args.get("trace") else {})}
 
 
