@@ -30,7 +30,7 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.environ
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                        HealthCheck.filter_too_much])
 STATUSES = {int(e) for e in Exit}
-COUNTER = {"inputs": 0}
+from tests.faults import FUZZ_COUNTER as COUNTER  # noqa: E402  (shared with benchmarks/faults.py)
 
 
 def _closed_port() -> int:
