@@ -181,11 +181,13 @@ def apply(session, plan: PatchPlan, host, *, import_check: bool = False) -> dict
     """Round trip 2: the whole transaction on the host."""
     pb = plan.playbook
     changed = [t for t in plan.targets if t.changed]
+    wire = {id(t): p.to_wire() for p, t in zip(pb.patches, plan.targets)}
     args: dict[str, Any] = {
         "playbook": pb.name, "playbook_path": pb.path, "who": who(), "workdir": host.workdir,
         "edit_ids": [r.edit_id for t in changed for r in t.result.results if r.state == "pending"],
         "targets": [{"real": t.real, "label": t.label, "module": t.module, "expected": t.sha256,
-                     "encoding": t.encoding, "data": base64.b64encode(t.new_bytes).decode()} for t in changed],
+                     "encoding": t.encoding, "data": base64.b64encode(t.new_bytes).decode(),
+                     "spec": wire[id(t)]} for t in changed],
     }
     gone = plan.targeted_findings()
     if pb.check and gone:

@@ -101,11 +101,26 @@ def cli_json(cli, env: Env, *args):
     return status, json.loads(out) if out.strip() else None, err
 
 
+def _state_dir_of(pid: int) -> str | None:
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for e in env:
+        if e.startswith(b"REMOTE_OPS_STATE_DIR="):
+            return e.split(b"=", 1)[1].decode(errors="replace")
+    return None
+
+
 @pytest.fixture(autouse=True)
-def _no_job_left_behind():
+def _no_job_left_behind(tmp_path):
+    """A failed test must not leak stubborn workers; only this test's jobs (state dir under its
+    tmp_path) are touched, never a job of the user's or of a suite running beside this one."""
     before = set(marker_pids())
     yield
-    for pid in set(marker_pids()) - before:   # a failed test must not leak stubborn workers
+    mine = [pid for pid in set(marker_pids()) - before
+            if (_state_dir_of(pid) or "").startswith(str(tmp_path))]
+    for pid in mine:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:

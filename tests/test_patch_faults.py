@@ -158,7 +158,8 @@ new = old + {big!r}.encode()
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
 try:
     patching.op_apply({{"targets": [{{"real": target, "expected": hashlib.sha256(old).hexdigest(),
-                        "data": base64.b64encode(new).decode()}}]}})
+                        "spec": {{"path": "b.py"}}, "data": base64.b64encode(new).decode()}}],
+                        "workdir": {str(work)!r}}})
 except AgentFailure as exc:
     print(exc.kind, exc.message)
 """

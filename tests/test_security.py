@@ -154,9 +154,10 @@ def _apply_text(sess, workdir, target: dict, old: str, new: str, **extra):
     text, enc = edits.decode_source(base64.b64decode(t["data"]))
     fr = edits.apply_edits(text, [edits.TextEdit(id="e1", old=old, new=new)], t["real"])
     return sess.call("patching.apply", {"targets": [{"real": t["real"], "label": t["label"], "module": t["module"],
-                                                     "expected": t["sha256"], "encoding": enc,
+                                                     "expected": t["sha256"], "encoding": enc, "spec": target,
                                                      "data": base64.b64encode(edits.encode_source(fr.new_text, enc)).decode()}],
-                                        "playbook": "sec", "edit_ids": ["e1"], "who": "test", **extra})
+                                        "playbook": "sec", "edit_ids": ["e1"], "who": "test",
+                                        "workdir": str(workdir), **extra})
 
 
 def test_playbook_text_with_payloads_is_only_file_content(sshd, tmp_path, env_vllm017, canary, state_dir):
@@ -296,8 +297,6 @@ def test_targets_outside_workdir_or_package_refused(sshd, tmp_path, env_vllm017)
         sess.close()
 
 
-@pytest.mark.xfail(strict=True, reason="DEFECT (reported, remote_ops/agent/patching.py op_apply): apply does not "
-                   "re-check that a target is inside the package/workdir; only patching.read does")
 def test_apply_rechecks_outside_targets(sshd, tmp_path, env_vllm017):
     """Defence in depth: a forged or stale apply request naming a file outside is refused, nothing written."""
     wd = tmp_path / "wd"
@@ -307,13 +306,14 @@ def test_apply_rechecks_outside_targets(sshd, tmp_path, env_vllm017):
     sess = sshd.session(str(env_vllm017), workdir=str(wd), env={"REMOTE_OPS_STATE_DIR": str(tmp_path / "st")})
     try:
         before = outside.read_bytes()
-        (res,) = sess.call_many([("patching.apply", {"targets": [{
-            "real": str(outside), "expected": hashlib.sha256(before).hexdigest(),
-            "data": base64.b64encode(b"X = 666\n").decode()}], "workdir": str(wd)})])
-        written = outside.read_bytes() != before
-        outside.write_bytes(before)
-        assert not written, "apply wrote a file outside the workdir without allow_outside"
-        assert not res["ok"]
+        for spec in (None, {"path": str(outside)}, {"path": "inside.py"}):
+            (res,) = sess.call_many([("patching.apply", {"targets": [{
+                "real": str(outside), "expected": hashlib.sha256(before).hexdigest(), "spec": spec,
+                "data": base64.b64encode(b"X = 666\n").decode()}], "workdir": str(wd)})])
+            written = outside.read_bytes() != before
+            outside.write_bytes(before)
+            assert not written, f"apply wrote a file outside the workdir without allow_outside ({spec})"
+            assert not res["ok"]
     finally:
         sess.close()
 

@@ -593,6 +593,16 @@ def op_apply(args):
         for t in targets:
             if not os.path.isabs(t["real"]):
                 raise AgentFailure("bad-request", "target path must be absolute: %r" % t["real"])
+            # Defence in depth: resolve the playbook's target again here, so that a stale or forged
+            # request can never write outside the package or workdir the read step allowed.
+            spec = t.get("spec")
+            if not isinstance(spec, dict) or not (spec.get("module") or spec.get("path")):
+                raise AgentFailure("bad-request", "target %s comes without its playbook spec" % t["real"])
+            _found, real, _roots = _resolve(spec, args.get("workdir"))
+            if os.path.realpath(t["real"]) != real:
+                raise AgentFailure("changed", "%s now resolves to %s, not %s" % (
+                    spec.get("module") or spec.get("path"), real, t["real"]),
+                    "the host changed since the read step; rerun the patch")
         verified = _verify(args, targets)
         changes = [{"real": t["real"], "label": t.get("label"), "module": t.get("module"),
                     "expected": t["expected"], "data": base64.b64decode(t["data"])} for t in targets]

@@ -78,12 +78,13 @@ def _drive(argv: list[str]) -> int:
                     fr = edits.apply_edits(text, target.edits, t["real"])
                     if fr.changed:
                         wire.append({"real": t["real"], "label": t["label"], "module": t["module"],
-                                     "expected": t["sha256"], "encoding": enc,
+                                     "expected": t["sha256"], "encoding": enc, "spec": target.to_wire(),
                                      "data": base64.b64encode(edits.encode_source(fr.new_text, enc)).decode()})
                 res = {"changed": False}
                 if wire:
                     res = sess.call("patching.apply", {"targets": wire, "playbook": pb.name,
-                                                       "edit_ids": pb.edit_ids, "who": "fault-harness"})
+                                                       "edit_ids": pb.edit_ids, "who": "fault-harness",
+                                                       "workdir": host.workdir})
             elif a.action == "rollback":
                 res = sess.call("patching.rollback", {"who": "fault-harness"})
             else:
