@@ -276,7 +276,7 @@ class Session:
         self.stats.op_log.append([o["op"] for o in ops])
         stderr_chunks: list[bytes] = []
         try:
-            chan.exec_command(bundle.agent_command(self.host.python))
+            _exec_pipelined(chan, bundle.agent_command(self.host.python))
             chan.sendall(payload)
             chan.shutdown_write()
             self.stats.bytes_sent += len(payload)
@@ -359,6 +359,26 @@ class Session:
                 yield {"event": msg["event"]}
             elif "results" in msg:
                 yield {"result": unwrap(msg["results"][0], self.label)}
+
+
+def _exec_pipelined(chan, command: str) -> None:
+    """Send the exec request without waiting for its reply, so stdin follows in the same flight.
+
+    paramiko's ``exec_command`` asks for a reply and blocks on it: one extra network round trip
+    per call. SSH keeps a channel's messages in order, so the server starts the command before it
+    reads our stdin; a refused exec shows up as a channel closed without an exit status, which
+    ``_exec_lines`` reports as a lost connection.
+    """
+    from paramiko.common import cMSG_CHANNEL_REQUEST
+    from paramiko.message import Message
+
+    m = Message()
+    m.add_byte(cMSG_CHANNEL_REQUEST)
+    m.add_int(chan.remote_chanid)
+    m.add_string("exec")
+    m.add_boolean(False)
+    m.add_string(command)
+    chan.transport._send_user_message(m)
 
 
 def unwrap(res: dict, label: str | None = None) -> Any:
