@@ -105,25 +105,8 @@ def marker_pids(job_id, exclude=()):
     return found
 
 
-def group_pids(pgid, exclude=()):
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) in exclude:
-            continue
-        try:
-            with open("/proc/%s/stat" % name, "rb") as fh:
-                stat = fh.read()
-            fields = stat[stat.rindex(b")") + 2:].split()
-        except (OSError, ValueError):
-            continue
-        if fields and fields[0] != b"Z" and int(fields[2]) == pgid:
-            found.append(int(name))
-    return found
-
-
-def process_table():
-    """{pid: (ppid, start_ticks)} of every live, non-zombie process."""
-    table = {}
+def live_stats():
+    """(pid, stat fields after the command name) of every live, non-zombie process."""
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -134,8 +117,16 @@ def process_table():
         except (OSError, ValueError):
             continue
         if fields and fields[0] != b"Z":
-            table[int(name)] = (int(fields[1]), int(fields[19]))
-    return table
+            yield int(name), fields
+
+
+def group_pids(pgid, exclude=()):
+    return [pid for pid, fields in live_stats() if pid not in exclude and int(fields[2]) == pgid]
+
+
+def process_table():
+    """{pid: (ppid, start_ticks)} of every live, non-zombie process."""
+    return {pid: (int(fields[1]), int(fields[19])) for pid, fields in live_stats()}
 
 
 def track_descendants(root_pid, known):
