@@ -123,10 +123,8 @@ def _parse_host(doc: YamlDoc, name: str, entry: Any) -> Host:
         entry = {}
     if not isinstance(entry, dict):
         raise doc.error(where, f"host {name!r} must be a mapping, got {type_name(entry)}")
+    doc.check_keys(where, entry, HOST_KEYS, f"in host {name!r}")
     for key, value in entry.items():
-        if key not in HOST_KEYS:
-            raise doc.error(where + (key,), f"unknown key {key!r} in host {name!r}",
-                            f"known keys: {', '.join(HOST_KEYS)}")
         types, desc = HOST_KEYS[key]
         if isinstance(value, bool) or not isinstance(value, types):
             raise doc.error(where + (key,), f"{key} of host {name!r} must be a {desc}, got {type_name(value)}")
@@ -180,9 +178,7 @@ def parse(doc: YamlDoc) -> Inventory:
         data = {}
     if not isinstance(data, dict):
         raise doc.error((), f"the inventory must be a mapping with 'hosts', got {type_name(data)}")
-    for key in data:
-        if key not in TOP_KEYS:
-            raise doc.error((key,), f"unknown top-level key {key!r}", "known keys: hosts, groups, default")
+    doc.check_keys((), data, TOP_KEYS, "top-level")
     hosts_raw = data.get("hosts") or {}
     if not isinstance(hosts_raw, dict):
         raise doc.error(("hosts",), f"'hosts' must be a mapping of name -> settings, got {type_name(hosts_raw)}")

@@ -102,9 +102,8 @@ def parse_spec(playbook, host) -> ExtractSpec:
             return playbook.error(("extract",) + tuple(keys), problem, hint)
         return err
 
-    for k in raw:
-        if k not in EXTRACT_KEYS:
-            raise err_at((k,))(f"unknown key {k!r} in extract", f"known keys: {', '.join(sorted(EXTRACT_KEYS))}")
+    from remote_ops.yamlsrc import unknown_key_check
+    unknown_key_check(raw, EXTRACT_KEYS, "in extract", lambda k, problem, hint: err_at((k,))(problem, hint))
     from remote_ops.playbook import PLACEHOLDER_RE
 
     def scan(value, keys):

@@ -167,10 +167,7 @@ def _parse_edit(doc: YamlDoc, keys: tuple, raw: Any, seen: set[str]):
     if "call" in raw and "replace" in raw:
         raise doc.error(keys, f"edit {eid!r} has both 'call' and 'replace'; use one edit for each")
     if "call" in raw:
-        for k in raw:
-            if k not in CALL_KEYS:
-                raise doc.error(keys + (k,), f"unknown key {k!r} in call edit {eid!r}",
-                                f"known keys: {', '.join(sorted(CALL_KEYS))}")
+        doc.check_keys(keys, raw, CALL_KEYS, f"in call edit {eid!r}")
         callee = raw["call"]
         if not isinstance(callee, str) or not _DOTTED.match(callee):
             raise doc.error(keys + ("call",), f"unknown callee {callee!r} in edit {eid!r}: "
@@ -205,10 +202,7 @@ def _parse_edit(doc: YamlDoc, keys: tuple, raw: Any, seen: set[str]):
         return CallEdit(id=eid, callee=callee, drop=drop, add=add_src,
                         rename={k: str(v) for k, v in rename.items()}, expect=expect, fixes=fixes, line=line)
     if "replace" in raw:
-        for k in raw:
-            if k not in TEXT_KEYS:
-                raise doc.error(keys + (k,), f"unknown key {k!r} in text edit {eid!r}",
-                                f"known keys: {', '.join(sorted(TEXT_KEYS))}")
+        doc.check_keys(keys, raw, TEXT_KEYS, f"in text edit {eid!r}")
         rep = raw["replace"]
         if not isinstance(rep, dict) or set(rep) != {"old", "new"} or \
                 not all(isinstance(v, str) for v in rep.values()):
@@ -226,9 +220,7 @@ def parse(doc: YamlDoc) -> Playbook:
     data = doc.data
     if not isinstance(data, dict):
         raise doc.error((), f"a playbook must be a mapping, got {type_name(data)}")
-    for key in data:
-        if key not in TOP_KEYS:
-            raise doc.error((key,), f"unknown top-level key {key!r}", f"known keys: {', '.join(sorted(TOP_KEYS))}")
+    doc.check_keys((), data, TOP_KEYS, "top-level")
     _placeholder_scan(doc, {k: v for k, v in data.items() if k != "extract"}, ())
     name = data.get("name") or Path(doc.path).stem
     if not isinstance(name, str):
@@ -253,9 +245,7 @@ def parse(doc: YamlDoc) -> Playbook:
         c = data["check"]
         if not isinstance(c, dict):
             raise doc.error(("check",), f"check must be a mapping with targets and against, got {type_name(c)}")
-        for k in c:
-            if k not in ("targets", "against"):
-                raise doc.error(("check", k), f"unknown key {k!r} in check", "known keys: targets, against")
+        doc.check_keys(("check",), c, ("targets", "against"), "in check")
         targets = _str_list(doc, ("check", "targets"), c.get("targets") or [], "check.targets")
         against = _str_list(doc, ("check", "against"), c.get("against") or [], "check.against")
         for i, t in enumerate(targets):
@@ -275,9 +265,7 @@ def parse(doc: YamlDoc) -> Playbook:
         keys = ("patches", i)
         if not isinstance(p, dict):
             raise doc.error(keys, f"a patch must be a mapping with module or path and edits, got {type_name(p)}")
-        for k in p:
-            if k not in PATCH_KEYS:
-                raise doc.error(keys + (k,), f"unknown key {k!r} in patch", f"known keys: {', '.join(sorted(PATCH_KEYS))}")
+        doc.check_keys(keys, p, PATCH_KEYS, "in patch")
         module, path = p.get("module"), p.get("path")
         if (module is None) == (path is None):
             raise doc.error(keys, "a patch names exactly one of 'module' or 'path'")

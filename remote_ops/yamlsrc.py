@@ -29,6 +29,10 @@ class YamlDoc:
     def error(self, keys: tuple, problem: str, hint: str | None = None) -> ConfigError:
         return ConfigError(self.path, self.line(*keys), problem, hint)
 
+    def check_keys(self, keys: tuple, mapping: dict, known, where: str) -> None:
+        """Refuse the first key of ``mapping`` not in ``known``, naming its line and the near miss."""
+        unknown_key_check(mapping, known, where, lambda k, p, h: self.error(keys + (k,), p, h))
+
 
 def _convert(node, path: tuple, lines: dict, src: str):
     import yaml
@@ -101,6 +105,18 @@ def load_file(path: str | Path) -> YamlDoc:
         line = raw[: exc.start].count(b"\n") + 1
         raise ConfigError(str(path), line, "not valid UTF-8") from None
     return load_text(text, str(path))
+
+
+def unknown_key_check(mapping: dict, known, where: str, make_error) -> None:
+    """Raise ``make_error(key, problem, hint)`` for the first key not in ``known``."""
+    import difflib
+
+    for key in mapping:
+        if key not in known:
+            near = difflib.get_close_matches(str(key), [str(k) for k in known], n=1)
+            hint = (f"did you mean {near[0]!r}? " if near else "") + f"known keys: {', '.join(sorted(map(str, known)))}"
+            problem = f"unknown top-level key {key!r}" if where == "top-level" else f"unknown key {key!r} {where}"
+            raise make_error(key, problem, hint)
 
 
 def type_name(value: Any) -> str:
