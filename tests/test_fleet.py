@@ -235,3 +235,49 @@ def test_api_fleet(fleet):
         assert checked.ok and all("findings" in r.value for r in checked)
         dry = inv.patch("gpus", dry_run=True)
         assert dry.ok and all(r.value["diff"] and not r.value["changed"] for r in dry)
+
+
+def test_extract_status_stop_on_group_with_per_host_vars(fleet, cli, tmp_path):
+    """extract/status/stop take a GROUP; each host's inventory vars fill the playbook's templates."""
+    import yaml
+
+    py = pkgsource.make_env(tmp_path / "venv", [SPECULATORS, VLLM_NEW], with_torch=True)
+    standin = REPO / "remote_ops" / "sandbox_assets" / "extract_standin.py"
+    pb = yaml.safe_load(PLAYBOOK.read_text())
+    pb["extract"] = {"command": ["{python}", "{vars.script}", "--output-dir", "{output_dir}",
+                                 "--max-samples", "{vars.samples}", "--sleep", "{vars.sleep}"],
+                     "output_dir": "{vars.out}", "gpus": {"count": 0, "free": False}}
+    pb_path = tmp_path / "pb.yaml"
+    pb_path.write_text(yaml.safe_dump(pb, sort_keys=False))
+    hosts = {}
+    for server, (name, samples, sleep) in zip(fleet["servers"], (("x1", 4, 0), ("x2", 8, 0), ("x3", 400, 1))):
+        state = tmp_path / f"state-{name}"
+        state.mkdir()
+        hosts[name] = {"hostname": server.address, "port": server.port, "user": server.user,
+                       "identity_file": str(server.identity_file), "known_hosts": str(server.known_hosts),
+                       "python": str(py), "workdir": str(tmp_path), "playbook": str(pb_path),
+                       "env": {"REMOTE_OPS_STATE_DIR": str(state)},
+                       "vars": {"script": str(standin), "samples": samples, "sleep": sleep,
+                                "out": str(tmp_path / f"out-{name}")}}
+    inv = str(write_inventory(tmp_path / "inventory.yaml", hosts, {"jobs": ["x1", "x2", "x3"]}))
+    status, out, err = cli("-i", inv, "patch", "x1", "--yes", "--json")   # one venv behind all three
+    assert status == 0, err
+    status, out, err = cli("-i", inv, "extract", "jobs", "--json")
+    assert status == 0, err
+    started = {h["host"]: h["result"] for h in json.loads(out)["hosts"]}
+    for name in hosts:
+        assert str(tmp_path / f"out-{name}") in started[name]["job"]["command"]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        status, out, err = cli("-i", inv, "status", "jobs", "--json")
+        states = {h["host"]: h["result"]["job"]["state"] for h in json.loads(out)["hosts"]}
+        if states["x1"] == states["x2"] == "succeeded" and states["x3"] == "running":
+            break
+        time.sleep(0.5)
+    assert states == {"x1": "succeeded", "x2": "succeeded", "x3": "running"}
+    assert len(list((tmp_path / "out-x1").glob("data_*.pt"))) == 4
+    assert len(list((tmp_path / "out-x2").glob("data_*.pt"))) == 8
+    status, out, err = cli("-i", inv, "stop", "jobs", "--grace", "5", "--json")
+    assert status == 0, err
+    status, out, err = cli("-i", inv, "status", "x3", "--json")
+    assert json.loads(out)["job"]["state"] == "stopped"
