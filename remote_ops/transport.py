@@ -113,12 +113,17 @@ class Session:
         return {"hostname": hostname, "port": port, "user": user, "identity_files": idents,
                 "known_hosts": known, "hops": hops, "timeout": timeout, "keepalive": keepalive}
 
-    def _hop_host(self, hop: str) -> Host:
+    def _hop_host(self, hop: str, ssh_cfg=None) -> Host:
         if hop in self.inventory_hosts:
             return self.inventory_hosts[hop]
         user, hostname, port = _parse_hop(hop)
+        # A hop that is not an inventory host trusts the same known_hosts as the host it leads to,
+        # and offers the same keys unless ~/.ssh/config names an IdentityFile for the hop itself.
+        own_keys = bool(ssh_cfg and ssh_cfg.lookup(hostname).get("identityfile"))
         return Host(name=hop, hostname=hostname, port=port, user=user, proxy_jump=(),
-                    known_hosts=self.host.known_hosts, inventory_path=self.host.inventory_path)
+                    known_hosts=self.host.known_hosts,
+                    identity_file=() if own_keys else self.host.identity_file,
+                    inventory_path=self.host.inventory_path)
 
     def _make_connection(self, host: Host, ssh_cfg, gateway):
         import paramiko
@@ -157,7 +162,7 @@ class Session:
         s0 = self._settings(self.host, ssh_cfg)
         gateway = None
         for hop in s0["hops"]:
-            hop_conn, hs = self._make_connection(self._hop_host(hop), ssh_cfg, gateway)
+            hop_conn, hs = self._make_connection(self._hop_host(hop, ssh_cfg), ssh_cfg, gateway)
             self._gateways.append((hop_conn, hs))
             gateway = hop_conn
         conn, s = self._make_connection(self.host, ssh_cfg, gateway)
@@ -211,6 +216,10 @@ class Session:
                 msg = str(saved) if saved is not None else "handshake failed"
                 if time.monotonic() - started >= 0.9 * s["timeout"]:
                     msg += " (timeout)"
+            if "authentication" in msg.lower():
+                raise AuthError(f"authentication refused by {where} ({msg})",
+                                "check user and identity_file in the inventory, or load the key into ssh-agent",
+                                host=self.label) from None
             if "banner" in msg.lower() or "timeout" in msg.lower():
                 raise TimeoutError_(f"no SSH greeting from {where} within {s['timeout']:g}s ({msg})",
                                     "the port answers but is not an SSH server, or the host is overloaded",

@@ -175,3 +175,54 @@ def test_verbose_reports_round_trips(sshd, inventory_file, env_vllm017, cli):
     status, out, err = cli("facts", "-v", "-i", str(inv))
     assert status == 0
     assert "1 connection(s), 1 exec round trip(s)" in err
+
+
+def test_ssh_agent_authenticates_without_identity_file(sshd, tmp_path, env_vllm017, cli):
+    """No identity_file anywhere: the key comes from a running ssh-agent (SSH_AUTH_SOCK)."""
+    import os
+    import shutil
+    import subprocess
+
+    if not shutil.which("ssh-agent") or not shutil.which("ssh-add"):
+        pytest.skip("ssh-agent is not installed")
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            if sock.exists():
+                break
+            import time
+            time.sleep(0.05)
+        env = dict(os.environ, SSH_AUTH_SOCK=str(sock))
+        subprocess.run(["ssh-add", str(sshd.identity_file)], env=env, check=True, capture_output=True)
+        from tests.conftest import write_inventory
+        entry = sshd.host_entry(python=str(env_vllm017))
+        del entry["identity_file"]
+        inv = write_inventory(tmp_path / "inv.yaml", {"h": entry})
+        home = tmp_path / "home"          # no ~/.ssh keys to fall back on
+        home.mkdir()
+        status, out, err = cli("facts", "h", "--json", "-i", str(inv),
+                               env={"SSH_AUTH_SOCK": str(sock), "HOME": str(home),
+                                    "REMOTE_OPS_SSH_CONFIG": str(home / "none")})
+        assert status == 0, err
+        assert json.loads(out)["packages"]["speculators"]["version"] == "0.3.0"
+        # and without the agent, the same inventory is refused authentication
+        status, out, err = cli("facts", "h", "-i", str(inv),
+                               env={"SSH_AUTH_SOCK": str(tmp_path / "no-agent"), "HOME": str(home)})
+        assert status == Exit.AUTH, err
+    finally:
+        agent.terminate()
+        agent.wait()
+
+
+def test_multi_hop_proxy_jump(sshd, tmp_path, env_vllm017, cli):
+    """Two hops (user@host:port strings, as in ssh -J a,b): both gateways verified against known_hosts."""
+    from tests.conftest import write_inventory
+    hop = f"{sshd.user}@127.0.0.1:{sshd.port}"
+    inv = write_inventory(tmp_path / "inv.yaml", {
+        "target": sshd.host_entry(python=str(env_vllm017), proxy_jump=[hop, hop]),
+    })
+    status, out, err = cli("facts", "target", "--json", "-i", str(inv))
+    assert status == 0, err
+    assert json.loads(out)["packages"]["vllm"]["version"] == "0.17.0"
