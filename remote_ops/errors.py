@@ -38,8 +38,10 @@ class RemoteOpsError(Exception):
         where = f"{self.host}: " if self.host else ""
         hint = f" ({self.hint})" if self.hint else ""
         line = f"{where}{self.message}{hint}"
-        # a user value holding a line break (host name, path, payload) must not split the line
-        return line.replace("\r", "\\r").replace("\n", "\\n")
+        # a user value holding a line break (host name, path, payload) must not split the line:
+        # every character str.splitlines() breaks on, and other control characters, is escaped
+        return "".join(ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode()
+                       for ch in line)
 
     def to_json(self) -> dict:
         return {"error": type(self).__name__, "message": self.message, "hint": self.hint,

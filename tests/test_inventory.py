@@ -121,3 +121,13 @@ def test_env_var_selects_inventory(tmp_path, cli):
     assert data["default"] == "gpu-host"
     assert {h["name"] for h in data["hosts"]} == {"gpu-host", "gpu-2"}
     assert data["groups"] == {"gpus": ["gpu-host", "gpu-2"]}
+
+
+@pytest.mark.parametrize("ch", ["\n", "\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"])
+def test_cli_argument_with_any_line_break_stays_one_line(tmp_path, cli, ch):
+    """Found by the fuzzer: \\x1e (and the other separators str.splitlines() honours) split the error."""
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(GOOD)
+    status, out, err = cli("hosts", f"a{ch}b", "-i", str(inv))
+    assert status == 2
+    assert len(err.splitlines()) == 1, err
