@@ -200,12 +200,14 @@ def parse(doc: YamlDoc) -> Inventory:
             raise doc.error(("groups", gname), f"group {gname!r} must be a list of host names, got {type_name(members)}")
         names: list[str] = []
         for i, member in enumerate(members):
+            if not isinstance(member, str):
+                raise doc.error(("groups", gname, i), f"group {gname!r} must list host names, got {type_name(member)}")
             if member in hosts:
                 names.append(member)
             elif isinstance(member, str) and member in groups_raw and member != gname:
                 # nested group, one level deep is enough for readable inventories
                 inner = groups_raw[member]
-                if not isinstance(inner, list) or any(m not in hosts for m in inner):
+                if not isinstance(inner, list) or any(not isinstance(m, str) or m not in hosts for m in inner):
                     raise doc.error(("groups", gname, i), f"group {gname!r} nests {member!r}, which must list hosts only")
                 names.extend(inner)
             else:

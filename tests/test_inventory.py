@@ -68,6 +68,8 @@ def test_no_default_with_many_hosts_is_a_usage_error():
     ("hosts:\n  a: {}\n  a: {}\n", 3, "duplicate key 'a'"),
     ("colour: blue\n", 1, "unknown top-level key 'colour'"),
     ("hosts:\n  a:\n    proxy_jump: [1]\n", 3, "proxy_jump entries must be strings"),
+    ("hosts: {}\ngroups:\n  g: [[a]]\n", 3, "group 'g' must list host names, got list"),
+    ("hosts:\n  a: {}\ngroups:\n  g: [n]\n  n: [[a]]\n", 4, "group 'g' nests 'n'"),
 ])
 def test_bad_inventory_names_file_line_and_problem(text, line, fragment):
     with pytest.raises(ConfigError) as err:
