@@ -196,6 +196,9 @@ def apply(session, plan: PatchPlan, host, *, import_check: bool = False) -> dict
         patched = {t.module for t in changed if t.module}
         vargs = dict(check_args(pb))
         vargs["targets"] = [m for m in vargs["targets"] if m in patched] or vargs["targets"]
+        if all(f.get("symbol") for f in gone):
+            # and only the calls whose findings the edits fix (the others are not the patch's claim)
+            vargs["only_symbols"] = sorted({f["symbol"] for f in gone})
         args["verify"] = {"args": vargs, "gone": gone}
     if import_check:
         args["import_check"] = sorted({t.module for t in plan.targets if t.module})

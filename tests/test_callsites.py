@@ -662,3 +662,22 @@ def test_odd_library_and_caller_code_never_fail_the_op(tmp_path):
     res = op_check({"targets": [app + ".main"], "against": [lib], "sys_path": [str(tmp_path)]})
     assert (6, "too-many-positional", None) in _key(res["findings"])
     assert res["unknown"], res
+
+
+def test_only_symbols_narrows_the_check_to_those_callees(tmp_path):
+    """Patch verification asks only for the callees its edits fix; the rest of the module is not
+    checked (and not reported), the named ones exactly as in a full check."""
+    from remote_ops.agent import compat
+
+    lib = tmp_path / "libx"
+    lib.mkdir()
+    (lib / "__init__.py").write_text("def f(a):\n    pass\n\ndef g(b):\n    pass\n")
+    caller = tmp_path / "callerx.py"
+    caller.write_text("from libx import f, g\n\nf(a=1, zz=2)\ng(c=3)\n")
+    base = {"targets": ["callerx"], "against": ["libx"], "sys_path": [str(tmp_path)]}
+    full = compat.op_check(dict(base))
+    assert {(f["symbol"], f["name"]) for f in full["findings"]} == {
+        ("libx.f", "zz"), ("libx.g", "c"), ("libx.g", "b")}
+    narrow = compat.op_check(dict(base, only_symbols=["libx.f"]))
+    assert {(f["symbol"], f["name"]) for f in narrow["findings"]} == {("libx.f", "zz")}
+    assert narrow["calls_checked"] == 1

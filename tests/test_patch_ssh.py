@@ -214,3 +214,28 @@ def test_rollback_refuses_when_file_changed(workhost, state_dir):
     assert (work / "app" / "mod.py").read_text() == "edited by hand\n"
     assert patching.rollback(sess, host, force=True)["changed"]
     assert (work / "app" / "mod.py").read_bytes() == original
+
+
+def test_edit_that_does_not_fix_what_it_claims_is_refused_on_the_host(sshd, fresh_env017, state_dir,
+                                                                         inventory_file, cli, tmp_path):
+    """The edits' `fixes` are verified against the NEW text before anything is written: an edit that
+    claims to fix Request(eos_token_id=...) but changes something else is refused, host untouched."""
+    target = site_file(fresh_env017, GEN)
+    original = target.read_bytes()
+    pb = tmp_path / "liar.yaml"
+    pb.write_text(
+        "name: liar\n"
+        "check:\n  targets: [speculators.data_generation.vllm_hidden_states_generator]\n  against: [vllm]\n"
+        "patches:\n"
+        "  - module: speculators.data_generation.vllm_hidden_states_generator\n"
+        "    edits:\n"
+        "      - id: pretend-to-fix-request\n"
+        "        call: Request\n"
+        "        add: {priority: '0'}\n"
+        "        fixes: [{kind: unexpected-keyword, symbol: vllm.v1.request.Request, name: eos_token_id}]\n")
+    inv = inventory_file(python=str(fresh_env017), env={"REMOTE_OPS_STATE_DIR": str(state_dir)})
+    status, out, err = cli("-i", str(inv), "patch", "testhost", "--playbook", str(pb), "--yes")
+    assert status == 8, err
+    assert "still has 1 finding" in err and "eos_token_id" in err
+    assert target.read_bytes() == original
+    assert journal(state_dir) == []

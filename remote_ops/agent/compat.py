@@ -10,6 +10,8 @@
     override_sources: {module: text}
                                 analyse this text instead of the installed file (used to
                                 re-check edited text in the same round trip, e.g. by patch)
+    only_symbols: [str, ...]    check only calls to these callees (dotted, as imported); the
+                                patch's verification asks just for what its edits fix
     trace: bool                 also return every checked call with the signature used
     Returns {"mode", "python", "versions", "targets": [{module, path}], "findings": [...],
     "unknown": [...], "calls_checked", "elapsed_s"[, "trace"]}. A finding carries path, line,
@@ -156,6 +158,8 @@ def op_check(args):
                                 "reason": "cannot read: %s" % exc})
                 continue
         a = callsites.Analysis(resolver, mod, path, text, against, suggester=static)
+        if args.get("only_symbols"):
+            a.only = set(args["only_symbols"])
         try:
             a.run()
         except RecursionError:
