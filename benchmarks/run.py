@@ -506,14 +506,14 @@ class Bench:
         env = dict(os.environ, NO_COLOR="1")
         proc = subprocess.Popen([CLI, "-i", str(self.lab.inventory), "logs", "h01", "--follow"],
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
-        lat = []
+        seen = []      # (received at, written at) of every tick line
         first = threading.Event()
 
         def reader():
             for line in proc.stdout:
                 m = re.search(rb"tick (\d+\.\d+)", line)
                 if m:
-                    lat.append(time.time() - float(m.group(1)))
+                    seen.append((time.time(), float(m.group(1))))
                     first.set()
         th = threading.Thread(target=reader, daemon=True)
         th.start()
@@ -521,7 +521,11 @@ class Bench:
         deadline = time.time() + seconds
         while time.time() < deadline and proc.poll() is None:
             time.sleep(0.1)
-        if not lat:
+        # Only live lines count: a line written before the follower printed its first line is
+        # history it caught up on (the follower's own start costs a connection at this RTT).
+        attached = seen[0][0] if seen else 0.0
+        lat = [got - wrote for got, wrote in seen if wrote >= attached]
+        if not seen:
             self.extra.setdefault("tail_missing", []).append(self.lab.rtt)
         proc.send_signal(signal.SIGINT)
         try:
@@ -529,7 +533,6 @@ class Bench:
         except subprocess.TimeoutExpired:
             proc.kill()
         self.ro("stop", "h01", "--json", check_ok=False)
-        lat = lat[2:]   # the first lines are history from before the follow started
         if lat:
             self.extra.setdefault("tail", {})[self.lab.rtt] = (pct(lat, 0.5), pct(lat, 0.95), len(lat))
         h.reset()

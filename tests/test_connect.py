@@ -226,3 +226,12 @@ def test_multi_hop_proxy_jump(sshd, tmp_path, env_vllm017, cli):
     status, out, err = cli("facts", "target", "--json", "-i", str(inv))
     assert status == 0, err
     assert json.loads(out)["packages"]["vllm"]["version"] == "0.17.0"
+
+
+def test_streamed_events_arrive_in_order_then_the_result(sshd, env_vllm017):
+    """Generator ops stream events on the same exec channel (what --tail and verify use)."""
+    with sshd.session(python=str(env_vllm017)) as sess:
+        msgs = list(sess.stream("ping.ticks", {"n": 5, "every": 0.01}))
+        assert sess.stats.execs == 1
+    assert [m["event"]["i"] for m in msgs[:-1]] == [0, 1, 2, 3, 4]
+    assert msgs[-1] == {"result": {"done": True}}
