@@ -662,13 +662,13 @@ def why(b: Bench, rtts: list[float]) -> list[str]:
         out.append(f"- patch vs floor: at {min(rtts):g} ms the patch costs {p0 - f0:+.2f}s over the floor and at "
                    f"{hi:g} ms {p - f:+.2f}s, so the gap is mostly local and host CPU, not round trips "
                    "(both do 2 execs on one new connection). remote-ops pays a Python start with "
-                   "fabric/paramiko/libcst imports, libcst edits + validation on the controller, and a "
-                   "compat.check of the vLLM sources on the host in both round trips (to report findings "
-                   "before and to verify they are gone before committing); the floor runs `cat` twice. "
-                   "To reach 1.3x: cache the computed plan by the target's sha256 (no libcst run for a file "
-                   "seen before), verify only the patched module instead of a full compat.check, and send "
-                   "exec + stdin without waiting for the exec request's reply (paramiko waits: about one "
-                   "RTT per exec).")
+                   "fabric/paramiko imports (libcst loads while connecting), libcst edits + validation on "
+                   "the controller, the agent compiling its modules on the host in each round trip, and the "
+                   "re-check of the new text against the vLLM sources before committing (narrowed to the "
+                   "callees the edits fix); the floor is the C ssh binary running `cat` twice. The exec "
+                   "request is already pipelined with stdin. To reach 1.3x: cache the computed plan by the "
+                   "target's sha256 (no libcst run for a file seen before) and keep compiled agent code on "
+                   "the host between calls (a cache directory there) or a resident agent.")
     for r in rtts:
         name1, name16 = "fleet: remote-ops patch on 1 host", "fleet: remote-ops patch on 16 hosts"
         one, many = cell(b, name1, r), cell(b, name16, r)
