@@ -127,7 +127,10 @@ class Context:
     def console(self):
         if self._console is None:
             from rich.console import Console
-            self._console = Console(highlight=False, soft_wrap=True)
+            import os
+            # piped output (scripts, CI logs) must not be cut to 80 columns: tables would truncate
+            wide = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 200
+            self._console = Console(highlight=False, soft_wrap=True, width=wide)
         return self._console
 
     @property
