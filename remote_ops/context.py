@@ -56,8 +56,7 @@ class Context:
         return self._inventory
 
     def hosts(self, spec: str | None):
-        from remote_ops.inventory import resolve_default
-        return resolve_default(self.inventory, spec)
+        return self.inventory.resolve(spec)
 
     # ------------------------------------------------------------------ sessions
     def session(self, host):

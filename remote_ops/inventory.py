@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from remote_ops.errors import ConfigError, UsageError
+from remote_ops.errors import UsageError
 from remote_ops.yamlsrc import YamlDoc, load_file, type_name
 
 DEFAULT_INVENTORY = "inventory.yaml"
@@ -226,6 +226,3 @@ def load(path: str | None = None, *, missing_ok: bool = False) -> Inventory:
         return Inventory(p, {}, {}, None, None)
     return parse(load_file(p))
 
-
-def resolve_default(inv: Inventory, spec: str | None) -> list[Host]:
-    return inv.resolve(spec)

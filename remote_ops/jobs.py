@@ -441,11 +441,6 @@ def exit_for(st: dict) -> int:
     return int(Exit.OK) if st.get("state") in ("succeeded", "running", "starting") else int(Exit.FINDINGS)
 
 
-def public(st: dict) -> dict:
-    """A status record fit for --json (it never holds secret values; this drops nothing else)."""
-    return dict(st)
-
-
 def check_usage(args) -> None:
     if getattr(args, "grace", None) is not None and args.grace < 0:
         raise UsageError("--grace must be >= 0")

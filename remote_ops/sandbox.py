@@ -105,7 +105,7 @@ def up(inventory_path: str, *, speculators: str = "0.3.0", vllm: str = "0.17.0",
         progress(f"starting sshd on 127.0.0.1:{server.port}")
         try:
             server.start(foreground=False)
-        except RemoteOpsError as exc:
+        except RemoteOpsError:
             if port:
                 raise
             # the remembered port may be taken now: take a free one

@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from remote_ops import bundle
-from remote_ops.errors import (AgentError, AuthError, HostKeyError, RemoteOpsError,
-                               TimeoutError_, UnreachableError)
+from remote_ops.errors import AgentError, AuthError, HostKeyError, TimeoutError_, UnreachableError
 from remote_ops.inventory import Host
 
 
@@ -188,11 +187,11 @@ class Session:
             raise AuthError(f"authentication refused by {where} ({exc})",
                             "check user and identity_file in the inventory, or load the key into ssh-agent",
                             host=self.label) from None
-        except (socket.timeout, TimeoutError) as exc:
+        except (socket.timeout, TimeoutError):
             raise TimeoutError_(f"connection to {where} timed out after {s['timeout']:g}s",
                                 "check that the host is up and reachable, or raise connect_timeout",
                                 host=self.label) from None
-        except paramiko.ssh_exception.NoValidConnectionsError as exc:
+        except paramiko.ssh_exception.NoValidConnectionsError:
             raise UnreachableError(f"cannot reach {where}: connection refused",
                                    "is sshd running and the port right?", host=self.label) from None
         except socket.gaierror as exc:

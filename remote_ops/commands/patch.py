@@ -35,7 +35,7 @@ def run(args, ctx) -> int:
 
     from remote_ops import patching
     from remote_ops import playbook as pbmod
-    from remote_ops.errors import Exit, UsageError
+    from remote_ops.errors import UsageError
 
     hosts = ctx.hosts(args.host)
     patching.prefetch_libcst()      # overlaps the ~0.2 s import with connecting
