@@ -77,7 +77,6 @@ class PatchPlan:
     python: list[int]
     packages: dict[str, str | None]
     targets: list[TargetPlan]
-    findings_before: list[dict] | None = None
     recovered: list = field(default_factory=list)
 
     @property
@@ -120,22 +119,12 @@ def check_args(pb: Playbook) -> dict | None:
     return {"targets": pb.check["targets"], "against": pb.check.get("against") or ["vllm"]}
 
 
-def read(session, pb: Playbook, host, *, with_check: bool = False) -> dict:
-    """Round trip 1: facts + targets (+ the check's findings before the patch, when asked for:
-    the edits' own ``fixes`` say which findings must be gone, so a patch does not need them)."""
-    ops = [("patching.read", {"targets": [p.to_wire() for p in pb.patches], "packages": packages_to_query(pb),
-                              "workdir": host.workdir})]
-    if pb.check and with_check:
-        ops.append(("compat.check", check_args(pb)))
-    results = session.call_many(ops)
-    raw = unwrap(results[0], host.name, "reading the patch targets")
-    raw["check"] = None
-    if len(results) > 1:
-        if results[1].get("ok"):
-            raw["check"] = results[1]["result"]
-        else:
-            raw["check_error"] = (results[1].get("error") or {}).get("message")
-    return raw
+def read(session, pb: Playbook, host) -> dict:
+    """Round trip 1: facts + targets. No check here: the edits' own ``fixes`` say which findings
+    must be gone, and apply verifies that against the new text."""
+    (res,) = session.call_many([("patching.read", {"targets": [p.to_wire() for p in pb.patches],
+                                                    "packages": packages_to_query(pb), "workdir": host.workdir})])
+    return unwrap(res, host.name, "reading the patch targets")
 
 
 def compute(pb: Playbook, raw: dict, host_name: str) -> PatchPlan:
@@ -173,8 +162,7 @@ def compute(pb: Playbook, raw: dict, host_name: str) -> PatchPlan:
         new_bytes = edits_mod.encode_source(result.new_text, encoding)
         targets.append(TargetPlan(label, patch.module, t["path"], t["real"], t.get("is_link", False),
                                   t["sha256"], t["mode"], encoding, result, new_bytes))
-    findings = (raw.get("check") or {}).get("findings")
-    return PatchPlan(host_name, pb, list(python), raw.get("packages") or {}, targets, findings,
+    return PatchPlan(host_name, pb, list(python), raw.get("packages") or {}, targets,
                      raw.get("recovered") or [])
 
 
@@ -218,7 +206,7 @@ def run_host(session, host, pb: Playbook, *, dry_run: bool = False, import_check
            "packages": plan.packages, "changed": False, "dry_run": dry_run,
            "targets": [{"label": t.label, "path": t.path, "real": t.real, "is_link": t.is_link,
                         "changed": t.changed, "sha256_before": t.sha256} for t in plan.targets],
-           "edits": plan.edit_states(), "diff": plan.diff(), "findings_before": plan.findings_before,
+           "edits": plan.edit_states(), "diff": plan.diff(),
            "recovered": plan.recovered, "plan": plan}
     if plan.changed and not dry_run:
         if confirm is not None and not confirm(plan):
