@@ -125,3 +125,14 @@ def test_emit_playbook_draft_needs_a_person_then_patches_clean(sshd, inventory_f
     status, out, err = cli("check", "testhost", "--json", "-i", str(inv))
     assert status == 0, err
     assert json.loads(out)["findings"] == []
+
+
+def test_inspect_on_several_hosts_is_one_json_document(sshd, tmp_path, env_vllm017, cli):
+    from tests.conftest import write_inventory
+    inv = write_inventory(tmp_path / "inv.yaml", {"a": sshd.host_entry(str(env_vllm017)),
+                                                  "b": sshd.host_entry(str(env_vllm017))})
+    status, out, err = cli("inspect", "a,b", "vllm.v1.request:Request", "--json", "-i", str(inv))
+    assert status == 0, err
+    doc = json.loads(out)                       # one document, not one per host
+    assert doc["failed"] == [] and [h["host"] for h in doc["hosts"]] == ["a", "b"]
+    assert all(h["result"]["symbols"][0]["kind"] == "class" for h in doc["hosts"])

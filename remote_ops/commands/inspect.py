@@ -28,12 +28,9 @@ def run(args, ctx) -> int:
         raw = sess.call("compat.inspect", op_args)
         return dict(raw, host=host.name)
 
-    results = ctx.for_each_host(ctx.hosts(args.host), one)
-    for r in results:
-        if r.ok:
-            ctx.emit(r.value, lambda console, v=r.value: check_mod.render_inspect(console, v))
-    ctx.report_failures(results)
-    if any(not r.ok for r in results):
-        return ctx.fleet_status(results)
-    bad = any(s["kind"] in ("missing", "unknown") for r in results for s in r.value["symbols"])
-    return int(Exit.FINDINGS) if bad else int(Exit.OK)
+    def exit_for(v) -> int:
+        bad = any(s["kind"] in ("missing", "unknown") for s in v["symbols"])
+        return int(Exit.FINDINGS) if bad else int(Exit.OK)
+
+    return ctx.fleet(ctx.hosts(args.host), one, lambda c, name, v: check_mod.render_inspect(c, v),
+                     summary=lambda v: f"{len(v['symbols'])} symbol(s)", exit_for=exit_for)
