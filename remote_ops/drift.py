@@ -1,0 +1,109 @@
+"""Drift, controller side: the baseline's sources and the comparison with what the host reported.
+
+The host's ``compat.check`` (with ``drift``) returns the package's *touches* of the library, each
+with the installed version's facts, and the package's declared requirement. Here the baseline
+version is chosen (``--baseline VERSION|PATH``, else the package's own pin, e.g. speculators
+0.3.0's ``vllm==0.11.0``), its sources are fetched once (``pkgsource``: the wheel, no deps,
+cached) and the same static resolver (``agent/signatures.py``) computes the baseline's facts;
+``agent/drift.py`` compares. Nothing is imported on either side.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from remote_ops.agent import drift as agent_drift
+from remote_ops.agent.signatures import StaticResolver
+
+
+def baseline_source(lib: str, arg: str | None, declared: dict) -> dict:
+    """{"library", "version", "path", "source"} or {"library", "unavailable": reason}."""
+    from remote_ops import pkgsource
+    from remote_ops.errors import RemoteOpsError
+
+    if arg:
+        p = Path(arg).expanduser()
+        if p.exists():
+            root = p
+            if (p / lib).is_dir() is False and p.name == lib and p.is_dir():
+                root = p.parent
+            if not (root / lib).exists():
+                return {"library": lib, "unavailable": f"--baseline {arg}: no {lib}/ package in that directory"}
+            return {"library": lib, "version": _dist_version(root, lib) or str(root), "path": str(root),
+                    "source": f"--baseline {arg}"}
+        version, source = arg, f"--baseline {arg}"
+    else:
+        d = (declared or {}).get(lib) or {}
+        version = d.get("version")
+        if not version:
+            if d.get("spec"):
+                return {"library": lib, "unavailable": f"{d.get('package')} requires {lib}{d['spec']}, not one "
+                                                       f"version: pass --baseline VERSION"}
+            return {"library": lib, "unavailable": f"the package declares no {lib} version: pass --baseline "
+                                                   f"VERSION|PATH"}
+        source = f"declared by {d.get('package')} ({lib}=={version}" + (
+            f", extra {d['extra']})" if d.get("extra") else ")")
+    try:
+        path = pkgsource.unpacked(lib, version)
+    except RemoteOpsError as exc:
+        return {"library": lib, "unavailable": f"cannot fetch {lib} {version} sources: {exc}"}
+    return {"library": lib, "version": version, "path": str(path), "source": source}
+
+
+def _library_of(touch: dict) -> str:
+    if touch.get("library"):
+        return touch["library"]
+    if touch.get("symbol"):
+        return touch["symbol"].split(".")[0]
+    access = touch.get("access") or [[None, ""]]
+    return str(access[0][1]).split(".")[0]
+
+
+def _dist_version(root: Path, lib: str) -> str | None:
+    for d in root.glob(f"{lib.replace('-', '_')}-*.dist-info"):
+        return d.name[len(lib) + 1:-len(".dist-info")]
+    return None
+
+
+def analyse(raw: dict, against: list[str], baseline_arg: str | None) -> dict:
+    """{"drift": [...], "baseline": {...}, "drift_notes": [...]} for the host's answer ``raw``."""
+    t0 = time.perf_counter()
+    touches = raw.get("touches")
+    if touches is None:
+        return {"drift": [], "drift_notes": [], "baseline": {"unavailable": "the host did not report touches"}}
+    out_drift, notes, bases = [], [], []
+    versions = raw.get("versions") or {}
+    for lib in against:
+        mine = [t for t in touches if _library_of(t) == lib]
+        b = baseline_source(lib, baseline_arg, raw.get("declared") or {})
+        bases.append(b)
+        if "unavailable" in b:
+            continue
+        static = StaticResolver([b["path"]])
+        facts = agent_drift.replay_facts(static, mine, [b["path"]])
+        d, n = agent_drift.compare(mine, facts, (b["version"], versions.get(lib) or "installed"))
+        out_drift += d
+        notes += n
+        for f in raw.get("findings") or []:
+            if f.get("kind") == "missing-symbol" and (f.get("symbol") or "").split(".")[0] == lib:
+                mod, _, name = f["symbol"].rpartition(".")
+                e = static.lookup(mod, name)
+                f["baseline"] = {"version": b["version"],
+                                 "where": agent_drift._rel(e.where, [b["path"]]) if e.where else None,
+                                 "status": e.kind}
+    base = bases[0] if len(bases) == 1 else {"libraries": bases}
+    base = dict(base, elapsed_s=round(time.perf_counter() - t0, 4))
+    return {"drift": out_drift, "drift_notes": notes, "baseline": base}
+
+
+def explain(d: dict) -> str:
+    """A drift record for people: where, what, both versions' locations, the fix."""
+    b, i = d.get("baseline") or {}, d.get("installed") or {}
+    lines = [f"{d['path']}:{d['line']}  {(d.get('call') or '')[:100]}".rstrip(),
+             f"    {d['kind']}: {d['message']}"]
+    if b.get("where") or i.get("where"):
+        lines.append(f"    {b.get('version')}: {b.get('where') or '-'}   {i.get('version')}: {i.get('where') or 'gone'}")
+    if d.get("suggestion"):
+        lines.append(f"    fix:     {d['suggestion']}")
+    return "\n".join(lines)
