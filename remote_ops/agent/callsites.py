@@ -50,13 +50,27 @@ class Analysis:
     # ------------------------------------------------------------------ records
     def _segment(self, node):
         try:
-            seg = ast.get_source_segment(self.text, node) or ""
+            seg = self._source_segment(node)
         except Exception:  # odd positions: fall back to the unparsed call
             seg = ""
         if not seg:
             seg = ast.unparse(node)
         seg = " ".join(seg.split())
         return seg if len(seg) <= 160 else seg[:157] + "..."
+
+    def _source_segment(self, node):
+        """ast.get_source_segment without re-splitting the module's text on every call."""
+        lines = self.__dict__.get("_lines")
+        if lines is None:
+            lines = self._lines = self.text.splitlines(keepends=True) if isinstance(self.text, str) else None
+        if lines is None or getattr(node, "end_lineno", None) is None:
+            return ast.get_source_segment(self.text, node) or ""
+        first, last = node.lineno - 1, node.end_lineno - 1
+        if first == last:
+            return lines[first].encode()[node.col_offset:node.end_col_offset].decode()
+        parts = [lines[first].encode()[node.col_offset:].decode()] + lines[first + 1:last] + \
+            [lines[last].encode()[:node.end_col_offset].decode()]
+        return "".join(parts)
 
     def add(self, node, symbol, kind, name, message, suggestion, sig=None, fix=None):
         key = (node.lineno, getattr(node, "col_offset", 0), symbol, kind, name)

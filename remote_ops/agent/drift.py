@@ -224,7 +224,7 @@ def result_use(analysis, node):
     p = parents.get(node)
     direct = _use_of(node, p)
     if direct:
-        return [direct, node.lineno]
+        return [direct, node.lineno] + _index_text(analysis, node, p, direct)
     name = None
     if isinstance(p, ast.Assign) and len(p.targets) == 1 and isinstance(p.targets[0], ast.Name):
         name = p.targets[0].id
@@ -242,8 +242,18 @@ def result_use(analysis, node):
                 and sub.lineno >= node.lineno:
             u = _use_of(sub, parents.get(sub))
             if u:
-                return [u, sub.lineno]
+                return [u, sub.lineno] + _index_text(analysis, sub, parents.get(sub), u)
     return None
+
+
+def _index_text(analysis, node, p, use):
+    """[exact source of ``x[i]``, exact source of ``x``] for a constant index, else []."""
+    if use != "indexed" or not isinstance(p.slice, ast.Constant):
+        return []
+    try:
+        return [analysis._source_segment(p), analysis._source_segment(node)]
+    except Exception:  # odd positions: no mechanical fix, the finding stays
+        return []
 
 
 def _use_of(node, p):
@@ -293,9 +303,6 @@ def record_call(analysis, node, callee, e, sig):
 _CLASS_RE = re.compile(rb"^class[ \t]+(\w+)[ \t]*[(:]", re.M)
 _TOP_RE = re.compile(rb"^[^\s#]", re.M)
 _DEF_RE = re.compile(rb"^    (?:async[ \t]+)?def[ \t]+(\w+)[ \t]*\(", re.M)
-_LHS_RE = re.compile(rb"^[ \t]+([^=\n#]*?self\.[^=\n#]*?)(?<![=!<>+\-*/%&|^@:])=(?!=)", re.M)
-_SELF_RE = re.compile(rb"self\.(\w+)")
-_BODY_ATTR_RE = re.compile(rb"^    (\w+)[ \t]*[:=]", re.M)
 
 
 def _classes_in(data):
@@ -332,6 +339,14 @@ def _header(block, name):
     return [pos, [x.arg for x in a.kwonlyargs], bool(a.vararg), bool(a.kwarg)]
 
 
+def _assigns(block, name):
+    """Whether a class body binds ``name``: ``self.name = ...`` (also in a tuple target) or a
+    class-level ``name = ...`` / ``name: T``."""
+    n = re.escape(name.encode())
+    return re.search(rb"self\." + n + rb"\b[^\n=()]*(?<![!<>+\-*/%&|^@:])=(?!=)", block) is not None or \
+        re.search(rb"^    " + n + rb"[ \t]*[:=]", block, re.M) is not None
+
+
 def class_table(static, package, names, need, roots=()):
     """Classes of ``package`` whose own body has at least ``need`` of ``names`` (methods,
     ``self.x =`` assignments, class-level names): {module:Class: {where, methods, has, headers}}."""
@@ -343,11 +358,10 @@ def class_table(static, package, names, need, roots=()):
         if sum(1 for n in enc if n in data) < need:
             continue
         for cname, line, block in _classes_in(data):
+            if sum(1 for n in enc if n in block) < need:
+                continue
             methods = [m.decode() for m in _DEF_RE.findall(block)]
-            assigned = {m.decode() for lhs in _LHS_RE.findall(block) for m in _SELF_RE.findall(lhs)}
-            attrs = set(methods) | assigned | \
-                {m.decode() for m in _BODY_ATTR_RE.findall(block)}
-            has = [n for n in names if n in attrs]
+            has = [n for n in names if n in methods or _assigns(block, n)]
             if len(has) < need:
                 continue
             path = static.module_file(modname) or modname
@@ -452,6 +466,18 @@ def bound_facts_for(static, touch, roots=()):
 
 
 # ----------------------------------------------------------------------------- comparison
+def _dead_path(static, text, lib):
+    """Whether a string default names a dotted path into ``lib`` that this version lacks."""
+    try:
+        v = ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return False
+    if not isinstance(v, str) or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", v) or v.split(".")[0] != lib:
+        return False
+    mod, _, name = v.rpartition(".")
+    return static.lookup(mod, name).kind == "missing"
+
+
 def replay_facts(static, touches, roots=()):
     """Baseline facts for every touch (controller side, over the baseline's sources)."""
     out = []
@@ -460,6 +486,10 @@ def replay_facts(static, touches, roots=()):
             e, _ = replay(static, [tuple(s) for s in t["access"]])
             sig = static.signature(e) if e is not None and e.kind in ("class", "function") else None
             f = {"facts": call_facts(static, e, sig, roots)}
+            lib = t["symbol"].split(".")[0]
+            if f["facts"].get("status") == "ok":
+                f["facts"]["dead_defaults"] = [p[0] for p in f["facts"]["params"]
+                                               if p[2] and _dead_path(static, p[2], lib)]
             if t.get("dispatch"):
                 f["dispatch_facts"] = dispatch_facts(static, t["symbol"].split(".")[0], t["dispatch"])
             out.append(f)
@@ -539,6 +569,11 @@ def _compare_call(t, b, base_v, inst_v, notes):
                                  "__post_init__ computed it: not comparable statically, not reported"
                                  % (t["path"], t["line"], short, name, base_v, default, inst_v, base_v))
                     continue
+                if name in fb.get("dead_defaults", []):
+                    notes.append("%s:%d %s(): %s's default changed from %s (%s) to %s (%s), but %s does not "
+                                 "have what the old default names (it was replaced at run time): not reported"
+                                 % (t["path"], t["line"], short, name, bp[2], base_v, default, inst_v, base_v))
+                    continue
                 if bp[2] == "None" and default.startswith("<factory "):
                     notes.append("%s:%d %s(): %s's default changed from None (%s) to a default-made %s "
                                  "(%s): None is the usual 'make the default' sentinel, not reported"
@@ -552,15 +587,25 @@ def _compare_call(t, b, base_v, inst_v, notes):
                 extra = ""
                 if name in fi.get("post_init", []):
                     extra = " (%s's __post_init__ also assigns it: the effective value may differ)" % short
+                keep, guess = bp[2], None
+                if bp[2] == "None" and "None" not in (norm_annotation(ann) or "None").split(" | ") and \
+                        norm_annotation(ann) == "bool":
+                    keep = "False"
+                    guess = ("%s types it bool (None is not accepted); False is a guess for %s's None: "
+                             "confirm that None meant off there" % (inst_v, base_v))
+                sugg = "pass %s=%s to keep the behaviour the code was written for" % (name, keep)
+                if guess:
+                    sugg += " (%s)" % guess
                 out.append(_rec(
                     t, "default-changed", name, t["symbol"],
                     {"version": base_v, "value": bp[2], "annotation": bp[3], "where": bp[4] or fb.get("where")},
                     {"version": inst_v, "value": default, "annotation": ann, "where": loc or fi.get("where")},
                     "%s() does not pass %s; its default changed from %s (%s) to %s (%s)%s"
                     % (short, name, bp[2], base_v, default, inst_v, extra),
-                    "pass %s=%s to keep the behaviour the code was written for" % (name, bp[2]),
-                    {"action": "add-keyword", "keyword": name, "value": bp[2], "constant": None,
-                     "keeps": "baseline-default"} if _literal(bp[2]) else
+                    sugg,
+                    {"action": "add-keyword", "keyword": name, "value": keep, "constant": None,
+                     "keeps": "baseline-default", **({"guess": guess} if guess else {})}
+                    if _literal(keep) else
                     {"action": "add-keyword", "keyword": name, "value": None, "constant": None}))
         ri, rb = fi.get("returns"), fb.get("returns")
         dep = [n for n in fi.get("returns_depend_on") or [] if n in bound]
@@ -572,16 +617,23 @@ def _compare_call(t, b, base_v, inst_v, notes):
                             ", ".join(fi["returns_depend_on"])))
         elif t.get("use") and norm_annotation(ri) != norm_annotation(rb) and (ri or rb) \
                 and fi.get("kind") == "function":
-            use, uline = t["use"]
+            use, uline = t["use"][:2]
             why = (" (its docstring ties the result to %s, which this call passes)" % ", ".join(dep)) if dep else ""
+            sugg_r = "check what %s() returns in %s and adapt the use at line %d" % (short, inst_v, uline)
+            fix_r = {"action": "review-use", "line": uline, "use": use}
+            nb, ni = norm_annotation(rb) or "", norm_annotation(ri) or ""
+            if use == "indexed" and len(t["use"]) == 4 and nb.startswith("list[") and not ni.startswith(
+                    ("list[", "tuple[", "Sequence[")) and dep:
+                sugg_r = ("this call passes %s: %s returns the single result, not a list; use %s instead of "
+                          "%s (line %d)" % (", ".join(dep), inst_v, t["use"][3], t["use"][2], uline))
+                fix_r = {"action": "replace-text", "line": uline, "old": t["use"][2], "new": t["use"][3]}
             out.append(_rec(
                 t, "return-changed", short, t["symbol"],
                 {"version": base_v, "value": rb, "where": fb.get("where")},
                 {"version": inst_v, "value": ri, "where": fi.get("where")},
                 "%s() is annotated -> %s in %s and -> %s in %s, and its result is %s (line %d)%s"
                 % (short, rb, base_v, ri, inst_v, use, uline, why),
-                "check what %s() returns in %s and adapt the use at line %d" % (short, inst_v, uline),
-                {"action": "review-use", "line": uline, "use": use}))
+                sugg_r, fix_r))
     if t.get("dispatch"):
         name = t["dispatch"]
         if t.get("package_defines"):
@@ -675,9 +727,9 @@ def _compare_bound(t, b, base_v, inst_v, notes):
             t, "attribute-gone", n, "self." + n,
             {"version": base_v, "where": bwhere, "classes": len(base)},
             {"version": inst_v, "where": iex["where"], "successor": best[0] if best else None},
-            "%s() uses self.%s and is bound onto a library object (%s at %s:%d); the %d %s %s classes "
-            "with all of %s defined %s, and %d of them no longer do in %s (e.g. %s)"
-            % (t["function"], n, t["how"], t["path"], t["line"], len(base), t.get("library"), base_v,
-               ", ".join(sorted(uses)), n, len(gone), inst_v, ex.split(":")[1]),
+            "%s() is bound onto a library object (%s at line %d) and uses self.%s; %d %s %s classes have "
+            "every attribute it uses (%s); in %s, %d of them no longer define %s (e.g. %s)"
+            % (t["function"], t["how"], t["line"], n, len(base), t.get("library"), base_v,
+               ", ".join(sorted(uses)), inst_v, len(gone), n, ex.split(":")[1]),
             sugg, fix, line=uses[n]))
     return out
