@@ -324,16 +324,39 @@ def _fmt_bytes(n: float | None) -> str:
     return str(n)
 
 
-def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False) -> Preflight:
-    """check + GPUs + disk + running job, in ONE round trip."""
+def _drift_preflight(pf: Preflight, against, strict: bool) -> None:
+    """Drift of the checked modules against their baseline: notes, or problems under --strict."""
+    from remote_ops import drift
+    from remote_ops.check import DEFAULT_AGAINST
+
+    d = drift.analyse(pf.check, list(against or DEFAULT_AGAINST), None)
+    pf.check.update(d)
+    base = d.get("baseline") or {}
+    if "unavailable" in base:
+        pf.notes.append(f"drift: no baseline ({base['unavailable']})")
+        return
+    items = d.get("drift") or []
+    out = pf.problems if strict else pf.notes
+    for x in items:
+        out.append(f"drift: {x['path']}:{x['line']}: {x['kind']}: {x['message']}")
+    if items and strict:
+        pf.problems.append("--strict refuses a job whose calls drifted from the baseline: run remote-ops check")
+
+
+def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
+              strict_drift: bool = False) -> Preflight:
+    """check + GPUs + disk + running job, in ONE round trip. Drift against the package's baseline
+    is shown as notes, and refuses the job only with ``strict_drift``."""
     from remote_ops.transport import unwrap
 
     ops: list[tuple[str, dict]] = [("jobs.probe", {"key": spec.key, "output_dir": spec.output_dir}),
                                    ("gpu.query", {"driver": False})]
     do_check = bool(playbook.check) and not skip_check
     if do_check:
+        from remote_ops.check import DEFAULT_AGAINST
         ops.append(("compat.check", {"targets": playbook.check["targets"],
-                                     "against": playbook.check.get("against") or ["vllm"]}))
+                                     "against": playbook.check.get("against") or DEFAULT_AGAINST,
+                                     "drift": True}))
     raw = session.call_many(ops)
     pf = Preflight()
     probe = unwrap(raw[0], session.label)
@@ -361,6 +384,7 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False)
                                    "run remote-ops check / patch first")
             if pf.check.get("unknown"):
                 pf.notes.append(f"check: {len(pf.check['unknown'])} call(s) could not be verified")
+            _drift_preflight(pf, playbook.check.get("against"), strict_drift)
     elif not playbook.check:
         pf.notes.append("playbook has no 'check' section: call sites not verified")
     else:

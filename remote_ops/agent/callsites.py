@@ -72,6 +72,13 @@ class Analysis:
             [lines[last].encode()[:node.end_col_offset].decode()]
         return "".join(parts)
 
+    def _exact(self, node):
+        """The node's exact source text (for text edits that must match the file), or None."""
+        try:
+            return self._source_segment(node) or None
+        except Exception:  # odd positions: no exact text, drafts get a placeholder instead
+            return None
+
     def add(self, node, symbol, kind, name, message, suggestion, sig=None, fix=None):
         key = (node.lineno, getattr(node, "col_offset", 0), symbol, kind, name)
         if key in self.seen:
@@ -81,6 +88,7 @@ class Analysis:
             "path": self.path, "line": node.lineno, "col": getattr(node, "col_offset", 0),
             "module": self.modname, "symbol": symbol, "kind": kind, "name": name,
             "message": message, "suggestion": suggestion, "call": self._segment(node),
+            "source": self._exact(node),
             "signature": sig.render() if isinstance(sig, Signature) else None,
             "signature_mode": sig.mode if isinstance(sig, Signature) else None,
             "signature_origin": sig.origin if isinstance(sig, Signature) else None,

@@ -279,7 +279,7 @@ def record_call(analysis, node, callee, e, sig):
          "star": any(isinstance(a, ast.Starred) for a in node.args),
          "keywords": [k.arg for k in node.keywords if k.arg],
          "dstar": any(k.arg is None for k in node.keywords),
-         "use": result_use(analysis, node), "call": analysis._segment(node)}
+         "use": result_use(analysis, node), "call": analysis._segment(node), "source": analysis._exact(node)}
     static = analysis.suggester
     if getattr(analysis.r, "mode", "static") != "static":
         se, _ = replay(static, callee.path)
@@ -433,9 +433,11 @@ def collect_bound(analysis, tree):
                     if isinstance(t, ast.Attribute) and dotted(t.value) == objtext:
                         assigned.add(t.attr)
         used = {k: v for k, v in used.items() if k not in assigned and not k.startswith("__")}
+        src_lines = analysis.text.splitlines() if isinstance(analysis.text, str) else []
+        use_lines = {k: src_lines[v - 1] for k, v in used.items() if 0 < v <= len(src_lines)}
         t = {"kind": "bound", "path": analysis.path, "module": analysis.modname, "line": node.lineno,
              "function": fname, "function_line": fn.lineno, "how": kind, "object": objtext,
-             "uses": used, "own": sorted(assigned)}
+             "uses": used, "use_lines": use_lines, "own": sorted(assigned)}
         known = analysis._eval(obj, {}, None) if isinstance(obj, (ast.Name, ast.Attribute)) else None
         if known is not None and known.ent.kind == "class":
             t["access"] = [list(s) for s in known.path]
@@ -539,7 +541,7 @@ def compare(touches, baseline, versions):
 def _rec(t, kind, name, symbol, base, inst, message, suggestion, fix, line=None):
     return {"path": t["path"], "line": line or t["line"], "module": t["module"], "symbol": symbol,
             "kind": kind, "name": name, "baseline": base, "installed": inst, "message": message,
-            "suggestion": suggestion, "fix": fix, "call": t.get("call")}
+            "suggestion": suggestion, "fix": fix, "call": t.get("call"), "source": t.get("source")}
 
 
 def _bound_names(t, params):
@@ -720,6 +722,9 @@ def _compare_bound(t, b, base_v, inst_v, notes):
             sugg = "rename self.%s to self.%s (same parameters, same place in the class; %d of %d classes)" % (
                 n, best[0], best[1], len(gone))
             fix = {"action": "rename-attribute", "attribute": n, "to": best[0], "function": t["function"]}
+            line_text = (t.get("use_lines") or {}).get(n)
+            if line_text and ("self." + n) in line_text:
+                fix.update(old=line_text.strip(), new=line_text.strip().replace("self." + n, "self." + best[0]))
         else:
             sugg = "find what replaced %s in %s" % (n, inst_v)
             fix = {"action": "placeholder"}
