@@ -133,7 +133,9 @@ def render(console, result: dict, verbose: int = 0) -> None:
     n = len(result["findings"])
     nd = len(result.get("drift") or [])
     nu = len(result["unknown"])
-    tail = f", {nd} drift item(s), {nu} unknown" if "baseline" in result else f", {nu} unknown"
+    base = result.get("baseline") or {}
+    compared = any("unavailable" not in b for b in (base.get("libraries") or [base])) if base else False
+    tail = f", {nd} drift item(s), {nu} unknown" if compared else f", {nu} unknown"
     if n:
         console.print(f"[red]{n} finding(s)[/red]{tail}")
     else:
