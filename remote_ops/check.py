@@ -171,7 +171,18 @@ def render_inspect(console, result: dict) -> None:
 
     versions = ", ".join(f"{k} {v}" for k, v in sorted((result.get("versions") or {}).items()))
     console.print(f"[bold]{escape(result['host'])}[/bold] ({result['mode']} mode; {escape(versions)})")
+    for lib, b in (result.get("baselines") or {}).items():
+        if "unavailable" in b:
+            console.print(f"[yellow]no baseline for {escape(lib)}: {escape(b['unavailable'])}[/yellow]")
     for s in result["symbols"]:
+        base = s.get("baseline")
+        if base:
+            if "signature" in base:
+                console.print(escape(f"{s['symbol']} in {base['version']}: {base['signature']}  ({base['origin']})"))
+            else:
+                console.print(escape(f"{s['symbol']} in {base['version']}: {base['kind']}: {base.get('reason')}"))
+            for c in base.get("changes") or []:
+                console.print(escape(f"    since {base['version']}: {c}"))
         if s["kind"] in ("missing", "unknown") or "parameters" not in s:
             console.print(escape(f"{s['symbol']}: {s['kind']}: {s.get('reason')}"))
             continue

@@ -107,3 +107,50 @@ def explain(d: dict) -> str:
     if d.get("suggestion"):
         lines.append(f"    fix:     {d['suggestion']}")
     return "\n".join(lines)
+
+
+def inspect_diff(result: dict, baseline_arg: str) -> dict:
+    """``inspect --baseline``: each symbol's signature in the baseline and what differs (parameters
+    added/removed, defaults, return annotation), from the baseline's sources with the same resolver."""
+    from remote_ops.agent import compat
+
+    tops = sorted({s["symbol"].split(":", 1)[0].split(".")[0] for s in result.get("symbols") or []})
+    out = {}
+    for lib in tops:
+        b = baseline_source(lib, baseline_arg, {})
+        if "unavailable" in b:
+            out[lib] = {"unavailable": b["unavailable"]}
+            continue
+        base = compat.op_inspect({"symbols": [s["symbol"] for s in result["symbols"]
+                                              if s["symbol"].split(".")[0] == lib], "sys_path": [b["path"]]})
+        out[lib] = {"version": b["version"], "source": b["source"], "path": b["path"]}
+        for cur, old in zip([s for s in result["symbols"] if s["symbol"].split(".")[0] == lib], base["symbols"]):
+            cur["baseline"] = _diff_symbol(cur, old, b)
+    return out
+
+
+def _diff_symbol(cur: dict, old: dict, b: dict) -> dict:
+    rec = {"version": b["version"], "kind": old.get("kind")}
+    if "parameters" not in old:
+        rec["reason"] = old.get("reason")
+        return rec
+    rec["signature"] = old.get("signature")
+    rec["origin"] = agent_drift._rel(old.get("origin") or "", [b["path"]])
+    if "parameters" not in cur:
+        return rec
+    was = {p["name"]: p for p in old["parameters"]}
+    now = {p["name"]: p for p in cur["parameters"]}
+    changes = []
+    for n in was:
+        if n not in now:
+            changes.append(f"{n}: removed")
+    for n, p in now.items():
+        if n not in was:
+            changes.append(f"{n}: added" + (" (required)" if p["required"] else f" (default {p['default']})"))
+        elif (was[n]["default"] or "") != (p["default"] or "") and not agent_drift._same_default(
+                was[n]["default"] or "", p["default"] or ""):
+            changes.append(f"{n}: default {was[n]['default']} -> {p['default']}")
+    if agent_drift.norm_annotation(old.get("returns")) != agent_drift.norm_annotation(cur.get("returns")):
+        changes.append(f"returns: {old.get('returns')} -> {cur.get('returns')}")
+    rec["changes"] = changes
+    return rec

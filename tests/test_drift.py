@@ -460,3 +460,17 @@ def test_emit_playbook_drafts_drift_fixes_with_exact_text(spec_src, tmp_path):
     assert {"old": "captured_states_list[0]", "new": "captured_states_list"} in texts
     with pytest.raises(ConfigError, match="placeholder left"):
         playbook.load(path)
+
+
+def test_inspect_baseline_shows_what_changed(spec_src):
+    from remote_ops.agent.compat import op_inspect
+    vdir = str(pkgsource.unpacked("vllm", "0.17.0"))
+    res = op_inspect({"symbols": ["vllm.config.cache:CacheConfig",
+                                  "vllm.v1.executor.multiproc_executor:MultiprocExecutor.collective_rpc"],
+                      "sys_path": [vdir]})
+    bases = drift.inspect_diff(res, "0.11.0")
+    assert bases["vllm"]["version"] == "0.11.0"
+    cache, rpc = res["symbols"]
+    assert "enable_prefix_caching: default None -> True" in cache["baseline"]["changes"]
+    assert cache["baseline"]["origin"].startswith("vllm/config/cache.py:")
+    assert "returns: list[Any] -> Any" in rpc["baseline"]["changes"]

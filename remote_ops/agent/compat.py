@@ -289,6 +289,9 @@ def op_inspect(args):
             else:
                 rec.update(sig.to_json())
                 rec["object"] = e.kind
+                if e.kind == "function" and getattr(e, "node", None) is not None:
+                    from .signatures import _ann
+                    rec["returns"] = _ann(e.node.returns)
         else:
             rec["reason"] = "not a function or class"
         rec["mode"] = getattr(resolver, "mode", "static")
