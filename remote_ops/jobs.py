@@ -311,6 +311,8 @@ class Preflight:
                 "check": None if self.check is None else {
                     "findings": len(self.check.get("findings") or []),
                     "unknown": len(self.check.get("unknown") or []),
+                    "drift": len(self.check.get("drift") or []),
+                    "baseline": {k: v for k, v in (self.check.get("baseline") or {}).items() if k != "path"},
                     "calls_checked": self.check.get("calls_checked")}}
 
 
