@@ -40,6 +40,7 @@ BASE = {
             extra: dict = field(default_factory=dict)
             label: Optional[str] = None
             computed: Optional[int] = None
+            impl: str = "auto"
 
             def __post_init__(self):
                 if self.computed is None:
@@ -112,7 +113,11 @@ BASE = {
 INSTALLED = {
     "__init__.py": BASE["__init__.py"],
     "config.py": """
+        import enum
         from dataclasses import dataclass, field
+
+        class Impl(str, enum.Enum):
+            AUTO = "auto"
 
         @dataclass
         class Config:
@@ -122,6 +127,7 @@ INSTALLED = {
             extra: dict = field(default_factory=dict)
             label: str | None = None
             computed: int = 3
+            impl: str = Impl.AUTO.value
     """,
     "exec.py": """
         from typing import Any
@@ -279,7 +285,7 @@ def test_each_kind_static(libs):
     caching = by[("default-changed", "caching")]
     assert caching["baseline"]["value"] == "None" and caching["installed"]["value"] == "True"
     assert caching["baseline"]["where"] == "lib_d/config.py:7"
-    assert caching["installed"]["where"].endswith("lib_d/config.py:6")
+    assert caching["installed"]["where"].endswith("lib_d/config.py:10")
     # None is not a bool any more: False is offered, and marked as a guess
     assert caching["fix"]["value"] == "False" and "guess" in caching["fix"]
 
@@ -301,7 +307,8 @@ def test_each_kind_static(libs):
     assert "computed: " not in notes and "computed's default changed from None" in notes   # __post_init__
     assert "ties the result to unique_reply_rank" in notes     # ex.run("warm") indexed, rank not passed
     # spellings of one type are not drift; unused results and unchanged defaults are not either
-    assert not any(d["name"] in ("spec", "keep", "label", "mode", "extra", "mine") for d in out["drift"])
+    # nor 'auto' becoming the Enum member Impl.AUTO.value
+    assert not any(d["name"] in ("spec", "keep", "label", "mode", "extra", "mine", "impl") for d in out["drift"])
 
 
 def test_unknown_for_each_skipped_call_shape(libs):

@@ -30,6 +30,7 @@ attributes without defining any of them in their own body (duck typing reads cla
 """
 
 import ast
+import bisect
 import difflib
 import os
 import re
@@ -381,7 +382,6 @@ def dispatch_facts(static, package, name):
     needle = b"def " + name.encode() + b"("
     found = []
     pos = blob.find(needle)
-    import bisect
     while pos >= 0:
         i = bisect.bisect_right(starts, pos) - 1
         end = starts[i + 1] - 1 if i + 1 < len(starts) else len(blob)
@@ -505,6 +505,12 @@ def replay_facts(static, touches, roots=()):
 def _same_default(a, b):
     if a == b:
         return True
+    for x, y in ((a, b), (b, a)):
+        # 'auto' and ModelImpl.AUTO / ModelImpl.AUTO.value: an Enum member named like the string
+        m = re.fullmatch(r"[A-Za-z_]\w*\.([A-Za-z_]\w*)(\.value)?", y or "")
+        if m and _literal(x) and isinstance(ast.literal_eval(x), str) and \
+                ast.literal_eval(x).lower() == m.group(1).lower():
+            return True
     try:
         return ast.literal_eval(a) == ast.literal_eval(b)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
