@@ -481,3 +481,18 @@ def test_inspect_baseline_shows_what_changed(spec_src):
     assert "enable_prefix_caching: default None -> True" in cache["baseline"]["changes"]
     assert cache["baseline"]["origin"].startswith("vllm/config/cache.py:")
     assert "returns: list[Any] -> Any" in rpc["baseline"]["changes"]
+
+
+def test_missing_symbol_gains_the_baseline_location(tmp_path):
+    base, inst, app = tmp_path / "b", tmp_path / "i", tmp_path / "a"
+    _write(base, {"__init__.py": "", "api.py": "def kept():\n    pass\n\n\ndef gone():\n    pass\n"})
+    _write(inst, {"__init__.py": "", "api.py": "def kept():\n    pass\n"})
+    (app / "app_d").mkdir(parents=True)
+    (app / "app_d" / "__init__.py").write_text("")
+    (app / "app_d" / "main.py").write_text("from lib_d.api import gone, kept\n")
+    raw = op_check(_args(inst, app))
+    (f,) = raw["findings"]
+    assert f["kind"] == "missing-symbol" and "baseline" not in f
+    out = _drift(raw, base)
+    assert f["baseline"] == {"version": str(base), "where": "lib_d/api.py:5", "status": "function"}
+    assert out["drift"] == []
