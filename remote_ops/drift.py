@@ -10,11 +10,18 @@ cached) and the same static resolver (``agent/signatures.py``) computes the base
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
 from remote_ops.agent import drift as agent_drift
 from remote_ops.agent.signatures import StaticResolver
+
+
+# A fleet checks its hosts in threads; CPython's ast module is not safe to drive from several
+# threads at once (3.11: "AST constructor recursion depth mismatch"), so the baseline analysis,
+# which parses on the controller, runs one host at a time.
+_PARSE_LOCK = threading.Lock()
 
 
 def baseline_source(lib: str, arg: str | None, declared: dict) -> dict:
@@ -80,21 +87,27 @@ def analyse(raw: dict, against: list[str], baseline_arg: str | None) -> dict:
         bases.append(b)
         if "unavailable" in b:
             continue
-        static = StaticResolver([b["path"]])
-        facts = agent_drift.replay_facts(static, mine, [b["path"]])
+        with _PARSE_LOCK:
+            static = StaticResolver([b["path"]])
+            facts = agent_drift.replay_facts(static, mine, [b["path"]])
+            _baseline_locations(static, raw, lib, b)
         d, n = agent_drift.compare(mine, facts, (b["version"], versions.get(lib) or "installed"))
         out_drift += d
         notes += n
-        for f in raw.get("findings") or []:
-            if f.get("kind") == "missing-symbol" and (f.get("symbol") or "").split(".")[0] == lib:
-                mod, _, name = f["symbol"].rpartition(".")
-                e = static.lookup(mod, name)
-                f["baseline"] = {"version": b["version"],
-                                 "where": agent_drift._rel(e.where, [b["path"]]) if e.where else None,
-                                 "status": e.kind}
     base = bases[0] if len(bases) == 1 else {"libraries": bases}
     base = dict(base, elapsed_s=round(time.perf_counter() - t0, 4))
     return {"drift": out_drift, "drift_notes": notes, "baseline": base}
+
+
+def _baseline_locations(static: StaticResolver, raw: dict, lib: str, b: dict) -> None:
+    """``missing-symbol`` findings gain where the baseline defined the symbol."""
+    for f in raw.get("findings") or []:
+        if f.get("kind") == "missing-symbol" and (f.get("symbol") or "").split(".")[0] == lib:
+            mod, _, name = f["symbol"].rpartition(".")
+            e = static.lookup(mod, name)
+            f["baseline"] = {"version": b["version"],
+                             "where": agent_drift._rel(e.where, [b["path"]]) if e.where else None,
+                             "status": e.kind}
 
 
 def explain(d: dict) -> str:
@@ -121,8 +134,9 @@ def inspect_diff(result: dict, baseline_arg: str) -> dict:
         if "unavailable" in b:
             out[lib] = {"unavailable": b["unavailable"]}
             continue
-        base = compat.op_inspect({"symbols": [s["symbol"] for s in result["symbols"]
-                                              if s["symbol"].split(".")[0] == lib], "sys_path": [b["path"]]})
+        with _PARSE_LOCK:
+            base = compat.op_inspect({"symbols": [s["symbol"] for s in result["symbols"]
+                                                  if s["symbol"].split(".")[0] == lib], "sys_path": [b["path"]]})
         out[lib] = {"version": b["version"], "source": b["source"], "path": b["path"]}
         for cur, old in zip([s for s in result["symbols"] if s["symbol"].split(".")[0] == lib], base["symbols"]):
             cur["baseline"] = _diff_symbol(cur, old, b)
