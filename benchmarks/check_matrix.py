@@ -97,6 +97,10 @@ def run_pair(spec: str, vllm: str, reps: int = 3) -> dict:
             rec["traceback"] = traceback.format_exc()
             return rec
         dtimes.append(time.perf_counter() - t0)
+    where = {(f["line"], f["symbol"]): (f.get("baseline") or {}).get("where") for f in raw["findings"]}
+    for f in rec["findings"]:
+        if where.get((f["line"], f["symbol"])):
+            f["baseline_where"] = where[(f["line"], f["symbol"])]
     rec.update({
         "baseline": {k: v for k, v in out["baseline"].items() if k != "path"},
         "drift": [{"module": d["module"], "line": d["line"], "symbol": d["symbol"], "kind": d["kind"],
@@ -229,10 +233,11 @@ def render(records: list[dict]) -> str:
         if r.get("note"):
             lines += ["Note from the check: %s." % r["note"], ""]
         if r["findings"]:
-            lines += ["| line | symbol | kind | name |", "|---|---|---|---|"]
+            lines += ["| line | symbol | kind | name | in the baseline |", "|---|---|---|---|---|"]
             for f in r["findings"]:
-                lines.append("| %s:%d | `%s` | %s | %s |" % (f["module"].rsplit(".", 1)[-1], f["line"], f["symbol"],
-                                                         f["kind"], f["name"] or ""))
+                lines.append("| %s:%d | `%s` | %s | %s | %s |" % (
+                    f["module"].rsplit(".", 1)[-1], f["line"], f["symbol"], f["kind"], f["name"] or "",
+                    f.get("baseline_where") or ""))
             lines.append("")
         else:
             lines += ["No findings.", ""]

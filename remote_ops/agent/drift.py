@@ -368,8 +368,8 @@ def class_table(static, package, names, need, roots=()):
             path = static.module_file(modname) or modname
             out[modname + ":" + cname] = {
                 "where": "%s:%d" % (_rel(path, roots), line), "methods": methods, "has": has,
-                "lines": {m: line + block.count(b"\n", 0, block.find(b"def " + m.encode()))
-                          for m in names if m in methods},
+                "lines": {m: line + block.count(b"\n", 0, block.find(b"def " + m.encode() + b"("))
+                          for m in methods},
                 "headers": {m: _header(block, m) for m in methods if not m.startswith("__")}}
             if len(out) >= MAX_CLASSES:
                 return out
@@ -723,8 +723,11 @@ def _compare_bound(t, b, base_v, inst_v, notes):
             bwhere = bwhere.rsplit(":", 1)[0] + ":%d" % bline
         best = max(succ.items(), key=lambda kv: kv[1]) if succ else None
         iex = inst[ex]
+        iwhere = iex["where"]
         if best:
             iline = iex.get("lines", {}).get(best[0])
+            if iline:
+                iwhere = iwhere.rsplit(":", 1)[0] + ":%d" % iline
             sugg = "rename self.%s to self.%s (same parameters, same place in the class; %d of %d classes)" % (
                 n, best[0], best[1], len(gone))
             fix = {"action": "rename-attribute", "attribute": n, "to": best[0], "function": t["function"]}
@@ -737,7 +740,7 @@ def _compare_bound(t, b, base_v, inst_v, notes):
         out.append(_rec(
             t, "attribute-gone", n, "self." + n,
             {"version": base_v, "where": bwhere, "classes": len(base)},
-            {"version": inst_v, "where": iex["where"], "successor": best[0] if best else None},
+            {"version": inst_v, "where": iwhere, "successor": best[0] if best else None},
             "%s() is bound onto a library object (%s at line %d) and uses self.%s; %d %s %s classes have "
             "every attribute it uses (%s); in %s, %d of them no longer define %s (e.g. %s)"
             % (t["function"], t["how"], t["line"], n, len(base), t.get("library"), base_v,
