@@ -93,12 +93,16 @@ def test_bad_file_is_reported(host, bad, expect):
 def test_truncated_file_gap_and_count(host):
     out, verify = host
     write(out, [sample(), sample(), sample(), None, sample()], config())
+    (out / ".data_3.pt.4242.tmp").write_bytes(b"half")          # an interrupted write: reported, not counted
     with open(out / "data_1.pt", "r+b") as fh:
         fh.truncate(50)
     status, rec = verify_json(verify, "--expected", "7")
     assert status == 1
     assert [u["index"] for u in rec["unloadable"]] == [1]
     assert rec["gaps"] == [3] and rec["missing_after_last"] == 2
+    assert rec["temporaries"] == [".data_3.pt.4242.tmp"] and rec["files"] == 4
+    status, text, _ = verify()
+    assert "1 unfinished temporary file(s) such as .data_3.pt.4242.tmp" in " ".join(text.split())
 
 
 def test_layout_must_match_data_config(host):

@@ -18,6 +18,7 @@ import time
 from .protocol import AgentFailure
 
 SAMPLE_RE = re.compile(r"^data_(\d+)\.pt$")
+TEMP_RE = re.compile(r"^\.data_\d+\.pt\..*tmp$")   # extract_hidden_states.py's unfinished writes
 MAX_LISTED = 50
 
 
@@ -166,8 +167,11 @@ def op_verify(args):
 
     indexes = {}
     empty = []
+    temporaries = []
     with os.scandir(out_dir) as it:
         for entry in it:
+            if TEMP_RE.match(entry.name):
+                temporaries.append(entry.name)
             m = SAMPLE_RE.match(entry.name)
             if m:
                 indexes[int(m.group(1))] = entry.name
@@ -246,7 +250,7 @@ def op_verify(args):
         "inconsistent": inconsistent[:MAX_LISTED], "inconsistent_count": len(inconsistent),
         "non_finite": bad_values[:MAX_LISTED], "non_finite_count": len(bad_values),
         "data_config": config is not None, "config": config, "config_problems": config_problems,
-        "layers_hidden": sorted(layout_seen),
+        "layers_hidden": sorted(layout_seen), "temporaries": sorted(temporaries)[:MAX_LISTED],
         "reference": {"index": ref_index, "layout": _jsonable(reference)},
         "torch": getattr(torch, "__version__", None),
     }

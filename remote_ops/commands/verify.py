@@ -88,6 +88,9 @@ def render(c, host, r) -> None:
         c.print(f"  NaN/inf: data_{n['index']}.pt {n['problem']}", markup=False, highlight=False)
     for p in r.get("config_problems") or []:
         c.print(f"  data_config.json: {p}", markup=False, highlight=False)
+    if r.get("temporaries"):
+        c.print(f"  note: {len(r['temporaries'])} unfinished temporary file(s) such as {r['temporaries'][0]} "
+                "(a run stopped while writing; the next run removes them)", markup=False, highlight=False)
     if not r.get("data_config"):
         c.print("  note: no data_config.json", markup=False)
     elif r.get("layers_hidden"):
