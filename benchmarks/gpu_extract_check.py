@@ -128,10 +128,14 @@ for f in files:
             worst = m; res["min_cosine_at"] = {"file": f.name, "layer": i, "token": int(cos.argmin())}
         if m < 0.999:
             res["below_0_999"].append({"file": f.name, "layer": i, "min_cosine": round(m, 6)})
+res["below_0_999_count"] = len(res["below_0_999"])
+res["below_0_999"] = res["below_0_999"][:20]
+res["shape_mismatches_count"] = len(res["shape_mismatches"])
+res["shape_mismatches"] = res["shape_mismatches"][:20]
 res["min_cosine"] = None if worst > 1.5 else round(worst, 6)
 res["mean_cosine"] = None if not count else round(total / count, 6)
 res["tokens_compared"] = count
-res["ok"] = bool(res["samples"]) and not res["shape_mismatches"] and not res["below_0_999"] and \
+res["ok"] = bool(res["samples"]) and not res["shape_mismatches_count"] and not res["below_0_999_count"] and \
     res["comparisons"] == res["samples"] * len(layer_ids)
 print(json.dumps(res))
 '''
@@ -151,10 +155,17 @@ print(json.dumps(out))
 class Run:
     """The result document, written after every step so a timeout still leaves what was done."""
 
-    def __init__(self, out: Path, tp: int):
+    def __init__(self, out: Path, tp: int, code_rev: str | None, append: bool):
         self.out = out
         self.t0 = time.monotonic()
-        self.doc: dict = {"check": "gpu_extract_check", "tensor_parallel_size": tp,
+        if append and out.exists():
+            self.doc = json.loads(out.read_text())
+            self.prior_elapsed = float(self.doc.get("elapsed_s") or 0)
+            self.doc.setdefault("runs", []).append({"code_rev": code_rev, "started_at": time.strftime(
+                "%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+            return
+        self.prior_elapsed = 0.0
+        self.doc: dict = {"code_rev": code_rev, "check": "gpu_extract_check", "tensor_parallel_size": tp,
                           "connection": "local (no sshd on the GPU machine; same agent and requests as "
                                         "over SSH)",
                           "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -167,7 +178,7 @@ class Run:
         return data
 
     def save(self) -> None:
-        self.doc["elapsed_s"] = round(time.monotonic() - self.t0, 1)
+        self.doc["elapsed_s"] = round(self.prior_elapsed + time.monotonic() - self.t0, 1)
         self.out.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.out.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.doc, indent=2, default=str))
@@ -180,6 +191,8 @@ def sh(cmd: list[str], *, timeout: float, env: dict | None = None, log: Path | N
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                            env={**os.environ, **(env or {})}, start_new_session=True)
         rc, out, err = p.returncode, p.stdout, p.stderr
+    except FileNotFoundError as exc:
+        rc, out, err = 127, "", str(exc)
     except subprocess.TimeoutExpired as exc:
         rc, out, err = 124, (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) \
             else (exc.stdout or ""), f"timed out after {timeout}s"
@@ -211,7 +224,7 @@ class Harness:
         self.work = Path(args.work).resolve()
         self.base_python = args.base_python or sys.executable
         self.controller_python = args.controller_python or self.base_python
-        self.run = Run(Path(args.out), args.tp)
+        self.run = Run(Path(args.out), args.tp, args.code_rev, args.append)
         self.log = self.work / "commands.log"
 
     # ------------------------------------------------------------------ setup
@@ -313,9 +326,8 @@ class Harness:
         refused = self.ro("extract", "gpu-orig", "--dry-run", "--json", timeout=300)
         run = self.ro("extract", "gpu-orig", "--skip-check", "--tail", "--json", timeout=420)
         logs = self.ro("logs", "gpu-orig", "--json", timeout=60)
-        log_text = json.dumps(logs["json"]) if logs["json"] is not None else logs["stdout"]
-        errors = [l for l in (logs["stdout"] or "").replace("\\n", "\n").splitlines()
-                  if "Error" in l or "error" in l][-5:]
+        log_text = (logs["json"] or {}).get("text") or ""
+        errors = [l for l in log_text.splitlines() if "Error" in l][-5:]
         self.run.step("a_original_files", ok=check["rc"] == 1 and bool(findings) and refused["rc"] == 8
                       and run["rc"] != 0,
                       check={"rc": check["rc"], "findings": [f"{f.get('kind')} {f.get('symbol')} {f.get('name')}"
@@ -335,7 +347,7 @@ class Harness:
         self.run.step("b_patch_then_check", ok=patch["rc"] == 0 and check["rc"] == 0 and
                       not cj.get("findings") and again["rc"] == 0 and not (again["json"] or {}).get("changed"),
                       patch={"rc": patch["rc"], "seconds": patch["seconds"],
-                             "edits": [(e.get("id"), e.get("state")) for e in (patch["json"] or {}).get("edits", [])],
+                             "edits": [f"{e.get('edit')}: {e.get('state')}" for e in (patch["json"] or {}).get("edits", [])],
                              "verified": (patch["json"] or {}).get("verified"),
                              "stderr": patch["stderr"][-1500:]},
                       check={"rc": check["rc"], "findings": cj.get("findings"), "drift": cj.get("drift"),
@@ -419,7 +431,9 @@ class Harness:
         names = {"a": "a_original_files", "b": "b_patch_then_check", "trap": "trap_transformers5",
                  "c": "c_extract_tail", "d": "d_verify", "e": "e_compare_with_transformers",
                  "f": "f_stop_leaves_no_gpu_process"}
-        self.run.doc["verdict"] = {k: bool((s.get(names[k]) or {}).get("ok")) for k in steps}
+        verdict = dict(self.run.doc.get("verdict") or {})
+        verdict.update({k: bool((s.get(names[k]) or {}).get("ok")) for k in steps})
+        self.run.doc["verdict"] = verdict
         self.run.doc["all_ok"] = all(self.run.doc["verdict"].values())
         self.run.save()
 
@@ -436,6 +450,8 @@ def main(argv=None) -> int:
     ap.add_argument("--controller-python", default=None,
                     help="python that runs remote-ops (default: --base-python; needs pyyaml, rich, packaging)")
     ap.add_argument("--compare-device", default="cuda")
+    ap.add_argument("--code-rev", default=None, help="the remote-ops commit this checkout is (recorded)")
+    ap.add_argument("--append", action="store_true", help="add these steps to an existing result file")
     ap.add_argument("--fresh", action="store_true", help="remove outputs and host state of an earlier run")
     args = ap.parse_args(argv)
     steps = [s.strip() for s in args.steps.split(",") if s.strip()]
