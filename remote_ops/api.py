@@ -168,7 +168,6 @@ class Inventory:
         A host whose preflight refuses is ``ok=False`` with a RefusedError; its value is not lost:
         ``error.preflight`` holds the preflight record."""
         from remote_ops import jobs
-        from remote_ops.errors import RefusedError
 
         specs = {}
         for host in self._ctx.hosts(spec):
@@ -178,12 +177,12 @@ class Inventory:
 
         def one(host, session):
             pb, job_spec = specs[host.name]
-            pf = jobs.preflight(session, job_spec, pb, skip_check=skip_check)
+            pf = jobs.preflight(session, job_spec, pb, skip_check=skip_check, dry_run=dry_run)
             if pf.running:
                 return {"host": host.name, "attached": True, "job": pf.running, "preflight": pf.to_json()}
             if pf.problems:
-                err = RefusedError(f"preflight refused to start {job_spec.key}: {pf.problems[-1]}",
-                                   f"{len(pf.problems)} problem(s) in error.preflight", host=host.name)
+                err = jobs.refusal(job_spec, pf, host.name)
+                err.hint = (pf.hint + "; " if pf.hint else "") + f"{len(pf.problems)} problem(s) in error.preflight"
                 err.preflight = pf.to_json()
                 raise err
             if dry_run:
