@@ -15,7 +15,6 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterator
 
 from remote_ops import bundle
@@ -49,14 +48,8 @@ class ConnectOptions:
 
 
 def _ssh_config(path: str | None):
-    import paramiko
-
-    cfg = paramiko.SSHConfig()
-    p = Path(os.path.expanduser(path or os.environ.get("REMOTE_OPS_SSH_CONFIG") or "~/.ssh/config"))
-    if p.exists():
-        with open(p) as fh:
-            cfg.parse(fh)
-    return cfg
+    from remote_ops import sshconfig   # paramiko's parser plus Include and refused unknown Match
+    return sshconfig.load(path)
 
 
 def _parse_hop(hop: str) -> tuple[str | None, str, int | None]:
@@ -300,12 +293,12 @@ class Session:
                 pass
         status, stderr = end.get("status"), end.get("stderr", "")
         if status == 127:
-            raise AgentError(f"remote interpreter {self.host.python!r} not found",
-                             "set 'python' for this host in the inventory to the venv's python",
+            raise AgentError(f"remote interpreter {self.host.python or 'python3'!r} not found",
+                             "set 'python' for this host in the inventory (or pass --python) to the venv's python",
                              host=self.label, remote_traceback=stderr, kind="no-python")
         if status not in (0, None, -1):
             last = stderr.splitlines()[-1] if stderr else f"exit status {status}"
-            raise AgentError(f"remote agent failed on {self.host.python}: {last}",
+            raise AgentError(f"remote agent failed on {self.host.python or 'python3'}: {last}",
                              "the host's python must be >= 3.10; rerun with --debug for the remote traceback",
                              host=self.label, remote_traceback=stderr, kind="agent-exit")
         if status == -1:
