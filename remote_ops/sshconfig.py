@@ -111,7 +111,9 @@ def load(path: str | None = None):
 def aliases(cfg) -> list[str]:
     """Host names written literally (no wildcard, no negation) in ``Host`` lines."""
     out = []
-    for name in cfg.get_hostnames():
+    # paramiko's get_hostnames() raises KeyError once a Match block exists: read the blocks
+    names = [n for entry in getattr(cfg, "_config", []) for n in entry.get("host", [])]
+    for name in names:
         if name and not any(c in name for c in "*?!") and name not in out:
             out.append(name)
     return out
