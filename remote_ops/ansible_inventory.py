@@ -164,6 +164,11 @@ def from_yaml(doc) -> Inventory:
 
     for gname, body in doc.data.items():
         walk(str(gname), body, (gname,))
+    # as in Ansible, a host listed only under "all" is in "ungrouped"
+    grouped = {h for g, body in tree.groups.items() if g != "all" for h in body["hosts"]}
+    for h in tree.group("all")["hosts"]:
+        if h not in grouped:
+            tree.add_host("ungrouped", h, {}, tree.lines.get(h))
     return _build(tree, "ansible-yaml", doc)
 
 
