@@ -49,8 +49,8 @@ class Host:
     env: dict = field(default_factory=dict, hash=False, compare=False)
     vars: dict = field(default_factory=dict, hash=False, compare=False)
     playbook: str | None = None
-    connect_timeout: float = 10.0
-    keepalive: int = 15
+    connect_timeout: float | None = None   # None: ssh_config's ConnectTimeout, else 10 s
+    keepalive: int | None = None           # None: ssh_config's ServerAliveInterval, else 15 s; 0: off
     inventory_path: str | None = None
     connection: str = "ssh"   # "local": the agent runs in a subprocess of the controller (no SSH)
 
@@ -181,8 +181,8 @@ def _parse_host(doc: YamlDoc, name: str, entry: Any) -> Host:
         env={k: "" if v is None else str(v) for k, v in (entry.get("env") or {}).items()},
         vars=dict(entry.get("vars") or {}),
         playbook=entry.get("playbook"),
-        connect_timeout=float(entry.get("connect_timeout", 10.0)),
-        keepalive=int(entry.get("keepalive", 15)),
+        connect_timeout=None if timeout is None else float(timeout),
+        keepalive=None if keepalive is None else int(keepalive),
         inventory_path=doc.path,
         connection=connection,
     )

@@ -101,7 +101,7 @@ class Session:
             pj = entry.get("proxyjump")
             hops = [] if not pj or pj.lower() == "none" else [h.strip() for h in pj.split(",")]
         timeout = self.options.connect_timeout or host.connect_timeout or float(entry.get("connecttimeout", 10))
-        keepalive = host.keepalive or int(entry.get("serveraliveinterval", 15))
+        keepalive = host.keepalive if host.keepalive is not None else int(entry.get("serveraliveinterval", 15))
         return {"hostname": hostname, "port": port, "user": user, "identity_files": idents,
                 "known_hosts": known, "hops": hops, "timeout": timeout, "keepalive": keepalive}
 
