@@ -73,7 +73,8 @@ def is_ini(path: str) -> bool:
 def is_ansible_yaml(data: Any, our_keys: set) -> bool:
     if not isinstance(data, dict) or not data or set(data) <= our_keys:
         return False
-    return all(v is None or (isinstance(v, dict) and set(v) <= GROUP_KEYS) for v in data.values())
+    # "all" is Ansible's root group; otherwise every top-level value must look like a group
+    return "all" in data or all(v is None or (isinstance(v, dict) and set(v) & GROUP_KEYS) for v in data.values())
 
 
 # ---------------------------------------------------------------------------------- model

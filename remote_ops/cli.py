@@ -53,12 +53,14 @@ class _Parser(argparse.ArgumentParser):
         from remote_ops.suggest import did_you_mean
         # cli.main prints the "remote-ops: " prefix; a sub-command names itself after it
         where = self.prog.removeprefix("remote-ops").strip()
-        m = re.search(r"invalid choice: '?([^' ]+)'?", message)
+        m = re.search(r"argument ([^:]+): invalid choice: '?([^' ]+)'?", message)
         if m:
-            choices = next((a.choices for a in self._actions if a.choices and m.group(1) not in a.choices), None)
+            names = set(m.group(1).split("/"))
+            choices = next((a.choices for a in self._actions if a.choices and (
+                names & set(a.option_strings) or a.metavar in names or a.dest in names)), None)
             what = "command" if "COMMAND" in message else "choice"
-            hint = did_you_mean(m.group(1), choices or ())
-            message = f"unknown {what} {m.group(1)!r}" + (f": {hint}" if hint else
+            hint = did_you_mean(m.group(2), choices or ())
+            message = f"unknown {what} {m.group(2)!r}" + (f": {hint}" if hint else
                                                            f" (choose from {', '.join(choices or ())})")
             raise UsageError(f"{where + ': ' if where else ''}{message}")
         raise UsageError(f"{where + ': ' if where else ''}{message}", f"see: {self.prog} --help")

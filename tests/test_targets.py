@@ -461,3 +461,40 @@ def test_alias_takes_connect_timeout_from_ssh_config(tmp_path, monkeypatch, cli)
             c.close()
     assert status == Exit.TIMEOUT, err
     assert "within 1s" in err or "after 1s" in err
+
+
+def test_zsh_completion_function(sshd, ssh_config, tmp_path):
+    """The zsh script's function, run by a real zsh with compadd/_files recorded instead of drawn."""
+    if not shutil.which("zsh"):
+        pytest.skip("zsh is not installed")
+    exe = Path(sys.executable).parent / "remote-ops"
+    if not exe.exists():
+        pytest.skip("remote-ops entry point not installed in this venv (pip install -e .)")
+    inv = write_inventory(tmp_path / "inv.yaml", {"gpu-host": sshd.host_entry(PY)}, groups={"trainers": ["gpu-host"]})
+    script = subprocess.run([str(exe), "completion", "zsh"], capture_output=True, text=True, check=True).stdout
+
+    def zsh(*words: str) -> list[str]:
+        prog = (f"compdef() {{ : }}\ncompadd() {{ shift 2; print -l -- \"$@\" }}\n_files() {{ print FILES }}\n"
+                f"{script}\nwords=({' '.join(repr(w) for w in (str(exe),) + words)})\nCURRENT={len(words) + 1}\n"
+                "_remote_ops\n")
+        res = subprocess.run(["zsh", "-f", "-c", prog], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        return [line for line in res.stdout.splitlines() if line]
+
+    assert zsh("pat") == ["patch"]
+    assert zsh("-i", str(inv), "facts", "tr") == ["trainers"]
+    assert {"gpu-host", "gpu01", "localhost"} <= set(zsh("-i", str(inv), "check", ""))
+    assert zsh("facts", "-i", "") == ["FILES"]
+
+
+def test_api_and_comma_lists_mix_adhoc_targets(sshd, ssh_config, tmp_path):
+    """The Python API takes the same targets; a comma list mixes an alias, an address and localhost."""
+    import remote_ops.api as ro
+    inv_path = write_inventory(tmp_path / "inv.yaml", {"named": sshd.host_entry(PY)})
+    with ro.open_inventory(str(inv_path), python=PY) as inv:
+        spec = f"named,gpu01,{sshd.user}@127.0.0.1:{sshd.port},localhost"
+        assert inv.hosts(spec) == ["named", "gpu01", f"{sshd.user}@127.0.0.1:{sshd.port}", "localhost"]
+        res = inv.facts(spec)
+        assert res.ok, {h: e.one_line() for h, e in res.failed.items()}
+        versions = {r.host: r.value["python"]["version"] for r in res}
+        assert len(set(versions.values())) == 1 and len(versions) == 4
