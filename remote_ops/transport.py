@@ -76,6 +76,7 @@ class Session:
         self._conn = None
         self._gateways: list = []
         self._lock = threading.Lock()
+        self._login: dict | None = None   # python unset: what the login shell's PATH gave (first call)
 
     # ---------------------------------------------------------------- connecting
     @property
@@ -266,10 +267,16 @@ class Session:
             chan.settimeout(timeout)
         return chan
 
+    def _python(self) -> str | None:
+        """The interpreter to exec: the host's, else the one a login shell found earlier in this
+        session, else None (bundle looks python3 up through a login shell)."""
+        return self.host.python or (self._login or {}).get("executable")
+
     def _exec_lines(self, ops: list[dict], env: dict | None, timeout: float | None,
                     stop_on_error: bool) -> Iterator[dict]:
         """Run one agent request (one exec round trip); yields every parsed output line."""
-        payload = bundle.encode_request(ops, {**self.host.env, **(env or {})}, stop_on_error)
+        login_path = {"PATH": self._login["path"]} if self._login else {}
+        payload = bundle.encode_request(ops, {**login_path, **self.host.env, **(env or {})}, stop_on_error)
         what = "+".join(o["op"] for o in ops)
         self.stats.execs += 1
         self.stats.op_log.append([o["op"] for o in ops])
@@ -282,10 +289,13 @@ class Session:
                 line, buf = buf.split(b"\n", 1)
                 if line.strip():
                     try:
-                        yield json.loads(line)
+                        msg = json.loads(line)
                     except ValueError:
                         raise AgentError(f"agent sent unreadable output: {line[:200]!r}",
                                          host=self.label) from None
+                    if self.host.python is None and isinstance(msg, dict) and msg.get("login"):
+                        self._login = msg["login"]
+                    yield msg
         if buf.strip():
             try:
                 yield json.loads(buf)
@@ -312,7 +322,7 @@ class Session:
         chan = self._open_channel(timeout)
         stderr_chunks: list[bytes] = []
         try:
-            _exec_pipelined(chan, bundle.agent_command(self.host.python))
+            _exec_pipelined(chan, bundle.agent_command(self._python()))
             chan.sendall(payload)
             chan.shutdown_write()
             self.stats.bytes_sent += len(payload)
@@ -399,7 +409,7 @@ class LocalSession(Session):
         import selectors
         import subprocess
 
-        proc = subprocess.Popen(["/bin/sh", "-c", bundle.agent_command(self.host.python)],
+        proc = subprocess.Popen(["/bin/sh", "-c", bundle.agent_command(self._python())],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=False)
         stderr_chunks: list[bytes] = []

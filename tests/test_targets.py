@@ -498,3 +498,21 @@ def test_api_and_comma_lists_mix_adhoc_targets(sshd, ssh_config, tmp_path):
         assert res.ok, {h: e.one_line() for h, e in res.failed.items()}
         versions = {r.host: r.value["python"]["version"] for r in res}
         assert len(set(versions.values())) == 1 and len(versions) == 4
+
+
+def test_login_shell_lookup_runs_once_per_session(sshd, ssh_config):
+    """The first call finds python3 through a login shell; later calls exec what it found, with
+    the login shell's PATH in their environment (so a job's `python3` is the same interpreter)."""
+    from remote_ops import bundle, sshconfig
+    from remote_ops.targets import adhoc_host
+    from remote_ops.transport import ConnectOptions, Session
+
+    host = adhoc_host("gpu-direct", sshconfig.load())
+    assert host.python is None and "-lc" in bundle.agent_command(None)
+    with Session(host, ConnectOptions()) as sess:
+        first = sess.call("facts.gather", {})["python"]["executable"]
+        assert sess._login["executable"] == first
+        assert sess._python() == first and "-lc" not in bundle.agent_command(sess._python())
+        again = sess.call("facts.gather", {})["python"]["executable"]
+        assert again == first and sess.stats.execs == 2
+        assert sess._login["path"] and ":" in sess._login["path"]
