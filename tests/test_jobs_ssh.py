@@ -132,7 +132,7 @@ def test_launch_tail_success_then_status_logs_verify(tmp_path, sshd, cli):
     env = Env(tmp_path, sshd, ["--max-samples", "10", "--sleep", "0.05"], {"expected_samples": 10})
     status, out, err = cli(*env.argv("extract", "testhost", "--tail"))
     assert status == 0, err
-    assert "Generating hidden states" in out and "Saving files" in out
+    assert "Generating hidden states" in out and "STAND-IN: torch-CPU stand-in" in out
     assert "succeeded" in out and "10/10 samples" in out
     # tqdm's \r updates are not dumped as one endless line
     assert "\r" not in out
