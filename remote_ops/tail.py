@@ -375,7 +375,7 @@ def follow_job(ctx, host, job: dict, *, offset: int = 0, budget: float = 120.0) 
         msg = (f"job {job['job_id']} still running; reattach with: remote-ops extract {host.name} --tail")
         if ctx.json:
             renderer.emit({"event": "detached", "job_id": job["job_id"], "message": msg})
-        sys.stderr.write(f"\nremote-ops: {msg}\n")
+        sys.stderr.write(f"\n{msg}\n")
         return None
     finally:
         if not closed:

@@ -39,7 +39,7 @@ def run(args, ctx) -> int:
             sys.stderr.write(f"remote-ops: {err.one_line()}\n")
             return int(err.exit_status)
         for p in pf.problems:
-            sys.stderr.write(f"remote-ops: {host.name}: refused: {p}\n")
+            sys.stderr.write(f"  refused: {p}\n")
         raise err
     elif args.dry_run:
         ctx.emit({"host": host.name, "started": False, "dry_run": True, "spec": spec.to_json(),
