@@ -156,7 +156,7 @@ def parse_spec(playbook, host) -> ExtractSpec:
     variables = dict(pb_vars or {}) if isinstance(pb_vars, dict) else {}
     variables.update(host.vars or {})
     ctx: dict[str, Any] = {f"vars.{k}": v for k, v in variables.items()}
-    ctx["python"] = host.python
+    ctx["python"] = host.python or "python3"   # unset: the agent runs with the login shell's PATH
     ctx["host"] = host.name
 
     def whole_var(value):
