@@ -94,6 +94,8 @@ class NameResolution:
             special = _special(src + "." + attr)
             if special:
                 return Ent("value", special=special, qual=attr)
+            if src == m.name and attr == name and self.find_spec(src + "." + attr) is not None:
+                return self.module(src + "." + attr)    # `from . import sub` in a package's __init__
             sm = self.load(src)
             if not isinstance(sm, ModInfo):
                 if sm.kind == "missing" and _outside_special(src):
