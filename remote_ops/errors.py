@@ -21,21 +21,11 @@ class Exit(enum.IntEnum):
     INTERRUPTED = 130
 
 
-# Agent failure kinds (remote_ops/agent) whose refusal has an exit status of its own.
-KIND_EXIT: dict[str, Exit] = {
-    "import-failed": Exit.IMPORT,
-}
-
-
-def exit_for_kind(kind: str | None, default: Exit = Exit.REFUSED) -> Exit:
-    """The exit status of a refusal caused by an agent failure of ``kind``."""
-    return KIND_EXIT.get(kind or "", default)
-
-
 class RemoteOpsError(Exception):
     """An error meant for the user: one line of what/where, an optional hint of what to do."""
 
     exit_status: Exit = Exit.REMOTE
+    kind: str | None = None     # the agent failure kind behind it, if any (remote_ops/agent/contract.py)
 
     def __init__(self, message: str, hint: str | None = None, *, exit_status: Exit | None = None,
                  host: str | None = None):
@@ -105,3 +95,32 @@ class AgentError(RemoteOpsError):
 
 class RefusedError(RemoteOpsError):
     exit_status = Exit.REFUSED
+
+
+# ------------------------------------------------------------------ agent failures
+def exit_for_kind(kind: str | None, default: Exit = Exit.REFUSED) -> Exit:
+    """The exit status of a refusal caused by an agent failure of ``kind`` (``default`` when the kind
+    is not a refusal: a preflight refuses on any failure of its probes)."""
+    from remote_ops.agent.contract import KINDS
+    spec = KINDS.get(kind or "")
+    return Exit[spec.exit] if spec is not None and spec.refusal else default
+
+
+def agent_error(err: dict, host: str | None = None, what: str | None = None) -> RemoteOpsError:
+    """The controller's error for an agent failure record (``{"kind", "message", "hint", "traceback"}``).
+
+    The one place a failure kind becomes an error class and an exit status, from the declarations of
+    ``remote_ops/agent/contract.py``: a refusal is a ``RefusedError`` with the kind's exit status, any
+    other kind (an undeclared one too) an ``AgentError`` carrying the remote traceback."""
+    from remote_ops.agent.contract import KINDS
+    kind = err.get("kind")
+    message = err.get("message") or f"{what or 'remote operation'} failed"
+    spec = KINDS.get(kind or "")
+    if spec is not None and spec.refusal:
+        exc: RemoteOpsError = RefusedError(message, err.get("hint"), host=host, exit_status=Exit[spec.exit])
+        exc.kind = kind
+        return exc
+    exc = AgentError(message, err.get("hint"), remote_traceback=err.get("traceback"), host=host, kind=kind)
+    if spec is not None:
+        exc.exit_status = Exit[spec.exit]
+    return exc

@@ -368,14 +368,8 @@ def job_ref(ctx, host, args) -> dict:
 
 def resolve_job(session, ref: dict) -> dict:
     """The job status record for ``ref``; with an empty ref, the newest job on the host."""
-    from remote_ops.errors import AgentError
     if ref:
-        try:
-            return session.call("jobs.status", ref)
-        except AgentError as exc:
-            if exc.kind == "no-job":
-                raise RefusedError(exc.message, exc.hint, host=session.label, exit_status=Exit.USAGE) from None
-            raise
+        return session.call("jobs.status", ref)     # no such job: a refusal, exit USAGE (agent/contract.py)
     jobs = session.call("jobs.list", {})["jobs"]
     if not jobs:
         raise RefusedError("no job on this host", "start one with: remote-ops extract HOST",
@@ -573,13 +567,7 @@ def launch(session, spec: ExtractSpec) -> dict:
             "secrets": secret_values, "output_dir": spec.output_dir,
             "expected_samples": spec.expected_samples, "watchdog_seconds": spec.watchdog_seconds,
             "cleanup_grace": spec.stop_grace, "playbook": spec.playbook_path}
-    from remote_ops.errors import AgentError
-    try:
-        return session.call("jobs.launch", args, timeout=120)
-    except AgentError as exc:
-        if exc.kind in ("no-workdir", "busy", "bad-args"):
-            raise RefusedError(exc.message, exc.hint, host=session.label) from None
-        raise
+    return session.call("jobs.launch", args, timeout=120)
 
 
 # ------------------------------------------------------------------ presenting a status record

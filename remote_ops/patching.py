@@ -20,13 +20,8 @@ from typing import Any
 
 from remote_ops import edits as edits_mod
 from remote_ops import validate
-from remote_ops.errors import AgentError, ConfigError, RefusedError
+from remote_ops.errors import ConfigError, RefusedError, agent_error
 from remote_ops.playbook import Playbook
-
-# agent failure kinds that are refusals (exit REFUSED), not agent crashes
-REFUSAL_KINDS = {"changed", "locked", "import-failed", "verify-failed", "outside", "other-owner", "read-only",
-                 "hardlinked", "disk-full", "write-failed", "compile", "no-module", "not-source", "no-file",
-                 "not-file", "unreadable", "backup-corrupt", "no-entry", "missing-target"}
 
 
 def who() -> str:
@@ -41,12 +36,7 @@ def who() -> str:
 def unwrap(res: dict, host: str, what: str) -> Any:
     if res.get("ok"):
         return res.get("result")
-    err = res.get("error") or {}
-    kind = err.get("kind")
-    message = err.get("message") or f"{what} failed"
-    if kind in REFUSAL_KINDS:
-        raise RefusedError(message, err.get("hint"), host=host)
-    raise AgentError(message, err.get("hint"), remote_traceback=err.get("traceback"), host=host, kind=kind)
+    raise agent_error(res.get("error") or {}, host, what)
 
 
 @dataclass

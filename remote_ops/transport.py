@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from remote_ops import bundle
-from remote_ops.errors import AgentError, AuthError, HostKeyError, TimeoutError_, UnreachableError
+from remote_ops.errors import AgentError, AuthError, HostKeyError, TimeoutError_, UnreachableError, agent_error
 from remote_ops.inventory import Host
 
 
@@ -365,7 +365,7 @@ class Session:
 
     def call(self, op: str, args: dict | None = None, *, env: dict | None = None,
              timeout: float | None = None) -> Any:
-        """One op, one round trip; raises ``AgentError`` (typed by the agent's ``kind``) on failure."""
+        """One op, one round trip; a failure raises the error its kind declares (``unwrap``)."""
         (res,) = self.call_many([(op, args or {})], env=env, timeout=timeout)
         return unwrap(res, self.label)
 
@@ -488,11 +488,10 @@ def _exec_pipelined(chan, command: str) -> None:
 
 
 def unwrap(res: dict, label: str | None = None) -> Any:
+    """The op's result, or its failure raised as the error its kind declares (errors.agent_error)."""
     if res.get("ok"):
         return res.get("result")
-    err = res.get("error") or {}
-    raise AgentError(err.get("message") or "remote operation failed", err.get("hint"),
-                     remote_traceback=err.get("traceback"), host=label, kind=err.get("kind"))
+    raise agent_error(res.get("error") or {}, label)
 
 
 def _policy(known_hosts: str, accept_new: bool, label: str):

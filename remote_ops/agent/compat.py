@@ -106,7 +106,7 @@ def op_check(args):
         for lib in against:
             e = resolver.module(lib)
             if e.kind == "unknown":
-                raise AgentFailure("import-failed", "--runtime cannot import %s on this host: %s" % (lib, e.reason),
+                raise AgentFailure("runtime-import-failed", "--runtime cannot import %s on this host: %s" % (lib, e.reason),
                                    "run the static check (the default), or install %s's dependencies "
                                    "into the host's environment" % lib)
     # caller modules: the files that will actually run on this host

@@ -615,7 +615,7 @@ def op_apply(args):
             result["import_check"] = {"modules": modules, "error": error}
             if error:
                 undo = _rollback_entry(entry, force=False, meta={"who": meta["who"], "reason": "import-check"})
-                raise AgentFailure("import-failed", "importing the patched modules failed: %s; rolled back "
+                raise AgentFailure("patched-import-failed", "importing the patched modules failed: %s; rolled back "
                                    "(journal %s)" % (error, undo["txid"] if undo else "-"),
                                    "the host's files are back to their original bytes",
                                    rolled_back=True, txid=entry["txid"])

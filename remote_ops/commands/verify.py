@@ -52,19 +52,14 @@ def _verify(args, ctx, host, session, *, progress: bool) -> dict:
     if not out_dir:
         raise UsageError("no output directory known", "pass --output-dir or set extract.output_dir")
     res = None
-    try:
-        for msg in session.stream("verify.verify", {"output_dir": out_dir, "expected": expected,
-                                                    "all": args.all, "sample": args.sample}, timeout=600):
-            if "event" in msg and progress:
-                ev = msg["event"]
-                sys.stderr.write(f"\r  loaded {ev.get('checked')}/{ev.get('of')} files")
-                sys.stderr.flush()
-            elif "result" in msg:
-                res = msg["result"]
-    except AgentError as exc:
-        if exc.kind in ("no-torch", "no-output"):
-            raise RefusedError(exc.message, exc.hint, host=host.name) from None
-        raise
+    for msg in session.stream("verify.verify", {"output_dir": out_dir, "expected": expected,
+                                                "all": args.all, "sample": args.sample}, timeout=600):
+        if "event" in msg and progress:
+            ev = msg["event"]
+            sys.stderr.write(f"\r  loaded {ev.get('checked')}/{ev.get('of')} files")
+            sys.stderr.flush()
+        elif "result" in msg:
+            res = msg["result"]
     if res is None:
         raise AgentError("verify ended without an answer", "rerun it", host=host.name)
     return {"host": host.name, **res}

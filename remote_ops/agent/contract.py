@@ -1,0 +1,112 @@
+"""The agent contract, declared once: the operations the agent serves and the failure kinds it raises.
+
+Stdlib only and free of logic, so both sides import it: the agent (as ``.contract`` inside the bundle)
+and the controller (``remote_ops.agent.contract``). ``remote_ops/errors.py`` turns a failure kind into
+the controller's error and exit status from ``KINDS`` and nowhere else; ``tests/test_contract.py``
+checks that every ``AgentFailure("kind", ...)`` in the agent's sources is declared here, that every
+``op_*`` function is an operation of ``OPS`` and reads only the argument keys declared for it, and
+that the controller sends only declared operations and keys.
+
+A failure kind is either a **refusal** (the operation would not run, or undid itself, because of the
+host's state or a value the person gave: the user can act on the message) or a **remote error** (the
+agent or its interpreter failed: a bug, or a host that cannot run the agent). ``exit`` names the
+member of ``remote_ops.errors.Exit`` the CLI exits with. Adding a kind is one line in ``KINDS``.
+"""
+
+from collections import namedtuple
+
+Kind = namedtuple("Kind", "name refusal exit doc")
+Op = namedtuple("Op", "name args doc")
+
+
+def _kinds(*kinds):
+    return {k.name: k for k in kinds}
+
+
+def _refusal(name, doc, exit="REFUSED"):
+    return Kind(name, True, exit, doc)
+
+
+def _remote(name, doc):
+    return Kind(name, False, "REMOTE", doc)
+
+
+KINDS = _kinds(
+    # the protocol and the controller's side of the channel
+    _remote("bad-op", "the request names an agent operation or module that does not exist"),
+    _remote("bad-request", "the request (or a target of a patch) is malformed"),
+    _remote("crash", "an operation raised an unexpected exception (the record carries the traceback)"),
+    _remote("internal", "the agent cannot find a part of itself (e.g. the supervisor's source)"),
+    _remote("no-python", "the host's interpreter was not found (exit 127; raised by the controller)"),
+    _remote("agent-exit", "the agent's interpreter exited non-zero before answering (raised by the controller)"),
+    _remote("runtime-import-failed", "check --runtime: the host's interpreter cannot import the library"),
+    # arguments
+    _refusal("bad-args", "an argument the agent rejects (usually a playbook value of the wrong shape)"),
+    # jobs and files
+    _refusal("no-job", "no such job on the host", exit="USAGE"),
+    _refusal("busy", "another launch of the same job is in progress"),
+    _refusal("no-workdir", "the job's working directory does not exist on the host"),
+    _refusal("write-failed", "a file could not be written (or read back with the wrong sha256)"),
+    _refusal("disk-full", "no space left while staging files"),
+    _refusal("import-failed", "the job's interpreter cannot import the job's modules", exit="IMPORT"),
+    # check
+    _refusal("missing-target", "the package or module to check is not installed for the interpreter"),
+    # patch / rollback transactions
+    _refusal("locked", "another remote-ops transaction holds the host's lock"),
+    _refusal("changed", "a target changed underneath (sha256 or resolution differs from the plan)"),
+    _refusal("outside", "a target resolves outside its package or workdir"),
+    _refusal("no-module", "a target module is not installed"),
+    _refusal("not-source", "a target module is not a Python source file"),
+    _refusal("no-file", "a target file does not exist"),
+    _refusal("not-file", "a target is not a regular file"),
+    _refusal("unreadable", "a target cannot be read"),
+    _refusal("hardlinked", "a target has several hard links (a replace would split them)"),
+    _refusal("other-owner", "a target belongs to another user"),
+    _refusal("read-only", "a target's directory is not writable"),
+    _refusal("compile", "the new text does not compile on the host's Python"),
+    _refusal("verify-failed", "the patched text does not fix what the edits claim to fix"),
+    _refusal("findings-remain", "the patched text still has findings in the patched modules"),
+    _refusal("patched-import-failed", "importing the patched modules failed; the patch was rolled back"),
+    _refusal("backup-corrupt", "a backup does not match its recorded sha256"),
+    _refusal("journal-corrupt", "the host's patch journal cannot be read"),
+    _refusal("no-entry", "no such journal entry (or not a patch) to roll back to"),
+    # verify
+    _refusal("no-torch", "verify: torch cannot be imported by the host's interpreter"),
+    _refusal("no-output", "verify: the output directory does not exist"),
+)
+
+_JOB = ("key", "job_id")
+
+OPS = {o.name: o for o in (
+    Op("ping.ping", ("echo",), "liveness and the interpreter"),
+    Op("ping.ticks", ("n", "every"), "test stream: n events"),
+    Op("facts.gather", ("packages", "workdir", "gpus", "jobs"), "read-only host state in one round trip"),
+    Op("gpu.query", ("driver", "timeout"), "nvidia-smi"),
+    Op("compat.check", ("targets", "against", "package", "sys_path", "override_sources", "only_symbols",
+                        "drift", "trace"), "call sites of the targets against the installed libraries"),
+    Op("compat.inspect", ("symbols", "sys_path"), "signatures of library symbols"),
+    Op("files.put", ("workdir", "files", "dry_run", "unless_running"),
+       "ship files into the job's workdir"),
+    Op("imports.probe", ("python", "modules", "env", "workdir", "timeout", "packages", "unless_running"),
+       "can the job's interpreter import the job's modules"),
+    Op("jobs.probe", ("key", "output_dir"), "running job and free disk before a launch"),
+    Op("jobs.launch", ("key", "command", "workdir", "env", "secrets", "output_dir", "expected_samples",
+                       "watchdog_seconds", "cleanup_grace", "playbook", "lock_timeout", "start_timeout"),
+       "start the supervised job (or attach to the running one)"),
+    Op("jobs.status", _JOB, "one job's status record"),
+    Op("jobs.list", ("key",), "the host's jobs, oldest first"),
+    Op("jobs.logs", _JOB + ("lines", "max_bytes", "offset"), "a job's log"),
+    Op("jobs.tail", _JOB + ("offset", "budget", "poll", "snapshot_every", "gpu_every"),
+       "stream a job's log and snapshots"),
+    Op("jobs.stop", _JOB + ("grace",), "stop a job (TERM, then KILL after grace)"),
+    Op("patching.read", ("targets", "packages", "workdir", "lock_timeout"),
+       "the files a patch edits, resolved on the host"),
+    Op("patching.apply", ("targets", "playbook", "edit_ids", "workdir", "import_check", "import_timeout",
+                          "lock_timeout", "who", "verify"),
+       "one atomic patch transaction"),
+    Op("patching.rollback", ("to", "force", "lock_timeout", "who"),
+       "undo patches (the last, or back to an entry)"),
+    Op("patching.history", ("limit",), "the host's patch journal"),
+    Op("verify.verify", ("output_dir", "expected", "all", "sample", "seed", "finite"),
+       "load and check the job's output files"),
+)}
