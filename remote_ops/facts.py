@@ -61,13 +61,3 @@ def gather(session, packages: list[str] | None = None) -> HostFacts:
     data["python"]["requested"] = session.host.python or "python3"
     data["python"]["found_by"] = "configured path" if session.host.python else "login shell PATH"
     return HostFacts.from_agent(session.host.name, data)
-
-
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "?"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} PiB"

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from remote_ops.errors import ConfigError, Exit, RefusedError, UsageError
+from remote_ops.units import human_bytes
 from remote_ops.yamlsrc import type_name
 
 EXTRACT_KEYS = {"command", "workdir", "output_dir", "expected_samples", "bytes_per_sample", "env",
@@ -402,16 +403,6 @@ class Preflight:
                     "calls_checked": self.check.get("calls_checked")}}
 
 
-def _fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "?"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
-
-
 def _drift_preflight(pf: Preflight, against, strict: bool, accepted: list | None = None) -> None:
     """Drift of the checked modules against their baseline: notes, or problems under --strict.
     Items the playbook accepted (check.accepted_drift) are notes only."""
@@ -525,9 +516,9 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
             need = per * left
             if d.get("free_bytes") is not None and d["free_bytes"] < need * 1.05:
                 pf.problems.append(f"not enough disk at {spec.output_dir}: {left} more samples need about "
-                                   f"{_fmt_bytes(need)}, {_fmt_bytes(d['free_bytes'])} free")
+                                   f"{human_bytes(need)}, {human_bytes(d['free_bytes'])} free")
             else:
-                pf.notes.append(f"disk: {left} samples need ~{_fmt_bytes(need)}, {_fmt_bytes(d.get('free_bytes'))} free")
+                pf.notes.append(f"disk: {left} samples need ~{human_bytes(need)}, {human_bytes(d.get('free_bytes'))} free")
         elif left:
             pf.notes.append("disk need unknown (set extract.bytes_per_sample to check it)")
     elif d.get("error"):

@@ -383,3 +383,22 @@ def follow_job(ctx, host, job: dict, *, offset: int = 0, budget: float = 120.0) 
                 renderer.close()
             except Exception:  # never hide the real error behind a rendering problem
                 pass
+
+
+def report_end(ctx, st) -> int:
+    """Print how a followed job ended (one JSON event, or its summary and error lines); its exit status."""
+    import sys
+
+    from remote_ops import jobs
+    if ctx.json:
+        import json
+        sys.stdout.write(json.dumps({"event": "end", "status": st}, default=str) + "\n")
+        sys.stdout.flush()
+    else:
+        from rich.text import Text
+        style = "green" if st["state"] == "succeeded" else "red"
+        ctx.console.print(Text(jobs.summary_line(st), style=style), highlight=False)
+        if st["state"] != "succeeded":
+            for line in st.get("error_lines") or []:
+                ctx.console.print(f"  {line}", markup=False, highlight=False)
+    return jobs.exit_for(st)

@@ -10,6 +10,7 @@ import base64
 import hashlib
 import os
 
+from . import atomic
 from .protocol import AgentFailure
 
 
@@ -31,33 +32,19 @@ def _dest(workdir, name):
     return os.path.join(workdir, name)
 
 
-def _fsync_dir(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write(dest, data, mode):
     d = os.path.dirname(dest)
     os.makedirs(d, exist_ok=True)
     tmp = os.path.join(d, ".%s.remote-ops.%d.tmp" % (os.path.basename(dest), os.getpid()))
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
+
+    def prepare(path):
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, dest)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(d)
+        os.chmod(path, mode)
+    atomic.replace(tmp, dest, prepare)
 
 
 def op_put(args):

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 
-from . import gpu
+from . import gpu, statedir
 from . import supervisor as sup
 from .protocol import AgentFailure
 
@@ -39,15 +39,7 @@ _JOB_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 # ------------------------------------------------------------------ paths and files
 def state_dir():
-    root = os.environ.get("REMOTE_OPS_STATE_DIR") or os.path.expanduser("~/.remote-ops")
-    jobs = os.path.join(root, "jobs")
-    for d in (root, jobs):
-        try:
-            os.mkdir(d, 0o700)
-        except FileExistsError:
-            pass
-    os.chmod(jobs, 0o700)
-    return jobs
+    return statedir.private_dir("jobs")
 
 
 def safe_key(key):
@@ -69,6 +61,7 @@ def _supervisor_source():
     if os.path.isfile(path):
         with open(path, encoding="utf-8") as fh:
             return fh.read()
+    # shipped by the bootstrap (bundle.py): its importer is the module's loader and serves the source
     loader = getattr(sup, "__loader__", None)
     if loader is not None and hasattr(loader, "get_source"):
         try:
@@ -77,10 +70,6 @@ def _supervisor_source():
                 return src
         except ImportError:
             pass
-    # Shipped by the bootstrap in bundle.py: the sources live in its __main__ as S.
-    sources = getattr(sys.modules.get("__main__"), "S", None)
-    if isinstance(sources, dict) and sup.__name__ in sources:
-        return sources[sup.__name__]
     raise AgentFailure("internal", "cannot find the supervisor's source to start the job")
 
 

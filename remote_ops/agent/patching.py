@@ -38,7 +38,11 @@ import sys
 import time
 import uuid
 
+from . import atomic
+from .atomic import fsync_dir as _fsync_dir
 from .protocol import AgentFailure
+from .statedir import ensure_private as _ensure_private_dir
+from .statedir import root as _state_dir
 
 LOCK_TIMEOUT = 120.0
 
@@ -48,27 +52,8 @@ def _sha(data):
     return hashlib.sha256(data).hexdigest()
 
 
-def _state_dir():
-    return os.environ.get("REMOTE_OPS_STATE_DIR") or os.path.join(os.path.expanduser("~"), ".remote-ops")
-
-
 def _journal_dir():
     return os.path.join(_state_dir(), "journal")
-
-
-def _ensure_private_dir(path):
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    st = os.stat(path)
-    if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
-        os.chmod(path, 0o700)
-
-
-def _fsync_dir(path):
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_new(path, data, mode):
@@ -360,17 +345,11 @@ def _restore_file(real, data, mode, uid, gid, tag):
     except FileNotFoundError:
         pass
     _write_new(tmp, data, 0o600)
-    try:
-        _chown_like(tmp, uid, gid)
-        os.chmod(tmp, mode)
-        os.replace(tmp, real)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(folder)
+
+    def prepare(path):
+        _chown_like(path, uid, gid)
+        os.chmod(path, mode)
+    atomic.replace(tmp, real, prepare)
 
 
 def _chown_like(path, uid, gid):

@@ -20,7 +20,7 @@ def run(args, ctx) -> int:
 
     from remote_ops import jobs
     from remote_ops.errors import Exit
-    from remote_ops.tail import follow_job
+    from remote_ops.tail import follow_job, report_end
 
     hosts = ctx.hosts(args.host)
     if len(hosts) > 1:
@@ -89,24 +89,6 @@ def run(args, ctx) -> int:
     if final is None:
         return int(Exit.INTERRUPTED)
     return report_end(ctx, final)
-
-
-def report_end(ctx, st) -> int:
-    import sys
-
-    from remote_ops import jobs
-    if ctx.json:
-        import json
-        sys.stdout.write(json.dumps({"event": "end", "status": st}, default=str) + "\n")
-        sys.stdout.flush()
-    else:
-        from rich.text import Text
-        style = "green" if st["state"] == "succeeded" else "red"
-        ctx.console.print(Text(jobs.summary_line(st), style=style), highlight=False)
-        if st["state"] != "succeeded":
-            for line in st.get("error_lines") or []:
-                ctx.console.print(f"  {line}", markup=False, highlight=False)
-    return jobs.exit_for(st)
 
 
 def _fleet(args, ctx, hosts) -> int:

@@ -26,7 +26,7 @@ def render(console, f) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from remote_ops.facts import human_bytes
+    from remote_ops.units import human_bytes
 
     console.print(Text(f"{f.host} ({f.hostname})", style="bold"))
     how = f.raw.get("python", {}).get("found_by")

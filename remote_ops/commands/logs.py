@@ -26,7 +26,7 @@ def run(args, ctx) -> int:
 
     from remote_ops import jobs
     from remote_ops.errors import Exit, UsageError
-    from remote_ops.tail import follow_job
+    from remote_ops.tail import follow_job, report_end
 
     if args.lines < 0:
         raise UsageError("-n must be >= 0")
@@ -62,6 +62,5 @@ def run(args, ctx) -> int:
         final = follow_job(ctx, host, st, offset=r["next"])
         if final is None:
             return int(Exit.INTERRUPTED)
-        from remote_ops.commands.extract import report_end
         return report_end(ctx, final)
     return int(Exit.OK)

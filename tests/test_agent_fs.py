@@ -1,0 +1,52 @@
+"""agent/statedir.py and agent/atomic.py: the one state-directory helper and the one atomic replace
+the agent's jobs, files and patch code share; and the controller's one byte formatter."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from remote_ops.agent import atomic, statedir
+from remote_ops.units import human_bytes
+
+
+def test_state_dir_is_private_and_tightened(tmp_path, monkeypatch):
+    root = tmp_path / "state"
+    monkeypatch.setenv("REMOTE_OPS_STATE_DIR", str(root))
+    assert statedir.root() == str(root)
+    jobs = statedir.private_dir("jobs")
+    assert jobs == str(root / "jobs")
+    for p in (root, root / "jobs"):
+        assert stat.S_IMODE(p.stat().st_mode) == 0o700
+    os.chmod(root / "jobs", 0o755)           # loosened by hand: the next use tightens it
+    statedir.private_dir("jobs")
+    assert stat.S_IMODE((root / "jobs").stat().st_mode) == 0o700
+    monkeypatch.delenv("REMOTE_OPS_STATE_DIR")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert statedir.root() == str(tmp_path / "home" / ".remote-ops")
+
+
+def test_atomic_replace_installs_or_leaves_the_destination_untouched(tmp_path):
+    dest, tmp = tmp_path / "f.txt", tmp_path / ".f.tmp"
+    dest.write_text("old")
+
+    def fail(path):
+        open(path, "w").write("half")
+        raise OSError("disk full")
+    with pytest.raises(OSError, match="disk full"):
+        atomic.replace(str(tmp), str(dest), fail)
+    assert dest.read_text() == "old" and not tmp.exists()
+
+    def write(path):
+        open(path, "w").write("new")
+        os.chmod(path, 0o640)
+    atomic.replace(str(tmp), str(dest), write)
+    assert dest.read_text() == "new" and stat.S_IMODE(dest.stat().st_mode) == 0o640 and not tmp.exists()
+
+
+@pytest.mark.parametrize("n,text", [(None, "?"), (0, "0 B"), (1023, "1023 B"), (1536, "1.5 KiB"),
+                                    (5 * 1024 ** 3, "5.0 GiB"), (3 * 1024 ** 5, "3072.0 TiB")])
+def test_human_bytes(n, text):
+    assert human_bytes(n) == text
