@@ -72,7 +72,8 @@ class Env:
         deadline = time.time() + timeout
         while time.time() < deadline:
             for d in self.jobdirs():
-                if text in (d / "log").read_text(errors="replace"):
+                log = d / "log"      # the job dir exists a moment before its supervisor opens the log
+                if log.exists() and text in log.read_text(errors="replace"):
                     return d
             time.sleep(0.05)
         raise AssertionError(f"{text!r} never appeared in the log")
