@@ -403,6 +403,8 @@ class Preflight:
                 "check": None if self.check is None else {
                     "findings": len(self.check.get("findings") or []),
                     "unknown": len(self.check.get("unknown") or []),
+                    "drift": len(self.check.get("drift") or []),
+                    "baseline": {k: v for k, v in (self.check.get("baseline") or {}).items() if k != "path"},
                     "calls_checked": self.check.get("calls_checked")}}
 
 
@@ -416,9 +418,31 @@ def _fmt_bytes(n: float | None) -> str:
     return str(n)
 
 
-def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False, dry_run: bool = False) -> Preflight:
+def _drift_preflight(pf: Preflight, against, strict: bool) -> None:
+    """Drift of the checked modules against their baseline: notes, or problems under --strict."""
+    from remote_ops import drift
+    from remote_ops.check import DEFAULT_AGAINST
+
+    d = drift.analyse(pf.check, list(against or DEFAULT_AGAINST), None)
+    pf.check.update(d)
+    base = d.get("baseline") or {}
+    if "unavailable" in base:
+        pf.notes.append(f"drift: no baseline ({base['unavailable']})")
+        return
+    items = d.get("drift") or []
+    out = pf.problems if strict else pf.notes
+    for x in items:
+        out.append(f"drift: {x['path']}:{x['line']}: {x['kind']}: {x['message']}")
+    if items and strict:
+        pf.problems.append("--strict refuses a job whose calls drifted from the baseline: run remote-ops check")
+
+
+def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False, dry_run: bool = False,
+              strict_drift: bool = False) -> Preflight:
     """Running job + shipped files + GPUs + check + disk + import probe, in ONE round trip. The files
-    are uploaded here (unless dry_run or the job is running), before the probe that may import them."""
+    are uploaded here (unless dry_run or the job is running), before the probe that may import them.
+    Drift against the package's baseline is shown as notes, and refuses the job only with
+    ``strict_drift``."""
     from remote_ops.errors import exit_for_kind
     from remote_ops.transport import unwrap
 
@@ -429,8 +453,10 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
                                   "dry_run": dry_run, "unless_running": spec.key}))
     do_check = bool(playbook.check) and not skip_check
     if do_check:
+        from remote_ops.check import DEFAULT_AGAINST
         ops.append(("compat.check", {"targets": playbook.check["targets"],
-                                     "against": playbook.check.get("against") or ["vllm"]}))
+                                     "against": playbook.check.get("against") or DEFAULT_AGAINST,
+                                     "drift": True}))
     if spec.import_check:
         ops.append(("imports.probe", {"python": spec.job_python, "modules": spec.import_check, "env": spec.env,
                                       "workdir": spec.workdir, "timeout": spec.import_timeout,
@@ -471,6 +497,7 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
                                    "run remote-ops check / patch first")
             if pf.check.get("unknown"):
                 pf.notes.append(f"check: {len(pf.check['unknown'])} call(s) could not be verified")
+            _drift_preflight(pf, playbook.check.get("against"), strict_drift)
     elif not playbook.check:
         pf.notes.append("playbook has no 'check' section: call sites not verified")
     else:

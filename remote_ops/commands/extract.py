@@ -10,6 +10,8 @@ def add_arguments(p):
     p.add_argument("--playbook", "-p", metavar="P", help="playbook file or name (default: the host's)")
     p.add_argument("--tail", action="store_true", help="follow the log until the job ends (Ctrl-C detaches)")
     p.add_argument("--skip-check", action="store_true", help="do not run the call-site check in preflight")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse the job when the checked calls drifted from the package's baseline version")
     p.add_argument("--dry-run", action="store_true", help="preflight only: show what would start")
 
 
@@ -27,7 +29,8 @@ def run(args, ctx) -> int:
     pb, spec = jobs.load_for_host(host, args.playbook)
     jobs.resolve_secrets(spec)          # a missing secret is refused before touching the host
     session = ctx.session(host)
-    pf = jobs.preflight(session, spec, pb, skip_check=args.skip_check, dry_run=args.dry_run)
+    pf = jobs.preflight(session, spec, pb, skip_check=args.skip_check, dry_run=args.dry_run,
+                       strict_drift=args.strict)
     attached = False
     if pf.running:
         job, attached = pf.running, True
@@ -122,7 +125,8 @@ def _fleet(args, ctx, hosts) -> int:
 
     def fn(host, session):
         pb, spec = specs[host.name]
-        pf = jobs.preflight(session, spec, pb, skip_check=args.skip_check, dry_run=args.dry_run)
+        pf = jobs.preflight(session, spec, pb, skip_check=args.skip_check, dry_run=args.dry_run,
+                           strict_drift=args.strict)
         if pf.running:
             return {"host": host.name, "attached": True, "job": pf.running, "preflight": pf.to_json()}
         if pf.problems:
