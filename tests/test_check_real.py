@@ -14,7 +14,6 @@ give exactly the breakages verified by reading vLLM 0.17.0's source:
 
 from __future__ import annotations
 
-
 import pytest
 
 from remote_ops import pkgsource
