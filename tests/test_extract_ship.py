@@ -160,6 +160,14 @@ def test_import_probe_success_then_launch_and_env_reaches_it(tmp_path, sshd, cli
     assert status == 9 and "import needs_env failed: AssertionError: job env missing" in err
 
 
+def test_import_probe_names_a_missing_package(tmp_path, sshd, cli):
+    h = Host(tmp_path, sshd, import_check=["json", "ro_no_such_package_xyz.sub"])
+    status, out, err = cli(*h.argv("extract", "testhost", "--dry-run"))
+    assert status == 9
+    assert ("import ro_no_such_package_xyz.sub failed: ModuleNotFoundError: No module named "
+            "'ro_no_such_package_xyz' (ro_no_such_package_xyz not installed)") in " ".join(err.split())
+
+
 def test_import_probe_is_time_boxed(tmp_path, sshd, cli):
     h = Host(tmp_path, sshd, files={"scripts/slow.py": "slow.py"}, import_check=["slow"],
              extra={"import_check_timeout_seconds": 1})
@@ -181,3 +189,34 @@ def test_import_check_schema_errors(tmp_path, sshd, cli):
     h = Host(tmp_path, sshd, import_check=["not a module"])
     status, out, err = cli(*h.argv("extract", "testhost", "--dry-run"))
     assert status == 2 and "pb.yaml:" in err and "import_check must be a list of module names" in err
+
+
+def _dist(root: Path, name: str, version: str, requires: list[str], source: str) -> None:
+    (root / name).mkdir(parents=True)
+    (root / name / "__init__.py").write_text(source)
+    info = root / f"{name}-{version}.dist-info"
+    info.mkdir()
+    meta = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"] + \
+        [f"Requires-Dist: {r}" for r in requires]
+    (info / "METADATA").write_text("\n".join(meta) + "\n")
+    (info / "top_level.txt").write_text(name + "\n")
+
+
+def test_import_probe_names_the_versions_outside_site_packages(tmp_path, sshd, cli):
+    """Packages on a PYTHONPATH folder (not named site-packages) and a requirement that the
+    failing package loaded but no traceback frame passes through are both named, with versions:
+    the shape of speculators 0.3.0 failing under transformers 5.x."""
+    pytest.importorskip("pydantic")
+    libs = tmp_path / "libs"
+    _dist(libs, "fakeconfigs", "5.17.0", [], "TORCH_DTYPE_ANNOTATION = 'torch.dtype'\n")
+    _dist(libs, "fakespec", "0.3.0", ["fakeconfigs>=5", "pydantic>=2", "notinstalled; extra == 'dev'"],
+          "import fakeconfigs\n" + BROKEN)
+    h = Host(tmp_path, sshd, import_check=["fakespec"], extra={"env": {"PYTHONPATH": str(libs)}})
+    status, out, err = cli(*h.argv("extract", "testhost", "--json"))
+    assert status == 9, err
+    doc = json.loads(out)
+    versions = doc["preflight"]["imports"]["versions"]
+    from importlib.metadata import version
+    assert versions["fakespec"] == "0.3.0" and versions["fakeconfigs"] == "5.17.0"
+    assert versions["pydantic"] == version("pydantic") and "notinstalled" not in versions
+    assert "fakeconfigs 5.17.0" in doc["error"]["message"]

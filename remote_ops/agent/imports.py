@@ -37,27 +37,66 @@ def versions(names):
             except Exception:
                 pass
     return out
+STDLIB = {os.path.realpath(os.path.dirname(os.__file__)),
+          os.path.realpath(os.path.join(os.path.dirname(os.__file__), "lib-dynload"))}
+PATHS = sorted({os.path.realpath(p) for p in sys.path if p and os.path.isdir(p)}, key=len, reverse=True)
+def top_of(filename):
+    """The top-level package a traceback frame's file belongs to, through the sys.path entry that
+    holds it (site-packages, dist-packages, a PYTHONPATH folder, ...); None for the stdlib."""
+    fn = os.path.realpath(filename)
+    for entry in PATHS:   # longest first: site-packages before the stdlib folder that holds it
+        if fn.startswith(entry + os.sep):
+            if entry in STDLIB:
+                return None
+            top = fn[len(entry) + 1:].split(os.sep)[0]
+            return top[:-3] if top.endswith(".py") else top
+    return None
+def required_loaded(top):
+    """Import names of the distributions that ``top``'s distribution requires and that the failed
+    import had loaded (e.g. speculators -> transformers, pydantic)."""
+    try:
+        from importlib import metadata
+        dists = metadata.packages_distributions()
+    except Exception:
+        return []
+    names = []
+    for dist in dists.get(top) or [top]:
+        try:
+            reqs = metadata.requires(dist) or []
+        except Exception:
+            continue
+        for r in reqs:
+            if "extra ==" in r.replace('"', "").replace("'", ""):
+                continue
+            name = r.split(";")[0].strip()
+            for ch in "<>=!~[( ":
+                name = name.split(ch)[0]
+            norm = name.lower().replace("-", "_")
+            for mod, owners in dists.items():
+                if any(o.lower().replace("-", "_") == norm for o in owners) and mod in sys.modules \
+                        and mod not in names:
+                    names.append(mod)
+    return names
 res = {"ok": True, "versions": {}, "python": sys.version.split()[0], "executable": sys.executable}
 for m in mods:
     try:
         importlib.import_module(m)
     except BaseException as exc:
         tops = [m.split(".")[0]]
-        tb = exc.__traceback__
-        for fr in traceback.extract_tb(tb):
-            parts = fr.filename.replace(os.sep, "/").split("/")
-            for marker in ("site-packages", "dist-packages"):
-                if marker in parts:
-                    i = parts.index(marker)
-                    if i + 1 < len(parts):
-                        top = parts[i + 1]
-                        top = top[:-3] if top.endswith(".py") else top
-                        if top not in tops:
-                            tops.append(top)
+        for fr in traceback.extract_tb(exc.__traceback__):
+            top = top_of(fr.filename)
+            if top and top not in tops:
+                tops.append(top)
+        for top in required_loaded(m.split(".")[0]):
+            if top not in tops:
+                tops.append(top)
         msg = str(exc).strip().splitlines()
         res.update(ok=False, module=m, error="%s: %s" % (type(exc).__name__, msg[0] if msg else ""),
                    packages=tops, traceback=traceback.format_exc()[-4000:])
         res["versions"] = versions(tops + extra)
+        missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+        if missing and missing.split(".")[0] not in res["versions"]:
+            res["versions"][missing.split(".")[0]] = "not installed"
         break
 if res["ok"]:
     res["versions"] = versions([m.split(".")[0] for m in mods] + extra)
