@@ -173,7 +173,7 @@ def render_drift(console, result: dict, verbose: int = 0) -> None:
             for d in accepted:
                 console.print(escape(f"  accepted: {d['path']}:{d['line']}: {d['kind']} {d['name']}: {d['accepted']}"))
     for a in result.get("accepted_unmatched") or []:
-        stale = f"check.accepted_drift entry {a['kind']} {a['symbol']} {a['name']} matched no drift item (stale?)"
+        stale = f"check.accepted_drift entry {a['kind']} {a['symbol']} {a['name']} matched no drift item on this host (stale, or not for this version)"
         console.print(f"[yellow]{escape(stale)}[/yellow]")
 
 
