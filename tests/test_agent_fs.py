@@ -50,3 +50,21 @@ def test_atomic_replace_installs_or_leaves_the_destination_untouched(tmp_path):
                                     (5 * 1024 ** 3, "5.0 GiB"), (3 * 1024 ** 5, "3072.0 TiB")])
 def test_human_bytes(n, text):
     assert human_bytes(n) == text
+
+
+def test_facts_lists_the_hosts_jobs_read_only(tmp_path, monkeypatch):
+    """facts.gather's jobs: [] on a host that never ran one (and no state dir made), else each job."""
+    import json
+
+    from remote_ops.agent import facts
+    monkeypatch.setenv("REMOTE_OPS_STATE_DIR", str(tmp_path / "state"))
+    args = {"gpus": False, "packages": []}
+    assert facts.op_gather(args)["jobs"] == []
+    assert not (tmp_path / "state").exists()
+    job = tmp_path / "state" / "jobs" / "demo-20260101-000000-abcdef"
+    job.mkdir(parents=True)
+    (job / "job.json").write_text(json.dumps({"key": "demo", "created_at": 1.0, "expected_samples": 4}))
+    (job / "exit.json").write_text(json.dumps({"exit_code": 0, "ended_at": 2.0}))
+    (rec,) = facts.op_gather(args)["jobs"]
+    assert rec["job_id"] == job.name and rec["key"] == "demo" and rec["state"] == "succeeded"
+    assert rec["samples"]["expected"] == 4

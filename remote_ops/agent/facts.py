@@ -79,11 +79,8 @@ def gather(args):
         except ImportError:
             out["gpu"] = {"present": False, "error": "gpu probe unavailable"}
     if args.get("jobs", True):
-        try:
-            from . import jobs
-            out["jobs"] = jobs.summary(args)
-        except (ImportError, AttributeError):
-            out["jobs"] = None
+        from . import jobstatus
+        out["jobs"] = jobstatus.summary(args)
     return out
 
 

@@ -56,8 +56,8 @@ def op_put(args):
                            "create it, or set the host's workdir in the inventory")
     key = args.get("unless_running")
     if key:
-        from . import jobs
-        running = jobs.running_job(key)
+        from . import jobstatus
+        running = jobstatus.running_job(key)
         if running:   # never swap the files of a job that is running
             return {"files": [], "skipped": "job %s is running" % running}
     out = []

@@ -118,8 +118,8 @@ def op_probe(args):
         return {"ok": True, "modules": [], "versions": {}, "skipped": "no modules to check"}
     key = args.get("unless_running")
     if key:
-        from . import jobs
-        running = jobs.running_job(key)
+        from . import jobstatus
+        running = jobstatus.running_job(key)
         if running:
             return {"ok": True, "modules": modules, "versions": {},
                     "skipped": "job %s is running" % running}
