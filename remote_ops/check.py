@@ -13,7 +13,7 @@ from typing import Any
 
 FINDING_KEYS = ("path", "line", "symbol", "kind", "name", "message", "suggestion")
 # extra structured data kept on every finding (for people and for `check --emit-playbook`)
-FINDING_EXTRAS = ("col", "module", "call", "signature", "signature_mode", "signature_origin", "fix")
+FINDING_EXTRAS = ("col", "module", "defined", "call", "signature", "signature_mode", "signature_origin", "fix")
 
 DEFAULT_PACKAGE = "speculators.data_generation"
 DEFAULT_AGAINST = ["vllm"]

@@ -11,6 +11,12 @@ import ast
 import difflib
 
 from .signatures import Signature, Unknown, bind, dotted
+from .symbols import canonical
+
+
+# Every kind of finding the analysis reports (playbook ``fixes`` entries name one of these).
+FINDING_KINDS = ("unexpected-keyword", "missing-argument", "too-many-positional", "missing-module",
+                 "missing-symbol", "missing-attribute")
 
 
 class Val:
@@ -26,7 +32,7 @@ class Val:
 
 class Analysis:
     def __init__(self, resolver, modname, path, text, libs, suggester=None):
-        self.only = None        # set of callee symbols to check; None: every call
+        self.only = None        # a symbols.SymbolMatcher of the callees to check; None: every call
         self.r = resolver
         self.modname = modname
         self.path = path
@@ -53,15 +59,15 @@ class Analysis:
         seg = " ".join(seg.split())
         return seg if len(seg) <= 160 else seg[:157] + "..."
 
-    def add(self, node, symbol, kind, name, message, suggestion, sig=None, fix=None):
+    def add(self, node, symbol, kind, name, message, suggestion, sig=None, fix=None, ent=None):
         key = (node.lineno, getattr(node, "col_offset", 0), symbol, kind, name)
         if key in self.seen:
             return
         self.seen.add(key)
         self.findings.append({
             "path": self.path, "line": node.lineno, "col": getattr(node, "col_offset", 0),
-            "module": self.modname, "symbol": symbol, "kind": kind, "name": name,
-            "message": message, "suggestion": suggestion, "call": self._segment(node),
+            "module": self.modname, "symbol": symbol, "defined": canonical(ent), "kind": kind,
+            "name": name, "message": message, "suggestion": suggestion, "call": self._segment(node),
             "signature": sig.render() if isinstance(sig, Signature) else None,
             "signature_mode": sig.mode if isinstance(sig, Signature) else None,
             "signature_origin": sig.origin if isinstance(sig, Signature) else None,
@@ -385,7 +391,7 @@ class Analysis:
         callee = self._eval(node.func, local, cls_ctx)
         if callee is None:
             return
-        if self.only is not None and callee.symbol not in self.only:
+        if self.only is not None and self.only.first(callee.symbol, canonical(callee.ent)) is None:
             return          # a narrowed re-check (patch verification): other callees are not asked for
         if callee.instance:
             return          # calling an instance: __call__ is not followed
@@ -419,7 +425,7 @@ class Analysis:
         for kind, name, message in bind(sig, npos, star, keywords, dstar):
             sugg, fix = self._suggest(kind, name, sig, node, npos)
             self.add(node, symbol, kind, name, "%s() %s" % (symbol.rsplit(".", 1)[-1], message),
-                     sugg, sig=sig, fix=fix)
+                     sugg, sig=sig, fix=fix, ent=e)
 
     def _suggest(self, kind, name, sig, node, npos):
         params = [p.name for p in sig.params]
