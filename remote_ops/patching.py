@@ -24,7 +24,7 @@ from remote_ops.errors import AgentError, ConfigError, RefusedError
 from remote_ops.playbook import Playbook
 
 # agent failure kinds that are refusals (exit REFUSED), not agent crashes
-REFUSAL_KINDS = {"changed", "locked", "import-failed", "verify-failed", "findings-remain", "outside", "other-owner", "read-only",
+REFUSAL_KINDS = {"changed", "locked", "import-failed", "verify-failed", "findings-remain", "journal-corrupt", "outside", "other-owner", "read-only",
                  "hardlinked", "disk-full", "write-failed", "compile", "no-module", "not-source", "no-file",
                  "not-file", "unreadable", "backup-corrupt", "no-entry", "missing-target"}
 
@@ -78,6 +78,7 @@ class PatchPlan:
     packages: dict[str, str | None]
     targets: list[TargetPlan]
     recovered: list = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)    # what local validation could not check
 
     @property
     def changed(self) -> bool:
@@ -155,6 +156,7 @@ def compute(pb: Playbook, raw: dict, host_name: str) -> PatchPlan:
     pb.require_met(raw.get("packages") or {}, host=host_name)
     python = raw.get("python") or [3, 10]
     targets: list[TargetPlan] = []
+    notes: list[str] = []
     for patch, t in zip(pb.patches, raw["targets"]):
         data = base64.b64decode(t["data"])
         label = patch.label
@@ -178,7 +180,10 @@ def compute(pb: Playbook, raw: dict, host_name: str) -> PatchPlan:
                 problems.append(p)
             else:
                 introduced = {r.edit_id: r.introduced for r in result.results if r.state == "pending"}
-                problems += validate.undefined_names(text, result.new_text, t["real"], introduced)
+                names = validate.undefined_names(text, result.new_text, t["real"], introduced)
+                problems += names
+                if names.skipped:
+                    notes.append(names.skipped)
         if problems:
             raise RefusedError("patched text is invalid: " + "; ".join(map(str, problems)),
                                "nothing was changed on the host; fix the playbook", host=host_name)
@@ -186,7 +191,7 @@ def compute(pb: Playbook, raw: dict, host_name: str) -> PatchPlan:
         targets.append(TargetPlan(label, patch.module, t["path"], t["real"], t.get("is_link", False),
                                   t["sha256"], t["mode"], encoding, result, new_bytes))
     return PatchPlan(host_name, pb, list(python), raw.get("packages") or {}, targets,
-                     raw.get("recovered") or [])
+                     raw.get("recovered") or [], notes)
 
 
 def verification(plan: PatchPlan, agent_record: dict | None, reason: str | None) -> dict:
@@ -263,7 +268,7 @@ def run_host(session, host, pb: Playbook, *, dry_run: bool = False, import_check
            "targets": [{"label": t.label, "path": t.path, "real": t.real, "is_link": t.is_link,
                         "changed": t.changed, "sha256_before": t.sha256} for t in plan.targets],
            "edits": plan.edit_states(), "diff": plan.diff(),
-           "recovered": plan.recovered, "plan": plan,
+           "recovered": plan.recovered, "plan": plan, "notes": list(plan.notes),
            "verification": verification(plan, None, plan.verify_request()[1])}
     if plan.changed and dry_run:
         out["verification"] = verify_only(session, plan, host, allow_findings=allow_findings)
@@ -276,7 +281,8 @@ def run_host(session, host, pb: Playbook, *, dry_run: bool = False, import_check
             entry = res.get("entry")
             out.update(changed=bool(res.get("changed")), txid=entry and entry["txid"],
                        journal=entry, lock_wait_s=res.get("lock_wait_s"), verification=res["verification"],
-                       import_check=res.get("import_check"), recovered=plan.recovered + (res.get("recovered") or []))
+                       import_check=res.get("import_check"), recovered=plan.recovered + (res.get("recovered") or []),
+                       notes=plan.notes + list((entry or {}).get("notes") or []))
             if entry is None:
                 out["note"] = "already applied on the host by another controller"
     out["round_trips"] = session.stats.execs - execs0

@@ -157,22 +157,42 @@ def _journal_path():
     return os.path.join(_journal_dir(), "journal.jsonl")
 
 
-def _journal_entries():
+def _read_journal():
+    """(entries, corrupt): ``corrupt`` lists every line that is not a JSON object, except a torn
+    last line (no newline: a crash mid-append, whose transaction still has its intent and is
+    recovered), which is skipped."""
     try:
         with open(_journal_path(), "rb") as fh:
             raw = fh.read()
     except FileNotFoundError:
-        return []
-    out = []
-    for line in raw.split(b"\n"):
-        line = line.strip()
-        if not line:
+        return [], []
+    lines = raw.split(b"\n")
+    out, corrupt = [], []
+    for i, line in enumerate(lines):
+        if not line.strip():
             continue
         try:
-            out.append(json.loads(line))
-        except ValueError:   # a torn last line from a crash mid-append: its tx has an intent, recovered
-            continue
-    return out
+            entry = json.loads(line)
+        except ValueError:
+            entry = None
+        if isinstance(entry, dict):
+            out.append(entry)
+        elif not (i == len(lines) - 1 and entry is None):   # the torn tail has no newline after it
+            corrupt.append({"line": i + 1, "text": line[:80].decode("utf-8", "replace")})
+    return out, corrupt
+
+
+def _journal_entries():
+    """Every journal entry; a corrupt journal refuses (acting on a partial history could undo a
+    committed transaction or roll back the wrong one)."""
+    entries, corrupt = _read_journal()
+    if corrupt:
+        raise AgentFailure("journal-corrupt", "the patch journal %s is corrupt: line %s is not a journal entry "
+                           "(%r); refusing to act on a partial history" % (
+                               _journal_path(), ", ".join(str(c["line"]) for c in corrupt[:5]), corrupt[0]["text"]),
+                           "repair or move that line by hand (remote-ops history lists the readable entries); "
+                           "nothing was changed", corrupt=corrupt)
+    return entries
 
 
 def _journal_append(entry):
@@ -180,12 +200,19 @@ def _journal_append(entry):
     path = _journal_path()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
-        # a torn line from a crash must not glue itself to this one
-        if os.fstat(fd).st_size:
+        # a torn tail from a crash mid-append (its transaction was recovered from its intent before
+        # this append) is cut off, so that it never becomes a corrupt line in the middle
+        size = os.fstat(fd).st_size
+        if size:
             with open(path, "rb") as fh:
-                fh.seek(-1, os.SEEK_END)
-                if fh.read(1) != b"\n":
-                    os.write(fd, b"\n")
+                data = fh.read()
+            if not data.endswith(b"\n"):
+                keep = data.rfind(b"\n") + 1
+                try:
+                    json.loads(data[keep:])
+                    os.write(fd, b"\n")          # complete entry, only its newline was lost
+                except ValueError:
+                    os.truncate(path, keep)
         os.write(fd, (json.dumps(entry, separators=(",", ":")) + "\n").encode())
         os.fsync(fd)
     finally:
@@ -739,7 +766,8 @@ def op_rollback(args):
 
 
 def op_history(args):
-    entries = _journal_entries()
+    """The journal; a corrupt one is listed as far as it reads, with its bad lines (``corrupt``)."""
+    entries, corrupt = _read_journal()
     undone = {e.get("of"): e.get("txid") for e in entries if e.get("action") == "rollback"}
     for e in entries:
         if e.get("action") == "patch":
@@ -747,4 +775,5 @@ def op_history(args):
     limit = args.get("limit")
     if limit:
         entries = entries[-int(limit):]
-    return {"entries": entries, "pending": len(_pending_intents()), "state_dir": _state_dir()}
+    return {"entries": entries, "pending": len(_pending_intents()), "state_dir": _state_dir(),
+            "journal": _journal_path(), "corrupt": corrupt}

@@ -90,6 +90,8 @@ def run(args, ctx) -> int:
             c.print(f"{name}: no changes ({v.get('note') or 'every edit is already applied'}; "
                     f"{v['round_trips']} round trip{'s' if v['round_trips'] != 1 else ''}, {v['wall_s']}s)",
                     soft_wrap=True)
+        for n in v.get("notes") or []:     # stale bytecode left behind, checks that could not run
+            c.print(f"  note: {n}", style="yellow", soft_wrap=True, markup=False)
         ver = v["verification"]
         c.print(f"  {ver['line']}", style=None if ver["verified"] else "yellow", soft_wrap=True, markup=False)
         for f in ver.get("remaining") or []:
