@@ -44,8 +44,9 @@ class SshdServer:
     """sshd listening on ``address:port``, keys and config under ``root`` (created 0700)."""
 
     def __init__(self, root: str | Path, address: str = "127.0.0.1", port: int | None = None,
-                 extra_config: str = ""):
+                 extra_config: str = "", log_level: str = "ERROR"):
         self.root = Path(root)
+        self.log_level = log_level
         self.address = address
         self.port = port or free_port(address)
         self.extra_config = extra_config
@@ -106,7 +107,7 @@ UsePAM no
 MaxSessions 100
 MaxStartups 200:30:400
 Subsystem sftp internal-sftp
-LogLevel ERROR
+LogLevel {self.log_level}
 PrintMotd no
 AcceptEnv LANG LC_*
 {self.extra_config}

@@ -14,7 +14,6 @@ give exactly the breakages verified by reading vLLM 0.17.0's source:
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
@@ -59,16 +58,12 @@ def test_pinned_vllm_is_clean(paths):
 
 
 def test_vllm_017_gives_every_real_breakage(paths):
-    elapsed = []
-    for _ in range(2):      # best of two: a loaded CI machine should not fail a speed bound
-        t0 = time.perf_counter()
-        res = op_check({"sys_path": paths["0.17.0"]})
-        elapsed.append(time.perf_counter() - t0)
-    elapsed = min(elapsed)
+    # no speed bound here (a loaded CI machine must not fail it): the time of each check is printed by
+    # benchmarks/check_matrix.py into benchmarks/CHECK_MATRIX.md
+    res = op_check({"sys_path": paths["0.17.0"]})
     assert res["versions"] == {"speculators": "0.3.0", "vllm": "0.17.0"}
     assert _keys(res) == EXPECTED_017
     assert res["unknown"] == []
-    assert elapsed < 1.0, elapsed
     by_name = {f["name"]: f for f in res["findings"]}
     assert by_name["block_size"]["fix"]["constant"] == "VLLM_BLOCK_SIZE"
     assert by_name["eos_token_id"]["fix"] == {"action": "remove-keyword", "keyword": "eos_token_id"}
@@ -77,7 +72,6 @@ def test_vllm_017_gives_every_real_breakage(paths):
 
 def test_recheck_of_edited_text_in_same_op(paths):
     """What patch validation does: the findings its edits target are gone from the new text."""
-    import importlib.util
     import os
 
     src = os.path.join(paths["0.17.0"][0], *GEN.split(".")) + ".py"
@@ -91,9 +85,14 @@ def test_recheck_of_edited_text_in_same_op(paths):
                        "                max_num_batched_tokens=max_num_batched_tokens,\n"
                        "                is_encoder_decoder=False,\n            ),")
     assert new != text
-    res = op_check({"sys_path": paths["0.17.0"], "override_sources": {GEN: new}})
-    assert res["findings"] == []
-    assert importlib.util is not None
+    before = op_check({"sys_path": paths["0.17.0"], "targets": [GEN]})
+    assert {(f["kind"], f["name"]) for f in before["findings"]} == {
+        ("unexpected-keyword", "eos_token_id"), ("unexpected-keyword", "kv_cache_specs"),
+        ("missing-argument", "block_size"), ("missing-argument", "is_encoder_decoder")}
+    res = op_check({"sys_path": paths["0.17.0"], "targets": [GEN], "override_sources": {GEN: new}})
+    assert res["findings"] == [] and res["unknown"] == []
+    # the same calls were checked in the edited text (it was analysed, not skipped)
+    assert res["calls_checked"] == before["calls_checked"] > 0
 
 
 def test_inspect_static_signatures(paths):

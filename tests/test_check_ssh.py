@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import textwrap
-import time
 
 EXPECTED_017 = {
     ("vllm.v1.core.kv_cache_utils.get_kv_cache_config_from_groups", "unexpected-keyword", "kv_cache_specs"),
@@ -16,9 +15,7 @@ EXPECTED_017 = {
 
 def test_check_017_json_and_exit_status(sshd, inventory_file, env_vllm017, cli):
     inv = inventory_file(python=str(env_vllm017))
-    t0 = time.perf_counter()
     status, out, err = cli("check", "testhost", "--json", "-i", str(inv))
-    wall = time.perf_counter() - t0
     assert status == 1, err
     res = json.loads(out)
     assert res["host"] == "testhost" and res["mode"] == "static"
@@ -29,8 +26,8 @@ def test_check_017_json_and_exit_status(sshd, inventory_file, env_vllm017, cli):
         # the analysed file is the one the host's interpreter imports, not a local copy
         assert f["path"].startswith(str(env_vllm017.parent.parent))
     assert res["unknown"] == []
-    assert res["timing"]["host_analysis_s"] < 1.0
-    print(f"check over ssh: wall {wall:.2f}s, host analysis {res['timing']['host_analysis_s']:.3f}s")
+    # timing is reported, not bounded here (benchmarks/run.py and check_matrix.py measure it)
+    assert res["timing"]["host_analysis_s"] > 0 and res["timing"]["round_trip_s"] >= res["timing"]["host_analysis_s"]
 
 
 def test_check_011_clean(sshd, inventory_file, env_vllm011, cli):

@@ -136,8 +136,11 @@ def test_controller_sigkilled_at_random_points(two_files, state_dir, inventory_f
         done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         assert contents(work) == (NEW_A, NEW_B)
-        # undo for the next round (rollback must find consistent state as well)
-        subprocess.run(cmd[:4] + ["rollback", "testhost"], cwd=REPO, capture_output=True, timeout=60)
+        # undo for the next round: rollback must find consistent state as well, and restore the bytes
+        undo = subprocess.run(cmd[:5] + ["rollback", "testhost", "--json"], cwd=REPO, capture_output=True,
+                              text=True, timeout=60)
+        assert undo.returncode == 0, undo.stderr
+        assert json.loads(undo.stdout)["changed"] and contents(work) == (ORIG_A, ORIG_B)
 
 
 def test_disk_full_leaves_original(two_files, state_dir, tmp_path):
