@@ -695,6 +695,7 @@ def test_only_symbols_matches_a_symbol_spelled_by_its_defining_module(tmp_path):
     (lib / "__init__.py").write_text("from .core import Conf, g\n")
     (lib / "core.py").write_text("class Conf:\n    def __init__(self, a, *, must):\n        pass\n\n"
                                  "def g(b):\n    pass\n")
+    (lib / "other.py").write_text("class Conf:\n    def __init__(self, a, *, must):\n        pass\n")
     (tmp_path / "callery.py").write_text("from libx import Conf, g\n\nConf(1)\ng(c=3)\n")
     base = {"targets": ["callery"], "against": ["libx"], "sys_path": [str(tmp_path)]}
     full = compat.op_check(dict(base))
@@ -704,5 +705,9 @@ def test_only_symbols_matches_a_symbol_spelled_by_its_defining_module(tmp_path):
         narrow = compat.op_check(dict(base, only_symbols=[spelling]))
         assert {(f["symbol"], f["name"]) for f in narrow["findings"]} == {("libx.Conf", "must")}, spelling
         assert narrow["calls_checked"] == 1 and narrow["only_unmatched"] == []
+    # another class of the same name is another symbol: it selects nothing here, and says so
+    other = compat.op_check(dict(base, only_symbols=["libx.other.Conf"]))
+    assert other["findings"] == [] and other["calls_checked"] == 0
+    assert other["only_unmatched"] == ["libx.other.Conf"]
     with pytest.raises(AgentFailure, match="libx.core.Cnof"):
         compat.op_check(dict(base, only_symbols=["libx.core.Cnof"]))
