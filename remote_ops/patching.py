@@ -250,7 +250,7 @@ def apply(session, plan: PatchPlan, host, *, import_check: bool = False, allow_f
         args["import_check"] = sorted({t.module for t in plan.targets if t.module})
     (res,) = session.call_many([("patching.apply", args)])
     out = unwrap(res, host.name, "applying the patch")
-    out["verification"] = verification(plan, out.get("verified"), reason)
+    out["verification"] = verification(plan, out.get("verified"), reason or out.get("verify_skipped"))
     return out
 
 

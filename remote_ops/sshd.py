@@ -183,10 +183,10 @@ AcceptEnv LANG LC_*
                     break
                 time.sleep(0.05)
 
-    def kill_sessions(self) -> int:
-        """Kill the per-connection sshd children (fault injection: the connection dies)."""
+    def session_pids(self) -> list[int]:
+        """The per-connection sshd children of the listener: one per open SSH connection."""
         listener = self.proc.pid if self.proc else self.daemon_pid()
-        killed = 0
+        out = []
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
@@ -196,9 +196,16 @@ AcceptEnv LANG LC_*
             except (OSError, ValueError, IndexError):
                 continue
             if ppid == listener:
-                try:
-                    os.kill(int(entry.name), signal.SIGKILL)
-                    killed += 1
-                except OSError:
-                    pass
+                out.append(int(entry.name))
+        return out
+
+    def kill_sessions(self) -> int:
+        """Kill the per-connection sshd children (fault injection: the connection dies); how many."""
+        killed = 0
+        for pid in self.session_pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
         return killed

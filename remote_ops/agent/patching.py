@@ -104,8 +104,16 @@ def _write_json_atomic(path, obj):
 
 
 def _fault(point):
-    """Test hook: ``REMOTE_OPS_FAULT=<point>`` kills the agent at that point (crash-safety tests)."""
+    """Test hook: ``REMOTE_OPS_FAULT=<point>`` kills the agent at that point (crash-safety tests);
+    ``REMOTE_OPS_FAULT_MARK=<file>`` records that it fired (so a trial can tell a fault that hit a
+    transaction from one whose point was never reached)."""
     if os.environ.get("REMOTE_OPS_FAULT") == point:
+        mark = os.environ.get("REMOTE_OPS_FAULT_MARK")
+        if mark:
+            fd = os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.write(fd, (point + "\n").encode())
+            os.fsync(fd)
+            os.close(fd)
         os._exit(137)
 
 
@@ -644,6 +652,22 @@ def _verify(args, todo):
             "unknown": len(after.get("unknown") or [])}
 
 
+def _verify_skip_reason(targets):
+    """None when every target still holds the bytes the plan was computed from; else why not."""
+    shas = []
+    for t in targets:
+        try:
+            with open(t["real"], "rb") as fh:
+                shas.append(_sha(fh.read()))
+        except OSError:
+            return "a target cannot be read"
+    if all(cur == _sha(base64.b64decode(t["data"])) for cur, t in zip(shas, targets)):
+        return "the host already holds the patched text (applied by another controller)"
+    if any(cur != t["expected"] for cur, t in zip(shas, targets)):
+        return "a target changed since it was read"
+    return None
+
+
 def op_verify(args):
     """The verification of ``apply`` alone (for ``patch --dry-run``): no lock, nothing written."""
     return {"verified": _verify(args, args.get("targets") or [])}
@@ -684,12 +708,16 @@ def op_apply(args):
                 raise AgentFailure("changed", "%s now resolves to %s, not %s" % (
                     spec.get("module") or spec.get("path"), real, t["real"]),
                     "the host changed since the read step; rerun the patch")
-        verified = _verify(args, targets)
+        # verify only what this transaction would write: when another controller already wrote these
+        # bytes (or the file changed, which the compare-and-swap below refuses) there is nothing to verify
+        skipped = _verify_skip_reason(targets)
+        verified = None if skipped else _verify(args, targets)
         changes = [{"real": t["real"], "label": t.get("label"), "module": t.get("module"),
                     "expected": t["expected"], "data": base64.b64decode(t["data"])} for t in targets]
         entry = _transact("patch", changes, meta)
         result = {"changed": entry is not None, "entry": entry, "recovered": recovered,
-                  "lock_wait_s": round(lock.waited, 3), "verified": verified}
+                  "lock_wait_s": round(lock.waited, 3), "verified": verified,
+                  "verify_skipped": skipped if args.get("verify") else None}
         modules = args.get("import_check") or []
         if entry is not None and modules:
             error = _import_check(modules, args.get("workdir"), float(args.get("import_timeout") or 300))
