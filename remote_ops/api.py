@@ -119,8 +119,9 @@ class Inventory:
 
     def check(self, spec: str | None = None, *, playbook: str | None = None, runtime: bool = False,
               targets: list[str] | None = None, against: list[str] | None = None,
-              package: str | None = None) -> Results:
-        """`remote-ops check --json`: call sites vs the host's library signatures (one round trip).
+              package: str | None = None, baseline: str | None = None, drift: bool = True) -> Results:
+        """`remote-ops check --json`: call sites vs the host's library signatures (one round trip),
+        and drift against ``baseline`` (default: the version the package pins).
         A host with findings is ``ok`` (its value holds them); ``ok=False`` means the check could not run."""
         from remote_ops import check as check_mod
         if playbook:
@@ -134,6 +135,7 @@ class Inventory:
             req.against = list(against)
         if package:
             req.package = package
+        req.baseline, req.drift = baseline, drift
         return self.run(spec, lambda h, s: check_mod.run(s, req))
 
     def patch(self, spec: str | None = None, *, playbook: str | None = None, dry_run: bool = False,

@@ -60,14 +60,14 @@ class Context:
 
     # ------------------------------------------------------------------ sessions
     def session(self, host):
-        from remote_ops.transport import ConnectOptions, Session
+        from remote_ops.transport import ConnectOptions, session_for
 
         with self._lock:
             sess = self._sessions.get(host.name)
             if sess is None:
-                sess = Session(host, ConnectOptions(accept_new=self.accept_new,
-                                                    connect_timeout=self.connect_timeout),
-                               self.inventory.hosts if self._inventory is not None else None)
+                sess = session_for(host, ConnectOptions(accept_new=self.accept_new,
+                                                        connect_timeout=self.connect_timeout),
+                                   self.inventory.hosts if self._inventory is not None else None)
                 self._sessions[host.name] = sess
         sess.open()
         return sess

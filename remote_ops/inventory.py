@@ -27,7 +27,9 @@ HOST_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "playbook": ((str,), "string"),
     "connect_timeout": ((int, float), "number"),
     "keepalive": ((int,), "integer"),
+    "connection": ((str,), "string: ssh or local"),
 }
+CONNECTIONS = ("ssh", "local")
 TOP_KEYS = {"hosts", "groups", "default"}
 
 
@@ -50,6 +52,7 @@ class Host:
     connect_timeout: float = 10.0
     keepalive: int = 15
     inventory_path: str | None = None
+    connection: str = "ssh"   # "local": the agent runs in a subprocess of the controller (no SSH)
 
     def resolve_path(self, value: str) -> str:
         """A path from the inventory, relative to the inventory's folder."""
@@ -148,6 +151,11 @@ def _parse_host(doc: YamlDoc, name: str, entry: Any) -> Host:
     if keepalive is not None and not 0 <= keepalive <= 86400:
         raise doc.error(where + ("keepalive",),
                         f"keepalive of host {name!r} must be 0-86400 seconds (0: off), got {keepalive}")
+    connection = entry.get("connection", "ssh")
+    if connection not in CONNECTIONS:
+        raise doc.error(where + ("connection",),
+                        f"connection of host {name!r} must be one of {', '.join(CONNECTIONS)}, got {connection!r}",
+                        "local runs the agent on this machine, without SSH (like Ansible's connection: local)")
     proxy = entry.get("proxy_jump")
     proxy_t = None if proxy is None else _str_list(doc, where + ("proxy_jump",), proxy)
     if proxy_t is not None and [p.lower() for p in proxy_t] == ["none"]:
@@ -155,7 +163,7 @@ def _parse_host(doc: YamlDoc, name: str, entry: Any) -> Host:
     ident = entry.get("identity_file") or ()
     return Host(
         name=name,
-        hostname=entry.get("hostname", name),
+        hostname=entry.get("hostname", "localhost" if connection == "local" else name),
         port=port,
         user=entry.get("user"),
         identity_file=_str_list(doc, where + ("identity_file",), ident) if ident else (),
@@ -169,6 +177,7 @@ def _parse_host(doc: YamlDoc, name: str, entry: Any) -> Host:
         connect_timeout=float(entry.get("connect_timeout", 10.0)),
         keepalive=int(entry.get("keepalive", 15)),
         inventory_path=doc.path,
+        connection=connection,
     )
 
 

@@ -275,58 +275,30 @@ class Session:
 
     def _exec_lines(self, ops: list[dict], env: dict | None, timeout: float | None,
                     stop_on_error: bool) -> Iterator[dict]:
-        """Run one agent request on one exec channel; yields every parsed output line."""
-        import paramiko
-
+        """Run one agent request (one exec round trip); yields every parsed output line."""
         payload = bundle.encode_request(ops, {**self.host.env, **(env or {})}, stop_on_error)
-        chan = self._open_channel(timeout)
+        what = "+".join(o["op"] for o in ops)
         self.stats.execs += 1
         self.stats.op_log.append([o["op"] for o in ops])
-        stderr_chunks: list[bytes] = []
-        try:
-            _exec_pipelined(chan, bundle.agent_command(self.host.python))
-            chan.sendall(payload)
-            chan.shutdown_write()
-            self.stats.bytes_sent += len(payload)
-            buf = b""
-            while True:
-                try:
-                    data = chan.recv(65536)
-                except socket.timeout:
-                    raise TimeoutError_(f"remote operation {'+'.join(o['op'] for o in ops)} timed out "
-                                        f"after {timeout:g}s", host=self.label) from None
-                while chan.recv_stderr_ready():
-                    stderr_chunks.append(chan.recv_stderr(65536))
-                if not data:
-                    break
-                self.stats.bytes_received += len(data)
-                buf += data
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    if line.strip():
-                        try:
-                            yield json.loads(line)
-                        except ValueError:
-                            raise AgentError(f"agent sent unreadable output: {line[:200]!r}",
-                                             host=self.label) from None
-            status = chan.recv_exit_status()
-            while chan.recv_stderr_ready():
-                stderr_chunks.append(chan.recv_stderr(65536))
-        except (OSError, EOFError, paramiko.SSHException) as exc:
-            # the link died mid-call (paramiko: OSError, EOFError or "Channel closed.")
-            raise UnreachableError(f"connection lost during {'+'.join(o['op'] for o in ops)}: "
-                                   f"{exc or type(exc).__name__}", host=self.label) from None
-        finally:
-            try:
-                chan.close()
-            except (OSError, EOFError, paramiko.SSHException):
-                pass   # the link is already gone: the error that matters was raised above
+        end: dict = {}
+        buf = b""
+        for data in self._run_agent(payload, timeout, what, end):
+            self.stats.bytes_received += len(data)
+            buf += data
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                if line.strip():
+                    try:
+                        yield json.loads(line)
+                    except ValueError:
+                        raise AgentError(f"agent sent unreadable output: {line[:200]!r}",
+                                         host=self.label) from None
         if buf.strip():
             try:
                 yield json.loads(buf)
             except ValueError:
                 pass
-        stderr = b"".join(stderr_chunks).decode(errors="replace").strip()
+        status, stderr = end.get("status"), end.get("stderr", "")
         if status == 127:
             raise AgentError(f"remote interpreter {self.host.python!r} not found",
                              "set 'python' for this host in the inventory to the venv's python",
@@ -339,6 +311,42 @@ class Session:
         if status == -1:
             raise UnreachableError("connection lost before the remote operation finished",
                                    host=self.label)
+
+    def _run_agent(self, payload: bytes, timeout: float | None, what: str, end: dict) -> Iterator[bytes]:
+        """The agent on one exec channel: yields stdout chunks; sets end["status"], end["stderr"]."""
+        import paramiko
+
+        chan = self._open_channel(timeout)
+        stderr_chunks: list[bytes] = []
+        try:
+            _exec_pipelined(chan, bundle.agent_command(self.host.python))
+            chan.sendall(payload)
+            chan.shutdown_write()
+            self.stats.bytes_sent += len(payload)
+            while True:
+                try:
+                    data = chan.recv(65536)
+                except socket.timeout:
+                    raise TimeoutError_(f"remote operation {what} timed out after {timeout:g}s",
+                                        host=self.label) from None
+                while chan.recv_stderr_ready():
+                    stderr_chunks.append(chan.recv_stderr(65536))
+                if not data:
+                    break
+                yield data
+            end["status"] = chan.recv_exit_status()
+            while chan.recv_stderr_ready():
+                stderr_chunks.append(chan.recv_stderr(65536))
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            # the link died mid-call (paramiko: OSError, EOFError or "Channel closed.")
+            raise UnreachableError(f"connection lost during {what}: "
+                                   f"{exc or type(exc).__name__}", host=self.label) from None
+        finally:
+            try:
+                chan.close()
+            except (OSError, EOFError, paramiko.SSHException):
+                pass   # the link is already gone: the error that matters was raised above
+        end["stderr"] = b"".join(stderr_chunks).decode(errors="replace").strip()
 
     def call_many(self, ops: list[tuple[str, dict]], *, env: dict | None = None,
                   timeout: float | None = None, stop_on_error: bool = False) -> list[dict]:
@@ -367,6 +375,93 @@ class Session:
                 yield {"event": msg["event"]}
             elif "results" in msg:
                 yield {"result": unwrap(msg["results"][0], self.label)}
+
+
+class LocalSession(Session):
+    """``connection: local``: the same agent and request, run by a subprocess of the controller.
+
+    For people who run remote-ops on the GPU host itself (e.g. inside tmux after ``ssh``) and for
+    machines without sshd. The command line and stdin are byte for byte what an SSH exec gets; the
+    environment is the controller's own (an SSH exec gets sshd's login environment).
+    """
+
+    @property
+    def label(self) -> str:
+        return self.host.name
+
+    def open(self) -> "LocalSession":
+        return self
+
+    def close(self) -> None:
+        pass
+
+    @property
+    def transport(self):
+        raise AgentError("a local connection has no SSH transport", host=self.label)
+
+    def sftp(self):
+        raise AgentError("a local connection has no SFTP channel", host=self.label)
+
+    def _run_agent(self, payload: bytes, timeout: float | None, what: str, end: dict) -> Iterator[bytes]:
+        import selectors
+        import subprocess
+
+        proc = subprocess.Popen(["/bin/sh", "-c", bundle.agent_command(self.host.python)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=False)
+        stderr_chunks: list[bytes] = []
+
+        def feed() -> None:
+            try:
+                proc.stdin.write(payload)
+                proc.stdin.close()
+            except (BrokenPipeError, OSError):
+                pass   # the agent ended early; its exit status says why
+
+        writer = threading.Thread(target=feed, daemon=True)
+        writer.start()
+        self.stats.bytes_sent += len(payload)
+        deadline = None if not timeout else time.monotonic() + timeout
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        sel.register(proc.stderr, selectors.EVENT_READ)
+        open_streams = 2
+        try:
+            while open_streams:
+                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                ready = sel.select(wait)
+                if not ready:
+                    raise TimeoutError_(f"local operation {what} timed out after {timeout:g}s", host=self.label)
+                for key, _ in ready:
+                    data = os.read(key.fileobj.fileno(), 65536)
+                    if not data:
+                        sel.unregister(key.fileobj)
+                        open_streams -= 1
+                    elif key.fileobj is proc.stderr:
+                        stderr_chunks.append(data)
+                    else:
+                        yield data
+            status = proc.wait()
+        finally:
+            sel.close()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for f in (proc.stdout, proc.stderr):
+                f.close()
+            writer.join(timeout=1)
+        end["stderr"] = b"".join(stderr_chunks).decode(errors="replace").strip()
+        if status < 0:
+            end["stderr"] = (end["stderr"] + f"\nkilled by signal {-status}").strip()
+            status = 128 - status
+        end["status"] = status
+
+
+def session_for(host: Host, options: ConnectOptions | None = None,
+                inventory_hosts: dict[str, Host] | None = None) -> Session:
+    """The session kind the host's ``connection`` names (ssh, or local)."""
+    cls = LocalSession if getattr(host, "connection", "ssh") == "local" else Session
+    return cls(host, options, inventory_hosts)
 
 
 def _exec_pipelined(chan, command: str) -> None:
@@ -404,5 +499,5 @@ def _policy(known_hosts: str, accept_new: bool, label: str):
 
 def connect(host: Host, *, accept_new: bool = False, inventory_hosts: dict | None = None,
             connect_timeout: float | None = None) -> Session:
-    return Session(host, ConnectOptions(accept_new=accept_new, connect_timeout=connect_timeout),
-                   inventory_hosts).open()
+    return session_for(host, ConnectOptions(accept_new=accept_new, connect_timeout=connect_timeout),
+                       inventory_hosts).open()

@@ -14,6 +14,9 @@
                                 defines or re-exports them (``symbols.SymbolMatcher``); a
                                 spelling that names nothing in the library is refused
     trace: bool                 also return every checked call with the signature used
+    drift: bool                 also return "touches" (what the package uses of the library, with
+                                the installed facts; agent/drift.py) and "declared" (the package's
+                                own requirement on each library, from its installed metadata)
     Returns {"mode", "python", "versions", "targets": [{module, path}], "findings": [...],
     "unknown": [...], "calls_checked", "elapsed_s"[, "trace"]}. A finding carries path, line,
     col, module, symbol (dotted callee as imported), defined (where it is defined, or null), kind, name, message, suggestion, call (the
@@ -156,7 +159,7 @@ def op_check(args):
             raise AgentFailure("bad-args", "only_symbols: %s name(s) nothing in the installed %s" % (
                 ", ".join(only.unresolved()), ", ".join(against)),
                 "spell each symbol by a module that defines or imports it")
-    findings, unknown, checked, trace = [], [], 0, []
+    findings, unknown, checked, trace, touches = [], [], 0, [], []
     for mod, path in targets:
         text = overrides.get(mod)
         if text is None:
@@ -167,6 +170,8 @@ def op_check(args):
                                 "reason": "cannot read: %s" % exc})
                 continue
         a = callsites.Analysis(resolver, mod, path, text, against, suggester=static)
+        if args.get("drift"):
+            a.touches = []
         a.only = only
         try:
             a.run()
@@ -179,11 +184,20 @@ def op_check(args):
                                   type(exc).__name__, str(exc)[:120])})
         findings += a.findings
         unknown += a.unknown
+        if a.touches:
+            touches += a.touches
         checked += a.calls_checked
         if args.get("trace"):
             trace += [dict(c, module=mod) for c in a.checked]
     findings.sort(key=lambda f: (f["path"], f["line"], f["col"], f["kind"], f["name"] or ""))
     pkgs = sorted(set(against) | {t.split(".")[0] for t, _ in targets})
+    extra = {}
+    if args.get("drift"):
+        package = (args.get("package") or DEFAULT_PACKAGE) if not args.get("targets") else \
+            (targets[0][0] if targets else "")
+        _mark_own_methods(static, package.split(".")[0], touches, overrides)
+        extra = {"touches": touches,
+                 "declared": declared_requirements(package.split(".")[0], against, sys_path)}
     return {"mode": getattr(resolver, "mode", "static"), "python": sys.executable,
             "versions": versions(pkgs, sys_path),
             "targets": [{"module": m, "path": p} for m, p in targets],
@@ -191,7 +205,7 @@ def op_check(args):
             "elapsed_s": round(time.perf_counter() - t0, 4),
             **({"note": note} if note else {}),
             **({"only_unmatched": [x for x in only.spellings if x not in only.hit]} if only else {}),
-            **({"trace": trace} if args.get("trace") else {})}
+            **({"trace": trace} if args.get("trace") else {}), **extra}
 
 
 def _split_symbol(sym):
@@ -228,6 +242,9 @@ def op_inspect(args):
             else:
                 rec.update(sig.to_json())
                 rec["object"] = e.kind
+                if e.kind == "function" and getattr(e, "node", None) is not None:
+                    from .signatures import _ann
+                    rec["returns"] = _ann(e.node.returns)
         else:
             rec["reason"] = "not a function or class"
         rec["mode"] = getattr(resolver, "mode", "static")

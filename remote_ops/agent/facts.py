@@ -61,7 +61,7 @@ def gather(args):
     packages = args.get("packages") or list(DEFAULT_PACKAGES)
     out = {
         "hostname": socket.gethostname(),
-        "user": os.environ.get("USER") or str(os.getuid()),
+        "user": _user(),
         "python": {"executable": sys.executable, "version": ".".join(map(str, sys.version_info[:3])),
                    "version_info": list(sys.version_info[:3]),
                    "implementation": platform.python_implementation(), "prefix": sys.prefix},
@@ -85,6 +85,15 @@ def gather(args):
         except (ImportError, AttributeError):
             out["jobs"] = None
     return out
+
+
+def _user() -> str:
+    """The account the agent runs as (from the password database, not $USER, which varies by login)."""
+    try:
+        import pwd
+        return pwd.getpwuid(os.getuid()).pw_name
+    except (ImportError, KeyError):
+        return os.environ.get("USER") or str(os.getuid())
 
 
 def op_gather(args):
