@@ -19,7 +19,8 @@
                                 own requirement on each library, from its installed metadata)
     Returns {"mode", "python", "versions", "targets": [{module, path}], "findings": [...],
     "unknown": [...], "calls_checked", "elapsed_s"[, "trace"]}. A finding carries path, line,
-    col, module, symbol (dotted callee as imported), defined (where it is defined, or null), kind, name, message, suggestion, call (the
+    col, module, symbol (dotted callee as imported), defined (where it is defined, or null),
+    kind, name, message, suggestion, call (the
     source text), signature (+ _mode, _origin) and fix (structured, for playbook emission).
 
 ``op_inspect(args)``
@@ -206,6 +207,62 @@ def op_check(args):
             **({"note": note} if note else {}),
             **({"only_unmatched": [x for x in only.spellings if x not in only.hit]} if only else {}),
             **({"trace": trace} if args.get("trace") else {}), **extra}
+
+
+def _mark_own_methods(static, top, touches, overrides):
+    """Dispatcher names that the package defines itself (a worker extension's method, say)."""
+    wanted = {t["dispatch"] for t in touches if t.get("dispatch")}
+    if not wanted or not top:
+        return
+    own = set()
+    texts = list(overrides.values())
+    try:
+        mods = _package_modules(static, top)
+    except AgentFailure:
+        mods = []
+    for mod, path in mods:
+        if mod in overrides:
+            continue
+        try:
+            texts.append(_read(path))
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue
+    for text in texts:
+        for name in wanted:
+            if ("def " + name + "(") in text:
+                own.add(name)
+    for t in touches:
+        if t.get("dispatch"):
+            t["package_defines"] = t["dispatch"] in own
+
+
+def declared_requirements(package, libs, sys_path):
+    """{lib: {"spec": "==0.11.0", "version": "0.11.0" or None, "extra": ...}} from the installed
+    package's metadata (Requires-Dist), read without importing anything."""
+    import importlib.metadata as md
+    import re
+    out = {}
+    try:
+        dists = [d for d in md.distributions(path=list(sys_path))
+                 if _norm(d.metadata.get("Name") or "") == _norm(package)]
+    except Exception as exc:  # a broken dist-info: say so, drift runs without a baseline
+        return {"_error": "%s: %s" % (type(exc).__name__, exc)}
+    if not dists:
+        return {}
+    for req in dists[0].requires or []:
+        m = re.match(r"\s*([A-Za-z0-9_.\-]+)\s*(\[[^\]]*\])?\s*\(?([^;)]*)\)?\s*(?:;(.*))?$", req)
+        if not m:
+            continue
+        name = _norm(m.group(1))
+        for lib in libs:
+            if _norm(lib) == name and lib not in out:
+                spec = m.group(3).strip()
+                pin = re.fullmatch(r"===?\s*([0-9][A-Za-z0-9.+!\-]*)", spec)
+                extra = re.search(r"extra\s*==\s*['\"]([^'\"]+)", m.group(4) or "")
+                out[lib] = {"spec": spec, "version": pin.group(1) if pin else None,
+                            "extra": extra.group(1) if extra else None,
+                            "package": "%s %s" % (package, dists[0].version)}
+    return out
 
 
 def _split_symbol(sym):
