@@ -77,11 +77,11 @@ class Inventory:
     """An open inventory: hosts, groups, and a cache of one SSH session per host."""
 
     def __init__(self, path: str | None = None, *, parallel: int = 16, accept_new: bool = False,
-                 connect_timeout: float | None = None):
+                 connect_timeout: float | None = None, python: str | None = None, workdir: str | None = None):
         if parallel < 1:
             raise UsageError("parallel must be at least 1")
         self._ctx = Context(json=True, inventory_file=path, parallel=parallel, accept_new=accept_new,
-                            connect_timeout=connect_timeout)
+                            connect_timeout=connect_timeout, python=python, workdir=workdir)
         self._ctx.inventory   # load now: a bad inventory raises ConfigError with file:line here
 
     # ------------------------------------------------------------------ plumbing
@@ -170,7 +170,6 @@ class Inventory:
         A host whose preflight refuses is ``ok=False`` with a RefusedError; its value is not lost:
         ``error.preflight`` holds the preflight record."""
         from remote_ops import jobs
-        from remote_ops.errors import RefusedError
 
         specs = {}
         for host in self._ctx.hosts(spec):
@@ -180,12 +179,12 @@ class Inventory:
 
         def one(host, session):
             pb, job_spec = specs[host.name]
-            pf = jobs.preflight(session, job_spec, pb, skip_check=skip_check)
+            pf = jobs.preflight(session, job_spec, pb, skip_check=skip_check, dry_run=dry_run)
             if pf.running:
                 return {"host": host.name, "attached": True, "job": pf.running, "preflight": pf.to_json()}
             if pf.problems:
-                err = RefusedError(f"preflight refused to start {job_spec.key}: {pf.problems[-1]}",
-                                   f"{len(pf.problems)} problem(s) in error.preflight", host=host.name)
+                err = jobs.refusal(job_spec, pf, host.name)
+                err.hint = (pf.hint + "; " if pf.hint else "") + f"{len(pf.problems)} problem(s) in error.preflight"
                 err.preflight = pf.to_json()
                 raise err
             if dry_run:
@@ -245,6 +244,11 @@ class _Args:
 
 
 def open_inventory(path: str | None = None, *, parallel: int = 16, accept_new: bool = False,
-                   connect_timeout: float | None = None) -> Inventory:
-    """Open an inventory (default: $REMOTE_OPS_INVENTORY or ./inventory.yaml); use it in a ``with``."""
-    return Inventory(path, parallel=parallel, accept_new=accept_new, connect_timeout=connect_timeout)
+                   connect_timeout: float | None = None, python: str | None = None,
+                   workdir: str | None = None) -> Inventory:
+    """Open an inventory (default: $REMOTE_OPS_INVENTORY or ./inventory.yaml, which may be absent;
+    an Ansible YAML/INI file works too); use it in a ``with``. Every operation also takes ad-hoc
+    targets (``user@host:port``, ~/.ssh/config aliases, ``localhost``); ``python``/``workdir``
+    are the ``--python``/``--workdir`` flags."""
+    return Inventory(path, parallel=parallel, accept_new=accept_new, connect_timeout=connect_timeout,
+                     python=python, workdir=workdir)

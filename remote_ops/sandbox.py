@@ -93,13 +93,7 @@ def up(inventory_path: str, *, speculators: str = "0.3.0", vllm: str = "0.17.0",
                  + (", torch==2.13.0 CPU" if torch else ""))
         shutil.rmtree(paths.venv, ignore_errors=True)
         pkgsource.make_env(paths.venv, [("speculators", speculators), ("vllm", vllm)], with_torch=torch)
-    paths.workdir.mkdir(exist_ok=True)
-    paths.host_state.mkdir(exist_ok=True, mode=0o700)
-    assets = Path(__file__).parent / "sandbox_assets"
-    for asset in assets.glob("*.py"):
-        if asset.name != "__init__.py":
-            shutil.copy2(asset, paths.workdir / asset.name)
-    write_dataset(paths.workdir / DATASET)
+    prepare_workdir(paths)
 
     server = _server(paths, port or state.get("port"))
     if server.running() and port and port != state.get("port"):
@@ -120,6 +114,17 @@ def up(inventory_path: str, *, speculators: str = "0.3.0", vllm: str = "0.17.0",
     write_inventory_entry(inventory_path, host_entry(paths, server))
     state.update({"running": True, "inventory": inventory_path, "seconds": round(time.monotonic() - t0, 2)})
     return state
+
+
+def prepare_workdir(paths: SandboxPaths) -> None:
+    """The host's workdir and state dir, the stand-in job and its dataset."""
+    paths.workdir.mkdir(parents=True, exist_ok=True)
+    paths.host_state.mkdir(parents=True, exist_ok=True, mode=0o700)
+    assets = Path(__file__).parent / "sandbox_assets"
+    for asset in assets.glob("*.py"):
+        if asset.name != "__init__.py":
+            shutil.copy2(asset, paths.workdir / asset.name)
+    write_dataset(paths.workdir / DATASET)
 
 
 def write_dataset(path: Path, samples: int = 24) -> None:

@@ -160,6 +160,14 @@ def test_import_probe_success_then_launch_and_env_reaches_it(tmp_path, sshd, cli
     assert status == 9 and "import needs_env failed: AssertionError: job env missing" in err
 
 
+def test_import_probe_names_a_missing_package(tmp_path, sshd, cli):
+    h = Host(tmp_path, sshd, import_check=["json", "ro_no_such_package_xyz.sub"])
+    status, out, err = cli(*h.argv("extract", "testhost", "--dry-run"))
+    assert status == 9
+    assert ("import ro_no_such_package_xyz.sub failed: ModuleNotFoundError: No module named "
+            "'ro_no_such_package_xyz' (ro_no_such_package_xyz not installed)") in " ".join(err.split())
+
+
 def test_import_probe_is_time_boxed(tmp_path, sshd, cli):
     h = Host(tmp_path, sshd, files={"scripts/slow.py": "slow.py"}, import_check=["slow"],
              extra={"import_check_timeout_seconds": 1})

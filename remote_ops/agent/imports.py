@@ -94,6 +94,9 @@ for m in mods:
         res.update(ok=False, module=m, error="%s: %s" % (type(exc).__name__, msg[0] if msg else ""),
                    packages=tops, traceback=traceback.format_exc()[-4000:])
         res["versions"] = versions(tops + extra)
+        missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+        if missing and missing.split(".")[0] not in res["versions"]:
+            res["versions"][missing.split(".")[0]] = "not installed"
         break
 if res["ok"]:
     res["versions"] = versions([m.split(".")[0] for m in mods] + extra)

@@ -282,7 +282,8 @@ def standin_label(command, workdir):
             continue
         for line in head.splitlines()[:5]:
             if line.startswith(STANDIN_MARK):
-                return "STAND-IN" + line[len(STANDIN_MARK):].rstrip()
+                rest = line[len(STANDIN_MARK):].strip(" :")
+                return "STAND-IN: " + rest if rest else "STAND-IN"
     return None
 
 

@@ -68,6 +68,9 @@ def serve(stdin, out, package):
     except ValueError as exc:
         _emit({"results": [{"ok": False, "error": {"kind": "bad-request", "message": str(exc)}}]}, out)
         return 2
+    # set by bundle's wrapper when python3 was looked up through a login shell: report what was
+    # found, so the controller runs it directly (with that PATH) for the rest of the session
+    login = os.environ.pop("REMOTE_OPS_LOGIN_LOOKUP", None)
     env = request.get("env") or {}
     for key, value in env.items():
         os.environ[str(key)] = str(value)
@@ -83,7 +86,10 @@ def serve(stdin, out, package):
                 "traceback": traceback.format_exc()}})
         if request.get("stop_on_error") and not results[-1]["ok"]:
             break
-    _emit({"results": results}, out)
+    final = {"results": results}
+    if login:
+        final["login"] = {"executable": sys.executable, "path": os.environ.get("PATH", "")}
+    _emit(final, out)
     return 0
 
 
