@@ -65,7 +65,7 @@ def test_shape_and_dtype_differences_are_found(tmp_path, sshd, cli):
     problems = {(i["index"], i["problem"]) for i in rec["inconsistent"]}
     assert (1, "differs from data_0.pt in hidden_states") in problems
     assert (2, "differs from data_0.pt in input_ids") in problems
-    assert (2, "input_ids has float dtype torch.float32") in problems
+    assert (2, "input_ids has dtype torch.float32, not an integer type") in problems
     assert {(3, f"hidden_states[{k}] has 4 rows for 5 tokens") for k in range(LAYERS)} <= problems
     assert (4, "loss_mask length 3 != input_ids length 5") in problems
     assert not any(i == 0 for i, _ in problems) and rec["non_finite_count"] == 0
