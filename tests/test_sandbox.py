@@ -98,11 +98,13 @@ def _sha(p):
     return hashlib.sha256(p.read_bytes()).hexdigest() if p.exists() else None
 
 
-def test_demo_script_runs_end_to_end(tmp_path):
+def test_demo_script_runs_end_to_end(tmp_path, monkeypatch):
     """The README's first command, as written, on a sandbox under tmp: sandbox up -> facts -> check
     (findings) -> patch (verified) -> check (clean) -> extract --tail -> verify -> status."""
-    env = dict(os.environ, REMOTE_OPS_INVENTORY=str(tmp_path / "inventory.yaml"),
-               REMOTE_OPS_SANDBOX_DIR=str(tmp_path / "sandbox"))
+    # the same inventory and sandbox dir for the script and for this process's `sandbox.down` below
+    monkeypatch.setenv("REMOTE_OPS_INVENTORY", str(tmp_path / "inventory.yaml"))
+    monkeypatch.setenv("REMOTE_OPS_SANDBOX_DIR", str(tmp_path / "sandbox"))
+    env = dict(os.environ)
     repo_inventory = _sha(REPO / "inventory.yaml")
     try:
         proc = subprocess.run(["bash", str(REPO / "scripts" / "demo.sh")], env=env, cwd=tmp_path,
@@ -125,5 +127,6 @@ def test_demo_script_runs_end_to_end(tmp_path):
                               env=env, capture_output=True, text=True, timeout=120)
         assert [e["action"] for e in json.loads(hist.stdout)["entries"]] == ["patch"]
     finally:
-        sandbox.down(env["REMOTE_OPS_INVENTORY"], purge=True)
+        down = sandbox.down(env["REMOTE_OPS_INVENTORY"], purge=True)
+    assert down["stopped"] and down["root"] == str(tmp_path / "sandbox"), down   # no sshd left behind
     assert _sha(REPO / "inventory.yaml") == repo_inventory, "the demo touched the repository's inventory"
