@@ -666,8 +666,8 @@ def why(b: Bench, rtts: list[float]) -> list[str]:
                    "(both do 2 execs on one new connection). remote-ops pays a Python start with "
                    "fabric/paramiko imports (libcst loads while connecting), libcst edits + validation on "
                    "the controller, the agent compiling its modules on the host in each round trip, and the "
-                   "re-check of the new text against the vLLM sources before committing (narrowed to the "
-                   "callees the edits fix); the floor is the C ssh binary running `cat` twice. The exec "
+                   "re-check of the patched modules, old and new text, against the vLLM sources before "
+                   "committing; the floor is the C ssh binary running `cat` twice. The exec "
                    "request is already pipelined with stdin. To reach 1.3x: cache the computed plan by the "
                    "target's sha256 (no libcst run for a file seen before) and keep compiled agent code on "
                    "the host between calls (a cache directory there) or a resident agent.")
