@@ -104,6 +104,8 @@ OPS = {o.name: o for o in (
     Op("patching.apply", ("targets", "playbook", "edit_ids", "workdir", "import_check", "import_timeout",
                           "lock_timeout", "who", "verify"),
        "one atomic patch transaction"),
+    Op("patching.verify", ("verify", "targets"),
+       "apply's verification alone (patch --dry-run): no lock, nothing written"),
     Op("patching.rollback", ("to", "force", "lock_timeout", "who"),
        "undo patches (the last, or back to an entry)"),
     Op("patching.history", ("limit",), "the host's patch journal"),
