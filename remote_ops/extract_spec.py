@@ -1,0 +1,343 @@
+"""The playbook's ``extract:`` section, parsed and checked locally into an ``ExtractSpec`` (controller
+side; ``jobs.py`` runs it: preflight, launch, the records status / logs / stop / verify read).
+
+    extract:
+      command: ["{python}", "scripts/data_generation_offline.py",      # argv list (or one string,
+                "--target-model-path", "{vars.model}",                # split like a shell would,
+                "--output-dir", "{output_dir}", "--max-samples", "5000"]   # but never run by one)
+      workdir: "{vars.workdir}"          # default: the host's workdir, else ~
+      output_dir: "{vars.data_root}/hidden_states"
+      expected_samples: 5000
+      bytes_per_sample: 40_000_000       # optional; else estimated from existing data_<N>.pt files
+      env: {CUDA_VISIBLE_DEVICES: "0,1,2,3,4,5,6,7", TQDM_MININTERVAL: "5"}
+      secrets:                           # delivered on stdin, to a 0600 file the supervisor deletes
+        HF_TOKEN: {from_env: HF_TOKEN}
+        WANDB_API_KEY: {from_file: ~/.wandb_key}
+      files:                             # local files (relative to the playbook) -> names in the
+        scripts/extract.py: extract.py   # workdir: uploaded before launch when their sha256 differs
+      import_check: [speculators.data_generation.vllm_hidden_states_generator]   # imported by the
+      import_check_timeout_seconds: 120  # job's interpreter with the job's env before launch
+      gpus: {count: 8, free: true}       # refuse unless 8 GPUs and no foreign compute process
+      watchdog_seconds: 900              # flag a job whose log and outputs stop advancing
+      stop_grace_seconds: 30             # SIGTERM -> SIGKILL delay of `stop` and of cleanup
+
+Templates ``{vars.NAME}`` (host vars over playbook vars), ``{output_dir}``, ``{workdir}``,
+``{python}`` (the host's interpreter) and ``{host}`` are filled in locally; every value reaches the
+host as JSON on stdin, never through a shell. A value that is exactly one ``{vars.NAME}`` takes the
+var's value as it is (a list for ``import_check``, a number for ``gpus.count``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from remote_ops.errors import ConfigError
+from remote_ops.yamlsrc import type_name
+
+EXTRACT_KEYS = {"command", "workdir", "output_dir", "expected_samples", "bytes_per_sample", "env",
+                "secrets", "gpus", "watchdog_seconds", "stop_grace_seconds", "files", "import_check",
+                "import_check_timeout_seconds"}
+MAX_FILE_BYTES = 4 << 20
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_WHOLE_VAR = re.compile(r"^\{(vars\.[A-Za-z_][A-Za-z0-9_]*)\}$")
+_TEMPLATE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.]*)\}")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass
+class SecretRef:
+    name: str
+    source: str        # "env" | "file"
+    ref: str
+    line: int | None = None
+    optional: bool = False
+
+
+@dataclass
+class ShippedFile:
+    local: Path        # on this machine
+    name: str          # relative to the job's workdir on the host
+    data: bytes
+    sha256: str
+    mode: int
+    line: int | None = None
+
+    def to_wire(self) -> dict:
+        import base64
+        return {"name": self.name, "data": base64.b64encode(self.data).decode(), "sha256": self.sha256,
+                "mode": self.mode}
+
+
+@dataclass
+class ExtractSpec:
+    key: str
+    command: list[str]
+    workdir: str
+    output_dir: str | None
+    expected_samples: int | None = None
+    bytes_per_sample: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    secrets: list[SecretRef] = field(default_factory=list)
+    gpu_count: int = 0
+    gpus_free: bool = True
+    watchdog_seconds: float | None = None
+    stop_grace: float = 30.0
+    playbook_path: str | None = None
+    files: list[ShippedFile] = field(default_factory=list)
+    import_check: list[str] = field(default_factory=list)
+    import_timeout: float = 120.0
+    requires: list[str] = field(default_factory=list)    # package names, for the versions of a failed import
+
+    def to_json(self) -> dict:
+        """What may be shown: secret *names* and where they come from, never values."""
+        return {"key": self.key, "command": self.command, "workdir": self.workdir,
+                "output_dir": self.output_dir, "expected_samples": self.expected_samples,
+                "env": self.env, "secrets": {s.name: f"{s.source}:{s.ref}" for s in self.secrets},
+                "gpus": {"count": self.gpu_count, "free": self.gpus_free},
+                "watchdog_seconds": self.watchdog_seconds, "stop_grace_seconds": self.stop_grace,
+                "files": {f.name: {"local": str(f.local), "sha256": f.sha256} for f in self.files},
+                "import_check": self.import_check, "import_check_timeout_seconds": self.import_timeout}
+
+    @property
+    def job_python(self) -> str | None:
+        """The interpreter the command runs, when its first word is a python (else None: the host's)."""
+        return self.command[0] if re.search(r"(^|/)python[0-9.]*$", self.command[0]) else None
+
+
+# ------------------------------------------------------------------ schema
+def _fill(value: str, ctx: dict, err) -> str:
+    def sub(m):
+        name = m.group(1)
+        if name in ctx:
+            return str(ctx[name])
+        if name.startswith("vars."):
+            known = sorted(k[5:] for k in ctx if k.startswith("vars."))
+            raise err(f"{{{name}}} is not a var of this host or playbook",
+                      f"known vars: {', '.join(known) or 'none'} (set them under the host's 'vars:')")
+        raise err(f"unknown template {{{name}}}",
+                  "known: {vars.NAME}, {output_dir}, {workdir}, {python}, {host}")
+    return _TEMPLATE.sub(sub, value)
+
+
+def parse_spec(playbook, host) -> ExtractSpec:
+    """The playbook's ``extract:`` section for ``host``, validated with file:line errors."""
+    raw = playbook.extract
+    if raw is None:
+        raise ConfigError(playbook.path, None, f"playbook {playbook.name} has no 'extract' section",
+                          "add extract: {command: [...], output_dir: ...}")
+
+    def err_at(keys):
+        def err(problem, hint=None):
+            return playbook.error(("extract",) + tuple(keys), problem, hint)
+        return err
+
+    from remote_ops.yamlsrc import unknown_key_check
+    unknown_key_check(raw, EXTRACT_KEYS, "in extract", lambda k, problem, hint: err_at((k,))(problem, hint))
+    from remote_ops.playbook import PLACEHOLDER_RE
+
+    def scan(value, keys):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                scan(v, keys + (k,))
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                scan(v, keys + (i,))
+        elif isinstance(value, str) and PLACEHOLDER_RE.search(value):
+            raise err_at(keys)(f"placeholder left in extract: {value.strip()[:60]!r}", "replace it with a real value")
+    scan(raw, ())
+
+    pb_vars = (playbook.doc.data or {}).get("vars") if playbook.doc else None
+    variables = dict(pb_vars or {}) if isinstance(pb_vars, dict) else {}
+    variables.update(host.vars or {})
+    ctx: dict[str, Any] = {f"vars.{k}": v for k, v in variables.items()}
+    ctx["python"] = host.python or "python3"   # unset: the agent runs with the login shell's PATH
+    ctx["host"] = host.name
+
+    def whole_var(value):
+        """A value that is exactly ``{vars.NAME}`` is the var's value as it is (list, number...)."""
+        m = _WHOLE_VAR.match(value) if isinstance(value, str) else None
+        return ctx[m.group(1)] if m and m.group(1) in ctx else value
+
+    def text(keys, value, what):
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise err_at(keys)(f"{what} must be a string, got {type_name(value)}")
+        return _fill(str(value), ctx, err_at(keys))
+
+    workdir = raw.get("workdir")
+    workdir = text(("workdir",), workdir, "workdir") if workdir is not None else (host.workdir or "~")
+    ctx["workdir"] = workdir
+    out = raw.get("output_dir")
+    output_dir = text(("output_dir",), out, "output_dir") if out is not None else None
+    if output_dir is not None:
+        if not output_dir.startswith(("/", "~")):
+            output_dir = workdir.rstrip("/") + "/" + output_dir
+        ctx["output_dir"] = output_dir
+
+    cmd = raw.get("command")
+    if cmd is None:
+        raise err_at(())("extract needs a 'command'", 'e.g. command: ["{python}", "02_extract_hidden_states.py", ...]')
+    if isinstance(cmd, str):
+        try:
+            parts = shlex.split(cmd)
+        except ValueError as exc:
+            raise err_at(("command",))(f"cannot split command: {exc}") from None
+        command = [_fill(p, ctx, err_at(("command",))) for p in parts]
+    elif isinstance(cmd, list) and cmd:
+        command = [text(("command", i), c, "every command item") for i, c in enumerate(cmd)]
+    else:
+        raise err_at(("command",))(f"command must be a list of strings or one string, got {type_name(cmd)}")
+    if not command or not command[0]:
+        raise err_at(("command",))("command is empty")
+
+    def templated_number(keys, v):
+        """A number written as a template ("{vars.gpus}") is filled in, then read as a number."""
+        if isinstance(v, str) and _TEMPLATE.search(v):
+            filled = _fill(v, ctx, err_at(keys)).strip()
+            try:
+                return int(filled)
+            except ValueError:
+                try:
+                    return float(filled)
+                except ValueError:
+                    raise err_at(keys)(f"{v} gives {filled!r}, which is not a number") from None
+        return v
+
+    def number(key, kind, minimum):
+        v = templated_number((key,), raw.get(key))
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)) \
+                or v < minimum:
+            raise err_at((key,))(f"{key} must be a {'whole ' if kind is int else ''}number >= {minimum}, got {v!r}")
+        return kind(v)
+
+    env_raw = raw.get("env") or {}
+    if not isinstance(env_raw, dict):
+        raise err_at(("env",))(f"env must be a mapping of NAME: value, got {type_name(env_raw)}")
+    env = {}
+    for k, v in env_raw.items():
+        if not isinstance(k, str) or not _ENV_NAME.match(k):
+            raise err_at(("env", k))(f"{k!r} is not a valid environment variable name")
+        if v is None:
+            v = ""
+        env[k] = text(("env", k), v, f"env value {k}")
+
+    secrets_raw = raw.get("secrets") or {}
+    if not isinstance(secrets_raw, dict):
+        raise err_at(("secrets",))(f"secrets must be a mapping of NAME: {{from_env|from_file: ...}}, got {type_name(secrets_raw)}")
+    secrets = []
+    for k, v in secrets_raw.items():
+        keys = ("secrets", k)
+        if not isinstance(k, str) or not _ENV_NAME.match(k):
+            raise err_at(keys)(f"{k!r} is not a valid environment variable name")
+        if k in env:
+            raise err_at(keys)(f"{k} is both in env and in secrets; keep it in secrets only")
+        optional = v.get("optional", False) if isinstance(v, dict) else False
+        source = {kk: vv for kk, vv in v.items() if kk != "optional"} if isinstance(v, dict) else v
+        if not isinstance(source, dict) or len(source) != 1 or next(iter(source)) not in ("from_env", "from_file") \
+                or not isinstance(next(iter(source.values())), str) or not isinstance(optional, bool):
+            raise err_at(keys)(f"secret {k} must be {{from_env: NAME}} or {{from_file: PATH}} "
+                               "(plus optional: true|false)", "secret values never go into a playbook")
+        (src, ref), = source.items()
+        secrets.append(SecretRef(k, src[5:], ref, playbook.line("extract", "secrets", k), optional))
+
+    gpus = raw.get("gpus") or {}
+    if isinstance(gpus, (int, str)) and not isinstance(gpus, bool):
+        gpus = {"count": gpus}
+    if not isinstance(gpus, dict) or set(gpus) - {"count", "free"}:
+        raise err_at(("gpus",))("gpus must be a mapping {count: N, free: true|false}")
+    count = templated_number(("gpus", "count"), gpus.get("count", 0))
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise err_at(("gpus", "count"))(f"gpus.count must be a whole number >= 0, got {count!r}")
+    free = gpus.get("free", True)
+    if not isinstance(free, bool):
+        raise err_at(("gpus", "free"))("gpus.free must be true or false")
+
+    files = _shipped_files(playbook, raw.get("files"), err_at)
+    checks = whole_var(raw.get("import_check"))
+    if checks is None or checks == "":
+        checks = []
+    if isinstance(checks, str):
+        checks = [checks]
+    if not isinstance(checks, list) or not all(isinstance(c, str) and _MODULE.match(c) for c in checks):
+        raise err_at(("import_check",))(f"import_check must be a list of module names, got {checks!r}",
+                                        "e.g. import_check: [speculators.data_generation.vllm_hidden_states_generator]")
+    import_timeout = number("import_check_timeout_seconds", float, 1)
+
+    return ExtractSpec(
+        files=files, import_check=list(checks), import_timeout=import_timeout or 120.0,
+        requires=sorted(playbook.requires),
+        key=playbook.name, command=command, workdir=workdir, output_dir=output_dir,
+        expected_samples=number("expected_samples", int, 1), bytes_per_sample=number("bytes_per_sample", int, 1),
+        env=env, secrets=secrets, gpu_count=count, gpus_free=free,
+        watchdog_seconds=number("watchdog_seconds", float, 1),
+        stop_grace=number("stop_grace_seconds", float, 0) if raw.get("stop_grace_seconds") is not None else 30.0,
+        playbook_path=playbook.path)
+
+
+def _shipped_files(playbook, raw, err_at) -> list[ShippedFile]:
+    """``files: {local path (relative to the playbook): name in the workdir}``, read now."""
+    import hashlib
+    if raw is None:
+        return []
+    if not isinstance(raw, dict):
+        raise err_at(("files",))(f"files must be a mapping of local path: name in the workdir, got {type_name(raw)}")
+    base = Path(playbook.path).parent
+    out, names = [], set()
+    for local, name in raw.items():
+        keys = ("files", local)
+        if not isinstance(local, str) or not local.strip():
+            raise err_at(keys)(f"{local!r} is not a file path")
+        if not isinstance(name, str) or not name or name.startswith(("/", "~")) or "\x00" in name \
+                or any(p in ("", ".", "..") for p in name.split("/")):
+            raise err_at(keys)(f"{name!r} must be a relative path inside the workdir (no '..', not absolute)")
+        if name in names:
+            raise err_at(keys)(f"two files are shipped as {name}")
+        names.add(name)
+        path = Path(local).expanduser()
+        path = path if path.is_absolute() else base / path
+        try:
+            size = path.stat().st_size
+            if size > MAX_FILE_BYTES:
+                raise err_at(keys)(f"{path} is {size} bytes; files shipped with a playbook are at most {MAX_FILE_BYTES}")
+            data = path.read_bytes()
+        except OSError as exc:
+            raise err_at(keys)(f"cannot read {path}: {exc.strerror or exc}",
+                               "paths are relative to the playbook file") from None
+        mode = 0o755 if os.access(path, os.X_OK) else 0o644
+        out.append(ShippedFile(path, name, data, hashlib.sha256(data).hexdigest(), mode,
+                               playbook.line("extract", "files", local)))
+    return out
+
+
+def resolve_secrets(spec: ExtractSpec) -> dict[str, str]:
+    """Secret values from the local environment or local files (never logged, never on argv)."""
+    out = {}
+    for s in spec.secrets:
+        if s.optional and ((s.source == "env" and not os.environ.get(s.ref)) or
+                           (s.source == "file" and not Path(os.path.expanduser(s.ref)).exists())):
+            continue  # optional and not provided here: the job runs without it
+        if s.source == "env":
+            value = os.environ.get(s.ref)
+            if not value:
+                raise ConfigError(spec.playbook_path or "playbook", s.line,
+                                  f"secret {s.name}: environment variable {s.ref} is not set here",
+                                  f"export {s.ref}=... before running remote-ops")
+        else:
+            path = Path(os.path.expanduser(s.ref))
+            if not path.is_absolute() and spec.playbook_path:
+                path = Path(spec.playbook_path).parent / path
+            try:
+                value = path.read_text().strip()
+            except OSError as exc:
+                raise ConfigError(spec.playbook_path or "playbook", s.line,
+                                  f"secret {s.name}: cannot read {path}: {exc.strerror}") from None
+            if not value:
+                raise ConfigError(spec.playbook_path or "playbook", s.line, f"secret {s.name}: {path} is empty")
+        out[s.name] = value
+    return out
