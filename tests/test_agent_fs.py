@@ -52,8 +52,10 @@ def test_human_bytes(n, text):
     assert human_bytes(n) == text
 
 
-def test_facts_lists_the_hosts_jobs_read_only(tmp_path, monkeypatch):
-    """facts.gather's jobs: [] on a host that never ran one (and no state dir made), else each job."""
+def test_facts_lists_the_hosts_running_jobs_read_only(tmp_path, monkeypatch):
+    """facts.gather's jobs: [] on a host that never ran one (and no state dir made), else the jobs
+    starting or running (a finished one is left to jobs.list)."""
+    import fcntl
     import json
 
     from remote_ops.agent import facts
@@ -61,10 +63,15 @@ def test_facts_lists_the_hosts_jobs_read_only(tmp_path, monkeypatch):
     args = {"gpus": False, "packages": []}
     assert facts.op_gather(args)["jobs"] == []
     assert not (tmp_path / "state").exists()
-    job = tmp_path / "state" / "jobs" / "demo-20260101-000000-abcdef"
-    job.mkdir(parents=True)
-    (job / "job.json").write_text(json.dumps({"key": "demo", "created_at": 1.0, "expected_samples": 4}))
-    (job / "exit.json").write_text(json.dumps({"exit_code": 0, "ended_at": 2.0}))
-    (rec,) = facts.op_gather(args)["jobs"]
-    assert rec["job_id"] == job.name and rec["key"] == "demo" and rec["state"] == "succeeded"
-    assert rec["samples"]["expected"] == 4
+    jobs = tmp_path / "state" / "jobs"
+    done, live = jobs / "demo-20260101-000000-aaaaaa", jobs / "demo-20260102-000000-bbbbbb"
+    for d, created in ((done, 1.0), (live, 2.0)):
+        d.mkdir(parents=True)
+        (d / "job.json").write_text(json.dumps({"key": "demo", "created_at": created, "expected_samples": 4}))
+    (done / "exit.json").write_text(json.dumps({"exit_code": 0, "ended_at": 2.0}))
+    (live / "run.json").write_text(json.dumps({"pid": os.getpid()}))
+    with open(live / "run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)       # what a live supervisor holds
+        (rec,) = facts.op_gather(args)["jobs"]
+    assert rec["job_id"] == live.name and rec["key"] == "demo" and rec["state"] == "running"
+    assert rec["samples"]["expected"] == 4 and rec["pid"] == os.getpid()

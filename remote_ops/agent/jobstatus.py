@@ -238,10 +238,11 @@ def _jobs_in(root, key=None):
     return jobs
 
 def summary(args=None):
-    """The host's jobs for ``facts.gather``, oldest first: id, playbook key, state, samples, pid.
-    Read-only: a host that never ran a job gets [] and no state directory."""
+    """The host's starting or running jobs for ``facts.gather``, oldest first: id, playbook key, state,
+    samples, pid (finished ones: ``jobs.list``). Read-only: a host that never ran a job gets [] and no
+    state directory."""
     root = os.path.join(statedir.root(), "jobs")
     if not os.path.isdir(root):
         return []
     return [{k: st.get(k) for k in ("job_id", "key", "state", "samples", "pid", "label")}
-            for st in _jobs_in(root)]
+            for st in _jobs_in(root) if st["state"] in ("starting", "running")]

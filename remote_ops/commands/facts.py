@@ -40,6 +40,13 @@ def render(console, f) -> None:
     d = f.disk
     if "free_bytes" in d:
         console.print(f"  disk     {human_bytes(d['free_bytes'])} free of {human_bytes(d['total_bytes'])} at {d['path']}")
+    running = f.jobs or []
+    if not running:
+        console.print("  jobs     [dim]none running[/dim]")
+    for j in running:
+        s = j.get("samples") or {}
+        of = f"/{s['expected']}" if s.get("expected") else ""
+        console.print(f"  job      {j['job_id']} {j['state']} ({s.get('done', 0)}{of} samples)", markup=False)
     g = f.gpu or {}
     if not g.get("present"):
         console.print(f"  gpus     [dim]none ({g.get('error') or 'nvidia-smi not found'})[/dim]")
