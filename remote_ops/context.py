@@ -86,7 +86,8 @@ class Context:
                 st = s.stats
                 sys.stderr.write(f"remote-ops: {s.label}: {st.connects} connection(s), {st.execs} exec round "
                                  f"trip(s), {st.sftp_requests} SFTP request(s), {st.bytes_sent} B sent, "
-                                 f"{st.bytes_received} B received\n")
+                                 f"{st.bytes_received} B received; agent: {', '.join(map(str, st.agent_cache)) or '-'}, "
+                                 f"host CPU {sum(st.host_cpu_s):.3f}s\n")
         stats_file = os.environ.get("REMOTE_OPS_STATS_FILE")
         if stats_file:
             # benchmarks/run.py: one JSON line per command, each host's round trips (Session.stats)

@@ -35,10 +35,15 @@ class Stats:
     bytes_sent: int = 0
     bytes_received: int = 0
     op_log: list = field(default_factory=list)
+    bundles_sent: int = 0                                 # execs that had to ship the agent's sources
+    host_cpu_s: list = field(default_factory=list)        # per exec: the agent's own CPU seconds
+    agent_cache: list = field(default_factory=list)       # per exec: hit | filled | shipped | off | ...
 
     def as_dict(self) -> dict:
         return {"connects": self.connects, "execs": self.execs, "sftp_requests": self.sftp_requests,
-                "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received}
+                "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
+                "bundles_sent": self.bundles_sent, "host_cpu_s": self.host_cpu_s,
+                "agent_cache": self.agent_cache}
 
 
 @dataclass
@@ -73,6 +78,10 @@ def _parse_hop(hop: str) -> tuple[str | None, str, int | None]:
 
 class Session:
     """One verified SSH connection to one host, and agent calls over it."""
+
+    # Send the agent's sources only when the host's cache lacks them (bundle.encode_probe); a
+    # host that cannot cache gets the self-contained form for the rest of the session.
+    bundle_probe = True
 
     def __init__(self, host: Host, options: ConnectOptions | None = None,
                  inventory_hosts: dict[str, Host] | None = None):
@@ -276,7 +285,11 @@ class Session:
     def _exec_lines(self, ops: list[dict], env: dict | None, timeout: float | None,
                     stop_on_error: bool) -> Iterator[dict]:
         """Run one agent request (one exec round trip); yields every parsed output line."""
-        payload = bundle.encode_request(ops, {**self.host.env, **(env or {})}, stop_on_error)
+        full_env = {**self.host.env, **(env or {})}
+        if self.bundle_probe and full_env.get(bundle.CACHE_ENV) != "off":
+            payload = bundle.encode_probe(ops, full_env, stop_on_error)
+        else:
+            payload = bundle.encode_request(ops, full_env, stop_on_error)
         what = "+".join(o["op"] for o in ops)
         self.stats.execs += 1
         self.stats.op_log.append([o["op"] for o in ops])
@@ -289,10 +302,13 @@ class Session:
                 line, buf = buf.split(b"\n", 1)
                 if line.strip():
                     try:
-                        yield json.loads(line)
+                        msg = json.loads(line)
                     except ValueError:
                         raise AgentError(f"agent sent unreadable output: {line[:200]!r}",
                                          host=self.label) from None
+                    if "results" in msg:
+                        self._note_agent(msg.get("agent"))
+                    yield msg
         if buf.strip():
             try:
                 yield json.loads(buf)
@@ -312,16 +328,33 @@ class Session:
             raise UnreachableError("connection lost before the remote operation finished",
                                    host=self.label)
 
+    def _note_agent(self, agent: dict | None) -> None:
+        if not isinstance(agent, dict):
+            return
+        if isinstance(agent.get("cpu_s"), (int, float)):
+            self.stats.host_cpu_s.append(agent["cpu_s"])
+        state = agent.get("cache")
+        self.stats.agent_cache.append(state)
+        if state in ("off", "unwritable", "unsafe"):
+            self.bundle_probe = False   # this host cannot cache: stop probing (saves the wait)
+
     def _run_agent(self, payload: bytes, timeout: float | None, what: str, end: dict) -> Iterator[bytes]:
-        """The agent on one exec channel: yields stdout chunks; sets end["status"], end["stderr"]."""
+        """The agent on one exec channel: yields stdout chunks; sets end["status"], end["stderr"].
+
+        With the probe form (bundle.encode_probe) stdin stays open until the agent's first line:
+        ``{"bundle": "need"}`` (its cache lacks this agent) is answered with the bundle on the same
+        channel and not passed on; any other first line means the cache served it."""
         import paramiko
 
         chan = self._open_channel(timeout)
         stderr_chunks: list[bytes] = []
+        probing = payload[:1] == b"{"
+        first = b""
         try:
             _exec_pipelined(chan, bundle.agent_command(self.host.python))
             chan.sendall(payload)
-            chan.shutdown_write()
+            if not probing:
+                chan.shutdown_write()
             self.stats.bytes_sent += len(payload)
             while True:
                 try:
@@ -333,7 +366,26 @@ class Session:
                     stderr_chunks.append(chan.recv_stderr(65536))
                 if not data:
                     break
+                if probing:
+                    first += data
+                    if b"\n" not in first:
+                        continue
+                    probing = False
+                    line, data = first.split(b"\n", 1)
+                    first = b""
+                    if line.strip() == bundle.NEED_BUNDLE:
+                        extra = bundle.agent_payload()
+                        chan.sendall(extra)
+                        self.stats.bytes_sent += len(extra)
+                        self.stats.bundles_sent += 1
+                    else:
+                        data = line + b"\n" + data
+                    chan.shutdown_write()
+                    if not data:
+                        continue
                 yield data
+            if first:
+                yield first
             end["status"] = chan.recv_exit_status()
             while chan.recv_stderr_ready():
                 stderr_chunks.append(chan.recv_stderr(65536))
@@ -381,9 +433,12 @@ class LocalSession(Session):
     """``connection: local``: the same agent and request, run by a subprocess of the controller.
 
     For people who run remote-ops on the GPU host itself (e.g. inside tmux after ``ssh``) and for
-    machines without sshd. The command line and stdin are byte for byte what an SSH exec gets; the
+    machines without sshd. The command line is byte for byte what an SSH exec gets and stdin the
+    same request in its self-contained form (bundle.encode_request, no host cache); the
     environment is the controller's own (an SSH exec gets sshd's login environment).
     """
+
+    bundle_probe = False   # stdin is written in one go: the self-contained form
 
     @property
     def label(self) -> str:
