@@ -372,17 +372,27 @@ class FileResult:
     old_text: str
     new_text: str
     results: list[EditResult]
+    cached_diff_body: str | None = None   # diff_body() of the same texts (plancache)
 
     @property
     def changed(self) -> bool:
         return self.old_text != self.new_text
 
+    def diff_body(self) -> str:
+        """The unified diff without its two file-name lines (it does not depend on the path)."""
+        if self.cached_diff_body is None:
+            lines = list(difflib.unified_diff(
+                self.old_text.replace("\r\n", "\n").splitlines(keepends=True),
+                self.new_text.replace("\r\n", "\n").splitlines(keepends=True), fromfile="a", tofile="b"))
+            self.cached_diff_body = "".join(lines[2:])
+        return self.cached_diff_body
+
     def diff(self, label: str | None = None) -> str:
-        name = label or self.path
-        return "".join(difflib.unified_diff(
-            self.old_text.replace("\r\n", "\n").splitlines(keepends=True),
-            self.new_text.replace("\r\n", "\n").splitlines(keepends=True),
-            fromfile=f"a/{name.lstrip('/')}", tofile=f"b/{name.lstrip('/')}"))
+        body = self.diff_body()
+        if not body:
+            return ""
+        name = (label or self.path).lstrip("/")
+        return f"--- a/{name}\n+++ b/{name}\n" + body
 
 
 def apply_edits(text: str, edits: list[Any], path: str) -> FileResult:

@@ -53,8 +53,82 @@ class ConnectOptions:
     ssh_config_path: str | None = None   # None: ~/.ssh/config when it exists
 
 
+class _LazyModule:
+    """Stands in for a module until first use, then imports it (see _import_paramiko)."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr):
+        import importlib
+        return getattr(importlib.import_module(self._name), attr)
+
+
+def _import_paramiko():
+    """paramiko, without importing invoke at start-up.
+
+    paramiko.config imports invoke when it is installed (only to run ``Match exec`` lines of an
+    ssh_config), and invoke pulls in asyncio, unittest.mock and its own YAML: ~50 ms of every
+    command. It is hidden for the import and then handed to paramiko.config as a lazy module, so
+    a ``Match exec`` line still works, paying for invoke only then."""
+    import sys
+
+    if "paramiko" in sys.modules:
+        return sys.modules["paramiko"]
+    hide = "invoke" not in sys.modules
+    if hide:
+        sys.modules["invoke"] = None   # makes ``import invoke`` raise ImportError, which paramiko expects
+    try:
+        import paramiko
+        import paramiko.config as pconfig
+    finally:
+        if hide and "invoke" in sys.modules and sys.modules["invoke"] is None:
+            del sys.modules["invoke"]
+    if hide and getattr(pconfig, "invoke", False) is None:
+        pconfig.invoke = _LazyModule("invoke")
+    return paramiko
+
+
+class _Conn:
+    """One SSH client connection, optionally through a gateway connection (a ProxyJump hop)."""
+
+    def __init__(self, hostname: str, port: int, gateway: "_Conn | None", connect_kwargs: dict):
+        import paramiko
+
+        self.host = hostname
+        self.port = port
+        self.gateway = gateway
+        self.connect_kwargs = connect_kwargs
+        self.client = paramiko.SSHClient()
+        self.transport = None
+        self._sftp = None
+
+    def open(self) -> None:
+        if self.transport is not None and self.transport.active:
+            return
+        kwargs = {k: v for k, v in self.connect_kwargs.items() if v is not None}
+        if self.gateway is not None:
+            self.gateway.open()
+            kwargs["sock"] = self.gateway.transport.open_channel(
+                "direct-tcpip", (self.host, int(self.port)), ("", 0))
+        self.client.connect(self.host, port=self.port, **kwargs)
+        self.transport = self.client.get_transport()
+
+    def sftp(self):
+        if self._sftp is None:
+            self._sftp = self.client.open_sftp()
+        return self._sftp
+
+    def close(self) -> None:
+        if self._sftp is not None:
+            self._sftp.close()
+            self._sftp = None
+        if self.transport is not None:
+            self.client.close()
+
+
 def _ssh_config(path: str | None):
-    import paramiko
+    paramiko = _import_paramiko()
 
     cfg = paramiko.SSHConfig()
     p = Path(os.path.expanduser(path or os.environ.get("REMOTE_OPS_SSH_CONFIG") or "~/.ssh/config"))
@@ -135,21 +209,17 @@ class Session:
 
     def _make_connection(self, host: Host, ssh_cfg, gateway):
         import paramiko
-        from fabric import Config, Connection
 
         s = self._settings(host, ssh_cfg)
-        config = Config(overrides={"load_ssh_configs": False})
-        connect_kwargs = {
-            # fabric extends a list with this value: None (no identity anywhere) would crash it
-            "key_filename": s["identity_files"] or [],
+        conn = _Conn(s["hostname"], s["port"], gateway, {
+            "username": s["user"],
+            "key_filename": s["identity_files"] or None,
             "allow_agent": True,
             "look_for_keys": not s["identity_files"],
+            "timeout": int(max(1, s["timeout"])),
             "banner_timeout": s["timeout"],
             "auth_timeout": s["timeout"],
-        }
-        conn = Connection(s["hostname"], user=s["user"], port=s["port"], config=config,
-                          gateway=gateway if gateway is not None else False,
-                          connect_timeout=int(max(1, s["timeout"])), connect_kwargs=connect_kwargs)
+        })
         client: paramiko.SSHClient = conn.client
         known = s["known_hosts"]
         if os.path.exists(known):
