@@ -14,7 +14,6 @@ which stops the whole patch with a message naming the edit, the file and what wa
 from __future__ import annotations
 
 import ast
-import difflib
 import io
 import textwrap
 import tokenize
@@ -343,6 +342,8 @@ def apply_text_edit(text: str, edit: TextEdit, path: str) -> tuple[str, EditResu
                         "cannot tell whether the edit is in place")
     first = old.strip().splitlines()[0] if old.strip() else old
     hint = ""
+    import difflib
+
     near = difflib.get_close_matches(first.strip(), [ln.strip() for ln in text.splitlines()], n=1, cutoff=0.6)
     if near:
         hint = f"; closest line: {near[0]!r}"
@@ -381,6 +382,7 @@ class FileResult:
     def diff_body(self) -> str:
         """The unified diff without its two file-name lines (it does not depend on the path)."""
         if self.cached_diff_body is None:
+            import difflib
             lines = list(difflib.unified_diff(
                 self.old_text.replace("\r\n", "\n").splitlines(keepends=True),
                 self.new_text.replace("\r\n", "\n").splitlines(keepends=True), fromfile="a", tofile="b"))

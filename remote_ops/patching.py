@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from remote_ops import edits as edits_mod
-from remote_ops import plancache, validate
+from remote_ops import plancache
 from remote_ops.errors import AgentError, ConfigError, RefusedError
 from remote_ops.playbook import Playbook
 
@@ -143,6 +143,7 @@ def compute(pb: Playbook, raw: dict, host_name: str) -> PatchPlan:
                                host=host_name) from None
 
         def fresh(key: str, patch=patch, t=t, text=text, encoding=encoding) -> dict:
+            from remote_ops import validate
             try:
                 result = edits_mod.apply_edits(text, patch.edits, t["real"])
             except edits_mod.UnknownCallee as exc:

@@ -27,7 +27,6 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 import threading
 from dataclasses import asdict
 from pathlib import Path
@@ -138,6 +137,7 @@ def _store(path: Path, entry: dict) -> None:
     try:
         path.parent.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         path.parent.mkdir(mode=0o700, exist_ok=True)
+        import tempfile
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as fh:
