@@ -41,10 +41,14 @@ CACHE_ENV = "REMOTE_OPS_AGENT_CACHE"   # host env: cache root on the host, or "o
 # on the command line of every exec (a few KB), and everything that can fail here falls back to
 # running the shipped sources.
 _BOOT = r"""
-import sys,os,io,json,zlib,hashlib,marshal,stat,importlib.util
+import time
+T0=time.process_time()
+import sys,os,io,json,hashlib,marshal,stat
+from importlib.machinery import ModuleSpec
 if sys.path and sys.path[0]=="":del sys.path[0]
 P="@PKG@"
-TAG=sys.implementation.cache_tag+"-"+importlib.util.MAGIC_NUMBER.hex()
+# bytecode is only reused by the exact same interpreter version
+TAG="%s-%x"%(sys.implementation.cache_tag,sys.hexversion)
 r=sys.stdin.buffer
 o=sys.stdout.buffer
 
@@ -142,12 +146,14 @@ if line[:1]==b"{":
     if B is None:
         o.write(b'{"bundle":"need"}\n')
         o.flush()
+        import zlib
         B=zlib.decompress(r.read(int(r.readline())))
         state="off"
         if d and hashlib.sha256(B).hexdigest()==sha:
             C={k:compile(v,fname(k),"exec") for k,v in json.loads(B).items()}
             state=write_cache(base,d,sha,C,B)
 else:
+    import zlib
     B=zlib.decompress(r.read(int(line)))
 S=None
 K=None
@@ -173,7 +179,7 @@ class L:
     def find_spec(self,name,path=None,target=None):
         k=self.key(name)
         if k:
-            return importlib.util.spec_from_loader(name,self,is_package=k.endswith(".__init__"))
+            return ModuleSpec(name,self,is_package=k.endswith(".__init__"))
     def create_module(self,spec):
         return None
     def get_source(self,name):
@@ -189,7 +195,7 @@ class L:
 sys.meta_path.insert(0,L())
 sys.stdin=io.TextIOWrapper(r,encoding="utf-8")
 from _remote_ops_agent import protocol
-protocol.BOOT["cache"]=state
+protocol.BOOT.update(cache=state,start_cpu_s=T0,boot_cpu_s=time.process_time()-T0)
 sys.exit(protocol.main(P,None if Q is None else Q.decode("utf-8")))
 """.replace("@PKG@", AGENT_PACKAGE)
 

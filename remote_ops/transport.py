@@ -37,13 +37,14 @@ class Stats:
     op_log: list = field(default_factory=list)
     bundles_sent: int = 0                                 # execs that had to ship the agent's sources
     host_cpu_s: list = field(default_factory=list)        # per exec: the agent's own CPU seconds
+    host_cpu_split: list = field(default_factory=list)    # per exec: [interpreter start, bootstrap] of it
     agent_cache: list = field(default_factory=list)       # per exec: hit | filled | shipped | off | ...
 
     def as_dict(self) -> dict:
         return {"connects": self.connects, "execs": self.execs, "sftp_requests": self.sftp_requests,
                 "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
                 "bundles_sent": self.bundles_sent, "host_cpu_s": self.host_cpu_s,
-                "agent_cache": self.agent_cache}
+                "host_cpu_split": self.host_cpu_split, "agent_cache": self.agent_cache}
 
 
 @dataclass
@@ -73,20 +74,25 @@ def _import_paramiko():
     a ``Match exec`` line still works, paying for invoke only then."""
     import sys
 
-    if "paramiko" in sys.modules:
-        return sys.modules["paramiko"]
-    hide = "invoke" not in sys.modules
-    if hide:
-        sys.modules["invoke"] = None   # makes ``import invoke`` raise ImportError, which paramiko expects
-    try:
-        import paramiko
-        import paramiko.config as pconfig
-    finally:
-        if hide and "invoke" in sys.modules and sys.modules["invoke"] is None:
-            del sys.modules["invoke"]
-    if hide and getattr(pconfig, "invoke", False) is None:
-        pconfig.invoke = _LazyModule("invoke")
-    return paramiko
+    with _paramiko_lock:   # fleet threads connect at once: one imports, the others wait for it
+        if "paramiko" in sys.modules:
+            import paramiko   # (waits for an import in progress in another thread)
+            return paramiko
+        hide = "invoke" not in sys.modules
+        if hide:
+            sys.modules["invoke"] = None   # ``import invoke`` raises ImportError, which paramiko expects
+        try:
+            import paramiko
+            import paramiko.config as pconfig
+        finally:
+            if hide and "invoke" in sys.modules and sys.modules["invoke"] is None:
+                del sys.modules["invoke"]
+        if hide and getattr(pconfig, "invoke", False) is None:
+            pconfig.invoke = _LazyModule("invoke")
+        return paramiko
+
+
+_paramiko_lock = threading.Lock()
 
 
 class _Conn:
@@ -403,6 +409,7 @@ class Session:
             return
         if isinstance(agent.get("cpu_s"), (int, float)):
             self.stats.host_cpu_s.append(agent["cpu_s"])
+            self.stats.host_cpu_split.append([agent.get("start_cpu_s"), agent.get("boot_cpu_s")])
         state = agent.get("cache")
         self.stats.agent_cache.append(state)
         if state in ("off", "unwritable", "unsafe"):
