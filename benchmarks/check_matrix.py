@@ -7,13 +7,19 @@ Each pair is unpacked (``remote_ops.pkgsource.unpacked``: ``pip download --no-de
 ``sys_path`` = [speculators sources, vLLM sources], default targets (the modules of
 ``speculators.data_generation`` that import vllm). A fresh resolver per run (no cache between
 pairs); the time is the op's own ``elapsed_s`` (median of 3). Records per pair: findings (symbol,
-kind, name, line), calls checked, unknowns (with reasons), crash (op raised), time.
+kind, name, line), calls checked, unknowns (with reasons), crash (op raised), time; and drift
+against the vLLM version the speculators release pins in its metadata (``remote_ops.drift``: the
+baseline's sources fetched once, analysed with the same static resolver), with its own time (check
+with touches + baseline analysis, median of 3, warm wheel cache).
+
+Every statement in the Markdown is generated from the records of the run (no fixed prose).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -24,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from remote_ops import pkgsource  # noqa: E402
+from remote_ops import drift, pkgsource  # noqa: E402
 from remote_ops.agent.compat import op_check  # noqa: E402
 
 SPEC_030_AGAINST = ["0.10.2", "0.11.0", "0.12.0", "0.13.0", "0.14.0", "0.15.0", "0.16.0", "0.17.0",
@@ -80,31 +86,113 @@ def run_pair(spec: str, vllm: str, reps: int = 3) -> dict:
         "time_s": round(statistics.median(times), 3),
         "note": res.get("note"),
     })
+    dtimes, out = [], None
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        try:
+            raw = op_check({"sys_path": [str(sdir), str(vdir)], "drift": True})
+            out = drift.analyse(raw, ["vllm"], None)
+        except Exception as exc:
+            rec["drift_crash"] = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            rec["traceback"] = traceback.format_exc()
+            return rec
+        dtimes.append(time.perf_counter() - t0)
+    where = {(f["line"], f["symbol"]): (f.get("baseline") or {}).get("where") for f in raw["findings"]}
+    for f in rec["findings"]:
+        if where.get((f["line"], f["symbol"])):
+            f["baseline_where"] = where[(f["line"], f["symbol"])]
+    rec.update({
+        "baseline": {k: v for k, v in out["baseline"].items() if k != "path"},
+        "drift": [{"module": d["module"], "line": d["line"], "symbol": d["symbol"], "kind": d["kind"],
+                   "name": d["name"], "baseline": d["baseline"], "installed": _strip(d["installed"], vdir),
+                   "suggestion": d["suggestion"]} for d in out["drift"]],
+        "drift_notes": [n.replace(str(sdir) + "/", "") for n in out["drift_notes"]],
+        "check_and_drift_s": round(statistics.median(dtimes), 3),
+        "drift_baseline_s": out["baseline"].get("elapsed_s"),
+    })
     return rec
 
 
-VERIFIED = """## Findings verified against the vLLM sources (by reading them)
+def _strip(side: dict, root: Path) -> dict:
+    out = dict(side)
+    if isinstance(out.get("where"), str):
+        out["where"] = out["where"].replace(str(root) + "/", "")
+    return out
 
-- missing-symbol `vllm.v1.core.kv_cache_utils.{get_kv_cache_config_from_groups,
-  _get_kv_cache_groups_uniform_spec}` on 0.10.2: not defined anywhere in vLLM 0.10.2 (they appear
-  in 0.11.0); on 0.33.0 these and `unify_hybrid_kv_cache_specs` moved to
-  `vllm/v1/core/kv_cache_planning.py` (top-level defs; kv_cache_utils has no `__getattr__` or
-  re-export); the finding's fix points there.
-- unexpected-keyword `kv_cache_specs` (0.12.0-0.25.0): `get_kv_cache_config_from_groups(vllm_config,
-  kv_cache_groups, available_memory[, suppress_log])`.
-- missing-argument `block_size` (0.12.0 on): `Scheduler.__init__(vllm_config, kv_cache_config,
-  structured_output_manager, block_size: int, ...)`, no default.
-- missing-argument `is_encoder_decoder` (0.12.0 on): `@config class SchedulerConfig` has
-  `is_encoder_decoder: InitVar[bool]` with no default (0.33.0 adds a `default_factory` staticmethod
-  that fills it, but the plain constructor the caller uses still requires it).
-- unexpected-keyword `eos_token_id` (0.17.0 on): `Request.__init__` no longer takes it (0.17.0 keeps a
-  deprecated property only).
-- speculators 0.5.0, 0.7.0, 0.9.0 declare no vllm requirement and no module of theirs imports vllm
-  (they drive a vLLM server over HTTP, `data_generation/vllm_client.py`): nothing to bind; the op
-  says so in its `note`.
 
-Times are on a shared 2-vCPU machine; most of a run is `ast.parse` of the ~15 vLLM modules the
-calls reach, plus one read of the vLLM package when a symbol is missing (to say where it moved)."""
+def _ranges(versions: list[str], seen: set[str]) -> str:
+    """'0.12.0-0.25.0, 0.33.0' over the run's ordered versions."""
+    runs, cur = [], []
+    for v in versions:
+        if v in seen:
+            cur.append(v)
+        elif cur:
+            runs.append(cur)
+            cur = []
+    if cur:
+        runs.append(cur)
+    return ", ".join(r[0] if len(r) == 1 else "%s-%s" % (r[0], r[-1]) for r in runs)
+
+
+def summary(records: list[dict]) -> list[str]:
+    """Statements generated from the run: per distinct finding and drift item, the vLLM versions of
+    this run where it was reported and what the analysed sources say there."""
+    ok = [r for r in records if "crash" not in r and r["speculators"] == "0.3.0"]
+    order = [r["vllm"] for r in ok]
+    lines = ["## What this run found for speculators 0.3.0 (generated from the records below)", ""]
+    if not ok:
+        return lines + ["No speculators 0.3.0 pair ran.", ""]
+    groups: dict = {}
+    for r in ok:
+        for f in r["findings"]:
+            g = groups.setdefault((f["kind"], f["symbol"], f["name"]), {"versions": set(), "sigs": {}})
+            g["versions"].add(r["vllm"])
+            if f.get("signature"):
+                g["sigs"].setdefault(f["signature"], set()).add(r["vllm"])
+    lines.append("Binding findings (kind, callee, name: vLLM versions of this run where reported; the "
+                 "installed signature the check bound against):")
+    lines.append("")
+    for (kind, symbol, name), g in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][2] or "")):
+        sig = "; ".join("`%s` (%s)" % (s, _ranges(order, vs)) for s, vs in g["sigs"].items())
+        lines.append("- %s `%s` %s: %s%s" % (kind, symbol, "`%s`" % name if name else "",
+                                             _ranges(order, g["versions"]), (". " + sig) if sig else ""))
+    lines.append("")
+    dgroups: dict = {}
+    for r in ok:
+        for d in r.get("drift") or []:
+            g = dgroups.setdefault((d["kind"], d["symbol"], d["name"], d["module"], d["line"]),
+                                   {"versions": set(), "values": {}})
+            g["versions"].add(r["vllm"])
+            key = "%s -> %s" % (d["baseline"].get("value") or d["baseline"].get("where"),
+                                d["installed"].get("value") or d["installed"].get("successor") or "gone")
+            g["values"].setdefault(key, set()).add(r["vllm"])
+            g["base_where"] = d["baseline"].get("where")
+            g["suggestion"] = d["suggestion"]
+    bases = sorted({"%s (%s)" % (r["baseline"].get("version"), r["baseline"].get("source"))
+                    for r in ok if r.get("baseline") and "unavailable" not in r["baseline"]})
+    lines.append("Drift against the baseline %s, per item: call site, vLLM versions of this run where "
+                 "reported, baseline -> installed, baseline location, suggested fix:" % ", ".join(bases))
+    lines.append("")
+    for (kind, symbol, name, module, line), g in sorted(dgroups.items(),
+                                                         key=lambda kv: (kv[0][3], kv[0][4], kv[0][2] or "")):
+        vals = "; ".join("%s (%s)" % (k, _ranges(order, vs)) for k, vs in g["values"].items())
+        lines.append("- %s:%d %s `%s` %s: %s. %s. Baseline: %s. Fix: %s" % (
+            module.rsplit(".", 1)[-1], line, kind, symbol, name or "", _ranges(order, g["versions"]), vals,
+            g.get("base_where"), g.get("suggestion")))
+    lines.append("")
+    quiet = [r for r in records if "crash" not in r and not r["targets"]]
+    for r in quiet:
+        lines.append("- speculators %s x vLLM %s: %s." % (r["speculators"], r["vllm"], r.get("note")))
+    if quiet:
+        lines.append("")
+    ts = [r["time_s"] for r in records if "crash" not in r]
+    ds = [r["check_and_drift_s"] for r in records if "check_and_drift_s" in r]
+    if ts:
+        lines.append("Binding check time per pair in this run: %.3f-%.3f s; check with drift (touches on the "
+                     "host side plus the baseline analysis): %s, on %s with %d CPU(s)." % (
+                         min(ts), max(ts), ("%.3f-%.3f s" % (min(ds), max(ds))) if ds else "not run",
+                         platform.machine(), os.cpu_count() or 0))
+    return lines
 
 
 def render(records: list[dict]) -> str:
@@ -112,16 +200,26 @@ def render(records: list[dict]) -> str:
              "Produced by `python benchmarks/check_matrix.py` (static mode, default targets: the modules of",
              "`speculators.data_generation` that import vllm; in-process `compat.check`, median of 3 runs,",
              "%s, Python %s)." % (platform.machine(), platform.python_version()), "",
-             "| speculators | vLLM | targets | calls checked | findings | unknown | time (s) |",
-             "|---|---|---|---|---|---|---|"]
+             "| speculators | vLLM | targets | calls checked | findings | unknown | drift (baseline) "
+             "| time (s) | with drift (s) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         if "crash" in r:
-            lines.append("| %s | %s | - | - | CRASH | - | - |" % (r["speculators"], r["vllm"]))
+            lines.append("| %s | %s | - | - | CRASH | - | - | - | - |" % (r["speculators"], r["vllm"]))
             continue
-        lines.append("| %s | %s | %d | %d | %d | %d | %.3f |" % (
+        b = r.get("baseline") or {}
+        if "drift_crash" in r:
+            dcol = "CRASH"
+        elif "unavailable" in b:
+            dcol = "no baseline"
+        else:
+            dcol = "%d (%s)" % (len(r.get("drift") or []), b.get("version"))
+        lines.append("| %s | %s | %d | %d | %d | %d | %s | %.3f | %s |" % (
             r["speculators"], r["vllm"], len(r["targets"]), r["calls_checked"], len(r["findings"]),
-            len(r["unknown"]), r["time_s"]))
-    lines += ["", VERIFIED, "", "## Per pair", ""]
+            len(r["unknown"]), dcol, r["time_s"],
+            "%.3f" % r["check_and_drift_s"] if "check_and_drift_s" in r else "-"))
+    lines += [""] + summary(records) + ["", "## Per pair", ""]
+
     for r in records:
         lines.append("### speculators %s x vLLM %s" % (r["speculators"], r["vllm"]))
         lines.append("")
@@ -135,10 +233,11 @@ def render(records: list[dict]) -> str:
         if r.get("note"):
             lines += ["Note from the check: %s." % r["note"], ""]
         if r["findings"]:
-            lines += ["| line | symbol | kind | name |", "|---|---|---|---|"]
+            lines += ["| line | symbol | kind | name | in the baseline |", "|---|---|---|---|---|"]
             for f in r["findings"]:
-                lines.append("| %s:%d | `%s` | %s | %s |" % (f["module"].rsplit(".", 1)[-1], f["line"], f["symbol"],
-                                                         f["kind"], f["name"] or ""))
+                lines.append("| %s:%d | `%s` | %s | %s | %s |" % (
+                    f["module"].rsplit(".", 1)[-1], f["line"], f["symbol"], f["kind"], f["name"] or "",
+                    f.get("baseline_where") or ""))
             lines.append("")
         else:
             lines += ["No findings.", ""]
@@ -147,6 +246,31 @@ def render(records: list[dict]) -> str:
             for u in r["unknown"]:
                 lines.append("- %s:%d `%s`: %s" % (u["module"].rsplit(".", 1)[-1], u["line"], u["symbol"], u["reason"]))
             lines.append("")
+        b = r.get("baseline") or {}
+        if "drift_crash" in r:
+            lines += ["Drift: CRASH `%s`" % r["drift_crash"], ""]
+        elif "unavailable" in b:
+            lines += ["Drift: no baseline (%s)." % b["unavailable"], ""]
+        elif b:
+            lines.append("Drift against vLLM %s (%s): %d item(s)." % (b.get("version"), b.get("source"),
+                                                                      len(r.get("drift") or [])))
+            lines.append("")
+            if r.get("drift"):
+                lines += ["| line | kind | symbol | name | baseline | installed | fix |",
+                          "|---|---|---|---|---|---|---|"]
+                for d in r["drift"]:
+                    lines.append("| %s:%d | %s | `%s` | %s | %s %s | %s %s | %s |" % (
+                        d["module"].rsplit(".", 1)[-1], d["line"], d["kind"], d["symbol"], d["name"] or "",
+                        d["baseline"].get("value") or "", d["baseline"].get("where") or "",
+                        d["installed"].get("value") or d["installed"].get("successor") or "",
+                        d["installed"].get("where") or "gone", (d["suggestion"] or "").replace("|", "/")))
+                lines.append("")
+            if r.get("drift_notes"):
+                lines.append("Differences seen and not reported as drift (the rule that set each aside):")
+                for n in r["drift_notes"]:
+                    lines.append("- %s" % n)
+                lines.append("")
+
     return "\n".join(lines) + "\n"
 
 
@@ -163,8 +287,9 @@ def main(argv=None) -> int:
     for spec, vllm in todo:
         r = run_pair(spec, vllm)
         records.append(r)
-        status = r.get("crash") or "%d findings, %d unknown, %d calls, %.3fs" % (
-            len(r["findings"]), len(r["unknown"]), r["calls_checked"], r["time_s"])
+        status = r.get("crash") or "%d findings, %d unknown, %d calls, %.3fs; drift %s, %.3fs with drift" % (
+            len(r["findings"]), len(r["unknown"]), r["calls_checked"], r["time_s"],
+            r.get("drift_crash") or (len(r["drift"]) if "drift" in r else "-"), r.get("check_and_drift_s") or 0)
         print("speculators %s x vllm %s: %s" % (spec, vllm, status), flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(records, indent=1))

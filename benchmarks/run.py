@@ -156,6 +156,8 @@ class Lab:
             h = BenchHost(f"h{i + 1:02d}", addr, hroot, server, py, site)
             h.workdir.mkdir()
             shutil.copy2(REPO / "remote_ops" / "sandbox_assets" / "extract_standin.py", h.workdir)
+            # the stand-in drives the shipped script (found next to it) with a torch-CPU generator
+            shutil.copy2(REPO / "playbooks" / "scripts" / "extract_hidden_states.py", h.workdir)
             h.reset()
             self.hosts.append(h)
         routes = [f"{h.address}:{h.server.port}@{h.address}:0" for h in self.hosts]
@@ -401,7 +403,7 @@ class Bench:
             h.reset()
             self.ro("patch", "h01", "--yes", "--json")   # preflight refuses an unpatched host
             s = self.ro("extract", "h01", "--json", check_ok=True)
-            self.record("remote-ops extract launch", s)
+            self.record("remote-ops extract launch (STAND-IN job)", s)
             self.ro("stop", "h01", "--json", check_ok=False)
         h.reset()
 

@@ -119,8 +119,9 @@ class Inventory:
 
     def check(self, spec: str | None = None, *, playbook: str | None = None, runtime: bool = False,
               targets: list[str] | None = None, against: list[str] | None = None,
-              package: str | None = None) -> Results:
-        """`remote-ops check --json`: call sites vs the host's library signatures (one round trip).
+              package: str | None = None, baseline: str | None = None, drift: bool = True) -> Results:
+        """`remote-ops check --json`: call sites vs the host's library signatures (one round trip),
+        and drift against ``baseline`` (default: the version the package pins).
         A host with findings is ``ok`` (its value holds them); ``ok=False`` means the check could not run."""
         from remote_ops import check as check_mod
         if playbook:
@@ -134,6 +135,7 @@ class Inventory:
             req.against = list(against)
         if package:
             req.package = package
+        req.baseline, req.drift = baseline, drift
         return self.run(spec, lambda h, s: check_mod.run(s, req))
 
     def patch(self, spec: str | None = None, *, playbook: str | None = None, dry_run: bool = False,
@@ -166,7 +168,6 @@ class Inventory:
         A host whose preflight refuses is ``ok=False`` with a RefusedError; its value is not lost:
         ``error.preflight`` holds the preflight record."""
         from remote_ops import jobs
-        from remote_ops.errors import RefusedError
 
         specs = {}
         for host in self._ctx.hosts(spec):
@@ -176,12 +177,12 @@ class Inventory:
 
         def one(host, session):
             pb, job_spec = specs[host.name]
-            pf = jobs.preflight(session, job_spec, pb, skip_check=skip_check)
+            pf = jobs.preflight(session, job_spec, pb, skip_check=skip_check, dry_run=dry_run)
             if pf.running:
                 return {"host": host.name, "attached": True, "job": pf.running, "preflight": pf.to_json()}
             if pf.problems:
-                err = RefusedError(f"preflight refused to start {job_spec.key}: {pf.problems[-1]}",
-                                   f"{len(pf.problems)} problem(s) in error.preflight", host=host.name)
+                err = jobs.refusal(job_spec, pf, host.name)
+                err.hint = (pf.hint + "; " if pf.hint else "") + f"{len(pf.problems)} problem(s) in error.preflight"
                 err.preflight = pf.to_json()
                 raise err
             if dry_run:

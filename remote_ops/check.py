@@ -13,10 +13,13 @@ from typing import Any
 
 FINDING_KEYS = ("path", "line", "symbol", "kind", "name", "message", "suggestion")
 # extra structured data kept on every finding (for people and for `check --emit-playbook`)
-FINDING_EXTRAS = ("col", "module", "call", "signature", "signature_mode", "signature_origin", "fix")
+FINDING_EXTRAS = ("col", "module", "call", "source", "signature", "signature_mode", "signature_origin", "fix")
 
-DEFAULT_PACKAGE = "speculators.data_generation"
-DEFAULT_AGAINST = ["vllm"]
+from remote_ops.agent.compat import DEFAULT_AGAINST as _AGAINST
+from remote_ops.agent.compat import DEFAULT_PACKAGE
+
+# the one default for the library checked against (the agent op uses the same constant)
+DEFAULT_AGAINST = list(_AGAINST)
 
 
 @dataclass
@@ -26,10 +29,14 @@ class CheckRequest:
     package: str = DEFAULT_PACKAGE
     runtime: bool = False
     override_sources: dict[str, str] | None = None
+    drift: bool = True                     # compare with the baseline the package was written for
+    baseline: str | None = None           # VERSION or PATH; None: the package's declared pin
 
     def op_args(self) -> dict:
         args: dict[str, Any] = {"against": list(self.against), "package": self.package,
                                 "mode": "runtime" if self.runtime else "static"}
+        if self.drift:
+            args["drift"] = True
         if self.targets:
             args["targets"] = list(self.targets)
         if self.override_sources:
@@ -48,22 +55,39 @@ def run(session, req: CheckRequest) -> dict:
     """One exec round trip; returns the CLI's JSON object (plus timing)."""
     t0 = time.perf_counter()
     raw = session.call("compat.check", req.op_args())
-    out = to_json(session.label, raw)
+    t1 = time.perf_counter()
+    out = to_json(session.label, raw, req)
     out["timing"] = {"host_analysis_s": raw.get("elapsed_s"),
-                     "round_trip_s": round(time.perf_counter() - t0, 4)}
+                     "round_trip_s": round(t1 - t0, 4)}
+    if req.drift:
+        out["timing"]["drift_baseline_s"] = round(time.perf_counter() - t1, 4)
     return out
 
 
-def to_json(host: str, raw: dict) -> dict:
+def with_drift(raw: dict, req: CheckRequest | None) -> dict:
+    """``raw`` plus drift against the baseline (controller side); {} when drift is off."""
+    if req is None:
+        return {}
+    if not req.drift:
+        return {"drift": [], "drift_notes": [], "baseline": {"unavailable": "drift analysis was switched off"}}
+    from remote_ops import drift
+    return drift.analyse(raw, list(req.against), req.baseline)
+
+
+def to_json(host: str, raw: dict, req: CheckRequest | None = None) -> dict:
+    extra = with_drift(raw, req)
     findings = []
     for f in raw.get("findings") or []:
         rec = {k: f.get(k) for k in FINDING_KEYS}
         rec.update({k: f.get(k) for k in FINDING_EXTRAS if k in f})
+        if "baseline" in f:
+            rec["baseline"] = f["baseline"]
         findings.append(rec)
     return {"host": host, "mode": raw.get("mode", "static"), "versions": raw.get("versions") or {},
             "findings": findings, "unknown": raw.get("unknown") or [],
             "targets": raw.get("targets") or [], "calls_checked": raw.get("calls_checked"),
-            "python": raw.get("python"), **({"note": raw["note"]} if raw.get("note") else {})}
+            "python": raw.get("python"), **({"note": raw["note"]} if raw.get("note") else {}),
+            **extra}
 
 
 def explain(f: dict, style: str = "line") -> str:
@@ -105,11 +129,40 @@ def render(console, result: dict, verbose: int = 0) -> None:
             console.print(escape(f"  {u.get('path')}:{u.get('line')}  {u.get('symbol')}: {u.get('reason')}"))
     if result.get("note"):
         console.print(f"[yellow]{escape(result['note'])}[/yellow]")
+    render_drift(console, result, verbose)
     n = len(result["findings"])
+    nd = len(result.get("drift") or [])
+    nu = len(result["unknown"])
+    base = result.get("baseline") or {}
+    compared = any("unavailable" not in b for b in (base.get("libraries") or [base])) if base else False
+    tail = f", {nd} drift item(s), {nu} unknown" if compared else f", {nu} unknown"
     if n:
-        console.print(f"[red]{n} finding(s)[/red]")
+        console.print(f"[red]{n} finding(s)[/red]{tail}")
     else:
-        console.print("[green]no findings[/green]")
+        console.print(f"[green]no findings[/green]{tail}")
+
+
+def render_drift(console, result: dict, verbose: int = 0) -> None:
+    from rich.markup import escape
+
+    from remote_ops import drift
+
+    base = result.get("baseline")
+    if base is None:
+        return
+    for b in (base.get("libraries") or [base]):
+        if "unavailable" in b:
+            console.print(f"[yellow]no baseline for drift: {escape(b['unavailable'])} (binding check only)[/yellow]")
+        else:
+            console.print(f"[bold]drift against {escape(b['library'])} {escape(b['version'])}[/bold] "
+                          f"[dim]({escape(b['source'])})[/dim]")
+    for d in result.get("drift") or []:
+        console.print(escape(drift.explain(d)))
+    if verbose:
+        for n in result.get("drift_notes") or []:
+            console.print(escape(f"  note: {n}"))
+    elif result.get("drift_notes"):
+        console.print(f"[dim]{len(result['drift_notes'])} difference(s) not reported as drift (-v lists them)[/dim]")
 
 
 def render_inspect(console, result: dict) -> None:
@@ -118,7 +171,18 @@ def render_inspect(console, result: dict) -> None:
 
     versions = ", ".join(f"{k} {v}" for k, v in sorted((result.get("versions") or {}).items()))
     console.print(f"[bold]{escape(result['host'])}[/bold] ({result['mode']} mode; {escape(versions)})")
+    for lib, b in (result.get("baselines") or {}).items():
+        if "unavailable" in b:
+            console.print(f"[yellow]no baseline for {escape(lib)}: {escape(b['unavailable'])}[/yellow]")
     for s in result["symbols"]:
+        base = s.get("baseline")
+        if base:
+            if "signature" in base:
+                console.print(escape(f"{s['symbol']} in {base['version']}: {base['signature']}  ({base['origin']})"))
+            else:
+                console.print(escape(f"{s['symbol']} in {base['version']}: {base['kind']}: {base.get('reason')}"))
+            for c in base.get("changes") or []:
+                console.print(escape(f"    since {base['version']}: {c}"))
         if s["kind"] in ("missing", "unknown") or "parameters" not in s:
             console.print(escape(f"{s['symbol']}: {s['kind']}: {s.get('reason')}"))
             continue

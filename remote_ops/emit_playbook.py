@@ -1,10 +1,15 @@
-"""``remote-ops check HOST --emit-playbook FILE``: a draft playbook with mechanical fixes for findings.
+"""``remote-ops check HOST --emit-playbook FILE``: a draft playbook with mechanical fixes for findings
+and drift.
 
 Called by the check command with the findings of ``compat.check`` (each carrying module, symbol, kind,
-name, call, fix). Per (module, callee) one call edit: drop an unexpected keyword, rename it when check
-found a close parameter name, add a missing argument from the module-level constant of matching name
-when one exists, otherwise a ``FILL-ME`` placeholder that ``playbook.load`` refuses until a person fills
-it in. Findings without a mechanical fix become a text edit whose ``new`` is a placeholder.
+name, call, source, fix) and the drift records. Per (module, callee) one call edit: drop an unexpected
+keyword, rename it when check found a close parameter name, add a missing argument. A value taken from a
+module-level constant because of its name (``block_size: VLLM_BLOCK_SIZE``) is a guess: the edit's note
+says so with a ``FILL-ME`` that ``playbook.load`` refuses until a person confirms it (deletes the marker).
+Drift: a changed default is kept by passing the baseline's value (a guessed value, e.g. False for a
+None that is no longer accepted, is marked the same way); a renamed attribute and a dropped index
+become text edits whose ``old`` is the exact source text. Anything else becomes a text edit with the
+exact source as ``old`` and a placeholder ``new``.
 """
 
 from __future__ import annotations
@@ -29,13 +34,16 @@ def draft(findings: list[dict], *, requires: dict | None = None, check: dict | N
     for f in findings:
         mod = f.get("module") or "?"
         symbol = f.get("symbol") or "?"
-        callee = symbol.rsplit(".", 1)[-1]
+        callee = symbol.rsplit(".", 1)[-1].split("(", 1)[0]
         fix = f.get("fix") or {}
         edits = by_module.setdefault(mod, {})
         action = fix.get("action")
+        is_drift = "baseline" in f and "installed" in f
+        # drift is not a binding finding: the patch's verification cannot target it by `fixes`
+        target = [] if is_drift else [{"kind": f.get("kind"), "symbol": symbol, "name": f.get("name")}]
         if action in ("remove-keyword", "rename-keyword", "add-keyword"):
-            e = edits.setdefault(("call", callee), {"id": None, "call": callee, "fixes": []})
-            e["fixes"].append({"kind": f.get("kind"), "symbol": symbol, "name": f.get("name")})
+            e = edits.setdefault(("call", callee), {"id": None, "call": callee, "fixes": [], "notes": []})
+            e["fixes"] += target
             if action == "remove-keyword":
                 e.setdefault("drop", []).append(fix["keyword"])
             elif action == "rename-keyword":
@@ -44,12 +52,33 @@ def draft(findings: list[dict], *, requires: dict | None = None, check: dict | N
                 value = fix.get("constant") or fix.get("value")
                 e.setdefault("add", {})[fix["keyword"]] = value if value else \
                     f"{PLACEHOLDER} value for {fix['keyword']}"
+                if fix.get("constant"):
+                    e["notes"].append(f"{PLACEHOLDER} (guess, confirm and delete this marker): "
+                                      f"{fix['keyword']}={fix['constant']} was chosen because the module-level "
+                                      f"constant's name matches the parameter's")
+                elif fix.get("guess"):
+                    e["notes"].append(f"{PLACEHOLDER} (guess, confirm and delete this marker): "
+                                      f"{fix['keyword']}={value}: {fix['guess']}")
+                elif value and is_drift:
+                    e["notes"].append(f"{fix['keyword']}={value} keeps the default of "
+                                      f"{(f.get('baseline') or {}).get('version')}: {f.get('message')}")
+        elif action in ("replace-text", "rename-attribute") and fix.get("old") and fix.get("new"):
+            key = ("text", f.get("line"), f.get("name"))
+            edits[key] = {"id": _edit_id(callee if not is_drift else f.get("name") or callee,
+                                         f"{f.get('kind', 'fix')}-line-{f.get('line')}"),
+                          "note": f"{f.get('message')}; {f.get('suggestion')}",
+                          "replace": {"old": fix["old"], "new": fix["new"]}}
+            if target:
+                edits[key]["fixes"] = target
         else:
             key = ("text", f.get("line"), f.get("name"))
+            old = f.get("source") or f"{PLACEHOLDER}: the exact source text at line {f.get('line')}"
             edits[key] = {"id": _edit_id(callee, f"{f.get('kind', 'fix')}-line-{f.get('line')}"),
                           "note": f.get("message") or f.get("suggestion") or "",
-                          "replace": {"old": (f.get("call") or "") + "", "new": f"{PLACEHOLDER}: {f.get('suggestion') or 'rewrite this call'}"},
-                          "fixes": [{"kind": f.get("kind"), "symbol": symbol, "name": f.get("name")}]}
+                          "replace": {"old": old,
+                                      "new": f"{PLACEHOLDER}: {f.get('suggestion') or 'rewrite this call'}"}}
+            if target:
+                edits[key]["fixes"] = target
     patches = []
     for mod, edits in by_module.items():
         out = []
@@ -57,7 +86,11 @@ def draft(findings: list[dict], *, requires: dict | None = None, check: dict | N
             if key[0] == "call":
                 parts = [p for p in ("drop", "add", "rename") if p in e]
                 e["id"] = _edit_id(e["call"], "-".join(parts) if parts else "fix")
-                e = {k: e[k] for k in ("id", "call", "drop", "add", "rename", "fixes") if k in e}
+                if e.get("notes"):
+                    e["note"] = "; ".join(e["notes"])
+                if not e.get("fixes"):
+                    e.pop("fixes", None)
+                e = {k: e[k] for k in ("id", "note", "call", "drop", "add", "rename", "fixes") if k in e}
             out.append(e)
         patches.append({"module": mod, "edits": out})
     doc: dict = {"name": name or "draft"}

@@ -17,7 +17,19 @@ class Exit(enum.IntEnum):
     HOSTKEY = 6           # unknown or changed host key
     REMOTE = 7            # the remote agent failed (bad interpreter, crash)
     REFUSED = 8           # an operation refused to run (preflight, anchor, validation, lock)
+    IMPORT = 9            # preflight: the job's interpreter cannot import the job's modules
     INTERRUPTED = 130
+
+
+# Agent failure kinds (remote_ops/agent) whose refusal has an exit status of its own.
+KIND_EXIT: dict[str, Exit] = {
+    "import-failed": Exit.IMPORT,
+}
+
+
+def exit_for_kind(kind: str | None, default: Exit = Exit.REFUSED) -> Exit:
+    """The exit status of a refusal caused by an agent failure of ``kind``."""
+    return KIND_EXIT.get(kind or "", default)
 
 
 class RemoteOpsError(Exception):

@@ -13,13 +13,18 @@ attach, and the records that status / logs / stop / verify read.
       secrets:                           # delivered on stdin, to a 0600 file the supervisor deletes
         HF_TOKEN: {from_env: HF_TOKEN}
         WANDB_API_KEY: {from_file: ~/.wandb_key}
+      files:                             # local files (relative to the playbook) -> names in the
+        scripts/extract.py: extract.py   # workdir: uploaded before launch when their sha256 differs
+      import_check: [speculators.data_generation.vllm_hidden_states_generator]   # imported by the
+      import_check_timeout_seconds: 120  # job's interpreter with the job's env before launch
       gpus: {count: 8, free: true}       # refuse unless 8 GPUs and no foreign compute process
       watchdog_seconds: 900              # flag a job whose log and outputs stop advancing
       stop_grace_seconds: 30             # SIGTERM -> SIGKILL delay of `stop` and of cleanup
 
 Templates ``{vars.NAME}`` (host vars over playbook vars), ``{output_dir}``, ``{workdir}``,
 ``{python}`` (the host's interpreter) and ``{host}`` are filled in locally; every value reaches the
-host as JSON on stdin, never through a shell.
+host as JSON on stdin, never through a shell. A value that is exactly one ``{vars.NAME}`` takes the
+var's value as it is (a list for ``import_check``, a number for ``gpus.count``).
 """
 
 from __future__ import annotations
@@ -35,7 +40,11 @@ from remote_ops.errors import ConfigError, Exit, RefusedError, UsageError
 from remote_ops.yamlsrc import type_name
 
 EXTRACT_KEYS = {"command", "workdir", "output_dir", "expected_samples", "bytes_per_sample", "env",
-                "secrets", "gpus", "watchdog_seconds", "stop_grace_seconds"}
+                "secrets", "gpus", "watchdog_seconds", "stop_grace_seconds", "files", "import_check",
+                "import_check_timeout_seconds"}
+MAX_FILE_BYTES = 4 << 20
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_WHOLE_VAR = re.compile(r"^\{(vars\.[A-Za-z_][A-Za-z0-9_]*)\}$")
 TERMINAL = ("succeeded", "failed", "stopped", "lost")
 _TEMPLATE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.]*)\}")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -48,6 +57,21 @@ class SecretRef:
     ref: str
     line: int | None = None
     optional: bool = False
+
+
+@dataclass
+class ShippedFile:
+    local: Path        # on this machine
+    name: str          # relative to the job's workdir on the host
+    data: bytes
+    sha256: str
+    mode: int
+    line: int | None = None
+
+    def to_wire(self) -> dict:
+        import base64
+        return {"name": self.name, "data": base64.b64encode(self.data).decode(), "sha256": self.sha256,
+                "mode": self.mode}
 
 
 @dataclass
@@ -65,6 +89,10 @@ class ExtractSpec:
     watchdog_seconds: float | None = None
     stop_grace: float = 30.0
     playbook_path: str | None = None
+    files: list[ShippedFile] = field(default_factory=list)
+    import_check: list[str] = field(default_factory=list)
+    import_timeout: float = 120.0
+    requires: list[str] = field(default_factory=list)    # package names, for the versions of a failed import
 
     def to_json(self) -> dict:
         """What may be shown: secret *names* and where they come from, never values."""
@@ -72,7 +100,14 @@ class ExtractSpec:
                 "output_dir": self.output_dir, "expected_samples": self.expected_samples,
                 "env": self.env, "secrets": {s.name: f"{s.source}:{s.ref}" for s in self.secrets},
                 "gpus": {"count": self.gpu_count, "free": self.gpus_free},
-                "watchdog_seconds": self.watchdog_seconds, "stop_grace_seconds": self.stop_grace}
+                "watchdog_seconds": self.watchdog_seconds, "stop_grace_seconds": self.stop_grace,
+                "files": {f.name: {"local": str(f.local), "sha256": f.sha256} for f in self.files},
+                "import_check": self.import_check, "import_check_timeout_seconds": self.import_timeout}
+
+    @property
+    def job_python(self) -> str | None:
+        """The interpreter the command runs, when its first word is a python (else None: the host's)."""
+        return self.command[0] if re.search(r"(^|/)python[0-9.]*$", self.command[0]) else None
 
 
 # ------------------------------------------------------------------ schema
@@ -123,6 +158,11 @@ def parse_spec(playbook, host) -> ExtractSpec:
     ctx: dict[str, Any] = {f"vars.{k}": v for k, v in variables.items()}
     ctx["python"] = host.python
     ctx["host"] = host.name
+
+    def whole_var(value):
+        """A value that is exactly ``{vars.NAME}`` is the var's value as it is (list, number...)."""
+        m = _WHOLE_VAR.match(value) if isinstance(value, str) else None
+        return ctx[m.group(1)] if m and m.group(1) in ctx else value
 
     def text(keys, value, what):
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
@@ -219,13 +259,61 @@ def parse_spec(playbook, host) -> ExtractSpec:
     if not isinstance(free, bool):
         raise err_at(("gpus", "free"))("gpus.free must be true or false")
 
+    files = _shipped_files(playbook, raw.get("files"), err_at)
+    checks = whole_var(raw.get("import_check"))
+    if checks is None or checks == "":
+        checks = []
+    if isinstance(checks, str):
+        checks = [checks]
+    if not isinstance(checks, list) or not all(isinstance(c, str) and _MODULE.match(c) for c in checks):
+        raise err_at(("import_check",))(f"import_check must be a list of module names, got {checks!r}",
+                                        "e.g. import_check: [speculators.data_generation.vllm_hidden_states_generator]")
+    import_timeout = number("import_check_timeout_seconds", float, 1)
+
     return ExtractSpec(
+        files=files, import_check=list(checks), import_timeout=import_timeout or 120.0,
+        requires=sorted(playbook.requires),
         key=playbook.name, command=command, workdir=workdir, output_dir=output_dir,
         expected_samples=number("expected_samples", int, 1), bytes_per_sample=number("bytes_per_sample", int, 1),
         env=env, secrets=secrets, gpu_count=count, gpus_free=free,
         watchdog_seconds=number("watchdog_seconds", float, 1),
         stop_grace=number("stop_grace_seconds", float, 0) if raw.get("stop_grace_seconds") is not None else 30.0,
         playbook_path=playbook.path)
+
+
+def _shipped_files(playbook, raw, err_at) -> list[ShippedFile]:
+    """``files: {local path (relative to the playbook): name in the workdir}``, read now."""
+    import hashlib
+    if raw is None:
+        return []
+    if not isinstance(raw, dict):
+        raise err_at(("files",))(f"files must be a mapping of local path: name in the workdir, got {type_name(raw)}")
+    base = Path(playbook.path).parent
+    out, names = [], set()
+    for local, name in raw.items():
+        keys = ("files", local)
+        if not isinstance(local, str) or not local.strip():
+            raise err_at(keys)(f"{local!r} is not a file path")
+        if not isinstance(name, str) or not name or name.startswith(("/", "~")) or "\x00" in name \
+                or any(p in ("", ".", "..") for p in name.split("/")):
+            raise err_at(keys)(f"{name!r} must be a relative path inside the workdir (no '..', not absolute)")
+        if name in names:
+            raise err_at(keys)(f"two files are shipped as {name}")
+        names.add(name)
+        path = Path(local).expanduser()
+        path = path if path.is_absolute() else base / path
+        try:
+            size = path.stat().st_size
+            if size > MAX_FILE_BYTES:
+                raise err_at(keys)(f"{path} is {size} bytes; files shipped with a playbook are at most {MAX_FILE_BYTES}")
+            data = path.read_bytes()
+        except OSError as exc:
+            raise err_at(keys)(f"cannot read {path}: {exc.strerror or exc}",
+                               "paths are relative to the playbook file") from None
+        mode = 0o755 if os.access(path, os.X_OK) else 0o644
+        out.append(ShippedFile(path, name, data, hashlib.sha256(data).hexdigest(), mode,
+                               playbook.line("extract", "files", local)))
+    return out
 
 
 def resolve_secrets(spec: ExtractSpec) -> dict[str, str]:
@@ -304,13 +392,19 @@ class Preflight:
     gpu: dict | None = None
     disk: dict | None = None
     check: dict | None = None
+    files: list[dict] = field(default_factory=list)      # shipped files: written / unchanged / would-write
+    imports: dict | None = None            # the import probe's result or failure
+    exit_status: int | None = None         # a refusal's exit status when a problem has its own
+    hint: str | None = None                # what to do about the deciding problem
 
     def to_json(self) -> dict:
         return {"running": self.running, "problems": self.problems, "notes": self.notes,
-                "gpu": self.gpu, "disk": self.disk,
+                "gpu": self.gpu, "disk": self.disk, "files": self.files, "imports": self.imports,
                 "check": None if self.check is None else {
                     "findings": len(self.check.get("findings") or []),
                     "unknown": len(self.check.get("unknown") or []),
+                    "drift": len(self.check.get("drift") or []),
+                    "baseline": {k: v for k, v in (self.check.get("baseline") or {}).items() if k != "path"},
                     "calls_checked": self.check.get("calls_checked")}}
 
 
@@ -324,28 +418,70 @@ def _fmt_bytes(n: float | None) -> str:
     return str(n)
 
 
-def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False) -> Preflight:
-    """check + GPUs + disk + running job, in ONE round trip."""
+def _drift_preflight(pf: Preflight, against, strict: bool) -> None:
+    """Drift of the checked modules against their baseline: notes, or problems under --strict."""
+    from remote_ops import drift
+    from remote_ops.check import DEFAULT_AGAINST
+
+    d = drift.analyse(pf.check, list(against or DEFAULT_AGAINST), None)
+    pf.check.update(d)
+    base = d.get("baseline") or {}
+    if "unavailable" in base:
+        pf.notes.append(f"drift: no baseline ({base['unavailable']})")
+        return
+    items = d.get("drift") or []
+    out = pf.problems if strict else pf.notes
+    for x in items:
+        out.append(f"drift: {x['path']}:{x['line']}: {x['kind']}: {x['message']}")
+    if items and strict:
+        pf.problems.append("--strict refuses a job whose calls drifted from the baseline: run remote-ops check")
+
+
+def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False, dry_run: bool = False,
+              strict_drift: bool = False) -> Preflight:
+    """Running job + shipped files + GPUs + check + disk + import probe, in ONE round trip. The files
+    are uploaded here (unless dry_run or the job is running), before the probe that may import them.
+    Drift against the package's baseline is shown as notes, and refuses the job only with
+    ``strict_drift``."""
+    from remote_ops.errors import exit_for_kind
     from remote_ops.transport import unwrap
 
     ops: list[tuple[str, dict]] = [("jobs.probe", {"key": spec.key, "output_dir": spec.output_dir}),
                                    ("gpu.query", {"driver": False})]
+    if spec.files:
+        ops.append(("files.put", {"workdir": spec.workdir, "files": [f.to_wire() for f in spec.files],
+                                  "dry_run": dry_run, "unless_running": spec.key}))
     do_check = bool(playbook.check) and not skip_check
     if do_check:
+        from remote_ops.check import DEFAULT_AGAINST
         ops.append(("compat.check", {"targets": playbook.check["targets"],
-                                     "against": playbook.check.get("against") or ["vllm"]}))
-    raw = session.call_many(ops)
+                                     "against": playbook.check.get("against") or DEFAULT_AGAINST,
+                                     "drift": True}))
+    if spec.import_check:
+        ops.append(("imports.probe", {"python": spec.job_python, "modules": spec.import_check, "env": spec.env,
+                                      "workdir": spec.workdir, "timeout": spec.import_timeout,
+                                      "packages": spec.requires, "unless_running": spec.key}))
+    raw = dict(zip((op for op, _ in ops), session.call_many(ops, timeout=spec.import_timeout + 300)))
     pf = Preflight()
-    probe = unwrap(raw[0], session.label)
+    probe = unwrap(raw["jobs.probe"], session.label)
     job = probe.get("job")
     if job and job.get("state") in ("starting", "running"):
         pf.running = job
         return pf
     pf.disk = probe.get("disk")
-    pf.gpu = unwrap(raw[1], session.label)
+    pf.gpu = unwrap(raw["gpu.query"], session.label)
+    if spec.files:
+        res = raw["files.put"]
+        if res.get("ok"):
+            pf.files = res["result"].get("files") or []
+            for f in pf.files:
+                pf.notes.append(f"file {f['name']}: {f['action']} (sha256 {f['sha256'][:12]})")
+        else:
+            err = res.get("error") or {}
+            pf.problems.append(f"cannot upload {', '.join(f.name for f in spec.files)}: {err.get('message')}")
     # check clean
     if do_check:
-        res = raw[2]
+        res = raw["compat.check"]
         if not res.get("ok"):
             err = res.get("error") or {}
             pf.problems.append(f"check could not run: {err.get('message')}")
@@ -361,6 +497,7 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False)
                                    "run remote-ops check / patch first")
             if pf.check.get("unknown"):
                 pf.notes.append(f"check: {len(pf.check['unknown'])} call(s) could not be verified")
+            _drift_preflight(pf, playbook.check.get("against"), strict_drift)
     elif not playbook.check:
         pf.notes.append("playbook has no 'check' section: call sites not verified")
     else:
@@ -397,7 +534,32 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False)
             pf.notes.append("disk need unknown (set extract.bytes_per_sample to check it)")
     elif d.get("error"):
         pf.problems.append(f"cannot measure free disk at {spec.output_dir}: {d['error']}")
+    # imports last: when the environment cannot import the job's modules, that is the deciding problem
+    if spec.import_check:
+        res = raw["imports.probe"]
+        if res.get("ok"):
+            pf.imports = res["result"]
+            if pf.imports.get("skipped"):
+                pf.notes.append(f"import check skipped: {pf.imports['skipped']}")
+            else:
+                pf.notes.append(f"imports: {', '.join(spec.import_check)} import in {pf.imports.get('seconds')}s")
+        else:
+            err = res.get("error") or {}
+            pf.imports = {"ok": False, **{k: v for k, v in err.items() if k != "traceback"}}
+            pf.problems.append(err.get("message") or "import check failed")
+            pf.hint = err.get("hint")
+            pf.exit_status = int(exit_for_kind(err.get("kind")))
     return pf
+
+
+def refusal(spec: ExtractSpec, pf: Preflight, host: str, *, all_problems: bool = False) -> RefusedError:
+    """The error for a preflight with problems: the deciding (last) problem, its hint and exit status."""
+    what = "; ".join(pf.problems) if all_problems else pf.problems[-1]
+    hint = pf.hint or (None if all_problems else f"{len(pf.problems)} problem(s) listed above")
+    if pf.hint and len(pf.problems) > 1 and not all_problems:
+        hint += f"; {len(pf.problems)} problem(s) listed above"
+    return RefusedError(f"preflight refused to start {spec.key}: {what}", hint, host=host,
+                        exit_status=Exit(pf.exit_status) if pf.exit_status else None)
 
 
 def launch(session, spec: ExtractSpec) -> dict:
@@ -430,7 +592,8 @@ def summary_line(st: dict) -> str:
     s = st.get("samples") or {}
     prog = f"{s.get('done', 0)}" + (f"/{s['expected']}" if s.get("expected") else "") + " samples"
     rate = f", {st['rate_per_s']:.2f} samples/s" if st.get("rate_per_s") else ""
-    line = f"{st['job_id']}: {st['state']} after {fmt_duration(st.get('elapsed_s'))}, {prog}{rate}"
+    tag = " (STAND-IN)" if (st.get("label") or "").startswith("STAND-IN") else ""
+    line = f"{st['job_id']}{tag}: {st['state']} after {fmt_duration(st.get('elapsed_s'))}, {prog}{rate}"
     if st.get("reason") and st["state"] != "succeeded":
         line += f" - {st['reason']}"
     return line

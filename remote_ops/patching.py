@@ -117,7 +117,8 @@ def packages_to_query(pb: Playbook) -> list[str]:
 def check_args(pb: Playbook) -> dict | None:
     if not pb.check:
         return None
-    return {"targets": pb.check["targets"], "against": pb.check.get("against") or ["vllm"]}
+    from remote_ops.check import DEFAULT_AGAINST
+    return {"targets": pb.check["targets"], "against": pb.check.get("against") or list(DEFAULT_AGAINST)}
 
 
 def read(session, pb: Playbook, host) -> dict:

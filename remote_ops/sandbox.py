@@ -25,6 +25,8 @@ from remote_ops.errors import RemoteOpsError, UsageError
 from remote_ops.sshd import SshdServer
 
 HOST_NAME = "sandbox"
+DATASET = "dataset.jsonl"
+STANDIN_IMPORTS = ["torch", "tqdm"]     # what the stand-in imports (it imports no speculators, no vLLM)
 DEFAULT_PLAYBOOK = "playbooks/eagle3-speculators-0.3.0.yaml"
 BEGIN = "  # >>> sandbox: written by `remote-ops sandbox up`; edits between these markers are overwritten"
 END = "  # <<< sandbox"
@@ -91,12 +93,7 @@ def up(inventory_path: str, *, speculators: str = "0.3.0", vllm: str = "0.17.0",
                  + (", torch==2.13.0 CPU" if torch else ""))
         shutil.rmtree(paths.venv, ignore_errors=True)
         pkgsource.make_env(paths.venv, [("speculators", speculators), ("vllm", vllm)], with_torch=torch)
-    paths.workdir.mkdir(exist_ok=True)
-    paths.host_state.mkdir(exist_ok=True, mode=0o700)
-    assets = Path(__file__).parent / "sandbox_assets"
-    for asset in assets.glob("*.py"):
-        if asset.name != "__init__.py":
-            shutil.copy2(asset, paths.workdir / asset.name)
+    prepare_workdir(paths)
 
     server = _server(paths, port or state.get("port"))
     if server.running() and port and port != state.get("port"):
@@ -119,6 +116,35 @@ def up(inventory_path: str, *, speculators: str = "0.3.0", vllm: str = "0.17.0",
     return state
 
 
+def prepare_workdir(paths: SandboxPaths) -> None:
+    """The host's workdir and state dir, the stand-in job and its dataset."""
+    paths.workdir.mkdir(parents=True, exist_ok=True)
+    paths.host_state.mkdir(parents=True, exist_ok=True, mode=0o700)
+    assets = Path(__file__).parent / "sandbox_assets"
+    for asset in assets.glob("*.py"):
+        if asset.name != "__init__.py":
+            shutil.copy2(asset, paths.workdir / asset.name)
+    write_dataset(paths.workdir / DATASET)
+
+
+def write_dataset(path: Path, samples: int = 24) -> None:
+    """The sandbox's dataset: token-id lines of 5 to 120 tokens (some longer than the sandbox's
+    max_model_len of 64, so truncation runs), every fourth one a text line with a loss_mask."""
+    import random
+    rng = random.Random(0)
+    lines = []
+    for i in range(samples):
+        if i % 4 == 3:
+            text = f"Sample {i}: the quick brown fox jumps over the lazy dog."
+            n = len(text.encode())
+            lines.append({"text": text, "loss_mask": [0] * (n // 2) + [1] * (n - n // 2)})
+        else:
+            lines.append({"input_ids": [rng.randrange(1000) for _ in range(rng.randrange(5, 121))]})
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    os.replace(tmp, path)
+
+
 def host_entry(paths: SandboxPaths, server: SshdServer) -> dict:
     return {
         "hostname": server.address,
@@ -131,11 +157,17 @@ def host_entry(paths: SandboxPaths, server: SshdServer) -> dict:
         "playbook": DEFAULT_PLAYBOOK,
         "env": {"REMOTE_OPS_STATE_DIR": str(paths.host_state)},
         "vars": {
+            # STAND-IN: the shipped script is uploaded and driven, with a torch-CPU generator
+            # in place of speculators' vLLM one (see extract_standin.py's docstring)
             "extract_script": str(paths.workdir / "extract_standin.py"),
             "target_model": "tiny-standin",
+            "dataset": str(paths.workdir / DATASET),
             "output_dir": str(paths.workdir / "hidden_states"),
             "max_samples": 24,
+            "batch_size": 4,
+            "max_model_len": 64,
             "gpus": 0,
+            "import_check": list(STANDIN_IMPORTS),
         },
     }
 

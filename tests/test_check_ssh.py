@@ -29,7 +29,11 @@ def test_check_017_json_and_exit_status(sshd, inventory_file, env_vllm017, cli):
         # the analysed file is the one the host's interpreter imports, not a local copy
         assert f["path"].startswith(str(env_vllm017.parent.parent))
     assert res["unknown"] == []
-    assert res["timing"]["host_analysis_s"] < 1.0
+    # drift against the version speculators pins (0.11.0), fetched and analysed on the controller
+    assert res["baseline"]["version"] == "0.11.0" and res["baseline"]["source"].startswith("declared by speculators")
+    assert {(d["kind"], d["name"]) for d in res["drift"]} >= {
+        ("attribute-gone", "get_input_embeddings"), ("default-changed", "enable_prefix_caching"),
+        ("default-changed", "enable_chunked_prefill"), ("return-changed", "collective_rpc")}
     print(f"check over ssh: wall {wall:.2f}s, host analysis {res['timing']['host_analysis_s']:.3f}s")
 
 
@@ -109,7 +113,7 @@ def test_emit_playbook_draft_needs_a_person_then_patches_clean(sshd, inventory_f
     status, out, err = cli("check", "testhost", "--emit-playbook", str(draft), "-i", str(inv))
     assert status == 1 and draft.exists(), err
     doc = yaml.safe_load(draft.read_text())
-    edits = {e["call"]: e for p in doc["patches"] for e in p["edits"]}
+    edits = {e["call"]: e for p in doc["patches"] for e in p["edits"] if "call" in e}
     assert edits["Request"]["drop"] == ["eos_token_id"]
     assert edits["get_kv_cache_config_from_groups"]["drop"] == ["kv_cache_specs"]
     assert edits["Scheduler"]["add"] == {"block_size": "VLLM_BLOCK_SIZE"}
@@ -119,12 +123,35 @@ def test_emit_playbook_draft_needs_a_person_then_patches_clean(sshd, inventory_f
     status, out, err = cli("patch", "testhost", "--playbook", str(draft), "--dry-run", "-i", str(inv))
     assert status == 2 and "placeholder" in err and f"{draft}:" in err
 
-    draft.write_text(draft.read_text().replace("FILL-ME value for is_encoder_decoder", "'False'"))
+    # drift fixes: the baseline's defaults passed explicitly (guesses marked), exact-text edits
+    assert edits["CacheConfig"]["add"] == {"enable_prefix_caching": "False"}
+    assert "FILL-ME (guess" in edits["CacheConfig"]["note"]
+    draft.write_text(draft.read_text().replace("FILL-ME value for is_encoder_decoder", "'False'")
+                     .replace("FILL-ME (guess, confirm and delete this marker)", "confirmed"))
     status, out, err = cli("patch", "testhost", "--playbook", str(draft), "--yes", "-i", str(inv))
+    assert status == 0, err
+    status, out, err = cli("check", "testhost", "--json", "--strict", "-i", str(inv))
+    assert status == 0, err
+    res = json.loads(out)
+    assert res["findings"] == [] and res["drift"] == []
+
+
+def test_strict_fails_on_drift_alone(sshd, inventory_file, fresh_env017, cli):
+    """After the shipped playbook: no findings, the four measured items gone; what drift remains is
+    shown under its own heading, exit 0; --strict makes it exit 1."""
+    inv = inventory_file(python=str(fresh_env017))
+    status, out, err = cli("patch", "testhost", "--playbook", "eagle3-speculators-0.3.0", "--yes", "-i", str(inv))
     assert status == 0, err
     status, out, err = cli("check", "testhost", "--json", "-i", str(inv))
     assert status == 0, err
-    assert json.loads(out)["findings"] == []
+    res = json.loads(out)
+    assert res["findings"] == [] and res["drift"], res
+    names = {d["name"] for d in res["drift"]}
+    assert not names & {"get_input_embeddings", "enable_prefix_caching", "enable_chunked_prefill", "collective_rpc"}
+    status, out, err = cli("check", "testhost", "-i", str(inv))
+    assert status == 0 and "drift against vllm 0.11.0" in out and "no findings, %d drift item(s)" % len(names) in out
+    status, out, err = cli("check", "testhost", "--strict", "-i", str(inv))
+    assert status == 1
 
 
 def test_inspect_on_several_hosts_is_one_json_document(sshd, tmp_path, env_vllm017, cli):

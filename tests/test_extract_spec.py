@@ -16,10 +16,29 @@ def test_defaults_for_a_real_gpu_host():
     pb = playbook.load(str(SHIPPED))
     host = Host(name="gpu-host", hostname="gpu01", python="/opt/venvs/eagle3/bin/python", workdir="/data/eagle3")
     spec = jobs.parse_spec(pb, host)
-    assert spec.command[:2] == ["/opt/venvs/eagle3/bin/python", "02_extract_hidden_states.py"]
+    assert spec.command[:2] == ["/opt/venvs/eagle3/bin/python", "extract_hidden_states.py"]
     assert spec.command[spec.command.index("--output-dir") + 1] == "/data/eagle3/hidden_states"
-    assert spec.gpu_count == 8 and spec.gpus_free is True
+    assert spec.command[spec.command.index("--layer-ids") + 1] == ""     # the generator's choice
+    assert spec.gpu_count == 1 and spec.gpus_free is True
     assert spec.expected_samples == 5000 and spec.workdir == "/data/eagle3"
+    # the shipped script goes into the workdir under the name the command runs
+    (shipped,) = spec.files
+    assert shipped.name == "extract_hidden_states.py"
+    assert shipped.local == REPO / "playbooks" / "scripts" / "extract_hidden_states.py"
+    assert shipped.data == shipped.local.read_bytes()
+    assert spec.import_check == ["speculators.data_generation.vllm_hidden_states_generator"]
+    assert spec.import_timeout == 120 and spec.job_python == "/opt/venvs/eagle3/bin/python"
+    assert spec.env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+
+
+def test_tensor_parallel_size_sets_the_flag_and_the_gpus_asked_for():
+    pb = playbook.load(str(SHIPPED))
+    host = Host(name="gpu-host", hostname="gpu01", vars={"tensor_parallel_size": 2, "gpus": 2, "layer_ids": "2,4,5,7",
+                                                          "import_check": ["torch", "vllm"]})
+    spec = jobs.parse_spec(pb, host)
+    assert spec.command[spec.command.index("--tensor-parallel-size") + 1] == "2" and spec.gpu_count == 2
+    assert spec.command[spec.command.index("--layer-ids") + 1] == "2,4,5,7"
+    assert spec.import_check == ["torch", "vllm"]
 
 
 def test_host_vars_override_playbook_vars_including_numbers():

@@ -79,7 +79,7 @@ def test_group_extract_status_verify_logs_stop(fleet, cli):
     assert counts["node-b"][0] == 5 and counts["node-b"][1].endswith("out-node-b")
 
     status, out, err = cli("logs", "live", "-i", str(inv))
-    assert status == 0 and "node-a:" in out and "node-b:" in out and "Wrote 3 samples" in out
+    assert status == 0 and "node-a:" in out and "node-b:" in out and "wrote 3 sample(s)" in out
 
     # people get a per-host table; the dead host is a FAILED row and the exit status says so
     status, out, err = cli("status", "all3", "-i", str(inv))

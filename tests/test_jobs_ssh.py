@@ -132,7 +132,7 @@ def test_launch_tail_success_then_status_logs_verify(tmp_path, sshd, cli):
     env = Env(tmp_path, sshd, ["--max-samples", "10", "--sleep", "0.05"], {"expected_samples": 10})
     status, out, err = cli(*env.argv("extract", "testhost", "--tail"))
     assert status == 0, err
-    assert "Generating hidden states" in out and "Saving files" in out
+    assert "Generating hidden states" in out and "STAND-IN: torch-CPU stand-in" in out
     assert "succeeded" in out and "10/10 samples" in out
     # tqdm's \r updates are not dumped as one endless line
     assert "\r" not in out
@@ -478,6 +478,30 @@ def test_preflight_refuses_when_check_finds_incompatible_calls(tmp_path, sshd, c
     assert env.jobdirs() == []
     s, rec, _ = cli_json(cli, env, "extract", "testhost")
     assert s == 8 and rec["preflight"]["check"]["findings"] >= 1 and rec["started"] is False
+
+
+def test_preflight_shows_drift_and_refuses_it_under_strict(tmp_path, sshd, cli, fresh_env017):
+    """After the shipped playbook the calls bind and the four measured drift items are fixed; the drift
+    that remains is shown in preflight, and refuses the job only with --strict."""
+    env = Env(tmp_path, sshd, ["--max-samples", "2"])
+    data = yaml.safe_load(env.playbook.read_text())
+    data["check"] = {"targets": ["speculators.data_generation.vllm_hidden_states_generator",
+                                "speculators.data_generation.custom_worker"], "against": ["vllm"]}
+    env.playbook.write_text(yaml.safe_dump(data, sort_keys=False))
+    inv = yaml.safe_load(env.inventory.read_text())
+    inv["hosts"]["testhost"]["python"] = str(fresh_env017)
+    env.inventory.write_text(yaml.safe_dump(inv))
+    s, out, err = cli("-i", str(env.inventory), "patch", "testhost", "--playbook", "eagle3-speculators-0.3.0", "--yes")
+    assert s == 0, err
+    s, rec, err = cli_json(cli, env, "extract", "testhost", "--dry-run")
+    assert s == 0, err
+    check = rec["preflight"]["check"]
+    assert check["findings"] == 0 and check["drift"] >= 1 and check["baseline"]["version"] == "0.11.0"
+    assert any(n.startswith("drift: ") and "default-changed" in n for n in rec["preflight"]["notes"])
+    s, rec, err = cli_json(cli, env, "extract", "testhost", "--dry-run", "--strict")
+    assert s == 8 and rec["started"] is False
+    assert any("--strict refuses" in p for p in rec["preflight"]["problems"])
+    assert env.jobdirs() == []
 
 
 def test_stop_finds_workers_without_marker_and_reports_gpu_holders(tmp_path, sshd, cli):

@@ -62,6 +62,14 @@ def test_sandbox_round_trip(sshd, fresh_env017, state_dir, inventory_file, cli):
     patched = target.read_bytes()
     assert patched != original and b"block_size=VLLM_BLOCK_SIZE" in patched
     assert b"self.executor.sample_tokens(None)" in patched
+    # the behaviour fixes measured on a real GPU (issue 10): prefix caching and chunked prefill off,
+    # rank 0's reply used as is, the renamed embedding method in the bound forward
+    assert b"enable_prefix_caching=False" in patched and b"enable_chunked_prefill=False" in patched
+    assert b"captured_states_list[0]" not in patched
+    worker = site_file(fresh_env017, GEN.replace("vllm_hidden_states_generator", "custom_worker")).read_text()
+    assert "self.embed_input_ids(input_ids)" in worker and "get_input_embeddings" not in worker
+    import ast
+    ast.parse(patched.decode()), ast.parse(worker)
     # checked against the host after patching: no finding of the fixed kinds is left
     assert [f for f in findings(sess) if f["kind"] in FIXED_KINDS] == []
     # the old bytecode can never run: the cached pyc is a hash-checked one of the new source

@@ -16,12 +16,15 @@ from .signatures import Signature, Unknown, bind, dotted
 class Val:
     """What an expression in the caller evaluates to, as far as we follow it."""
 
-    __slots__ = ("ent", "symbol", "instance")
+    __slots__ = ("ent", "symbol", "instance", "path")
 
-    def __init__(self, ent, symbol, instance=False):
+    def __init__(self, ent, symbol, instance=False, path=()):
         self.ent = ent
         self.symbol = symbol
         self.instance = instance   # an instance of class ``ent``
+        # how the caller reached it, replayable in another version of the library (drift):
+        # ("mod", name) | ("from", module, name), then ("attr", name) / ("new",) steps
+        self.path = path
 
 
 class Analysis:
@@ -41,17 +44,40 @@ class Analysis:
         self.seen = set()
         self.calls_checked = 0
         self.checked = []
+        self.touches = None     # a list when drift is wanted: what the caller uses (agent/drift.py)
+        self.parents = {}
 
     # ------------------------------------------------------------------ records
     def _segment(self, node):
         try:
-            seg = ast.get_source_segment(self.text, node) or ""
+            seg = self._source_segment(node)
         except Exception:  # odd positions: fall back to the unparsed call
             seg = ""
         if not seg:
             seg = ast.unparse(node)
         seg = " ".join(seg.split())
         return seg if len(seg) <= 160 else seg[:157] + "..."
+
+    def _source_segment(self, node):
+        """ast.get_source_segment without re-splitting the module's text on every call."""
+        lines = self.__dict__.get("_lines")
+        if lines is None:
+            lines = self._lines = self.text.splitlines(keepends=True) if isinstance(self.text, str) else None
+        if lines is None or getattr(node, "end_lineno", None) is None:
+            return ast.get_source_segment(self.text, node) or ""
+        first, last = node.lineno - 1, node.end_lineno - 1
+        if first == last:
+            return lines[first].encode()[node.col_offset:node.end_col_offset].decode()
+        parts = [lines[first].encode()[node.col_offset:].decode()] + lines[first + 1:last] + \
+            [lines[last].encode()[:node.end_col_offset].decode()]
+        return "".join(parts)
+
+    def _exact(self, node):
+        """The node's exact source text (for text edits that must match the file), or None."""
+        try:
+            return self._source_segment(node) or None
+        except Exception:  # odd positions: no exact text, drafts get a placeholder instead
+            return None
 
     def add(self, node, symbol, kind, name, message, suggestion, sig=None, fix=None):
         key = (node.lineno, getattr(node, "col_offset", 0), symbol, kind, name)
@@ -62,6 +88,7 @@ class Analysis:
             "path": self.path, "line": node.lineno, "col": getattr(node, "col_offset", 0),
             "module": self.modname, "symbol": symbol, "kind": kind, "name": name,
             "message": message, "suggestion": suggestion, "call": self._segment(node),
+            "source": self._exact(node),
             "signature": sig.render() if isinstance(sig, Signature) else None,
             "signature_mode": sig.mode if isinstance(sig, Signature) else None,
             "signature_origin": sig.origin if isinstance(sig, Signature) else None,
@@ -85,6 +112,10 @@ class Analysis:
                                  "reason": "cannot parse: %s" % (getattr(exc, "msg", None) or exc)})
             return self
         self.tree = tree
+        if self.touches is not None:
+            for parent in ast.walk(tree):
+                for child in ast.iter_child_nodes(parent):
+                    self.parents[child] = parent
         for st in tree.body:
             if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name):
                 n = st.targets[0].id
@@ -95,6 +126,9 @@ class Analysis:
             return self
         self._collect_class_attrs(tree)
         self._walk_scope(tree.body, {}, None)
+        if self.touches is not None:
+            from . import drift
+            drift.collect_bound(self, tree)
         return self
 
     def _is_lib(self, modname):
@@ -113,10 +147,10 @@ class Analysis:
                     if e.kind == "unknown":
                         self.add_unknown(node, a.name, e.reason)
                     if a.asname:
-                        self.env[a.asname] = Val(e, a.name)
+                        self.env[a.asname] = Val(e, a.name, path=(("mod", a.name),))
                     else:
                         top = a.name.split(".")[0]
-                        self.env[top] = Val(self.r.module(top), top)
+                        self.env[top] = Val(self.r.module(top), top, path=(("mod", top),))
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and self._is_lib(node.module):
                 m = self.r.module(node.module)
                 if m.kind == "missing":
@@ -133,7 +167,7 @@ class Analysis:
                         continue
                     if e.kind == "unknown":
                         self.add_unknown(node, sym, e.reason)
-                    self.env[a.asname or a.name] = Val(e, sym)
+                    self.env[a.asname or a.name] = Val(e, sym, path=(("from", node.module, a.name),))
 
     def _missing_module(self, node, modname):
         parent, _, last = modname.rpartition(".")
@@ -252,11 +286,12 @@ class Analysis:
             if base is None or base.ent.kind in ("missing", "unknown") or \
                     (base.ent.kind == "value" and not base.instance):
                 return None
-            return Val(self._member(base, expr.attr), base.symbol + "." + expr.attr)
+            return Val(self._member(base, expr.attr), base.symbol + "." + expr.attr,
+                       path=base.path + (("attr", expr.attr),))
         if isinstance(expr, ast.Call):
             callee = self._eval(expr.func, local, cls_ctx)
             if callee is not None and not callee.instance and callee.ent.kind == "class":
-                return Val(callee.ent, callee.symbol, instance=True)
+                return Val(callee.ent, callee.symbol, instance=True, path=callee.path + (("new",),))
             return None
         return None
 
@@ -384,11 +419,15 @@ class Analysis:
     def _check_call_inner(self, node, local, cls_ctx):
         callee = self._eval(node.func, local, cls_ctx)
         if callee is None:
+            if self.only is None:
+                self._skipped_shape(node, local, cls_ctx)
             return
         if self.only is not None and callee.symbol not in self.only:
             return          # a narrowed re-check (patch verification): other callees are not asked for
         if callee.instance:
-            return          # calling an instance: __call__ is not followed
+            self.add_unknown(node, callee.symbol, "calls an instance of %s: its __call__ is not followed"
+                             % callee.symbol)
+            return
         e = callee.ent
         symbol = callee.symbol
         if e.kind == "missing":
@@ -409,6 +448,9 @@ class Analysis:
         self.checked.append({"line": node.lineno, "symbol": symbol,
                              "signature": sig.render() if isinstance(sig, Signature) else None,
                              "mode": sig.mode if isinstance(sig, Signature) else None})
+        if self.touches is not None:
+            from . import drift
+            drift.record_call(self, node, callee, e, sig)
         if isinstance(sig, Unknown):
             self.add_unknown(node, symbol, sig.reason)
             return
@@ -420,6 +462,26 @@ class Analysis:
             sugg, fix = self._suggest(kind, name, sig, node, npos)
             self.add(node, symbol, kind, name, "%s() %s" % (symbol.rsplit(".", 1)[-1], message),
                      sugg, sig=sig, fix=fix)
+
+    def _skipped_shape(self, node, local, cls_ctx):
+        """A method call on something of the library that the analysis does not follow: an
+        unknown with the reason (never silence)."""
+        f = node.func
+        if not isinstance(f, ast.Attribute):
+            return
+        if isinstance(f.value, ast.Call):
+            inner = self._eval(f.value.func, local, cls_ctx)
+            if inner is not None and not inner.instance and inner.ent.kind == "function":
+                self.add_unknown(node, inner.symbol + "()." + f.attr,
+                                 "method %r called on the result of %s(): what it returns is not followed"
+                                 % (f.attr, inner.symbol))
+            return
+        base = self._eval(f.value, local, cls_ctx)
+        if base is not None and base.ent.kind == "value" and not base.instance and \
+                not getattr(base.ent, "special", None):
+            self.add_unknown(node, base.symbol + "." + f.attr,
+                             "method %r of the library's module-level object %s: its class is not followed"
+                             % (f.attr, base.symbol))
 
     def _suggest(self, kind, name, sig, node, npos):
         params = [p.name for p in sig.params]

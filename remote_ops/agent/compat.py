@@ -13,6 +13,9 @@
     only_symbols: [str, ...]    check only calls to these callees (dotted, as imported); the
                                 patch's verification asks just for what its edits fix
     trace: bool                 also return every checked call with the signature used
+    drift: bool                 also return "touches" (what the package uses of the library, with
+                                the installed facts; agent/drift.py) and "declared" (the package's
+                                own requirement on each library, from its installed metadata)
     Returns {"mode", "python", "versions", "targets": [{module, path}], "findings": [...],
     "unknown": [...], "calls_checked", "elapsed_s"[, "trace"]}. A finding carries path, line,
     col, module, symbol (dotted callee as imported), kind, name, message, suggestion, call (the
@@ -147,7 +150,7 @@ def op_check(args):
                 top, ", ".join(elsewhere[:5]))
         else:
             note += " (no module of %s imports it at all)" % top
-    findings, unknown, checked, trace = [], [], 0, []
+    findings, unknown, checked, trace, touches = [], [], 0, [], []
     for mod, path in targets:
         text = overrides.get(mod)
         if text is None:
@@ -158,6 +161,8 @@ def op_check(args):
                                 "reason": "cannot read: %s" % exc})
                 continue
         a = callsites.Analysis(resolver, mod, path, text, against, suggester=static)
+        if args.get("drift"):
+            a.touches = []
         if args.get("only_symbols"):
             a.only = set(args["only_symbols"])
         try:
@@ -171,18 +176,83 @@ def op_check(args):
                                   type(exc).__name__, str(exc)[:120])})
         findings += a.findings
         unknown += a.unknown
+        if a.touches:
+            touches += a.touches
         checked += a.calls_checked
         if args.get("trace"):
             trace += [dict(c, module=mod) for c in a.checked]
     findings.sort(key=lambda f: (f["path"], f["line"], f["col"], f["kind"], f["name"] or ""))
     pkgs = sorted(set(against) | {t.split(".")[0] for t, _ in targets})
+    extra = {}
+    if args.get("drift"):
+        package = (args.get("package") or DEFAULT_PACKAGE) if not args.get("targets") else \
+            (targets[0][0] if targets else "")
+        _mark_own_methods(static, package.split(".")[0], touches, overrides)
+        extra = {"touches": touches,
+                 "declared": declared_requirements(package.split(".")[0], against, sys_path)}
     return {"mode": getattr(resolver, "mode", "static"), "python": sys.executable,
             "versions": versions(pkgs, sys_path),
             "targets": [{"module": m, "path": p} for m, p in targets],
             "findings": findings, "unknown": unknown, "calls_checked": checked,
             "elapsed_s": round(time.perf_counter() - t0, 4),
             **({"note": note} if note else {}),
-            **({"trace": trace} if args.get("trace") else {})}
+            **({"trace": trace} if args.get("trace") else {}), **extra}
+
+
+def _mark_own_methods(static, top, touches, overrides):
+    """Dispatcher names that the package defines itself (a worker extension's method, say)."""
+    wanted = {t["dispatch"] for t in touches if t.get("dispatch")}
+    if not wanted or not top:
+        return
+    own = set()
+    texts = list(overrides.values())
+    try:
+        mods = _package_modules(static, top)
+    except AgentFailure:
+        mods = []
+    for mod, path in mods:
+        if mod in overrides:
+            continue
+        try:
+            texts.append(_read(path))
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue
+    for text in texts:
+        for name in wanted:
+            if ("def " + name + "(") in text:
+                own.add(name)
+    for t in touches:
+        if t.get("dispatch"):
+            t["package_defines"] = t["dispatch"] in own
+
+
+def declared_requirements(package, libs, sys_path):
+    """{lib: {"spec": "==0.11.0", "version": "0.11.0" or None, "extra": ...}} from the installed
+    package's metadata (Requires-Dist), read without importing anything."""
+    import importlib.metadata as md
+    import re
+    out = {}
+    try:
+        dists = [d for d in md.distributions(path=list(sys_path))
+                 if _norm(d.metadata.get("Name") or "") == _norm(package)]
+    except Exception as exc:  # a broken dist-info: say so, drift runs without a baseline
+        return {"_error": "%s: %s" % (type(exc).__name__, exc)}
+    if not dists:
+        return {}
+    for req in dists[0].requires or []:
+        m = re.match(r"\s*([A-Za-z0-9_.\-]+)\s*(\[[^\]]*\])?\s*\(?([^;)]*)\)?\s*(?:;(.*))?$", req)
+        if not m:
+            continue
+        name = _norm(m.group(1))
+        for lib in libs:
+            if _norm(lib) == name and lib not in out:
+                spec = m.group(3).strip()
+                pin = re.fullmatch(r"===?\s*([0-9][A-Za-z0-9.+!\-]*)", spec)
+                extra = re.search(r"extra\s*==\s*['\"]([^'\"]+)", m.group(4) or "")
+                out[lib] = {"spec": spec, "version": pin.group(1) if pin else None,
+                            "extra": extra.group(1) if extra else None,
+                            "package": "%s %s" % (package, dists[0].version)}
+    return out
 
 
 def _split_symbol(sym):
@@ -219,6 +289,9 @@ def op_inspect(args):
             else:
                 rec.update(sig.to_json())
                 rec["object"] = e.kind
+                if e.kind == "function" and getattr(e, "node", None) is not None:
+                    from .signatures import _ann
+                    rec["returns"] = _ann(e.node.returns)
         else:
             rec["reason"] = "not a function or class"
         rec["mode"] = getattr(resolver, "mode", "static")

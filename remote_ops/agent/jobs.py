@@ -201,7 +201,7 @@ def job_status(job_id):
         "ended_at": (ext or {}).get("ended_at"), "pid": run.get("pid"), "pgid": run.get("pgid"),
         "supervisor_pid": run.get("supervisor_pid"), "supervisor_alive": held,
         "exit_code": None, "signal": None, "signal_name": None, "reason": None, "error_lines": [],
-        "stop_requested": bool(stop), "watchdog": None, "warnings": [],
+        "stop_requested": bool(stop), "watchdog": None, "warnings": [], "label": job.get("label"),
     }
     if ext is not None:
         out.update(exit_code=ext.get("exit_code"), signal=ext.get("signal"),
@@ -264,6 +264,29 @@ def job_status(job_id):
     return out
 
 
+STANDIN_MARK = "# remote-ops: STAND-IN"
+
+
+def standin_label(command, workdir):
+    """"STAND-IN ..." when a script on the command line carries the stand-in marker comment in its
+    first lines (the sandbox's extract_standin.py does), else None: such a job is labelled STAND-IN
+    in status and extract, whatever host runs it."""
+    for arg in command[1:4]:
+        if not arg.endswith(".py"):
+            continue
+        path = os.path.join(workdir, os.path.expanduser(arg))
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(1024).decode("utf-8", "replace")
+        except OSError:
+            continue
+        for line in head.splitlines()[:5]:
+            if line.startswith(STANDIN_MARK):
+                rest = line[len(STANDIN_MARK):].strip(" :")
+                return "STAND-IN: " + rest if rest else "STAND-IN"
+    return None
+
+
 def _resolve(args):
     if args.get("job_id"):
         return args["job_id"]
@@ -278,6 +301,18 @@ def _resolve(args):
 
 def op_status(args):
     return job_status(_resolve(args))
+
+
+def running_job(key):
+    """The id of the playbook's job while it is starting or running, else None."""
+    job_id = _current_id(key)
+    if not job_id:
+        return None
+    try:
+        st = job_status(job_id)
+    except AgentFailure:
+        return None
+    return job_id if st["state"] in ("starting", "running") else None
 
 
 def op_probe(args):
@@ -372,6 +407,7 @@ def op_launch(args):
             "watchdog_seconds": args.get("watchdog_seconds"),
             "cleanup_grace": args.get("cleanup_grace", 10), "created_at": time.time(),
             "launcher_pid": os.getpid(), "playbook": args.get("playbook"),
+            "label": standin_label(command, workdir),
         })
         if secret_values:
             fd = os.open(os.path.join(jobdir, "secrets.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

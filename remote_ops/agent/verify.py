@@ -1,8 +1,12 @@
 """Checks extraction outputs on the host with the host's own torch (imported lazily, inside the op).
 
 Finds: fewer ``data_<N>.pt`` files than expected, gaps in the numbering, files that do not load
-(truncated by a crash), keys / shapes / dtypes that differ from the first good sample, and NaN or
-inf in hidden states. By default it loads a sample of files (first, last, around every gap and a
+(truncated by a crash), keys / shapes / dtypes that differ from the first good sample, NaN or inf in
+hidden states, and breaks of speculators' layout (what its training's ``Eagle3SampleFileDataset``
+reads): input_ids a 1-D integer tensor, hidden_states a list of L 2-D float tensors of one
+[seq_len, hidden] shape with seq_len == len(input_ids), loss_mask of length seq_len; L and hidden
+the same in every file and equal to ``data_config.json``'s (hidden_states.layer_ids /
+format.schema.hidden_states.num_tensors, model.hidden_size) when it is there. By default it loads a sample of files (first, last, around every gap and a
 seeded random pick); ``all: true`` loads every file. Streams progress events while loading.
 """
 
@@ -14,6 +18,7 @@ import time
 from .protocol import AgentFailure
 
 SAMPLE_RE = re.compile(r"^data_(\d+)\.pt$")
+TEMP_RE = re.compile(r"^\.data_\d+\.pt\..*tmp$")   # extract_hidden_states.py's unfinished writes
 MAX_LISTED = 50
 
 
@@ -45,7 +50,8 @@ def _describe(torch, obj):
 
 
 def _check_sample(torch, obj, check_finite):
-    """Problems inside one sample (speculators' layout), as short strings."""
+    """Problems inside one sample of speculators' layout (input_ids [seq] integer, hidden_states a
+    list of [seq, hidden] float tensors, loss_mask [seq]), as short strings."""
     problems = []
     for key in ("input_ids", "hidden_states", "loss_mask"):
         if key not in obj:
@@ -53,25 +59,85 @@ def _check_sample(torch, obj, check_finite):
     ids = obj.get("input_ids")
     hs = obj.get("hidden_states")
     mask = obj.get("loss_mask")
-    n = ids.shape[0] if torch.is_tensor(ids) and ids.dim() else None
-    if torch.is_tensor(ids) and ids.is_floating_point():
-        problems.append("input_ids has float dtype %s" % ids.dtype)
-    if torch.is_tensor(mask) and n is not None and mask.shape[0] != n:
-        problems.append("loss_mask length %d != input_ids length %d" % (mask.shape[0], n))
+    n = None
+    if ids is not None:
+        if not torch.is_tensor(ids):
+            problems.append("input_ids is a %s, not a tensor" % type(ids).__name__)
+        elif ids.dim() != 1:
+            problems.append("input_ids has shape %s, not [seq_len]" % list(ids.shape))
+        elif ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            problems.append("input_ids has dtype %s, not an integer type" % ids.dtype)
+        else:
+            n = ids.shape[0]
+    if mask is not None:
+        if not torch.is_tensor(mask):
+            problems.append("loss_mask is a %s, not a tensor" % type(mask).__name__)
+        elif mask.dim() != 1:
+            problems.append("loss_mask has shape %s, not [seq_len]" % list(mask.shape))
+        elif n is not None and mask.shape[0] != n:
+            problems.append("loss_mask length %d != input_ids length %d" % (mask.shape[0], n))
     if hs is not None:
         if not isinstance(hs, (list, tuple)) or not hs:
             problems.append("hidden_states is not a non-empty list of tensors")
         else:
+            first = None
             for i, t in enumerate(hs):
                 if not torch.is_tensor(t):
                     problems.append("hidden_states[%d] is not a tensor" % i)
                     continue
-                if n is not None and t.dim() and t.shape[0] != n:
+                if t.dim() != 2:
+                    problems.append("hidden_states[%d] has shape %s, not [seq_len, hidden]" % (i, list(t.shape)))
+                    continue
+                if not t.is_floating_point():
+                    problems.append("hidden_states[%d] has dtype %s, not a float type" % (i, t.dtype))
+                if n is not None and t.shape[0] != n:
                     problems.append("hidden_states[%d] has %d rows for %d tokens" % (i, t.shape[0], n))
+                if first is None:
+                    first = tuple(t.shape)
+                elif tuple(t.shape) != first:
+                    problems.append("hidden_states[%d] has shape %s, hidden_states[0] %s"
+                                    % (i, list(t.shape), list(first)))
                 if check_finite and t.is_floating_point() and not bool(torch.isfinite(t).all()):
                     bad = int((~torch.isfinite(t)).sum())
                     problems.append("hidden_states[%d] has %d NaN/inf values" % (i, bad))
     return problems
+
+
+def _layout(torch, obj):
+    """(layers, hidden) of a sample whose hidden_states are a list of 2-D tensors, else None."""
+    hs = obj.get("hidden_states") if isinstance(obj, dict) else None
+    if isinstance(hs, (list, tuple)) and hs and torch.is_tensor(hs[0]) and hs[0].dim() == 2:
+        return len(hs), int(hs[0].shape[1])
+    return None
+
+
+def read_data_config(out_dir):
+    """What data_config.json (speculators' DataGenerationConfig) says about the layout:
+    {"layers", "hidden", "layer_ids", "num_samples"} (None where it does not say), or an error."""
+    import json
+    path = os.path.join(out_dir, "data_config.json")
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError) as exc:
+        return {"error": "data_config.json does not parse: %s" % exc}
+    if not isinstance(doc, dict):
+        return {"error": "data_config.json is not a JSON object"}
+
+    def get(*keys):
+        v = doc
+        for k in keys:
+            v = v.get(k) if isinstance(v, dict) else None
+        return v
+    layer_ids = get("hidden_states", "layer_ids")
+    layers = get("format", "schema", "hidden_states", "num_tensors")
+    if layers is None and isinstance(layer_ids, list):
+        layers = len(layer_ids)
+    hidden = get("model", "hidden_size")
+    return {"path": path, "version": doc.get("version"), "layers": layers, "hidden": hidden,
+            "layer_ids": layer_ids, "num_samples": get("data", "num_samples")}
 
 
 def _load(torch, path):
@@ -101,8 +167,11 @@ def op_verify(args):
 
     indexes = {}
     empty = []
+    temporaries = []
     with os.scandir(out_dir) as it:
         for entry in it:
+            if TEMP_RE.match(entry.name):
+                temporaries.append(entry.name)
             m = SAMPLE_RE.match(entry.name)
             if m:
                 indexes[int(m.group(1))] = entry.name
@@ -132,6 +201,15 @@ def op_verify(args):
     bad_load, inconsistent, bad_values = [], [], []
     reference = None
     ref_index = None
+    config = read_data_config(out_dir)
+    config_problems = []
+    if config and config.get("error"):
+        config_problems.append(config["error"])
+    elif config and isinstance(config.get("layer_ids"), list) and isinstance(config.get("layers"), int) \
+            and len(config["layer_ids"]) != config["layers"]:
+        config_problems.append("data_config.json lists %d layer_ids but %d hidden-state tensors"
+                               % (len(config["layer_ids"]), config["layers"]))
+    layout_seen = set()
     last_event = time.time()
     for n_done, i in enumerate(chosen, 1):
         obj, err = _load(torch, os.path.join(out_dir, indexes[i]))
@@ -150,11 +228,19 @@ def op_verify(args):
                                          % (ref_index, ", ".join(map(str, diff)))})
                 for p in _check_sample(torch, obj, check_finite):
                     (bad_values if "NaN" in p else inconsistent).append({"index": i, "problem": p})
+                lay = _layout(torch, obj)
+                if lay and config and not config.get("error"):
+                    if isinstance(config.get("layers"), int) and lay[0] != config["layers"] \
+                            or isinstance(config.get("hidden"), int) and lay[1] != config["hidden"]:
+                        inconsistent.append({"index": i, "problem": "%d layers of hidden size %d; data_config.json "
+                                             "says %s of %s" % (lay[0], lay[1], config.get("layers"),
+                                                                config.get("hidden"))})
+                if lay:
+                    layout_seen.add(lay)
         if time.time() - last_event > 2:
             last_event = time.time()
             yield {"type": "progress", "checked": n_done, "of": len(chosen)}
-    config = os.path.exists(os.path.join(out_dir, "data_config.json"))
-    ok = not (gaps or short or bad_load or inconsistent or bad_values)
+    ok = not (gaps or short or bad_load or inconsistent or bad_values or config_problems)
     return {
         "ok": ok, "output_dir": out_dir, "files": len(indexes), "expected": expected,
         "max_index": top, "gaps": gaps[:MAX_LISTED], "gap_count": len(gaps),
@@ -163,7 +249,9 @@ def op_verify(args):
         "unloadable": bad_load[:MAX_LISTED], "unloadable_count": len(bad_load),
         "inconsistent": inconsistent[:MAX_LISTED], "inconsistent_count": len(inconsistent),
         "non_finite": bad_values[:MAX_LISTED], "non_finite_count": len(bad_values),
-        "data_config": config, "reference": {"index": ref_index, "layout": _jsonable(reference)},
+        "data_config": config is not None, "config": config, "config_problems": config_problems,
+        "layers_hidden": sorted(layout_seen), "temporaries": sorted(temporaries)[:MAX_LISTED],
+        "reference": {"index": ref_index, "layout": _jsonable(reference)},
         "torch": getattr(torch, "__version__", None),
     }
 

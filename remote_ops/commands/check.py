@@ -1,7 +1,11 @@
-"""remote-ops check: which calls of the host's speculators cannot bind to its installed vLLM."""
+"""remote-ops check: which calls of the host's speculators cannot bind to its installed vLLM, and
+where the library's behaviour drifted from the version the package was written for."""
+
+from remote_ops.check import DEFAULT_AGAINST
 
 NAME = "check"
-HELP = "report every call/import of the library that cannot bind on the host (static, or --runtime)"
+HELP = ("report every call/import of the library that cannot bind on the host (static, or --runtime), "
+        "and drift from the baseline version")
 
 
 def add_arguments(p):
@@ -11,7 +15,13 @@ def add_arguments(p):
                    help="import the library on the host and use inspect.signature (default: parse its sources)")
     p.add_argument("--target", action="append", dest="targets", metavar="MODULE",
                    help="caller module to analyse (repeatable; default: modules of --package importing the library)")
-    p.add_argument("--against", action="append", metavar="PKG", help="library package (repeatable; default vllm)")
+    p.add_argument("--against", action="append", metavar="PKG",
+                   help="library package (repeatable; default: %s)" % ", ".join(DEFAULT_AGAINST))
+    p.add_argument("--baseline", metavar="VERSION|PATH",
+                   help="library version (fetched from PyPI, sources only) or directory of sources that the "
+                        "package was written for (default: the version the package pins in its metadata)")
+    p.add_argument("--no-drift", action="store_true", help="binding check only (no baseline comparison)")
+    p.add_argument("--strict", action="store_true", help="exit 1 on drift too (default: drift is shown, exit 0)")
     p.add_argument("--emit-playbook", metavar="FILE",
                    help="write a draft playbook with mechanical fixes for the findings (placeholders where a "
                         "person must decide; the loader refuses it until they are filled in)")
@@ -34,6 +44,8 @@ def run(args, ctx) -> int:
         req.against = list(args.against)
     if args.package:
         req.package = args.package
+    req.baseline = args.baseline
+    req.drift = not args.no_drift
     hosts = ctx.hosts(args.host)
     found: list = []
 
@@ -43,8 +55,10 @@ def run(args, ctx) -> int:
         return res
 
     status = ctx.fleet(hosts, one, lambda c, name, v: check_mod.render(c, v, ctx.verbose),
-                       summary=lambda v: f"{len(v['findings'])} finding(s), {len(v.get('unknown') or [])} unknown",
-                       exit_for=lambda v: int(Exit.FINDINGS) if v["findings"] else int(Exit.OK))
+                       summary=lambda v: (f"{len(v['findings'])} finding(s), {len(v.get('drift') or [])} drift, "
+                                          f"{len(v.get('unknown') or [])} unknown"),
+                       exit_for=lambda v: int(Exit.FINDINGS) if v["findings"] or (args.strict and v.get("drift"))
+                       else int(Exit.OK))
     if args.emit_playbook and found:
         _emit_playbook(args.emit_playbook, req, [v for _, v in sorted(found, key=lambda x: x[0])], ctx)
     return status
@@ -60,7 +74,7 @@ def _emit_playbook(path, req, values, ctx) -> None:
     for value in values:
         for pkg, ver in (value.get("versions") or {}).items():
             versions.setdefault(pkg, set()).add(ver)
-        for f in value["findings"]:
+        for f in list(value["findings"]) + list(value.get("drift") or []):
             key = (f.get("module"), f.get("line"), f.get("symbol"), f.get("kind"), f.get("name"))
             if key not in seen:
                 seen.add(key)

@@ -10,6 +10,8 @@ def add_arguments(p):
     p.add_argument("--playbook", "-p", metavar="P", help="playbook file or name (default: the host's)")
     p.add_argument("--tail", action="store_true", help="follow the log until the job ends (Ctrl-C detaches)")
     p.add_argument("--skip-check", action="store_true", help="do not run the call-site check in preflight")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse the job when the checked calls drifted from the package's baseline version")
     p.add_argument("--dry-run", action="store_true", help="preflight only: show what would start")
 
 
@@ -17,7 +19,7 @@ def run(args, ctx) -> int:
     import sys
 
     from remote_ops import jobs
-    from remote_ops.errors import Exit, RefusedError
+    from remote_ops.errors import Exit
     from remote_ops.tail import follow_job
 
     hosts = ctx.hosts(args.host)
@@ -27,13 +29,13 @@ def run(args, ctx) -> int:
     pb, spec = jobs.load_for_host(host, args.playbook)
     jobs.resolve_secrets(spec)          # a missing secret is refused before touching the host
     session = ctx.session(host)
-    pf = jobs.preflight(session, spec, pb, skip_check=args.skip_check)
+    pf = jobs.preflight(session, spec, pb, skip_check=args.skip_check, dry_run=args.dry_run,
+                       strict_drift=args.strict)
     attached = False
     if pf.running:
         job, attached = pf.running, True
     elif pf.problems:
-        err = RefusedError(f"preflight refused to start {spec.key}: {pf.problems[-1]}",
-                           f"{len(pf.problems)} problem(s) listed above", host=host.name)
+        err = jobs.refusal(spec, pf, host.name)
         if ctx.json:   # one JSON document: the refusal and every problem
             ctx.emit({"host": host.name, "started": False, "error": err.to_json(),
                       "preflight": pf.to_json()})
@@ -58,6 +60,8 @@ def run(args, ctx) -> int:
             verb = "already running, not started again" if attached else "started"
             c.print(f"{host.name}: job {job['job_id']} {verb} (pid {job.get('pid')}, state {job['state']})",
                     markup=False)
+            if job.get("label"):
+                c.print(f"  {job['label']}", markup=False)
             for n in pf.notes:
                 c.print(f"  note: {n}", markup=False)
             c.print(f"  log: {job.get('log')}", markup=False)
@@ -75,6 +79,8 @@ def run(args, ctx) -> int:
         what = "attached to running job" if attached else "started job"
         ctx.err.print(f"{host.name}: {what} {job['job_id']} (pid {job.get('pid')}); "
                       "Ctrl-C detaches, the job keeps running", markup=False, highlight=False)
+        if job.get("label"):
+            ctx.err.print(f"  {job['label']}", markup=False, highlight=False)
     if attached and job.get("log_size", 0) > 8192:
         r = session.call("jobs.logs", {"job_id": job["job_id"], "lines": 20})
         sys.stdout.write(r["text"].replace("\r", "\n") if not ctx.json else "")
@@ -107,7 +113,7 @@ def _fleet(args, ctx, hosts) -> int:
     """extract on several hosts at once: preflight and launch (or attach) in parallel, a per-host
     table; following several logs at once is left to `status GROUP` / one `extract HOST --tail`."""
     from remote_ops import jobs
-    from remote_ops.errors import RefusedError, UsageError
+    from remote_ops.errors import UsageError
 
     if args.tail:
         raise UsageError(f"--tail follows one host; {args.host!r} names {len(hosts)}",
@@ -119,12 +125,12 @@ def _fleet(args, ctx, hosts) -> int:
 
     def fn(host, session):
         pb, spec = specs[host.name]
-        pf = jobs.preflight(session, spec, pb, skip_check=args.skip_check)
+        pf = jobs.preflight(session, spec, pb, skip_check=args.skip_check, dry_run=args.dry_run,
+                           strict_drift=args.strict)
         if pf.running:
             return {"host": host.name, "attached": True, "job": pf.running, "preflight": pf.to_json()}
         if pf.problems:
-            raise RefusedError(f"preflight refused to start {spec.key}: " + "; ".join(pf.problems),
-                               host=host.name)
+            raise jobs.refusal(spec, pf, host.name, all_problems=True)
         if args.dry_run:
             return {"host": host.name, "started": False, "dry_run": True, "spec": spec.to_json(),
                     "preflight": pf.to_json()}

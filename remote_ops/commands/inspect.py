@@ -10,6 +10,9 @@ def add_arguments(p):
                    help="module:qualname, e.g. vllm.v1.request:Request or vllm.v1.core.sched.scheduler:Scheduler.add_request")
     p.add_argument("--runtime", action="store_true",
                    help="import the module on the host and use inspect.signature (default: parse the sources)")
+    p.add_argument("--baseline", metavar="VERSION|PATH",
+                   help="also show each symbol in this library version (fetched from PyPI, sources only) or "
+                        "source directory, and what changed since (parameters, defaults, return annotation)")
 
 
 def run(args, ctx) -> int:
@@ -26,7 +29,11 @@ def run(args, ctx) -> int:
 
     def one(host, sess):
         raw = sess.call("compat.inspect", op_args)
-        return dict(raw, host=host.name)
+        out = dict(raw, host=host.name)
+        if args.baseline:
+            from remote_ops import drift
+            out["baselines"] = drift.inspect_diff(out, args.baseline)
+        return out
 
     def exit_for(v) -> int:
         bad = any(s["kind"] in ("missing", "unknown") for s in v["symbols"])

@@ -36,6 +36,8 @@ def render(c, host, st) -> None:
     from remote_ops import jobs
     color = {"running": "cyan", "starting": "cyan", "succeeded": "green"}.get(st["state"], "red")
     c.print(Text(f"{host}: " + jobs.summary_line(st), style=color))
+    if st.get("label"):
+        c.print(Text(f"  {st['label']}", style="yellow"))
     if st.get("pid"):
         c.print(f"  pid {st['pid']} (process group {st.get('pgid')}), supervisor "
                 f"{'alive' if st.get('supervisor_alive') else 'gone'}", markup=False)

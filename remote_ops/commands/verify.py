@@ -86,7 +86,17 @@ def render(c, host, r) -> None:
         c.print(f"  inconsistent: data_{i['index']}.pt {i['problem']}", markup=False, highlight=False)
     for n in r["non_finite"]:
         c.print(f"  NaN/inf: data_{n['index']}.pt {n['problem']}", markup=False, highlight=False)
+    for p in r.get("config_problems") or []:
+        c.print(f"  data_config.json: {p}", markup=False, highlight=False)
+    if r.get("temporaries"):
+        c.print(f"  note: {len(r['temporaries'])} unfinished temporary file(s) such as {r['temporaries'][0]} "
+                "(a run stopped while writing; the next run removes them)", markup=False, highlight=False)
     if not r.get("data_config"):
         c.print("  note: no data_config.json", markup=False)
+    elif r.get("layers_hidden"):
+        cfg = r.get("config") or {}
+        shapes = ", ".join(f"{lay} layers x {hid}" for lay, hid in r["layers_hidden"])
+        c.print(f"  layout: {shapes} (data_config.json: {cfg.get('layers')} layers x {cfg.get('hidden')})",
+                markup=False)
     if r["ok"]:
         c.print(Text("  outputs look complete and consistent", style="green"))

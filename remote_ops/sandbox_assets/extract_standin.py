@@ -1,48 +1,83 @@
 #!/usr/bin/env python3
-"""A realistic stand-in for speculators' offline hidden-state generation (runs on the host).
+# remote-ops: STAND-IN torch-CPU stand-in for extract_hidden_states.py: no vLLM, no speculators, no GPU
+"""STAND-IN for playbooks/scripts/extract_hidden_states.py: the sandbox's extraction job (runs on the host).
 
-Same arguments and outputs as the real script, with a tiny seeded model instead of vLLM:
-one ``data_<N>.pt`` per sample (``{"input_ids", "hidden_states": [one tensor per captured layer],
-"loss_mask"}``), a ``data_config.json``, tqdm bars "Generating hidden states" (per batch) and
-"Saving files", and resume after the highest existing index. Fault flags make it slow, crash,
-hang, or leave stubborn workers behind, for the tests and the sandbox demo.
+What it runs: the shipped script itself (found next to this file, in the working directory, where
+``remote-ops extract`` uploads it, or in the repository's playbooks/scripts/; or at
+$REMOTE_OPS_EXTRACT_SCRIPT), imported and driven through its own ``main`` - its arguments,
+dataset reading and validation, truncation to max_model_len - 1, batching, resume, atomic writes,
+tqdm bar, ``data_config.json`` and ``data_<N>.pt`` layout - with ONE part replaced: instead of
+speculators' ``VllmHiddenStatesGenerator`` it builds ``StandinGenerator``, a tiny seeded torch model
+on the CPU (embedding, then ``--num-layers`` layers of tanh(Linear(h) + causal running mean of h)),
+with the generator's constructor and ``generate(list[list[int]])``, the same default layer choice
+([2, n/2, n-3, n-1]) and bfloat16 outputs.
+
+What it does NOT do: it imports neither vLLM nor speculators and needs no GPU, so it cannot show
+any failure of the real path (the patched generator, vLLM's scheduler, KV cache, chunked prefill,
+prefix caching, tensor parallelism, CUDA, worker start methods, the model's tokenizer); its hidden
+states are not any real model's; ``text`` lines are tokenized as UTF-8 bytes, not with a real
+tokenizer; ``--tensor-parallel-size`` and ``--gpu-memory-utilization`` are only recorded. It prints
+a ``STAND-IN`` line first, and remote-ops labels its jobs STAND-IN (the marker comment above).
+
+Without ``--dataset`` it writes a seeded synthetic dataset (``--max-samples`` lines of ``--seq-len``
+token ids) to a temporary file. Fault flags make it slow, crash, hang, or leave stubborn workers
+behind, for the tests and the sandbox demo.
 """
 
-import argparse
+import importlib.util
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
+STANDIN_LINE = ("STAND-IN: torch-CPU stand-in generator driven by the shipped extract_hidden_states.py "
+                "(no vLLM, no speculators, no GPU; hidden states are not a real model's)")
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--target-model-path", default="tiny-standin")
-    p.add_argument("--output-dir", required=False)
-    p.add_argument("--max-samples", type=int, default=16)
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--seq-len", type=int, default=32)
-    p.add_argument("--layers", default="1,2,3", help="comma list of layer indexes to capture")
-    p.add_argument("--hidden-size", type=int, default=64)
-    p.add_argument("--vocab-size", type=int, default=1000)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sleep", type=float, default=0.0, help="seconds per batch")
-    p.add_argument("--crash-at", type=int, default=None, help="raise when reaching sample N")
-    p.add_argument("--hang-at", type=int, default=None, help="stop making progress at sample N")
-    p.add_argument("--spawn-workers", type=int, default=0, help="start K worker processes")
-    p.add_argument("--stubborn", action="store_true", help="workers ignore SIGTERM, own sessions")
-    p.add_argument("--clean-env", action="store_true",
+
+def find_script():
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = [os.environ.get("REMOTE_OPS_EXTRACT_SCRIPT") or "",
+                  os.path.join(here, "extract_hidden_states.py"),
+                  os.path.join(os.getcwd(), "extract_hidden_states.py"),
+                  os.path.join(here, "..", "..", "playbooks", "scripts", "extract_hidden_states.py")]
+    for path in candidates:
+        if path and os.path.isfile(path):
+            return os.path.realpath(path)
+    raise SystemExit("extract_standin: cannot find extract_hidden_states.py (looked in: %s); "
+                     "run `remote-ops extract` (it uploads it) or set REMOTE_OPS_EXTRACT_SCRIPT"
+                     % ", ".join(c for c in candidates if c))
+
+
+def load_script():
+    path = find_script()
+    spec = importlib.util.spec_from_file_location("extract_hidden_states", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def add_standin_arguments(p):
+    g = p.add_argument_group("stand-in only")
+    g.add_argument("--num-layers", type=int, default=8, help="layers of the stand-in model (default 8)")
+    g.add_argument("--hidden-size", type=int, default=64)
+    g.add_argument("--vocab-size", type=int, default=1000)
+    g.add_argument("--seq-len", type=int, default=32, help="tokens per synthetic sample (no --dataset)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--sleep", type=float, default=0.0, help="seconds per batch")
+    g.add_argument("--crash-at", type=int, default=None, help="raise when reaching sample N")
+    g.add_argument("--hang-at", type=int, default=None, help="stop making progress at sample N")
+    g.add_argument("--spawn-workers", type=int, default=0, help="start K worker processes")
+    g.add_argument("--stubborn", action="store_true", help="workers ignore SIGTERM, own sessions")
+    g.add_argument("--clean-env", action="store_true",
                    help="workers start with an empty environment (like a worker whose environ was "
                         "overwritten by setproctitle): only the process tree and GPU list find them")
-    p.add_argument("--require-env", action="append", default=[],
+    g.add_argument("--require-env", action="append", default=[],
                    help="fail unless this variable is set (prints only its length)")
-    p.add_argument("--ticks", action="store_true",
+    g.add_argument("--ticks", action="store_true",
                    help="print 'tick <unix time>' per batch (latency measurements)")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
 
 
 def worker_main(stubborn):
@@ -64,94 +99,134 @@ def spawn_workers(k, stubborn, clean_env=False):
     return procs
 
 
-def highest_index(output_dir):
-    top = -1
-    for name in os.listdir(output_dir):
-        m = re.match(r"^data_(\d+)\.pt$", name)
-        if m:
-            top = max(top, int(m.group(1)))
-    return top
+class StandinGenerator:
+    """STAND-IN for speculators' VllmHiddenStatesGenerator: same constructor and generate(), a tiny
+    seeded torch model on the CPU. ``indexes`` maps the n-th generated sample to its data_<N> index
+    (for --crash-at / --hang-at)."""
+
+    def __init__(self, model_path, layer_ids, max_model_len, gpu_memory_utilization, tensor_parallel_size,
+                 *, opts, indexes):
+        import torch
+        self.torch = torch
+        self.model_path = model_path
+        self.tensor_parallel_size = tensor_parallel_size
+        self.max_model_len = max_model_len
+        n = opts.num_layers
+        self.layer_ids = list(layer_ids) if layer_ids is not None else [2, n // 2, n - 3, n - 1]
+        for layer in self.layer_ids:
+            if layer < 0 or layer >= n:
+                raise ValueError("Layer index %d out of bounds [0, %d]" % (layer, n - 1))
+        self.opts, self.indexes, self.count = opts, indexes, 0
+        torch.manual_seed(opts.seed)
+        self.emb = torch.nn.Embedding(opts.vocab_size, opts.hidden_size)
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(opts.hidden_size, opts.hidden_size) for _ in range(n))
+        print("Loaded stand-in model for %s: %d layers, hidden size %d, capturing layers %s"
+              % (model_path, n, opts.hidden_size, self.layer_ids), flush=True)
+        self.workers = (spawn_workers(opts.spawn_workers, opts.stubborn, opts.clean_env)
+                        if opts.spawn_workers else [])
+
+    def _forward(self, ids):
+        torch = self.torch
+        h = self.emb(torch.as_tensor(ids, dtype=torch.long) % self.opts.vocab_size)
+        steps = torch.arange(1, h.shape[0] + 1, dtype=h.dtype).unsqueeze(1)
+        out = {}
+        for li, block in enumerate(self.blocks):
+            h = torch.tanh(block(h) + h.cumsum(0) / steps)   # causal: token t sees tokens <= t
+            if li in self.layer_ids:
+                out[li] = h
+        return [out[li].to(torch.bfloat16) for li in self.layer_ids]
+
+    def generate(self, token_ids):
+        torch = self.torch
+        if not token_ids:
+            raise ValueError("token_ids cannot be empty")
+        limit = self.max_model_len - 1
+        results = []
+        for ids in token_ids:
+            idx = self.indexes[self.count] if self.count < len(self.indexes) else None
+            self.count += 1
+            if self.opts.crash_at is not None and idx == self.opts.crash_at:
+                raise RuntimeError("simulated failure while generating sample %d "
+                                   "(CUDA error: an illegal memory access was encountered)" % idx)
+            if self.opts.hang_at is not None and idx == self.opts.hang_at:
+                while True:   # like a hung NCCL collective: alive, silent, no output
+                    time.sleep(1)
+            ids = list(ids)[:limit]
+            with torch.no_grad():
+                hs = self._forward(ids)
+            results.append({"input_ids": torch.as_tensor(ids, dtype=torch.long), "hidden_states": hs,
+                            "loss_mask": None})
+        if self.opts.ticks:
+            print("tick %.6f" % time.time(), flush=True)
+        if self.opts.sleep:
+            time.sleep(self.opts.sleep)
+        return results
+
+    def shutdown(self):
+        for w in self.workers:
+            if not self.opts.stubborn:
+                w.terminate()
+                w.wait()
+
+
+def byte_tokenizer(model_path):
+    """STAND-IN tokenizer: UTF-8 bytes as token ids (the real script loads the model's)."""
+    return lambda text: {"input_ids": list(text.encode("utf-8"))}
+
+
+def synthetic_dataset(args):
+    import random
+    fd, path = tempfile.mkstemp(prefix="standin-dataset-", suffix=".jsonl")
+    with os.fdopen(fd, "w") as fh:
+        for i in range(args.max_samples or 16):
+            rng = random.Random(args.seed * 100003 + i)
+            fh.write(json.dumps({"input_ids": [rng.randrange(args.vocab_size) for _ in range(args.seq_len)]}) + "\n")
+    return path
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    if args.worker:
-        return worker_main(args.stubborn)
-    for name in args.require_env:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--worker" in argv:
+        return worker_main("--stubborn" in argv)
+    print(STANDIN_LINE, flush=True)
+    script = load_script()
+    parser = script.build_parser(required=False)
+    parser.prog = "extract_standin"
+    add_standin_arguments(parser)
+    pre = parser.parse_known_args(argv)[0]
+    for name in pre.require_env:
         if not os.environ.get(name):
             print("error: %s is not set" % name, file=sys.stderr)
             return 2
         print("%s is set (%d characters)" % (name, len(os.environ[name])), flush=True)
-    if not args.output_dir:
-        print("error: --output-dir is required", file=sys.stderr)
-        return 2
-
+    synthetic = None
+    if not pre.dataset:
+        synthetic = synthetic_dataset(pre)
+        argv += ["--dataset", synthetic]
+        if pre.max_samples is None:
+            argv += ["--max-samples", "16"]
+    if not pre.target_model_path:
+        argv += ["--target-model-path", "tiny-standin"]
     import warnings
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
-    import torch
-    from tqdm import tqdm
+    holder = {}
 
-    layers = [int(x) for x in str(args.layers).split(",") if x.strip()]
-    n_layers = max(layers) + 1
-    torch.manual_seed(args.seed)
-    emb = torch.nn.Embedding(args.vocab_size, args.hidden_size)
-    blocks = torch.nn.ModuleList(torch.nn.Linear(args.hidden_size, args.hidden_size)
-                                 for _ in range(n_layers))
-    print("Loaded target model %s: %d layers, hidden size %d, capturing layers %s"
-          % (args.target_model_path, n_layers, args.hidden_size, layers), flush=True)
-
-    workers = spawn_workers(args.spawn_workers, args.stubborn, args.clean_env) if args.spawn_workers else []
-
-    os.makedirs(args.output_dir, exist_ok=True)
-    start = highest_index(args.output_dir) + 1
-    if start:
-        print("Resuming after existing sample %d" % (start - 1), flush=True)
-    remaining = list(range(start, args.max_samples))
-    with open(os.path.join(args.output_dir, "data_config.json"), "w") as fh:
-        json.dump({"target_model_path": args.target_model_path, "seq_len": args.seq_len,
-                   "layer_ids": layers, "hidden_size": args.hidden_size,
-                   "max_samples": args.max_samples, "generator": "remote-ops extract_standin"}, fh,
-                  indent=2)
-
-    batches = [remaining[i:i + args.batch_size] for i in range(0, len(remaining), args.batch_size)]
-    written = []
-    for batch in tqdm(batches, desc="Generating hidden states", unit="batch", mininterval=0.05):
-        for idx in batch:
-            if args.crash_at is not None and idx == args.crash_at:
-                raise RuntimeError("simulated failure while generating sample %d "
-                                   "(CUDA error: an illegal memory access was encountered)" % idx)
-            if args.hang_at is not None and idx == args.hang_at:
-                while True:   # like a hung NCCL collective: alive, silent, no output
-                    time.sleep(1)
-        g = torch.Generator().manual_seed(args.seed * 100003 + batch[0])
-        ids = torch.randint(0, args.vocab_size, (len(batch), args.seq_len), generator=g)
-        with torch.no_grad():
-            h = emb(ids)
-            captured = {}
-            for li, block in enumerate(blocks):
-                h = torch.tanh(block(h))
-                if li in layers:
-                    captured[li] = h
-        for row, idx in enumerate(batch):
-            sample = {"input_ids": ids[row].clone(),
-                      "hidden_states": [captured[li][row].clone() for li in layers],
-                      "loss_mask": torch.ones(args.seq_len, dtype=torch.long)}
-            path = os.path.join(args.output_dir, "data_%d.pt" % idx)
-            torch.save(sample, path + ".tmp")
-            os.replace(path + ".tmp", path)
-            written.append(path)
-        if args.ticks:
-            print("tick %.6f" % time.time(), flush=True)
-        if args.sleep:
-            time.sleep(args.sleep)
-    for path in tqdm(written, desc="Saving files", unit="file", mininterval=0.05):
-        os.path.getsize(path)
-    print("Wrote %d samples to %s" % (len(written), args.output_dir), flush=True)
-    for w in workers:
-        if not args.stubborn:
-            w.terminate()
-            w.wait()
-    return 0
+    def loaders(args):
+        def make(model_path, layer_ids, max_model_len, gpu_memory_utilization, tensor_parallel_size):
+            records = script.read_dataset(args.dataset, args.max_samples)
+            todo = script.pending_indexes(args.output_dir, len(records))
+            holder["gen"] = StandinGenerator(model_path, layer_ids, max_model_len, gpu_memory_utilization,
+                                             tensor_parallel_size, opts=args, indexes=todo)
+            return holder["gen"]
+        return {"make_generator": make, "load_tokenizer": byte_tokenizer,
+                "hidden_size_of": lambda model_path: args.hidden_size}
+    try:
+        return script.main(argv, parser, loaders)
+    finally:
+        if "gen" in holder:
+            holder["gen"].shutdown()
+        if synthetic:
+            os.unlink(synthetic)
 
 
 if __name__ == "__main__":

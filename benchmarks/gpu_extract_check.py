@@ -1,0 +1,481 @@
+"""GPU end-to-end check: the shipped playbook and extraction script produce correct hidden states.
+
+Runs ON a machine with NVIDIA GPUs (the lent H200s) and drives everything through remote-ops itself,
+as a user would: `check`, `patch`, `extract --tail`, `verify`, `status`, `stop`, over a
+``connection: local`` host (the GPU machines have no sshd; the agent, its JSON request and every
+operation are the same as over SSH, see tests/test_local_connection.py). The result JSON says so.
+
+What it does (each step's command, exit status, timing and evidence go into the result JSON):
+  setup   unpack the carried bundle (slim vLLM 0.20.0 wheel + small deps + speculators 0.3.0, and
+          transformers 4.57.6 in its own path), write two host interpreters: ``python`` (transformers
+          4.57.6 first on the path) and ``python-notf`` (the machine's transformers 5.x)
+  model   a tiny random Llama (8 layers, hidden 256, vocab 1024, bf16 safetensors) and a tokenizer
+          built with `tokenizers` on the spot: nothing is downloaded
+  data    a JSONL dataset with batches larger than the scheduler's token budget (8,192 tokens),
+          prompts sharing a 700-token prefix, and prompts longer than max_model_len (truncated)
+  (a)     the original files: `check` reports findings; `extract` is refused by its preflight;
+          `extract --skip-check` runs the job, which fails (the error line is recorded)
+  (b)     `patch` with the shipped playbook, then `check`: no findings
+  (trap)  `extract --dry-run` on the interpreter with transformers 5.x: refused by the import probe
+  (c)     `extract --tail` with the shipped script
+  (d)     `verify`
+  (e)     every sample's hidden states against a plain transformers forward of the same checkpoint
+          (float32 reference, forward hooks on the decoder layers): shapes equal, min per-token cosine
+  (f)     `stop` during a run, then nvidia-smi's compute processes and /proc: no process left
+
+    python3 benchmarks/gpu_extract_check.py --bundle /root/e2e/bundle.tar.xz --work /root/e2e \\
+        --tp 1 --steps a,b,trap,c,d,e,f --out result.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
+GEN_MODULE = "speculators/data_generation/vllm_hidden_states_generator.py"
+
+# Environment every host operation gets (GPU-NOTES.md: offline, NVLink multicast off).
+HOST_ENV = {
+    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_HOST_IP": "127.0.0.1",
+    "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+    "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+}
+
+MODEL_BUILDER = r'''
+import json, sys, torch
+from pathlib import Path
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
+specials = ["<unk>", "<s>", "</s>", "<pad>"]
+vocab = {t: i for i, t in enumerate(specials)}
+for i in range(len(specials), 1024):
+    vocab[f"w{i}"] = i
+tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                               unk_token="<unk>", pad_token="<pad>")
+fast.model_max_length = 4096
+fast.save_pretrained(out)
+torch.manual_seed(1234)
+cfg = LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=8,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                  rms_norm_eps=1e-5, initializer_range=0.05, bos_token_id=1, eos_token_id=2,
+                  pad_token_id=3, tie_word_embeddings=False, torch_dtype="bfloat16")
+model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+model.save_pretrained(out, safe_serialization=True)
+print(json.dumps({"layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
+                  "params": sum(p.numel() for p in model.parameters())}))
+'''
+
+COMPARE = r'''
+import json, math, sys, torch
+from pathlib import Path
+from transformers import AutoModelForCausalLM
+model_dir, out_dir, device = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+cfg_file = out_dir / "data_config.json"
+data_cfg = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
+model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).to(device).eval()
+n_layers = model.config.num_hidden_layers
+layer_ids = ((data_cfg.get("hidden_states") or {}).get("layer_ids") or data_cfg.get("layer_ids")
+             or [2, n_layers // 2, n_layers - 3, n_layers - 1])
+captured = {}
+def hook(i):
+    def fn(mod, inp, out):
+        captured[i] = (out[0] if isinstance(out, tuple) else out).detach()
+    return fn
+for i in layer_ids:
+    model.model.layers[i].register_forward_hook(hook(i))
+files = sorted(out_dir.glob("data_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
+res = {"layer_ids": layer_ids, "samples": 0, "comparisons": 0, "shape_mismatches": [], "below_0_999": [],
+       "min_cosine": None, "min_cosine_at": None, "mean_cosine": None, "reference": "transformers float32 forward"}
+total, count, worst = 0.0, 0, 2.0
+for f in files:
+    d = torch.load(f, map_location="cpu")
+    ids = d["input_ids"].to(torch.long)
+    hs = d["hidden_states"]
+    captured.clear()
+    with torch.no_grad():
+        model(input_ids=ids.unsqueeze(0).to(device))
+    res["samples"] += 1
+    if len(hs) != len(layer_ids):
+        res["shape_mismatches"].append({"file": f.name, "layers": len(hs), "expected": len(layer_ids)})
+        continue
+    for k, i in enumerate(layer_ids):
+        ref = captured[i][0].float().cpu()
+        got = hs[k].float()
+        if tuple(got.shape) != tuple(ref.shape):
+            res["shape_mismatches"].append({"file": f.name, "layer": i, "shape": list(got.shape),
+                                            "expected": list(ref.shape)})
+            continue
+        cos = torch.nn.functional.cosine_similarity(got, ref, dim=-1)
+        m = float(cos.min())
+        total += float(cos.sum()); count += cos.numel()
+        res["comparisons"] += 1
+        if m < worst:
+            worst = m; res["min_cosine_at"] = {"file": f.name, "layer": i, "token": int(cos.argmin())}
+        if m < 0.999:
+            res["below_0_999"].append({"file": f.name, "layer": i, "min_cosine": round(m, 6)})
+res["below_0_999_count"] = len(res["below_0_999"])
+res["below_0_999"] = res["below_0_999"][:20]
+res["shape_mismatches_count"] = len(res["shape_mismatches"])
+res["shape_mismatches"] = res["shape_mismatches"][:20]
+res["min_cosine"] = None if worst > 1.5 else round(worst, 6)
+res["mean_cosine"] = None if not count else round(total / count, 6)
+res["tokens_compared"] = count
+res["ok"] = bool(res["samples"]) and not res["shape_mismatches_count"] and not res["below_0_999_count"] and \
+    res["comparisons"] == res["samples"] * len(layer_ids)
+print(json.dumps(res))
+'''
+
+VERSIONS = r'''
+import json, importlib.metadata as md
+out = {}
+for n in ("vllm", "speculators", "torch", "transformers", "tokenizers", "pydantic", "triton"):
+    try:
+        out[n] = md.version(n)
+    except md.PackageNotFoundError:
+        out[n] = None
+print(json.dumps(out))
+'''
+
+
+class Run:
+    """The result document, written after every step so a timeout still leaves what was done."""
+
+    def __init__(self, out: Path, tp: int, code_rev: str | None, append: bool):
+        self.out = out
+        self.t0 = time.monotonic()
+        if append and out.exists():
+            self.doc = json.loads(out.read_text())
+            self.prior_elapsed = float(self.doc.get("elapsed_s") or 0)
+            self.doc.setdefault("runs", []).append({"code_rev": code_rev, "started_at": time.strftime(
+                "%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+            return
+        self.prior_elapsed = 0.0
+        self.doc: dict = {"code_rev": code_rev, "check": "gpu_extract_check", "tensor_parallel_size": tp,
+                          "connection": "local (no sshd on the GPU machine; same agent and requests as "
+                                        "over SSH)",
+                          "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                          "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+                          "steps": {}, "verdict": {}}
+
+    def step(self, name: str, **data) -> dict:
+        self.doc["steps"][name] = data
+        self.save()
+        return data
+
+    def save(self) -> None:
+        self.doc["elapsed_s"] = round(self.prior_elapsed + time.monotonic() - self.t0, 1)
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.doc, indent=2, default=str))
+        os.replace(tmp, self.out)
+
+
+def sh(cmd: list[str], *, timeout: float, env: dict | None = None, log: Path | None = None) -> dict:
+    started = time.monotonic()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                           env={**os.environ, **(env or {})}, start_new_session=True)
+        rc, out, err = p.returncode, p.stdout, p.stderr
+    except FileNotFoundError as exc:
+        rc, out, err = 127, "", str(exc)
+    except subprocess.TimeoutExpired as exc:
+        rc, out, err = 124, (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) \
+            else (exc.stdout or ""), f"timed out after {timeout}s"
+    if log is not None:
+        with open(log, "a") as fh:
+            fh.write(f"$ {' '.join(cmd)}\n[rc={rc}]\n{out}\n{err}\n")
+    return {"rc": rc, "stdout": out, "stderr": err, "seconds": round(time.monotonic() - started, 2)}
+
+
+def last_json(text: str):
+    """The JSON document in a command's stdout (the whole output, or its last line)."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        for line in reversed(text.splitlines()):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    return None
+
+
+class Harness:
+    def __init__(self, args):
+        self.args = args
+        self.work = Path(args.work).resolve()
+        self.base_python = args.base_python or sys.executable
+        self.controller_python = args.controller_python or self.base_python
+        self.run = Run(Path(args.out), args.tp, args.code_rev, args.append)
+        self.log = self.work / "commands.log"
+
+    # ------------------------------------------------------------------ setup
+    def setup(self) -> None:
+        w = self.work
+        w.mkdir(parents=True, exist_ok=True)
+        stamp = w / ".unpacked"
+        t = time.monotonic()
+        if not stamp.exists():
+            with tarfile.open(self.args.bundle, "r:*") as tf:
+                tf.extractall(w, filter="data") if sys.version_info >= (3, 12) else tf.extractall(w)
+            stamp.write_text("ok")
+        (w / "bin").mkdir(exist_ok=True)
+        for name, path in (("python", f"{w}/tf:{w}/site"), ("python-notf", f"{w}/site")):
+            f = w / "bin" / name
+            f.write_text(f"#!/bin/sh\nPYTHONPATH={path} exec {self.base_python} \"$@\"\n")
+            f.chmod(0o755)
+        versions = last_json(sh([str(w / "bin" / "python"), "-c", VERSIONS], timeout=60)["stdout"])
+        versions_notf = last_json(sh([str(w / "bin" / "python-notf"), "-c", VERSIONS], timeout=60)["stdout"])
+        smi = sh(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                 timeout=30)
+        self.run.doc["versions"] = versions
+        self.run.doc["versions_python_notf"] = versions_notf
+        self.run.doc["gpus"] = [l.strip() for l in smi["stdout"].splitlines() if l.strip()]
+        self.run.step("setup", seconds=round(time.monotonic() - t, 1), base_python=self.base_python)
+
+    def build_model_and_data(self) -> None:
+        w = self.work
+        t = time.monotonic()
+        r = sh([str(w / "bin" / "python"), "-c", MODEL_BUILDER, str(w / "model")], timeout=300, log=self.log)
+        if r["rc"] != 0:
+            self.run.step("model", ok=False, rc=r["rc"], stderr=r["stderr"][-3000:])
+            raise SystemExit("model build failed")
+        model = last_json(r["stdout"])
+        rng = random.Random(20261130)
+        rows: list[list[int]] = []
+        word = lambda: rng.randrange(4, 1024)   # noqa: E731
+        rows += [[1] + [word() for _ in range(rng.randrange(300, 500))] for _ in range(40)]   # > token budget
+        prefix = [1] + [word() for _ in range(700)]
+        rows += [prefix + [word() for _ in range(rng.randrange(50, 200))] for _ in range(16)]  # shared prefix
+        rows += [[1] + [word() for _ in range(2100)] for _ in range(6)]                          # > max_model_len
+        data = w / "dataset.jsonl"
+        with open(data, "w") as fh:
+            for ids in rows:
+                fh.write(json.dumps({"input_ids": ids}) + "\n")
+        long_rows = [[1] + [word() for _ in range(rng.randrange(400, 600))] for _ in range(3000)]
+        with open(w / "dataset_long.jsonl", "w") as fh:
+            for ids in long_rows:
+                fh.write(json.dumps({"input_ids": ids}) + "\n")
+        self.run.step("model_and_data", ok=True, seconds=round(time.monotonic() - t, 1), model=model,
+                      dataset={"samples": len(rows), "tokens": sum(map(len, rows)),
+                               "batch_size": self.args.batch_size,
+                               "tokens_per_batch": [sum(map(len, rows[i:i + self.args.batch_size]))
+                                                    for i in range(0, len(rows), self.args.batch_size)],
+                               "scheduler_token_budget": 8192, "shared_prefix_tokens": len(prefix),
+                               "longer_than_max_model_len": 6, "max_model_len": 2048})
+        self.samples = len(rows)
+
+    def inventory(self) -> Path:
+        w = self.work
+        tp = self.args.tp
+
+        def host(python: str, out: str, dataset: str, state: str) -> dict:
+            return {"connection": "local", "python": str(w / "bin" / python), "workdir": str(w / "wd"),
+                    "playbook": str(PLAYBOOK),
+                    "env": {**HOST_ENV, "REMOTE_OPS_STATE_DIR": str(w / state)},
+                    "vars": {"target_model": str(w / "model"), "dataset": str(w / dataset),
+                             "output_dir": str(w / out), "max_samples": self.samples if dataset ==
+                             "dataset.jsonl" else 3000,
+                             "batch_size": self.args.batch_size, "tensor_parallel_size": tp, "gpus": tp,
+                             "max_model_len": 2048, "gpu_memory_utilization": 0.3}}
+        inv = {"hosts": {"gpu": host("python", "hidden_states", "dataset.jsonl", "state"),
+                         "gpu-notf": host("python-notf", "hidden_states_notf", "dataset.jsonl", "state-notf"),
+                         "gpu-stop": host("python", "hidden_states_stop", "dataset_long.jsonl", "state-stop"),
+                         "gpu-orig": host("python", "hidden_states_orig", "dataset.jsonl", "state-orig")},
+               "default": "gpu"}
+        (w / "wd").mkdir(exist_ok=True)
+        path = w / "inventory.yaml"
+        path.write_text(json.dumps(inv, indent=2))   # JSON is YAML
+        self.inv = path
+        return path
+
+    def ro(self, *args: str, timeout: float = 300) -> dict:
+        """remote-ops itself: this checkout's CLI in a fresh process."""
+        cmd = [self.controller_python, "-c",
+               "import sys; sys.path.insert(0, sys.argv.pop(1)); from remote_ops.cli import main; "
+               "sys.exit(main(sys.argv[1:]))", str(REPO), "-i", str(self.inv), *args]
+        # the controller needs libcst (carried in site/); it never imports vllm/speculators/torch
+        r = sh(cmd, timeout=timeout, env={"PYTHONPATH": str(self.work / "site"), "COLUMNS": "200"},
+               log=self.log)
+        r["argv"] = ["remote-ops", *args]
+        r["json"] = last_json(r["stdout"]) if "--json" in args else None
+        return r
+
+    # ------------------------------------------------------------------ steps
+    def step_a(self) -> None:
+        check = self.ro("check", "gpu-orig", "--json", timeout=120)
+        findings = (check["json"] or {}).get("findings") or []
+        refused = self.ro("extract", "gpu-orig", "--dry-run", "--json", timeout=300)
+        run = self.ro("extract", "gpu-orig", "--skip-check", "--tail", "--json", timeout=420)
+        logs = self.ro("logs", "gpu-orig", "--json", timeout=60)
+        log_text = (logs["json"] or {}).get("text") or ""
+        errors = [l for l in log_text.splitlines() if "Error" in l][-5:]
+        self.run.step("a_original_files", ok=check["rc"] == 1 and bool(findings) and refused["rc"] == 8
+                      and run["rc"] != 0,
+                      check={"rc": check["rc"], "findings": [f"{f.get('kind')} {f.get('symbol')} {f.get('name')}"
+                                                             for f in findings],
+                             "seconds": check["seconds"]},
+                      preflight_refused={"rc": refused["rc"], "error": (refused["json"] or {}).get("error"),
+                                         "seconds": refused["seconds"]},
+                      job={"rc": run["rc"], "seconds": run["seconds"], "stderr_tail": run["stderr"][-1500:],
+                           "error_lines": errors,
+                           "is_encoder_decoder_error": "is_encoder_decoder" in log_text})
+
+    def step_b(self) -> None:
+        patch = self.ro("patch", "gpu", "--yes", "--json", timeout=180)
+        check = self.ro("check", "gpu", "--json", timeout=120)
+        again = self.ro("patch", "gpu", "--yes", "--json", timeout=180)
+        cj = check["json"] or {}
+        self.run.step("b_patch_then_check", ok=patch["rc"] == 0 and check["rc"] == 0 and
+                      not cj.get("findings") and again["rc"] == 0 and not (again["json"] or {}).get("changed"),
+                      patch={"rc": patch["rc"], "seconds": patch["seconds"],
+                             "edits": [f"{e.get('edit')}: {e.get('state')}" for e in (patch["json"] or {}).get("edits", [])],
+                             "verified": (patch["json"] or {}).get("verified"),
+                             "stderr": patch["stderr"][-1500:]},
+                      check={"rc": check["rc"], "findings": cj.get("findings"), "drift": cj.get("drift"),
+                             "unknown": len(cj.get("unknown") or []), "calls_checked": cj.get("calls_checked"),
+                             "seconds": check["seconds"]},
+                      rerun={"rc": again["rc"], "changed": (again["json"] or {}).get("changed")})
+
+    def step_trap(self) -> None:
+        r = self.ro("extract", "gpu-notf", "--dry-run", "--json", timeout=300)
+        j = r["json"] or {}
+        text = json.dumps(j)
+        self.run.step("trap_transformers5", ok=r["rc"] in (8, 9) and "transformers" in text,
+                      rc=r["rc"], seconds=r["seconds"], error=j.get("error"),
+                      problems=(j.get("preflight") or {}).get("problems"), stderr=r["stderr"][-1000:],
+                      transformers_of_that_interpreter=(self.run.doc.get("versions_python_notf") or {})
+                      .get("transformers"))
+
+    def step_c(self) -> None:
+        r = self.ro("extract", "gpu", "--tail", "--json", timeout=540)
+        j = r["json"] or {}
+        files = sorted((self.work / "hidden_states").glob("data_*.pt"))
+        self.run.step("c_extract_tail", ok=r["rc"] == 0 and len(files) == self.samples, rc=r["rc"],
+                      seconds=r["seconds"], files=len(files), expected=self.samples,
+                      result={k: j.get(k) for k in ("state", "exit_code", "reason", "job_id") if k in j} or
+                      {k: (j.get("status") or {}).get(k) for k in ("state", "exit_code", "reason")},
+                      stderr_tail=r["stderr"][-2000:])
+
+    def step_d(self) -> None:
+        r = self.ro("verify", "gpu", "--json", timeout=300)
+        self.run.step("d_verify", ok=r["rc"] == 0, rc=r["rc"], seconds=r["seconds"], result=r["json"],
+                      stderr=r["stderr"][-1000:])
+
+    def step_e(self) -> None:
+        w = self.work
+        r = sh([str(w / "bin" / "python"), "-c", COMPARE, str(w / "model"), str(w / "hidden_states"),
+                self.args.compare_device], timeout=400, log=self.log)
+        j = last_json(r["stdout"]) or {}
+        self.run.step("e_compare_with_transformers", ok=r["rc"] == 0 and bool(j.get("ok")) and
+                      (j.get("min_cosine") or 0) >= 0.999, rc=r["rc"], seconds=r["seconds"], result=j,
+                      stderr=r["stderr"][-1500:] if r["rc"] else "")
+
+    def step_f(self) -> None:
+        launch = self.ro("extract", "gpu-stop", "--json", timeout=300)
+        seen_gpu, status_json, t0 = [], None, time.monotonic()
+        while time.monotonic() - t0 < 240:
+            smi = sh(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory",
+                      "--format=csv,noheader"], timeout=30)
+            seen_gpu = [l.strip() for l in smi["stdout"].splitlines() if l.strip()]
+            st = self.ro("status", "gpu-stop", "--json", timeout=60)
+            status_json = st["json"]
+            done = list((self.work / "hidden_states_stop").glob("data_*.pt"))
+            if seen_gpu and done:
+                break
+            if st["rc"] != 0 and status_json and (status_json.get("state") not in ("running", None)):
+                break
+            time.sleep(2)
+        files_at_stop = len(list((self.work / "hidden_states_stop").glob("data_*.pt")))
+        stop = self.ro("stop", "gpu-stop", "--json", timeout=180)
+        time.sleep(3)
+        smi = sh(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader"],
+                 timeout=30)
+        after = [l.strip() for l in smi["stdout"].splitlines() if l.strip()]
+        marker_left = []
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    if b"REMOTE_OPS_JOB_ID=" in (d / "environ").read_bytes():
+                        marker_left.append(int(d.name))
+                except OSError:
+                    pass
+        st = self.ro("status", "gpu-stop", "--json", timeout=60)
+        self.run.step("f_stop_leaves_no_gpu_process",
+                      ok=launch["rc"] == 0 and bool(seen_gpu) and stop["rc"] == 0 and not after and not marker_left,
+                      launch_rc=launch["rc"], gpu_processes_while_running=seen_gpu, files_written_before_stop=files_at_stop,
+                      stop={"rc": stop["rc"], "json": stop["json"], "seconds": stop["seconds"]},
+                      gpu_processes_after=after, marker_processes_after=marker_left,
+                      status_after=st["json"])
+
+    def verdict(self, steps: list[str]) -> None:
+        s = self.run.doc["steps"]
+        names = {"a": "a_original_files", "b": "b_patch_then_check", "trap": "trap_transformers5",
+                 "c": "c_extract_tail", "d": "d_verify", "e": "e_compare_with_transformers",
+                 "f": "f_stop_leaves_no_gpu_process"}
+        verdict = dict(self.run.doc.get("verdict") or {})
+        verdict.update({k: bool((s.get(names[k]) or {}).get("ok")) for k in steps})
+        self.run.doc["verdict"] = verdict
+        self.run.doc["all_ok"] = all(self.run.doc["verdict"].values())
+        self.run.save()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bundle", required=True, help="tar(.xz) with site/ and tf/ (see GPU-NOTES.md)")
+    ap.add_argument("--work", default="/root/e2e")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--steps", default="a,b,trap,c,d,e,f")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--base-python", default=None, help="the machine's python with torch (default: this one)")
+    ap.add_argument("--controller-python", default=None,
+                    help="python that runs remote-ops (default: --base-python; needs pyyaml, rich, packaging)")
+    ap.add_argument("--compare-device", default="cuda")
+    ap.add_argument("--code-rev", default=None, help="the remote-ops commit this checkout is (recorded)")
+    ap.add_argument("--append", action="store_true", help="add these steps to an existing result file")
+    ap.add_argument("--fresh", action="store_true", help="remove outputs and host state of an earlier run")
+    args = ap.parse_args(argv)
+    steps = [s.strip() for s in args.steps.split(",") if s.strip()]
+    h = Harness(args)
+    if args.fresh:
+        for d in ("hidden_states", "hidden_states_stop", "hidden_states_orig", "hidden_states_notf",
+                  "state", "state-notf", "state-stop", "state-orig"):
+            shutil.rmtree(h.work / d, ignore_errors=True)
+    h.setup()
+    h.build_model_and_data()
+    h.inventory()
+    order = {"a": h.step_a, "b": h.step_b, "trap": h.step_trap, "c": h.step_c, "d": h.step_d,
+             "e": h.step_e, "f": h.step_f}
+    for s in steps:
+        try:
+            order[s]()
+        except Exception as exc:   # one broken step must not hide the others' results
+            h.run.step(f"{s}_crashed", ok=False, error=f"{type(exc).__name__}: {exc}")
+        h.verdict(steps)
+    h.verdict(steps)
+    print(json.dumps({"verdict": h.run.doc["verdict"], "all_ok": h.run.doc["all_ok"],
+                      "elapsed_s": h.run.doc["elapsed_s"]}))
+    return 0 if h.run.doc["all_ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,473 @@
+#!/usr/bin/env python3
+"""Extract EAGLE-3 training hidden states with speculators' vLLM generator (runs on the GPU host).
+
+Shipped with playbooks/eagle3-speculators-0.3.0.yaml; ``remote-ops extract`` uploads it into the
+host's workdir and runs it with the host's interpreter. It imports torch, tqdm, transformers (only
+to tokenize ``text`` lines and read the model's hidden size) and speculators; never remote_ops.
+
+Input: ``--dataset`` is JSONL, one sample per line: ``{"input_ids": [int, ...]}`` or
+``{"text": "..."}`` (tokenized with the model's tokenizer, ``AutoTokenizer.from_pretrained
+(--target-model-path)``, special tokens added as the tokenizer does by default), each with an
+optional ``"loss_mask": [0|1, ...]`` of the same length (absent: all ones). Blank lines are skipped;
+other keys are ignored. Sample N is the N-th non-blank line (0-based); ``--max-samples`` takes the
+first N. Every line used is validated before the engine starts.
+
+Engine: ``speculators.data_generation.vllm_hidden_states_generator.VllmHiddenStatesGenerator(
+model_path, layer_ids, max_model_len, gpu_memory_utilization, tensor_parallel_size)`` and its
+``generate(list[list[int]])``, called once per ``--batch-size`` samples. Prompts are cut to
+``max_model_len - 1`` tokens here, before ``generate`` (the generator cuts to the same length, since
+vLLM needs room for the one decode token), and ``loss_mask`` is cut with them, so input_ids,
+every hidden-states tensor and loss_mask of a file have the same length. Every result is checked
+before it is written: the generator must hand back this sample's input_ids and one
+``[seq_len, hidden]`` tensor per captured layer with seq_len == len(input_ids); anything else stops
+the run with exit status 1 and one line naming the sample (the symptom of vLLM chunked prefill or
+prefix caching left on: another sample's rows), and nothing is written for that sample.
+
+Output (``--output-dir``), matched to speculators' own offline data generation,
+``scripts/data_generation_offline.py`` and ``src/speculators/data_generation/config_generator.py``
+at tag v0.3.0 (commit be6e86e79eee8b2d363399a767194e53f5407331 of vllm-project/speculators), which
+``src/speculators/train/data.py`` (``Eagle3SampleFileDataset``, ``standardize_data_v1``) reads:
+
+- ``data_<N>.pt``: ``torch.save`` of ``{"input_ids": LongTensor[seq_len], "hidden_states":
+  [Tensor[seq_len, hidden] per captured layer, in the model's dtype, contiguous], "loss_mask":
+  LongTensor[seq_len]}``.
+- ``data_config.json``: the same document as ``DataGenerationConfig.to_dict()`` of v0.3.0 (version
+  "2.0": reproducibility, model, data, hidden_states, generation, format with its schema). Written
+  once the generator is up (layer ids and hidden size known), before the first sample.
+  ``data.train_data_path`` is the JSONL path; ``generation.cache_dir`` is "" (no HF datasets cache
+  is used); ``data.seed`` is 0 (nothing is shuffled).
+
+Differences from speculators' script, on purpose: the dataset is read from JSONL instead of
+speculators' chat preprocessing (no ``datasets`` dependency, no token-frequency file); resume skips
+exactly the samples whose ``data_<N>.pt`` exists (not "everything below the highest index"), and a
+file exists only once complete (written to ``.data_<N>.pt.<pid>.tmp``, fsynced, renamed; stale
+temporaries are removed at start); one tqdm bar counts samples, its ``mininterval`` is
+``$TQDM_MININTERVAL`` (default 0.1 s).
+
+Exit status: 0 done; 1 the generator returned a result that does not fit its sample; 2 bad
+arguments or bad dataset (one line: what, where, what to do). Other failures (vLLM, CUDA) end with
+their own traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+GENERATOR_MODULE = "speculators.data_generation.vllm_hidden_states_generator"
+CONFIG_VERSION = "2.0"          # DataGenerationConfig.VERSION of speculators 0.3.0
+TEMP_RE = re.compile(r"^\.data_\d+\.pt\.\d+\.tmp$")
+PROG = "extract_hidden_states"
+
+
+class InputError(Exception):
+    """Bad arguments or dataset: one line, exit status 2."""
+
+
+class ResultError(Exception):
+    """The generator returned something that does not fit the sample: one line, exit status 1."""
+
+
+# ------------------------------------------------------------------ arguments
+def parse_layer_ids(text):
+    """"2,4,5,7" -> [2, 4, 5, 7]; "" or "none" -> None (the generator chooses)."""
+    if text is None or str(text).strip().lower() in ("", "none", "default"):
+        return None
+    out = []
+    for part in str(text).replace(" ", ",").split(","):
+        if not part:
+            continue
+        try:
+            value = int(part)
+        except ValueError:
+            raise InputError("--layer-ids %r: %r is not a layer index (write e.g. 2,4,5,7)" % (text, part)) from None
+        if value < 0:
+            raise InputError("--layer-ids %r: layer indexes are >= 0" % (text,))
+        out.append(value)
+    return out or None
+
+
+def build_parser(required=True):
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    p.add_argument("--target-model-path", required=required, help="HF model id or local checkpoint directory")
+    p.add_argument("--dataset", required=required,
+                   help="JSONL: {\"input_ids\": [...]} or {\"text\": ...} per line")
+    p.add_argument("--output-dir", required=True, help="where data_<N>.pt and data_config.json go")
+    p.add_argument("--max-samples", type=int, default=None, help="first N samples of the dataset (default: all)")
+    p.add_argument("--batch-size", type=int, default=8, help="samples per generate() call (default 8)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per model (default 1)")
+    p.add_argument("--layer-ids", default=None,
+                   help="comma list of layers to capture (default: the generator's choice)")
+    p.add_argument("--max-model-len", type=int, default=2048, help="vLLM max_model_len (default 2048)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.8, help="vLLM setting (default 0.8)")
+    return p
+
+
+def parse_args(argv=None, parser=None):
+    p = parser or build_parser()
+    args = p.parse_args(argv)
+    for name, low in (("batch_size", 1), ("tensor_parallel_size", 1), ("max_model_len", 2)):
+        if getattr(args, name) < low:
+            raise InputError("--%s must be >= %d, got %d" % (name.replace("_", "-"), low, getattr(args, name)))
+    if args.max_samples is not None and args.max_samples < 1:
+        raise InputError("--max-samples must be >= 1, got %d" % args.max_samples)
+    if not 0 < args.gpu_memory_utilization <= 1:
+        raise InputError("--gpu-memory-utilization must be in (0, 1], got %g" % args.gpu_memory_utilization)
+    args.layer_ids = parse_layer_ids(args.layer_ids)
+    return args
+
+
+# ------------------------------------------------------------------ dataset
+def _int_list(value, what, where, allowed=None):
+    if not isinstance(value, list) or not value:
+        raise InputError("%s: %s must be a non-empty list of integers" % (where, what))
+    for i, v in enumerate(value):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (allowed is not None and v not in allowed):
+            want = "0 or 1" if allowed is not None else "an integer >= 0"
+            raise InputError("%s: %s[%d] is %r, not %s" % (where, what, i, v, want))
+    return value
+
+
+def read_dataset(path, max_samples=None):
+    """The first ``max_samples`` samples: dicts {line, input_ids | text, loss_mask | None}."""
+    try:
+        fh = open(path, encoding="utf-8")
+    except OSError as exc:
+        raise InputError("cannot read dataset %s: %s" % (path, exc.strerror)) from None
+    records = []
+    with fh:
+        for lineno, line in enumerate(fh, 1):
+            if max_samples is not None and len(records) >= max_samples:
+                break
+            if not line.strip():
+                continue
+            where = "%s:%d" % (path, lineno)
+            try:
+                obj = json.loads(line)
+            except ValueError as exc:
+                raise InputError("%s: not valid JSON (%s)" % (where, exc)) from None
+            if not isinstance(obj, dict):
+                raise InputError("%s: each line must be a JSON object with input_ids or text" % where)
+            if ("input_ids" in obj) == ("text" in obj):
+                raise InputError("%s: give exactly one of input_ids or text" % where)
+            rec = {"line": lineno, "where": where, "input_ids": None, "text": None, "loss_mask": None}
+            if "input_ids" in obj:
+                rec["input_ids"] = _int_list(obj["input_ids"], "input_ids", where)
+            else:
+                if not isinstance(obj["text"], str) or not obj["text"]:
+                    raise InputError("%s: text must be a non-empty string" % where)
+                rec["text"] = obj["text"]
+            if obj.get("loss_mask") is not None:
+                rec["loss_mask"] = _int_list(obj["loss_mask"], "loss_mask", where, allowed=(0, 1))
+                if rec["input_ids"] is not None and len(rec["loss_mask"]) != len(rec["input_ids"]):
+                    raise InputError("%s: loss_mask has %d entries for %d input_ids"
+                                     % (where, len(rec["loss_mask"]), len(rec["input_ids"])))
+            records.append(rec)
+    if not records:
+        raise InputError("dataset %s has no samples" % path)
+    return records
+
+
+def tokenize(records, load_tokenizer, model_path):
+    """Fill input_ids of ``text`` records with the model's tokenizer (loaded only if needed)."""
+    texts = [r for r in records if r["input_ids"] is None]
+    if not texts:
+        return records
+    tok = load_tokenizer(model_path)
+    for r in texts:
+        ids = list(tok(r["text"])["input_ids"])
+        if not ids:
+            raise InputError("%s: text tokenizes to no tokens" % r["where"])
+        if r["loss_mask"] is not None and len(r["loss_mask"]) != len(ids):
+            raise InputError("%s: loss_mask has %d entries but the text is %d tokens"
+                             % (r["where"], len(r["loss_mask"]), len(ids)))
+        r["input_ids"] = ids
+    return records
+
+
+def truncate(records, max_model_len):
+    """Cut input_ids and loss_mask to ``max_model_len - 1`` tokens (room for vLLM's one decode
+    token, as the generator does); returns how many samples were cut."""
+    limit = max_model_len - 1
+    cut = 0
+    for r in records:
+        if len(r["input_ids"]) > limit:
+            cut += 1
+            r["input_ids"] = r["input_ids"][:limit]
+            if r["loss_mask"] is not None:
+                r["loss_mask"] = r["loss_mask"][:limit]
+    return cut
+
+
+# ------------------------------------------------------------------ output files
+def sample_path(output_dir, index):
+    return os.path.join(output_dir, "data_%d.pt" % index)
+
+
+def pending_indexes(output_dir, count):
+    """Samples whose data_<N>.pt is not there (a file is there only once complete)."""
+    return [i for i in range(count) if not os.path.exists(sample_path(output_dir, i))]
+
+
+def remove_stale_temporaries(output_dir):
+    removed = 0
+    for name in os.listdir(output_dir):
+        if TEMP_RE.match(name):
+            try:
+                os.unlink(os.path.join(output_dir, name))
+                removed += 1
+            except OSError:
+                pass
+    return removed
+
+
+def _fsync_dir(path):
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save_atomic(torch, obj, path):
+    """torch.save to a temporary beside ``path``, fsync, rename: the file is whole or absent."""
+    d, name = os.path.split(path)
+    tmp = os.path.join(d, ".%s.%d.tmp" % (name, os.getpid()))
+    try:
+        with open(tmp, "wb") as fh:
+            torch.save(obj, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_json_atomic(path, obj):
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(obj, fh, indent=2)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _version(dist):
+    try:
+        from importlib.metadata import version
+        return version(dist)
+    except Exception:   # not installed: recorded as unknown, like any missing fact
+        return None
+
+
+def _gpu_info(torch):
+    """speculators' _get_gpu_info: GPU model and count, or "CPU only"."""
+    if not torch.cuda.is_available():
+        return "CPU only"
+    count = torch.cuda.device_count()
+    name = torch.cuda.get_device_name(0)
+    return name if count == 1 else "%dx %s" % (count, name)
+
+
+def data_config(torch, args, layer_ids, hidden_size, tensor_parallel_size, num_samples, gpu=None):
+    """The document DataGenerationConfig.to_dict() of speculators 0.3.0 writes, field for field."""
+    from datetime import datetime, timezone
+    versions = {"torch": torch.__version__, "vllm": _version("vllm"),
+                "transformers": _version("transformers"), "speculators": _version("speculators")}
+    layers = len(layer_ids)
+    return {
+        "version": CONFIG_VERSION,
+        "generated_at": datetime.now(timezone.utc).isoformat(),
+        "speculators_version": versions["speculators"],
+        "reproducibility": {"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+                            "package_versions": versions,
+                            "gpu": gpu if gpu is not None else _gpu_info(torch)},
+        "model": {"target_model_path": args.target_model_path,
+                  "tensor_parallel_size": tensor_parallel_size,
+                  "gpu_memory_utilization": args.gpu_memory_utilization,
+                  "hidden_size": hidden_size},
+        "data": {"train_data_path": args.dataset, "seq_length": args.max_model_len,
+                 "max_samples": args.max_samples, "num_samples": num_samples, "seed": 0,
+                 "chat_template_note": "Uses tokenizer's built-in chat template"},
+        "hidden_states": {"layer_ids": list(layer_ids),
+                          "description": "Layers selected for EAGLE3 fusion and target logits"},
+        "generation": {"cache_dir": ""},
+        "format": {
+            "file_pattern": "data_{idx}.pt",
+            "data_format_version": 1,
+            "schema": {
+                "input_ids": {"dtype": "torch.long", "shape": "[seq_len]",
+                              "description": "Tokenized input sequence"},
+                "hidden_states": {"dtype": "list[torch.bfloat16]",
+                                  "shape": "list of [seq_len, %d]" % hidden_size,
+                                  "num_tensors": layers,
+                                  "description": "Hidden states from %d layers" % layers},
+                "loss_mask": {"dtype": "torch.long", "shape": "[seq_len]",
+                              "description": "1 for assistant tokens to train on, 0 elsewhere"},
+            },
+        },
+    }
+
+
+# ------------------------------------------------------------------ results
+def build_sample(torch, index, record, result, n_layers):
+    """The dict saved as data_<index>.pt, after checking that ``result`` is this sample's."""
+    name = "data_%d.pt (%s)" % (index, record["where"])
+    ids = torch.as_tensor(record["input_ids"], dtype=torch.long)
+    got = result.get("input_ids") if isinstance(result, dict) else None
+    if got is None or not torch.is_tensor(got) or got.dim() != 1 or not torch.equal(got.to(torch.long).cpu(), ids):
+        raise ResultError("%s: the generator returned other input_ids than this sample's %d tokens "
+                          "(results out of order or cut): nothing written" % (name, len(ids)))
+    hs = result.get("hidden_states")
+    if not isinstance(hs, (list, tuple)) or len(hs) != n_layers:
+        raise ResultError("%s: expected hidden states of %d layers, got %s" % (
+            name, n_layers, len(hs) if isinstance(hs, (list, tuple)) else type(hs).__name__))
+    width = None
+    for i, h in enumerate(hs):
+        if not torch.is_tensor(h) or h.dim() != 2:
+            raise ResultError("%s: hidden_states[%d] is not a 2-D tensor" % (name, i))
+        if h.shape[0] != len(ids):
+            raise ResultError("%s: hidden_states[%d] has %d rows for %d tokens (another sample's rows: "
+                              "is vLLM chunked prefill or prefix caching on?): nothing written"
+                              % (name, i, h.shape[0], len(ids)))
+        if width is not None and h.shape[1] != width:
+            raise ResultError("%s: hidden_states[%d] is %d wide, hidden_states[0] %d" % (name, i, h.shape[1], width))
+        width = h.shape[1]
+    mask = record["loss_mask"]
+    loss_mask = (torch.as_tensor(mask, dtype=torch.long) if mask is not None
+                 else torch.ones(len(ids), dtype=torch.long))
+    return {"input_ids": ids, "hidden_states": [h.contiguous() for h in hs], "loss_mask": loss_mask}
+
+
+# ------------------------------------------------------------------ the run
+def _load_generator(model_path, layer_ids, max_model_len, gpu_memory_utilization, tensor_parallel_size):
+    import importlib
+    module = importlib.import_module(GENERATOR_MODULE)
+    return module.VllmHiddenStatesGenerator(
+        model_path=model_path, layer_ids=layer_ids, max_model_len=max_model_len,
+        gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size)
+
+
+def _load_tokenizer(model_path):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+def _hidden_size(model_path):
+    """speculators' _get_hidden_size_from_model: hidden_size, else text_config.hidden_size."""
+    from transformers import AutoConfig
+    config = AutoConfig.from_pretrained(model_path, trust_remote_code=True)
+    size = getattr(config, "hidden_size", None) or getattr(getattr(config, "text_config", None), "hidden_size", None)
+    if not size:
+        raise InputError("cannot find hidden_size in the config of %s" % model_path)
+    return int(size)
+
+
+def _mininterval():
+    try:
+        return float(os.environ.get("TQDM_MININTERVAL", "0.1"))
+    except ValueError:
+        return 0.1
+
+
+def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
+        hidden_size_of=_hidden_size, out=None):
+    """Extract with ``args`` (parse_args). The three loaders are parameters so that the data path
+    can be exercised with a stand-in generator; by default they are speculators' and transformers'."""
+    out = out or sys.stdout
+    records = read_dataset(args.dataset, args.max_samples)
+    if args.max_samples is not None and len(records) < args.max_samples:
+        print("note: %s has %d samples, fewer than --max-samples %d" % (args.dataset, len(records), args.max_samples),
+              file=out, flush=True)
+    tokenize(records, load_tokenizer, args.target_model_path)
+    cut = truncate(records, args.max_model_len)
+    if cut:
+        print("note: %d sample(s) cut to %d tokens (max_model_len %d - 1)"
+              % (cut, args.max_model_len - 1, args.max_model_len), file=out, flush=True)
+
+    import torch
+    from tqdm import tqdm
+
+    os.makedirs(args.output_dir, exist_ok=True)
+    stale = remove_stale_temporaries(args.output_dir)
+    if stale:
+        print("removed %d unfinished temporary file(s) of an earlier run" % stale, file=out, flush=True)
+    todo = pending_indexes(args.output_dir, len(records))
+    config_path = os.path.join(args.output_dir, "data_config.json")
+    done = len(records) - len(todo)
+    if done:
+        print("resuming: %d of %d samples already written, %d to go" % (done, len(records), len(todo)),
+              file=out, flush=True)
+    if not todo and os.path.exists(config_path):
+        print("all %d samples are already in %s: nothing to do" % (len(records), args.output_dir),
+              file=out, flush=True)
+        return 0
+
+    t0 = time.time()
+    generator = make_generator(args.target_model_path, args.layer_ids, args.max_model_len,
+                               args.gpu_memory_utilization, args.tensor_parallel_size)
+    layer_ids = list(getattr(generator, "layer_ids"))
+    hidden = hidden_size_of(args.target_model_path)
+    print("generator ready in %.1fs: %s, layers %s, hidden size %d, tensor parallel %d"
+          % (time.time() - t0, args.target_model_path, layer_ids, hidden, args.tensor_parallel_size),
+          file=out, flush=True)
+    write_json_atomic(config_path, data_config(torch, args, layer_ids, hidden,
+                                               getattr(generator, "tensor_parallel_size", args.tensor_parallel_size),
+                                               len(records)))
+
+    bar = tqdm(total=len(records), initial=done, desc="Generating hidden states", unit="sample",
+               mininterval=_mininterval(), file=sys.stderr)
+    written = 0
+    try:
+        for start in range(0, len(todo), args.batch_size):
+            batch = todo[start:start + args.batch_size]
+            results = generator.generate([records[i]["input_ids"] for i in batch])
+            if not isinstance(results, list) or len(results) != len(batch):
+                raise ResultError("generate() returned %s results for a batch of %d samples (data_%d.pt..)"
+                                  % (len(results) if isinstance(results, list) else type(results).__name__,
+                                     len(batch), batch[0]))
+            samples = [build_sample(torch, i, records[i], r, len(layer_ids)) for i, r in zip(batch, results)]
+            for i, sample in zip(batch, samples):
+                save_atomic(torch, sample, sample_path(args.output_dir, i))
+                written += 1
+                bar.update(1)
+            _fsync_dir(args.output_dir)
+    finally:
+        bar.close()
+        shutdown = getattr(getattr(generator, "executor", None), "shutdown", None)
+        if callable(shutdown):   # stop vLLM's workers now, not whenever the interpreter collects them
+            shutdown()
+    print("wrote %d sample(s) to %s in %.1fs (%d of %d present)"
+          % (written, args.output_dir, time.time() - t0, done + written, len(records)), file=out, flush=True)
+    return 0
+
+
+def main(argv=None, parser=None, loaders=None):
+    """``loaders(args)`` may return run()'s loader keywords (used by the sandbox's stand-in)."""
+    try:
+        args = parse_args(argv, parser)
+        return run(args, **(loaders(args) if loaders else {}))
+    except InputError as exc:
+        print("%s: error: %s" % (PROG, exc), file=sys.stderr, flush=True)
+        return 2
+    except ResultError as exc:
+        print("%s: error: %s" % (PROG, exc), file=sys.stderr, flush=True)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

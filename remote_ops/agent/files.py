@@ -1,0 +1,99 @@
+"""Files the controller ships into the host's workdir (the playbook's ``extract.files``).
+
+Each file is written only when its sha256 differs from what is there: to a temporary beside the
+destination, fsynced, renamed over it, the directory fsynced, then read back and hashed. A reader
+(a job starting) sees the old file or the new one, never a part. Names are relative to the
+workdir and may not leave it.
+"""
+
+import base64
+import hashlib
+import os
+
+from .protocol import AgentFailure
+
+
+def _sha256(path):
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    except FileNotFoundError:
+        return None
+    return h.hexdigest()
+
+
+def _dest(workdir, name):
+    if not isinstance(name, str) or not name or name.startswith(("/", "~")) or "\x00" in name \
+            or any(part in ("", ".", "..") for part in name.split("/")):
+        raise AgentFailure("bad-args", "file name %r must be a relative path inside the workdir" % (name,))
+    return os.path.join(workdir, name)
+
+
+def _fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write(dest, data, mode):
+    d = os.path.dirname(dest)
+    os.makedirs(d, exist_ok=True)
+    tmp = os.path.join(d, ".%s.remote-ops.%d.tmp" % (os.path.basename(dest), os.getpid()))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, dest)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(d)
+
+
+def op_put(args):
+    """args: workdir, files [{name, data (base64), sha256, mode}], dry_run, unless_running (a job key).
+    Result: {"files": [{name, path, sha256, action: written|unchanged|would-write}]}."""
+    workdir = os.path.expanduser(args.get("workdir") or "~")
+    if not os.path.isdir(workdir):
+        raise AgentFailure("no-workdir", "workdir %s does not exist on the host" % workdir,
+                           "create it, or set the host's workdir in the inventory")
+    key = args.get("unless_running")
+    if key:
+        from . import jobs
+        running = jobs.running_job(key)
+        if running:   # never swap the files of a job that is running
+            return {"files": [], "skipped": "job %s is running" % running}
+    out = []
+    for f in args.get("files") or []:
+        dest = _dest(workdir, f.get("name"))
+        data = base64.b64decode(f.get("data") or "")
+        want = hashlib.sha256(data).hexdigest()
+        if f.get("sha256") and f["sha256"] != want:
+            raise AgentFailure("bad-args", "%s arrived damaged (sha256 %s, sent %s)" % (f["name"], want, f["sha256"]))
+        have = _sha256(dest)
+        if have == want:
+            action = "unchanged"
+        elif args.get("dry_run"):
+            action = "would-write"
+        else:
+            try:
+                _write(dest, data, int(f.get("mode") or 0o644))
+            except OSError as exc:
+                raise AgentFailure("write-failed", "cannot write %s: %s" % (dest, exc.strerror or exc),
+                                   "check the workdir's permissions and free space")
+            got = _sha256(dest)
+            if got != want:
+                raise AgentFailure("write-failed", "%s reads back with sha256 %s, expected %s" % (dest, got, want))
+            action = "written"
+        out.append({"name": f["name"], "path": dest, "sha256": want, "bytes": len(data), "action": action})
+    return {"files": out}
