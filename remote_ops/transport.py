@@ -129,8 +129,8 @@ class _Conn:
         if self._sftp is not None:
             self._sftp.close()
             self._sftp = None
-        if self.transport is not None:
-            self.client.close()
+        self.client.close()   # also ends a transport left by a failed handshake (a no-op if none)
+        self.transport = None
 
 
 def _ssh_config(path: str | None):
