@@ -152,6 +152,14 @@ print(json.dumps(out))
 '''
 
 
+def _drift_line(d: dict) -> str:
+    b, i = d.get("baseline") or {}, d.get("installed") or {}
+    change = f"{b.get('value')} -> {i.get('value')}" if d.get("kind") == "default-changed" else \
+        f"{b.get('annotation') or b.get('where')} -> {i.get('annotation') or i.get('where')}"
+    return (f"{d.get('kind')} {d.get('symbol')} {d.get('name')}: {change} (line {d.get('line')})"
+            + (f" [accepted: {d['accepted']}]" if d.get("accepted") else ""))
+
+
 class Run:
     """The result document, written after every step so a timeout still leaves what was done."""
 
@@ -313,8 +321,10 @@ class Harness:
                "import sys; sys.path.insert(0, sys.argv.pop(1)); from remote_ops.cli import main; "
                "sys.exit(main(sys.argv[1:]))", str(REPO), "-i", str(self.inv), *args]
         # the controller needs libcst (carried in site/); it never imports vllm/speculators/torch
-        r = sh(cmd, timeout=timeout, env={"PYTHONPATH": str(self.work / "site"), "COLUMNS": "200"},
-               log=self.log)
+        env = {"PYTHONPATH": str(self.work / "site"), "COLUMNS": "200"}
+        if self.args.controller_cache:   # the controller's wheel cache: drift's baseline sources
+            env["REMOTE_OPS_CACHE"] = self.args.controller_cache
+        r = sh(cmd, timeout=timeout, env=env, log=self.log)
         r["argv"] = ["remote-ops", *args]
         r["json"] = last_json(r["stdout"]) if "--json" in args else None
         return r
@@ -323,6 +333,7 @@ class Harness:
     def step_a(self) -> None:
         check = self.ro("check", "gpu-orig", "--json", timeout=120)
         findings = (check["json"] or {}).get("findings") or []
+        drift = (check["json"] or {}).get("drift")
         refused = self.ro("extract", "gpu-orig", "--dry-run", "--json", timeout=300)
         run = self.ro("extract", "gpu-orig", "--skip-check", "--tail", "--json", timeout=420)
         logs = self.ro("logs", "gpu-orig", "--json", timeout=60)
@@ -332,6 +343,8 @@ class Harness:
                       and run["rc"] != 0,
                       check={"rc": check["rc"], "findings": [f"{f.get('kind')} {f.get('symbol')} {f.get('name')}"
                                                              for f in findings],
+                             "drift": None if drift is None else [_drift_line(d) for d in drift],
+                             "baseline": (check["json"] or {}).get("baseline"),
                              "seconds": check["seconds"]},
                       preflight_refused={"rc": refused["rc"], "error": (refused["json"] or {}).get("error"),
                                          "seconds": refused["seconds"]},
@@ -350,7 +363,9 @@ class Harness:
                              "edits": [f"{e.get('edit')}: {e.get('state')}" for e in (patch["json"] or {}).get("edits", [])],
                              "verified": (patch["json"] or {}).get("verified"),
                              "stderr": patch["stderr"][-1500:]},
-                      check={"rc": check["rc"], "findings": cj.get("findings"), "drift": cj.get("drift"),
+                      check={"rc": check["rc"], "findings": cj.get("findings"),
+                             "drift": None if cj.get("drift") is None else [_drift_line(d) for d in cj["drift"]],
+                             "baseline": cj.get("baseline"),
                              "unknown": len(cj.get("unknown") or []), "calls_checked": cj.get("calls_checked"),
                              "seconds": check["seconds"]},
                       rerun={"rc": again["rc"], "changed": (again["json"] or {}).get("changed")})
@@ -450,6 +465,8 @@ def main(argv=None) -> int:
     ap.add_argument("--controller-python", default=None,
                     help="python that runs remote-ops (default: --base-python; needs pyyaml, rich, packaging)")
     ap.add_argument("--compare-device", default="cuda")
+    ap.add_argument("--controller-cache", default=None,
+                    help="REMOTE_OPS_CACHE for the controller (holds drift's baseline sources offline)")
     ap.add_argument("--code-rev", default=None, help="the remote-ops commit this checkout is (recorded)")
     ap.add_argument("--append", action="store_true", help="add these steps to an existing result file")
     ap.add_argument("--fresh", action="store_true", help="remove outputs and host state of an earlier run")

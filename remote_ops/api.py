@@ -77,11 +77,11 @@ class Inventory:
     """An open inventory: hosts, groups, and a cache of one SSH session per host."""
 
     def __init__(self, path: str | None = None, *, parallel: int = 16, accept_new: bool = False,
-                 connect_timeout: float | None = None):
+                 connect_timeout: float | None = None, python: str | None = None, workdir: str | None = None):
         if parallel < 1:
             raise UsageError("parallel must be at least 1")
         self._ctx = Context(json=True, inventory_file=path, parallel=parallel, accept_new=accept_new,
-                            connect_timeout=connect_timeout)
+                            connect_timeout=connect_timeout, python=python, workdir=workdir)
         self._ctx.inventory   # load now: a bad inventory raises ConfigError with file:line here
 
     # ------------------------------------------------------------------ plumbing
@@ -242,6 +242,11 @@ class _Args:
 
 
 def open_inventory(path: str | None = None, *, parallel: int = 16, accept_new: bool = False,
-                   connect_timeout: float | None = None) -> Inventory:
-    """Open an inventory (default: $REMOTE_OPS_INVENTORY or ./inventory.yaml); use it in a ``with``."""
-    return Inventory(path, parallel=parallel, accept_new=accept_new, connect_timeout=connect_timeout)
+                   connect_timeout: float | None = None, python: str | None = None,
+                   workdir: str | None = None) -> Inventory:
+    """Open an inventory (default: $REMOTE_OPS_INVENTORY or ./inventory.yaml, which may be absent;
+    an Ansible YAML/INI file works too); use it in a ``with``. Every operation also takes ad-hoc
+    targets (``user@host:port``, ~/.ssh/config aliases, ``localhost``); ``python``/``workdir``
+    are the ``--python``/``--workdir`` flags."""
+    return Inventory(path, parallel=parallel, accept_new=accept_new, connect_timeout=connect_timeout,
+                     python=python, workdir=workdir)

@@ -224,8 +224,22 @@ def agent_payload() -> bytes:
     return str(len(blob)).encode() + b"\n" + blob
 
 
-def agent_command(python: str) -> str:
-    """The remote command line: the quoted interpreter and a fixed bootstrap."""
+# No interpreter configured: python3 on the PATH a login shell of the account sets up (~/.profile,
+# conda init...), as the person would get after `ssh host`. The login shell only prints its PATH
+# (stdin closed, its other output dropped); the agent then runs with that PATH, so a job's
+# "python3" is the same interpreter. The agent reports what it found (protocol: "login"), and the
+# session runs that path directly afterwards, with that PATH: one login shell per session.
+_LOGIN_PATH = r"""p=$("${SHELL:-/bin/sh}" -lc 'printf "\n@@remote-ops-path=%s\n" "$PATH"' </dev/null 2>/dev/null | sed -n 's/^@@remote-ops-path=//p' | tail -n 1)
+[ -n "$p" ] && PATH=$p && export PATH
+REMOTE_OPS_LOGIN_LOOKUP=1 exec python3 -c "$1"
+"""
+
+
+def agent_command(python: str | None) -> str:
+    """The remote command line: the quoted interpreter and a fixed bootstrap
+    (``None``: python3 from a login shell's PATH)."""
+    if python is None:
+        return f"exec /bin/sh -c {shlex.quote(_LOGIN_PATH)} remote-ops {shlex.quote(_BOOT)}"
     return f"exec {shlex.quote(python)} -c {shlex.quote(_BOOT)}"
 
 

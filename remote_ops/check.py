@@ -31,6 +31,7 @@ class CheckRequest:
     override_sources: dict[str, str] | None = None
     drift: bool = True                     # compare with the baseline the package was written for
     baseline: str | None = None           # VERSION or PATH; None: the package's declared pin
+    accepted_drift: list = field(default_factory=list)   # the playbook's check.accepted_drift
 
     def op_args(self) -> dict:
         args: dict[str, Any] = {"against": list(self.against), "package": self.package,
@@ -48,7 +49,8 @@ def request_from_playbook(pb, runtime: bool = False) -> CheckRequest:
     """Targets from a playbook's ``check:`` section (default targets when it has none)."""
     c = getattr(pb, "check", None) or {}
     return CheckRequest(targets=list(c.get("targets") or []) or None,
-                        against=list(c.get("against") or DEFAULT_AGAINST), runtime=runtime)
+                        against=list(c.get("against") or DEFAULT_AGAINST), runtime=runtime,
+                        accepted_drift=list(c.get("accepted_drift") or []))
 
 
 def run(session, req: CheckRequest) -> dict:
@@ -71,7 +73,7 @@ def with_drift(raw: dict, req: CheckRequest | None) -> dict:
     if not req.drift:
         return {"drift": [], "drift_notes": [], "baseline": {"unavailable": "drift analysis was switched off"}}
     from remote_ops import drift
-    return drift.analyse(raw, list(req.against), req.baseline)
+    return drift.apply_accepted(drift.analyse(raw, list(req.against), req.baseline), req.accepted_drift)
 
 
 def to_json(host: str, raw: dict, req: CheckRequest | None = None) -> dict:
@@ -163,6 +165,16 @@ def render_drift(console, result: dict, verbose: int = 0) -> None:
             console.print(escape(f"  note: {n}"))
     elif result.get("drift_notes"):
         console.print(f"[dim]{len(result['drift_notes'])} difference(s) not reported as drift (-v lists them)[/dim]")
+    accepted = result.get("drift_accepted") or []
+    if accepted:
+        console.print(f"{len(accepted)} drift item(s) accepted by the playbook (check.accepted_drift)"
+                      + ("" if verbose else " [dim](-v lists them with the reasons)[/dim]"))
+        if verbose:
+            for d in accepted:
+                console.print(escape(f"  accepted: {d['path']}:{d['line']}: {d['kind']} {d['name']}: {d['accepted']}"))
+    for a in result.get("accepted_unmatched") or []:
+        stale = f"check.accepted_drift entry {a['kind']} {a['symbol']} {a['name']} matched no drift item on this host (stale, or not for this version)"
+        console.print(f"[yellow]{escape(stale)}[/yellow]")
 
 
 def render_inspect(console, result: dict) -> None:

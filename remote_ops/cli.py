@@ -14,6 +14,7 @@ COMMANDS = (
     "inspect", "check",
     "patch", "rollback", "history",
     "extract", "status", "logs", "stop", "verify",
+    "completion",
 )
 
 
@@ -39,12 +40,30 @@ def _global_flags(p: argparse.ArgumentParser, suppress: bool) -> None:
                    help="record an unknown host key (like ssh -o StrictHostKeyChecking=accept-new)")
     p.add_argument("--parallel", type=int, metavar="N", default=d, help="hosts worked on at once (default 16)")
     p.add_argument("--connect-timeout", type=float, metavar="S", default=d, help="SSH connect timeout")
+    p.add_argument("--python", metavar="PATH", default=d,
+                   help="interpreter on the host (default: the inventory's, else python3 on the PATH of a login shell)")
+    p.add_argument("--workdir", metavar="DIR", default=d, help="working directory on the host (default: the inventory's)")
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2, same as every other user error
+        import re
+
         from remote_ops.errors import UsageError
-        raise UsageError(f"{self.prog}: {message}", f"see: {self.prog} --help")
+        from remote_ops.suggest import did_you_mean
+        # cli.main prints the "remote-ops: " prefix; a sub-command names itself after it
+        where = self.prog.removeprefix("remote-ops").strip()
+        m = re.search(r"argument ([^:]+): invalid choice: '?([^' ]+)'?", message)
+        if m:
+            names = set(m.group(1).split("/"))
+            choices = next((a.choices for a in self._actions if a.choices and (
+                names & set(a.option_strings) or a.metavar in names or a.dest in names)), None)
+            what = "command" if "COMMAND" in message else "choice"
+            hint = did_you_mean(m.group(2), choices or ())
+            message = f"unknown {what} {m.group(2)!r}" + (f": {hint}" if hint else
+                                                           f" (choose from {', '.join(choices or ())})")
+            raise UsageError(f"{where + ': ' if where else ''}{message}")
+        raise UsageError(f"{where + ': ' if where else ''}{message}", f"see: {self.prog} --help")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["__complete"]:          # called by the bash/zsh completion scripts
+        from remote_ops.commands.completion import complete
+        return complete(argv[1:])
     debug = "--debug" in argv
     json_mode = "--json" in argv
     from remote_ops.errors import Exit, RemoteOpsError
@@ -77,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         from remote_ops.context import Context
         ctx = Context(json=bool(args.json), debug=bool(args.debug), verbose=args.verbose or 0,
                       accept_new=bool(args.accept_new), inventory_file=args.inventory,
-                      parallel=args.parallel or 16, connect_timeout=args.connect_timeout)
+                      parallel=args.parallel or 16, connect_timeout=args.connect_timeout,
+                      python=args.python, workdir=args.workdir)
         if ctx.parallel < 1:
             from remote_ops.errors import UsageError
             raise UsageError("--parallel must be at least 1")

@@ -40,6 +40,8 @@ class Context:
     inventory_file: str | None = None
     parallel: int = 16
     connect_timeout: float | None = None
+    python: str | None = None            # --python: the interpreter on every named host
+    workdir: str | None = None           # --workdir
     _inventory: Any = None
     _sessions: dict = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -51,11 +53,18 @@ class Context:
     def inventory(self):
         if self._inventory is None:
             from remote_ops import inventory
-            self._inventory = inventory.load(self.inventory_file)
+            # only an inventory named with -i must exist: without one, ad-hoc targets still work
+            self._inventory = inventory.load(self.inventory_file, missing_ok=self.inventory_file is None)
+            for line in self._inventory.warnings:      # e.g. ansible_* variables not used, once
+                sys.stderr.write(f"remote-ops: {line}\n")
         return self._inventory
 
     def hosts(self, spec: str | None):
-        return self.inventory.resolve(spec)
+        """Inventory hosts, groups or ad-hoc targets (``user@host:port``, ssh_config aliases,
+        ``localhost``), with ``--python``/``--workdir`` applied."""
+        from remote_ops import targets
+        return targets.with_overrides(targets.resolve(self.inventory, spec),
+                                      python=self.python, workdir=self.workdir)
 
     # ------------------------------------------------------------------ sessions
     def session(self, host):

@@ -99,6 +99,27 @@ def analyse(raw: dict, against: list[str], baseline_arg: str | None) -> dict:
     return {"drift": out_drift, "drift_notes": notes, "baseline": base}
 
 
+def apply_accepted(result: dict, accepted: list[dict] | None) -> dict:
+    """Move drift items a playbook accepted (``check.accepted_drift``, matched on kind, symbol and
+    name) from ``drift`` to ``drift_accepted``, each with its reason; entries that matched nothing
+    are listed in ``accepted_unmatched`` (a stale review is said, not silently kept)."""
+    if not accepted:
+        return result
+    keep, taken, used = [], [], set()
+    for d in result.get("drift") or []:
+        hit = next((i for i, a in enumerate(accepted)
+                    if (a["kind"], a["symbol"], a["name"]) == (d.get("kind"), d.get("symbol"), d.get("name"))), None)
+        if hit is None:
+            keep.append(d)
+        else:
+            used.add(hit)
+            taken.append(dict(d, accepted=accepted[hit]["why"]))
+    result["drift"] = keep
+    result["drift_accepted"] = taken
+    result["accepted_unmatched"] = [a for i, a in enumerate(accepted) if i not in used]
+    return result
+
+
 def _baseline_locations(static: StaticResolver, raw: dict, lib: str, b: dict) -> None:
     """``missing-symbol`` findings gain where the baseline defined the symbol."""
     for f in raw.get("findings") or []:

@@ -57,6 +57,9 @@ def facts_args(host, packages: list[str] | None = None) -> dict:
 def gather(session, packages: list[str] | None = None) -> HostFacts:
     """One exec round trip."""
     data = session.call("facts.gather", facts_args(session.host, packages))
+    # which interpreter was asked for, and how it was found (the agent reports what it ran on)
+    data["python"]["requested"] = session.host.python or "python3"
+    data["python"]["found_by"] = "configured path" if session.host.python else "login shell PATH"
     return HostFacts.from_agent(session.host.name, data)
 
 

@@ -44,13 +44,13 @@ class Host:
     identity_file: tuple[str, ...] = ()
     proxy_jump: tuple[str, ...] | None = None   # None: fall back to ~/.ssh/config; () : none
     known_hosts: str | None = None
-    python: str = "python3"
+    python: str | None = None   # None: python3 on the PATH of the account's login shell
     workdir: str | None = None
     env: dict = field(default_factory=dict, hash=False, compare=False)
     vars: dict = field(default_factory=dict, hash=False, compare=False)
     playbook: str | None = None
-    connect_timeout: float = 10.0
-    keepalive: int = 15
+    connect_timeout: float | None = None   # None: ssh_config's ConnectTimeout, else 10 s
+    keepalive: int | None = None           # None: ssh_config's ServerAliveInterval, else 15 s; 0: off
     inventory_path: str | None = None
     connection: str = "ssh"   # "local": the agent runs in a subprocess of the controller (no SSH)
 
@@ -69,6 +69,9 @@ class Inventory:
     groups: dict[str, list[str]]
     default: str | None = None
     doc: YamlDoc | None = None
+    format: str = "remote-ops"                        # or "ansible-yaml", "ansible-ini"
+    warnings: list[str] = field(default_factory=list)   # printed once when loaded (stderr)
+    ignored: dict[str, list[str]] = field(default_factory=dict)   # ansible_* var -> hosts (not used)
 
     def resolve(self, spec: str | None) -> list[Host]:
         """Hosts named by ``spec``: a host, a group, a comma list of either, or None for the default."""
@@ -96,7 +99,11 @@ class Inventory:
             elif part == "all":
                 names = list(self.hosts)
             else:
+                from remote_ops.suggest import closest
                 known = sorted(self.hosts) + sorted(self.groups)
+                best = closest(part, known)
+                if best:
+                    raise UsageError(f"{self.path}: unknown host or group {part!r}: did you mean {best!r}?")
                 raise UsageError(f"{self.path}: unknown host or group {part!r}",
                                  f"known: {', '.join(known) if known else 'none'}")
             for name in names:
@@ -169,13 +176,13 @@ def _parse_host(doc: YamlDoc, name: str, entry: Any) -> Host:
         identity_file=_str_list(doc, where + ("identity_file",), ident) if ident else (),
         proxy_jump=proxy_t,
         known_hosts=entry.get("known_hosts"),
-        python=entry.get("python", "python3"),
+        python=entry.get("python"),
         workdir=entry.get("workdir"),
         env={k: "" if v is None else str(v) for k, v in (entry.get("env") or {}).items()},
         vars=dict(entry.get("vars") or {}),
         playbook=entry.get("playbook"),
-        connect_timeout=float(entry.get("connect_timeout", 10.0)),
-        keepalive=int(entry.get("keepalive", 15)),
+        connect_timeout=None if timeout is None else float(timeout),
+        keepalive=None if keepalive is None else int(keepalive),
         inventory_path=doc.path,
         connection=connection,
     )
@@ -230,8 +237,16 @@ def parse(doc: YamlDoc) -> Inventory:
 
 
 def load(path: str | None = None, *, missing_ok: bool = False) -> Inventory:
+    """Our YAML format, or an Ansible inventory (YAML or INI: see ansible_inventory.py)."""
+    from remote_ops import ansible_inventory
+
     p = inventory_path(path)
     if missing_ok and not Path(p).expanduser().exists():
         return Inventory(p, {}, {}, None, None)
-    return parse(load_file(p))
+    if ansible_inventory.is_ini(p):
+        return ansible_inventory.load_ini(p)
+    doc = load_file(p)
+    if ansible_inventory.is_ansible_yaml(doc.data, TOP_KEYS):
+        return ansible_inventory.from_yaml(doc)
+    return parse(doc)
 

@@ -156,7 +156,7 @@ def parse_spec(playbook, host) -> ExtractSpec:
     variables = dict(pb_vars or {}) if isinstance(pb_vars, dict) else {}
     variables.update(host.vars or {})
     ctx: dict[str, Any] = {f"vars.{k}": v for k, v in variables.items()}
-    ctx["python"] = host.python
+    ctx["python"] = host.python or "python3"   # unset: the agent runs with the login shell's PATH
     ctx["host"] = host.name
 
     def whole_var(value):
@@ -418,12 +418,15 @@ def _fmt_bytes(n: float | None) -> str:
     return str(n)
 
 
-def _drift_preflight(pf: Preflight, against, strict: bool) -> None:
-    """Drift of the checked modules against their baseline: notes, or problems under --strict."""
+def _drift_preflight(pf: Preflight, against, strict: bool, accepted: list | None = None) -> None:
+    """Drift of the checked modules against their baseline: notes, or problems under --strict.
+    Items the playbook accepted (check.accepted_drift) are notes only."""
     from remote_ops import drift
     from remote_ops.check import DEFAULT_AGAINST
 
-    d = drift.analyse(pf.check, list(against or DEFAULT_AGAINST), None)
+    d = drift.apply_accepted(drift.analyse(pf.check, list(against or DEFAULT_AGAINST), None), accepted)
+    if d.get("drift_accepted"):
+        pf.notes.append(f"drift: {len(d['drift_accepted'])} item(s) accepted by the playbook (check.accepted_drift)")
     pf.check.update(d)
     base = d.get("baseline") or {}
     if "unavailable" in base:
@@ -497,7 +500,8 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
                                    "run remote-ops check / patch first")
             if pf.check.get("unknown"):
                 pf.notes.append(f"check: {len(pf.check['unknown'])} call(s) could not be verified")
-            _drift_preflight(pf, playbook.check.get("against"), strict_drift)
+            _drift_preflight(pf, playbook.check.get("against"), strict_drift,
+                             playbook.check.get("accepted_drift"))
     elif not playbook.check:
         pf.notes.append("playbook has no 'check' section: call sites not verified")
     else:

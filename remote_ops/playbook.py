@@ -143,6 +143,37 @@ def _str_list(doc, keys, value, what) -> list[str]:
     return list(value)
 
 
+DRIFT_KINDS = ("default-changed", "return-changed", "attribute-gone")
+ACCEPTED_DRIFT_KEYS = ("kind", "symbol", "name", "why")
+
+
+def _accepted_drift(doc, raw) -> list[dict]:
+    """check.accepted_drift: drift items a person reviewed and kept, each with the reason.
+
+    Matched on (kind, symbol, name) exactly as `remote-ops check --json` reports them; every key is
+    required (a reason included: an acceptance nobody can explain is not a review)."""
+    if raw is None:
+        return []
+    keys = ("check", "accepted_drift")
+    if not isinstance(raw, list):
+        raise doc.error(keys, f"check.accepted_drift must be a list of {{kind, symbol, name, why}}, got {type_name(raw)}")
+    out = []
+    for i, entry in enumerate(raw):
+        if not isinstance(entry, dict):
+            raise doc.error(keys + (i,), f"check.accepted_drift entries must be mappings, got {type_name(entry)}")
+        doc.check_keys(keys + (i,), entry, ACCEPTED_DRIFT_KEYS, "in check.accepted_drift")
+        for k in ACCEPTED_DRIFT_KEYS:
+            v = entry.get(k)
+            if not isinstance(v, str) or not v.strip():
+                raise doc.error(keys + (i,), f"check.accepted_drift entry needs {k} (a non-empty string)",
+                                "copy kind, symbol and name from `remote-ops check --json`; why says what was checked")
+        if entry["kind"] not in DRIFT_KINDS:
+            raise doc.error(keys + (i, "kind"), f"unknown drift kind {entry['kind']!r}",
+                            f"one of {', '.join(DRIFT_KINDS)}")
+        out.append({k: entry[k].strip() for k in ACCEPTED_DRIFT_KEYS})
+    return out
+
+
 def _bool(doc, keys, value) -> bool:
     if not isinstance(value, bool):
         raise doc.error(keys, f"{keys[-1]} must be true or false, got {type_name(value)}")
@@ -245,7 +276,7 @@ def parse(doc: YamlDoc) -> Playbook:
         c = data["check"]
         if not isinstance(c, dict):
             raise doc.error(("check",), f"check must be a mapping with targets and against, got {type_name(c)}")
-        doc.check_keys(("check",), c, ("targets", "against"), "in check")
+        doc.check_keys(("check",), c, ("targets", "against", "accepted_drift"), "in check")
         targets = _str_list(doc, ("check", "targets"), c.get("targets") or [], "check.targets")
         against = _str_list(doc, ("check", "against"), c.get("against") or [], "check.against")
         for i, t in enumerate(targets):
@@ -253,7 +284,8 @@ def parse(doc: YamlDoc) -> Playbook:
                 raise doc.error(("check", "targets", i), f"{t!r} is not a module name")
         if not targets:
             raise doc.error(("check",), "check needs at least one module in targets")
-        check = {"targets": targets, "against": against}
+        check = {"targets": targets, "against": against,
+                 "accepted_drift": _accepted_drift(doc, c.get("accepted_drift"))}
     allow_outside = _bool(doc, ("allow_outside",), data.get("allow_outside", False))
     patches_raw = data.get("patches") or []
     if not isinstance(patches_raw, list):

@@ -15,7 +15,6 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterator
 
 from remote_ops import bundle
@@ -134,14 +133,9 @@ class _Conn:
 
 
 def _ssh_config(path: str | None):
-    paramiko = _import_paramiko()
-
-    cfg = paramiko.SSHConfig()
-    p = Path(os.path.expanduser(path or os.environ.get("REMOTE_OPS_SSH_CONFIG") or "~/.ssh/config"))
-    if p.exists():
-        with open(p) as fh:
-            cfg.parse(fh)
-    return cfg
+    _import_paramiko()   # first, so that paramiko comes without invoke (see there)
+    from remote_ops import sshconfig   # paramiko's parser plus Include and refused unknown Match
+    return sshconfig.load(path)
 
 
 def _parse_hop(hop: str) -> tuple[str | None, str, int | None]:
@@ -172,6 +166,7 @@ class Session:
         self._conn = None
         self._gateways: list = []
         self._lock = threading.Lock()
+        self._login: dict | None = None   # python unset: what the login shell's PATH gave (first call)
 
     # ---------------------------------------------------------------- connecting
     @property
@@ -197,7 +192,7 @@ class Session:
             pj = entry.get("proxyjump")
             hops = [] if not pj or pj.lower() == "none" else [h.strip() for h in pj.split(",")]
         timeout = self.options.connect_timeout or host.connect_timeout or float(entry.get("connecttimeout", 10))
-        keepalive = host.keepalive or int(entry.get("serveraliveinterval", 15))
+        keepalive = host.keepalive if host.keepalive is not None else int(entry.get("serveraliveinterval", 15))
         return {"hostname": hostname, "port": port, "user": user, "identity_files": idents,
                 "known_hosts": known, "hops": hops, "timeout": timeout, "keepalive": keepalive}
 
@@ -358,10 +353,16 @@ class Session:
             chan.settimeout(timeout)
         return chan
 
+    def _python(self) -> str | None:
+        """The interpreter to exec: the host's, else the one a login shell found earlier in this
+        session, else None (bundle looks python3 up through a login shell)."""
+        return self.host.python or (self._login or {}).get("executable")
+
     def _exec_lines(self, ops: list[dict], env: dict | None, timeout: float | None,
                     stop_on_error: bool) -> Iterator[dict]:
         """Run one agent request (one exec round trip); yields every parsed output line."""
-        full_env = {**self.host.env, **(env or {})}
+        login_path = {"PATH": self._login["path"]} if self._login else {}
+        full_env = {**login_path, **self.host.env, **(env or {})}
         if self.bundle_probe and full_env.get(bundle.CACHE_ENV) != "off":
             payload = bundle.encode_probe(ops, full_env, stop_on_error)
         else:
@@ -384,6 +385,8 @@ class Session:
                                          host=self.label) from None
                     if "results" in msg:
                         self._note_agent(msg.get("agent"))
+                    if self.host.python is None and isinstance(msg, dict) and msg.get("login"):
+                        self._login = msg["login"]
                     yield msg
         if buf.strip():
             try:
@@ -392,12 +395,12 @@ class Session:
                 pass
         status, stderr = end.get("status"), end.get("stderr", "")
         if status == 127:
-            raise AgentError(f"remote interpreter {self.host.python!r} not found",
-                             "set 'python' for this host in the inventory to the venv's python",
+            raise AgentError(f"remote interpreter {self.host.python or 'python3'!r} not found",
+                             "set 'python' for this host in the inventory (or pass --python) to the venv's python",
                              host=self.label, remote_traceback=stderr, kind="no-python")
         if status not in (0, None, -1):
             last = stderr.splitlines()[-1] if stderr else f"exit status {status}"
-            raise AgentError(f"remote agent failed on {self.host.python}: {last}",
+            raise AgentError(f"remote agent failed on {self.host.python or 'python3'}: {last}",
                              "the host's python must be >= 3.10; rerun with --debug for the remote traceback",
                              host=self.label, remote_traceback=stderr, kind="agent-exit")
         if status == -1:
@@ -428,7 +431,7 @@ class Session:
         probing = payload[:1] == b"{"
         first = b""
         try:
-            _exec_pipelined(chan, bundle.agent_command(self.host.python))
+            _exec_pipelined(chan, bundle.agent_command(self._python()))
             chan.sendall(payload)
             if not probing:
                 chan.shutdown_write()
@@ -538,7 +541,7 @@ class LocalSession(Session):
         import selectors
         import subprocess
 
-        proc = subprocess.Popen(["/bin/sh", "-c", bundle.agent_command(self.host.python)],
+        proc = subprocess.Popen(["/bin/sh", "-c", bundle.agent_command(self._python())],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=False)
         stderr_chunks: list[bytes] = []

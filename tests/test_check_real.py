@@ -14,8 +14,6 @@ give exactly the breakages verified by reading vLLM 0.17.0's source:
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from remote_ops import pkgsource
@@ -59,16 +57,11 @@ def test_pinned_vllm_is_clean(paths):
 
 
 def test_vllm_017_gives_every_real_breakage(paths):
-    elapsed = []
-    for _ in range(2):      # best of two: a loaded CI machine should not fail a speed bound
-        t0 = time.perf_counter()
-        res = op_check({"sys_path": paths["0.17.0"]})
-        elapsed.append(time.perf_counter() - t0)
-    elapsed = min(elapsed)
+    # (no timing assertion: the time per pair is printed by benchmarks/check_matrix.py)
+    res = op_check({"sys_path": paths["0.17.0"]})
     assert res["versions"] == {"speculators": "0.3.0", "vllm": "0.17.0"}
     assert _keys(res) == EXPECTED_017
     assert res["unknown"] == []
-    assert elapsed < 1.0, elapsed
     by_name = {f["name"]: f for f in res["findings"]}
     assert by_name["block_size"]["fix"]["constant"] == "VLLM_BLOCK_SIZE"
     assert by_name["eos_token_id"]["fix"] == {"action": "remove-keyword", "keyword": "eos_token_id"}

@@ -496,3 +496,24 @@ def test_missing_symbol_gains_the_baseline_location(tmp_path):
     out = _drift(raw, base)
     assert f["baseline"] == {"version": str(base), "where": "lib_d/api.py:5", "status": "function"}
     assert out["drift"] == []
+
+
+def test_draft_text_edit_old_is_the_exact_multiline_source(tmp_path):
+    """A finding without a mechanical fix becomes a text edit whose `old` is the call's exact text
+    (not whitespace-collapsed or cut), so it matches the file."""
+    from remote_ops import emit_playbook
+    inst, app = tmp_path / "i", tmp_path / "a"
+    _write(inst, {"__init__.py": "", "api.py": "def one(a):\n    pass\n"})
+    (app / "app_d").mkdir(parents=True)
+    (app / "app_d" / "__init__.py").write_text("")
+    call = ("one(\n        'a fairly long first argument that makes the call span lines',\n"
+            "        'and a second one that no longer fits the signature of one()',   # comment\n    )")
+    text = "from lib_d.api import one\n\n\ndef f():\n    return " + call + "\n"
+    (app / "app_d" / "main.py").write_text(text)
+    raw = op_check(dict(_args(inst, app), drift=False))
+    (f,) = raw["findings"]
+    assert f["kind"] == "too-many-positional" and f["source"] == call
+    doc = emit_playbook.draft(raw["findings"])
+    (edit,) = doc["patches"][0]["edits"]
+    assert edit["replace"]["old"] == call and text.count(edit["replace"]["old"]) == 1
+    assert edit["replace"]["new"].startswith("FILL-ME")

@@ -198,6 +198,42 @@ def test_a_result_that_is_another_samples_is_refused(tmp_path, capsys):
     assert "expected hidden states of 4 layers, got 3" in capsys.readouterr().err
 
 
+class FakeExecutor:
+    """TEST FAKE of the generator's vLLM executor: records shutdown()."""
+
+    def __init__(self):
+        self.shutdowns = 0
+
+    def shutdown(self):
+        self.shutdowns += 1
+
+
+def test_the_engine_is_shut_down_after_success_and_after_a_failure(tmp_path):
+    rows = [{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5, 6, 7]}]
+    ex = FakeExecutor()
+    FakeGenerator.executor = ex
+    try:
+        assert run(tmp_path, rows) == 0 and ex.shutdowns == 1
+
+        def boom(out):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            run(tmp_path / "x" if (tmp_path / "x").mkdir() is None else None, rows, corrupt=boom)
+        assert ex.shutdowns == 2
+    finally:
+        del FakeGenerator.executor
+
+
+def test_a_model_without_hidden_size_fails_before_the_engine_starts(tmp_path, capsys):
+    def no_hidden(path):
+        raise ehs.InputError("cannot find hidden_size in the config of %s" % path)
+    ds = write_jsonl(tmp_path / "ds.jsonl", [{"input_ids": [1]}])
+    FakeGenerator.made = []
+    argv = ["--target-model-path", "m", "--dataset", str(ds), "--output-dir", str(tmp_path / "out")]
+    assert ehs.main(argv, None, lambda a: {**loaders(), "hidden_size_of": no_hidden}) == 2
+    assert FakeGenerator.made == [] and "cannot find hidden_size" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("rows, expect", [
     (["{not json"], "ds.jsonl:1: not valid JSON"),
     ([[1, 2]], "ds.jsonl:1: each line must be a JSON object"),

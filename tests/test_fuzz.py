@@ -42,6 +42,22 @@ def _closed_port() -> int:
 CLOSED_PORT = _closed_port()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _adhoc_targets_stay_on_loopback(tmp_path_factory):
+    """A fuzzed target like ``a.b`` or ``x@y:1`` is an ad-hoc host: an ssh_config ``Host *`` sends
+    every name to the closed loopback port, so nothing is looked up in DNS or reached off-host."""
+    cfg = tmp_path_factory.mktemp("sshcfg") / "config"
+    cfg.write_text(f"Host *\n    HostName 127.0.0.1\n    Port {CLOSED_PORT}\n    ProxyJump none\n"
+                   "    ConnectTimeout 2\n")
+    old = os.environ.get("REMOTE_OPS_SSH_CONFIG")
+    os.environ["REMOTE_OPS_SSH_CONFIG"] = str(cfg)
+    yield
+    if old is None:
+        os.environ.pop("REMOTE_OPS_SSH_CONFIG", None)
+    else:
+        os.environ["REMOTE_OPS_SSH_CONFIG"] = old
+
+
 def run_cli(argv: list[str]) -> tuple[int, str, str]:
     """``main(argv)`` in this process; SystemExit (argparse --help/--version) counts as its status."""
     COUNTER["inputs"] += 1
@@ -235,7 +251,7 @@ def test_fuzz_playbook_loader(text):
 # ------------------------------------------------------------------------------ CLI arguments
 def _commands() -> list[str]:
     from remote_ops.cli import _load_commands
-    return [m.NAME for m in _load_commands() if m.NAME != "sandbox"]
+    return [m.NAME for m in _load_commands() if m.NAME not in ("sandbox", "completion")]
 
 
 TOKENS = st.one_of(

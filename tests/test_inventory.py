@@ -40,7 +40,7 @@ def test_good_inventory_values():
     assert h.proxy_jump == ("bastion.example.internal", "jump2")
     assert h.python == "/opt/venvs/eagle3/bin/python"
     assert h.env == {"HF_HOME": "/data/hf"} and h.vars == {"output_dir": "/data/out"}
-    assert inv.hosts["gpu-2"].port == 2200 and inv.hosts["gpu-2"].python == "python3"
+    assert inv.hosts["gpu-2"].port == 2200 and inv.hosts["gpu-2"].python is None
     assert [x.name for x in inv.resolve(None)] == ["gpu-host"]
     assert [x.name for x in inv.resolve("gpus")] == ["gpu-host", "gpu-2"]
     assert [x.name for x in inv.resolve("gpu-2,gpu-host,gpu-2")] == ["gpu-2", "gpu-host"]

@@ -417,22 +417,22 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
               file=out, flush=True)
         return 0
 
+    hidden = hidden_size_of(args.target_model_path)      # before the engine starts: a bad model fails fast
     t0 = time.time()
     generator = make_generator(args.target_model_path, args.layer_ids, args.max_model_len,
                                args.gpu_memory_utilization, args.tensor_parallel_size)
-    layer_ids = list(getattr(generator, "layer_ids"))
-    hidden = hidden_size_of(args.target_model_path)
-    print("generator ready in %.1fs: %s, layers %s, hidden size %d, tensor parallel %d"
-          % (time.time() - t0, args.target_model_path, layer_ids, hidden, args.tensor_parallel_size),
-          file=out, flush=True)
-    write_json_atomic(config_path, data_config(torch, args, layer_ids, hidden,
-                                               getattr(generator, "tensor_parallel_size", args.tensor_parallel_size),
-                                               len(records)))
-
-    bar = tqdm(total=len(records), initial=done, desc="Generating hidden states", unit="sample",
-               mininterval=_mininterval(), file=sys.stderr)
+    bar = None
     written = 0
     try:
+        layer_ids = list(getattr(generator, "layer_ids"))
+        print("generator ready in %.1fs: %s, layers %s, hidden size %d, tensor parallel %d"
+              % (time.time() - t0, args.target_model_path, layer_ids, hidden, args.tensor_parallel_size),
+              file=out, flush=True)
+        write_json_atomic(config_path, data_config(torch, args, layer_ids, hidden,
+                                                   getattr(generator, "tensor_parallel_size",
+                                                           args.tensor_parallel_size), len(records)))
+        bar = tqdm(total=len(records), initial=done, desc="Generating hidden states", unit="sample",
+                   mininterval=_mininterval(), file=sys.stderr)
         for start in range(0, len(todo), args.batch_size):
             batch = todo[start:start + args.batch_size]
             results = generator.generate([records[i]["input_ids"] for i in batch])
@@ -447,10 +447,14 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
                 bar.update(1)
             _fsync_dir(args.output_dir)
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
         shutdown = getattr(getattr(generator, "executor", None), "shutdown", None)
         if callable(shutdown):   # stop vLLM's workers now, not whenever the interpreter collects them
-            shutdown()
+            try:
+                shutdown()
+            except Exception as exc:   # reported; an error already on its way out must not be hidden
+                print("warning: engine shutdown failed: %s: %s" % (type(exc).__name__, exc), file=sys.stderr)
     print("wrote %d sample(s) to %s in %.1fs (%d of %d present)"
           % (written, args.output_dir, time.time() - t0, done + written, len(records)), file=out, flush=True)
     return 0

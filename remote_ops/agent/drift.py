@@ -309,10 +309,10 @@ _DEF_RE = re.compile(rb"^    (?:async[ \t]+)?def[ \t]+(\w+)[ \t]*\(", re.M)
 def _classes_in(data):
     """[(name, line, block bytes)] for top-level classes of a file's bytes."""
     out = []
-    tops = [m.start() for m in _TOP_RE.finditer(data)]
     for m in _CLASS_RE.finditer(data):
         start = m.start()
-        i = next((t for t in tops if t > start), len(data))
+        nxt = _TOP_RE.search(data, m.end())
+        i = nxt.start() if nxt else len(data)
         # decorators/comments at column 0 end a class body too; good enough for a body read
         out.append((m.group(1).decode(), data.count(b"\n", 0, start) + 1, data[start:i]))
     return out
@@ -348,16 +348,38 @@ def _assigns(block, name):
         re.search(rb"^    " + n + rb"[ \t]*[:=]", block, re.M) is not None
 
 
+def _files_with(blob, starts, needles, need):
+    """Indexes of the files (in the package blob) that contain at least ``need`` of ``needles``.
+    Such a file misses at most ``len - need`` needles, so it holds one of any ``len - need + 1``
+    of them: the longest (usually rarest) are searched through the blob, the rest per file."""
+    end = len(blob)
+    k = len(needles) - need + 1
+    probe = sorted(needles, key=len, reverse=True)[:max(k, 1)]
+    cands = set()
+    for n in probe:
+        pos = blob.find(n)
+        while pos >= 0:
+            i = bisect.bisect_right(starts, pos) - 1
+            cands.add(i)
+            nxt = starts[i + 1] if i + 1 < len(starts) else end
+            pos = blob.find(n, nxt)
+    out = []
+    for i in sorted(cands):
+        data = blob[starts[i]:starts[i + 1] - 1 if i + 1 < len(starts) else end]
+        if sum(1 for n in needles if n in data) >= need:
+            out.append(i)
+    return out
+
+
 def class_table(static, package, names, need, roots=()):
     """Classes of ``package`` whose own body has at least ``need`` of ``names`` (methods,
     ``self.x =`` assignments, class-level names): {module:Class: {where, methods, has, headers}}."""
     blob, starts, mods = static._package_files(package)
     enc = [n.encode() for n in names]
     out = {}
-    for i, modname in enumerate(mods):
+    for i in _files_with(blob, starts, enc, need):
+        modname = mods[i]
         data = blob[starts[i]:starts[i + 1] - 1 if i + 1 < len(starts) else len(blob)]
-        if sum(1 for n in enc if n in data) < need:
-            continue
         for cname, line, block in _classes_in(data):
             if sum(1 for n in enc if n in block) < need:
                 continue

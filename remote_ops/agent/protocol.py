@@ -86,6 +86,9 @@ def serve(stdin, out, package, request_text=None):
         _emit({"results": [{"ok": False, "error": {"kind": "bad-request", "message": str(exc)}}],
                "agent": agent_stats()}, out)
         return 2
+    # set by bundle's wrapper when python3 was looked up through a login shell: report what was
+    # found, so the controller runs it directly (with that PATH) for the rest of the session
+    login = os.environ.pop("REMOTE_OPS_LOGIN_LOOKUP", None)
     env = request.get("env") or {}
     for key, value in env.items():
         os.environ[str(key)] = str(value)
@@ -102,7 +105,10 @@ def serve(stdin, out, package, request_text=None):
                 "traceback": traceback.format_exc()}})
         if request.get("stop_on_error") and not results[-1]["ok"]:
             break
-    _emit({"results": results, "agent": agent_stats()}, out)
+    final = {"results": results, "agent": agent_stats()}
+    if login:
+        final["login"] = {"executable": sys.executable, "path": os.environ.get("PATH", "")}
+    _emit(final, out)
     return 0
 
 

@@ -50,7 +50,15 @@ def run(args, ctx) -> int:
     found: list = []
 
     def one(host, sess):
-        res = check_mod.run(sess, req)
+        r = req
+        if not args.playbook and getattr(host, "playbook", None):
+            # the host's playbook reviewed some drift: apply its check.accepted_drift (targets unchanged)
+            from dataclasses import replace
+
+            from remote_ops import playbook as pb_mod
+            pb = pb_mod.load(pb_mod.find(None, host))
+            r = replace(req, accepted_drift=list((pb.check or {}).get("accepted_drift") or []))
+        res = check_mod.run(sess, r)
         found.append((host.name, res))
         return res
 

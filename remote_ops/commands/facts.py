@@ -29,7 +29,9 @@ def render(console, f) -> None:
     from remote_ops.facts import human_bytes
 
     console.print(Text(f"{f.host} ({f.hostname})", style="bold"))
-    console.print(f"  python   {f.python_version}  {f.python_executable}")
+    how = f.raw.get("python", {}).get("found_by")
+    note = f"  [dim](python3 from the login shell's PATH)[/dim]" if how == "login shell PATH" else ""
+    console.print(f"  python   {f.python_version}  {f.python_executable}{note}")
     for name, p in f.packages.items():
         if p.present:
             console.print(f"  {name:<12} {p.version:<12} {p.location or ''}")

@@ -29,7 +29,7 @@ def run(args, ctx) -> int:
 
     def one(host, sess):
         raw = sess.call("compat.inspect", op_args)
-        out = dict(raw, host=host.name)
+        out = dict(raw, host=host.name, baselines={})
         if args.baseline:
             from remote_ops import drift
             out["baselines"] = drift.inspect_diff(out, args.baseline)

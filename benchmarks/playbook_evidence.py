@@ -1,0 +1,118 @@
+"""Static evidence for a playbook's `requires` range: patch + check on the real wheels of each release.
+
+For every vLLM release given, builds a host environment from the real PyPI wheels (speculators
+copied so it can be patched, vLLM's sources linked read-only; nothing imported), then runs
+remote-ops itself over a local connection: `patch --yes`, `check --strict` (binding findings and
+drift against the package's declared baseline, minus the playbook's accepted drift), and a second
+`patch` (must change nothing). Writes a JSON record per release and a markdown table.
+
+    python benchmarks/playbook_evidence.py --playbook playbooks/eagle3-speculators-0.3.0.yaml \\
+        --vllm 0.17.0,0.17.1,0.18.0,0.18.1,0.19.0,0.19.1,0.20.0,0.20.1,0.20.2,0.21.0 \\
+        --json benchmarks/results/playbook_evidence.json > benchmarks/PLAYBOOK_EVIDENCE.md
+
+This is the static half of the evidence (what binds, what drifted); what only a GPU shows is in
+benchmarks/GPU_RESULTS.md (benchmarks/gpu_extract_check.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from remote_ops import pkgsource, playbook  # noqa: E402
+
+
+def ro(inv: Path, *args: str) -> tuple[int, dict | None, str]:
+    p = subprocess.run([sys.executable, "-m", "remote_ops", "-i", str(inv), *args], capture_output=True,
+                       text=True, cwd=REPO, timeout=600)
+    try:
+        doc = json.loads(p.stdout) if p.stdout.strip() else None
+    except ValueError:
+        doc = None
+    return p.returncode, doc, p.stderr.strip()
+
+
+def one(version: str, pb_path: Path, speculators: str, tmp: Path) -> dict:
+    t0 = time.monotonic()
+    try:
+        python = pkgsource.make_env(tmp / f"env-{version}" / "venv", [("speculators", speculators), ("vllm", version)])
+    except Exception as exc:   # a release whose wheel cannot be had is reported, not skipped silently
+        return {"vllm": version, "error": f"{type(exc).__name__}: {exc}"}
+    inv = tmp / f"inv-{version}.yaml"
+    inv.write_text(json.dumps({"hosts": {"h": {"connection": "local", "python": str(python),
+                                                "playbook": str(pb_path),
+                                                "env": {"REMOTE_OPS_STATE_DIR": str(tmp / f"state-{version}")}}}}))
+    before_rc, before, _ = ro(inv, "check", "h", "--json")
+    patch_rc, patch, patch_err = ro(inv, "patch", "h", "--yes", "--json")
+    check_rc, check, check_err = ro(inv, "check", "h", "--strict", "--json")
+    again_rc, again, _ = ro(inv, "patch", "h", "--yes", "--json")
+    rec = {
+        "vllm": version, "speculators": speculators,
+        "before": {"rc": before_rc, "findings": len((before or {}).get("findings") or []),
+                   "drift": sorted(f"{d['kind']} {d['name']}" for d in (before or {}).get("drift") or [])},
+        "patch": {"rc": patch_rc, "changed": (patch or {}).get("changed"),
+                  "edits": {e.get("edit"): e.get("state") for e in (patch or {}).get("edits") or []},
+                  "error": None if patch_rc == 0 else patch_err.splitlines()[-1:]},
+        "after": {"rc": check_rc,
+                  "findings": [f"{f['kind']} {f.get('symbol')} {f.get('name')}" for f in (check or {}).get("findings") or []],
+                  "drift": [f"{d['kind']} {d.get('symbol')} {d.get('name')}" for d in (check or {}).get("drift") or []],
+                  "accepted": sorted(d["name"] for d in (check or {}).get("drift_accepted") or []),
+                  "accepted_unmatched": sorted(a["name"] for a in (check or {}).get("accepted_unmatched") or []),
+                  "unknown": len((check or {}).get("unknown") or []),
+                  "baseline": ((check or {}).get("baseline") or {}).get("version"),
+                  "error": None if check is not None else check_err.splitlines()[-1:]},
+        "rerun_changed": (again or {}).get("changed") if again_rc == 0 else f"exit {again_rc}",
+        "seconds": round(time.monotonic() - t0, 1),
+    }
+    rec["clean"] = (patch_rc == 0 and check_rc == 0 and not rec["after"]["findings"] and not rec["after"]["drift"]
+                    and rec["rerun_changed"] is False)
+    return rec
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--playbook", default=str(REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"))
+    ap.add_argument("--vllm", required=True, help="comma list of vLLM releases")
+    ap.add_argument("--speculators", default="0.3.0")
+    ap.add_argument("--json", help="write the records here")
+    args = ap.parse_args(argv)
+    pb_path = Path(args.playbook).resolve()
+    pb = playbook.load(pb_path)
+    records = []
+    with tempfile.TemporaryDirectory(prefix="ro-evidence-") as tmp:
+        for v in [x.strip() for x in args.vllm.split(",") if x.strip()]:
+            records.append(one(v, pb_path, args.speculators, Path(tmp)))
+            print(f"{v}: {'clean' if records[-1].get('clean') else 'NOT clean'}", file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"playbook": pb_path.name, "requires": pb.requires,
+                                               "records": records}, indent=2) + "\n")
+    print(f"# Static evidence for {pb_path.name}\n")
+    print(f"Generated by `python benchmarks/playbook_evidence.py` (see its docstring for the exact command). "
+          f"The playbook's requires: `{json.dumps(pb.requires)}`. Per release: the real wheels, `patch --yes`, "
+          f"`check --strict` over a local connection, then `patch` again.\n")
+    print("| vLLM | before: findings / drift | patch | after: findings | after: drift | accepted drift | "
+          "rerun changed | clean |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in records:
+        if "error" in r:
+            print(f"| {r['vllm']} | wheel not available: {r['error'][:80]} | | | | | | no |")
+            continue
+        b, a = r["before"], r["after"]
+        print(f"| {r['vllm']} | {b['findings']} / {len(b['drift'])} | exit {r['patch']['rc']} | "
+              f"{len(a['findings'])} {'; '.join(a['findings'])} | {len(a['drift'])} {'; '.join(a['drift'])} | "
+              f"{len(a['accepted'])} | {r['rerun_changed']} | {'yes' if r['clean'] else 'no'} |")
+    clean = [r["vllm"] for r in records if r.get("clean")]
+    print(f"\nClean after the patch: {', '.join(clean) if clean else 'none'}.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
