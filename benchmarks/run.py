@@ -874,8 +874,8 @@ def why(b: Bench, rtts: list[float]) -> list[str]:
                    f"connection and 2 execs, so the gap is CPU, not round trips: the remote-ops process used "
                    f"{ctl:.2f} CPU-s (interpreter start, imports, paramiko's handshake in Python) and the agent "
                    f"{hcpu:.2f} CPU-s on the host over its 2 execs (reading the target; then the transaction, "
-                   "including the re-check of the new text against the installed vLLM sources before "
-                   "committing), where the floor runs the C ssh client and `cat` twice. On this machine the "
+                   "including the re-check of the patched modules, old and new text, against the installed vLLM "
+                   "sources before committing), where the floor runs the C ssh client and `cat` twice. On this machine the "
                    "controller, sshd and the agent share the same CPUs, so each also waits for the others.")
     for name in ("remote-ops patch (no-op rerun)", "remote-ops facts"):
         r = ratio(b, name, hi)
@@ -902,8 +902,8 @@ def why(b: Bench, rtts: list[float]) -> list[str]:
                    f"({hit / off:.2f}x). What the cache can remove is compiling the agent's sources; what is "
                    f"left is the interpreter's own start ({st:.3f}s), the bootstrap's stdlib imports and "
                    f"reading the request ({bo:.3f}s) and the op itself ({hit - st - bo:.3f}s: package "
-                   "metadata for facts; reading the targets, and the re-check of the new text against the "
-                   "installed vLLM sources, for patch). Halving it needs a resident agent (no interpreter "
+                   "metadata for facts; reading the targets, and the re-check of the patched modules against "
+                   "the installed vLLM sources, for patch). Halving it needs a resident agent (no interpreter "
                    "start per exec) or cheaper ops, not a faster bootstrap.")
     one, many = ctl_cpu(b, "fleet: remote-ops patch on 1 host"), ctl_cpu(b, "fleet: remote-ops patch on 16 hosts")
     if one and many and many / one > 1.5:

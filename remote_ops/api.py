@@ -139,14 +139,16 @@ class Inventory:
         return self.run(spec, lambda h, s: check_mod.run(s, req))
 
     def patch(self, spec: str | None = None, *, playbook: str | None = None, dry_run: bool = False,
-              import_check: bool = False) -> Results:
+              import_check: bool = False, allow_findings: bool = False) -> Results:
         """`remote-ops patch --yes --json` (no prompt: the API is for scripts): read, compute and
-        validate locally, then one atomic journaled transaction per host; a rerun changes nothing."""
+        validate locally, then one atomic journaled transaction per host; a rerun changes nothing.
+        Each result's ``verification.line`` says what was verified (or why nothing was)."""
         from remote_ops import patching
         books = self._playbooks(spec, playbook)
 
         def one(host, session):
-            out = patching.run_host(session, host, books[host.name], dry_run=dry_run, import_check=import_check)
+            out = patching.run_host(session, host, books[host.name], dry_run=dry_run, import_check=import_check,
+                                     allow_findings=allow_findings)
             out.pop("plan", None)
             return out
         return self.run(spec, one)

@@ -13,7 +13,8 @@ from typing import Any
 
 FINDING_KEYS = ("path", "line", "symbol", "kind", "name", "message", "suggestion")
 # extra structured data kept on every finding (for people and for `check --emit-playbook`)
-FINDING_EXTRAS = ("col", "module", "call", "source", "signature", "signature_mode", "signature_origin", "fix")
+FINDING_EXTRAS = ("col", "module", "defined", "call", "source", "signature", "signature_mode", "signature_origin",
+                  "fix")
 
 from remote_ops.agent.compat import DEFAULT_AGAINST as _AGAINST
 from remote_ops.agent.compat import DEFAULT_PACKAGE

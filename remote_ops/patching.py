@@ -24,7 +24,7 @@ from remote_ops.errors import AgentError, ConfigError, RefusedError
 from remote_ops.playbook import Playbook
 
 # agent failure kinds that are refusals (exit REFUSED), not agent crashes
-REFUSAL_KINDS = {"changed", "locked", "import-failed", "verify-failed", "outside", "other-owner", "read-only",
+REFUSAL_KINDS = {"changed", "locked", "import-failed", "verify-failed", "findings-remain", "journal-corrupt", "outside", "other-owner", "read-only",
                  "hardlinked", "disk-full", "write-failed", "compile", "no-module", "not-source", "no-file",
                  "not-file", "unreadable", "backup-corrupt", "no-entry", "missing-target"}
 
@@ -79,6 +79,7 @@ class PatchPlan:
     packages: dict[str, str | None]
     targets: list[TargetPlan]
     recovered: list = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)    # what local validation could not check
 
     @property
     def changed(self) -> bool:
@@ -91,9 +92,32 @@ class PatchPlan:
         return [{"target": t.label, "edit": r.edit_id, "state": r.state, "lines": r.sites}
                 for t in self.targets for r in t.result.results]
 
-    def targeted_findings(self) -> list[dict]:
-        return [dict(f, module=t.module) for t in self.targets for e in _edits_of(self.playbook, t.label)
-                for f in e.fixes]
+    def pending_edits(self) -> list:
+        """(target, edit) of every edit this plan applies now."""
+        out = []
+        for t in self.targets:
+            pending = {r.edit_id for r in t.result.results if r.state == "pending"}
+            out += [(t, e) for e in _edits_of(self.playbook, t.label) if e.id in pending]
+        return out
+
+    def verify_request(self, allow_findings: bool = False) -> tuple[dict | None, str | None]:
+        """The agent's verification arguments, or (None, why nothing can be verified)."""
+        pb = self.playbook
+        changed = [t for t in self.targets if t.changed]
+        if not changed:
+            return None, "nothing to change (every edit is already applied)"
+        if not pb.check:
+            return None, (f"the playbook has no check: section ({pb.path}), so the patched modules are "
+                          "not re-checked")
+        unnamed = [t.label for t in changed if not t.module]
+        if unnamed:
+            return None, (f"{', '.join(unnamed)} is named by path, not module, and the check analyses "
+                          "modules; name it by module to re-check it")
+        vargs = dict(check_args(pb))
+        vargs["targets"] = sorted({t.module for t in changed})
+        fixes = [dict(f, edit=e.id, where=f"{pb.path}:{f.get('line') or e.line}")
+                 for _t, e in self.pending_edits() for f in e.fixes]
+        return {"args": vargs, "fixes": fixes, "allow_findings": bool(allow_findings)}, None
 
 
 def _edits_of(pb: Playbook, label: str) -> list:
@@ -134,6 +158,7 @@ def compute(pb: Playbook, raw: dict, host_name: str) -> PatchPlan:
     pb.require_met(raw.get("packages") or {}, host=host_name)
     python = raw.get("python") or [3, 10]
     targets: list[TargetPlan] = []
+    notes: list[str] = []
     for patch, t in zip(pb.patches, raw["targets"]):
         data = base64.b64decode(t["data"])
         label = patch.label
@@ -155,31 +180,74 @@ def compute(pb: Playbook, raw: dict, host_name: str) -> PatchPlan:
                 raise RefusedError(f"{exc} (playbook {pb.path}:{pb.edit_line(exc.edit_id)})",
                                    "nothing was changed on the host", host=host_name) from None
             problems = []
+            skipped = []
             if result.changed:
                 p = validate.check_syntax(result.new_text, t["real"], python)
                 if p:
                     problems.append(p)
                 else:
                     introduced = {r.edit_id: r.introduced for r in result.results if r.state == "pending"}
-                    problems += validate.undefined_names(text, result.new_text, t["real"], introduced)
+                    names = validate.undefined_names(text, result.new_text, t["real"], introduced)
+                    problems += names
+                    if names.skipped:
+                        skipped.append(names.skipped)
             if problems:
                 raise RefusedError("patched text is invalid: " + "; ".join(map(str, problems)),
                                    "nothing was changed on the host; fix the playbook", host=host_name)
-            return plancache.entry_for(key, result, encoding, edits_mod.encode_source(result.new_text, encoding))
+            return plancache.entry_for(key, result, encoding, edits_mod.encode_source(result.new_text, encoding),
+                                       notes=skipped, path=t["real"])
 
         # the same edits on the same bytes for the same Python: computed once (this run, or before)
         entry, computed = plancache.plan(pb, patch, data, python, fresh)
         result = plancache.file_result(entry, t["real"], text)
+        notes += plancache.notes(entry, t["real"])
         new_bytes = edits_mod.encode_source(result.new_text, encoding) if result.changed else data
         targets.append(TargetPlan(label, patch.module, t["path"], t["real"], t.get("is_link", False),
                                   t["sha256"], t["mode"], encoding, result, new_bytes,
                                   "computed" if computed else "cached"))
     return PatchPlan(host_name, pb, list(python), raw.get("packages") or {}, targets,
-                     raw.get("recovered") or [])
+                     raw.get("recovered") or [], notes)
 
 
-def apply(session, plan: PatchPlan, host, *, import_check: bool = False) -> dict:
-    """Round trip 2: the whole transaction on the host."""
+def verification(plan: PatchPlan, agent_record: dict | None, reason: str | None) -> dict:
+    """What was verified, for every patch result (JSON and people): ``line`` is
+    ``verified: N targeted findings gone, M calls re-checked`` or ``not verified: <why>``."""
+    if agent_record is None:
+        why = reason or "the host's agent did not re-check the patched text"
+        return {"verified": False, "line": f"not verified: {why}", "reason": why}
+    v = dict(agent_record)
+    unfixed = [e.id for _t, e in plan.pending_edits() if not e.fixes]
+    extra = []
+    if unfixed:
+        extra.append(f"edit(s) {', '.join(unfixed)} declare no fixes, so nothing checks what they do")
+    if v.get("remaining"):
+        extra.append(f"{len(v['remaining'])} finding(s) remain in the patched module(s) (--allow-findings)")
+    if v.get("unknown"):
+        extra.append(f"{v['unknown']} call(s) could not be decided")
+    tail = f" ({'; '.join(extra)})" if extra else ""
+    if not v.get("fixes"):
+        why = (f"no edit applied declares fixes; {v.get('calls_rechecked', 0)} calls re-checked, "
+               f"{len(v.get('remaining') or [])} finding(s) remain")
+        return dict(v, verified=False, reason=why, line=f"not verified: {why}{tail}")
+    return dict(v, verified=True, reason=None,
+                line=f"verified: {v['targeted_gone']} targeted findings gone, {v['calls_rechecked']} calls "
+                     f"re-checked{tail}")
+
+
+def verify_only(session, plan: PatchPlan, host, *, allow_findings: bool = False) -> dict:
+    """The apply step's verification without the transaction (``patch --dry-run``): one round trip."""
+    req, reason = plan.verify_request(allow_findings)
+    if req is None:
+        return verification(plan, None, reason)
+    args = {"verify": req, "targets": [{"module": t.module, "encoding": t.encoding,
+                                        "data": base64.b64encode(t.new_bytes).decode()}
+                                       for t in plan.targets if t.changed]}
+    (res,) = session.call_many([("patching.verify", args)])
+    return verification(plan, unwrap(res, host.name, "verifying the patch")["verified"], None)
+
+
+def apply(session, plan: PatchPlan, host, *, import_check: bool = False, allow_findings: bool = False) -> dict:
+    """Round trip 2: the whole transaction on the host (its result carries ``verification``)."""
     pb = plan.playbook
     changed = [t for t in plan.targets if t.changed]
     wire = {id(t): p.to_wire() for p, t in zip(pb.patches, plan.targets)}
@@ -190,25 +258,21 @@ def apply(session, plan: PatchPlan, host, *, import_check: bool = False) -> dict
                      "encoding": t.encoding, "data": base64.b64encode(t.new_bytes).decode(),
                      "spec": wire[id(t)]} for t in changed],
     }
-    gone = plan.targeted_findings()
-    if pb.check and gone:
-        # only the modules this patch rewrites need the re-check; the others are unchanged
-        patched = {t.module for t in changed if t.module}
-        vargs = dict(check_args(pb))
-        vargs["targets"] = [m for m in vargs["targets"] if m in patched] or vargs["targets"]
-        if all(f.get("symbol") for f in gone):
-            # and only the calls whose findings the edits fix (the others are not the patch's claim)
-            vargs["only_symbols"] = sorted({f["symbol"] for f in gone})
-        args["verify"] = {"args": vargs, "gone": gone}
+    req, reason = plan.verify_request(allow_findings)
+    if req is not None:
+        args["verify"] = req
     if import_check:
         args["import_check"] = sorted({t.module for t in plan.targets if t.module})
     (res,) = session.call_many([("patching.apply", args)])
-    return unwrap(res, host.name, "applying the patch")
+    out = unwrap(res, host.name, "applying the patch")
+    out["verification"] = verification(plan, out.get("verified"), reason or out.get("verify_skipped"))
+    return out
 
 
 def run_host(session, host, pb: Playbook, *, dry_run: bool = False, import_check: bool = False,
-             confirm=None) -> dict:
-    """read -> compute -> (confirm) -> apply on one host; returns a JSON-able outcome."""
+             allow_findings: bool = False, confirm=None) -> dict:
+    """read -> compute -> (verify for a dry run | confirm -> apply) on one host; returns a JSON-able
+    outcome whose ``verification.line`` says what was verified or why nothing was."""
     t0 = time.perf_counter()
     execs0 = session.stats.execs
     prefetch_libcst(pb)
@@ -220,16 +284,21 @@ def run_host(session, host, pb: Playbook, *, dry_run: bool = False, import_check
                         "changed": t.changed, "sha256_before": t.sha256, "plan": t.plan_source}
                        for t in plan.targets],
            "edits": plan.edit_states(), "diff": plan.diff(),
-           "recovered": plan.recovered, "plan": plan}
-    if plan.changed and not dry_run:
+           "recovered": plan.recovered, "plan": plan, "notes": list(plan.notes),
+           "verification": verification(plan, None, plan.verify_request()[1])}
+    if plan.changed and dry_run:
+        out["verification"] = verify_only(session, plan, host, allow_findings=allow_findings)
+    elif plan.changed:
         if confirm is not None and not confirm(plan):
             out["declined"] = True
+            out["verification"] = verification(plan, None, "not applied (declined at the prompt)")
         else:
-            res = apply(session, plan, host, import_check=import_check)
+            res = apply(session, plan, host, import_check=import_check, allow_findings=allow_findings)
             entry = res.get("entry")
             out.update(changed=bool(res.get("changed")), txid=entry and entry["txid"],
-                       journal=entry, lock_wait_s=res.get("lock_wait_s"), verified=res.get("verified"),
-                       import_check=res.get("import_check"), recovered=plan.recovered + (res.get("recovered") or []))
+                       journal=entry, lock_wait_s=res.get("lock_wait_s"), verification=res["verification"],
+                       import_check=res.get("import_check"), recovered=plan.recovered + (res.get("recovered") or []),
+                       notes=plan.notes + list((entry or {}).get("notes") or []))
             if entry is None:
                 out["note"] = "already applied on the host by another controller"
     out["round_trips"] = session.stats.execs - execs0

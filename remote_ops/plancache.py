@@ -32,7 +32,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-FORMAT = 1
+FORMAT = 2
 ENV = "REMOTE_OPS_PLAN_CACHE"
 
 _mem: dict[str, dict] = {}
@@ -150,14 +150,24 @@ def _store(path: Path, entry: dict) -> None:
         pass
 
 
-def entry_for(k: str, result, encoding: str, new_bytes: bytes) -> dict:
-    """The cacheable part of a computed target plan (``result``: edits.FileResult)."""
+_PATH = "\x00target\x00"   # the target's path in cached notes (it differs between hosts)
+
+
+def entry_for(k: str, result, encoding: str, new_bytes: bytes, *, notes: list[str] = (), path: str = "") -> dict:
+    """The cacheable part of a computed target plan (``result``: edits.FileResult; ``notes``:
+    what validation said it could not check, naming ``path``)."""
     out = {"format": FORMAT, "key": k, "same": not result.changed, "encoding": encoding,
            "results": [{"edit_id": r.edit_id, "state": r.state, "sites": list(r.sites),
-                        "introduced": sorted(r.introduced)} for r in result.results]}
+                        "introduced": sorted(r.introduced)} for r in result.results],
+           "notes": [n.replace(path, _PATH) if path else n for n in notes]}
     if result.changed:
         out.update(new_text=result.new_text, new_sha256=_sha(new_bytes), diff_body=result.diff_body())
     return out
+
+
+def notes(entry: dict, path: str) -> list[str]:
+    """The entry's validation notes, naming this host's path of the target."""
+    return [str(n).replace(_PATH, path) for n in entry.get("notes") or []]
 
 
 def file_result(entry: dict, path: str, old_text: str):

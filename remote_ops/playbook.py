@@ -18,12 +18,18 @@
             add: {block_size: VLLM_BLOCK_SIZE}
             rename: {old_kw: new_kw}
             expect: 1                       # matching calls expected (default 1; "any" for one or more)
-            fixes: [{kind: unexpected-keyword, callee: Request, param: eos_token_id}]
+            fixes: [{kind: unexpected-keyword, symbol: vllm.v1.request.Request, name: eos_token_id}]
           - id: execute-then-sample
             replace:
               old: "..."
               new: "..."
     extract: {...}                          # free-form mapping, read by the extract feature
+
+``fixes`` entries are findings as ``remote-ops check --json`` prints them: ``kind`` (one of the
+check's finding kinds), ``symbol`` (the callee, spelled by the module that defines it or by one that
+imports it: both resolve to the same definition on the host) and optionally ``name`` (the keyword or
+parameter). Any other key is an error. ``patch`` re-checks the patched modules before writing and
+refuses unless every entry matched a finding of the unpatched text and none of the patched text.
 
 A value ``FILL-ME`` / ``<FILL ME...>`` anywhere is a placeholder (written by ``check --emit-playbook``):
 the loader refuses the playbook until a person replaces it.
@@ -47,6 +53,7 @@ TOP_KEYS = {"name", "description", "requires", "check", "patches", "extract", "a
 PATCH_KEYS = {"module", "path", "edits", "allow_outside"}
 CALL_KEYS = {"id", "call", "drop", "add", "rename", "expect", "fixes", "note"}
 TEXT_KEYS = {"id", "replace", "fixes", "note"}
+FIX_KEYS = {"kind", "symbol", "name"}
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -180,6 +187,38 @@ def _bool(doc, keys, value) -> bool:
     return value
 
 
+def _parse_fixes(doc: YamlDoc, keys: tuple, raw: Any, eid: str) -> list[dict]:
+    """``fixes``: a list of {kind, symbol[, name]}; anything else is an error at its line."""
+    from remote_ops.agent.callsites import FINDING_KINDS
+
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise doc.error(keys, f"fixes of edit {eid!r} must be a list of findings, got {type_name(raw)}")
+    out = []
+    for i, f in enumerate(raw):
+        k = keys + (i,)
+        if not isinstance(f, dict):
+            raise doc.error(k, f"a fixes entry of edit {eid!r} must be a mapping {{kind, symbol, name}}, "
+                            f"got {type_name(f)}")
+        doc.check_keys(k, f, FIX_KEYS, f"in a fixes entry of edit {eid!r}")
+        for need in ("kind", "symbol"):
+            if need not in f:
+                raise doc.error(k, f"a fixes entry of edit {eid!r} needs {need!r}",
+                                "copy kind, symbol and name from `remote-ops check --json`")
+        if f["kind"] not in FINDING_KINDS:
+            raise doc.error(k + ("kind",), f"unknown finding kind {f['kind']!r} in edit {eid!r}",
+                            f"known kinds: {', '.join(FINDING_KINDS)}")
+        if not isinstance(f["symbol"], str) or not _DOTTED.match(f["symbol"]):
+            raise doc.error(k + ("symbol",), f"symbol {f['symbol']!r} of edit {eid!r} is not a dotted name",
+                            "e.g. vllm.v1.request.Request")
+        name = f.get("name")
+        if name is not None and not isinstance(name, str):
+            raise doc.error(k + ("name",), f"name of a fixes entry of edit {eid!r} must be a string")
+        out.append({"kind": f["kind"], "symbol": f["symbol"], "name": name, "line": doc.line(*k)})
+    return out
+
+
 def _parse_edit(doc: YamlDoc, keys: tuple, raw: Any, seen: set[str]):
     if not isinstance(raw, dict):
         raise doc.error(keys, f"an edit must be a mapping, got {type_name(raw)}")
@@ -191,10 +230,7 @@ def _parse_edit(doc: YamlDoc, keys: tuple, raw: Any, seen: set[str]):
         raise doc.error(keys + ("id",), f"duplicate edit id {eid!r}")
     seen.add(eid)
     line = doc.line(*keys)
-    fixes = raw.get("fixes") or []
-    if not isinstance(fixes, list) or not all(isinstance(f, (dict, str)) for f in fixes):
-        raise doc.error(keys + ("fixes",), "fixes must be a list of finding mappings")
-    fixes = [f if isinstance(f, dict) else {"kind": f} for f in fixes]
+    fixes = _parse_fixes(doc, keys + ("fixes",), raw.get("fixes"), eid)
     if "call" in raw and "replace" in raw:
         raise doc.error(keys, f"edit {eid!r} has both 'call' and 'replace'; use one edit for each")
     if "call" in raw:

@@ -44,8 +44,9 @@ class SshdServer:
     """sshd listening on ``address:port``, keys and config under ``root`` (created 0700)."""
 
     def __init__(self, root: str | Path, address: str = "127.0.0.1", port: int | None = None,
-                 extra_config: str = ""):
+                 extra_config: str = "", log_level: str = "ERROR"):
         self.root = Path(root)
+        self.log_level = log_level
         self.address = address
         self.port = port or free_port(address)
         self.extra_config = extra_config
@@ -106,7 +107,7 @@ UsePAM no
 MaxSessions 100
 MaxStartups 200:30:400
 Subsystem sftp internal-sftp
-LogLevel ERROR
+LogLevel {self.log_level}
 PrintMotd no
 AcceptEnv LANG LC_*
 {self.extra_config}
@@ -182,10 +183,10 @@ AcceptEnv LANG LC_*
                     break
                 time.sleep(0.05)
 
-    def kill_sessions(self) -> int:
-        """Kill the per-connection sshd children (fault injection: the connection dies)."""
+    def session_pids(self) -> list[int]:
+        """The per-connection sshd children of the listener: one per open SSH connection."""
         listener = self.proc.pid if self.proc else self.daemon_pid()
-        killed = 0
+        out = []
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
@@ -195,9 +196,16 @@ AcceptEnv LANG LC_*
             except (OSError, ValueError, IndexError):
                 continue
             if ppid == listener:
-                try:
-                    os.kill(int(entry.name), signal.SIGKILL)
-                    killed += 1
-                except OSError:
-                    pass
+                out.append(int(entry.name))
+        return out
+
+    def kill_sessions(self) -> int:
+        """Kill the per-connection sshd children (fault injection: the connection dies); how many."""
+        killed = 0
+        for pid in self.session_pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
         return killed

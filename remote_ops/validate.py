@@ -3,7 +3,8 @@
 - ``check_syntax``: the text parses with the grammar of the host's Python version
   (``ast.parse(feature_version=...)``) and compiles (``compile()``).
 - ``undefined_names``: names an edit brings in that resolve nowhere in the module (not a local of the
-  enclosing function, not a module-level binding, not a builtin), e.g. ``VLLM_BLOCK_SIZE``.
+  enclosing function, not a module-level binding, not a builtin), e.g. ``VLLM_BLOCK_SIZE``. A module
+  with a star import cannot be told: the result says so in ``skipped`` instead of passing silently.
 """
 
 from __future__ import annotations
@@ -25,6 +26,13 @@ class Problem:
         where = f"{self.path}:{self.line}" if self.line else self.path
         who = f" (edit {self.edit_id!r})" if self.edit_id else ""
         return f"{where}: {self.message}{who}"
+
+
+class NameCheck(list):
+    """The problems ``undefined_names`` found (a list of Problem), and ``skipped``: why the check
+    could not run on this module (None when it ran)."""
+
+    skipped: str | None = None
 
 
 def check_syntax(text: str, path: str, python: tuple[int, ...] | list[int] | None) -> Problem | None:
@@ -99,23 +107,28 @@ def _unresolved(text: str, path: str) -> dict[str, list[int]] | None:
 
 
 def undefined_names(old_text: str, new_text: str, path: str, introduced: dict[str, set[str]]
-                    ) -> list[Problem]:
+                    ) -> NameCheck:
     """Names the edits introduce (``{edit_id: {names}}``) that do not resolve in the new module.
 
     A name that was already unresolved in the original text is not blamed on the edit (it is either
     a dynamic global the module relies on, or an existing bug we did not make).
     """
+    out = NameCheck()
     try:
         new_bad = _unresolved(new_text, path)
     except SyntaxError:
-        return []            # reported by check_syntax
-    if new_bad is None:      # star import: cannot tell, do not guess
-        return []
+        return out           # reported by check_syntax
+    if new_bad is None:      # star import: cannot tell, do not guess, and say so
+        names = sorted(set().union(*introduced.values())) if introduced else []
+        out.skipped = (f"{path}: undefined-name check skipped: the module has a star import, so the names it "
+                       "binds cannot be told without importing it"
+                       + (f"; not checked: {', '.join(names)}" if names else ""))
+        return out
     try:
         old_bad = _unresolved(old_text, path) or {}
     except SyntaxError:
         old_bad = {}
-    problems = []
+    problems = out
     for edit_id, names in introduced.items():
         for name in sorted(names):
             if name in new_bad and name not in old_bad:

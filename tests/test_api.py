@@ -17,27 +17,11 @@ from tests.conftest import REPO, SPECULATORS, VLLM_NEW, write_inventory
 
 PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
 
-# The README's "Python API" example, verbatim (it expects ./inventory.yaml with the sandbox host).
-EXAMPLE = '''\
-import remote_ops.api as ro
-
-with ro.open_inventory("inventory.yaml") as inv:
-    facts = inv.facts("sandbox")                 # a host, a group, or "a,b"
-    print("vllm", facts["sandbox"].value["packages"]["vllm"]["version"])
-    found = inv.check("sandbox")
-    print(len(found["sandbox"].value["findings"]), "findings")
-    first = inv.patch("sandbox")
-    again = inv.patch("sandbox")                 # idempotent: nothing left to change
-    print("changed", first["sandbox"].value["changed"], "then", again["sandbox"].value["changed"])
-    if not first.ok:
-        raise SystemExit(f"failed on {first.failed_hosts}: {first.to_json()}")
-'''
-
-
-def _readme_example() -> str | None:
+def _readme_example() -> str:
+    """The README's "Python API" example, as written there (it expects ./inventory.yaml with the
+    sandbox host). No fallback copy: if the README loses it, this test fails."""
     readme = (REPO / "README.md").read_text()
-    if "import remote_ops.api as ro" not in readme:
-        return None
+    assert "import remote_ops.api as ro" in readme, "README.md has no Python API example any more"
     start = readme.index("import remote_ops.api as ro")
     return readme[start: readme.index("```", start)]
 
@@ -47,7 +31,7 @@ def test_readme_example_runs_against_sshd(tmp_path, sshd, fresh_env017, state_di
                     {"sandbox": sshd.host_entry(str(fresh_env017), playbook=str(PLAYBOOK),
                                                 env={"REMOTE_OPS_STATE_DIR": str(state_dir)})},
                     default="sandbox")
-    code = _readme_example() or EXAMPLE
+    code = _readme_example()
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr

@@ -681,3 +681,33 @@ def test_only_symbols_narrows_the_check_to_those_callees(tmp_path):
     narrow = compat.op_check(dict(base, only_symbols=["libx.f"]))
     assert {(f["symbol"], f["name"]) for f in narrow["findings"]} == {("libx.f", "zz")}
     assert narrow["calls_checked"] == 1
+
+
+def test_only_symbols_matches_a_symbol_spelled_by_its_defining_module(tmp_path):
+    """One matcher: ``libx.core.Conf`` (where it is defined) and ``libx.Conf`` (the re-export the caller
+    imports) are the same class, so either spelling selects the call; findings carry ``defined``.
+    A spelling that names nothing is refused, not matched vacuously."""
+    from remote_ops.agent import compat
+    from remote_ops.agent.protocol import AgentFailure
+
+    lib = tmp_path / "libx"
+    lib.mkdir()
+    (lib / "__init__.py").write_text("from .core import Conf, g\n")
+    (lib / "core.py").write_text("class Conf:\n    def __init__(self, a, *, must):\n        pass\n\n"
+                                 "def g(b):\n    pass\n")
+    (lib / "other.py").write_text("class Conf:\n    def __init__(self, a, *, must):\n        pass\n")
+    (tmp_path / "callery.py").write_text("from libx import Conf, g\n\nConf(1)\ng(c=3)\n")
+    base = {"targets": ["callery"], "against": ["libx"], "sys_path": [str(tmp_path)]}
+    full = compat.op_check(dict(base))
+    conf = [f for f in full["findings"] if f["name"] == "must"]
+    assert [(f["symbol"], f["defined"]) for f in conf] == [("libx.Conf", "libx.core.Conf")]
+    for spelling in ("libx.core.Conf", "libx.Conf"):
+        narrow = compat.op_check(dict(base, only_symbols=[spelling]))
+        assert {(f["symbol"], f["name"]) for f in narrow["findings"]} == {("libx.Conf", "must")}, spelling
+        assert narrow["calls_checked"] == 1 and narrow["only_unmatched"] == []
+    # another class of the same name is another symbol: it selects nothing here, and says so
+    other = compat.op_check(dict(base, only_symbols=["libx.other.Conf"]))
+    assert other["findings"] == [] and other["calls_checked"] == 0
+    assert other["only_unmatched"] == ["libx.other.Conf"]
+    with pytest.raises(AgentFailure, match="libx.core.Cnof"):
+        compat.op_check(dict(base, only_symbols=["libx.core.Cnof"]))

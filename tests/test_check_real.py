@@ -70,7 +70,6 @@ def test_vllm_017_gives_every_real_breakage(paths):
 
 def test_recheck_of_edited_text_in_same_op(paths):
     """What patch validation does: the findings its edits target are gone from the new text."""
-    import importlib.util
     import os
 
     src = os.path.join(paths["0.17.0"][0], *GEN.split(".")) + ".py"
@@ -84,9 +83,14 @@ def test_recheck_of_edited_text_in_same_op(paths):
                        "                max_num_batched_tokens=max_num_batched_tokens,\n"
                        "                is_encoder_decoder=False,\n            ),")
     assert new != text
-    res = op_check({"sys_path": paths["0.17.0"], "override_sources": {GEN: new}})
-    assert res["findings"] == []
-    assert importlib.util is not None
+    before = op_check({"sys_path": paths["0.17.0"], "targets": [GEN]})
+    assert {(f["kind"], f["name"]) for f in before["findings"]} == {
+        ("unexpected-keyword", "eos_token_id"), ("unexpected-keyword", "kv_cache_specs"),
+        ("missing-argument", "block_size"), ("missing-argument", "is_encoder_decoder")}
+    res = op_check({"sys_path": paths["0.17.0"], "targets": [GEN], "override_sources": {GEN: new}})
+    assert res["findings"] == [] and res["unknown"] == []
+    # the same calls were checked in the edited text (it was analysed, not skipped)
+    assert res["calls_checked"] == before["calls_checked"] > 0
 
 
 def test_inspect_static_signatures(paths):

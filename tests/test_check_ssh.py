@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import textwrap
-import time
 
 EXPECTED_017 = {
     ("vllm.v1.core.kv_cache_utils.get_kv_cache_config_from_groups", "unexpected-keyword", "kv_cache_specs"),
@@ -16,9 +15,7 @@ EXPECTED_017 = {
 
 def test_check_017_json_and_exit_status(sshd, inventory_file, env_vllm017, cli):
     inv = inventory_file(python=str(env_vllm017))
-    t0 = time.perf_counter()
     status, out, err = cli("check", "testhost", "--json", "-i", str(inv))
-    wall = time.perf_counter() - t0
     assert status == 1, err
     res = json.loads(out)
     assert res["host"] == "testhost" and res["mode"] == "static"
@@ -29,12 +26,13 @@ def test_check_017_json_and_exit_status(sshd, inventory_file, env_vllm017, cli):
         # the analysed file is the one the host's interpreter imports, not a local copy
         assert f["path"].startswith(str(env_vllm017.parent.parent))
     assert res["unknown"] == []
+    # timing is reported, not bounded here (benchmarks/run.py and check_matrix.py measure it)
+    assert res["timing"]["host_analysis_s"] > 0 and res["timing"]["round_trip_s"] >= res["timing"]["host_analysis_s"]
     # drift against the version speculators pins (0.11.0), fetched and analysed on the controller
     assert res["baseline"]["version"] == "0.11.0" and res["baseline"]["source"].startswith("declared by speculators")
     assert {(d["kind"], d["name"]) for d in res["drift"]} >= {
         ("attribute-gone", "get_input_embeddings"), ("default-changed", "enable_prefix_caching"),
         ("default-changed", "enable_chunked_prefill"), ("return-changed", "collective_rpc")}
-    print(f"check over ssh: wall {wall:.2f}s, host analysis {res['timing']['host_analysis_s']:.3f}s")
 
 
 def test_check_011_clean(sshd, inventory_file, env_vllm011, cli):

@@ -58,6 +58,23 @@ def test_random_point_faults(rig, action, fault):
     _check(rig.trial(action, fault))
 
 
+def test_a_fault_is_counted_only_when_it_hit_something_in_flight(rig):
+    """A kill 10 ms after the controller starts lands in its Python start-up: no SSH session, no host
+    agent yet. It is reported as not fired (with the reason), not as an injected fault; an agent kill
+    at a commit point every transaction reaches is counted."""
+    for fault, why in (("controller-kill", "killed before it opened a connection"),
+                       ("sshd-kill", "no live SSH session")):
+        before = dict(rig.counts)
+        out = rig.trial("patch", fault, delay=0.01)
+        _check(out)
+        assert not out.hit and why in out.miss, out
+        assert dict(rig.counts) == before
+        assert any(k == fault and why in w for k, w in rig.missed)
+    out = rig.trial("patch", "agent-kill@after-journal")
+    _check(out)
+    assert out.hit and out.miss is None
+
+
 def test_eight_controllers_patch_at_once(rig):
     out = rig.concurrent(8)
     _check(out)

@@ -162,9 +162,12 @@ def test_check_on_group(fleet, cli):
     status, out, err = cli("-i", fleet["inventory"], "check", "gpus", "--json")
     data = _json(out)
     assert len(data["hosts"]) == len(LIVE)
-    assert status in (0, 1), err   # 1: findings (speculators 0.3.0 vs vLLM 0.17)
+    assert status == 1, err   # 1: findings (speculators 0.3.0 vs vLLM 0.17)
     for h in data["hosts"]:
-        assert h["ok"] and "findings" in h["result"]
+        assert h["ok"]
+        assert {(f["kind"], f["name"]) for f in h["result"]["findings"]} == {
+            ("unexpected-keyword", "eos_token_id"), ("unexpected-keyword", "kv_cache_specs"),
+            ("missing-argument", "block_size"), ("missing-argument", "is_encoder_decoder")}, h["host"]
     assert data["failed"] == []
 
 

@@ -136,8 +136,11 @@ def test_controller_sigkilled_at_random_points(two_files, state_dir, inventory_f
         done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         assert contents(work) == (NEW_A, NEW_B)
-        # undo for the next round (rollback must find consistent state as well)
-        subprocess.run(cmd[:4] + ["rollback", "testhost"], cwd=REPO, capture_output=True, timeout=60)
+        # undo for the next round: rollback must find consistent state as well, and restore the bytes
+        undo = subprocess.run(cmd[:5] + ["rollback", "testhost", "--json"], cwd=REPO, capture_output=True,
+                              text=True, timeout=60)
+        assert undo.returncode == 0, undo.stderr
+        assert json.loads(undo.stdout)["changed"] and contents(work) == (ORIG_A, ORIG_B)
 
 
 def test_disk_full_leaves_original(two_files, state_dir, tmp_path):
@@ -170,15 +173,63 @@ except AgentFailure as exc:
     assert list((state_dir / "journal").iterdir()) == []
 
 
-def test_read_only_directory_refused(two_files, state_dir):
-    work, pb, host, _ = two_files
-    if os.geteuid() == 0:
-        pytest.skip("root ignores directory permissions")
-    work.chmod(0o555)
+NONROOT_USER = "remote-ops-test"
+
+
+def _as_non_root(base: Path) -> tuple[str, int, int]:
+    """As root (CI runs as root, and root ignores directory modes): a system user made for the test
+    and an interpreter wrapper that runs the host agent as that user (setpriv), so the refusal is
+    exercised for real. Not root: the current user and interpreter."""
+    import pwd
+    import shutil
+
+    if os.geteuid() != 0:
+        return sys.executable, os.geteuid(), os.getegid()
     try:
-        h = host()
-        with Session(h, ConnectOptions()).open() as sess, pytest.raises(RefusedError, match="cannot write in"):
-            patching.run_host(sess, h, pb)
-        assert contents(work) == (ORIG_A, ORIG_B)
+        pw = pwd.getpwnam(NONROOT_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                        NONROOT_USER], check=True, capture_output=True)
+        pw = pwd.getpwnam(NONROOT_USER)
+    python = next((p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.access(p, os.X_OK)), None)
+    assert python and shutil.which("setpriv"), "needs /usr/bin/python3 and setpriv (util-linux) to run as non-root"
+    wrapper = base / "python-as-nonroot"
+    wrapper.write_text(f"#!/bin/sh\nexec setpriv --reuid={pw.pw_uid} --regid={pw.pw_gid} --clear-groups "
+                       f"{python} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return str(wrapper), pw.pw_uid, pw.pw_gid
+
+
+def test_read_only_directory_refused(sshd):
+    """A directory the agent's user cannot write in: refused before anything changes (an atomic
+    replace needs a temporary file beside the target). Runs as a non-root user even under root."""
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="ro-dir-", dir="/tmp"))     # not under root's 0700 pytest dir
+    work, state = base / "work", base / "state"
+    try:
+        base.chmod(0o755)
+        python, uid, gid = _as_non_root(base)
+        work.mkdir()
+        state.mkdir()
+        (work / "a.py").write_text(ORIG_A)
+        (work / "b.py").write_text(ORIG_B)
+        for p in (work, state, work / "a.py", work / "b.py"):
+            os.chown(p, uid, gid)
+        (base / "two.yaml").write_text(BOOK)
+        pb = playbook.load(base / "two.yaml")
+        h = sshd.host(python=python, workdir=str(work), env={"REMOTE_OPS_STATE_DIR": str(state)})
+        with Session(h, ConnectOptions()).open() as sess:
+            work.chmod(0o555)
+            with pytest.raises(RefusedError, match="cannot write in"):
+                patching.run_host(sess, h, pb)
+            assert contents(work) == (ORIG_A, ORIG_B)
+            work.chmod(0o755)          # the same host, writable: the patch goes through (the refusal was the mode)
+            assert patching.run_host(sess, h, pb)["changed"]
+            assert contents(work) == (NEW_A, NEW_B)
+        assert (state / "journal").stat().st_uid == uid       # the agent really ran as that user
     finally:
-        work.chmod(0o755)
+        if work.exists():
+            work.chmod(0o755)
+        shutil.rmtree(base, ignore_errors=True)

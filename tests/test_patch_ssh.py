@@ -51,14 +51,22 @@ def test_sandbox_round_trip(sshd, fresh_env017, state_dir, inventory_file, cli):
     status, out, err = cli("-i", str(inv), "patch", "testhost", "--dry-run", "--json")
     assert status == 0, err
     dry = json.loads(out)
-    assert dry["diff"] and not dry["changed"] and dry["round_trips"] == 1
+    # a dry run re-checks the new text on the host too (read + verify), and writes nothing
+    assert dry["diff"] and not dry["changed"] and dry["round_trips"] == 2
+    assert dry["verification"]["verified"] and dry["verification"]["targeted_gone"] == 4
     assert target.read_bytes() == original and journal(state_dir) == []
 
     status, out, err = cli("-i", str(inv), "patch", "testhost", "--yes", "--json")
     assert status == 0, err
     res = json.loads(out)
     assert res["changed"] and res["round_trips"] == 2
-    assert res["verified"] == {"findings": 0} or res["verified"]["findings"] == 0
+    ver = res["verification"]
+    # the four findings the edits' `fixes` name were there before and are gone; nothing else remains
+    assert ver["verified"] and ver["targeted_gone"] == 4 and ver["remaining"] == []
+    assert ver["calls_rechecked"] > 0 and ver["line"].startswith(
+        f"verified: 4 targeted findings gone, {ver['calls_rechecked']} calls re-checked")
+    # edits that fix no finding (semantic changes) are named as unverified, not passed over in silence
+    assert "execute-model-then-sample-tokens" in ver["line"] and "declare no fixes" in ver["line"]
     patched = target.read_bytes()
     assert patched != original and b"block_size=VLLM_BLOCK_SIZE" in patched
     assert b"self.executor.sample_tokens(None)" in patched

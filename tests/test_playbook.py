@@ -66,6 +66,7 @@ def test_good_playbook(tmp_path):
     assert pb.line("extract", "script") == 22
 
 
+_FIX = "patches:\n  - module: a.b\n    edits:\n      - id: e\n        call: f\n        drop: [x]\n"
 BAD = [
     ("nme: x\n", 1, "unknown top-level key 'nme'"),
     ("requires:\n  vllm: '>>0.17'\n", 2, "invalid version specifier '>>0.17' for vllm"),
@@ -85,6 +86,17 @@ BAD = [
     ("check:\n  targets: []\n", 1, "check needs at least one module"),
     ("patches: {a: 1}\n", 1, "patches must be a list"),
     ("a: [\n", 2, "YAML syntax error"),
+    # `fixes`: one strict schema; keys that never match a finding are errors, not silent no-ops
+    (_FIX + "        fixes:\n          - {kind: unexpected-keyword, callee: Request, param: x}\n", 8,
+     "unknown key 'callee' in a fixes entry of edit 'e'"),
+    (_FIX + "        fixes:\n          - kind: unexpected-keyword\n            symbol: m.f\n            param: x\n",
+     10, "unknown key 'param' in a fixes entry"),
+    (_FIX + "        fixes: [{kind: unexpected-keyword, name: x}]\n", 7, "needs 'symbol'"),
+    (_FIX + "        fixes: [{kind: unexpected-keywords, symbol: m.f, name: x}]\n", 7,
+     "unknown finding kind 'unexpected-keywords'"),
+    (_FIX + "        fixes: [unexpected-keyword]\n", 7, "must be a mapping {kind, symbol, name}"),
+    (_FIX + "        fixes: [{kind: unexpected-keyword, symbol: 'm.f(', name: x}]\n", 7, "is not a dotted name"),
+    (_FIX + "        fixes: {kind: unexpected-keyword}\n", 7, "must be a list of findings"),
 ]
 
 

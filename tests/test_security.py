@@ -92,7 +92,8 @@ def test_env_values_and_job_arguments_with_payloads(sshd, tmp_path, env_vllm017,
     env["REMOTE_OPS_STATE_DIR"] = str(state_dir)
     sess = sshd.session(str(env_vllm017), env=env, workdir=str(tmp_path))
     try:
-        assert sess.call("ping.ping") is not None or True
+        pong = sess.call("ping.ping", {"echo": env["V0"]})      # the session works with these values set
+        assert pong["pong"] is True and pong["echo"] == env["V0"]
         out = tmp_path / "argv.json"
         args = payloads(canary)
         args = [a for a in args if "\x00" not in a]   # argv cannot hold NUL: refused below on its own
@@ -187,7 +188,21 @@ def _all_cmdlines() -> str:
     return "\n".join(out)
 
 
-def test_secrets_never_on_command_line_ps_logs_journal_or_json(sshd, tmp_path, env_vllm017, cli, state_dir):
+@pytest.fixture
+def verbose_sshd(tmp_path):
+    """An sshd of its own that logs at DEBUG3 and accepts every environment variable: a secret sent as
+    an SSH env request (or anything else sshd records) would be in its log with its value."""
+    from remote_ops.sshd import SshdServer
+    from tests.conftest import SshdFixture
+
+    server = SshdServer(tmp_path / "sshd-debug3", log_level="DEBUG3", extra_config="AcceptEnv *").start()
+    yield SshdFixture(server)
+    server.stop()
+
+
+def test_secrets_never_on_command_line_ps_logs_journal_or_json(verbose_sshd, tmp_path, env_vllm017, cli,
+                                                                state_dir):
+    sshd = verbose_sshd
     wd = tmp_path / "wd"
     wd.mkdir()
     (wd / "mod.py").write_text("X = 1\n")
@@ -233,7 +248,9 @@ def test_secrets_never_on_command_line_ps_logs_journal_or_json(sshd, tmp_path, e
             assert SECRET.encode() not in p.read_bytes(), f"secret written to {p}"
         if p.name == "secrets.json":
             assert stat.S_IMODE(p.stat().st_mode) == 0o600
-    assert SECRET not in sshd.server.log_file.read_text(errors="replace") if sshd.server.log_file.exists() else True
+    sshd_log = sshd.server.log_file.read_text(errors="replace")     # an empty log would prove nothing
+    assert "Accepted publickey" in sshd_log and "req exec" in sshd_log, "the sshd log misses this test's sessions"
+    assert SECRET not in sshd_log
 
 
 # ------------------------------------------------------------------------------ file modes
@@ -247,9 +264,13 @@ def test_created_files_are_private(sshd, tmp_path, env_vllm017, target_mode):
     mod = wd / "mod.py"
     mod.write_text("X = 1\n")
     os.chmod(mod, target_mode)
-    old_umask = os.umask(0)                     # the agent inherits sshd's umask, not ours; be hostile anyway
-    os.umask(old_umask)
-    sess = sshd.session(str(env_vllm017), workdir=str(wd), env={"REMOTE_OPS_STATE_DIR": str(state)})
+    # hostile: the host's interpreter runs under umask 000 (a wrapper, as a login shell profile could
+    # set it), so every mode below must be the agent's own doing
+    python = tmp_path / "python-umask-000"
+    seen = tmp_path / "agent-umask"
+    python.write_text(f"#!/bin/sh\numask 000\numask > {seen}\nexec {env_vllm017} \"$@\"\n")
+    python.chmod(0o755)
+    sess = sshd.session(str(python), workdir=str(wd), env={"REMOTE_OPS_STATE_DIR": str(state)})
     try:
         res = _apply_text(sess, wd, {"path": "mod.py"}, "X = 1", "X = 2")
         assert res["changed"]
@@ -257,6 +278,8 @@ def test_created_files_are_private(sshd, tmp_path, env_vllm017, target_mode):
         launched = sess.call("jobs.launch", {"key": "modes", "workdir": str(wd),
                                              "command": [str(env_vllm017), "-c", "pass"]})
         time.sleep(0.5)
+        assert launched["job"]["job_id"]
+        assert seen.read_text().strip() == "0000", "the agent did not run under the hostile umask"
     finally:
         sess.close()
     for p in [state, *state.rglob("*")]:

@@ -11,6 +11,12 @@ import ast
 import difflib
 
 from .signatures import Signature, Unknown, bind, dotted
+from .symbols import canonical
+
+
+# Every kind of finding the analysis reports (playbook ``fixes`` entries name one of these).
+FINDING_KINDS = ("unexpected-keyword", "missing-argument", "too-many-positional", "missing-module",
+                 "missing-symbol", "missing-attribute")
 
 
 class Val:
@@ -29,7 +35,7 @@ class Val:
 
 class Analysis:
     def __init__(self, resolver, modname, path, text, libs, suggester=None):
-        self.only = None        # set of callee symbols to check; None: every call
+        self.only = None        # a symbols.SymbolMatcher of the callees to check; None: every call
         self.r = resolver
         self.modname = modname
         self.path = path
@@ -79,15 +85,15 @@ class Analysis:
         except Exception:  # odd positions: no exact text, drafts get a placeholder instead
             return None
 
-    def add(self, node, symbol, kind, name, message, suggestion, sig=None, fix=None):
+    def add(self, node, symbol, kind, name, message, suggestion, sig=None, fix=None, ent=None):
         key = (node.lineno, getattr(node, "col_offset", 0), symbol, kind, name)
         if key in self.seen:
             return
         self.seen.add(key)
         self.findings.append({
             "path": self.path, "line": node.lineno, "col": getattr(node, "col_offset", 0),
-            "module": self.modname, "symbol": symbol, "kind": kind, "name": name,
-            "message": message, "suggestion": suggestion, "call": self._segment(node),
+            "module": self.modname, "symbol": symbol, "defined": canonical(ent), "kind": kind,
+            "name": name, "message": message, "suggestion": suggestion, "call": self._segment(node),
             "source": self._exact(node),
             "signature": sig.render() if isinstance(sig, Signature) else None,
             "signature_mode": sig.mode if isinstance(sig, Signature) else None,
@@ -422,7 +428,7 @@ class Analysis:
             if self.only is None:
                 self._skipped_shape(node, local, cls_ctx)
             return
-        if self.only is not None and callee.symbol not in self.only:
+        if self.only is not None and self.only.first(callee.symbol, canonical(callee.ent)) is None:
             return          # a narrowed re-check (patch verification): other callees are not asked for
         if callee.instance:
             self.add_unknown(node, callee.symbol, "calls an instance of %s: its __call__ is not followed"
@@ -461,7 +467,7 @@ class Analysis:
         for kind, name, message in bind(sig, npos, star, keywords, dstar):
             sugg, fix = self._suggest(kind, name, sig, node, npos)
             self.add(node, symbol, kind, name, "%s() %s" % (symbol.rsplit(".", 1)[-1], message),
-                     sugg, sig=sig, fix=fix)
+                     sugg, sig=sig, fix=fix, ent=e)
 
     def _skipped_shape(self, node, local, cls_ctx):
         """A method call on something of the library that the analysis does not follow: an

@@ -10,15 +10,17 @@
     override_sources: {module: text}
                                 analyse this text instead of the installed file (used to
                                 re-check edited text in the same round trip, e.g. by patch)
-    only_symbols: [str, ...]    check only calls to these callees (dotted, as imported); the
-                                patch's verification asks just for what its edits fix
+    only_symbols: [str, ...]    check only calls to these callees, spelled by any module that
+                                defines or re-exports them (``symbols.SymbolMatcher``); a
+                                spelling that names nothing in the library is refused
     trace: bool                 also return every checked call with the signature used
     drift: bool                 also return "touches" (what the package uses of the library, with
                                 the installed facts; agent/drift.py) and "declared" (the package's
                                 own requirement on each library, from its installed metadata)
     Returns {"mode", "python", "versions", "targets": [{module, path}], "findings": [...],
     "unknown": [...], "calls_checked", "elapsed_s"[, "trace"]}. A finding carries path, line,
-    col, module, symbol (dotted callee as imported), kind, name, message, suggestion, call (the
+    col, module, symbol (dotted callee as imported), defined (where it is defined, or null),
+    kind, name, message, suggestion, call (the
     source text), signature (+ _mode, _origin) and fix (structured, for playbook emission).
 
 ``op_inspect(args)``
@@ -34,6 +36,7 @@ import sys
 import time
 
 from . import callsites
+from .symbols import SymbolMatcher
 from .protocol import AgentFailure
 from .signatures import Signature, StaticResolver, Unknown
 
@@ -150,6 +153,13 @@ def op_check(args):
                 top, ", ".join(elsewhere[:5]))
         else:
             note += " (no module of %s imports it at all)" % top
+    only = None
+    if args.get("only_symbols"):
+        only = SymbolMatcher(static, args["only_symbols"])
+        if only.unresolved():
+            raise AgentFailure("bad-args", "only_symbols: %s name(s) nothing in the installed %s" % (
+                ", ".join(only.unresolved()), ", ".join(against)),
+                "spell each symbol by a module that defines or imports it")
     findings, unknown, checked, trace, touches = [], [], 0, [], []
     for mod, path in targets:
         text = overrides.get(mod)
@@ -163,8 +173,7 @@ def op_check(args):
         a = callsites.Analysis(resolver, mod, path, text, against, suggester=static)
         if args.get("drift"):
             a.touches = []
-        if args.get("only_symbols"):
-            a.only = set(args["only_symbols"])
+        a.only = only
         try:
             a.run()
         except RecursionError:
@@ -196,6 +205,7 @@ def op_check(args):
             "findings": findings, "unknown": unknown, "calls_checked": checked,
             "elapsed_s": round(time.perf_counter() - t0, 4),
             **({"note": note} if note else {}),
+            **({"only_unmatched": [x for x in only.spellings if x not in only.hit]} if only else {}),
             **({"trace": trace} if args.get("trace") else {}), **extra}
 
 

@@ -2,7 +2,8 @@
 
 Ops:
   patching.read     facts (python, package versions) + each target's bytes, sha256, mode, owner.
-  patching.apply    one transaction over all targets of a playbook (lock, CAS, backup, atomic write).
+  patching.apply    one transaction over all targets of a playbook (lock, CAS, verify, backup, atomic write).
+  patching.verify   apply's verification alone (re-check of old and new text), for dry runs.
   patching.rollback restore the exact original bytes of a journal entry.
   patching.history  the journal.
 
@@ -103,8 +104,16 @@ def _write_json_atomic(path, obj):
 
 
 def _fault(point):
-    """Test hook: ``REMOTE_OPS_FAULT=<point>`` kills the agent at that point (crash-safety tests)."""
+    """Test hook: ``REMOTE_OPS_FAULT=<point>`` kills the agent at that point (crash-safety tests);
+    ``REMOTE_OPS_FAULT_MARK=<file>`` records that it fired (so a trial can tell a fault that hit a
+    transaction from one whose point was never reached)."""
     if os.environ.get("REMOTE_OPS_FAULT") == point:
+        mark = os.environ.get("REMOTE_OPS_FAULT_MARK")
+        if mark:
+            fd = os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.write(fd, (point + "\n").encode())
+            os.fsync(fd)
+            os.close(fd)
         os._exit(137)
 
 
@@ -156,22 +165,42 @@ def _journal_path():
     return os.path.join(_journal_dir(), "journal.jsonl")
 
 
-def _journal_entries():
+def _read_journal():
+    """(entries, corrupt): ``corrupt`` lists every line that is not a JSON object, except a torn
+    last line (no newline: a crash mid-append, whose transaction still has its intent and is
+    recovered), which is skipped."""
     try:
         with open(_journal_path(), "rb") as fh:
             raw = fh.read()
     except FileNotFoundError:
-        return []
-    out = []
-    for line in raw.split(b"\n"):
-        line = line.strip()
-        if not line:
+        return [], []
+    lines = raw.split(b"\n")
+    out, corrupt = [], []
+    for i, line in enumerate(lines):
+        if not line.strip():
             continue
         try:
-            out.append(json.loads(line))
-        except ValueError:   # a torn last line from a crash mid-append: its tx has an intent, recovered
-            continue
-    return out
+            entry = json.loads(line)
+        except ValueError:
+            entry = None
+        if isinstance(entry, dict):
+            out.append(entry)
+        elif not (i == len(lines) - 1 and entry is None):   # the torn tail has no newline after it
+            corrupt.append({"line": i + 1, "text": line[:80].decode("utf-8", "replace")})
+    return out, corrupt
+
+
+def _journal_entries():
+    """Every journal entry; a corrupt journal refuses (acting on a partial history could undo a
+    committed transaction or roll back the wrong one)."""
+    entries, corrupt = _read_journal()
+    if corrupt:
+        raise AgentFailure("journal-corrupt", "the patch journal %s is corrupt: line %s is not a journal entry "
+                           "(%r); refusing to act on a partial history" % (
+                               _journal_path(), ", ".join(str(c["line"]) for c in corrupt[:5]), corrupt[0]["text"]),
+                           "repair or move that line by hand (remote-ops history lists the readable entries); "
+                           "nothing was changed", corrupt=corrupt)
+    return entries
 
 
 def _journal_append(entry):
@@ -179,12 +208,19 @@ def _journal_append(entry):
     path = _journal_path()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
-        # a torn line from a crash must not glue itself to this one
-        if os.fstat(fd).st_size:
+        # a torn tail from a crash mid-append (its transaction was recovered from its intent before
+        # this append) is cut off, so that it never becomes a corrupt line in the middle
+        size = os.fstat(fd).st_size
+        if size:
             with open(path, "rb") as fh:
-                fh.seek(-1, os.SEEK_END)
-                if fh.read(1) != b"\n":
-                    os.write(fd, b"\n")
+                data = fh.read()
+            if not data.endswith(b"\n"):
+                keep = data.rfind(b"\n") + 1
+                try:
+                    json.loads(data[keep:])
+                    os.write(fd, b"\n")          # complete entry, only its newline was lost
+                except ValueError:
+                    os.truncate(path, keep)
         os.write(fd, (json.dumps(entry, separators=(",", ":")) + "\n").encode())
         os.fsync(fd)
     finally:
@@ -536,36 +572,105 @@ def _transact(action, changes, meta, lock_timeout=None):
     return entry
 
 
-def _same(key, have, want):
-    if key == "symbol" and have and want:   # vllm.config.X vs vllm.config.scheduler.X: same class
-        return str(have).rsplit(".", 1)[-1] == str(want).rsplit(".", 1)[-1]
-    return str(have) == str(want)
+def _finding_key(f):
+    return (f.get("path"), f.get("line"), f.get("col"), f.get("kind"), f.get("symbol"), f.get("name"))
+
+
+def _brief(f):
+    return {k: f.get(k) for k in ("path", "line", "kind", "symbol", "defined", "name", "message")}
+
+
+def _fix_text(fix):
+    return "%s %s%s" % (fix.get("kind"), fix.get("symbol"), "(%s)" % fix["name"] if fix.get("name") else "")
 
 
 def _verify(args, todo):
-    """Re-run the compatibility check on the new texts (in this process) before anything changes."""
+    """Re-check the patched modules, old text and new text, in this process, before anything changes.
+
+    ``args["verify"]``: {"args": compat.check arguments (targets: the patched modules),
+    "fixes": [{"edit", "where" (playbook file:line), "kind", "symbol", "name"}] of the edits applied now,
+    "allow_findings": bool}. Refuses (``verify-failed`` / ``findings-remain``; nothing written) when
+    a ``fixes`` entry names nothing, matches no finding of the unpatched text (nothing to verify),
+    still matches one in the new text, or when any finding remains in the patched modules and
+    ``allow_findings`` is not set. Returns what was verified.
+    """
     verify = args.get("verify")
     if not verify:
         return None
-    try:
-        from . import compat
-    except ImportError:
-        return {"skipped": "this agent has no compat module"}
+    from . import compat
+    from .signatures import StaticResolver
+    from .symbols import SymbolMatcher
+
+    vargs = dict(verify.get("args") or {})
     overrides = {t["module"]: base64.b64decode(t["data"]).decode(t.get("encoding") or "utf-8")
                  for t in todo if t.get("module")}
-    res = compat.op_check(dict(verify.get("args") or {}, override_sources=overrides))
-    findings = res.get("findings", []) if isinstance(res, dict) else []
-    left = []
-    for f in findings:
-        for want in verify.get("gone") or []:
-            if all(_same(k, f.get(k), v) for k, v in want.items() if v is not None):
-                left.append(f)
-                break
+    before = compat.op_check(dict(vargs))
+    after = compat.op_check(dict(vargs, override_sources=overrides))
+    fixes = verify.get("fixes") or []
+    matcher = SymbolMatcher(StaticResolver(vargs.get("sys_path") or sys.path), [f.get("symbol") for f in fixes])
+
+    def hits(fix, findings):
+        return [f for f in findings if f.get("kind") == fix.get("kind")
+                and (fix.get("name") is None or str(f.get("name")) == str(fix.get("name")))
+                and matcher.matches(fix.get("symbol"), f.get("symbol"), f.get("defined"))]
+
+    gone, left = {}, {}
+    for fix in fixes:
+        where = "edit %s (%s)" % (fix.get("edit"), fix.get("where"))
+        was = hits(fix, before["findings"])
+        if not was:
+            spelled = any(f.get("symbol") == fix.get("symbol") for f in before["findings"])
+            if matcher.where(fix.get("symbol")) is None and not spelled:
+                raise AgentFailure("verify-failed", "%s: fixes names %s, which is defined nowhere in the installed "
+                                   "%s and is no finding's symbol; the verification would pass vacuously" % (
+                                       where, fix.get("symbol"), ", ".join(vargs.get("against") or [])),
+                                   "spell the symbol by a module that defines or imports it; nothing was changed")
+            raise AgentFailure("verify-failed", "%s claims to fix %s, but the unpatched module has no such finding "
+                               "on this host (%d finding(s) there), so there is nothing to verify" % (
+                                   where, _fix_text(fix), len(before["findings"])),
+                               "correct the fixes entry (kind, symbol, name as `remote-ops check` prints them), "
+                               "or drop the edit if this version does not need it; nothing was changed")
+        for f in was:
+            gone[_finding_key(f)] = f
+        for f in hits(fix, after["findings"]):
+            left[_finding_key(f)] = f
     if left:
+        left = list(left.values())
         raise AgentFailure("verify-failed", "the patched text still has %d finding(s) the edits target: %s" % (
             len(left), "; ".join(str(f.get("message") or f) for f in left[:3])),
-            "nothing was changed; fix the playbook", findings=left)
-    return {"findings": len(findings)}
+            "nothing was changed; fix the playbook", findings=[_brief(f) for f in left])
+    remaining = after["findings"]
+    if remaining and not verify.get("allow_findings"):
+        raise AgentFailure("findings-remain", "the patched text still has %d finding(s) in the patched module(s): %s" % (
+            len(remaining), "; ".join("%s:%s %s" % (os.path.basename(str(f.get("path"))), f.get("line"),
+                                                     f.get("message")) for f in remaining[:3])),
+            "nothing was changed; add edits for them to the playbook, or pass --allow-findings to patch anyway",
+            findings=[_brief(f) for f in remaining])
+    return {"modules": [t["module"] for t in after.get("targets") or []], "versions": after.get("versions") or {},
+            "fixes": len(fixes), "targeted_gone": len(gone), "calls_rechecked": after.get("calls_checked") or 0,
+            "findings_before": len(before["findings"]), "remaining": [_brief(f) for f in remaining],
+            "unknown": len(after.get("unknown") or [])}
+
+
+def _verify_skip_reason(targets):
+    """None when every target still holds the bytes the plan was computed from; else why not."""
+    shas = []
+    for t in targets:
+        try:
+            with open(t["real"], "rb") as fh:
+                shas.append(_sha(fh.read()))
+        except OSError:
+            return "a target cannot be read"
+    if all(cur == _sha(base64.b64decode(t["data"])) for cur, t in zip(shas, targets)):
+        return "the host already holds the patched text (applied by another controller)"
+    if any(cur != t["expected"] for cur, t in zip(shas, targets)):
+        return "a target changed since it was read"
+    return None
+
+
+def op_verify(args):
+    """The verification of ``apply`` alone (for ``patch --dry-run``): no lock, nothing written."""
+    return {"verified": _verify(args, args.get("targets") or [])}
 
 
 def _import_check(modules, workdir, timeout):
@@ -603,12 +708,16 @@ def op_apply(args):
                 raise AgentFailure("changed", "%s now resolves to %s, not %s" % (
                     spec.get("module") or spec.get("path"), real, t["real"]),
                     "the host changed since the read step; rerun the patch")
-        verified = _verify(args, targets)
+        # verify only what this transaction would write: when another controller already wrote these
+        # bytes (or the file changed, which the compare-and-swap below refuses) there is nothing to verify
+        skipped = _verify_skip_reason(targets)
+        verified = None if skipped else _verify(args, targets)
         changes = [{"real": t["real"], "label": t.get("label"), "module": t.get("module"),
                     "expected": t["expected"], "data": base64.b64decode(t["data"])} for t in targets]
         entry = _transact("patch", changes, meta)
         result = {"changed": entry is not None, "entry": entry, "recovered": recovered,
-                  "lock_wait_s": round(lock.waited, 3), "verified": verified}
+                  "lock_wait_s": round(lock.waited, 3), "verified": verified,
+                  "verify_skipped": skipped if args.get("verify") else None}
         modules = args.get("import_check") or []
         if entry is not None and modules:
             error = _import_check(modules, args.get("workdir"), float(args.get("import_timeout") or 300))
@@ -685,7 +794,8 @@ def op_rollback(args):
 
 
 def op_history(args):
-    entries = _journal_entries()
+    """The journal; a corrupt one is listed as far as it reads, with its bad lines (``corrupt``)."""
+    entries, corrupt = _read_journal()
     undone = {e.get("of"): e.get("txid") for e in entries if e.get("action") == "rollback"}
     for e in entries:
         if e.get("action") == "patch":
@@ -693,4 +803,5 @@ def op_history(args):
     limit = args.get("limit")
     if limit:
         entries = entries[-int(limit):]
-    return {"entries": entries, "pending": len(_pending_intents()), "state_dir": _state_dir()}
+    return {"entries": entries, "pending": len(_pending_intents()), "state_dir": _state_dir(),
+            "journal": _journal_path(), "corrupt": corrupt}

@@ -48,6 +48,34 @@ def read_json(path, default=None):
         return default
 
 
+def load_secrets(path, names):
+    """(secrets, problem): the job's secrets.json (removed once read), or why it cannot be used."""
+    if not names and not os.path.lexists(path):
+        return {}, None
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except FileNotFoundError:
+        return None, "its secrets file %s is missing (expected %s)" % (path, ", ".join(names))
+    except OSError as exc:
+        return None, "its secrets file %s cannot be read (%s)" % (path, exc.strerror or exc)
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        return None, "its secrets file %s is corrupt (%s)" % (path, str(exc).split(":")[0])
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        return None, "its secrets file %s is not a mapping of names to strings" % path
+    absent = [n for n in names if n not in data]
+    if absent:
+        return None, "its secrets file %s lacks %s" % (path, ", ".join(absent))
+    return data, None
+
+
 def proc_start_ticks(pid):
     """Start time of ``pid`` in clock ticks since boot (field 22 of /proc/PID/stat), or None."""
     try:
@@ -201,11 +229,15 @@ class Supervisor:
         job = self.job
         log_path = job.get("log") or self.path("log")
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        secrets = {}
-        spath = self.path("secrets.json")
-        if os.path.exists(spath):
-            secrets = read_json(spath, {}) or {}
-            os.unlink(spath)
+        secrets, problem = load_secrets(self.path("secrets.json"), job.get("secret_names") or [])
+        if problem:
+            # never start a job without the secrets it was launched with: it would run (and perhaps
+            # fail much later, or download the wrong thing) for reasons nobody could see
+            msg = "cannot start the job: %s" % problem
+            log_line(log_fd, msg)
+            write_json(self.path("exit.json"), {"exit_code": None, "signal": None, "ended_at": now(),
+                                                "start_error": msg, "cleanup": []})
+            return 0
         env = dict(os.environ)
         env.update({str(k): str(v) for k, v in (job.get("env") or {}).items()})
         env.update({str(k): str(v) for k, v in secrets.items()})

@@ -33,6 +33,10 @@ def run(args, ctx) -> int:
                     f"{e.get('playbook') or ''}  {who}", soft_wrap=True)
             for t in e.get("targets") or []:
                 c.print(f"    {t['real']}  {t['before'][:12]} -> {t['after'][:12]}  backup {t['backup']}", soft_wrap=True)
+        if v.get("corrupt"):
+            c.print(f"{name}: the journal {v.get('journal')} is corrupt: line(s) "
+                    f"{', '.join(str(x['line']) for x in v['corrupt'])} are not journal entries; patch and "
+                    "rollback refuse until it is repaired", style="red", soft_wrap=True, markup=False)
         if v.get("pending"):
             c.print(f"{name}: {v['pending']} interrupted transaction(s) will be "
                     "recovered by the next patch or rollback", soft_wrap=True)

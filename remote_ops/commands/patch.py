@@ -9,6 +9,9 @@ def add_arguments(p):
     p.add_argument("--playbook", "-p", metavar="P", help="playbook file or name (default: the host's 'playbook')")
     p.add_argument("--dry-run", action="store_true", help="show the diff and validate; change nothing")
     p.add_argument("--yes", "-y", action="store_true", help="apply without asking")
+    p.add_argument("--allow-findings", action="store_true",
+                   help="apply even when the re-check of the patched modules still has findings "
+                        "(default: refuse, nothing written)")
     p.add_argument("--import-check", action="store_true",
                    help="import the patched modules on the host afterwards; roll back automatically on failure")
 
@@ -61,7 +64,7 @@ def run(args, ctx) -> int:
     def one(host, session):
         pb = books[str(pbmod.find(args.playbook, host))]
         out = patching.run_host(session, host, pb, dry_run=args.dry_run, import_check=args.import_check,
-                                confirm=confirm)
+                                allow_findings=args.allow_findings, confirm=confirm)
         out.pop("plan", None)
         return out
 
@@ -87,6 +90,12 @@ def run(args, ctx) -> int:
             c.print(f"{name}: no changes ({v.get('note') or 'every edit is already applied'}; "
                     f"{v['round_trips']} round trip{'s' if v['round_trips'] != 1 else ''}, {v['wall_s']}s)",
                     soft_wrap=True)
+        for n in v.get("notes") or []:     # stale bytecode left behind, checks that could not run
+            c.print(f"  note: {n}", style="yellow", soft_wrap=True, markup=False)
+        ver = v["verification"]
+        c.print(f"  {ver['line']}", style=None if ver["verified"] else "yellow", soft_wrap=True, markup=False)
+        for f in ver.get("remaining") or []:
+            c.print(f"    {f['path']}:{f['line']}: {f['kind']}: {f['message']}", soft_wrap=True, markup=False)
 
     def summary(v) -> str:
         if args.dry_run:

@@ -23,6 +23,8 @@ def run(args, ctx) -> int:
                 c.print(f"{name}: rolled back {d['of']} -> journal {e['txid']}", soft_wrap=True)
                 for t in e["targets"]:
                     c.print(f"  {t['real']} restored (sha256 {t['after'][:12]})", soft_wrap=True)
+                for n in e.get("notes") or []:     # e.g. stale bytecode that could not be removed
+                    c.print(f"  note: {n}", style="yellow", soft_wrap=True, markup=False)
 
     return ctx.fleet(hosts, lambda h, s: patching.rollback(s, h, to=args.to, force=args.force), render_one,
                      summary=lambda v: (f"rolled back {len(v.get('rolled_back') or [])} transaction(s)"

@@ -15,6 +15,13 @@ Faults: ``agent-kill@POINT`` (the host agent dies at a commit point, REMOTE_OPS_
 (a TCP proxy in front of sshd resets the connection after N bytes in one direction),
 ``controller-kill`` (the controller process is SIGKILLed at a random moment).
 
+A fault counts as *injected* only when it demonstrably hit an operation in flight: the agent wrote
+its fault mark at the commit point (``REMOTE_OPS_FAULT_MARK``), the sshd kill found a live session,
+the proxy really cut a connection, the controller was killed while it had a session or a host agent
+running. The others (a kill during the controller's Python start-up, after it had exited, a cut point
+past the last byte, a commit point never reached) are counted separately with the reason; their
+trials still check every invariant. Concurrent controllers are rounds, not faults.
+
 The controller is ``python -m remote_ops patch|rollback|extract`` once those commands exist and
 ``python -m tests.faults.harness drive ...`` (below: the same agent ops through the real transport)
 until then, so the trials exercise the host side either way.
@@ -117,6 +124,8 @@ class Outcome:
     stderr: str = ""
     rerun_output: str = ""
     seconds: float = 0.0
+    hit: bool = False                # the fault demonstrably hit an operation in flight
+    miss: str | None = None          # else why it did not fire
 
     @property
     def ok(self) -> bool:
@@ -153,7 +162,9 @@ class Rig:
         key = self.server.known_hosts.read_text().split()[1:3]
         self.known_hosts.write_text("".join(f"[127.0.0.1]:{p} {key[0]} {key[1]}\n"
                                             for p in (self.server.port, self.proxy.port)))
-        self.counts: collections.Counter = collections.Counter()
+        self.counts: collections.Counter = collections.Counter()     # faults that hit, by type
+        self.missed: collections.Counter = collections.Counter()     # (type, why) of faults that did not
+        self.concurrent_rounds: list[int] = []
         self.outcomes: list[Outcome] = []
         self.calib: dict = {}
         self.uses_cli = (REPO / "remote_ops" / "commands" / "patch.py").exists() and \
@@ -368,8 +379,9 @@ class Rig:
         return self.calib
 
     # ------------------------------------------------------------------ one trial
-    def trial(self, action: str, fault: str) -> Outcome:
-        """Run ``action`` under ``fault``; inspect; rerun; inspect again."""
+    def trial(self, action: str, fault: str, delay: float | None = None) -> Outcome:
+        """Run ``action`` under ``fault``; inspect; rerun; inspect again. ``delay``: when a kill fault
+        strikes (default: a random moment within the calibrated run time)."""
         if not self.calib:
             self.calibrate()
         n = len(self.outcomes) + 1
@@ -380,9 +392,13 @@ class Rig:
         self.reset(patched=(action == "rollback"))
         env = {}
         via_proxy = fault.startswith("cut-")
+        mark = self.root / f"fault-mark-{n}"
         if fault.startswith("agent-kill@"):
             env["REMOTE_OPS_FAULT"] = fault.split("@", 1)[1]
+            env["REMOTE_OPS_FAULT_MARK"] = str(mark)
         inv = self.inventory(via_proxy=via_proxy, env=env)
+        cuts_before = self.proxy.stats.cuts
+        hit, miss = False, None
         cal = self.calib[action]
         if fault == "cut-up":
             self.proxy.arm(up=self.rng.randint(1, max(2, cal["up"])), sticky=True)
@@ -391,23 +407,38 @@ class Rig:
         proc = self.controller(action, inv, token, key)
         if fault in ("sshd-kill", "controller-kill"):
             # the controller's own start-up (imports) is the first part of the window
-            delay = self.rng.uniform(0.0, cal["seconds"])
+            delay = self.rng.uniform(0.0, cal["seconds"]) if delay is None else delay
             try:
                 proc.wait(delay)
+                miss = "the controller had already exited"
             except subprocess.TimeoutExpired:
                 if fault == "sshd-kill":
-                    self.server.kill_sessions()
+                    hit = self.server.kill_sessions() > 0
+                    miss = None if hit else "no live SSH session (controller starting up or between connections)"
                 else:
+                    in_flight = bool(self.server.session_pids() or self.agent_pids())
                     proc.kill()
+                    hit = in_flight
+                    miss = None if hit else "killed before it opened a connection (Python start-up)"
         try:
             _, err = proc.communicate(timeout=CONTROLLER_TIMEOUT)
         except subprocess.TimeoutExpired:
             proc.kill()
             _, err = proc.communicate()
         self.proxy.disarm()
-        self.counts[fault.split("@")[0] if not fault.startswith("agent-kill") else fault] += 1
+        if fault.startswith("cut-"):
+            hit = self.proxy.stats.cuts > cuts_before
+            miss = None if hit else "the connections carried fewer bytes than the cut point"
+        elif fault.startswith("agent-kill@"):
+            hit = mark.exists()
+            miss = None if hit else "the transaction never reached that commit point"
+        kind = fault.split("@")[0] if not fault.startswith("agent-kill") else fault
+        if hit:
+            self.counts[kind] += 1
+        else:
+            self.missed[(kind, miss)] += 1
         full = err.decode(errors="replace").strip()
-        out = Outcome(n, action, fault, proc.returncode, stderr=full[-400:])
+        out = Outcome(n, action, fault, proc.returncode, stderr=full[-400:], hit=hit, miss=miss)
         if "Traceback" in full or "internal error" in full:
             out.journal_problems.append("controller printed a traceback: " + full[-300:])
         self.wait_agents()
@@ -445,7 +476,8 @@ class Rig:
             out.journal_problems += self.journal_problems(expect_open=1 if action == "patch" else 0)
         out.seconds = time.monotonic() - t0
         self.outcomes.append(out)
-        self.log(f"trial {n:3d} {action:8s} {fault:26s} exit={out.status!s:>4} state={out.state:8s} "
+        self.log(f"trial {n:3d} {action:8s} {fault:26s} {'hit ' if hit else 'MISS'} exit={out.status!s:>4} "
+                 f"state={out.state:8s} "
                  f"{'ok' if out.ok else 'FAIL ' + out.stderr[-200:] + ' ' + '; '.join(out.journal_problems + out.leftovers)}")
         return out
 
@@ -458,7 +490,7 @@ class Rig:
         inv = self.inventory()
         procs = [self.controller("patch", inv) for _ in range(n)]
         results = [(p.wait(CONTROLLER_TIMEOUT), p.stderr.read().decode(errors="replace")) for p in procs]
-        self.counts["concurrent-controllers"] += n
+        self.concurrent_rounds.append(n)
         out = Outcome(len(self.outcomes) + 1, "patch", f"concurrent x{n}", max(r for r, _ in results))
         bad = [e.strip() for r, e in results if r != 0]
         if bad:
@@ -483,6 +515,8 @@ class Rig:
         return {
             "trials": len(self.outcomes),
             "faults": dict(sorted(self.counts.items())),
+            "not_fired": {f"{k}: {why}": v for (k, why), v in sorted(self.missed.items())},
+            "concurrent_rounds": list(self.concurrent_rounds),
             "partial_or_corrupted": sum(o.state not in ("original", "patched") for o in self.outcomes),
             "stuck_locks": sum(o.stuck_lock for o in self.outcomes),
             "reruns_failed": sum(not o.rerun_ok for o in self.outcomes),

@@ -1,0 +1,132 @@
+"""`remote-ops sandbox up|down|status`, the managed inventory block, and `scripts/demo.sh` (the README's
+first command) run end to end, all against real sshd daemons on 127.0.0.1 and real package sources.
+The repository's own inventory and sandbox are never touched (conftest points both into tmp)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+
+from remote_ops import sandbox
+from tests.conftest import REPO
+
+OTHER = """\
+# my hosts (this comment and the host below must survive)
+hosts:
+  gpu-a:
+    hostname: 10.0.0.5   # not contacted by this test
+    python: /opt/venv/bin/python
+groups:
+  gpus: [gpu-a]
+"""
+
+
+def _block(text: str) -> str:
+    start = text.index(sandbox.BEGIN)
+    return text[start: text.index(sandbox.END, start) + len(sandbox.END)]
+
+
+def _outside(text: str) -> str:
+    b = _block(text)
+    return text.replace(b, "<block>")
+
+
+def test_sandbox_up_status_down_and_the_managed_block(tmp_path, cli):
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(OTHER)
+    root = tmp_path / "default-sandbox"          # conftest's REMOTE_OPS_SANDBOX_DIR
+    try:
+        status, out, err = cli("-i", str(inv), "sandbox", "up", "--no-torch", "--json")
+        assert status == 0, err
+        up = json.loads(out)
+        assert up["running"] and up["root"] == str(root) and up["packages"]["vllm"] == "0.17.0"
+        text = inv.read_text()
+        assert text.count(sandbox.BEGIN) == 1 and text.startswith("default: sandbox\n")
+        assert _outside(text) == "default: sandbox\n" + OTHER.replace("hosts:\n", "hosts:\n<block>\n", 1)
+        assert f"port: {up['port']}" in _block(text)
+
+        # the host it wrote is real: facts over its sshd, from its interpreter
+        status, out, err = cli("-i", str(inv), "facts", "sandbox", "--json")
+        assert status == 0, err
+        facts = json.loads(out)
+        assert facts["packages"]["vllm"]["version"] == "0.17.0"
+        assert facts["python"]["executable"] == str(root / "venv" / "bin" / "python")
+
+        status, out, err = cli("-i", str(inv), "sandbox", "status", "--json")
+        assert status == 0 and json.loads(out)["running"] and json.loads(out)["port"] == up["port"]
+
+        # a second `up` keeps the port, refreshes the block (a hand edit inside it is overwritten) and
+        # keeps every edit outside it
+        edited = inv.read_text().replace("max_samples: 24", "max_samples: 99999") + "# added by hand\n"
+        inv.write_text(edited)
+        status, out, err = cli("-i", str(inv), "sandbox", "up", "--no-torch", "--json")
+        assert status == 0, err
+        assert json.loads(out)["port"] == up["port"]
+        again = inv.read_text()
+        assert again.count(sandbox.BEGIN) == 1 and "max_samples: 24" in again and "99999" not in again
+        assert _outside(again) == _outside(edited)
+
+        status, out, err = cli("-i", str(inv), "sandbox", "down")
+        assert status == 0 and "sandbox stopped" in out, out
+        status, out, err = cli("-i", str(inv), "sandbox", "status", "--json")
+        assert status == 1 and json.loads(out)["running"] is False
+        status, out, err = cli("-i", str(inv), "facts", "sandbox")
+        assert status != 0 and "refused" in err.lower(), err
+        status, out, err = cli("-i", str(inv), "sandbox", "down", "--purge", "--json")
+        assert status == 0 and json.loads(out) == {"stopped": False, "purged": True, "root": str(root)}
+        assert not root.exists()
+        status, out, err = cli("-i", str(inv), "sandbox", "status")
+        assert status == 1 and "no sandbox yet" in out
+    finally:
+        sandbox.down(str(inv), purge=True)
+
+
+def test_sandbox_refuses_an_inventory_it_cannot_edit_safely(tmp_path, cli):
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text("hosts: {a: {hostname: x}}\n")
+    status, out, err = cli("-i", str(inv), "sandbox", "up", "--no-torch")
+    try:
+        assert status == 2 and "'hosts:' must be a block mapping" in err, err
+        assert inv.read_text() == "hosts: {a: {hostname: x}}\n"
+    finally:
+        sandbox.down(str(inv), purge=True)
+
+
+def _sha(p):
+    return hashlib.sha256(p.read_bytes()).hexdigest() if p.exists() else None
+
+
+def test_demo_script_runs_end_to_end(tmp_path, monkeypatch):
+    """The README's first command, as written, on a sandbox under tmp: sandbox up -> facts -> check
+    (findings) -> patch (verified) -> check (clean) -> extract --tail -> verify -> status."""
+    # the same inventory and sandbox dir for the script and for this process's `sandbox.down` below
+    monkeypatch.setenv("REMOTE_OPS_INVENTORY", str(tmp_path / "inventory.yaml"))
+    monkeypatch.setenv("REMOTE_OPS_SANDBOX_DIR", str(tmp_path / "sandbox"))
+    env = dict(os.environ)
+    repo_inventory = _sha(REPO / "inventory.yaml")
+    try:
+        proc = subprocess.run(["bash", str(REPO / "scripts" / "demo.sh")], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=900)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out[-4000:]
+        steps = ["sandbox up", "facts sandbox", "check sandbox", "patch sandbox --yes", "extract sandbox --tail",
+                 "verify sandbox", "status sandbox"]
+        pos = [out.find(f"$ remote-ops {s}") for s in steps]
+        assert all(p >= 0 for p in pos) and pos == sorted(pos), out[-4000:]
+        assert "verified: 4 targeted findings gone" in out, out[-4000:]
+        clean_check = out[out.index("$ remote-ops patch sandbox --yes"):out.index("$ remote-ops extract")]
+        assert "no findings" in clean_check
+        assert "Done." in out
+        # what it left behind is real: one journaled patch, a succeeded job, complete outputs
+        status = subprocess.run([str(REPO / ".venv" / "bin" / "remote-ops"), "verify", "sandbox", "--json"],
+                                env=env, capture_output=True, text=True, timeout=300)
+        assert status.returncode == 0, status.stderr
+        hist = subprocess.run([str(REPO / ".venv" / "bin" / "remote-ops"), "history", "sandbox", "--json"],
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert [e["action"] for e in json.loads(hist.stdout)["entries"]] == ["patch"]
+    finally:
+        down = sandbox.down(env["REMOTE_OPS_INVENTORY"], purge=True)
+    assert down["stopped"] and down["root"] == str(tmp_path / "sandbox"), down   # no sshd left behind
+    assert _sha(REPO / "inventory.yaml") == repo_inventory, "the demo touched the repository's inventory"
