@@ -20,6 +20,16 @@ How round trips are counted:
   floor       one new ssh connection (ControlMaster) running `cat FILE`, then one more exec on it
               writing the patched bytes (`cat > tmp && mv tmp FILE`): the least any tool can do.
 Figures are medians over --reps runs (wall-clock seconds of the whole client process).
+
+Ratios against the floor are pairwise: each remote-ops run is paired with a floor run made right
+before (or after: the order flips every repetition) at the same RTT, and the table gives the median
+of the per-pair ratios, so load drifting on a shared machine hits both sides of a pair alike.
+  floor, 1 exec   one new ssh connection (ControlMaster) running `cat FILE`: the least facts or a
+                  no-op patch can do.
+Controller CPU: user+system seconds of the remote-ops process itself (getrusage of the waited
+child). Host CPU per exec: what the agent reports for itself in each reply (process CPU from the
+interpreter's start to the reply; Session.stats.host_cpu_s), with its cache state (hit: compiled
+agent from the host's cache; shipped: sources sent and compiled in that exec).
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shlex
 import shutil
 import signal
@@ -181,7 +192,8 @@ class Lab:
                 "hostname": h.address, "port": h.proxy_port, "user": h.server.user,
                 "identity_file": str(h.server.identity_file), "known_hosts": str(self.known_hosts),
                 "python": str(h.python), "workdir": str(h.workdir), "playbook": str(self.playbook),
-                "env": {"REMOTE_OPS_STATE_DIR": str(h.state_dir)},
+                "env": {"REMOTE_OPS_STATE_DIR": str(h.state_dir),
+                        "REMOTE_OPS_AGENT_CACHE": str(h.root / "agent-cache")},
                 "vars": {"extract_script": str(h.workdir / "extract_standin.py"),
                          "output_dir": str(h.workdir / "hidden_states"), "max_samples": 4000,
                          "target_model": "tiny-standin", "gpus": 0},
@@ -195,6 +207,10 @@ class Lab:
                   for (n, e), h in zip(hosts.items(), self.hosts)}
         self.inventory_direct = self.root / "inventory-direct.yaml"
         self.inventory_direct.write_text(yaml.safe_dump({"default": "h01", "hosts": direct}, sort_keys=False))
+        # the same hosts with the agent's host cache off: sources shipped and compiled in every exec
+        nocache = {n: dict(e, env=dict(e["env"], REMOTE_OPS_AGENT_CACHE="off")) for n, e in hosts.items()}
+        self.inventory_nocache = self.root / "inventory-nocache.yaml"
+        self.inventory_nocache.write_text(yaml.safe_dump({"default": "h01", "hosts": nocache}, sort_keys=False))
 
     def stop(self) -> None:
         if self.proxy is not None:
@@ -233,6 +249,10 @@ class Sample:
     note: str = ""
     stderr: str = ""
     cpu: float | None = None      # machine-wide CPU seconds during the case (client + every host)
+    ctl_cpu: float | None = None  # user+system CPU seconds of the remote-ops process itself
+    host_cpu: list = field(default_factory=list)     # per exec: the agent's own CPU seconds
+    host_split: list = field(default_factory=list)   # per exec: [interpreter start, bootstrap] of it
+    agent_cache: list = field(default_factory=list)  # per exec: hit | filled | shipped | ...
 
 
 def machine_cpu_s() -> float:
@@ -248,12 +268,20 @@ def run_proc(cmd, *, env=None, stdin=None, timeout=600) -> tuple[float, subproce
     return time.perf_counter() - t0, proc
 
 
+def children_cpu_s() -> float:
+    """user+system CPU of this process's waited-for children so far (getrusage RUSAGE_CHILDREN)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 class Bench:
     def __init__(self, lab: Lab, reps: int):
         self.lab = lab
         self.reps = reps
         self.slow_reps = max(1, reps - 1)   # ansible, manual, fleet: the slow rows
         self.rows: dict[tuple[str, float], list[Sample]] = {}
+        self.ratios: dict[tuple[str, float], list[tuple[float, str]]] = {}
+        self.host_cpu: dict[str, list[Sample]] = {}
         self.extra: dict = {}
         self.stats_file = lab.root / "stats.jsonl"
         self.have = {name: (REPO / "remote_ops" / "commands" / f"{name}.py").exists()
@@ -269,28 +297,32 @@ class Bench:
         return s
 
     # -------------------------------------------------------------- remote-ops
-    def ro(self, *args, inventory=None, check_ok=True, ok_status=(0,)) -> Sample:
+    def ro(self, *args, inventory=None, check_ok=True, ok_status=(0,), env_extra=None) -> Sample:
         self.stats_file.unlink(missing_ok=True)
-        env = dict(os.environ, REMOTE_OPS_STATS_FILE=str(self.stats_file), NO_COLOR="1")
+        env = dict(os.environ, REMOTE_OPS_STATS_FILE=str(self.stats_file), NO_COLOR="1", **(env_extra or {}))
         cmd = [CLI, "-i", str(inventory or self.lab.inventory), *args]
+        c0 = children_cpu_s()
         wall, proc = run_proc(cmd, env=env)
+        ctl = children_cpu_s() - c0
         execs = connects = None
+        host_cpu, cache, split = [], [], []
         if self.stats_file.exists():
             lines = self.stats_file.read_text().splitlines()
             if lines:
                 st = json.loads(lines[-1])
                 execs = sum(v["execs"] + v["sftp_requests"] for v in st.values())
                 connects = sum(v["connects"] for v in st.values())
+                for v in st.values():
+                    host_cpu += v.get("host_cpu_s") or []
+                    split += v.get("host_cpu_split") or []
+                    cache += v.get("agent_cache") or []
         ok = proc.returncode in ok_status
         if not ok and check_ok:
             log(f"remote-ops {' '.join(args)} exited {proc.returncode}: "
                 f"{proc.stderr.decode(errors='replace').strip()[-400:]}")
         return Sample(wall, execs, connects, ok, note=proc.stdout.decode(errors="replace"),
-                      stderr=proc.stderr.decode(errors="replace"))
-
-    def case_facts(self) -> None:
-        for _ in range(self.reps):
-            self.record("remote-ops facts", self.ro("facts", "h01", "--json"))
+                      stderr=proc.stderr.decode(errors="replace"), ctl_cpu=ctl, host_cpu=host_cpu,
+                      agent_cache=cache, host_split=split)
 
     def case_check(self) -> None:
         if not self.have["check"]:
@@ -306,14 +338,61 @@ class Bench:
                 break
             self.record("remote-ops check --runtime", s)
 
-    def case_patch(self, inventory=None, label="") -> None:
+    def pair(self, name: str, floor_name: str, floor_fn, case_fn, flip: bool) -> None:
+        """One A/B pair at this RTT: the floor and the case back to back (order flipped on odd
+        repetitions); records both rows and the ratio of this pair."""
+        if flip:
+            s = case_fn()
+            f = floor_fn()
+        else:
+            f = floor_fn()
+            s = case_fn()
+        self.record(floor_name, f)
+        self.record(name, s)
+        if f.ok and s.ok and f.wall > 0:
+            self.ratios.setdefault((name, self.lab.rtt), []).append((s.wall / f.wall, floor_name))
+
+    def case_ab(self) -> None:
+        """facts and patch against their floors, alternated pairwise (see the module doc)."""
         h = self.lab.hosts[0]
-        for _ in range(self.reps):
-            h.reset()
-            self.record(f"remote-ops patch{label} (first run)", self.ro("patch", "h01", "--yes", "--json",
-                                                                         inventory=inventory))
-            self.record(f"remote-ops patch{label} (no-op rerun)", self.ro("patch", "h01", "--yes", "--json",
-                                                                           inventory=inventory))
+        f1, f2 = "floor: new ssh connection + 1 exec", "floor: new ssh connection + 2 execs"
+
+        def first_run(env_extra=None):
+            def go():
+                h.reset()
+                return self.ro("patch", "h01", "--yes", "--json", env_extra=env_extra)
+            return go
+
+        def fresh_plans():
+            # a plan cache of its own, empty: the edits are computed (libcst, validation)
+            d = Path(tempfile.mkdtemp(prefix="plans-", dir=self.lab.root))
+            return first_run({"REMOTE_OPS_PLAN_CACHE": str(d)})()
+
+        for i in range(self.reps):
+            flip = bool(i % 2)
+            self.pair("remote-ops facts", f1, lambda: self.floor_one(h), lambda: self.ro("facts", "h01", "--json"),
+                      flip)
+            self.pair("remote-ops patch (first run)", f2, lambda: self.floor_once(h), first_run(), flip)
+            # the host holds the patched file now: a rerun changes nothing
+            self.pair("remote-ops patch (no-op rerun)", f1, lambda: self.floor_one(h, patched=True),
+                      lambda: self.ro("patch", "h01", "--yes", "--json"), flip)
+            self.pair("remote-ops patch (first run, empty plan cache)", f2, lambda: self.floor_once(h),
+                      fresh_plans, flip)
+        h.reset()
+
+    def case_host_cpu(self) -> None:
+        """Host-side CPU per exec: the agent from the host's cache vs shipped and compiled each time
+        (inventory-nocache), alternated; plus one first call on an empty cache (the fill)."""
+        h = self.lab.hosts[0]
+        shutil.rmtree(h.root / "agent-cache", ignore_errors=True)
+        s = self.ro("facts", "h01", "--json")
+        self.host_cpu.setdefault("facts, first call (cache filled)", []).append(s)
+        for i in range(self.reps):
+            for label, inv in (("cache off", self.lab.inventory_nocache), ("cache hit", None))[::(-1 if i % 2 else 1)]:
+                self.host_cpu.setdefault(f"facts, {label}", []).append(self.ro("facts", "h01", "--json", inventory=inv))
+                h.reset()
+                self.host_cpu.setdefault(f"patch (read + apply), {label}", []).append(
+                    self.ro("patch", "h01", "--yes", "--json", inventory=inv))
         h.reset()
 
     def case_extract(self) -> None:
@@ -408,9 +487,20 @@ class Bench:
         h.reset()
         return Sample(wall, 2, 1, ok)
 
-    def case_floor(self) -> None:
-        for _ in range(self.reps):
-            self.record("floor: new ssh connection + 2 execs", self.floor_once(self.lab.hosts[0]))
+    def floor_one(self, h: BenchHost, patched: bool = False) -> Sample:
+        """One new connection + one exec (`cat FILE`): the floor of facts and of a no-op patch."""
+        if patched:
+            h.target.write_bytes(self.extra["patched"])
+        sock = self.lab.root / f"cm1-{h.name}-{os.getpid()}"
+        base = self.ssh_base(h)
+        cm = ["-o", f"ControlPath={sock}"]
+        t0 = time.perf_counter()
+        _, p1 = run_proc(base[:1] + ["-o", "ControlMaster=yes", "-o", "ControlPersist=30"] + cm + base[1:]
+                         + [f"cat {shlex.quote(str(h.target))}"])
+        wall = time.perf_counter() - t0
+        subprocess.run(base[:1] + cm + ["-O", "exit"] + base[1:], capture_output=True)
+        want = self.extra["patched"] if patched else self.extra["pristine"]
+        return Sample(wall, 1, 1, p1.returncode == 0 and p1.stdout == want)
 
     # -------------------------------------------------------------- ansible
     def ansible_env(self, pipelining: bool, cpdir: Path) -> dict:
@@ -477,6 +567,8 @@ class Bench:
         pristine = h.target.read_bytes()
         s = self.ro("patch", "h01", "--yes", "--json")
         patched = h.target.read_bytes()
+        # and a rerun: the no-op plan (the patched file's sha) is cached too, as after any real rerun
+        self.ro("patch", "h01", "--yes", "--json")
         if not s.ok or patched == pristine:
             raise SystemExit("remote-ops patch did not change the target; cannot build the other tools' edits")
         h.reset()
@@ -593,6 +685,7 @@ def build_report(b: Bench, rtts: list[float], argv: list[str], started: float) -
                              f"{median([x.cpu / x.wall for x in ss]):.2f}" if ss else "-")
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         lines.append("")
+    lines += ratio_section(b, rtts) + cpu_section(b, rtts, names) + fleet_cpu_section(b, rtts) + host_cpu_section(b)
     if "proxy" in b.extra:
         d, p = b.extra["proxy"]
         lines.append(f"Proxy overhead at 0 ms (floor case, median): direct to sshd {d:.3f}s, "
@@ -610,6 +703,97 @@ def build_report(b: Bench, rtts: list[float], argv: list[str], started: float) -
     lines += ["", "## Targets", ""] + targets(b, rtts)
     lines += ["", "## Why a target is missed (from this run's own figures)", ""] + why(b, rtts)
     return "\n".join(lines) + "\n"
+
+
+def ratio(b: Bench, name: str, rtt: float):
+    rs = b.ratios.get((name, rtt))
+    return median([r for r, _ in rs]) if rs else None
+
+
+def ratio_section(b: Bench, rtts: list[float]) -> list[str]:
+    names = []
+    for (n, _) in b.ratios:
+        if n not in names:
+            names.append(n)
+    if not names:
+        return []
+    out = ["Pairwise ratios against the floor (each run paired with a floor run next to it at the same RTT, "
+           "order alternated; median of the per-pair ratios, number of pairs in brackets). The plan cache is "
+           "warm in `first run` (this file was patched before: libcst and validation skipped); `empty plan "
+           "cache` computes the edits.", "",
+           "| case | floor | " + " | ".join(f"{r:g} ms" for r in rtts) + " |", "|" + "---|" * (len(rtts) + 2)]
+    for n in names:
+        floor = next(f for (_, f) in next(v for (k, _), v in b.ratios.items() if k == n))
+        cells = []
+        for r in rtts:
+            rs = b.ratios.get((n, r), [])
+            cells.append(f"{median([x for x, _ in rs]):.2f}x ({len(rs)})" if rs else "-")
+        out.append(f"| {n} | {floor.replace('floor: ', '')} | " + " | ".join(cells) + " |")
+    return out + [""]
+
+
+def ctl_cpu(b: Bench, name: str, rtt: float | None = None):
+    xs = [s.ctl_cpu for (n, r), ss in b.rows.items() if n == name and (rtt is None or r == rtt)
+          for s in ss if s.ctl_cpu is not None and s.ok]
+    return median(xs) if xs else None
+
+
+def cpu_section(b: Bench, rtts: list[float], names: list[str]) -> list[str]:
+    rows = [n for n in names if n.startswith("remote-ops") and ctl_cpu(b, n) is not None]
+    if not rows:
+        return []
+    out = ["Controller CPU: user+system seconds of the remote-ops process (median per command, from "
+           "getrusage of the waited child: interpreter start, imports, SSH, computing, output).", "",
+           "| command | " + " | ".join(f"{r:g} ms: cpu-s" for r in rtts) + " | all |", "|" + "---|" * (len(rtts) + 2)]
+    for n in rows:
+        cells = [fmt_s(ctl_cpu(b, n, r)) if ctl_cpu(b, n, r) is not None else "-" for r in rtts]
+        out.append(f"| {n} | " + " | ".join(cells) + f" | {fmt_s(ctl_cpu(b, n))} |")
+    return out + [""]
+
+
+def fleet_cpu_section(b: Bench, rtts: list[float]) -> list[str]:
+    out = []
+    for cmd in ("facts", "patch"):
+        one = ctl_cpu(b, f"fleet: remote-ops {cmd} on 1 host")
+        if one is None:
+            continue
+        cells = []
+        for k in (1, 4, 16):
+            c = ctl_cpu(b, f"fleet: remote-ops {cmd} on {k} host{'s' if k > 1 else ''}")
+            if c is not None:
+                cells.append(f"{k} host{'s' if k > 1 else ''}: {c:.3f}s ({c / one:.2f}x)")
+        out.append(f"- {cmd}: " + ", ".join(cells))
+    if not out:
+        return []
+    return ["Controller CPU per fleet size (median over all RTTs, identical files; ratio to one host):", ""] + out + [""]
+
+
+def host_cpu(b: Bench, label: str):
+    per_exec = [x for s in b.host_cpu.get(label, []) if s.ok for x in s.host_cpu]
+    return median(per_exec) if per_exec else None
+
+
+def host_cpu_section(b: Bench) -> list[str]:
+    if not b.host_cpu:
+        return []
+    out = ["Host-side CPU per exec: the agent's own CPU seconds from its interpreter's start to its reply "
+           "(median per exec), split into the interpreter's start (before the bootstrap runs), the bootstrap "
+           "(stdlib imports, the request, the agent from the host's cache or from the shipped sources) and "
+           "the rest (the ops, including compiling the modules they import when the sources were shipped). "
+           "`cache off`: the sources are shipped and compiled in every exec, the behaviour before the host "
+           "cache.", "",
+           "| case | host cpu-s per exec | interpreter start | bootstrap | ops | execs | agent states |",
+           "|---|---|---|---|---|---|---|"]
+    for label, ss in b.host_cpu.items():
+        states = sorted({c for s in ss for c in s.agent_cache if c})
+        n = sum(len(s.host_cpu) for s in ss if s.ok)
+        sp = [x for s in ss if s.ok for x in s.host_split if x and None not in x]
+        tot = [c for s in ss if s.ok for c, x in zip(s.host_cpu, s.host_split) if x and None not in x]
+        st, bo = (median([x[0] for x in sp]), median([x[1] for x in sp])) if sp else (None, None)
+        ops = median([c - x[0] - x[1] for c, x in zip(tot, sp)]) if sp else None
+        out.append(f"| {label} | {fmt_s(host_cpu(b, label))} | {fmt_s(st)} | {fmt_s(bo)} | {fmt_s(ops)} | {n} "
+                   f"| {', '.join(states) or '?'} |")
+    return out + [""]
 
 
 def cell(b: Bench, name: str, rtt: float):
@@ -633,9 +817,29 @@ def targets(b: Bench, rtts: list[float]) -> list[str]:
     t2 = trips(b, "remote-ops patch (no-op rerun)")
     if t and t2:
         out.append(f"- no-op rerun round trips <= first run: {t2} vs {t} -> {mark(max(t2) <= min(t))}")
-    p, f = cell(b, "remote-ops patch (first run)", hi), cell(b, "floor: new ssh connection + 2 execs", hi)
-    if p and f:
-        out.append(f"- patch at {hi:g} ms <= 1.3x floor: {p:.3f}s / {f:.3f}s = {p / f:.2f}x -> {mark(p / f <= 1.3)}")
+    p = cell(b, "remote-ops patch (first run)", hi)
+    lo = min(rtts)
+    for name, rtt, want in (("remote-ops patch (first run)", hi, 1.3), ("remote-ops patch (first run)", lo, 2.0),
+                            ("remote-ops patch (no-op rerun)", hi, 1.15), ("remote-ops facts", hi, 1.15)):
+        if rtt == lo and lo == hi and want == 2.0:
+            continue   # one RTT only: the 0 ms goal is not measured
+        r = ratio(b, name, rtt)
+        if r is not None:
+            out.append(f"- {name.replace('remote-ops ', '')} at {rtt:g} ms <= {want:g}x its floor (pairwise median): "
+                       f"{r:.2f}x -> {mark(r <= want)}")
+    for name, want in (("remote-ops patch (first run)", 0.5), ("remote-ops facts", 0.3)):
+        c = ctl_cpu(b, name)
+        if c is not None:
+            out.append(f"- controller CPU of {name.replace('remote-ops ', '')} <= {want:g} s: {c:.3f}s -> {mark(c <= want)}")
+    one, many = ctl_cpu(b, "fleet: remote-ops patch on 1 host"), ctl_cpu(b, "fleet: remote-ops patch on 16 hosts")
+    if one and many:
+        out.append(f"- controller CPU of patch on 16 hosts <= 1.5x one host: {many:.3f}s / {one:.3f}s = "
+                   f"{many / one:.2f}x -> {mark(many / one <= 1.5)}")
+    for what in ("facts", "patch (read + apply)"):
+        off, hit = host_cpu(b, f"{what}, cache off"), host_cpu(b, f"{what}, cache hit")
+        if off and hit:
+            out.append(f"- host CPU per exec of {what}, repeated call (cache hit) <= half of cache off: "
+                       f"{hit:.3f}s / {off:.3f}s = {hit / off:.2f}x -> {mark(hit / off <= 0.5)}")
     for name, want in (("ansible-playbook, default settings", 6.0), ("ansible-playbook, pipelining on", 2.8)):
         a = cell(b, name, hi)
         if p and a:
@@ -658,19 +862,58 @@ def why(b: Bench, rtts: list[float]) -> list[str]:
     out = []
     hi = max(rtts)
     ncpu = os.cpu_count() or 1
-    p, f = cell(b, "remote-ops patch (first run)", hi), cell(b, "floor: new ssh connection + 2 execs", hi)
-    p0, f0 = cell(b, "remote-ops patch (first run)", min(rtts)), cell(b, "floor: new ssh connection + 2 execs", min(rtts))
-    if p and f and p0 and f0:
-        out.append(f"- patch vs floor: at {min(rtts):g} ms the patch costs {p0 - f0:+.2f}s over the floor and at "
-                   f"{hi:g} ms {p - f:+.2f}s, so the gap is mostly local and host CPU, not round trips "
-                   "(both do 2 execs on one new connection). remote-ops pays a Python start with "
-                   "fabric/paramiko imports (libcst loads while connecting), libcst edits + validation on "
-                   "the controller, the agent compiling its modules on the host in each round trip, and the "
-                   "re-check of the patched modules, old and new text, against the vLLM sources before "
-                   "committing; the floor is the C ssh binary running `cat` twice. The exec "
-                   "request is already pipelined with stdin. To reach 1.3x: cache the computed plan by the "
-                   "target's sha256 (no libcst run for a file seen before) and keep compiled agent code on "
-                   "the host between calls (a cache directory there) or a resident agent.")
+    for rtt, want in ((hi, 1.3), (min(rtts), 2.0)):
+        r = ratio(b, "remote-ops patch (first run)", rtt)
+        p, f = cell(b, "remote-ops patch (first run)", rtt), cell(b, "floor: new ssh connection + 2 execs", rtt)
+        ss = [x for x in b.rows.get(("remote-ops patch (first run)", rtt), []) if x.ok]
+        if r is None or r <= want or not (p and f and ss):
+            continue
+        ctl = median([x.ctl_cpu for x in ss if x.ctl_cpu is not None])
+        hcpu = median([sum(x.host_cpu) for x in ss if x.host_cpu])
+        out.append(f"- patch at {rtt:g} ms: {r:.2f}x its floor ({p - f:+.2f}s median). Both make one new "
+                   f"connection and 2 execs, so the gap is CPU, not round trips: the remote-ops process used "
+                   f"{ctl:.2f} CPU-s (interpreter start, imports, paramiko's handshake in Python) and the agent "
+                   f"{hcpu:.2f} CPU-s on the host over its 2 execs (reading the target; then the transaction, "
+                   "including the re-check of the patched modules, old and new text, against the installed vLLM "
+                   "sources before committing), where the floor runs the C ssh client and `cat` twice. On this machine the "
+                   "controller, sshd and the agent share the same CPUs, so each also waits for the others.")
+    for name in ("remote-ops patch (no-op rerun)", "remote-ops facts"):
+        r = ratio(b, name, hi)
+        ss = [x for x in b.rows.get((name, hi), []) if x.ok]
+        if r is None or r <= 1.15 or not ss:
+            continue
+        ctl = median([x.ctl_cpu for x in ss if x.ctl_cpu is not None])
+        hcpu = median([sum(x.host_cpu) for x in ss if x.host_cpu])
+        out.append(f"- {name.replace('remote-ops ', '')} at {hi:g} ms: {r:.2f}x the one-exec floor. Same round "
+                   f"trips (one new connection, one exec); the difference is the remote-ops process's "
+                   f"{ctl:.2f} CPU-s (a Python interpreter, its imports and paramiko's handshake in Python, "
+                   f"where the floor runs the C ssh client) and the agent's {hcpu:.2f} CPU-s on the host "
+                   "(a Python interpreter and the op, where the floor runs `cat`).")
+    for what in ("facts", "patch (read + apply)"):
+        off, hit = host_cpu(b, f"{what}, cache off"), host_cpu(b, f"{what}, cache hit")
+        if not (off and hit) or hit / off <= 0.5:
+            continue
+        parts = {}
+        for label in (f"{what}, cache off", f"{what}, cache hit"):
+            sp = [x for s in b.host_cpu.get(label, []) if s.ok for x in s.host_split if x and None not in x]
+            parts[label] = (median([x[0] for x in sp]), median([x[1] for x in sp])) if sp else (float("nan"),) * 2
+        st, bo = parts[f"{what}, cache hit"]
+        out.append(f"- host CPU of {what} per exec: the cache hit costs {hit:.3f}s vs {off:.3f}s shipped "
+                   f"({hit / off:.2f}x). What the cache can remove is compiling the agent's sources; what is "
+                   f"left is the interpreter's own start ({st:.3f}s), the bootstrap's stdlib imports and "
+                   f"reading the request ({bo:.3f}s) and the op itself ({hit - st - bo:.3f}s: package "
+                   "metadata for facts; reading the targets, and the re-check of the patched modules against "
+                   "the installed vLLM sources, for patch). Halving it needs a resident agent (no interpreter "
+                   "start per exec) or cheaper ops, not a faster bootstrap.")
+    one, many = ctl_cpu(b, "fleet: remote-ops patch on 1 host"), ctl_cpu(b, "fleet: remote-ops patch on 16 hosts")
+    if one and many and many / one > 1.5:
+        plans = [t.get("plan") for (n, _), ss in b.rows.items() if n == "fleet: remote-ops patch on 16 hosts"
+                 for x in ss for t in _targets_of(x.note)]
+        out.append(f"- controller CPU on 16 hosts: {many / one:.2f}x one host, {(many - one) / 15 * 1000:.0f} ms "
+                   f"per extra host. The plan is not what grows: of {len(plans)} target plans in these runs "
+                   f"{plans.count('computed')} were computed, the rest reused. Each extra host costs its own SSH "
+                   "connection (key exchange, host-key check, public-key authentication: paramiko's packet "
+                   "handling runs in Python) and its two exec round trips.")
     for r in rtts:
         name1, name16 = "fleet: remote-ops patch on 1 host", "fleet: remote-ops patch on 16 hosts"
         one, many = cell(b, name1, r), cell(b, name16, r)
@@ -699,6 +942,16 @@ def why(b: Bench, rtts: list[float]) -> list[str]:
                    f"{trips(b, 'ansible-playbook, pipelining on')} execs (one per task) on one ControlMaster "
                    "connection; remote-ops needs 2, so the remaining difference is the local/host CPU above.")
     return out or ["- none missed"]
+
+
+def _targets_of(stdout: str) -> list[dict]:
+    """The per-target records of a `patch --json` output (one host or a fleet document)."""
+    try:
+        doc = json.loads(stdout)
+    except ValueError:
+        return []
+    hosts = [h.get("result") or {} for h in doc["hosts"]] if "hosts" in doc else [doc]
+    return [t for h in hosts for t in h.get("targets") or []]
 
 
 def ssh_version() -> str:
@@ -759,10 +1012,10 @@ def main(argv: list[str] | None = None) -> int:
         for rtt in rtts:
             lab.set_rtt(rtt)
             log(f"RTT {rtt:g} ms")
-            b.case_floor()
-            b.case_facts()
+            b.case_ab()
+            if rtt == rtts[0]:
+                b.case_host_cpu()   # host CPU does not depend on the RTT: measured once
             b.case_check()
-            b.case_patch()
             b.case_extract()
             b.case_manual()
             b.case_ansible()

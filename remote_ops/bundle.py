@@ -3,58 +3,224 @@
 The command line is fixed text plus the quoted interpreter path; everything else (the agent's
 sources, the request, user values) travels on stdin, so nothing a user typed is ever parsed by
 the remote shell.
+
+Two stdin forms, both read by the same bootstrap:
+
+- **full** (``encode_request``): ``"<n>\\n"`` + n bytes of zlib(JSON {module: source}) + the JSON
+  request up to EOF. Self-contained; the agent is compiled in memory on every exec.
+- **probe** (``encode_probe``): one JSON header line ``{"agent": <sha256 of the sources JSON>,
+  "n": <request length>, "cache": <dir or null>}`` + the request. The host looks for its compiled
+  agent in a content-addressed cache (``~/.cache/remote-ops/agent/<sha256>-<python tag>/``, 0700,
+  owned by the user, every file checked against its hash before use). On a hit it runs at once,
+  nothing more is sent. On a miss it writes ``{"bundle": "need"}`` as its first stdout line and
+  reads the full bundle (``agent_payload()``) from stdin: same exec, the bundle follows only when
+  the host lacks it. A cache that cannot be used (unwritable home, wrong owner or mode, ``cache``
+  set to ``"off"``) is never required: the agent then runs from the shipped bundle, as in the full
+  form, and its reply says so (``{"agent": {"cache": ...}}`` on the final line).
+
+Cache directory layout: ``sources.json`` (the exact JSON whose sha256 names the directory) and
+``code-<sha256 of the file>.bin`` (marshal of the compiled modules, tagged with the bundle hash
+and the interpreter's bytecode tag). A file that does not match its hash is ignored; the directory
+is then rebuilt from the shipped bundle. Fills go to a private temp dir renamed into place, so
+two controllers filling at once both succeed (one rename wins, the other's copy is discarded).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import shlex
 import zlib
 from pathlib import Path
 
 AGENT_PACKAGE = "_remote_ops_agent"
+CACHE_ENV = "REMOTE_OPS_AGENT_CACHE"   # host env: cache root on the host, or "off"
 
-# Runs on the host: reads "<n>\n" + n bytes of zlib(JSON {module: source}) from stdin, installs
-# an importer for them, then hands the rest of stdin to the protocol.
+# Runs on the host (any Python >= 3.10, stdlib only). Kept readable rather than short: it travels
+# on the command line of every exec (a few KB), and everything that can fail here falls back to
+# running the shipped sources.
 _BOOT = r"""
-import sys,json,zlib,importlib.util
+import time
+T0=time.process_time()
+import sys,os,io,json,hashlib,marshal,stat
+from importlib.machinery import ModuleSpec
 if sys.path and sys.path[0]=="":del sys.path[0]
+P="@PKG@"
+# bytecode is only reused by the exact same interpreter version
+TAG="%s-%x"%(sys.implementation.cache_tag,sys.hexversion)
 r=sys.stdin.buffer
-n=int(r.readline())
-S=json.loads(zlib.decompress(r.read(n)).decode())
-P=%(pkg)r
+o=sys.stdout.buffer
+
+def fname(k):
+    return "<remote-ops agent>/"+k.replace(".","/")+".py"
+
+def private_dir(p,follow):
+    s=os.stat(p) if follow else os.lstat(p)
+    return stat.S_ISDIR(s.st_mode) and s.st_uid==os.getuid() and not s.st_mode&0o077
+
+def read_cache(base,d,sha):
+    # (code dict, sources bytes) when every file matches its hash, else None
+    try:
+        if not (private_dir(base,True) and private_dir(d,False)):
+            return None
+        names=os.listdir(d)
+        codes=[n for n in names if n.startswith("code-") and n.endswith(".bin")]
+        if len(codes)!=1 or "sources.json" not in names:
+            return None
+        with open(os.path.join(d,codes[0]),"rb") as f:
+            cb=f.read()
+        if hashlib.sha256(cb).hexdigest()!=codes[0][5:-4]:
+            return None
+        with open(os.path.join(d,"sources.json"),"rb") as f:
+            sb=f.read()
+        if hashlib.sha256(sb).hexdigest()!=sha:
+            return None
+        k,t,code=marshal.loads(cb)
+        if k!=sha or t!=TAG or not isinstance(code,dict):
+            return None
+        return code,sb
+    except (OSError,ValueError,EOFError,TypeError):
+        return None
+
+def write_cache(base,d,sha,code,sb):
+    # "filled" (or filled by a racing controller) | "unwritable" | "unsafe"
+    import shutil
+    try:
+        os.makedirs(base,0o700,exist_ok=True)
+        if not private_dir(base,True):
+            s=os.stat(base)
+            if s.st_uid!=os.getuid() or not stat.S_ISDIR(s.st_mode):
+                return "unsafe"
+            os.chmod(base,0o700)
+        tmp=os.path.join(base,".tmp-%d-%s"%(os.getpid(),os.urandom(6).hex()))
+        os.mkdir(tmp,0o700)
+        try:
+            cb=marshal.dumps((sha,TAG,code))
+            for n,b in (("sources.json",sb),("code-"+hashlib.sha256(cb).hexdigest()+".bin",cb)):
+                fd=os.open(os.path.join(tmp,n),os.O_WRONLY|os.O_CREAT|os.O_EXCL,0o600)
+                with os.fdopen(fd,"wb") as f:
+                    f.write(b)
+            if os.path.lexists(d):
+                # present but failed verification: move it aside, then put ours in its place
+                bad=os.path.join(base,".bad-%d-%s"%(os.getpid(),os.urandom(6).hex()))
+                try:
+                    os.rename(d,bad)
+                except OSError:
+                    pass
+                else:
+                    if os.path.isdir(bad) and not os.path.islink(bad):
+                        shutil.rmtree(bad,ignore_errors=True)
+                    else:
+                        os.unlink(bad)
+            try:
+                os.rename(tmp,d)
+            except OSError:
+                pass   # another controller's fill won the race: its copy is as good as ours
+        finally:
+            shutil.rmtree(tmp,ignore_errors=True)
+        return "filled"
+    except OSError:
+        return "unwritable"
+
+C={}
+B=None
+Q=None
+state="shipped"
+line=r.readline()
+if line[:1]==b"{":
+    h=json.loads(line)
+    Q=r.read(int(h["n"]))
+    sha=str(h["agent"])
+    base=h.get("cache")
+    if base is None:
+        base=os.path.join(os.path.expanduser("~"),".cache","remote-ops","agent")
+    d=None
+    if base and base!="off" and len(sha)==64 and all(c in "0123456789abcdef" for c in sha):
+        base=os.path.abspath(os.path.expanduser(base))
+        d=os.path.join(base,sha+"-"+TAG)
+        got=read_cache(base,d,sha)
+        if got:
+            C,B=got
+            state="hit"
+    if B is None:
+        o.write(b'{"bundle":"need"}\n')
+        o.flush()
+        import zlib
+        B=zlib.decompress(r.read(int(r.readline())))
+        state="off"
+        if d and hashlib.sha256(B).hexdigest()==sha:
+            C={k:compile(v,fname(k),"exec") for k,v in json.loads(B).items()}
+            state=write_cache(base,d,sha,C,B)
+else:
+    import zlib
+    B=zlib.decompress(r.read(int(line)))
+S=None
+K=None
+
+def sources():
+    global S
+    if S is None:
+        S=json.loads(B)
+    return S
+
+def known():
+    global K
+    if K is None:
+        K=set(C) or set(sources())
+    return K
+
 class L:
+    def key(self,name):
+        p=name+".__init__"
+        if p in known():
+            return p
+        return name if name in known() else None
     def find_spec(self,name,path=None,target=None):
-        k=name+".__init__" if name+".__init__" in S else name
-        if k in S:
-            return importlib.util.spec_from_loader(name,self,is_package=k.endswith(".__init__"))
+        k=self.key(name)
+        if k:
+            return ModuleSpec(name,self,is_package=k.endswith(".__init__"))
     def create_module(self,spec):
         return None
     def get_source(self,name):
-        return S.get(name+".__init__",S.get(name))
+        k=self.key(name)
+        return sources().get(k) if k else None
     def exec_module(self,m):
-        k=m.__name__+".__init__" if m.__name__+".__init__" in S else m.__name__
-        m.__file__="<remote-ops agent>/"+k.replace(".","/")+".py"
-        exec(compile(S[k],m.__file__,"exec"),m.__dict__)
+        k=self.key(m.__name__)
+        m.__file__=fname(k)
+        code=C.get(k)
+        if code is None:
+            code=compile(sources()[k],m.__file__,"exec")
+        exec(code,m.__dict__)
 sys.meta_path.insert(0,L())
-import io
 sys.stdin=io.TextIOWrapper(r,encoding="utf-8")
 from _remote_ops_agent import protocol
-sys.exit(protocol.main(P))
-""" % {"pkg": AGENT_PACKAGE}
+protocol.BOOT.update(cache=state,start_cpu_s=T0,boot_cpu_s=time.process_time()-T0)
+sys.exit(protocol.main(P,None if Q is None else Q.decode("utf-8")))
+""".replace("@PKG@", AGENT_PACKAGE)
 
 
 @functools.lru_cache(maxsize=1)
-def agent_payload() -> bytes:
-    """Compressed agent sources, prefixed with their length line."""
+def _sources_json() -> bytes:
     root = Path(__file__).parent / "agent"
     sources = {}
     for path in sorted(root.glob("*.py")):
         stem = path.stem
         key = f"{AGENT_PACKAGE}.__init__" if stem == "__init__" else f"{AGENT_PACKAGE}.{stem}"
         sources[key] = path.read_text(encoding="utf-8")
-    blob = zlib.compress(json.dumps(sources).encode(), 9)
+    return json.dumps(sources, sort_keys=True).encode()
+
+
+@functools.lru_cache(maxsize=1)
+def agent_sha256() -> str:
+    """The bundle's content address: sha256 of the sources JSON (names the host's cache dir)."""
+    return hashlib.sha256(_sources_json()).hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def agent_payload() -> bytes:
+    """Compressed agent sources, prefixed with their length line."""
+    blob = zlib.compress(_sources_json(), 9)
     return str(len(blob)).encode() + b"\n" + blob
 
 
@@ -77,6 +243,21 @@ def agent_command(python: str | None) -> str:
     return f"exec {shlex.quote(python)} -c {shlex.quote(_BOOT)}"
 
 
+def _request(ops: list[dict], env: dict | None, stop_on_error: bool) -> bytes:
+    return json.dumps({"ops": ops, "env": env or {}, "stop_on_error": stop_on_error}).encode()
+
+
 def encode_request(ops: list[dict], env: dict | None = None, stop_on_error: bool = False) -> bytes:
-    req = {"ops": ops, "env": env or {}, "stop_on_error": stop_on_error}
-    return agent_payload() + json.dumps(req).encode()
+    """The full form: bundle + request, self-contained (the agent never touches its cache)."""
+    return agent_payload() + _request(ops, env, stop_on_error)
+
+
+def encode_probe(ops: list[dict], env: dict | None = None, stop_on_error: bool = False) -> bytes:
+    """The probe form: header + request; the bundle follows only if the host asks for it."""
+    req = _request(ops, env, stop_on_error)
+    cache = (env or {}).get(CACHE_ENV)
+    head = {"agent": agent_sha256(), "n": len(req), "cache": None if cache is None else str(cache)}
+    return json.dumps(head).encode() + b"\n" + req
+
+
+NEED_BUNDLE = b'{"bundle":"need"}'

@@ -6,7 +6,6 @@ import json
 import os
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -95,7 +94,8 @@ class Context:
                 st = s.stats
                 sys.stderr.write(f"remote-ops: {s.label}: {st.connects} connection(s), {st.execs} exec round "
                                  f"trip(s), {st.sftp_requests} SFTP request(s), {st.bytes_sent} B sent, "
-                                 f"{st.bytes_received} B received\n")
+                                 f"{st.bytes_received} B received; agent: {', '.join(map(str, st.agent_cache)) or '-'}, "
+                                 f"host CPU {sum(st.host_cpu_s):.3f}s\n")
         stats_file = os.environ.get("REMOTE_OPS_STATS_FILE")
         if stats_file:
             # benchmarks/run.py: one JSON line per command, each host's round trips (Session.stats)
@@ -127,6 +127,7 @@ class Context:
         hosts = list(hosts)
         if len(hosts) == 1:
             return [one(hosts[0])]
+        from concurrent.futures import ThreadPoolExecutor   # only fleets need it (~10 ms to import)
         with ThreadPoolExecutor(max_workers=max(1, min(self.parallel, len(hosts)))) as pool:
             return list(pool.map(one, hosts))
 

@@ -14,7 +14,6 @@ which stops the whole patch with a message naming the edit, the file and what wa
 from __future__ import annotations
 
 import ast
-import difflib
 import io
 import textwrap
 import tokenize
@@ -343,6 +342,8 @@ def apply_text_edit(text: str, edit: TextEdit, path: str) -> tuple[str, EditResu
                         "cannot tell whether the edit is in place")
     first = old.strip().splitlines()[0] if old.strip() else old
     hint = ""
+    import difflib
+
     near = difflib.get_close_matches(first.strip(), [ln.strip() for ln in text.splitlines()], n=1, cutoff=0.6)
     if near:
         hint = f"; closest line: {near[0]!r}"
@@ -372,17 +373,28 @@ class FileResult:
     old_text: str
     new_text: str
     results: list[EditResult]
+    cached_diff_body: str | None = None   # diff_body() of the same texts (plancache)
 
     @property
     def changed(self) -> bool:
         return self.old_text != self.new_text
 
+    def diff_body(self) -> str:
+        """The unified diff without its two file-name lines (it does not depend on the path)."""
+        if self.cached_diff_body is None:
+            import difflib
+            lines = list(difflib.unified_diff(
+                self.old_text.replace("\r\n", "\n").splitlines(keepends=True),
+                self.new_text.replace("\r\n", "\n").splitlines(keepends=True), fromfile="a", tofile="b"))
+            self.cached_diff_body = "".join(lines[2:])
+        return self.cached_diff_body
+
     def diff(self, label: str | None = None) -> str:
-        name = label or self.path
-        return "".join(difflib.unified_diff(
-            self.old_text.replace("\r\n", "\n").splitlines(keepends=True),
-            self.new_text.replace("\r\n", "\n").splitlines(keepends=True),
-            fromfile=f"a/{name.lstrip('/')}", tofile=f"b/{name.lstrip('/')}"))
+        body = self.diff_body()
+        if not body:
+            return ""
+        name = (label or self.path).lstrip("/")
+        return f"--- a/{name}\n+++ b/{name}\n" + body
 
 
 def apply_edits(text: str, edits: list[Any], path: str) -> FileResult:

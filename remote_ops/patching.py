@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from remote_ops import edits as edits_mod
-from remote_ops import validate
+from remote_ops import plancache
 from remote_ops.errors import ConfigError, RefusedError, agent_error
 from remote_ops.playbook import Playbook
 
@@ -51,6 +51,7 @@ class TargetPlan:
     encoding: str
     result: edits_mod.FileResult
     new_bytes: bytes
+    plan_source: str = "computed"     # "cached": plancache had it (no libcst, no validation)
 
     @property
     def changed(self) -> bool:
@@ -156,31 +157,44 @@ def compute(pb: Playbook, raw: dict, host_name: str) -> PatchPlan:
         except ValueError as exc:
             raise RefusedError(f"{t['real']}: {exc}", "only Python source files can be patched",
                                host=host_name) from None
-        try:
-            result = edits_mod.apply_edits(text, patch.edits, t["real"])
-        except edits_mod.UnknownCallee as exc:
-            raise ConfigError(pb.path, pb.edit_line(exc.edit_id),
-                              f"unknown callee in edit {exc.edit_id!r}: {exc.problem} in {label} ({t['real']})") from None
-        except edits_mod.EditError as exc:
-            raise RefusedError(f"{exc} (playbook {pb.path}:{pb.edit_line(exc.edit_id)})",
-                               "nothing was changed on the host", host=host_name) from None
-        problems = []
-        if result.changed:
-            p = validate.check_syntax(result.new_text, t["real"], python)
-            if p:
-                problems.append(p)
-            else:
-                introduced = {r.edit_id: r.introduced for r in result.results if r.state == "pending"}
-                names = validate.undefined_names(text, result.new_text, t["real"], introduced)
-                problems += names
-                if names.skipped:
-                    notes.append(names.skipped)
-        if problems:
-            raise RefusedError("patched text is invalid: " + "; ".join(map(str, problems)),
-                               "nothing was changed on the host; fix the playbook", host=host_name)
-        new_bytes = edits_mod.encode_source(result.new_text, encoding)
+
+        def fresh(key: str, patch=patch, t=t, text=text, encoding=encoding) -> dict:
+            from remote_ops import validate
+            try:
+                result = edits_mod.apply_edits(text, patch.edits, t["real"])
+            except edits_mod.UnknownCallee as exc:
+                raise ConfigError(pb.path, pb.edit_line(exc.edit_id),
+                                  f"unknown callee in edit {exc.edit_id!r}: {exc.problem} in {patch.label} "
+                                  f"({t['real']})") from None
+            except edits_mod.EditError as exc:
+                raise RefusedError(f"{exc} (playbook {pb.path}:{pb.edit_line(exc.edit_id)})",
+                                   "nothing was changed on the host", host=host_name) from None
+            problems = []
+            skipped = []
+            if result.changed:
+                p = validate.check_syntax(result.new_text, t["real"], python)
+                if p:
+                    problems.append(p)
+                else:
+                    introduced = {r.edit_id: r.introduced for r in result.results if r.state == "pending"}
+                    names = validate.undefined_names(text, result.new_text, t["real"], introduced)
+                    problems += names
+                    if names.skipped:
+                        skipped.append(names.skipped)
+            if problems:
+                raise RefusedError("patched text is invalid: " + "; ".join(map(str, problems)),
+                                   "nothing was changed on the host; fix the playbook", host=host_name)
+            return plancache.entry_for(key, result, encoding, edits_mod.encode_source(result.new_text, encoding),
+                                       notes=skipped, path=t["real"])
+
+        # the same edits on the same bytes for the same Python: computed once (this run, or before)
+        entry, computed = plancache.plan(pb, patch, data, python, fresh)
+        result = plancache.file_result(entry, t["real"], text)
+        notes += plancache.notes(entry, t["real"])
+        new_bytes = edits_mod.encode_source(result.new_text, encoding) if result.changed else data
         targets.append(TargetPlan(label, patch.module, t["path"], t["real"], t.get("is_link", False),
-                                  t["sha256"], t["mode"], encoding, result, new_bytes))
+                                  t["sha256"], t["mode"], encoding, result, new_bytes,
+                                  "computed" if computed else "cached"))
     return PatchPlan(host_name, pb, list(python), raw.get("packages") or {}, targets,
                      raw.get("recovered") or [], notes)
 
@@ -251,13 +265,14 @@ def run_host(session, host, pb: Playbook, *, dry_run: bool = False, import_check
     outcome whose ``verification.line`` says what was verified or why nothing was."""
     t0 = time.perf_counter()
     execs0 = session.stats.execs
-    prefetch_libcst()
+    prefetch_libcst(pb)
     raw = read(session, pb, host)
     plan = compute(pb, raw, host.name)
     out = {"host": host.name, "playbook": pb.name, "playbook_path": pb.path, "python": plan.python,
            "packages": plan.packages, "changed": False, "dry_run": dry_run,
            "targets": [{"label": t.label, "path": t.path, "real": t.real, "is_link": t.is_link,
-                        "changed": t.changed, "sha256_before": t.sha256} for t in plan.targets],
+                        "changed": t.changed, "sha256_before": t.sha256, "plan": t.plan_source}
+                       for t in plan.targets],
            "edits": plan.edit_states(), "diff": plan.diff(),
            "recovered": plan.recovered, "plan": plan, "notes": list(plan.notes),
            "verification": verification(plan, None, plan.verify_request()[1])}
@@ -281,12 +296,14 @@ def run_host(session, host, pb: Playbook, *, dry_run: bool = False, import_check
     return out
 
 
-def prefetch_libcst() -> None:
-    """Import libcst (about 0.2 s) in a thread while the read round trip is on the wire."""
+def prefetch_libcst(pb: Playbook) -> None:
+    """Import libcst (about 0.2 s) in a thread while the read round trip is on the wire, unless
+    plans of this playbook are cached (then an edit is likely never computed: no libcst at all)."""
     import sys
     import threading
 
-    if "libcst" not in sys.modules:
+    if "libcst" not in sys.modules and any(isinstance(e, edits_mod.CallEdit) for p in pb.patches
+                                           for e in p.edits) and not plancache.seen(pb):
         threading.Thread(target=__import__, args=("libcst",), daemon=True).start()
 
 

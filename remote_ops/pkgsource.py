@@ -16,15 +16,8 @@ import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from remote_ops.cachedir import cache_dir  # noqa: F401  (pkgsource.cache_dir is public)
 from remote_ops.errors import RemoteOpsError
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("REMOTE_OPS_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "remote-ops")
-    p = Path(root)
-    p.mkdir(parents=True, exist_ok=True)
-    return p
 
 
 @contextmanager

@@ -34,10 +34,16 @@ class Stats:
     bytes_sent: int = 0
     bytes_received: int = 0
     op_log: list = field(default_factory=list)
+    bundles_sent: int = 0                                 # execs that had to ship the agent's sources
+    host_cpu_s: list = field(default_factory=list)        # per exec: the agent's own CPU seconds
+    host_cpu_split: list = field(default_factory=list)    # per exec: [interpreter start, bootstrap] of it
+    agent_cache: list = field(default_factory=list)       # per exec: hit | filled | shipped | off | ...
 
     def as_dict(self) -> dict:
         return {"connects": self.connects, "execs": self.execs, "sftp_requests": self.sftp_requests,
-                "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received}
+                "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
+                "bundles_sent": self.bundles_sent, "host_cpu_s": self.host_cpu_s,
+                "host_cpu_split": self.host_cpu_split, "agent_cache": self.agent_cache}
 
 
 @dataclass
@@ -47,7 +53,87 @@ class ConnectOptions:
     ssh_config_path: str | None = None   # None: ~/.ssh/config when it exists
 
 
+class _LazyModule:
+    """Stands in for a module until first use, then imports it (see _import_paramiko)."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr):
+        import importlib
+        return getattr(importlib.import_module(self._name), attr)
+
+
+def _import_paramiko():
+    """paramiko, without importing invoke at start-up.
+
+    paramiko.config imports invoke when it is installed (only to run ``Match exec`` lines of an
+    ssh_config), and invoke pulls in asyncio, unittest.mock and its own YAML: ~50 ms of every
+    command. It is hidden for the import and then handed to paramiko.config as a lazy module, so
+    a ``Match exec`` line still works, paying for invoke only then."""
+    import sys
+
+    with _paramiko_lock:   # fleet threads connect at once: one imports, the others wait for it
+        if "paramiko" in sys.modules:
+            import paramiko   # (waits for an import in progress in another thread)
+            return paramiko
+        hide = "invoke" not in sys.modules
+        if hide:
+            sys.modules["invoke"] = None   # ``import invoke`` raises ImportError, which paramiko expects
+        try:
+            import paramiko
+            import paramiko.config as pconfig
+        finally:
+            if hide and "invoke" in sys.modules and sys.modules["invoke"] is None:
+                del sys.modules["invoke"]
+        if hide and getattr(pconfig, "invoke", False) is None:
+            pconfig.invoke = _LazyModule("invoke")
+        return paramiko
+
+
+_paramiko_lock = threading.Lock()
+
+
+class _Conn:
+    """One SSH client connection, optionally through a gateway connection (a ProxyJump hop)."""
+
+    def __init__(self, hostname: str, port: int, gateway: "_Conn | None", connect_kwargs: dict):
+        import paramiko
+
+        self.host = hostname
+        self.port = port
+        self.gateway = gateway
+        self.connect_kwargs = connect_kwargs
+        self.client = paramiko.SSHClient()
+        self.transport = None
+        self._sftp = None
+
+    def open(self) -> None:
+        if self.transport is not None and self.transport.active:
+            return
+        kwargs = {k: v for k, v in self.connect_kwargs.items() if v is not None}
+        if self.gateway is not None:
+            self.gateway.open()
+            kwargs["sock"] = self.gateway.transport.open_channel(
+                "direct-tcpip", (self.host, int(self.port)), ("", 0))
+        self.client.connect(self.host, port=self.port, **kwargs)
+        self.transport = self.client.get_transport()
+
+    def sftp(self):
+        if self._sftp is None:
+            self._sftp = self.client.open_sftp()
+        return self._sftp
+
+    def close(self) -> None:
+        if self._sftp is not None:
+            self._sftp.close()
+            self._sftp = None
+        self.client.close()   # also ends a transport left by a failed handshake (a no-op if none)
+        self.transport = None
+
+
 def _ssh_config(path: str | None):
+    _import_paramiko()   # first, so that paramiko comes without invoke (see there)
     from remote_ops import sshconfig   # paramiko's parser plus Include and refused unknown Match
     return sshconfig.load(path)
 
@@ -66,6 +152,10 @@ def _parse_hop(hop: str) -> tuple[str | None, str, int | None]:
 
 class Session:
     """One verified SSH connection to one host, and agent calls over it."""
+
+    # Send the agent's sources only when the host's cache lacks them (bundle.encode_probe); a
+    # host that cannot cache gets the self-contained form for the rest of the session.
+    bundle_probe = True
 
     def __init__(self, host: Host, options: ConnectOptions | None = None,
                  inventory_hosts: dict[str, Host] | None = None):
@@ -120,21 +210,17 @@ class Session:
 
     def _make_connection(self, host: Host, ssh_cfg, gateway):
         import paramiko
-        from fabric import Config, Connection
 
         s = self._settings(host, ssh_cfg)
-        config = Config(overrides={"load_ssh_configs": False})
-        connect_kwargs = {
-            # fabric extends a list with this value: None (no identity anywhere) would crash it
-            "key_filename": s["identity_files"] or [],
+        conn = _Conn(s["hostname"], s["port"], gateway, {
+            "username": s["user"],
+            "key_filename": s["identity_files"] or None,
             "allow_agent": True,
             "look_for_keys": not s["identity_files"],
+            "timeout": int(max(1, s["timeout"])),
             "banner_timeout": s["timeout"],
             "auth_timeout": s["timeout"],
-        }
-        conn = Connection(s["hostname"], user=s["user"], port=s["port"], config=config,
-                          gateway=gateway if gateway is not None else False,
-                          connect_timeout=int(max(1, s["timeout"])), connect_kwargs=connect_kwargs)
+        })
         client: paramiko.SSHClient = conn.client
         known = s["known_hosts"]
         if os.path.exists(known):
@@ -276,7 +362,11 @@ class Session:
                     stop_on_error: bool) -> Iterator[dict]:
         """Run one agent request (one exec round trip); yields every parsed output line."""
         login_path = {"PATH": self._login["path"]} if self._login else {}
-        payload = bundle.encode_request(ops, {**login_path, **self.host.env, **(env or {})}, stop_on_error)
+        full_env = {**login_path, **self.host.env, **(env or {})}
+        if self.bundle_probe and full_env.get(bundle.CACHE_ENV) != "off":
+            payload = bundle.encode_probe(ops, full_env, stop_on_error)
+        else:
+            payload = bundle.encode_request(ops, full_env, stop_on_error)
         what = "+".join(o["op"] for o in ops)
         self.stats.execs += 1
         self.stats.op_log.append([o["op"] for o in ops])
@@ -293,6 +383,8 @@ class Session:
                     except ValueError:
                         raise AgentError(f"agent sent unreadable output: {line[:200]!r}",
                                          host=self.label) from None
+                    if "results" in msg:
+                        self._note_agent(msg.get("agent"))
                     if self.host.python is None and isinstance(msg, dict) and msg.get("login"):
                         self._login = msg["login"]
                     yield msg
@@ -315,16 +407,34 @@ class Session:
             raise UnreachableError("connection lost before the remote operation finished",
                                    host=self.label)
 
+    def _note_agent(self, agent: dict | None) -> None:
+        if not isinstance(agent, dict):
+            return
+        if isinstance(agent.get("cpu_s"), (int, float)):
+            self.stats.host_cpu_s.append(agent["cpu_s"])
+            self.stats.host_cpu_split.append([agent.get("start_cpu_s"), agent.get("boot_cpu_s")])
+        state = agent.get("cache")
+        self.stats.agent_cache.append(state)
+        if state in ("off", "unwritable", "unsafe"):
+            self.bundle_probe = False   # this host cannot cache: stop probing (saves the wait)
+
     def _run_agent(self, payload: bytes, timeout: float | None, what: str, end: dict) -> Iterator[bytes]:
-        """The agent on one exec channel: yields stdout chunks; sets end["status"], end["stderr"]."""
+        """The agent on one exec channel: yields stdout chunks; sets end["status"], end["stderr"].
+
+        With the probe form (bundle.encode_probe) stdin stays open until the agent's first line:
+        ``{"bundle": "need"}`` (its cache lacks this agent) is answered with the bundle on the same
+        channel and not passed on; any other first line means the cache served it."""
         import paramiko
 
         chan = self._open_channel(timeout)
         stderr_chunks: list[bytes] = []
+        probing = payload[:1] == b"{"
+        first = b""
         try:
             _exec_pipelined(chan, bundle.agent_command(self._python()))
             chan.sendall(payload)
-            chan.shutdown_write()
+            if not probing:
+                chan.shutdown_write()
             self.stats.bytes_sent += len(payload)
             while True:
                 try:
@@ -336,7 +446,26 @@ class Session:
                     stderr_chunks.append(chan.recv_stderr(65536))
                 if not data:
                     break
+                if probing:
+                    first += data
+                    if b"\n" not in first:
+                        continue
+                    probing = False
+                    line, data = first.split(b"\n", 1)
+                    first = b""
+                    if line.strip() == bundle.NEED_BUNDLE:
+                        extra = bundle.agent_payload()
+                        chan.sendall(extra)
+                        self.stats.bytes_sent += len(extra)
+                        self.stats.bundles_sent += 1
+                    else:
+                        data = line + b"\n" + data
+                    chan.shutdown_write()
+                    if not data:
+                        continue
                 yield data
+            if first:
+                yield first
             end["status"] = chan.recv_exit_status()
             while chan.recv_stderr_ready():
                 stderr_chunks.append(chan.recv_stderr(65536))
@@ -384,9 +513,12 @@ class LocalSession(Session):
     """``connection: local``: the same agent and request, run by a subprocess of the controller.
 
     For people who run remote-ops on the GPU host itself (e.g. inside tmux after ``ssh``) and for
-    machines without sshd. The command line and stdin are byte for byte what an SSH exec gets; the
+    machines without sshd. The command line is byte for byte what an SSH exec gets and stdin the
+    same request in its self-contained form (bundle.encode_request, no host cache); the
     environment is the controller's own (an SSH exec gets sshd's login environment).
     """
+
+    bundle_probe = False   # stdin is written in one go: the self-contained form
 
     @property
     def label(self) -> str:

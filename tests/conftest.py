@@ -30,6 +30,10 @@ def _keep_the_checkout_clean(tmp_path, monkeypatch):
     inventory and sandbox dir point into the test's tmp dir (tests pass -i explicitly)."""
     monkeypatch.setenv("REMOTE_OPS_INVENTORY", str(tmp_path / "default-inventory.yaml"))
     monkeypatch.setenv("REMOTE_OPS_SANDBOX_DIR", str(tmp_path / "default-sandbox"))
+    # computed patch plans: each test starts with none (remote_ops/plancache.py)
+    monkeypatch.setenv("REMOTE_OPS_PLAN_CACHE", str(tmp_path / "plan-cache"))
+    from remote_ops import plancache
+    plancache.clear_memory()
 
 
 class SshdFixture:

@@ -41,12 +41,12 @@ def run(args, ctx) -> int:
     from remote_ops.errors import UsageError
 
     hosts = ctx.hosts(args.host)
-    patching.prefetch_libcst()      # overlaps the ~0.2 s import with connecting
     books = {}
     for h in hosts:
         path = pbmod.find(args.playbook, h)
         if str(path) not in books:
             books[str(path)] = pbmod.load(path)   # a bad playbook stops here: one line, exit 2
+            patching.prefetch_libcst(books[str(path)])   # overlaps the import with connecting
     interactive = sys.stdin.isatty() and not ctx.json
     if not (args.yes or args.dry_run or interactive):
         raise UsageError("patch changes files on the host; pass --yes to apply without a prompt, "
