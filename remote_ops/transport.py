@@ -223,13 +223,11 @@ class Session:
         })
         client: paramiko.SSHClient = conn.client
         known = s["known_hosts"]
-        if os.path.exists(known):
+        if os.path.exists(known):       # absent: every key is unknown; VerifyPolicy writes the file itself
             try:
                 client.load_host_keys(known)
             except (OSError, paramiko.SSHException) as exc:
                 raise HostKeyError(f"cannot read known_hosts {known}: {exc}", host=host.name) from None
-        else:
-            client._host_keys_filename = known
         policy = _policy(known, self.options.accept_new, host.name)
         client.set_missing_host_key_policy(policy)
         return conn, s
@@ -605,7 +603,9 @@ def _exec_pipelined(chan, command: str) -> None:
     paramiko's ``exec_command`` asks for a reply and blocks on it: one extra network round trip
     per call. SSH keeps a channel's messages in order, so the server starts the command before it
     reads our stdin; a refused exec shows up as a channel closed without an exit status, which
-    ``_exec_lines`` reports as a lost connection.
+    ``_exec_lines`` reports as a lost connection. paramiko has no public call that sends a request
+    without asking for its reply, so this is the one private paramiko call left here
+    (``Transport._send_user_message``); every agent call over SSH goes through it.
     """
     from paramiko.common import cMSG_CHANNEL_REQUEST
     from paramiko.message import Message
