@@ -1,0 +1,127 @@
+"""The paramiko side of a connection, for ``transport.py``: paramiko imported without invoke, one SSH
+client connection (optionally through a ProxyJump gateway connection), ssh_config loading, and the
+exec request sent without waiting for its reply.
+"""
+
+from __future__ import annotations
+
+import threading
+
+
+class _LazyModule:
+    """Stands in for a module until first use, then imports it (see _import_paramiko)."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr):
+        import importlib
+        return getattr(importlib.import_module(self._name), attr)
+
+
+def _import_paramiko():
+    """paramiko, without importing invoke at start-up.
+
+    paramiko.config imports invoke when it is installed (only to run ``Match exec`` lines of an
+    ssh_config), and invoke pulls in asyncio, unittest.mock and its own YAML: ~50 ms of every
+    command. It is hidden for the import and then handed to paramiko.config as a lazy module, so
+    a ``Match exec`` line still works, paying for invoke only then."""
+    import sys
+
+    with _paramiko_lock:   # fleet threads connect at once: one imports, the others wait for it
+        if "paramiko" in sys.modules:
+            import paramiko   # (waits for an import in progress in another thread)
+            return paramiko
+        hide = "invoke" not in sys.modules
+        if hide:
+            sys.modules["invoke"] = None   # ``import invoke`` raises ImportError, which paramiko expects
+        try:
+            import paramiko
+            import paramiko.config as pconfig
+        finally:
+            if hide and "invoke" in sys.modules and sys.modules["invoke"] is None:
+                del sys.modules["invoke"]
+        if hide and getattr(pconfig, "invoke", False) is None:
+            pconfig.invoke = _LazyModule("invoke")
+        return paramiko
+
+
+_paramiko_lock = threading.Lock()
+
+
+class _Conn:
+    """One SSH client connection, optionally through a gateway connection (a ProxyJump hop)."""
+
+    def __init__(self, hostname: str, port: int, gateway: "_Conn | None", connect_kwargs: dict):
+        import paramiko
+
+        self.host = hostname
+        self.port = port
+        self.gateway = gateway
+        self.connect_kwargs = connect_kwargs
+        self.client = paramiko.SSHClient()
+        self.transport = None
+        self._sftp = None
+
+    def open(self) -> None:
+        if self.transport is not None and self.transport.active:
+            return
+        kwargs = {k: v for k, v in self.connect_kwargs.items() if v is not None}
+        if self.gateway is not None:
+            self.gateway.open()
+            kwargs["sock"] = self.gateway.transport.open_channel(
+                "direct-tcpip", (self.host, int(self.port)), ("", 0))
+        self.client.connect(self.host, port=self.port, **kwargs)
+        self.transport = self.client.get_transport()
+
+    def sftp(self):
+        if self._sftp is None:
+            self._sftp = self.client.open_sftp()
+        return self._sftp
+
+    def close(self) -> None:
+        if self._sftp is not None:
+            self._sftp.close()
+            self._sftp = None
+        self.client.close()   # also ends a transport left by a failed handshake (a no-op if none)
+        self.transport = None
+
+
+def _ssh_config(path: str | None):
+    _import_paramiko()   # first, so that paramiko comes without invoke (see there)
+    from remote_ops import sshconfig   # paramiko's parser plus Include and refused unknown Match
+    return sshconfig.load(path)
+
+
+def _parse_hop(hop: str) -> tuple[str | None, str, int | None]:
+    user, _, rest = hop.rpartition("@")
+    host, port = rest, None
+    if rest.startswith("["):
+        host, _, tail = rest[1:].partition("]")
+        port = int(tail[1:]) if tail.startswith(":") else None
+    elif rest.count(":") == 1:
+        host, p = rest.split(":")
+        port = int(p)
+    return (user or None), host, port
+
+
+def _exec_pipelined(chan, command: str) -> None:
+    """Send the exec request without waiting for its reply, so stdin follows in the same flight.
+
+    paramiko's ``exec_command`` asks for a reply and blocks on it: one extra network round trip
+    per call. SSH keeps a channel's messages in order, so the server starts the command before it
+    reads our stdin; a refused exec shows up as a channel closed without an exit status, which
+    ``_exec_lines`` reports as a lost connection. paramiko has no public call that sends a request
+    without asking for its reply, so this is the one private paramiko call left here
+    (``Transport._send_user_message``); every agent call over SSH goes through it.
+    """
+    from paramiko.common import cMSG_CHANNEL_REQUEST
+    from paramiko.message import Message
+
+    m = Message()
+    m.add_byte(cMSG_CHANNEL_REQUEST)
+    m.add_int(chan.remote_chanid)
+    m.add_string("exec")
+    m.add_boolean(False)
+    m.add_string(command)
+    chan.transport._send_user_message(m)
