@@ -1,9 +1,9 @@
 """SSH transport: verified connections (host keys, ssh_config, ProxyJump, keepalive) and agent calls.
 
 This module and ``sshconn.py`` (paramiko without invoke, one client connection through ProxyJump
-hops, the pipelined exec request) are the only ones that know about SSH. Everything crossing the wire is an *agent call*:
-one exec channel running the stdlib-only agent on the host's interpreter, request on stdin,
-JSON lines back. ``Session.stats`` counts exec channels and SFTP requests (the round trips).
+hops, the pipelined exec request) are the only ones that know about SSH. Everything crossing the
+wire is an *agent call*: one exec channel running the stdlib-only agent on the host's interpreter,
+request on stdin, JSON lines back. ``Session.stats`` counts exec channels and SFTP requests (the round trips).
 """
 
 from __future__ import annotations
