@@ -197,30 +197,14 @@ class Inventory:
     def status(self, spec: str | None = None, *, playbook: str | None = None, job: str | None = None) -> Results:
         """`remote-ops status --json`: the playbook's job on each host (state, samples, rate, exit)."""
         from remote_ops import jobs
-        ref_args = _Args(playbook=playbook, job=job)
-        return self.run(spec, lambda h, s: {"host": h.name,
-                                              "job": jobs.resolve_job(s, jobs.job_ref(self._ctx, h, ref_args))})
+        return self.run(spec, lambda h, s: {"host": h.name, "job": jobs.resolve_job(
+            s, jobs.ref_for(h, playbook=playbook, job=job))})
 
     def stop(self, spec: str | None = None, *, playbook: str | None = None, job: str | None = None,
              grace: float | None = None) -> Results:
         """`remote-ops stop --json`: SIGTERM the job's process group, SIGKILL after ``grace`` seconds."""
         from remote_ops import jobs
-        ref_args = _Args(playbook=playbook, job=job)
-
-        def one(host, session):
-            st = jobs.resolve_job(session, jobs.job_ref(self._ctx, host, ref_args))
-            g = grace
-            if g is None:
-                g = 30.0
-                if playbook or host.playbook:
-                    try:
-                        g = jobs.load_for_host(host, playbook)[1].stop_grace
-                    except RemoteOpsError:   # the playbook changed since: the default grace still stops it
-                        pass
-            rep = session.call("jobs.stop", {"job_id": st["job_id"], "grace": g}, timeout=g + 120)
-            clean = not rep["remaining"] and not any(x.get("job") for x in rep.get("gpu_holders") or [])
-            return {"host": host.name, "clean": clean, **rep}
-        return self.run(spec, one)
+        return self.run(spec, lambda h, s: jobs.stop(s, h, playbook=playbook, job=job, grace=grace))
 
     # ------------------------------------------------------------------ helpers
     def _playbooks(self, spec: str | None, playbook: str | None) -> dict:
@@ -234,13 +218,6 @@ class Inventory:
                 loaded[path] = pbmod.load(path)
             out[host.name] = loaded[path]
         return out
-
-
-class _Args:
-    """The attributes jobs.job_ref reads from argparse's namespace."""
-
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
 
 
 def open_inventory(path: str | None = None, *, parallel: int = 16, accept_new: bool = False,

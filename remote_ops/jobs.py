@@ -24,17 +24,43 @@ def load_for_host(host, playbook_arg: str | None):
     return pb, parse_spec(pb, host)
 
 
-def job_ref(ctx, host, args) -> dict:
-    """Which job a companion command means: --job, else the playbook's (--playbook or the host's),
+def ref_for(host, *, playbook: str | None = None, job: str | None = None) -> dict:
+    """Which job a companion operation means: ``job``, else the playbook's (``playbook`` or the host's),
     else the newest job on the host (empty dict)."""
-    if getattr(args, "job", None):
-        return {"job_id": args.job}
-    if getattr(args, "playbook", None) or host.playbook:
+    if job:
+        return {"job_id": job}
+    if playbook or host.playbook:
         from remote_ops import playbook as pbmod
-        path = pbmod.find(getattr(args, "playbook", None), host)
-        pb = pbmod.load(path)
-        return {"key": pb.name}
+        return {"key": pbmod.load(pbmod.find(playbook, host)).name}
     return {}
+
+
+def job_ref(ctx, host, args) -> dict:
+    """``ref_for`` from a command's --playbook / --job."""
+    return ref_for(host, playbook=getattr(args, "playbook", None), job=getattr(args, "job", None))
+
+
+def stop(session, host, *, playbook: str | None = None, job: str | None = None, grace: float | None = None,
+         on_stopping=None) -> dict:
+    """Stop one host's job (``ref_for``): SIGTERM its process group, SIGKILL after ``grace`` seconds
+    (default: the playbook's stop_grace_seconds, else 30), then what is left. ``on_stopping(status,
+    grace)`` is called before a live job is signalled. The record: host, clean, and the agent's report.
+    The one implementation of stop, for the CLI and the Python API."""
+    from remote_ops.errors import RemoteOpsError
+
+    st = resolve_job(session, ref_for(host, playbook=playbook, job=job))
+    if grace is None:
+        grace = 30.0
+        if playbook or host.playbook:
+            try:
+                grace = load_for_host(host, playbook)[1].stop_grace
+            except RemoteOpsError:   # the playbook changed since: the default grace still stops it
+                pass
+    if on_stopping is not None and st["state"] in ("running", "starting"):
+        on_stopping(st, grace)
+    rep = session.call("jobs.stop", {"job_id": st["job_id"], "grace": grace}, timeout=grace + 120)
+    clean = not rep["remaining"] and not any(h.get("job") for h in rep.get("gpu_holders") or [])
+    return {"host": host.name, "clean": clean, **rep}
 
 
 def resolve_job(session, ref: dict) -> dict:

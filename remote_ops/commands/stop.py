@@ -35,19 +35,11 @@ def run(args, ctx) -> int:
 def _stop(args, ctx, host, session, *, quiet: bool) -> dict:
     from remote_ops import jobs
 
-    st = jobs.resolve_job(session, jobs.job_ref(ctx, host, args))
-    grace = args.grace if args.grace is not None else 30.0
-    if args.grace is None and (args.playbook or host.playbook):
-        try:
-            grace = jobs.load_for_host(host, args.playbook)[1].stop_grace
-        except Exception:  # the playbook may have changed since; the default grace still stops it
-            pass
-    if not quiet and st["state"] in ("running", "starting"):
+    def say(st, grace):
         ctx.err.print(f"{host.name}: stopping {st['job_id']} (SIGTERM, SIGKILL after {grace:g}s)...",
                       markup=False, highlight=False)
-    rep = session.call("jobs.stop", {"job_id": st["job_id"], "grace": grace}, timeout=grace + 120)
-    clean = not rep["remaining"] and not any(h.get("job") for h in rep.get("gpu_holders") or [])
-    return {"host": host.name, "clean": clean, **rep}
+    return jobs.stop(session, host, playbook=args.playbook, job=args.job, grace=args.grace,
+                     on_stopping=None if quiet else say)
 
 
 def render(c, host, rep, clean) -> None:
