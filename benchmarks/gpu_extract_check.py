@@ -361,11 +361,12 @@ class Harness:
                       not cj.get("findings") and again["rc"] == 0 and not (again["json"] or {}).get("changed"),
                       patch={"rc": patch["rc"], "seconds": patch["seconds"],
                              "edits": [f"{e.get('edit')}: {e.get('state')}" for e in (patch["json"] or {}).get("edits", [])],
-                             "verified": (patch["json"] or {}).get("verified"),
+                             "verification": (patch["json"] or {}).get("verification"),
                              "stderr": patch["stderr"][-1500:]},
                       check={"rc": check["rc"], "findings": cj.get("findings"),
                              "drift": None if cj.get("drift") is None else [_drift_line(d) for d in cj["drift"]],
                              "baseline": cj.get("baseline"),
+                             "drift_accepted": [_drift_line(d) for d in cj.get("drift_accepted") or []],
                              "unknown": len(cj.get("unknown") or []), "calls_checked": cj.get("calls_checked"),
                              "seconds": check["seconds"]},
                       rerun={"rc": again["rc"], "changed": (again["json"] or {}).get("changed")})

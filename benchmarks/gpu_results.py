@@ -25,17 +25,28 @@ STEP_NAMES = {
 }
 
 
+def _drift(check: dict) -> str:
+    if "baseline" not in check:
+        return "drift baseline not recorded in this result"
+    base = check.get("baseline") or {}
+    if "unavailable" in base or check.get("drift") is None:
+        return f"drift not analysed (no baseline: {base.get('unavailable', 'not reported')})"
+    acc = check.get("drift_accepted")
+    return (f"{len(check['drift'])} drift against vllm {base.get('version')}"
+            + (f" ({len(acc)} more accepted by the playbook)" if acc else ""))
+
+
 def _detail(name: str, step: dict) -> str:
     if name == "a_original_files":
         job = step.get("job") or {}
         errs = job.get("error_lines") or []
-        return (f"check exit {step['check']['rc']} with {len(step['check']['findings'])} findings; preflight exit "
+        return (f"check exit {step['check']['rc']} with {len(step['check']['findings'])} findings, "
+                f"{_drift(step['check'])}; preflight exit "
                 f"{step['preflight_refused']['rc']}; job exit {job.get('rc')}: {errs[-1] if errs else '?'}")
     if name == "b_patch_then_check":
         c = step["check"]
-        drift = c.get("drift")
         return (f"patch exit {step['patch']['rc']} ({len(step['patch']['edits'])} edits); check exit {c['rc']}, "
-                f"{len(c.get('findings') or [])} findings, {'n/a' if drift is None else len(drift)} drift, "
+                f"{len(c.get('findings') or [])} findings, {_drift(c)}, "
                 f"{c.get('unknown')} unknown, {c.get('calls_checked')} calls; rerun changed: {step['rerun']['changed']}")
     if name == "trap_transformers5":
         return f"exit {step['rc']}: {(step.get('problems') or ['?'])[-1][:160]}"
