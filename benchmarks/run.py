@@ -374,8 +374,10 @@ class Bench:
                       flip)
             self.pair("remote-ops patch (first run)", f2, lambda: self.floor_once(h), first_run(), flip)
             # the host holds the patched file now: a rerun changes nothing
-            self.pair("remote-ops patch (no-op rerun)", f1, lambda: self.floor_one(h, patched=True),
-                      lambda: self.ro("patch", "h01", "--yes", "--json"), flip)
+            def noop():
+                h.target.write_bytes(self.extra["patched"])   # the floor may have reset it in between
+                return self.ro("patch", "h01", "--yes", "--json")
+            self.pair("remote-ops patch (no-op rerun)", f1, lambda: self.floor_one(h, patched=True), noop, flip)
             self.pair("remote-ops patch (first run, empty plan cache)", f2, lambda: self.floor_once(h),
                       fresh_plans, flip)
         h.reset()
@@ -491,6 +493,7 @@ class Bench:
         """One new connection + one exec (`cat FILE`): the floor of facts and of a no-op patch."""
         if patched:
             h.target.write_bytes(self.extra["patched"])
+        want = h.target.read_bytes()
         sock = self.lab.root / f"cm1-{h.name}-{os.getpid()}"
         base = self.ssh_base(h)
         cm = ["-o", f"ControlPath={sock}"]
@@ -499,7 +502,6 @@ class Bench:
                          + [f"cat {shlex.quote(str(h.target))}"])
         wall = time.perf_counter() - t0
         subprocess.run(base[:1] + cm + ["-O", "exit"] + base[1:], capture_output=True)
-        want = self.extra["patched"] if patched else self.extra["pristine"]
         return Sample(wall, 1, 1, p1.returncode == 0 and p1.stdout == want)
 
     # -------------------------------------------------------------- ansible
