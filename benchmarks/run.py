@@ -64,9 +64,27 @@ from remote_ops.sshd import SshdServer  # noqa: E402
 SPECULATORS = ("speculators", "0.3.0")
 VLLM = ("vllm", "0.17.0")
 PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
-TARGET_REL = "speculators/data_generation/vllm_hidden_states_generator.py"
 ANSIBLE_VENV = BENCH / ".venv-ansible"
 CLI = str(Path(sys.executable).parent / "remote-ops")
+
+
+def target_rels() -> list[str]:
+    """Every file the shipped playbook patches (its `patches:` modules), relative to site-packages;
+    the first is the floor's file."""
+    import yaml
+
+    root = pkgsource.unpacked(*SPECULATORS)
+    out = []
+    for p in yaml.safe_load(PLAYBOOK.read_text()).get("patches") or []:
+        rel = p["module"].replace(".", "/")
+        out.append(rel + "/__init__.py" if (root / rel).is_dir() else rel + ".py")
+    return out
+
+
+def sha256(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
 
 
 def log(msg: str) -> None:
@@ -99,8 +117,20 @@ class BenchHost:
     proxy_port: int = 0
 
     @property
+    def targets(self) -> dict[str, Path]:
+        return {rel: self.site / rel for rel in target_rels()}
+
+    @property
     def target(self) -> Path:
-        return self.site / TARGET_REL
+        return next(iter(self.targets.values()))
+
+    def digests(self) -> dict[str, str]:
+        """sha256 of every patch target on this host."""
+        return {rel: sha256(p.read_bytes()) for rel, p in self.targets.items()}
+
+    def write_targets(self, contents: dict[str, bytes]) -> None:
+        for rel, data in contents.items():
+            (self.site / rel).write_bytes(data)
 
     @property
     def state_dir(self) -> Path:
@@ -117,8 +147,9 @@ class BenchHost:
         shutil.copytree(src, self.site / "speculators")
         shutil.rmtree(self.state_dir, ignore_errors=True)
         self.state_dir.mkdir(mode=0o700)
-        for bak in self.target.parent.glob(self.target.name + ".*"):
-            bak.unlink()   # ansible's and the manual sequence's backups
+        for t in self.targets.values():
+            for bak in t.parent.glob(t.name + ".*"):
+                bak.unlink()   # ansible's and the manual sequence's backups
 
 
 class Lab:
@@ -375,12 +406,33 @@ class Bench:
             self.pair("remote-ops patch (first run)", f2, lambda: self.floor_once(h), first_run(), flip)
             # the host holds the patched file now: a rerun changes nothing
             def noop():
-                h.target.write_bytes(self.extra["patched"])   # the floor may have reset it in between
-                return self.ro("patch", "h01", "--yes", "--json")
+                # the floor may have reset the host in between: every target back to its patched bytes
+                h.write_targets(self.extra["patched_all"])
+                return self.assert_noop(h, self.ro("patch", "h01", "--yes", "--json"))
             self.pair("remote-ops patch (no-op rerun)", f1, lambda: self.floor_one(h, patched=True), noop, flip)
             self.pair("remote-ops patch (first run, empty plan cache)", f2, lambda: self.floor_once(h),
                       fresh_plans, flip)
         h.reset()
+
+    def assert_noop(self, h: BenchHost, s: Sample) -> Sample:
+        """A rerun on the patched host must change nothing: every target keeps its patched sha256, no
+        backup appears and the command reports no change. If not: the sample is not ok and the report
+        says why."""
+        bad = []
+        if h.digests() != self.extra["patched_sha"]:
+            bad.append("a target's bytes changed")
+        if any(bak for t in h.targets.values() for bak in t.parent.glob(t.name + ".*")):
+            bad.append("a backup was written next to a target")
+        if not s.ok:
+            bad.append("it failed")
+        elif any(x.get("changed") for x in _results_of(s.note)) or not _results_of(s.note):
+            bad.append("it reported a change (or no result)")
+        if bad:
+            s.ok = False
+            msg = f"no-op rerun at {self.lab.rtt:g} ms: " + "; ".join(bad) + f" ({s.execs} round trips)"
+            log(msg)
+            self.extra.setdefault("noop_bad", []).append(msg)
+        return s
 
     def case_host_cpu(self) -> None:
         """Host-side CPU per exec: the agent from the host's cache vs shipped and compiled each time
@@ -436,8 +488,8 @@ class Bench:
     def manual_steps(self, h: BenchHost) -> list[tuple[str, str, bytes | None]]:
         py = shlex.quote(str(h.python))
         vsrc = pkgsource.unpacked(*VLLM) / "vllm"
-        t = shlex.quote(str(h.target))
-        patch_script = self.extra["patch_script"].replace("@TARGET@", str(h.target)).encode()
+        ts = " ".join(shlex.quote(str(t)) for t in h.targets.values())
+        patch_script = self.extra["patch_script"].replace("@SITE@", str(h.site)).encode()
         steps = [("versions", f"{py} -c \"import importlib.metadata as m; "
                               f"print(m.version('vllm'), m.version('speculators'))\"", None)]
         for f, pat in (("v1/request.py", "class Request"), ("v1/core/kv_cache_utils.py",
@@ -447,10 +499,11 @@ class Bench:
             steps.append((f"signature {pat.split()[-1]}",
                           f"grep -n -A40 {shlex.quote(pat)} {shlex.quote(str(vsrc / f))}", None))
         steps.append(("grep call sites", f"grep -n -E 'eos_token_id|kv_cache_specs|Scheduler\\(|"
-                                          f"SchedulerConfig\\(|execute_model' {t}", None))
-        steps.append(("backup", f"cp -p {t} {t}.orig", None))
+                                          f"SchedulerConfig\\(|execute_model|get_input_embeddings' {ts}", None))
+        steps.append(("backup", "; ".join(f"cp -p {shlex.quote(str(t))} {shlex.quote(str(t) + '.orig')}"
+                                          for t in h.targets.values()), None))
         steps.append(("python patch one-liner", f"{py} -", patch_script))
-        steps.append(("py_compile", f"{py} -m py_compile {t}", None))
+        steps.append(("py_compile", f"{py} -m py_compile {ts}", None))
         return steps
 
     def case_manual(self) -> None:
@@ -467,7 +520,7 @@ class Bench:
                     ok = False
                     log(f"manual step {what} failed: {proc.stderr.decode(errors='replace').strip()[-300:]}")
             wall = time.perf_counter() - t0
-            ok = ok and h.target.read_bytes() == self.extra["patched"]
+            ok = ok and h.digests() == self.extra["patched_sha"]
             self.record("manual: one ssh per step", Sample(wall, n, n, ok))
         h.reset()
 
@@ -530,7 +583,7 @@ class Bench:
                 shutil.rmtree(cpdir, ignore_errors=True)
                 out = proc.stdout.decode(errors="replace")
                 execs = len(re.findall(r"SSH: EXEC ", out))
-                ok = proc.returncode == 0 and h.target.read_bytes() == self.extra["patched"]
+                ok = proc.returncode == 0 and h.digests() == self.extra["patched_sha"]
                 if not ok:
                     log(f"{label} failed (rc {proc.returncode}): {out[-1500:]} {proc.stderr.decode()[-500:]}")
                 self.record(label, Sample(wall, execs, 1, ok))
@@ -545,11 +598,11 @@ class Bench:
             f"ansible_ssh_common_args='-o UserKnownHostsFile={self.lab.known_hosts} "
             f"-o GlobalKnownHostsFile=/dev/null -o StrictHostKeyChecking=yes -o IdentitiesOnly=yes'\n")
         tasks = []
-        for i, (old, new) in enumerate(self.extra["hunks"]):
+        for i, (rel, old, new) in enumerate(self.extra["hunks"]):
             tasks.append({
-                "name": f"speculators 0.3.0 edit {i + 1}",
+                "name": f"speculators 0.3.0 edit {i + 1} ({rel.rsplit('/', 1)[-1]})",
                 "ansible.builtin.replace": {
-                    "path": str(h.target),
+                    "path": str(h.site / rel),
                     "regexp": "(?m)^" + re.escape(old),
                     "replace": new.replace("\\", "\\\\"),
                     "backup": True,
@@ -563,30 +616,46 @@ class Bench:
 
     # -------------------------------------------------------------- patched bytes, hunks
     def learn_patch(self) -> None:
-        """Patch h01 once with remote-ops and take the result as what every tool must produce."""
+        """Patch h01 once with remote-ops and take the result (every target's bytes) as what every
+        tool must produce; build the other tools' edits from it and check them here before use."""
         h = self.lab.hosts[0]
         h.reset()
-        pristine = h.target.read_bytes()
+        pristine = {rel: p.read_bytes() for rel, p in h.targets.items()}
         s = self.ro("patch", "h01", "--yes", "--json")
-        patched = h.target.read_bytes()
+        patched = {rel: p.read_bytes() for rel, p in h.targets.items()}
         # and a rerun: the no-op plan (the patched file's sha) is cached too, as after any real rerun
         self.ro("patch", "h01", "--yes", "--json")
-        if not s.ok or patched == pristine:
-            raise SystemExit("remote-ops patch did not change the target; cannot build the other tools' edits")
+        if not s.ok or any(patched[r] == pristine[r] for r in patched):
+            raise SystemExit("remote-ops patch did not change every target; cannot build the other tools' edits")
         h.reset()
-        self.extra["pristine"], self.extra["patched"] = pristine, patched
-        a, b = pristine.decode().splitlines(keepends=True), patched.decode().splitlines(keepends=True)
-        hunks = []
-        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
-            if tag == "equal":
-                continue
-            old, new = "".join(a[i1:i2]), "".join(b[j1:j2])
-            if not old:   # pure insertion: anchor on the line before
-                old, new = a[i1 - 1], a[i1 - 1] + new
-            hunks.append((old, new))
+        first = next(iter(pristine))
+        self.extra["pristine"], self.extra["patched"] = pristine[first], patched[first]   # the floors' file
+        self.extra["pristine_all"], self.extra["patched_all"] = pristine, patched
+        self.extra["patched_sha"] = {rel: sha256(b) for rel, b in patched.items()}
+        hunks, body = [], []
+        for rel in pristine:
+            a, b = pristine[rel].decode(), patched[rel].decode()
+            try:
+                th = unique_hunks(a, b)
+            except ValueError as e:
+                th = []
+                self.extra.setdefault("replay_note", []).append(f"{rel}: {e}")
+            # replay both tools' semantics here: the manual script (str.replace, first match) and
+            # ansible.builtin.replace (re.subn over the whole file, every match)
+            x = y = a
+            for old, new in th:
+                x = x.replace(old, new, 1)
+                y = re.subn(re.compile("(?m)^" + re.escape(old), re.MULTILINE), new.replace("\\", "\\\\"), y)[0]
+            for tool, got in (("manual str.replace", x), ("ansible.builtin.replace", y)):
+                if got != b:
+                    self.extra.setdefault("replay_note", []).append(
+                        f"{rel}: {tool} of context-anchored hunks does not reproduce remote-ops' bytes")
+            hunks += [(rel, o, n) for o, n in th]
+            body.append(f"p = '@SITE@/{rel}'\ns = open(p, encoding='utf-8', newline='').read()\n"
+                        + "".join(f"s = s.replace({o!r}, {n!r}, 1)\n" for o, n in th)
+                        + "open(p, 'w', encoding='utf-8', newline='').write(s)\n")
         self.extra["hunks"] = hunks
-        body = "".join(f"s = s.replace({o!r}, {n!r}, 1)\n" for o, n in hunks)
-        self.extra["patch_script"] = f"p = '@TARGET@'\ns = open(p).read()\n{body}open(p, 'w').write(s)\n"
+        self.extra["patch_script"] = "".join(body)
 
     # -------------------------------------------------------------- tail latency
     def case_tail(self, seconds: float) -> None:
@@ -696,6 +765,18 @@ def build_report(b: Bench, rtts: list[float], argv: list[str], started: float) -
         for r, (p50, p95, n) in sorted(b.extra["tail"].items()):
             lines.append(f"--tail latency at {r:g} ms RTT: p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms "
                          f"over {n} lines (target p95 <= {r + 50:.0f} ms).")
+    lines.append(f"`ok` for manual and Ansible: after the run, the sha256 of every patch target "
+                 f"({', '.join(r.rsplit('/', 1)[-1] for r in b.extra.get('patched_sha', {}))}) equals what "
+                 "remote-ops wrote; both replay remote-ops' diff as context-anchored text replacements "
+                 f"({len(b.extra.get('hunks', []))} hunks), each checked to occur exactly once in the file.")
+    for n in b.extra.get("replay_note", []):
+        lines.append(f"Replay not expressible: {n}.")
+    lines.append("No-op rerun: before each, every target is restored to its patched bytes (a floor run in "
+                 "between resets the host); after it, the benchmark checks that every target's sha256 is "
+                 "unchanged, no backup was written and the command reported no change"
+                 + (": held in every run." if not b.extra.get("noop_bad") else ". It did NOT hold:"))
+    for n in b.extra.get("noop_bad", []):
+        lines.append(f"- {n}")
     if "runtime_note" in b.extra:
         lines.append(f"`check --runtime` is not in the table: vllm is not importable on these hosts "
                      f"(sources only, no torch/CUDA): {b.extra['runtime_note']}")
@@ -944,6 +1025,54 @@ def why(b: Bench, rtts: list[float]) -> list[str]:
                    f"{trips(b, 'ansible-playbook, pipelining on')} execs (one per task) on one ControlMaster "
                    "connection; remote-ops needs 2, so the remaining difference is the local/host CPU above.")
     return out or ["- none missed"]
+
+
+def _lines(text: str) -> list[str]:
+    """Lines split on newlines only (keepends), as `(?m)^` sees them."""
+    return re.findall(r"[^\n]*\n|[^\n]+$", text)
+
+
+def _occurrences(text: str, sub: str) -> int:
+    """How many places sub starts at, overlapping ones included."""
+    n, i = 0, text.find(sub)
+    while i >= 0:
+        n, i = n + 1, text.find(sub, i + 1)
+    return n
+
+
+def unique_hunks(a_text: str, b_text: str) -> list[tuple[str, str]]:
+    """The edits from a_text to b_text as (old, new) text replacements, in file order, each applied
+    to the text the earlier ones left, every `old` starting at a line start and occurring exactly
+    once there (context lines added around it until it does): so a first-match str.replace and an
+    every-match regex replace both make exactly b_text."""
+    a, b = _lines(a_text), _lines(b_text)
+    out = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if tag == "equal":
+            continue
+        current = "".join(b[:j1] + a[i1:])      # earlier hunks applied, this one and later not yet
+        m = n = 0
+        while True:
+            old = "".join(b[j1 - m:j1] + a[i1:i2] + a[i2:i2 + n])
+            if old and _occurrences(current, old) == 1:
+                break
+            if m >= j1 and i2 + n >= len(a):
+                raise ValueError("an edit cannot be made unique with context lines")
+            if (m <= n and m < j1) or i2 + n >= len(a):
+                m += 1
+            else:
+                n += 1
+        out.append((old, "".join(b[j1 - m:j1] + b[j1:j2] + a[i2:i2 + n])))
+    return out
+
+
+def _results_of(stdout: str) -> list[dict]:
+    """The per-host results of a `--json` output (one host or a fleet document)."""
+    try:
+        doc = json.loads(stdout)
+    except ValueError:
+        return []
+    return [h.get("result") or {} for h in doc["hosts"]] if "hosts" in doc else [doc]
 
 
 def _targets_of(stdout: str) -> list[dict]:
