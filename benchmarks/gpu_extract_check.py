@@ -23,8 +23,11 @@ What it does (each step's command, exit status, timing and evidence go into the 
           (float32 reference, forward hooks on the decoder layers): shapes equal, min per-token cosine
   (f)     `stop` during a run, then nvidia-smi's compute processes and /proc: no process left
 
-    python3 benchmarks/gpu_extract_check.py --bundle /root/e2e/bundle.tar.xz --work /root/e2e \\
-        --tp 1 --steps a,b,trap,c,d,e,f --out result.json
+    python benchmarks/gpu_bundle.py --out .gpu          # here: the bundle, in parts, and the drift baseline
+    # on the GPU machine, after carrying .gpu/part.NN (one per call) and .gpu/baseline.tar.gz:
+    cat part.* > bundle.tar.gz; mkdir -p rocache/src; tar xzf baseline.tar.gz -C rocache/src
+    python3 benchmarks/gpu_extract_check.py --bundle /root/e2e/bundle.tar.gz --work /root/e2e \\
+        --tp 1 --steps a,b,trap,c,d,e,f --controller-cache /root/e2e/rocache --out result.json
 """
 
 from __future__ import annotations
