@@ -941,6 +941,12 @@ def targets(b: Bench, rtts: list[float]) -> list[str]:
     return out
 
 
+def _cpu_medians(samples) -> tuple:
+    """Median controller CPU-s and median host CPU-s (summed over a run's execs) of ok samples."""
+    return (median([x.ctl_cpu for x in samples if x.ctl_cpu is not None]),
+            median([sum(x.host_cpu) for x in samples if x.host_cpu]))
+
+
 def why(b: Bench, rtts: list[float]) -> list[str]:
     out = []
     hi = max(rtts)
@@ -951,8 +957,7 @@ def why(b: Bench, rtts: list[float]) -> list[str]:
         ss = [x for x in b.rows.get(("remote-ops patch (first run)", rtt), []) if x.ok]
         if r is None or r <= want or not (p and f and ss):
             continue
-        ctl = median([x.ctl_cpu for x in ss if x.ctl_cpu is not None])
-        hcpu = median([sum(x.host_cpu) for x in ss if x.host_cpu])
+        ctl, hcpu = _cpu_medians(ss)
         out.append(f"- patch at {rtt:g} ms: {r:.2f}x its floor ({p - f:+.2f}s median). Both make one new "
                    f"connection and 2 execs, so the gap is CPU, not round trips: the remote-ops process used "
                    f"{ctl:.2f} CPU-s (interpreter start, imports, paramiko's handshake in Python) and the agent "
@@ -965,8 +970,7 @@ def why(b: Bench, rtts: list[float]) -> list[str]:
         ss = [x for x in b.rows.get((name, hi), []) if x.ok]
         if r is None or r <= 1.15 or not ss:
             continue
-        ctl = median([x.ctl_cpu for x in ss if x.ctl_cpu is not None])
-        hcpu = median([sum(x.host_cpu) for x in ss if x.host_cpu])
+        ctl, hcpu = _cpu_medians(ss)
         out.append(f"- {name.replace('remote-ops ', '')} at {hi:g} ms: {r:.2f}x the one-exec floor. Same round "
                    f"trips (one new connection, one exec); the difference is the remote-ops process's "
                    f"{ctl:.2f} CPU-s (a Python interpreter, its imports and paramiko's handshake in Python, "

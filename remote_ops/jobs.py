@@ -99,13 +99,12 @@ class Preflight:
                     "calls_checked": self.check.get("calls_checked")}}
 
 
-def _drift_preflight(pf: Preflight, against, strict: bool, accepted: list | None = None) -> None:
+def _drift_preflight(pf: Preflight, playbook, strict: bool) -> None:
     """Drift of the checked modules against their baseline: notes, or problems under --strict.
     Items the playbook accepted (check.accepted_drift) are notes only."""
-    from remote_ops import drift
-    from remote_ops.check import DEFAULT_AGAINST
+    from remote_ops.check import request_from_playbook, with_drift
 
-    d = drift.apply_accepted(drift.analyse(pf.check, list(against or DEFAULT_AGAINST), None), accepted)
+    d = with_drift(pf.check, request_from_playbook(playbook))
     if d.get("drift_accepted"):
         pf.notes.append(f"drift: {len(d['drift_accepted'])} item(s) accepted by the playbook (check.accepted_drift)")
     pf.check.update(d)
@@ -181,8 +180,7 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
                                    "run remote-ops check / patch first")
             if pf.check.get("unknown"):
                 pf.notes.append(f"check: {len(pf.check['unknown'])} call(s) could not be verified")
-            _drift_preflight(pf, playbook.check.get("against"), strict_drift,
-                             playbook.check.get("accepted_drift"))
+            _drift_preflight(pf, playbook, strict_drift)
     elif not playbook.check:
         pf.notes.append("playbook has no 'check' section: call sites not verified")
     else:

@@ -423,10 +423,6 @@ class LocalSession(Session):
 
     bundle_probe = False   # stdin is written in one go: the self-contained form
 
-    @property
-    def label(self) -> str:
-        return self.host.name
-
     def open(self) -> "LocalSession":
         return self
 
@@ -445,8 +441,7 @@ class LocalSession(Session):
         import subprocess
 
         proc = subprocess.Popen(["/bin/sh", "-c", bundle.agent_command(self._python())],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=False)
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         stderr_chunks: list[bytes] = []
 
         def feed() -> None:

@@ -6,8 +6,11 @@ keys and strict host-key checking.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -90,6 +93,33 @@ def state_dir(tmp_path):
     d = tmp_path / "remote-state"
     d.mkdir()
     return d
+
+
+@contextlib.contextmanager
+def silent_port():
+    """A loopback port that accepts TCP and never speaks SSH (a hung host); yields the port."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(5)
+    held, stop = [], threading.Event()
+
+    def accept():
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(srv.accept()[0])
+            except OSError:
+                pass
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        yield srv.getsockname()[1]
+    finally:
+        stop.set()
+        t.join()
+        srv.close()
+        for c in held:
+            c.close()
 
 
 def write_inventory(path: Path, hosts: dict, groups: dict | None = None, default: str | None = None) -> Path:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import socket
 import sys
-import threading
 
 import pytest
 
@@ -97,32 +95,10 @@ def test_auth_refused(tmp_path, sshd, cli):
 
 def test_timeout_on_silent_port(tmp_path, sshd, cli):
     """A port that accepts TCP but never speaks SSH (a hung host) times out with its own status."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(5)
-    held = []
-    stop = threading.Event()
-
-    def accept():
-        srv.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(srv.accept()[0])
-            except OSError:
-                pass
-    t = threading.Thread(target=accept, daemon=True)
-    t.start()
-    from tests.conftest import write_inventory
-    inv = write_inventory(tmp_path / "inv.yaml", {"h": sshd.host_entry(port=srv.getsockname()[1],
-                                                                      connect_timeout=1)})
-    try:
+    from tests.conftest import silent_port, write_inventory
+    with silent_port() as port:
+        inv = write_inventory(tmp_path / "inv.yaml", {"h": sshd.host_entry(port=port, connect_timeout=1)})
         status, out, err = cli("facts", "h", "-i", str(inv))
-    finally:
-        stop.set()
-        t.join()
-        srv.close()
-        for c in held:
-            c.close()
     assert status == Exit.TIMEOUT, err
     assert "timed out" in err or "no SSH greeting" in err
 

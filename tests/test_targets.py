@@ -431,34 +431,13 @@ def test_completion_install_bash_and_zsh(tmp_path, monkeypatch, cli):
 
 def test_alias_takes_connect_timeout_from_ssh_config(tmp_path, monkeypatch, cli):
     """ConnectTimeout of ~/.ssh/config applies to an alias (a port that accepts TCP and never speaks SSH)."""
-    import socket
-    import threading
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(5)
-    held, stop = [], threading.Event()
-
-    def accept():
-        srv.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(srv.accept()[0])
-            except OSError:
-                pass
-    t = threading.Thread(target=accept, daemon=True)
-    t.start()
-    cfg = tmp_path / "cfg"
-    cfg.write_text(f"Host silent\n    HostName 127.0.0.1\n    Port {srv.getsockname()[1]}\n    ConnectTimeout 1\n"
-                   f"    UserKnownHostsFile {tmp_path / 'kh'}\n")
-    monkeypatch.setenv("REMOTE_OPS_SSH_CONFIG", str(cfg))
-    try:
+    from tests.conftest import silent_port
+    with silent_port() as port:
+        cfg = tmp_path / "cfg"
+        cfg.write_text(f"Host silent\n    HostName 127.0.0.1\n    Port {port}\n    ConnectTimeout 1\n"
+                       f"    UserKnownHostsFile {tmp_path / 'kh'}\n")
+        monkeypatch.setenv("REMOTE_OPS_SSH_CONFIG", str(cfg))
         status, _, err = cli("facts", "silent", "--python", PY)
-    finally:
-        stop.set()
-        t.join()
-        srv.close()
-        for c in held:
-            c.close()
     assert status == Exit.TIMEOUT, err
     assert "within 1s" in err or "after 1s" in err
 

@@ -20,18 +20,24 @@ from .protocol import AgentFailure
 PROBE = r'''
 import importlib, json, os, sys, traceback
 mods, extra = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+_DISTS = []
+def dists():
+    """importlib.metadata.packages_distributions(), read once (it scans every installed package)."""
+    if not _DISTS:
+        try:
+            from importlib import metadata
+            _DISTS.append(metadata.packages_distributions())
+        except Exception:
+            _DISTS.append({})
+    return _DISTS[0]
 def versions(names):
     try:
         from importlib import metadata
     except ImportError:
         return {}
-    try:
-        dists = metadata.packages_distributions()
-    except Exception:
-        dists = {}
     out = {}
     for n in names:
-        for d in dists.get(n) or [n]:
+        for d in dists().get(n) or [n]:
             try:
                 out[d] = metadata.version(d)
             except Exception:
@@ -56,11 +62,14 @@ def required_loaded(top):
     import had loaded (e.g. speculators -> transformers, pydantic)."""
     try:
         from importlib import metadata
-        dists = metadata.packages_distributions()
-    except Exception:
+    except ImportError:
         return []
+    mods_of = {}
+    for mod, owners in dists().items():
+        for o in owners:
+            mods_of.setdefault(o.lower().replace("-", "_"), []).append(mod)
     names = []
-    for dist in dists.get(top) or [top]:
+    for dist in dists().get(top) or [top]:
         try:
             reqs = metadata.requires(dist) or []
         except Exception:
@@ -71,10 +80,8 @@ def required_loaded(top):
             name = r.split(";")[0].strip()
             for ch in "<>=!~[( ":
                 name = name.split(ch)[0]
-            norm = name.lower().replace("-", "_")
-            for mod, owners in dists.items():
-                if any(o.lower().replace("-", "_") == norm for o in owners) and mod in sys.modules \
-                        and mod not in names:
+            for mod in mods_of.get(name.lower().replace("-", "_"), []):
+                if mod in sys.modules and mod not in names:
                     names.append(mod)
     return names
 res = {"ok": True, "versions": {}, "python": sys.version.split()[0], "executable": sys.executable}

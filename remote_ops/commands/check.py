@@ -48,6 +48,7 @@ def run(args, ctx) -> int:
     req.drift = not args.no_drift
     hosts = ctx.hosts(args.host)
     found: list = []
+    accepted_of: dict = {}   # playbook path -> its check.accepted_drift (a fleet shares one file)
 
     def one(host, sess):
         r = req
@@ -56,8 +57,10 @@ def run(args, ctx) -> int:
             from dataclasses import replace
 
             from remote_ops import playbook as pb_mod
-            pb = pb_mod.load(pb_mod.find(None, host))
-            r = replace(req, accepted_drift=list((pb.check or {}).get("accepted_drift") or []))
+            path = pb_mod.find(None, host)
+            if path not in accepted_of:
+                accepted_of[path] = list((pb_mod.load(path).check or {}).get("accepted_drift") or [])
+            r = replace(req, accepted_drift=accepted_of[path])
         res = check_mod.run(sess, r)
         found.append((host.name, res))
         return res
