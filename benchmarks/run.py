@@ -1,6 +1,10 @@
 """The benchmark: remote-ops vs Ansible vs a person typing ssh, vs the floor, at 0/20/100 ms RTT.
 
     python benchmarks/run.py [--quick] [--rtts 0,20,100] [--reps N] [--out benchmarks/RESULTS.md]
+    python benchmarks/run.py --only fleet,patch [--rtts 0] [--out FILE]   # some cases only
+
+``--only`` runs the named cases (CASES below; every pairing, ratio and CPU figure is still made
+within this run) and prints the report without writing RESULTS.md unless ``--out`` is given.
 
 Everything runs side by side in one run, on the same hosts: real OpenSSH sshd instances on
 127.0.0.1, 127.0.0.2, ... (remote_ops.sshd.SshdServer, fresh keys), each with its own venv holding the
@@ -1115,6 +1119,10 @@ def ensure_ansible() -> None:
         shutil.rmtree(ANSIBLE_VENV, ignore_errors=True)
 
 
+# --only: patch = facts and patch against their floors (pairwise); fleet = facts and patch on 1, 4, 16 hosts
+CASES = ("cold", "proxy", "patch", "host_cpu", "check", "extract", "manual", "ansible", "fleet", "tail")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -1122,13 +1130,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rtts", default=None, help="comma list of round-trip delays in ms (default 0,20,100)")
     ap.add_argument("--reps", type=int, default=None, help="runs per cell (default 3, --quick 1)")
     ap.add_argument("--hosts", type=int, default=None, help="sshd hosts for the fleet case (default 16, --quick 4)")
-    ap.add_argument("--out", default=str(BENCH / "RESULTS.md"))
+    ap.add_argument("--out", default=None, help="report file (default benchmarks/RESULTS.md; with --only: none)")
+    ap.add_argument("--only", default=None, metavar="CASES",
+                    help=f"comma list of cases to run ({', '.join(CASES)}); the report covers those only")
     a = ap.parse_args(argv)
+    only = set(CASES) if a.only is None else {c.strip() for c in a.only.split(",") if c.strip()}
+    unknown = only - set(CASES)
+    if unknown:
+        ap.error(f"unknown case(s) {', '.join(sorted(unknown))}; choose from {', '.join(CASES)}")
+    out = a.out or (None if a.only else str(BENCH / "RESULTS.md"))
     rtts = [float(x) for x in (a.rtts or ("100" if a.quick else "0,20,100")).split(",")]
     reps = a.reps or (1 if a.quick else 3)
-    n_hosts = a.hosts or (4 if a.quick else 16)
+    n_hosts = a.hosts or ((4 if a.quick else 16) if "fleet" in only else 1)
     started = time.time()
-    ensure_ansible()
+    if "ansible" in only:
+        ensure_ansible()
     root = Path(tempfile.mkdtemp(prefix="ro-bench-", dir="/tmp"))
     lab = Lab(n_hosts, root)
     try:
@@ -1136,33 +1152,43 @@ def main(argv: list[str] | None = None) -> int:
         b = Bench(lab, reps)
         b.learn_patch()
         b.write_ansible()
-        b.case_cold_start()
-        # proxy overhead: floor straight to sshd vs through the proxy at 0 ms
+        if "cold" in only:
+            b.case_cold_start()
         lab.set_rtt(0)
-        direct, proxied = [], []
-        for _ in range(5):   # alternating, so drifting load on the machine hits both alike
-            direct.append(b.floor_once(lab.hosts[0], direct=True).wall)
-            proxied.append(b.floor_once(lab.hosts[0]).wall)
-        b.extra["proxy"] = (median(direct), median(proxied))
+        if "proxy" in only:
+            # proxy overhead: floor straight to sshd vs through the proxy at 0 ms
+            direct, proxied = [], []
+            for _ in range(5):   # alternating, so drifting load on the machine hits both alike
+                direct.append(b.floor_once(lab.hosts[0], direct=True).wall)
+                proxied.append(b.floor_once(lab.hosts[0]).wall)
+            b.extra["proxy"] = (median(direct), median(proxied))
         for rtt in rtts:
             lab.set_rtt(rtt)
             log(f"RTT {rtt:g} ms")
-            b.case_ab()
-            if rtt == rtts[0]:
+            if "patch" in only:
+                b.case_ab()
+            if rtt == rtts[0] and "host_cpu" in only:
                 b.case_host_cpu()   # host CPU does not depend on the RTT: measured once
-            b.case_check()
-            b.case_extract()
-            b.case_manual()
-            b.case_ansible()
-            b.case_fleet()
-            b.case_tail(6)
+            if "check" in only:
+                b.case_check()
+            if "extract" in only:
+                b.case_extract()
+            if "manual" in only:
+                b.case_manual()
+            if "ansible" in only:
+                b.case_ansible()
+            if "fleet" in only:
+                b.case_fleet()
+            if "tail" in only:
+                b.case_tail(6)
         report = build_report(b, rtts, argv, started)
     finally:
         lab.stop()
         shutil.rmtree(root, ignore_errors=True)
     sys.stdout.write(report)
-    Path(a.out).write_text(report)
-    log(f"wrote {a.out}")
+    if out:
+        Path(out).write_text(report)
+        log(f"wrote {out}")
     return 0
 
 
