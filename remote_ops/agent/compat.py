@@ -54,7 +54,17 @@ def _resolver(args, static):
     raise AgentFailure("bad-args", "unknown mode %r (static or runtime)" % mode)
 
 
+_VERSIONS = {}   # (names, sys_path) -> versions: a verification checks twice in one process
+
+
 def versions(names, sys_path):
+    key = (tuple(names), tuple(sys_path))
+    if key not in _VERSIONS:
+        _VERSIONS[key] = _versions(names, sys_path)
+    return dict(_VERSIONS[key])
+
+
+def _versions(names, sys_path):
     import importlib.metadata as md
     out = {}
     wanted = {_norm(n): n for n in names}
