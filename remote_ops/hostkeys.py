@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import threading
 from pathlib import Path
 
 import paramiko
@@ -19,6 +20,48 @@ def fingerprint(key: paramiko.PKey) -> str:
 
 def host_entry_name(hostname: str, port: int) -> str:
     return hostname if port == 22 else f"[{hostname}]:{port}"
+
+
+# known_hosts files parsed in this process: path -> (stat signature, paramiko.HostKeys). A fleet
+# connects to N hosts through one file; paramiko would parse all of it (one key object per line,
+# and a lookup per line) for every host. Any change to the file (e.g. --accept-new appending a
+# line) changes its signature, and the next connection parses it again.
+_parsed: dict[str, tuple[tuple, paramiko.HostKeys]] = {}
+_parsed_lock = threading.Lock()
+
+
+def _file_sig(path: str) -> tuple:
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def parsed_known_hosts(path: str) -> paramiko.HostKeys:
+    """The parsed file, read once per process while it is unchanged. Raises what
+    ``HostKeys.load`` raises (OSError, paramiko.SSHException)."""
+    with _parsed_lock:   # fleet threads miss at once: one parses, the others wait for it
+        sig = _file_sig(path)
+        hit = _parsed.get(path)
+        if hit is not None and hit[0] == sig:
+            return hit[1]
+        keys = paramiko.HostKeys()
+        keys.load(path)
+        if _file_sig(path) == sig:   # changed while being read: parse again next time
+            _parsed[path] = (sig, keys)
+        return keys
+
+
+def load_for(client: paramiko.SSHClient, path: str, hostname: str, port: int) -> None:
+    """Give ``client`` the known_hosts entries of ``hostname:port`` (what ``client.load_host_keys``
+    would give it for this host: paramiko looks up exactly this name), from the file parsed
+    once. Each key type keeps the entry paramiko's lookup returns first; the server's key is
+    still checked by paramiko against these, for this host only."""
+    name = host_entry_name(hostname, port)
+    found = parsed_known_hosts(path).lookup(name)
+    if not found:
+        return
+    mine = client.get_host_keys()
+    for keytype in dict.fromkeys(found.keys()):
+        mine.add(name, keytype, found[keytype])
 
 
 class VerifyPolicy(paramiko.MissingHostKeyPolicy):

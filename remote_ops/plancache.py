@@ -64,10 +64,23 @@ def code_fingerprint() -> str:
     return h.hexdigest()
 
 
+_fps: dict[int, tuple[Any, str]] = {}   # id(patch) -> (patch, its edits' fingerprint)
+
+
 def edits_fingerprint(patch) -> str:
-    """The content of one patch target's edits (what the plan is computed from)."""
+    """The content of one patch target's edits (what the plan is computed from). Computed once
+    per loaded target: a fleet's N hosts ask for it N times (a loaded playbook is never changed;
+    the entry holds the target, so its id cannot be reused while it is there)."""
+    hit = _fps.get(id(patch))
+    if hit is not None and hit[0] is patch:
+        return hit[1]
     data = [patch.label] + [dict(asdict(e), kind=e.kind) for e in patch.edits]
-    return _sha(json.dumps(data, sort_keys=True, default=_jsonable).encode())
+    fp = _sha(json.dumps(data, sort_keys=True, default=_jsonable).encode())
+    with _guard:
+        if len(_fps) >= 1024:
+            _fps.clear()
+        _fps[id(patch)] = (patch, fp)
+    return fp
 
 
 def book_fingerprint(pb) -> str:
@@ -94,6 +107,7 @@ def clear_memory() -> None:
     with _guard:
         _mem.clear()
         _locks.clear()
+        _fps.clear()
 
 
 def seen(pb) -> bool:

@@ -125,6 +125,8 @@ def parse_cached(text, origin):
     key = (origin, text)
     tree = _TREES.get(key)
     if tree is None:
+        if len(_TREES) >= 2048:   # a long-lived process checking many releases: stay bounded
+            _TREES.clear()
         tree = _TREES[key] = ast.parse(text, filename=origin)
     return tree
 
