@@ -22,31 +22,34 @@ def host_entry_name(hostname: str, port: int) -> str:
     return hostname if port == 22 else f"[{hostname}]:{port}"
 
 
-# known_hosts files parsed in this process: path -> (stat signature, paramiko.HostKeys). A fleet
-# connects to N hosts through one file; paramiko would parse all of it (one key object per line,
-# and a lookup per line) for every host. Any change to the file (e.g. --accept-new appending a
-# line) changes its signature, and the next connection parses it again.
-_parsed: dict[str, tuple[tuple, paramiko.HostKeys]] = {}
+# known_hosts files parsed in this process: path -> (the file's bytes, paramiko.HostKeys). A fleet
+# connects to N hosts through one file; paramiko would parse all of it (a key object per line,
+# and a lookup per line) for every host. The file is still read for every connection and the
+# parse reused only for the same bytes, so any change (e.g. --accept-new appending a line, or
+# an edit within the same second) is seen by the next connection.
+_parsed: dict[str, tuple[bytes, paramiko.HostKeys]] = {}
 _parsed_lock = threading.Lock()
 
 
-def _file_sig(path: str) -> tuple:
-    st = os.stat(path)
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+def _read(path: str) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
 
 
 def parsed_known_hosts(path: str) -> paramiko.HostKeys:
-    """The parsed file, read once per process while it is unchanged. Raises what
+    """The parsed file, parsed once per process while its bytes are unchanged. Raises what
     ``HostKeys.load`` raises (OSError, paramiko.SSHException)."""
     with _parsed_lock:   # fleet threads miss at once: one parses, the others wait for it
-        sig = _file_sig(path)
+        data = _read(path)
         hit = _parsed.get(path)
-        if hit is not None and hit[0] == sig:
+        if hit is not None and hit[0] == data:
             return hit[1]
         keys = paramiko.HostKeys()
         keys.load(path)
-        if _file_sig(path) == sig:   # changed while being read: parse again next time
-            _parsed[path] = (sig, keys)
+        if _read(path) == data:   # what was parsed is what was read (else: parse again next time)
+            if len(_parsed) >= 64:
+                _parsed.clear()
+            _parsed[path] = (data, keys)
         return keys
 
 
