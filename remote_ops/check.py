@@ -16,8 +16,8 @@ FINDING_KEYS = ("path", "line", "symbol", "kind", "name", "message", "suggestion
 FINDING_EXTRAS = ("col", "module", "defined", "call", "source", "signature", "signature_mode", "signature_origin",
                   "fix")
 
-from remote_ops.agent.compat import DEFAULT_AGAINST as _AGAINST
-from remote_ops.agent.compat import DEFAULT_PACKAGE
+from remote_ops.agent.contract import DEFAULT_AGAINST as _AGAINST
+from remote_ops.agent.contract import DEFAULT_PACKAGE
 
 # the one default for the library checked against (the agent op uses the same constant)
 DEFAULT_AGAINST = list(_AGAINST)

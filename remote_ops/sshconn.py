@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import types
 
 
 class _LazyModule:
@@ -20,13 +21,54 @@ class _LazyModule:
         return getattr(importlib.import_module(self._name), attr)
 
 
+class _VersionOnlyMetadata(types.ModuleType):
+    """Stands in for ``importlib.metadata`` while paramiko's ``__init__`` runs: it only asks for
+    its own version (``metadata.version("paramiko")``), which costs ~10 ms of every command
+    (importlib.metadata, the email parser, a search of sys.path). This reads the Version line of
+    the METADATA next to the imported package instead; anything else, or no such file, goes to
+    the real module."""
+
+    def version(self, name: str) -> str:
+        import glob
+        import importlib.util
+        import os
+
+        spec = importlib.util.find_spec(name)
+        site = os.path.dirname(os.path.dirname(spec.origin)) if spec and spec.origin else None
+        found = glob.glob(os.path.join(glob.escape(site), f"{name}-*.dist-info", "METADATA")) if site else []
+        if len(found) == 1:
+            with open(found[0], encoding="utf-8") as fh:
+                for line in fh:
+                    if not line.strip():
+                        break   # end of the headers
+                    if line.startswith("Version:"):
+                        return line.split(":", 1)[1].strip()
+        return self.__getattr__("version")(name)
+
+    def __getattr__(self, attr):
+        import sys
+        if attr.startswith("__"):
+            raise AttributeError(attr)   # the import system's own questions: a plain module's answers
+        real = sys.modules.get("importlib.metadata")
+        if real is None or real is self:
+            saved = sys.modules.pop("importlib.metadata", None)
+            try:
+                import importlib.metadata as real
+            finally:
+                if saved is self and sys.modules.get("importlib.metadata") is not real:
+                    sys.modules["importlib.metadata"] = saved
+        return getattr(real, attr)
+
+
 def _import_paramiko():
-    """paramiko, without importing invoke at start-up.
+    """paramiko, without importing invoke or importlib.metadata at start-up.
 
     paramiko.config imports invoke when it is installed (only to run ``Match exec`` lines of an
     ssh_config), and invoke pulls in asyncio, unittest.mock and its own YAML: ~50 ms of every
     command. It is hidden for the import and then handed to paramiko.config as a lazy module, so
-    a ``Match exec`` line still works, paying for invoke only then."""
+    a ``Match exec`` line still works, paying for invoke only then. paramiko's own version comes
+    from its METADATA file (_VersionOnlyMetadata), not from importlib.metadata."""
+    import importlib
     import sys
 
     with _paramiko_lock:   # fleet threads connect at once: one imports, the others wait for it
@@ -36,12 +78,20 @@ def _import_paramiko():
         hide = "invoke" not in sys.modules
         if hide:
             sys.modules["invoke"] = None   # ``import invoke`` raises ImportError, which paramiko expects
+        shim = None
+        if "importlib.metadata" not in sys.modules:
+            shim = sys.modules["importlib.metadata"] = _VersionOnlyMetadata("importlib.metadata")
         try:
             import paramiko
             import paramiko.config as pconfig
         finally:
             if hide and "invoke" in sys.modules and sys.modules["invoke"] is None:
                 del sys.modules["invoke"]
+            if shim is not None:
+                if sys.modules.get("importlib.metadata") is shim:
+                    del sys.modules["importlib.metadata"]
+                if getattr(importlib, "metadata", None) is shim:
+                    del importlib.metadata
         if hide and getattr(pconfig, "invoke", False) is None:
             pconfig.invoke = _LazyModule("invoke")
         return paramiko
