@@ -108,18 +108,28 @@ def clear_memory() -> None:
         _mem.clear()
         _locks.clear()
         _fps.clear()
+        _seen.clear()
+
+
+_seen: set[str] = set()   # (root, book fingerprint) found to have plans on disk in this process
 
 
 def seen(pb) -> bool:
-    """Whether plans of this playbook (this code) are on disk: a hint that libcst will not be needed."""
+    """Whether plans of this playbook (this code) are on disk: a hint that libcst will not be needed
+    (asked once per host of a fleet; a yes is remembered, a no is asked again)."""
     root = _disk_root()
     if root is None:
         return False
     d = root / book_fingerprint(pb)[:32]
+    if str(d) in _seen:
+        return True
     try:
-        return any(n.endswith(".json") for n in os.listdir(d))
+        found = any(n.endswith(".json") for n in os.listdir(d))
     except OSError:
         return False
+    if found:
+        _seen.add(str(d))
+    return found
 
 
 def _valid(entry: Any, k: str) -> bool:

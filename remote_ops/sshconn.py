@@ -103,6 +103,55 @@ _paramiko_lock = threading.Lock()
 IDLE_POLL_S = 1.0   # paramiko's reading thread's socket timeout once the handshake is done
 
 
+# Private keys loaded in this process: path -> ((key file bytes, certificate bytes or None), PKey).
+# A fleet authenticates N hosts with one identity file; paramiko would read and parse it for every
+# host, trying each key class in turn until one accepts the file.
+_keys: dict = {}
+_keys_lock = threading.Lock()
+
+
+def identity_key(path: str):
+    """The private key in ``path`` (with its ``-cert.pub`` certificate when one exists), loaded as
+    paramiko's ``SSHClient`` loads a ``key_filename`` and kept while the files' bytes are unchanged;
+    None when it does not load without a passphrase (the caller then leaves it to paramiko, which
+    reports it as before)."""
+    import os
+
+    import paramiko
+
+    cert = path + "-cert.pub"
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+        cert_data = None
+        if os.path.isfile(cert):
+            with open(cert, "rb") as fh:
+                cert_data = fh.read()
+    except OSError:
+        return None
+    with _keys_lock:
+        hit = _keys.get(path)
+        if hit is not None and hit[0] == (data, cert_data):
+            return hit[1]
+    for klass in (paramiko.RSAKey, paramiko.ECDSAKey, paramiko.Ed25519Key):   # paramiko's order
+        try:
+            key = klass.from_private_key_file(path, None)
+            if cert_data is not None:
+                key.load_certificate(cert)
+            break
+        except paramiko.SSHException:
+            continue
+        except Exception:  # whatever paramiko's own loading would raise, it raises there
+            return None
+    else:
+        return None
+    with _keys_lock:
+        if len(_keys) >= 64:
+            _keys.clear()
+        _keys[path] = ((data, cert_data), key)
+    return key
+
+
 class _Conn:
     """One SSH client connection, optionally through a gateway connection (a ProxyJump hop)."""
 
@@ -121,6 +170,13 @@ class _Conn:
         if self.transport is not None and self.transport.active:
             return
         kwargs = {k: v for k, v in self.connect_kwargs.items() if v is not None}
+        files = kwargs.get("key_filename")
+        if isinstance(files, (list, tuple)) and len(files) == 1 and "pkey" not in kwargs:
+            # one identity file: paramiko tries it first either way; loaded once per process
+            key = identity_key(files[0])
+            if key is not None:
+                kwargs["pkey"] = key
+                del kwargs["key_filename"]
         if self.gateway is not None:
             self.gateway.open()
             kwargs["sock"] = self.gateway.transport.open_channel(

@@ -278,3 +278,33 @@ def test_closing_a_session_ends_paramikos_reader_thread(sshd):
     sess.close()
     t.join(timeout=30)
     assert not t.is_alive() and not t.active
+
+
+def test_one_identity_file_is_loaded_once_and_still_authenticates(sshd, tmp_path, monkeypatch):
+    """Several connections with one identity file load the key once; a changed file is loaded
+    again, and a key the server does not accept is still refused."""
+    import shutil
+    import subprocess
+
+    import paramiko
+    from remote_ops import sshconn
+    from remote_ops.errors import AuthError
+    from remote_ops.transport import ConnectOptions, Session
+
+    key = tmp_path / "id_ed25519"
+    shutil.copy(sshd.identity_file, key)
+    key.chmod(0o600)
+    loads = []
+    real = paramiko.Ed25519Key.from_private_key_file.__func__
+    monkeypatch.setattr(paramiko.Ed25519Key, "from_private_key_file",
+                        classmethod(lambda cls, *a, **k: (loads.append(a[0]), real(cls, *a, **k))[1]))
+    for _ in range(3):
+        with Session(sshd.host(identity_file=str(key)), ConnectOptions()) as sess:
+            assert sess.call("ping.ping", {"echo": "k"})["echo"] == "k"
+    assert loads == [str(key)]
+    key.unlink()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    with pytest.raises(AuthError):   # same path, another key: loaded again, and refused by the server
+        Session(sshd.host(identity_file=str(key)), ConnectOptions()).open()
+    assert loads == [str(key), str(key)]
+    assert sshconn.identity_key(str(key)).get_base64() == key.with_suffix(".pub").read_text().split()[1]
