@@ -74,20 +74,9 @@ def versions(names, sys_path):
 
 
 def _versions(names, sys_path):
-    from . import distinfo
-    wanted = {_norm(n): n for n in names}
-    try:   # without importing importlib.metadata when the distributions are plain directories
-        out = {}
-        for dist in distinfo.distributions(list(sys_path)):
-            h = distinfo.headers(dist)
-            n = _norm(h["name"] or "")
-            if n in wanted and wanted[n] not in out:
-                out[wanted[n]] = h["version"]
-        return out
-    except distinfo.Unsure:
-        pass
     import importlib.metadata as md
     out = {}
+    wanted = {_norm(n): n for n in names}
     try:
         for dist in md.distributions(path=list(sys_path)):
             n = _norm(dist.metadata.get("Name") or "")

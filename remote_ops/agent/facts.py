@@ -1,5 +1,6 @@
 """Read-only facts about the host, gathered in one round trip without importing heavy packages."""
 
+import importlib.metadata
 import importlib.util
 import os
 import platform
@@ -10,31 +11,13 @@ import sys
 DEFAULT_PACKAGES = ("vllm", "speculators", "torch", "transformers")
 
 
-def _distribution(name):
-    """(version, the folder holding its metadata) of the distribution importlib.metadata finds,
-    or None; importlib.metadata itself only when distinfo cannot answer the same way."""
-    from . import distinfo
-    try:
-        dist = distinfo.find(name, sys.path)
-        return None if dist is None else (distinfo.headers(dist)["version"], os.path.dirname(dist))
-    except distinfo.Unsure:
-        pass
-    import importlib.metadata
+def package_info(name):
+    """Version and location from package metadata; the package itself is never imported."""
     try:
         dist = importlib.metadata.distribution(name)
     except importlib.metadata.PackageNotFoundError:
-        return None
-    path = getattr(dist, "_path", None)
-    return dist.version, (str(path.parent) if path is not None else None)
-
-
-def package_info(name):
-    """Version and location from package metadata; the package itself is never imported."""
-    found = _distribution(name)
-    if found is None:
         return {"name": name, "present": False}
-    version, meta_dir = found
-    info = {"name": name, "present": True, "version": version}
+    info = {"name": name, "present": True, "version": dist.version}
     try:
         spec = importlib.util.find_spec(name.replace("-", "_"))
     except (ImportError, ValueError):
@@ -43,7 +26,8 @@ def package_info(name):
         origin = spec.origin
         info["location"] = os.path.dirname(origin) if origin.endswith("__init__.py") else origin
     else:
-        info["location"] = meta_dir
+        path = getattr(dist, "_path", None)
+        info["location"] = str(path.parent) if path is not None else None
     return info
 
 

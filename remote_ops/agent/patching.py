@@ -56,8 +56,16 @@ def op_read(args):
     if _pending_intents():
         with _Lock(args.get("lock_timeout")):
             recovered = _recover()
-    from .distinfo import versions   # (importlib.metadata only when it must)
-    packages = versions(args.get("packages") or [])
+    packages = {}
+    try:
+        import importlib.metadata as md
+        for name in args.get("packages") or []:
+            try:
+                packages[name] = md.version(name)
+            except md.PackageNotFoundError:
+                packages[name] = None
+    except ImportError:
+        pass
     targets = []
     for t in args.get("targets") or []:
         label = t.get("module") or t.get("path")
