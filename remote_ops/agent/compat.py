@@ -52,28 +52,7 @@ def _resolver(args, static):
     raise AgentFailure("bad-args", "unknown mode %r (static or runtime)" % mode)
 
 
-# (names, each sys_path entry with its mtime) -> versions: a patch's verification checks twice in
-# one process. Installing, upgrading or removing a distribution changes its directory's mtime.
-_VERSIONS = {}
-
-
-def _mtime(p):
-    try:
-        return os.stat(p or ".").st_mtime_ns
-    except OSError:
-        return None
-
-
 def versions(names, sys_path):
-    key = (tuple(names), tuple((p, _mtime(p)) for p in sys_path))
-    if key not in _VERSIONS:
-        if len(_VERSIONS) >= 64:
-            _VERSIONS.clear()
-        _VERSIONS[key] = _versions(names, sys_path)
-    return dict(_VERSIONS[key])
-
-
-def _versions(names, sys_path):
     import importlib.metadata as md
     out = {}
     wanted = {_norm(n): n for n in names}
