@@ -77,11 +77,15 @@ class Inventory:
     """An open inventory: hosts, groups, and a cache of one SSH session per host."""
 
     def __init__(self, path: str | None = None, *, parallel: int = 16, accept_new: bool = False,
-                 connect_timeout: float | None = None, python: str | None = None, workdir: str | None = None):
+                 connect_timeout: float | None = None, python: str | None = None, workdir: str | None = None,
+                 persist: float | None = None):
         if parallel < 1:
             raise UsageError("parallel must be at least 1")
+        if persist is not None:
+            from remote_ops.mux import check_persist
+            persist = check_persist(persist, "persist")
         self._ctx = Context(json=True, inventory_file=path, parallel=parallel, accept_new=accept_new,
-                            connect_timeout=connect_timeout, python=python, workdir=workdir)
+                            connect_timeout=connect_timeout, python=python, workdir=workdir, persist=persist)
         self._ctx.inventory   # load now: a bad inventory raises ConfigError with file:line here
 
     # ------------------------------------------------------------------ plumbing
@@ -222,10 +226,13 @@ class Inventory:
 
 def open_inventory(path: str | None = None, *, parallel: int = 16, accept_new: bool = False,
                    connect_timeout: float | None = None, python: str | None = None,
-                   workdir: str | None = None) -> Inventory:
+                   workdir: str | None = None, persist: float | None = None) -> Inventory:
     """Open an inventory (default: $REMOTE_OPS_INVENTORY or ./inventory.yaml, which may be absent;
     an Ansible YAML/INI file works too); use it in a ``with``. Every operation also takes ad-hoc
     targets (``user@host:port``, ~/.ssh/config aliases, ``localhost``); ``python``/``workdir``
-    are the ``--python``/``--workdir`` flags."""
+    are the ``--python``/``--workdir`` flags, ``persist`` the ``--persist`` seconds (0: off;
+    None: $REMOTE_OPS_PERSIST, else 60): a host already kept by an earlier command or script is
+    used without a new SSH handshake, and after ``close()`` one background process keeps the
+    hosts this inventory connected to for that many idle seconds."""
     return Inventory(path, parallel=parallel, accept_new=accept_new, connect_timeout=connect_timeout,
-                     python=python, workdir=workdir)
+                     python=python, workdir=workdir, persist=persist)

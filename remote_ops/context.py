@@ -42,6 +42,7 @@ class Context:
     connect_timeout: float | None = None
     python: str | None = None            # --python: the interpreter on every named host
     workdir: str | None = None           # --workdir
+    persist: float | None = None         # --persist S / --no-persist (0); None: $REMOTE_OPS_PERSIST, else 60
     _inventory: Any = None
     _sessions: dict = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -68,17 +69,25 @@ class Context:
 
     # ------------------------------------------------------------------ sessions
     def session(self, host):
+        from remote_ops import mux
         from remote_ops.transport import ConnectOptions, session_for
 
         with self._lock:
             sess = self._sessions.get(host.name)
             if sess is None:
+                if self.persist is None:
+                    self.persist = mux.default_persist()
                 sess = session_for(host, ConnectOptions(accept_new=self.accept_new,
-                                                        connect_timeout=self.connect_timeout),
+                                                        connect_timeout=self.connect_timeout,
+                                                        persist=self.persist, note=self._note),
                                    self.inventory.hosts if self._inventory is not None else None)
                 self._sessions[host.name] = sess
         sess.open()
         return sess
+
+    def _note(self, msg: str) -> None:
+        if self.verbose:
+            sys.stderr.write(f"remote-ops: {msg}\n")
 
     def drop_session(self, host) -> None:
         with self._lock:
@@ -107,6 +116,12 @@ class Context:
                 s.close()
             except Exception:  # closing must never hide the command's own result
                 pass
+        if any(getattr(s, "keep", False) for s in sessions):
+            from remote_ops import mux
+            try:
+                mux.keep(sessions, self._note)   # --persist: one background process keeps them
+            except OSError as exc:
+                self._note(f"could not start the process keeping connections: {exc}")
 
     def for_each_host(self, hosts, fn: Callable[[Any, Any], Any], *, connect: bool = True) -> list[HostResult]:
         """Run ``fn(host, session)`` on every host, in parallel, bounded by ``--parallel``."""
