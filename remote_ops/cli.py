@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                       accept_new=bool(args.accept_new), inventory_file=args.inventory,
                       parallel=args.parallel or 16, connect_timeout=args.connect_timeout,
                       python=args.python, workdir=args.workdir,
-                      persist=None if args.persist is None else _persist(args.persist))
+                      persist=_persist(args.persist))
         if ctx.parallel < 1:
             from remote_ops.errors import UsageError
             raise UsageError("--parallel must be at least 1")
@@ -134,9 +134,10 @@ def main(argv: list[str] | None = None) -> int:
             ctx.close()
 
 
-def _persist(value: float) -> float:
-    from remote_ops.mux import check_persist
-    return check_persist(value)
+def _persist(value: float | None) -> float:
+    """--persist S / --no-persist, else $REMOTE_OPS_PERSIST, else 60 (checked before any host)."""
+    from remote_ops import mux
+    return mux.default_persist() if value is None else mux.check_persist(value)
 
 
 def _report(exc, debug: bool, json_mode: bool) -> None:
