@@ -98,6 +98,11 @@ def check_persist(value: float, what: str = "--persist") -> float:
     return float(value)
 
 
+def available() -> bool:
+    """Unix sockets and uids (not on Windows: there persistence is always off)."""
+    return hasattr(socket, "AF_UNIX") and hasattr(os, "getuid")
+
+
 def mux_dir() -> str:
     d = os.environ.get("REMOTE_OPS_MUX_DIR")
     if d:
@@ -174,7 +179,7 @@ def identity(host, options, inventory_hosts: dict) -> str | None:
     parts = {"v": PROTOCOL, "uid": os.getuid(), "home": os.path.expanduser("~"),
              "agent": os.environ.get("SSH_AUTH_SOCK"), "host": _host_id(host), "hops": hops,
              "ssh_config": [cfg, hashlib.sha256(cfg_text.encode()).hexdigest()], "defaults": defaults,
-             "inventory": host.inventory_path, "connect_timeout": options.connect_timeout or host.connect_timeout}
+             "inventory": host.inventory_path}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
@@ -287,6 +292,8 @@ def _connect(path: str) -> socket.socket | None:
 
 def attach(host, options, inventory_hosts: dict, note) -> Mux | None:
     """The host's kept connection if one is running and safe to use, else None."""
+    if not available():
+        return None
     d, why = ensure_dir(create=False)
     if d is None:
         if why != "missing":
@@ -310,6 +317,8 @@ def attach(host, options, inventory_hosts: dict, note) -> Mux | None:
 
 def stop(host, options, inventory_hosts: dict) -> bool:
     """Ask the host's mux (if any) to exit: ``--no-persist`` / ``--persist 0``. True if one was told."""
+    if not available():
+        return False
     d, _ = ensure_dir(create=False)
     key = identity(host, options, inventory_hosts) if d else None
     if key is None or unsafe(socket_path(d, key), want_dir=False):
@@ -330,7 +339,7 @@ def keep(sessions: list, note=None) -> int:
     """After a command: keep the connection of every session that had to connect itself with
     persist on (``Session.keep``), in one background process; how many hosts it was started for."""
     todo = [s for s in sessions if getattr(s, "keep", False)]
-    return spawn(todo, note or (lambda _m: None)) if todo else 0
+    return spawn(todo, note or (lambda _m: None)) if todo and available() else 0
 
 
 def spawn(sessions: list, note) -> int:
@@ -344,8 +353,11 @@ def spawn(sessions: list, note) -> int:
     specs = []
     for sess in sessions:
         key = identity(sess.host, sess.options, sess.inventory_hosts)
-        if key is None or len(socket_path(d, key)) > _MAX_PATH:
+        if key is None:
             continue
+        if len(socket_path(d, key)) > _MAX_PATH:
+            note(f"not keeping connections: {d} is too long a path for a unix socket (set REMOTE_OPS_MUX_DIR)")
+            return 0
         live = _connect(socket_path(d, key))
         if live is not None:
             live.close()
