@@ -371,8 +371,6 @@ def spawn(sessions: list, note) -> int:
         return 0
     import subprocess
 
-    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [pkg_root, os.environ.get("PYTHONPATH")])))
     log_path = os.path.join(d, "mux.log")
     if os.path.isfile(log_path) and os.path.getsize(log_path) > 1 << 20:
         os.unlink(log_path)
@@ -380,9 +378,9 @@ def spawn(sessions: list, note) -> int:
     try:
         # through sh -c '... &': the mux is not our child (nothing to reap; it outlives us); fd 3
         # because sh gives a background command /dev/null as stdin unless it is redirected from elsewhere
-        proc = subprocess.Popen(["/bin/sh", "-c", 'exec 3<&0; "$0" -m remote_ops.muxserver "$1" <&3 3<&- &', sys.executable, d],
-                                stdin=subprocess.PIPE, stdout=log, stderr=log, cwd="/", env=env,
-                                start_new_session=True)
+        server = os.path.join(os.path.dirname(os.path.abspath(__file__)), "muxserver.py")   # this very package
+        proc = subprocess.Popen(["/bin/sh", "-c", 'exec 3<&0; "$0" "$1" "$2" <&3 3<&- &', sys.executable, server, d],
+                                stdin=subprocess.PIPE, stdout=log, stderr=log, cwd="/", start_new_session=True)
     finally:
         os.close(log)
     try:

@@ -1,6 +1,6 @@
 """The background process that keeps hosts' connections (``--persist``); see ``mux.py``.
 
-    python -m remote_ops.muxserver DIR   < JSON list of host specs (written by mux.spawn)
+    python .../remote_ops/muxserver.py DIR   < JSON list of host specs (written by mux.spawn)
 
 For each host: take ``DIR/<key>.lock`` (flock; another controller's mux already holding it means
 this host is served, so it is skipped: two controllers racing leave one mux), connect with
@@ -14,15 +14,24 @@ trip is paid while idle, not by the next command).
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
-import socket
 import sys
-import threading
-import time
 
-from remote_ops import mux
+if __name__ == "__main__" and not __package__:
+    # run by path (mux.spawn): the same remote_ops as the controller that started it, and the
+    # script's own folder (remote_ops/) first on sys.path must not shadow anything
+    _root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    del sys.path[0]
+    if _root not in sys.path:
+        sys.path.insert(0, _root)
+
+import fcntl  # noqa: E402
+import json  # noqa: E402
+import socket  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+from remote_ops import mux  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -182,10 +191,13 @@ class Keeper:
 
         if isinstance(req.get("persist"), (int, float)) and req["persist"] > 0:
             self.idle = float(req["persist"])              # the latest command's --persist counts
+        chan = None
         try:
             chan = self._channel(req.get("timeout"))
             _exec_pipelined(chan, req["command"])
         except Exception as exc:  # nothing ran: the client connects itself
+            if chan is not None:
+                chan.close()
             mux.send_frame(conn, b"N", str(exc or type(exc).__name__).encode())
             return
         mux.send_frame(conn, b"A")

@@ -47,7 +47,8 @@ def mux_pids(d: str) -> list[int]:
                 stat = (entry / "stat").read_text()
             except OSError:
                 continue
-            if b"remote_ops.muxserver" in argv and d.encode() in argv and ") Z " not in stat:
+            if any(a.endswith(b"/remote_ops/muxserver.py") for a in argv[1:2]) and d.encode() in argv \
+                    and ") Z " not in stat:
                 out.append(int(entry.name))
     return out
 
