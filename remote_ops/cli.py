@@ -105,15 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         ctx = Context(json=bool(args.json), debug=bool(args.debug), verbose=args.verbose or 0,
                       accept_new=bool(args.accept_new), inventory_file=args.inventory,
                       parallel=args.parallel or 16, connect_timeout=args.connect_timeout,
-                      python=args.python, workdir=args.workdir,
-                      persist=_persist(args.persist))
-        if ctx.parallel < 1:
-            from remote_ops.errors import UsageError
-            raise UsageError("--parallel must be at least 1")
-        if ctx.connect_timeout is not None and not 0 < ctx.connect_timeout <= 3600:
-            from remote_ops.errors import UsageError
-            raise UsageError(f"--connect-timeout must be a number of seconds in (0, 3600], "
-                             f"got {ctx.connect_timeout:g}")
+                      python=args.python, workdir=args.workdir, persist=_persist(args.persist))
+        ctx.fleet   # checks --parallel / --connect-timeout (UsageError) before any work
         return int(args._module.run(args, ctx) or 0)
     except RemoteOpsError as exc:
         _report(exc, debug, json_mode)

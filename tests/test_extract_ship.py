@@ -130,7 +130,7 @@ def test_import_probe_failure_refuses_with_versions_and_its_own_exit_status(tmp_
     assert not (h.state / "jobs").exists() or not [p for p in (h.state / "jobs").iterdir() if p.is_dir()]
     s, out, err = cli(*h.argv("extract", "testhost", "--json"))
     doc = json.loads(out)
-    assert s == 9 and doc["started"] is False and doc["error"]["exit_status"] == 9
+    assert s == 9 and doc["error"] == "RefusedError" and doc["exit_status"] == 9 and doc["host"] == "testhost"
     assert doc["preflight"]["imports"]["module"] == "broken_generator"
     assert doc["preflight"]["imports"]["versions"]["pydantic"] == version("pydantic")
 

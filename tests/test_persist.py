@@ -180,7 +180,8 @@ def test_api_persist_parameter(sshd_log, muxdir, tmp_path, monkeypatch):
     assert wait_until(lambda: live_sockets(muxdir))
     with ro.open_inventory(str(inv), persist=30) as api:
         assert api.facts("h").ok
-    assert last_stats(tmp_path)["h"]["connects"] == 0
+        (sess,) = api.sessions
+        assert sess.stats.connects == 0 and sess.stats.mux_execs == 1
     with pytest.raises(Exception, match="persist must be"):
         ro.open_inventory(str(inv), persist=-1)
 
