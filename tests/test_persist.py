@@ -130,6 +130,20 @@ def test_second_command_reuses_the_kept_connection(sshd_log, muxdir, tmp_path, c
     assert len(mux_pids(muxdir)) == 1
 
 
+def test_proxyjump_chain_is_kept_too(sshd_log, muxdir, tmp_path, cli):
+    """Through a jump host (verified against known_hosts like the target): the mux keeps the chain."""
+    hop = f"{sshd_log.user}@127.0.0.1:{sshd_log.port}"
+    inv = inv_for(tmp_path, sshd_log, proxy_jump=[hop])
+    before = accepted(sshd_log.server)
+    assert facts(cli, inv)[0] == 0
+    assert last_stats(tmp_path)["h"]["connects"] == 1
+    assert wait_until(lambda: live_sockets(muxdir))
+    assert accepted(sshd_log.server) == before + 4          # hop + target, for the command and for the mux
+    status, _, err = facts(cli, inv)
+    assert status == 0, err
+    assert last_stats(tmp_path)["h"]["connects"] == 0 and accepted(sshd_log.server) == before + 4
+
+
 def test_results_and_counters_are_the_same_over_the_mux(sshd_log, muxdir, tmp_path):
     """A ~300 KB request and reply, and a stream: identical bytes and counters either way."""
     from remote_ops.transport import ConnectOptions, Session
