@@ -112,7 +112,7 @@ class Keeper:
         reason = "stopped"
         try:
             while True:
-                if not self.session._conn.transport.is_active():
+                if not self.session.transport.is_active():
                     reason = "SSH connection lost"
                     break
                 with self.lock:
@@ -144,7 +144,7 @@ class Keeper:
     def _refill(self) -> None:
         """Open the next exec's session channel ahead of time (one at a time)."""
         try:
-            chan = self.session._conn.transport.open_session(timeout=30)
+            chan = self.session.transport.open_session(timeout=30)
         except Exception:  # the link is going: the serve loop notices
             return
         with self._spare_lock:
@@ -159,7 +159,7 @@ class Keeper:
         if chan is not None and not chan.closed and chan.active:
             threading.Thread(target=self._refill, daemon=True).start()
             return chan
-        chan = self.session._conn.transport.open_session(timeout=timeout or 30)
+        chan = self.session.transport.open_session(timeout=timeout or 30)
         threading.Thread(target=self._refill, daemon=True).start()
         return chan
 

@@ -67,7 +67,6 @@ class _Conn:
         self.connect_kwargs = connect_kwargs
         self.client = paramiko.SSHClient()
         self.transport = None
-        self._sftp = None
 
     def open(self) -> None:
         if self.transport is not None and self.transport.active:
@@ -80,15 +79,7 @@ class _Conn:
         self.client.connect(self.host, port=self.port, **kwargs)
         self.transport = self.client.get_transport()
 
-    def sftp(self):
-        if self._sftp is None:
-            self._sftp = self.client.open_sftp()
-        return self._sftp
-
     def close(self) -> None:
-        if self._sftp is not None:
-            self._sftp.close()
-            self._sftp = None
         self.client.close()   # also ends a transport left by a failed handshake (a no-op if none)
         self.transport = None
 
