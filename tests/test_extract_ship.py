@@ -219,4 +219,4 @@ def test_import_probe_names_the_versions_outside_site_packages(tmp_path, sshd, c
     from importlib.metadata import version
     assert versions["fakespec"] == "0.3.0" and versions["fakeconfigs"] == "5.17.0"
     assert versions["pydantic"] == version("pydantic") and "notinstalled" not in versions
-    assert "fakeconfigs 5.17.0" in doc["error"]["message"]
+    assert "fakeconfigs 5.17.0" in doc["message"]

@@ -41,37 +41,19 @@ def run(args, ctx) -> int:
                       exit_for=lambda v: int(Exit.FINDINGS) if v.has_findings(args.strict) else int(Exit.OK))
     found = [r.value.to_json() for r in results if r.ok]
     if args.emit_playbook and found:
-        _emit_playbook(args.emit_playbook, args, sorted(found, key=lambda v: v["host"]))
+        _emit_playbook(args.emit_playbook, args, found)
     return status
 
 
 def _emit_playbook(path, args, values) -> None:
-    """One draft for all hosts checked: findings merged, versions pinned to what the hosts run."""
     import sys
 
     from remote_ops import emit_playbook
     from remote_ops.check import make_request
 
-    seen, findings, versions = set(), [], {}
-    for value in values:
-        for pkg, ver in (value.get("versions") or {}).items():
-            versions.setdefault(pkg, set()).add(ver)
-        for f in list(value["findings"]) + list(value.get("drift") or []):
-            key = (f.get("module"), f.get("line"), f.get("symbol"), f.get("kind"), f.get("name"))
-            if key not in seen:
-                seen.add(key)
-                findings.append(f)
-    requires = {pkg: "==" + next(iter(v)) for pkg, v in sorted(versions.items()) if len(v) == 1 and next(iter(v))}
-    check = {}
     req = make_request(playbook=args.playbook, targets=args.targets, against=args.against)
-    targets = list(req.targets or []) or sorted({t["module"] if isinstance(t, dict) else t
-                                                   for v in values for t in (v.get("targets") or [])})
-    if targets:
-        check["targets"] = targets
-    if req.against:
-        check["against"] = list(req.against)
-    written = emit_playbook.write(path, findings, requires=requires or None, check=check or None)
-    sys.stderr.write(f"remote-ops: wrote a draft playbook with fixes for {len(findings)} finding(s) to {written}\n")
+    written, n = emit_playbook.write_for_hosts(path, values, targets=req.targets, against=req.against)
+    sys.stderr.write(f"remote-ops: wrote a draft playbook with fixes for {n} finding(s) to {written}\n")
 
 
 def explain(f: dict, style: str = "line") -> str:
