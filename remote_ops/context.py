@@ -32,6 +32,7 @@ class Context:
     connect_timeout: float | None = None
     python: str | None = None            # --python: the interpreter on every named host
     workdir: str | None = None           # --workdir
+    persist: float | None = None         # --persist S / --no-persist (0); None: $REMOTE_OPS_PERSIST, else 60
     _fleet: Any = None
     _console: Any = None
     _err: Any = None
@@ -44,7 +45,8 @@ class Context:
             from remote_ops.api import Inventory
             self._fleet = Inventory(self.inventory_file, parallel=self.parallel, accept_new=self.accept_new,
                                     connect_timeout=self.connect_timeout, python=self.python,
-                                    workdir=self.workdir, warn=lambda line: sys.stderr.write(f"remote-ops: {line}\n"))
+                                    workdir=self.workdir, warn=lambda line: sys.stderr.write(f"remote-ops: {line}\n"),
+                                    persist=self.persist, note=self._note if self.verbose else None)
         return self._fleet
 
     @property
@@ -56,6 +58,9 @@ class Context:
 
     def session(self, host):
         return self.fleet.session(host)
+
+    def _note(self, msg: str) -> None:
+        sys.stderr.write(f"remote-ops: {msg}\n")
 
     def drop_session(self, host) -> None:
         self.fleet.drop_session(host)

@@ -99,9 +99,13 @@ class Fleet:
 
     def __init__(self, path: str | None = None, *, parallel: int = 16, accept_new: bool = False,
                  connect_timeout: float | None = None, python: str | None = None, workdir: str | None = None,
-                 warn: Callable[[str], None] | None = None):
+                 warn: Callable[[str], None] | None = None, persist: float | None = None,
+                 note: Callable[[str], None] | None = None):
         if parallel < 1:
             raise UsageError("--parallel must be at least 1")
+        if persist is not None:
+            from remote_ops.mux import check_persist
+            persist = check_persist(persist, "persist")
         if connect_timeout is not None and not 0 < connect_timeout <= 3600:
             raise UsageError(f"--connect-timeout must be a number of seconds in (0, 3600], got {connect_timeout:g}")
         self.inventory_file = path
@@ -111,6 +115,8 @@ class Fleet:
         self.python = python
         self.workdir = workdir
         self._warn = warn
+        self.persist = persist       # kept connections (mux.py): seconds idle; 0 off; None: $REMOTE_OPS_PERSIST, else 60
+        self._note = note            # why a kept connection is not used (-v)
         self._inventory = None
         self._resolved: dict = {}
         self._sessions: dict = {}
@@ -149,8 +155,12 @@ class Fleet:
         with self._lock:
             sess = self._sessions.get(host.name)
             if sess is None:
+                if self.persist is None:
+                    from remote_ops.mux import default_persist
+                    self.persist = default_persist()
                 sess = session_for(host, ConnectOptions(accept_new=self.accept_new,
-                                                        connect_timeout=self.connect_timeout),
+                                                        connect_timeout=self.connect_timeout,
+                                                        persist=self.persist, note=self._note),
                                    self.inventory.hosts if self._inventory is not None else None)
                 self._sessions[host.name] = sess
         sess.open()
@@ -175,6 +185,13 @@ class Fleet:
                 s.close()
             except Exception:  # closing must never hide the operation's own result
                 pass
+        if any(getattr(s, "keep", False) for s in sessions):
+            from remote_ops import mux
+            try:
+                mux.keep(sessions, self._note)   # --persist: one background process keeps these hosts
+            except OSError as exc:
+                if self._note:
+                    self._note(f"could not start the process keeping connections: {exc}")
 
     def __enter__(self):
         return self
