@@ -1,10 +1,6 @@
 """The benchmark: remote-ops vs Ansible vs a person typing ssh, vs the floor, at 0/20/100 ms RTT.
 
-    python benchmarks/run.py [--quick] [--rtts 0,20,100] [--reps N] [--out benchmarks/RESULTS.md]
-    python benchmarks/run.py --only fleet,patch [--rtts 0] [--out FILE]   # some cases only
-
-``--only`` runs the named cases (CASES below; every pairing, ratio and CPU figure is still made
-within this run) and prints the report without writing RESULTS.md unless ``--out`` is given.
+    python benchmarks/run.py [--quick] [--rtts 0,20,100] [--reps N] [--cases ab,persist,...] [--out benchmarks/RESULTS.md]
 
 Everything runs side by side in one run, on the same hosts: real OpenSSH sshd instances on
 127.0.0.1, 127.0.0.2, ... (remote_ops.sshd.SshdServer, fresh keys), each with its own venv holding the
@@ -30,6 +26,9 @@ before (or after: the order flips every repetition) at the same RTT, and the tab
 of the per-pair ratios, so load drifting on a shared machine hits both sides of a pair alike.
   floor, 1 exec   one new ssh connection (ControlMaster) running `cat FILE`: the least facts or a
                   no-op patch can do.
+Kept connections (--persist) are off in every row (REMOTE_OPS_PERSIST=0) except the persist case:
+`facts` run twice with --persist 60, the second timed once the first command's mux is serving
+(its run has 0 connects, checked), paired with the one-exec floor; the mux is stopped after each pair.
 Controller CPU: user+system seconds of the remote-ops process itself (getrusage of the waited
 child). Host CPU per exec: what the agent reports for itself in each reply (process CPU from the
 interpreter's start to the reply; Session.stats.host_cpu_s), with its cache state (hit: compiled
@@ -334,7 +333,9 @@ class Bench:
     # -------------------------------------------------------------- remote-ops
     def ro(self, *args, inventory=None, check_ok=True, ok_status=(0,), env_extra=None) -> Sample:
         self.stats_file.unlink(missing_ok=True)
-        env = dict(os.environ, REMOTE_OPS_STATS_FILE=str(self.stats_file), NO_COLOR="1", **(env_extra or {}))
+        env = dict(os.environ, REMOTE_OPS_STATS_FILE=str(self.stats_file), NO_COLOR="1", REMOTE_OPS_PERSIST="0",
+                   REMOTE_OPS_MUX_DIR=str(self.lab.root / "mux"))
+        env.update(env_extra or {})
         cmd = [CLI, "-i", str(inventory or self.lab.inventory), *args]
         c0 = children_cpu_s()
         wall, proc = run_proc(cmd, env=env)
@@ -417,6 +418,46 @@ class Bench:
             self.pair("remote-ops patch (first run, empty plan cache)", f2, lambda: self.floor_once(h),
                       fresh_plans, flip)
         h.reset()
+
+    def case_persist(self) -> None:
+        """The second command within the --persist window vs the one-exec floor (new connection)."""
+        from remote_ops import mux
+
+        h = self.lab.hosts[0]
+        on = {"REMOTE_OPS_PERSIST": "60"}
+        muxdir = self.lab.root / "mux"
+
+        def live() -> bool:
+            for p in muxdir.glob("*.sock") if muxdir.is_dir() else ():
+                c = mux._connect(str(p))
+                if c is not None:
+                    c.close()
+                    return True
+            return False
+
+        def wait(pred, bound=60.0) -> bool:
+            end = time.monotonic() + bound
+            while not pred():
+                if time.monotonic() > end:
+                    return False
+                time.sleep(0.05)
+            return True
+
+        def second() -> Sample:
+            first = self.ro("facts", "h01", "--json", env_extra=on)
+            self.record("remote-ops facts, first command (--persist 60: starts the mux)", first)
+            kept = wait(live)
+            s = self.ro("facts", "h01", "--json", env_extra=on)
+            if not kept or s.connects != 0:
+                s.ok = False
+                log(f"persist at {self.lab.rtt:g} ms: mux ready {kept}, second command made {s.connects} connection(s)")
+            self.ro("facts", "h01", "--json", "--no-persist")   # stops the mux (not timed)
+            wait(lambda: not live())
+            return s
+
+        for i in range(self.reps):
+            self.pair("remote-ops facts, second command within --persist", "floor: new ssh connection + 1 exec",
+                      lambda: self.floor_one(h), second, bool(i % 2))
 
     def assert_noop(self, h: BenchHost, s: Sample) -> Sample:
         """A rerun on the patched host must change nothing: every target keeps its patched sha256, no
@@ -914,6 +955,10 @@ def targets(b: Bench, rtts: list[float]) -> list[str]:
         if r is not None:
             out.append(f"- {name.replace('remote-ops ', '')} at {rtt:g} ms <= {want:g}x its floor (pairwise median): "
                        f"{r:.2f}x -> {mark(r <= want)}")
+    r = ratio(b, "remote-ops facts, second command within --persist", hi)
+    if r is not None:
+        out.append(f"- second command within --persist at {hi:g} ms <= 0.5x the one-exec floor (pairwise median): "
+                   f"{r:.2f}x -> {mark(r <= 0.5)}")
     for name, want in (("remote-ops patch (first run)", 0.5), ("remote-ops facts", 0.3)):
         c = ctl_cpu(b, name)
         if c is not None:
@@ -980,6 +1025,14 @@ def why(b: Bench, rtts: list[float]) -> list[str]:
                    f"{ctl:.2f} CPU-s (a Python interpreter, its imports and paramiko's handshake in Python, "
                    f"where the floor runs the C ssh client) and the agent's {hcpu:.2f} CPU-s on the host "
                    "(a Python interpreter and the op, where the floor runs `cat`).")
+    name = "remote-ops facts, second command within --persist"
+    r, ss = ratio(b, name, hi), [x for x in b.rows.get((name, hi), []) if x.ok]
+    if r is not None and r > 0.5 and ss:
+        ctl, hcpu = _cpu_medians(ss)
+        out.append(f"- second command within --persist at {hi:g} ms: {r:.2f}x the one-exec floor. It makes no "
+                   f"connection and one exec (one round trip on the kept connection; the session channel is "
+                   f"opened ahead of time); what is left is the remote-ops process's {ctl:.2f} CPU-s "
+                   f"(interpreter start and imports) and the agent's {hcpu:.2f} CPU-s on the host.")
     for what in ("facts", "patch (read + apply)"):
         off, hit = host_cpu(b, f"{what}, cache off"), host_cpu(b, f"{what}, cache hit")
         if not (off and hit) or hit / off <= 0.5:
@@ -1119,8 +1172,7 @@ def ensure_ansible() -> None:
         shutil.rmtree(ANSIBLE_VENV, ignore_errors=True)
 
 
-# --only: patch = facts and patch against their floors (pairwise); fleet = facts and patch on 1, 4, 16 hosts
-CASES = ("cold", "proxy", "patch", "host_cpu", "check", "extract", "manual", "ansible", "fleet", "tail")
+CASES = ("ab", "host_cpu", "persist", "check", "extract", "manual", "ansible", "fleet", "tail")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1130,20 +1182,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rtts", default=None, help="comma list of round-trip delays in ms (default 0,20,100)")
     ap.add_argument("--reps", type=int, default=None, help="runs per cell (default 3, --quick 1)")
     ap.add_argument("--hosts", type=int, default=None, help="sshd hosts for the fleet case (default 16, --quick 4)")
-    ap.add_argument("--out", default=None, help="report file (default benchmarks/RESULTS.md; with --only: none)")
-    ap.add_argument("--only", default=None, metavar="CASES",
-                    help=f"comma list of cases to run ({', '.join(CASES)}); the report covers those only")
+    ap.add_argument("--cases", default=None,
+                    help=f"comma list of cases to run (default: all): {','.join(CASES)}")
+    ap.add_argument("--out", default=str(BENCH / "RESULTS.md"))
     a = ap.parse_args(argv)
-    only = set(CASES) if a.only is None else {c.strip() for c in a.only.split(",") if c.strip()}
-    unknown = only - set(CASES)
-    if unknown:
-        ap.error(f"unknown case(s) {', '.join(sorted(unknown))}; choose from {', '.join(CASES)}")
-    out = a.out or (None if a.only else str(BENCH / "RESULTS.md"))
+    cases = set(CASES if not a.cases else a.cases.split(","))
+    if cases - set(CASES):
+        ap.error(f"unknown case(s) {', '.join(sorted(cases - set(CASES)))}; choose from {', '.join(CASES)}")
     rtts = [float(x) for x in (a.rtts or ("100" if a.quick else "0,20,100")).split(",")]
     reps = a.reps or (1 if a.quick else 3)
-    n_hosts = a.hosts or ((4 if a.quick else 16) if "fleet" in only else 1)
+    n_hosts = a.hosts or (4 if a.quick else 16)
     started = time.time()
-    if "ansible" in only:
+    if "ansible" in cases:
         ensure_ansible()
     root = Path(tempfile.mkdtemp(prefix="ro-bench-", dir="/tmp"))
     lab = Lab(n_hosts, root)
@@ -1151,44 +1201,37 @@ def main(argv: list[str] | None = None) -> int:
         lab.start()
         b = Bench(lab, reps)
         b.learn_patch()
-        b.write_ansible()
-        if "cold" in only:
-            b.case_cold_start()
+        if "ansible" in cases:
+            b.write_ansible()
+        b.case_cold_start()
+        # proxy overhead: floor straight to sshd vs through the proxy at 0 ms
         lab.set_rtt(0)
-        if "proxy" in only:
-            # proxy overhead: floor straight to sshd vs through the proxy at 0 ms
-            direct, proxied = [], []
-            for _ in range(5):   # alternating, so drifting load on the machine hits both alike
-                direct.append(b.floor_once(lab.hosts[0], direct=True).wall)
-                proxied.append(b.floor_once(lab.hosts[0]).wall)
-            b.extra["proxy"] = (median(direct), median(proxied))
+        direct, proxied = [], []
+        for _ in range(5):   # alternating, so drifting load on the machine hits both alike
+            direct.append(b.floor_once(lab.hosts[0], direct=True).wall)
+            proxied.append(b.floor_once(lab.hosts[0]).wall)
+        b.extra["proxy"] = (median(direct), median(proxied))
         for rtt in rtts:
             lab.set_rtt(rtt)
             log(f"RTT {rtt:g} ms")
-            if "patch" in only:
+            if "ab" in cases:
                 b.case_ab()
-            if rtt == rtts[0] and "host_cpu" in only:
+            if rtt == rtts[0] and "host_cpu" in cases:
                 b.case_host_cpu()   # host CPU does not depend on the RTT: measured once
-            if "check" in only:
-                b.case_check()
-            if "extract" in only:
-                b.case_extract()
-            if "manual" in only:
-                b.case_manual()
-            if "ansible" in only:
-                b.case_ansible()
-            if "fleet" in only:
-                b.case_fleet()
-            if "tail" in only:
+            if "persist" in cases:
+                b.case_persist()
+            for name in ("check", "extract", "manual", "ansible", "fleet"):
+                if name in cases:
+                    getattr(b, f"case_{name}")()
+            if "tail" in cases:
                 b.case_tail(6)
         report = build_report(b, rtts, argv, started)
     finally:
         lab.stop()
         shutil.rmtree(root, ignore_errors=True)
     sys.stdout.write(report)
-    if out:
-        Path(out).write_text(report)
-        log(f"wrote {out}")
+    Path(a.out).write_text(report)
+    log(f"wrote {a.out}")
     return 0
 
 

@@ -1,8 +1,10 @@
-"""`remote-ops check` / `remote-ops inspect`: controller side (op arguments, records, rendering).
+"""The check and inspect operations, controller side: op arguments, per-host functions, records.
 
 The analysis itself runs on the host in ONE agent round trip (``remote_ops/agent/compat.py``),
-over the files that the host's interpreter would import. This module builds the op's arguments,
-turns its answer into the JSON object of the CLI contract and renders it for people.
+over the files that the host's interpreter would import. This module builds the op's arguments and
+turns its answer into the typed records (``CheckResult``, ``InspectResult``); drift against the
+baseline is analysed here, on the controller (``remote_ops/drift.py``). Rendering is the CLI's
+(``remote_ops/commands/check.py``, ``commands/inspect.py``).
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ FINDING_KEYS = ("path", "line", "symbol", "kind", "name", "message", "suggestion
 FINDING_EXTRAS = ("col", "module", "defined", "call", "source", "signature", "signature_mode", "signature_origin",
                   "fix")
 
+from remote_ops import agent_requests as rq
 from remote_ops.agent.contract import DEFAULT_AGAINST as _AGAINST
 from remote_ops.agent.contract import DEFAULT_PACKAGE
+from remote_ops.errors import UsageError
+from remote_ops.records import Record, optional
 
 # the one default for the library checked against (the agent op uses the same constant)
 DEFAULT_AGAINST = list(_AGAINST)
@@ -54,10 +59,73 @@ def request_from_playbook(pb, runtime: bool = False) -> CheckRequest:
                         accepted_drift=list(c.get("accepted_drift") or []))
 
 
+def make_request(*, playbook: str | None = None, runtime: bool = False, targets: list[str] | None = None,
+                 against: list[str] | None = None, package: str | None = None, baseline: str | None = None,
+                 drift: bool = True) -> CheckRequest:
+    """The check to run, from the operation's parameters (a named playbook is loaded here, locally:
+    a bad one raises ConfigError before any host is contacted)."""
+    if playbook:
+        from remote_ops import playbook as pb_mod
+        req = request_from_playbook(pb_mod.load(pb_mod.find(playbook)), runtime=runtime)
+    else:
+        req = CheckRequest(runtime=runtime)
+    if targets:
+        req.targets = list(targets)
+    if against:
+        req.against = list(against)
+    if package:
+        req.package = package
+    req.baseline, req.drift = baseline, drift
+    return req
+
+
+def for_host(req: CheckRequest, host, accepted_of: dict) -> CheckRequest:
+    """``req`` with the host's own playbook's ``check.accepted_drift`` (when no playbook was named and
+    the host has one); ``accepted_of`` caches each playbook file's list (a fleet shares one file)."""
+    if not getattr(host, "playbook", None):
+        return req
+    from dataclasses import replace
+
+    from remote_ops import playbook as pb_mod
+    path = str(pb_mod.find(None, host))
+    if path not in accepted_of:
+        accepted_of[path] = list((pb_mod.load(path).check or {}).get("accepted_drift") or [])
+    return replace(req, accepted_drift=accepted_of[path])
+
+
+@dataclass(eq=False)
+class CheckResult(Record):
+    """The record of ``check``: binding findings, what could not be decided, drift vs the baseline."""
+
+    host: str
+    mode: str = "static"
+    versions: dict = field(default_factory=dict)
+    findings: list = field(default_factory=list)
+    unknown: list = field(default_factory=list)
+    targets: list = field(default_factory=list)
+    calls_checked: int | None = None
+    python: Any = None
+    note: str = optional()
+    drift: list = optional()
+    drift_notes: list = optional()
+    drift_accepted: list = optional()
+    baseline: dict = optional()
+    timing: dict = optional()
+    extra: dict = field(default_factory=dict)
+
+    def has_findings(self, strict: bool = False) -> bool:
+        return bool(self.findings or (strict and self.drift))
+
+
+def check(session, host, req: CheckRequest) -> CheckResult:
+    """The check operation on one host: one exec round trip, then drift on the controller."""
+    return CheckResult.from_json(run(session, req))
+
+
 def run(session, req: CheckRequest) -> dict:
     """One exec round trip; returns the CLI's JSON object (plus timing)."""
     t0 = time.perf_counter()
-    raw = session.call("compat.check", req.op_args())
+    raw = session.call(*rq.compat_check(**req.op_args()))
     t1 = time.perf_counter()
     out = to_json(session.label, raw, req)
     out["timing"] = {"host_analysis_s": raw.get("elapsed_s"),
@@ -93,119 +161,41 @@ def to_json(host: str, raw: dict, req: CheckRequest | None = None) -> dict:
             **extra}
 
 
-def explain(f: dict, style: str = "line") -> str:
-    """A finding as one line (``line``) or as a few lines for people (``verbose``)."""
-    where = f"{f['path']}:{f['line']}"
-    if style == "line":
-        return f"{where}: {f['kind']}: {f['message']}"
-    call = f.get("call") or ""
-    call = call if len(call) <= 100 else call[:97] + "..."
-    lines = [f"{where}  {call}".rstrip(),
-             f"    {f['kind']}: {f['message']}"]
-    if f.get("signature"):
-        lines.append(f"    remote:  {f['symbol']}{f['signature']}")
-    if f.get("suggestion"):
-        lines.append(f"    fix:     {f['suggestion']}")
-    return "\n".join(lines)
 
 
-def render(console, result: dict, verbose: int = 0) -> None:
-    from rich.markup import escape
+# ------------------------------------------------------------------ inspect
+@dataclass(eq=False)
+class InspectResult(Record):
+    """The record of ``inspect``: each symbol's parameters as the host defines them (and in a baseline)."""
 
-    versions = ", ".join(f"{k} {v}" for k, v in sorted(result["versions"].items()))
-    t = result.get("timing") or {}
-    timing = ""
-    if t.get("host_analysis_s") is not None:
-        timing = f", analysis {t['host_analysis_s'] * 1000:.0f} ms on the host"
-    console.print(f"[bold]{escape(result['host'])}[/bold]: {result['mode']} check of "
-                  f"{len(result['targets'])} module(s), {result.get('calls_checked') or 0} library calls "
-                  f"({escape(versions)}{timing})")
-    if verbose:
-        for tg in result["targets"]:
-            console.print(f"  [dim]{escape(tg['module'])}  {escape(tg['path'])}[/dim]")
-    for f in result["findings"]:
-        console.print(escape(explain(f, "verbose")))
-    if result["unknown"]:
-        console.print(f"[yellow]{len(result['unknown'])} call(s) could not be decided "
-                      f"(not counted as compatible):[/yellow]")
-        for u in result["unknown"]:
-            console.print(escape(f"  {u.get('path')}:{u.get('line')}  {u.get('symbol')}: {u.get('reason')}"))
-    if result.get("note"):
-        console.print(f"[yellow]{escape(result['note'])}[/yellow]")
-    render_drift(console, result, verbose)
-    n = len(result["findings"])
-    nd = len(result.get("drift") or [])
-    nu = len(result["unknown"])
-    base = result.get("baseline") or {}
-    compared = any("unavailable" not in b for b in (base.get("libraries") or [base])) if base else False
-    tail = f", {nd} drift item(s), {nu} unknown" if compared else f", {nu} unknown"
-    if n:
-        console.print(f"[red]{n} finding(s)[/red]{tail}")
-    else:
-        console.print(f"[green]no findings[/green]{tail}")
+    host: str
+    mode: str = "static"
+    versions: dict = field(default_factory=dict)
+    symbols: list = field(default_factory=list)
+    baselines: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def unresolved(self) -> bool:
+        return any(s["kind"] in ("missing", "unknown") for s in self.symbols)
 
 
-def render_drift(console, result: dict, verbose: int = 0) -> None:
-    from rich.markup import escape
-
-    from remote_ops import drift
-
-    base = result.get("baseline")
-    if base is None:
-        return
-    for b in (base.get("libraries") or [base]):
-        if "unavailable" in b:
-            console.print(f"[yellow]no baseline for drift: {escape(b['unavailable'])} (binding check only)[/yellow]")
-        else:
-            console.print(f"[bold]drift against {escape(b['library'])} {escape(b['version'])}[/bold] "
-                          f"[dim]({escape(b['source'])})[/dim]")
-    for d in result.get("drift") or []:
-        console.print(escape(drift.explain(d)))
-    if verbose:
-        for n in result.get("drift_notes") or []:
-            console.print(escape(f"  note: {n}"))
-    elif result.get("drift_notes"):
-        console.print(f"[dim]{len(result['drift_notes'])} difference(s) not reported as drift (-v lists them)[/dim]")
-    accepted = result.get("drift_accepted") or []
-    if accepted:
-        console.print(f"{len(accepted)} drift item(s) accepted by the playbook (check.accepted_drift)"
-                      + ("" if verbose else " [dim](-v lists them with the reasons)[/dim]"))
-        if verbose:
-            for d in accepted:
-                console.print(escape(f"  accepted: {d['path']}:{d['line']}: {d['kind']} {d['name']}: {d['accepted']}"))
-    for a in result.get("accepted_unmatched") or []:
-        stale = f"check.accepted_drift entry {a['kind']} {a['symbol']} {a['name']} matched no drift item on this host (stale, or not for this version)"
-        console.print(f"[yellow]{escape(stale)}[/yellow]")
+def parse_symbols(symbols: list[str]) -> list[str]:
+    """``module:qualname`` strings, checked locally (UsageError names the bad one)."""
+    for s in symbols:
+        mod, sep, qual = s.partition(":")
+        if not sep or not all(p.isidentifier() for p in mod.split(".")) or \
+                (qual and not all(p.isidentifier() for p in qual.split("."))):
+            raise UsageError(f"bad symbol {s!r}: expected module:qualname", "for example vllm.v1.request:Request")
+    return list(symbols)
 
 
-def render_inspect(console, result: dict) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    versions = ", ".join(f"{k} {v}" for k, v in sorted((result.get("versions") or {}).items()))
-    console.print(f"[bold]{escape(result['host'])}[/bold] ({result['mode']} mode; {escape(versions)})")
-    for lib, b in (result.get("baselines") or {}).items():
-        if "unavailable" in b:
-            console.print(f"[yellow]no baseline for {escape(lib)}: {escape(b['unavailable'])}[/yellow]")
-    for s in result["symbols"]:
-        base = s.get("baseline")
-        if base:
-            if "signature" in base:
-                console.print(escape(f"{s['symbol']} in {base['version']}: {base['signature']}  ({base['origin']})"))
-            else:
-                console.print(escape(f"{s['symbol']} in {base['version']}: {base['kind']}: {base.get('reason')}"))
-            for c in base.get("changes") or []:
-                console.print(escape(f"    since {base['version']}: {c}"))
-        if s["kind"] in ("missing", "unknown") or "parameters" not in s:
-            console.print(escape(f"{s['symbol']}: {s['kind']}: {s.get('reason')}"))
-            continue
-        head = f"{s['symbol']}{s['signature']}"
-        console.print(f"[bold]{escape(head)}[/bold]  [dim]{s['mode']}; {escape(str(s.get('origin')))}"
-                      f"{'; ' + escape(s['note']) if s.get('note') else ''}[/dim]")
-        tab = Table(box=None, padding=(0, 2), show_edge=False)
-        for col in ("name", "kind", "required", "default", "annotation"):
-            tab.add_column(col)
-        for p in s["parameters"]:
-            tab.add_row(escape(p["name"]), p["kind"], "required" if p["required"] else "",
-                        escape(p["default"] or ""), escape(p["annotation"] or ""))
-        console.print(tab)
+def inspect(session, host, symbols: list[str], *, runtime: bool = False, baseline: str | None = None) -> InspectResult:
+    """The inspect operation on one host (one round trip; ``baseline`` adds the same symbols in that
+    library version and what changed since)."""
+    raw = session.call(*rq.compat_inspect(symbols=list(symbols), mode="runtime" if runtime else "static"))
+    rec = InspectResult.from_json(raw, host=host.name, baselines={})
+    if baseline:
+        from remote_ops import drift
+        rec.baselines = drift.inspect_diff(rec.to_json(), baseline)
+    return rec

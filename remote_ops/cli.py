@@ -43,6 +43,11 @@ def _global_flags(p: argparse.ArgumentParser, suppress: bool) -> None:
     p.add_argument("--python", metavar="PATH", default=d,
                    help="interpreter on the host (default: the inventory's, else python3 on the PATH of a login shell)")
     p.add_argument("--workdir", metavar="DIR", default=d, help="working directory on the host (default: the inventory's)")
+    p.add_argument("--persist", type=float, metavar="S", default=d,
+                   help="keep each host's SSH connection for S idle seconds for the next command "
+                        "(default: $REMOTE_OPS_PERSIST, else 60; 0 = off)")
+    p.add_argument("--no-persist", dest="persist", action="store_const", const=0.0, default=d,
+                   help="connect anew and keep nothing (stops a kept connection to the host)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -100,14 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         ctx = Context(json=bool(args.json), debug=bool(args.debug), verbose=args.verbose or 0,
                       accept_new=bool(args.accept_new), inventory_file=args.inventory,
                       parallel=args.parallel or 16, connect_timeout=args.connect_timeout,
-                      python=args.python, workdir=args.workdir)
-        if ctx.parallel < 1:
-            from remote_ops.errors import UsageError
-            raise UsageError("--parallel must be at least 1")
-        if ctx.connect_timeout is not None and not 0 < ctx.connect_timeout <= 3600:
-            from remote_ops.errors import UsageError
-            raise UsageError(f"--connect-timeout must be a number of seconds in (0, 3600], "
-                             f"got {ctx.connect_timeout:g}")
+                      python=args.python, workdir=args.workdir, persist=_persist(args.persist))
+        ctx.fleet   # checks --parallel / --connect-timeout (UsageError) before any work
         return int(args._module.run(args, ctx) or 0)
     except RemoteOpsError as exc:
         _report(exc, debug, json_mode)
@@ -126,6 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if ctx is not None:
             ctx.close()
+
+
+def _persist(value: float | None) -> float:
+    """--persist S / --no-persist, else $REMOTE_OPS_PERSIST, else 60 (checked before any host)."""
+    from remote_ops import mux
+    return mux.default_persist() if value is None else mux.check_persist(value)
 
 
 def _report(exc, debug: bool, json_mode: bool) -> None:

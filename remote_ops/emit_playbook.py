@@ -115,3 +115,28 @@ def write(path: str | Path, findings: list[dict], *, requires: dict | None = Non
                  "replaces them.\n")
     p.write_text(head + yaml.safe_dump(doc, sort_keys=False, width=100, allow_unicode=True))
     return p
+
+
+def write_for_hosts(path: str | Path, results: list[dict], *, targets: list[str] | None = None,
+                    against: list[str] | None = None) -> tuple[Path, int]:
+    """One draft for every host checked (``check --json`` records): findings and drift merged (each
+    site once), ``requires`` pinned to the version the hosts run when they all agree, ``check``
+    targets as asked (else the modules the hosts checked). Returns (the file, findings in it)."""
+    seen, findings, versions = set(), [], {}
+    for value in sorted(results, key=lambda v: v["host"]):
+        for pkg, ver in (value.get("versions") or {}).items():
+            versions.setdefault(pkg, set()).add(ver)
+        for f in list(value["findings"]) + list(value.get("drift") or []):
+            key = (f.get("module"), f.get("line"), f.get("symbol"), f.get("kind"), f.get("name"))
+            if key not in seen:
+                seen.add(key)
+                findings.append(f)
+    requires = {pkg: "==" + next(iter(v)) for pkg, v in sorted(versions.items()) if len(v) == 1 and next(iter(v))}
+    check: dict = {}
+    targets = list(targets or []) or sorted({t["module"] if isinstance(t, dict) else t
+                                            for v in results for t in (v.get("targets") or [])})
+    if targets:
+        check["targets"] = targets
+    if against:
+        check["against"] = list(against)
+    return write(path, findings, requires=requires or None, check=check or None), len(findings)

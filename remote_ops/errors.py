@@ -26,6 +26,7 @@ class RemoteOpsError(Exception):
 
     exit_status: Exit = Exit.REMOTE
     kind: str | None = None     # the agent failure kind behind it, if any (remote_ops/agent/contract.py)
+    details: dict | None = None  # structured context for --json (e.g. a refused extract's "preflight")
 
     def __init__(self, message: str, hint: str | None = None, *, exit_status: Exit | None = None,
                  host: str | None = None):
@@ -47,7 +48,7 @@ class RemoteOpsError(Exception):
 
     def to_json(self) -> dict:
         return {"error": type(self).__name__, "message": self.message, "hint": self.hint,
-                "exit_status": int(self.exit_status), "host": self.host}
+                "exit_status": int(self.exit_status), "host": self.host, **(self.details or {})}
 
 
 class UsageError(RemoteOpsError):

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from remote_ops import agent_requests as rq
+from remote_ops.records import Record
 
 @dataclass
 class PackageFact:
@@ -14,8 +16,10 @@ class PackageFact:
     location: str | None = None
 
 
-@dataclass
-class HostFacts:
+@dataclass(eq=False)
+class HostFacts(Record):
+    """The record of ``facts``; its JSON object is ``{"host", **what the agent gathered}``."""
+
     host: str
     hostname: str
     python_executable: str
@@ -54,9 +58,14 @@ def facts_args(host, packages: list[str] | None = None) -> dict:
     return args
 
 
+def facts(session, host=None, *, packages: list[str] | None = None) -> HostFacts:
+    """The facts operation on one host: interpreter, packages, GPUs, disk, jobs; one exec round trip."""
+    return gather(session, packages)
+
+
 def gather(session, packages: list[str] | None = None) -> HostFacts:
     """One exec round trip."""
-    data = session.call("facts.gather", facts_args(session.host, packages))
+    data = session.call(*rq.facts_gather(**facts_args(session.host, packages)))
     # which interpreter was asked for, and how it was found (the agent reports what it ran on)
     data["python"]["requested"] = session.host.python or "python3"
     data["python"]["found_by"] = "configured path" if session.host.python else "login shell PATH"

@@ -1,15 +1,19 @@
-"""The extraction job, controller side: preflight, launch and attach, and the records that status /
-logs / stop / verify read. The playbook's ``extract:`` schema is ``extract_spec.py`` (its names stay
-importable from here).
+"""The extraction job, controller side: the per-host operations extract (preflight, launch or
+attach), status, jobs, logs and stop, and their records. The playbook's ``extract:`` schema is
+``extract_spec.py`` (its names stay importable from here); following a log is ``tail.py``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from remote_ops.errors import Exit, RefusedError, UsageError
+from typing import Any
+
+from remote_ops import agent_requests as rq
+from remote_ops.errors import Exit, RefusedError, RemoteOpsError, UsageError
 from remote_ops.extract_spec import (EXTRACT_KEYS, MAX_FILE_BYTES, ExtractSpec, SecretRef,  # noqa: F401
                                      ShippedFile, parse_spec, resolve_secrets)
+from remote_ops.records import Record, optional
 from remote_ops.units import human_bytes
 
 TERMINAL = ("succeeded", "failed", "stopped", "lost")
@@ -35,19 +39,123 @@ def ref_for(host, *, playbook: str | None = None, job: str | None = None) -> dic
     return {}
 
 
-def job_ref(ctx, host, args) -> dict:
-    """``ref_for`` from a command's --playbook / --job."""
-    return ref_for(host, playbook=getattr(args, "playbook", None), job=getattr(args, "job", None))
+def load_for_hosts(hosts, playbook_arg: str | None) -> dict:
+    """Each host's (playbook, ExtractSpec), secrets resolved: everything local that can refuse the
+    job (bad playbook, missing secret) fails here, before any host is contacted."""
+    out = {}
+    for h in hosts:
+        pb, spec = load_for_host(h, playbook_arg)
+        resolve_secrets(spec)
+        out[h.name] = (pb, spec)
+    return out
+
+
+# ------------------------------------------------------------------ records
+@dataclass(eq=False)
+class ExtractResult(Record):
+    """The record of ``extract``: the job started (or attached to), or a dry run's spec; the preflight."""
+
+    host: str
+    attached: bool = optional()
+    started: bool = optional()
+    dry_run: bool = optional()
+    job: dict = optional()
+    spec: dict = optional()
+    preflight: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class JobStatus(Record):
+    """The record of ``status``: one job's status record (state, samples, rate, exit, reason)."""
+
+    host: str
+    job: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class JobList(Record):
+    """The record of ``status --all``: every job recorded on the host, oldest first."""
+
+    host: str
+    jobs: list = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class LogsResult(Record):
+    """The record of ``logs``: the last lines of a job's log; ``next`` is the offset to follow from."""
+
+    host: str
+    job_id: str = ""
+    state: str = ""
+    text: str = ""
+    size: int = 0
+    next: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class StopResult(Record):
+    """The record of ``stop``: signals sent, what is left (``clean``), GPU holders."""
+
+    host: str
+    clean: bool = False
+    job_id: str = ""
+    was: str = ""
+    terminated: list = field(default_factory=list)
+    killed: list = field(default_factory=list)
+    remaining: list = field(default_factory=list)
+    gpu_killed: list = optional()
+    gpu_holders: list = optional()
+    job: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------ the operations
+def extract(session, host, pb, spec: ExtractSpec, *, skip_check: bool = False, dry_run: bool = False,
+            strict_drift: bool = False) -> ExtractResult:
+    """The extract operation on one host: preflight (one round trip), then launch the detached job or
+    attach to the running one. A preflight with problems raises its refusal (``refusal``), whose
+    ``details["preflight"]`` is the whole preflight record."""
+    pf = preflight(session, spec, pb, skip_check=skip_check, dry_run=dry_run, strict_drift=strict_drift)
+    if pf.running:
+        return ExtractResult(host.name, attached=True, job=pf.running, preflight=pf.to_json())
+    if pf.problems:
+        raise refusal(spec, pf, host.name)
+    if dry_run:
+        return ExtractResult(host.name, started=False, dry_run=True, spec=spec.to_json(), preflight=pf.to_json())
+    res = launch(session, spec)
+    return ExtractResult(host.name, attached=res["attached"], job=res["job"], preflight=pf.to_json())
+
+
+def status(session, host, *, playbook: str | None = None, job: str | None = None) -> JobStatus:
+    """The status operation on one host: the job ``ref_for`` names (default: the host's playbook's)."""
+    return JobStatus(host.name, resolve_job(session, ref_for(host, playbook=playbook, job=job)))
+
+
+def list_jobs(session, host) -> JobList:
+    """``status --all`` on one host."""
+    return JobList(host.name, session.call(*rq.jobs_list())["jobs"])
+
+
+def logs(session, host, *, playbook: str | None = None, job: str | None = None, lines: int = 50) -> LogsResult:
+    """The logs operation on one host: the last ``lines`` lines of the job's log (also after it ended)."""
+    if lines < 0:
+        raise UsageError("-n must be >= 0")
+    st = resolve_job(session, ref_for(host, playbook=playbook, job=job))
+    r = session.call(*rq.jobs_logs(job_id=st["job_id"], lines=lines))
+    return LogsResult(host.name, st["job_id"], r["job"]["state"], r["text"], r["size"], r["next"])
 
 
 def stop(session, host, *, playbook: str | None = None, job: str | None = None, grace: float | None = None,
-         on_stopping=None) -> dict:
-    """Stop one host's job (``ref_for``): SIGTERM its process group, SIGKILL after ``grace`` seconds
-    (default: the playbook's stop_grace_seconds, else 30), then what is left. ``on_stopping(status,
-    grace)`` is called before a live job is signalled. The record: host, clean, and the agent's report.
-    The one implementation of stop, for the CLI and the Python API."""
-    from remote_ops.errors import RemoteOpsError
-
+         on_stopping=None) -> StopResult:
+    """The stop operation on one host (``ref_for``): SIGTERM its process group, SIGKILL after ``grace``
+    seconds (default: the playbook's stop_grace_seconds, else 30), then what is left. ``on_stopping(status,
+    grace)`` is called before a live job is signalled."""
+    if grace is not None and grace < 0:
+        raise UsageError("--grace must be >= 0")
     st = resolve_job(session, ref_for(host, playbook=playbook, job=job))
     if grace is None:
         grace = 30.0
@@ -58,16 +166,16 @@ def stop(session, host, *, playbook: str | None = None, job: str | None = None, 
                 pass
     if on_stopping is not None and st["state"] in ("running", "starting"):
         on_stopping(st, grace)
-    rep = session.call("jobs.stop", {"job_id": st["job_id"], "grace": grace}, timeout=grace + 120)
+    rep = session.call(*rq.jobs_stop(job_id=st["job_id"], grace=grace), timeout=grace + 120)
     clean = not rep["remaining"] and not any(h.get("job") for h in rep.get("gpu_holders") or [])
-    return {"host": host.name, "clean": clean, **rep}
+    return StopResult.from_json(rep, host=host.name, clean=clean)
 
 
 def resolve_job(session, ref: dict) -> dict:
     """The job status record for ``ref``; with an empty ref, the newest job on the host."""
     if ref:
-        return session.call("jobs.status", ref)     # no such job: a refusal, exit USAGE (agent/contract.py)
-    jobs = session.call("jobs.list", {})["jobs"]
+        return session.call(*rq.jobs_status(**ref))   # no such job: a refusal, exit USAGE (agent/contract.py)
+    jobs = session.call(*rq.jobs_list())["jobs"]
     if not jobs:
         raise RefusedError("no job on this host", "start one with: remote-ops extract HOST",
                            host=session.label, exit_status=Exit.USAGE)
@@ -129,32 +237,31 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
     from remote_ops.errors import exit_for_kind
     from remote_ops.transport import unwrap
 
-    ops: list[tuple[str, dict]] = [("jobs.probe", {"key": spec.key, "output_dir": spec.output_dir}),
-                                   ("gpu.query", {"driver": False})]
+    ops: dict[str, rq.Request] = {"probe": rq.jobs_probe(key=spec.key, output_dir=spec.output_dir),
+                                  "gpu": rq.gpu_query(driver=False)}
     if spec.files:
-        ops.append(("files.put", {"workdir": spec.workdir, "files": [f.to_wire() for f in spec.files],
-                                  "dry_run": dry_run, "unless_running": spec.key}))
+        ops["files"] = (rq.files_put(workdir=spec.workdir, files=[f.to_wire() for f in spec.files],
+                                dry_run=dry_run, unless_running=spec.key))
     do_check = bool(playbook.check) and not skip_check
     if do_check:
         from remote_ops.check import DEFAULT_AGAINST
-        ops.append(("compat.check", {"targets": playbook.check["targets"],
-                                     "against": playbook.check.get("against") or DEFAULT_AGAINST,
-                                     "drift": True}))
+        ops["check"] = (rq.compat_check(targets=playbook.check["targets"],
+                                   against=playbook.check.get("against") or DEFAULT_AGAINST, drift=True))
     if spec.import_check:
-        ops.append(("imports.probe", {"python": spec.job_python, "modules": spec.import_check, "env": spec.env,
-                                      "workdir": spec.workdir, "timeout": spec.import_timeout,
-                                      "packages": spec.requires, "unless_running": spec.key}))
-    raw = dict(zip((op for op, _ in ops), session.call_many(ops, timeout=spec.import_timeout + 300)))
+        ops["imports"] = (rq.imports_probe(python=spec.job_python, modules=spec.import_check, env=spec.env,
+                                    workdir=spec.workdir, timeout=spec.import_timeout, packages=spec.requires,
+                                    unless_running=spec.key))
+    raw = dict(zip(ops, session.call_many(list(ops.values()), timeout=spec.import_timeout + 300)))
     pf = Preflight()
-    probe = unwrap(raw["jobs.probe"], session.label)
+    probe = unwrap(raw["probe"], session.label)
     job = probe.get("job")
     if job and job.get("state") in ("starting", "running"):
         pf.running = job
         return pf
     pf.disk = probe.get("disk")
-    pf.gpu = unwrap(raw["gpu.query"], session.label)
+    pf.gpu = unwrap(raw["gpu"], session.label)
     if spec.files:
-        res = raw["files.put"]
+        res = raw["files"]
         if res.get("ok"):
             pf.files = res["result"].get("files") or []
             for f in pf.files:
@@ -164,7 +271,7 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
             pf.problems.append(f"cannot upload {', '.join(f.name for f in spec.files)}: {err.get('message')}")
     # check clean
     if do_check:
-        res = raw["compat.check"]
+        res = raw["check"]
         if not res.get("ok"):
             err = res.get("error") or {}
             pf.problems.append(f"check could not run: {err.get('message')}")
@@ -219,7 +326,7 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
         pf.problems.append(f"cannot measure free disk at {spec.output_dir}: {d['error']}")
     # imports last: when the environment cannot import the job's modules, that is the deciding problem
     if spec.import_check:
-        res = raw["imports.probe"]
+        res = raw["imports"]
         if res.get("ok"):
             pf.imports = res["result"]
             if pf.imports.get("skipped"):
@@ -235,14 +342,16 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
     return pf
 
 
-def refusal(spec: ExtractSpec, pf: Preflight, host: str, *, all_problems: bool = False) -> RefusedError:
-    """The error for a preflight with problems: the deciding (last) problem, its hint and exit status."""
-    what = "; ".join(pf.problems) if all_problems else pf.problems[-1]
-    hint = pf.hint or (None if all_problems else f"{len(pf.problems)} problem(s) listed above")
-    if pf.hint and len(pf.problems) > 1 and not all_problems:
-        hint += f"; {len(pf.problems)} problem(s) listed above"
-    return RefusedError(f"preflight refused to start {spec.key}: {what}", hint, host=host,
-                        exit_status=Exit(pf.exit_status) if pf.exit_status else None)
+def refusal(spec: ExtractSpec, pf: Preflight, host: str) -> RefusedError:
+    """The error for a preflight with problems: the deciding (last) problem, its hint and exit status;
+    ``details["preflight"]`` carries every problem (``--json`` prints it with the error)."""
+    hint = pf.hint
+    if len(pf.problems) > 1:
+        hint = (hint + "; " if hint else "") + f"{len(pf.problems)} problems, all in preflight.problems"
+    err = RefusedError(f"preflight refused to start {spec.key}: {pf.problems[-1]}", hint, host=host,
+                       exit_status=Exit(pf.exit_status) if pf.exit_status else None)
+    err.details = {"preflight": pf.to_json()}
+    return err
 
 
 def launch(session, spec: ExtractSpec) -> dict:
@@ -252,7 +361,7 @@ def launch(session, spec: ExtractSpec) -> dict:
             "secrets": secret_values, "output_dir": spec.output_dir,
             "expected_samples": spec.expected_samples, "watchdog_seconds": spec.watchdog_seconds,
             "cleanup_grace": spec.stop_grace, "playbook": spec.playbook_path}
-    return session.call("jobs.launch", args, timeout=120)
+    return session.call(*rq.jobs_launch(**args), timeout=120)
 
 
 # ------------------------------------------------------------------ presenting a status record
@@ -280,7 +389,3 @@ def exit_for(st: dict) -> int:
     """Exit status for a job record: 0 succeeded or still running, 1 (Exit.FINDINGS) otherwise."""
     return int(Exit.OK) if st.get("state") in ("succeeded", "running", "starting") else int(Exit.FINDINGS)
 
-
-def check_usage(args) -> None:
-    if getattr(args, "grace", None) is not None and args.grace < 0:
-        raise UsageError("--grace must be >= 0")

@@ -18,10 +18,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from remote_ops import agent_requests as rq
 from remote_ops import edits as edits_mod
 from remote_ops import plancache
 from remote_ops.errors import ConfigError, RefusedError, agent_error
 from remote_ops.playbook import Playbook
+from remote_ops.records import Record, optional
 
 
 def who() -> str:
@@ -138,8 +140,8 @@ def check_args(pb: Playbook) -> dict | None:
 def read(session, pb: Playbook, host) -> dict:
     """Round trip 1: facts + targets. No check here: the edits' own ``fixes`` say which findings
     must be gone, and apply verifies that against the new text."""
-    (res,) = session.call_many([("patching.read", {"targets": [p.to_wire() for p in pb.patches],
-                                                    "packages": packages_to_query(pb), "workdir": host.workdir})])
+    (res,) = session.call_many([rq.patching_read(targets=[p.to_wire() for p in pb.patches],
+                                                 packages=packages_to_query(pb), workdir=host.workdir)])
     return unwrap(res, host.name, "reading the patch targets")
 
 
@@ -229,10 +231,9 @@ def verify_only(session, plan: PatchPlan, host, *, allow_findings: bool = False)
     req, reason = plan.verify_request(allow_findings)
     if req is None:
         return verification(plan, None, reason)
-    args = {"verify": req, "targets": [{"module": t.module, "encoding": t.encoding,
-                                        "data": base64.b64encode(t.new_bytes).decode()}
-                                       for t in plan.targets if t.changed]}
-    (res,) = session.call_many([("patching.verify", args)])
+    targets = [{"module": t.module, "encoding": t.encoding, "data": base64.b64encode(t.new_bytes).decode()}
+               for t in plan.targets if t.changed]
+    (res,) = session.call_many([rq.patching_verify(verify=req, targets=targets)])
     return verification(plan, unwrap(res, host.name, "verifying the patch")["verified"], None)
 
 
@@ -242,7 +243,7 @@ def apply(session, plan: PatchPlan, host, *, import_check: bool = False, allow_f
     changed = [t for t in plan.targets if t.changed]
     wire = {id(t): p.to_wire() for p, t in zip(pb.patches, plan.targets)}
     args: dict[str, Any] = {
-        "playbook": pb.name, "playbook_path": pb.path, "who": who(), "workdir": host.workdir,
+        "playbook": pb.name, "who": who(), "workdir": host.workdir,
         "edit_ids": [r.edit_id for t in changed for r in t.result.results if r.state == "pending"],
         "targets": [{"real": t.real, "label": t.label, "module": t.module, "expected": t.sha256,
                      "encoding": t.encoding, "data": base64.b64encode(t.new_bytes).decode(),
@@ -253,7 +254,7 @@ def apply(session, plan: PatchPlan, host, *, import_check: bool = False, allow_f
         args["verify"] = req
     if import_check:
         args["import_check"] = sorted({t.module for t in plan.targets if t.module})
-    (res,) = session.call_many([("patching.apply", args)])
+    (res,) = session.call_many([rq.patching_apply(**args)])
     out = unwrap(res, host.name, "applying the patch")
     out["verification"] = verification(plan, out.get("verified"), reason or out.get("verify_skipped"))
     return out
@@ -307,11 +308,71 @@ def prefetch_libcst(pb: Playbook) -> None:
         threading.Thread(target=__import__, args=("libcst",), daemon=True).start()
 
 
-def rollback(session, host, *, to: str | None = None, force: bool = False) -> dict:
-    (res,) = session.call_many([("patching.rollback", {"to": to, "force": force, "who": who()})])
-    return unwrap(res, host.name, "rollback")
+@dataclass(eq=False)
+class PatchResult(Record):
+    """The record of ``patch``: what was planned, changed, verified (``verification.line``)."""
+
+    host: str
+    playbook: str | None = None
+    playbook_path: str | None = None
+    python: Any = None
+    packages: dict = field(default_factory=dict)
+    changed: bool = False
+    dry_run: bool = False
+    targets: list = field(default_factory=list)
+    edits: list = field(default_factory=list)
+    diff: str = ""
+    recovered: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    verification: dict = field(default_factory=dict)
+    declined: bool = False
+    txid: str | None = None               # the journal entry of the transaction (None: nothing written)
+    journal: dict | None = None
+    lock_wait_s: float | None = None
+    import_check: dict | None = None
+    note: str | None = None
+    round_trips: int = 0
+    wall_s: float = 0.0
+    extra: dict = field(default_factory=dict)
 
 
-def history(session, host, *, limit: int | None = None) -> dict:
-    (res,) = session.call_many([("patching.history", {"limit": limit})])
-    return unwrap(res, host.name, "reading the journal")
+def patch(session, host, pb: Playbook, *, dry_run: bool = False, import_check: bool = False,
+          allow_findings: bool = False, confirm=None) -> PatchResult:
+    """The patch operation on one host: read -> compute -> validate -> (verify | confirm -> apply).
+    ``confirm(plan) -> bool`` is asked before writing (None: apply)."""
+    out = run_host(session, host, pb, dry_run=dry_run, import_check=import_check, allow_findings=allow_findings,
+                   confirm=confirm)
+    out.pop("plan", None)
+    return PatchResult.from_json(out)
+
+
+@dataclass(eq=False)
+class RollbackResult(Record):
+    """The record of ``rollback``: the transactions undone (each with its journal entry)."""
+
+    host: str
+    changed: bool = False
+    rolled_back: list = field(default_factory=list)
+    message: str = optional()
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class HistoryResult(Record):
+    """The record of ``history``: journal entries, corrupt lines, interrupted transactions."""
+
+    host: str
+    entries: list = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+
+
+def rollback(session, host, *, to: str | None = None, force: bool = False) -> RollbackResult:
+    """The rollback operation on one host: the exact bytes from before the last (or ``to``) patch."""
+    (res,) = session.call_many([rq.patching_rollback(to=to, force=force, who=who())])
+    return RollbackResult.from_json(unwrap(res, host.name, "rollback"), host=host.name)
+
+
+def history(session, host, *, limit: int | None = None) -> HistoryResult:
+    """The history operation on one host: its patch journal."""
+    (res,) = session.call_many([rq.patching_history(limit=limit)])
+    return HistoryResult.from_json(unwrap(res, host.name, "reading the journal"), host=host.name)

@@ -1,13 +1,18 @@
 """The paramiko side of a connection, for ``transport.py``: paramiko imported without invoke, one SSH
-client connection (optionally through a ProxyJump gateway connection), ssh_config loading, and the
-exec request sent without waiting for its reply.
+client connection (optionally through a ProxyJump gateway connection) opened with its failures
+mapped to our one-line errors, ssh_config loading, and the exec request sent without waiting for
+its reply.
 """
 
 from __future__ import annotations
 
 import socket
+import sys
 import threading
+import time
 import types
+
+from remote_ops.errors import AuthError, HostKeyError, TimeoutError_, UnreachableError
 
 
 class _LazyModule:
@@ -164,7 +169,6 @@ class _Conn:
         self.connect_kwargs = connect_kwargs
         self.client = paramiko.SSHClient()
         self.transport = None
-        self._sftp = None
 
     def open(self) -> None:
         if self.transport is not None and self.transport.active:
@@ -191,15 +195,7 @@ class _Conn:
             # enough; close() shuts the socket down, which ends that wait at once.
             sock.settimeout(IDLE_POLL_S)
 
-    def sftp(self):
-        if self._sftp is None:
-            self._sftp = self.client.open_sftp()
-        return self._sftp
-
     def close(self) -> None:
-        if self._sftp is not None:
-            self._sftp.close()
-            self._sftp = None
         t = self.transport or self.client.get_transport()
         sock = getattr(t, "sock", None)
         if isinstance(sock, socket.socket):
@@ -210,6 +206,75 @@ class _Conn:
                 pass   # already closed or never connected
         self.client.close()   # also ends a transport left by a failed handshake (a no-op if none)
         self.transport = None
+
+
+def open_verified(conn: _Conn, s: dict, label: str) -> None:
+    """Open ``conn`` (its gateways first), raising our one-line errors for every way it fails."""
+    import paramiko
+
+    where = f"{s['user']}@{s['hostname']}:{s['port']}"
+    started = time.monotonic()
+    try:
+        # Gateways open lazily inside conn.open(); wrap their errors the same way.
+        conn.open()
+    except HostKeyError:
+        raise
+    except paramiko.BadHostKeyException as exc:
+        from remote_ops.hostkeys import changed_key_error
+        raise changed_key_error(exc, s["known_hosts"], label) from None
+    except paramiko.AuthenticationException as exc:
+        raise AuthError(f"authentication refused by {where} ({exc})",
+                        "check user and identity_file in the inventory, or load the key into ssh-agent",
+                        host=label) from None
+    except (socket.timeout, TimeoutError):
+        raise TimeoutError_(f"connection to {where} timed out after {s['timeout']:g}s",
+                            "check that the host is up and reachable, or raise connect_timeout",
+                            host=label) from None
+    except paramiko.ssh_exception.NoValidConnectionsError:
+        raise UnreachableError(f"cannot reach {where}: connection refused",
+                               "is sshd running and the port right?", host=label) from None
+    except socket.gaierror as exc:
+        raise UnreachableError(f"cannot resolve host name {s['hostname']!r} ({exc.strerror})",
+                               "check hostname in the inventory", host=label) from None
+    except (ConnectionError, OSError) as exc:
+        raise UnreachableError(f"cannot reach {where}: {exc.strerror or exc}",
+                               "check the address and the network path", host=label) from None
+    except EOFError:
+        # paramiko raises a bare EOFError when the peer drops the link mid-handshake
+        raise UnreachableError(f"connection to {where} lost during the SSH handshake",
+                               "rerun the command; check the network path if it keeps happening",
+                               host=label) from None
+    except paramiko.SSHException as exc:
+        msg = str(exc)
+        t = conn.client.get_transport()
+        saved = getattr(t, "saved_exception", None) if t is not None else None
+        if "No existing session" in msg:
+            # paramiko hides the handshake's real failure behind this; a handshake that took the
+            # whole timeout is a host that accepted TCP but never spoke SSH.
+            msg = str(saved) if saved is not None else "handshake failed"
+            if time.monotonic() - started >= 0.9 * s["timeout"]:
+                msg += " (timeout)"
+        if "authentication" in msg.lower():
+            raise AuthError(f"authentication refused by {where} ({msg})",
+                            "check user and identity_file in the inventory, or load the key into ssh-agent",
+                            host=label) from None
+        if "banner" in msg.lower() or "timeout" in msg.lower():
+            raise TimeoutError_(f"no SSH greeting from {where} within {s['timeout']:g}s ({msg})",
+                                "the port answers but is not an SSH server, or the host is overloaded",
+                                host=label) from None
+        raise UnreachableError(f"SSH negotiation with {where} failed: {msg}", host=label) from None
+    conn.transport.set_keepalive(s["keepalive"])
+    sock = getattr(conn.transport, "sock", None)
+    if isinstance(sock, socket.socket):
+        # Without this, delayed ACKs add ~40 ms to every channel open.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def link_errors() -> tuple:
+    """What a dropped link raises: OSError/EOFError, and paramiko's SSHException once it is loaded
+    (a command served entirely by a kept connection, mux.py, never imports paramiko)."""
+    pm = sys.modules.get("paramiko")
+    return (OSError, EOFError) + ((pm.SSHException,) if pm is not None else ())
 
 
 def _ssh_config(path: str | None):

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+from remote_ops import agent_requests as rq
 from remote_ops.errors import AgentError, TimeoutError_, UnreachableError
 
 # tqdm's default format: "desc: 45%|####      | 45/100 [00:01<00:02, 30.1it/s]" (desc optional,
@@ -145,10 +146,10 @@ class Follower:
 
     def _one_stream(self) -> dict | None:
         session = self.open_session()
-        args = dict(self.ref, offset=self.offset, budget=self.budget, poll=self.poll,
-                    snapshot_every=self.snapshot_every)
+        req = rq.jobs_tail(**self.ref, offset=self.offset, budget=self.budget, poll=self.poll,
+                           snapshot_every=self.snapshot_every)
         result = None
-        for msg in session.stream("jobs.tail", args, timeout=self.read_timeout):
+        for msg in session.stream(*req, timeout=self.read_timeout):
             if "event" in msg:
                 ev = msg["event"]
                 if ev.get("type") == "log":

@@ -121,3 +121,14 @@ def with_overrides(hosts: list[Host], *, python: str | None = None, workdir: str
     """``--python`` / ``--workdir`` replace the host's own values (explicit flag > inventory > default)."""
     changes = {k: v for k, v in (("python", python), ("workdir", workdir)) if v is not None}
     return [dataclasses.replace(h, **changes) for h in hosts] if changes else hosts
+
+
+def names_one_host(inv: Inventory, spec: str | None) -> bool:
+    """Whether ``spec`` names one host (a host or ad-hoc target), not a group, ``all`` or a list;
+    the JSON shape depends on this, never on how many hosts a group happens to hold."""
+    if not spec:
+        spec = inv.default
+        if not spec:
+            return True                    # an inventory with one host and no default
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    return len(parts) == 1 and parts[0] != "all" and (parts[0] in inv.hosts or parts[0] not in inv.groups)

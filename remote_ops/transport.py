@@ -4,6 +4,8 @@ This module and ``sshconn.py`` (paramiko without invoke, one client connection t
 hops, the pipelined exec request) are the only ones that know about SSH. Everything crossing the
 wire is an *agent call*: one exec channel running the stdlib-only agent on the host's interpreter,
 request on stdin, JSON lines back. ``Session.stats`` counts exec channels and SFTP requests (the round trips).
+With ``ConnectOptions.persist`` the exec may run over a connection kept by a background process
+(``mux.py``): ``open`` then makes no SSH connection at all, and ``connects`` stays 0.
 """
 
 from __future__ import annotations
@@ -14,14 +16,14 @@ import logging
 import os
 import socket
 import threading
-import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from remote_ops import bundle
-from remote_ops.errors import AgentError, AuthError, HostKeyError, TimeoutError_, UnreachableError, agent_error
+from remote_ops.errors import AgentError, HostKeyError, TimeoutError_, UnreachableError, agent_error
 from remote_ops.inventory import Host
-from remote_ops.sshconn import _Conn, _exec_pipelined, _import_paramiko, _parse_hop, _ssh_config  # noqa: F401
+from remote_ops.sshconn import (_Conn, _exec_pipelined, _import_paramiko, _parse_hop, _ssh_config,  # noqa: F401
+                                link_errors, open_verified)
 
 
 # paramiko logs tracebacks of failed handshakes; the user gets our one-line error instead.
@@ -40,12 +42,14 @@ class Stats:
     host_cpu_s: list = field(default_factory=list)        # per exec: the agent's own CPU seconds
     host_cpu_split: list = field(default_factory=list)    # per exec: [interpreter start, bootstrap] of it
     agent_cache: list = field(default_factory=list)       # per exec: hit | filled | shipped | off | ...
+    mux_execs: int = 0                                    # execs run over a kept connection (--persist)
 
     def as_dict(self) -> dict:
         return {"connects": self.connects, "execs": self.execs, "sftp_requests": self.sftp_requests,
                 "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
                 "bundles_sent": self.bundles_sent, "host_cpu_s": self.host_cpu_s,
-                "host_cpu_split": self.host_cpu_split, "agent_cache": self.agent_cache}
+                "host_cpu_split": self.host_cpu_split, "agent_cache": self.agent_cache,
+                "mux_execs": self.mux_execs}
 
 
 @dataclass
@@ -53,6 +57,9 @@ class ConnectOptions:
     accept_new: bool = False
     connect_timeout: float | None = None
     ssh_config_path: str | None = None   # None: ~/.ssh/config when it exists
+    persist: float | None = None         # seconds a kept connection idles (mux.py); 0: off (and stop
+    #                                      a running one); None: not managed (plain Session users)
+    note: Callable[[str], None] | None = None   # -v notes (why a kept connection is not used)
 
 
 class Session:
@@ -70,6 +77,8 @@ class Session:
         self.stats = Stats()
         self._conn = None
         self._gateways: list = []
+        self._mux = None          # mux.Mux: the host's kept connection, when one is used
+        self.keep = False         # connected itself with persist on: a mux should keep this host
         self._lock = threading.Lock()
         self._login: dict | None = None   # python unset: what the login shell's PATH gave (first call)
 
@@ -138,9 +147,24 @@ class Session:
         client.set_missing_host_key_policy(policy)
         return conn, s
 
+    def _note(self, msg: str) -> None:
+        if self.options.note is not None:
+            self.options.note(msg)
+
     def open(self) -> "Session":
-        if self._conn is not None:
+        if self._conn is not None or self._mux is not None:
             return self
+        if self.options.persist is not None:
+            from remote_ops import mux
+            if self.options.persist > 0:
+                self._mux = mux.attach(self.host, self.options, self.inventory_hosts, self._note)
+                if self._mux is not None:
+                    return self
+            elif mux.stop(self.host, self.options, self.inventory_hosts):
+                self._note(f"{self.label}: told the kept connection to exit (--no-persist)")
+        return self._open_ssh()
+
+    def _open_ssh(self) -> "Session":
         ssh_cfg = _ssh_config(self.options.ssh_config_path)
         s0 = self._settings(self.host, ssh_cfg)
         gateway = None
@@ -149,72 +173,16 @@ class Session:
             self._gateways.append((hop_conn, hs))
             gateway = hop_conn
         conn, s = self._make_connection(self.host, ssh_cfg, gateway)
-        self._connect(conn, s)
+        open_verified(conn, s, self.label)
         self._conn = conn
         self.stats.connects += 1
+        self.keep = bool(self.options.persist)
         return self
 
-    def _connect(self, conn, s):
-        import paramiko
-
-        where = f"{s['user']}@{s['hostname']}:{s['port']}"
-        started = time.monotonic()
-        try:
-            # Gateways open lazily inside conn.open(); wrap their errors the same way.
-            conn.open()
-        except HostKeyError:
-            raise
-        except paramiko.BadHostKeyException as exc:
-            from remote_ops.hostkeys import changed_key_error
-            raise changed_key_error(exc, s["known_hosts"], self.label) from None
-        except paramiko.AuthenticationException as exc:
-            raise AuthError(f"authentication refused by {where} ({exc})",
-                            "check user and identity_file in the inventory, or load the key into ssh-agent",
-                            host=self.label) from None
-        except (socket.timeout, TimeoutError):
-            raise TimeoutError_(f"connection to {where} timed out after {s['timeout']:g}s",
-                                "check that the host is up and reachable, or raise connect_timeout",
-                                host=self.label) from None
-        except paramiko.ssh_exception.NoValidConnectionsError:
-            raise UnreachableError(f"cannot reach {where}: connection refused",
-                                   "is sshd running and the port right?", host=self.label) from None
-        except socket.gaierror as exc:
-            raise UnreachableError(f"cannot resolve host name {s['hostname']!r} ({exc.strerror})",
-                                   "check hostname in the inventory", host=self.label) from None
-        except (ConnectionError, OSError) as exc:
-            raise UnreachableError(f"cannot reach {where}: {exc.strerror or exc}",
-                                   "check the address and the network path", host=self.label) from None
-        except EOFError:
-            # paramiko raises a bare EOFError when the peer drops the link mid-handshake
-            raise UnreachableError(f"connection to {where} lost during the SSH handshake",
-                                   "rerun the command; check the network path if it keeps happening",
-                                   host=self.label) from None
-        except paramiko.SSHException as exc:
-            msg = str(exc)
-            t = conn.client.get_transport()
-            saved = getattr(t, "saved_exception", None) if t is not None else None
-            if "No existing session" in msg:
-                # paramiko hides the handshake's real failure behind this; a handshake that took the
-                # whole timeout is a host that accepted TCP but never spoke SSH.
-                msg = str(saved) if saved is not None else "handshake failed"
-                if time.monotonic() - started >= 0.9 * s["timeout"]:
-                    msg += " (timeout)"
-            if "authentication" in msg.lower():
-                raise AuthError(f"authentication refused by {where} ({msg})",
-                                "check user and identity_file in the inventory, or load the key into ssh-agent",
-                                host=self.label) from None
-            if "banner" in msg.lower() or "timeout" in msg.lower():
-                raise TimeoutError_(f"no SSH greeting from {where} within {s['timeout']:g}s ({msg})",
-                                    "the port answers but is not an SSH server, or the host is overloaded",
-                                    host=self.label) from None
-            raise UnreachableError(f"SSH negotiation with {where} failed: {msg}", host=self.label) from None
-        conn.transport.set_keepalive(s["keepalive"])
-        sock = getattr(conn.transport, "sock", None)
-        if isinstance(sock, socket.socket):
-            # Without this, delayed ACKs add ~40 ms to every channel open.
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
     def close(self) -> None:
+        if self._mux is not None:
+            self._mux.close()
+            self._mux = None
         if self._conn is not None:
             try:
                 self._conn.close()
@@ -235,18 +203,28 @@ class Session:
 
     @property
     def transport(self):
-        self.open()
+        """The paramiko transport of this process's own connection (the mux server uses it)."""
+        if self._conn is None:
+            self._open_ssh()
         return self._conn.transport
 
-    def sftp(self):
-        self.open()
-        return self._conn.sftp()
-
     # ---------------------------------------------------------------- agent calls
-    def _open_channel(self, timeout: float | None):
+    def _open_channel(self, timeout: float | None, command: str):
+        """A channel for one exec: over the kept connection (the exec already sent), else a
+        session channel of our own connection (falling back to one when the mux is gone)."""
+        self.open()
+        if self._mux is not None:
+            chan = self._mux.exec(command, timeout, self.options.persist)
+            if chan is not None:
+                self.stats.mux_execs += 1
+                return chan
+            self._mux.close()   # nothing ran: connect ourselves (and keep that connection afterwards)
+            self._mux = None
+            self._note(f"{self.label}: the kept connection is gone; connecting anew")
         import paramiko
 
-        self.open()
+        if self._conn is None:
+            self._open_ssh()
         try:
             chan = self._conn.transport.open_session(timeout=timeout or 30)
         except (paramiko.SSHException, EOFError, OSError) as exc:
@@ -328,14 +306,15 @@ class Session:
         With the probe form (bundle.encode_probe) stdin stays open until the agent's first line:
         ``{"bundle": "need"}`` (its cache lacks this agent) is answered with the bundle on the same
         channel and not passed on; any other first line means the cache served it."""
-        import paramiko
-
-        chan = self._open_channel(timeout)
+        command = bundle.agent_command(self._python())
+        chan = self._open_channel(timeout, command)
+        link_errors_ = link_errors()
         stderr_chunks: list[bytes] = []
         probing = payload[:1] == b"{"
         first = b""
         try:
-            _exec_pipelined(chan, bundle.agent_command(self._python()))
+            if not getattr(chan, "exec_sent", False):
+                _exec_pipelined(chan, command)
             chan.sendall(payload)
             if not probing:
                 chan.shutdown_write()
@@ -373,14 +352,14 @@ class Session:
             end["status"] = chan.recv_exit_status()
             while chan.recv_stderr_ready():
                 stderr_chunks.append(chan.recv_stderr(65536))
-        except (OSError, EOFError, paramiko.SSHException) as exc:
-            # the link died mid-call (paramiko: OSError, EOFError or "Channel closed.")
+        except link_errors_ as exc:
+            # the link died mid-call (paramiko: OSError, EOFError or "Channel closed."; a mux: gone)
             raise UnreachableError(f"connection lost during {what}: "
                                    f"{exc or type(exc).__name__}", host=self.label) from None
         finally:
             try:
                 chan.close()
-            except (OSError, EOFError, paramiko.SSHException):
+            except link_errors_:
                 pass   # the link is already gone: the error that matters was raised above
         end["stderr"] = b"".join(stderr_chunks).decode(errors="replace").strip()
 
@@ -413,89 +392,20 @@ class Session:
                 yield {"result": unwrap(msg["results"][0], self.label)}
 
 
-class LocalSession(Session):
-    """``connection: local``: the same agent and request, run by a subprocess of the controller.
-
-    For people who run remote-ops on the GPU host itself (e.g. inside tmux after ``ssh``) and for
-    machines without sshd. The command line is byte for byte what an SSH exec gets and stdin the
-    same request in its self-contained form (bundle.encode_request, no host cache); the
-    environment is the controller's own (an SSH exec gets sshd's login environment).
-    """
-
-    bundle_probe = False   # stdin is written in one go: the self-contained form
-
-    def open(self) -> "LocalSession":
-        return self
-
-    def close(self) -> None:
-        pass
-
-    @property
-    def transport(self):
-        raise AgentError("a local connection has no SSH transport", host=self.label)
-
-    def sftp(self):
-        raise AgentError("a local connection has no SFTP channel", host=self.label)
-
-    def _run_agent(self, payload: bytes, timeout: float | None, what: str, end: dict) -> Iterator[bytes]:
-        import selectors
-        import subprocess
-
-        proc = subprocess.Popen(["/bin/sh", "-c", bundle.agent_command(self._python())],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        stderr_chunks: list[bytes] = []
-
-        def feed() -> None:
-            try:
-                proc.stdin.write(payload)
-                proc.stdin.close()
-            except (BrokenPipeError, OSError):
-                pass   # the agent ended early; its exit status says why
-
-        writer = threading.Thread(target=feed, daemon=True)
-        writer.start()
-        self.stats.bytes_sent += len(payload)
-        deadline = None if not timeout else time.monotonic() + timeout
-        sel = selectors.DefaultSelector()
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        sel.register(proc.stderr, selectors.EVENT_READ)
-        open_streams = 2
-        try:
-            while open_streams:
-                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-                ready = sel.select(wait)
-                if not ready:
-                    raise TimeoutError_(f"local operation {what} timed out after {timeout:g}s", host=self.label)
-                for key, _ in ready:
-                    data = os.read(key.fileobj.fileno(), 65536)
-                    if not data:
-                        sel.unregister(key.fileobj)
-                        open_streams -= 1
-                    elif key.fileobj is proc.stderr:
-                        stderr_chunks.append(data)
-                    else:
-                        yield data
-            status = proc.wait()
-        finally:
-            sel.close()
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            for f in (proc.stdout, proc.stderr):
-                f.close()
-            writer.join(timeout=1)
-        end["stderr"] = b"".join(stderr_chunks).decode(errors="replace").strip()
-        if status < 0:
-            end["stderr"] = (end["stderr"] + f"\nkilled by signal {-status}").strip()
-            status = 128 - status
-        end["status"] = status
-
-
 def session_for(host: Host, options: ConnectOptions | None = None,
                 inventory_hosts: dict[str, Host] | None = None) -> Session:
-    """The session kind the host's ``connection`` names (ssh, or local)."""
-    cls = LocalSession if getattr(host, "connection", "ssh") == "local" else Session
-    return cls(host, options, inventory_hosts)
+    """The session kind the host's ``connection`` names (ssh, or local: localsession.py)."""
+    if getattr(host, "connection", "ssh") == "local":
+        from remote_ops.localsession import LocalSession
+        return LocalSession(host, options, inventory_hosts)
+    return Session(host, options, inventory_hosts)
+
+
+def __getattr__(name: str):
+    if name == "LocalSession":        # moved to localsession.py; the old import keeps working
+        from remote_ops.localsession import LocalSession
+        return LocalSession
+    raise AttributeError(name)
 
 
 def unwrap(res: dict, label: str | None = None) -> Any:

@@ -35,6 +35,10 @@ def _keep_the_checkout_clean(tmp_path, monkeypatch):
     monkeypatch.setenv("REMOTE_OPS_SANDBOX_DIR", str(tmp_path / "default-sandbox"))
     # computed patch plans: each test starts with none (remote_ops/plancache.py)
     monkeypatch.setenv("REMOTE_OPS_PLAN_CACHE", str(tmp_path / "plan-cache"))
+    # kept connections (--persist) are off unless a test turns them on (tests/test_persist.py):
+    # no test reuses another's connection, and none leaves a background process behind
+    monkeypatch.setenv("REMOTE_OPS_PERSIST", "0")
+    monkeypatch.setenv("REMOTE_OPS_MUX_DIR", str(tmp_path / "no-mux"))
     from remote_ops import plancache
     plancache.clear_memory()
 

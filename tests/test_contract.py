@@ -122,32 +122,41 @@ def test_every_agent_operation_is_declared_with_the_keys_it_reads():
         assert not extra, f"{name} reads argument keys not declared in contract.OPS: {sorted(extra)}"
 
 
-def _controller_requests():
-    """(file:line, op, literal argument keys or None) for the operations the controller sends:
-    ``x.call("m.f", {...})``, ``x.stream("m.f", {...})`` and ``("m.f", {...})`` pairs of call_many."""
-    for p in CONTROLLER_FILES:
+def _op_literals(files):
+    """(file:line, op) for every string constant that is an agent op name in ``files`` (the
+    controller's sources, remote_ops/agent_requests.py excepted)."""
+    for p in files:
+        if p.name == "agent_requests.py":
+            continue
         for node in ast.walk(ast.parse(p.read_text())):
-            parts = None
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                    and node.func.attr in ("call", "stream") and node.args:
-                parts = node.args[:2]
-            elif isinstance(node, ast.Tuple) and len(node.elts) == 2 and isinstance(node.elts[1], ast.Dict):
-                parts = node.elts
-            if not parts or not (isinstance(parts[0], ast.Constant) and isinstance(parts[0].value, str)):
-                continue
-            op = parts[0].value
-            if op.count(".") != 1 or not all(x.isidentifier() for x in op.split(".")):
-                continue
-            keys = None
-            if len(parts) > 1 and isinstance(parts[1], ast.Dict):
-                keys = {k.value for k in parts[1].keys if isinstance(k, ast.Constant)}
-            yield f"{p.relative_to(ROOT)}:{node.lineno}", op, keys
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in OPS:
+                yield f"{p.name}:{node.lineno}", node.value
 
 
-def test_the_controller_sends_declared_operations_and_keys():
-    requests = list(_controller_requests())
-    assert len(requests) > 15
-    for where, op, keys in requests:
-        assert op in OPS, f"{where}: {op} is not an operation of contract.OPS"
-        if keys is not None:
-            assert keys <= set(OPS[op].args), f"{where}: {op} gets undeclared keys {sorted(keys - set(OPS[op].args))}"
+def test_every_operation_has_one_typed_request_and_only_declared_parameters():
+    import inspect
+
+    from remote_ops import agent_requests as rq
+    builders = {name: fn for name, fn in vars(rq).items() if inspect.isfunction(fn) and not name.startswith("_")}
+    assert set(builders) == {op.replace(".", "_") for op in OPS}, "one request function per contract.OPS entry"
+    for name, fn in builders.items():
+        op = name.replace("_", ".", 1)
+        params = [p for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY]
+        assert {p.name for p in params} <= set(OPS[op].args), f"{name} takes undeclared keys"
+    # the request refuses what the contract does not declare (a typo fails here, not on a host)
+    with pytest.raises(TypeError, match="does not take"):
+        rq.patching_apply(playbook="x", playbook_path="y")
+    assert rq.jobs_stop(job_id="j", grace=1.0) == ("jobs.stop", {"job_id": "j", "grace": 1.0})
+    assert rq.jobs_status(key="k") == ("jobs.status", {"key": "k"})    # only what was given is sent
+
+
+def test_the_controller_names_operations_only_through_typed_requests():
+    literals = list(_op_literals(CONTROLLER_FILES))
+    assert not literals, f"spell agent ops through remote_ops/agent_requests.py: {literals}"
+
+
+def test_the_literal_scan_sees_an_op_name(tmp_path):
+    """The scan above can fail: a module that spells an op name is found."""
+    bad = tmp_path / "bad.py"
+    bad.write_text('def f(session):\n    return session.call("jobs.stop", {"job_id": "x", "grace": 1})\n')
+    assert [op for _, op in _op_literals([bad])] == ["jobs.stop"]

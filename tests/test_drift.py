@@ -351,7 +351,8 @@ def test_no_baseline_is_one_line_and_the_binding_check_still_runs(libs, capsys):
     res = check_mod.to_json("h", raw, check_mod.CheckRequest(against=["lib_d"], package="app_d"))
     assert res["drift"] == [] and "declares no lib_d version" in res["baseline"]["unavailable"]
     console = Console(width=200, force_terminal=False)
-    check_mod.render(console, res)
+    from remote_ops.commands.check import render
+    render(console, res)
     text = capsys.readouterr().out
     assert [line for line in text.splitlines() if "drift" in line] == [
         "no baseline for drift: the package declares no lib_d version: pass --baseline VERSION|PATH "

@@ -130,7 +130,7 @@ def test_import_probe_failure_refuses_with_versions_and_its_own_exit_status(tmp_
     assert not (h.state / "jobs").exists() or not [p for p in (h.state / "jobs").iterdir() if p.is_dir()]
     s, out, err = cli(*h.argv("extract", "testhost", "--json"))
     doc = json.loads(out)
-    assert s == 9 and doc["started"] is False and doc["error"]["exit_status"] == 9
+    assert s == 9 and doc["error"] == "RefusedError" and doc["exit_status"] == 9 and doc["host"] == "testhost"
     assert doc["preflight"]["imports"]["module"] == "broken_generator"
     assert doc["preflight"]["imports"]["versions"]["pydantic"] == version("pydantic")
 
@@ -219,4 +219,4 @@ def test_import_probe_names_the_versions_outside_site_packages(tmp_path, sshd, c
     from importlib.metadata import version
     assert versions["fakespec"] == "0.3.0" and versions["fakeconfigs"] == "5.17.0"
     assert versions["pydantic"] == version("pydantic") and "notinstalled" not in versions
-    assert "fakeconfigs 5.17.0" in doc["error"]["message"]
+    assert "fakeconfigs 5.17.0" in doc["message"]

@@ -478,7 +478,7 @@ def test_preflight_refuses_when_check_finds_incompatible_calls(tmp_path, sshd, c
     assert "check: " in err and "eos_token_id" in err and "run remote-ops check / patch first" in err
     assert env.jobdirs() == []
     s, rec, _ = cli_json(cli, env, "extract", "testhost")
-    assert s == 8 and rec["preflight"]["check"]["findings"] >= 1 and rec["started"] is False
+    assert s == 8 and rec["preflight"]["check"]["findings"] >= 1 and rec["error"] == "RefusedError" and rec["host"] == "testhost"
 
 
 def test_preflight_shows_drift_and_refuses_it_under_strict(tmp_path, sshd, cli, fresh_env017):
@@ -500,7 +500,7 @@ def test_preflight_shows_drift_and_refuses_it_under_strict(tmp_path, sshd, cli, 
     assert check["findings"] == 0 and check["drift"] >= 1 and check["baseline"]["version"] == "0.11.0"
     assert any(n.startswith("drift: ") and "default-changed" in n for n in rec["preflight"]["notes"])
     s, rec, err = cli_json(cli, env, "extract", "testhost", "--dry-run", "--strict")
-    assert s == 8 and rec["started"] is False
+    assert s == 8 and rec["error"] == "RefusedError" and rec["host"] == "testhost"
     assert any("--strict refuses" in p for p in rec["preflight"]["problems"])
     assert env.jobdirs() == []
 

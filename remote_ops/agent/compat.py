@@ -53,16 +53,14 @@ def _resolver(args, static):
 
 
 def versions(names, sys_path):
-    import importlib.metadata as md
+    """{name: version} of the distributions installed on ``sys_path`` (absent names left out); reads
+    only the named distributions' METADATA headers (facts.find_distribution), not every package's."""
+    from .facts import find_distribution
     out = {}
-    wanted = {_norm(n): n for n in names}
-    try:
-        for dist in md.distributions(path=list(sys_path)):
-            n = _norm(dist.metadata.get("Name") or "")
-            if n in wanted and wanted[n] not in out:
-                out[wanted[n]] = dist.version
-    except Exception as exc:  # a broken dist-info must not hide the analysis; say so
-        out["_error"] = "%s: %s" % (type(exc).__name__, exc)
+    for n in names:
+        found = find_distribution(n, list(sys_path))
+        if found is not None:
+            out[n] = found[0]
     return out
 
 
@@ -239,10 +237,17 @@ def declared_requirements(package, libs, sys_path):
     package's metadata (Requires-Dist), read without importing anything."""
     import importlib.metadata as md
     import re
+
+    from .facts import find_distribution
     out = {}
     try:
-        dists = [d for d in md.distributions(path=list(sys_path))
-                 if _norm(d.metadata.get("Name") or "") == _norm(package)]
+        found = find_distribution(package, list(sys_path))
+        if found is not None:   # the one distribution, not a scan of every installed one
+            import pathlib
+            dists = [md.PathDistribution(pathlib.Path(found[1]))]
+        else:
+            dists = [d for d in md.distributions(path=list(sys_path))
+                     if _norm(d.metadata.get("Name") or "") == _norm(package)]
     except Exception as exc:  # a broken dist-info: say so, drift runs without a baseline
         return {"_error": "%s: %s" % (type(exc).__name__, exc)}
     if not dists:

@@ -1,8 +1,8 @@
 """Read-only facts about the host, gathered in one round trip without importing heavy packages."""
 
-import importlib.metadata
 import importlib.util
 import os
+import re
 import platform
 import shutil
 import socket
@@ -11,13 +11,73 @@ import sys
 DEFAULT_PACKAGES = ("vllm", "speculators", "torch", "transformers")
 
 
+def _norm(name):
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def _metadata_version(meta_path):
+    """The ``Version:`` header of a METADATA / PKG-INFO file (headers end at the first blank line)."""
+    try:
+        with open(meta_path, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if not line.strip():
+                    break
+                if line.startswith("Version:"):
+                    return line[len("Version:"):].strip()
+    except OSError:
+        return None
+    return None
+
+
+_DIST_DIRS = {}
+
+
+def _dist_dirs(entry):
+    """The ``*.dist-info`` / ``*.egg-info`` names of one path entry, listed once per agent process."""
+    if entry not in _DIST_DIRS:
+        try:
+            with os.scandir(entry) as it:
+                _DIST_DIRS[entry] = sorted(e.name for e in it if e.name.endswith((".dist-info", ".egg-info")))
+        except OSError:
+            _DIST_DIRS[entry] = []
+    return _DIST_DIRS[entry]
+
+
+def find_distribution(name, path=None):
+    """(version, dist-info dir) of the first distribution ``name`` on ``path`` (sys.path), found the way
+    importlib.metadata finds it (normalized names, ``*.dist-info`` / ``*.egg-info`` in each entry, in
+    order) without importing importlib.metadata and email: that import was most of facts' CPU in a
+    fresh interpreter. None when not found here (the caller then asks importlib.metadata)."""
+    want = _norm(name)
+    for entry in (sys.path if path is None else path):
+        names = _dist_dirs(entry or ".")
+        for n in names:
+            stem = n.rsplit(".", 1)[0]
+            if _norm(stem.split("-", 1)[0]) != want:
+                continue
+            d = os.path.join(entry or ".", n)
+            meta = os.path.join(d, "METADATA" if n.endswith(".dist-info") else "PKG-INFO")
+            version = _metadata_version(meta if os.path.isdir(d) else d)
+            if version:
+                return version, d
+    return None
+
+
 def package_info(name):
     """Version and location from package metadata; the package itself is never imported."""
-    try:
-        dist = importlib.metadata.distribution(name)
-    except importlib.metadata.PackageNotFoundError:
+    found = find_distribution(name)
+    if found is None and any(e and os.path.isfile(e) for e in sys.path):
+        # a zip or egg on the path: importlib.metadata reads those (the scan above does not)
+        import importlib.metadata as md   # the general finder (other finders, odd layouts): slower to import
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:
+            return {"name": name, "present": False}
+        found = (dist.version, str(getattr(dist, "_path", "") or "") or None)
+    if found is None:
         return {"name": name, "present": False}
-    info = {"name": name, "present": True, "version": dist.version}
+    version, dist_dir = found
+    info = {"name": name, "present": True, "version": version}
     try:
         spec = importlib.util.find_spec(name.replace("-", "_"))
     except (ImportError, ValueError):
@@ -26,8 +86,7 @@ def package_info(name):
         origin = spec.origin
         info["location"] = os.path.dirname(origin) if origin.endswith("__init__.py") else origin
     else:
-        path = getattr(dist, "_path", None)
-        info["location"] = str(path.parent) if path is not None else None
+        info["location"] = os.path.dirname(dist_dir) if dist_dir else None
     return info
 
 

@@ -34,6 +34,7 @@ import stat
 import subprocess
 import sys
 
+from .facts import package_info
 from .journal import _journal_entries, _journal_path, _pending_intents, _read_journal, _sha
 from .patch_targets import _describe, _resolve
 from .patch_tx import _Lock, _recover, _transact
@@ -57,15 +58,9 @@ def op_read(args):
         with _Lock(args.get("lock_timeout")):
             recovered = _recover()
     packages = {}
-    try:
-        import importlib.metadata as md
-        for name in args.get("packages") or []:
-            try:
-                packages[name] = md.version(name)
-            except md.PackageNotFoundError:
-                packages[name] = None
-    except ImportError:
-        pass
+    for name in args.get("packages") or []:
+        info = package_info(name)          # METADATA headers only (facts.find_distribution)
+        packages[name] = info.get("version") if info["present"] else None
     targets = []
     for t in args.get("targets") or []:
         label = t.get("module") or t.get("path")

@@ -30,73 +30,112 @@ def add_arguments(p):
 
 
 def run(args, ctx) -> int:
-    from remote_ops import check as check_mod
     from remote_ops.errors import Exit
 
-    if args.playbook:
-        from remote_ops import playbook as pb_mod
-        req = check_mod.request_from_playbook(pb_mod.load(pb_mod.find(args.playbook)), runtime=args.runtime)
-    else:
-        req = check_mod.CheckRequest(runtime=args.runtime)
-    if args.targets:
-        req.targets = list(args.targets)
-    if args.against:
-        req.against = list(args.against)
-    if args.package:
-        req.package = args.package
-    req.baseline = args.baseline
-    req.drift = not args.no_drift
-    hosts = ctx.hosts(args.host)
-    found: list = []
-    accepted_of: dict = {}   # playbook path -> its check.accepted_drift (a fleet shares one file)
-
-    def one(host, sess):
-        r = req
-        if not args.playbook and getattr(host, "playbook", None):
-            # the host's playbook reviewed some drift: apply its check.accepted_drift (targets unchanged)
-            from dataclasses import replace
-
-            from remote_ops import playbook as pb_mod
-            path = pb_mod.find(None, host)
-            if path not in accepted_of:
-                accepted_of[path] = list((pb_mod.load(path).check or {}).get("accepted_drift") or [])
-            r = replace(req, accepted_drift=accepted_of[path])
-        res = check_mod.run(sess, r)
-        found.append((host.name, res))
-        return res
-
-    status = ctx.fleet(hosts, one, lambda c, name, v: check_mod.render(c, v, ctx.verbose),
-                       summary=lambda v: (f"{len(v['findings'])} finding(s), {len(v.get('drift') or [])} drift, "
-                                          f"{len(v.get('unknown') or [])} unknown"),
-                       exit_for=lambda v: int(Exit.FINDINGS) if v["findings"] or (args.strict and v.get("drift"))
-                       else int(Exit.OK))
+    results = ctx.fleet.check(args.host, playbook=args.playbook, runtime=args.runtime, targets=args.targets,
+                              against=args.against, package=args.package, baseline=args.baseline,
+                              drift=not args.no_drift)
+    status = ctx.show(results, lambda c, name, v: render(c, v, ctx.verbose),
+                      summary=lambda v: (f"{len(v.findings)} finding(s), {len(v.get('drift') or [])} drift, "
+                                         f"{len(v.unknown)} unknown"),
+                      exit_for=lambda v: int(Exit.FINDINGS) if v.has_findings(args.strict) else int(Exit.OK))
+    found = [r.value.to_json() for r in results if r.ok]
     if args.emit_playbook and found:
-        _emit_playbook(args.emit_playbook, req, [v for _, v in sorted(found, key=lambda x: x[0])], ctx)
+        _emit_playbook(args.emit_playbook, args, found)
     return status
 
 
-def _emit_playbook(path, req, values, ctx) -> None:
-    """One draft for all hosts checked: findings merged, versions pinned to what the hosts run."""
+def _emit_playbook(path, args, values) -> None:
     import sys
 
     from remote_ops import emit_playbook
+    from remote_ops.check import make_request
 
-    seen, findings, versions = set(), [], {}
-    for value in values:
-        for pkg, ver in (value.get("versions") or {}).items():
-            versions.setdefault(pkg, set()).add(ver)
-        for f in list(value["findings"]) + list(value.get("drift") or []):
-            key = (f.get("module"), f.get("line"), f.get("symbol"), f.get("kind"), f.get("name"))
-            if key not in seen:
-                seen.add(key)
-                findings.append(f)
-    requires = {pkg: "==" + next(iter(v)) for pkg, v in sorted(versions.items()) if len(v) == 1 and next(iter(v))}
-    check = {}
-    targets = list(req.targets or []) or sorted({t["module"] if isinstance(t, dict) else t
-                                                   for v in values for t in (v.get("targets") or [])})
-    if targets:
-        check["targets"] = targets
-    if req.against:
-        check["against"] = list(req.against)
-    written = emit_playbook.write(path, findings, requires=requires or None, check=check or None)
-    sys.stderr.write(f"remote-ops: wrote a draft playbook with fixes for {len(findings)} finding(s) to {written}\n")
+    req = make_request(playbook=args.playbook, targets=args.targets, against=args.against)
+    written, n = emit_playbook.write_for_hosts(path, values, targets=req.targets, against=req.against)
+    sys.stderr.write(f"remote-ops: wrote a draft playbook with fixes for {n} finding(s) to {written}\n")
+
+
+def explain(f: dict, style: str = "line") -> str:
+    """A finding as one line (``line``) or as a few lines for people (``verbose``)."""
+    where = f"{f['path']}:{f['line']}"
+    if style == "line":
+        return f"{where}: {f['kind']}: {f['message']}"
+    call = f.get("call") or ""
+    call = call if len(call) <= 100 else call[:97] + "..."
+    lines = [f"{where}  {call}".rstrip(),
+             f"    {f['kind']}: {f['message']}"]
+    if f.get("signature"):
+        lines.append(f"    remote:  {f['symbol']}{f['signature']}")
+    if f.get("suggestion"):
+        lines.append(f"    fix:     {f['suggestion']}")
+    return "\n".join(lines)
+
+
+def render(console, result: dict, verbose: int = 0) -> None:
+    from rich.markup import escape
+
+    versions = ", ".join(f"{k} {v}" for k, v in sorted(result["versions"].items()))
+    t = result.get("timing") or {}
+    timing = ""
+    if t.get("host_analysis_s") is not None:
+        timing = f", analysis {t['host_analysis_s'] * 1000:.0f} ms on the host"
+    console.print(f"[bold]{escape(result['host'])}[/bold]: {result['mode']} check of "
+                  f"{len(result['targets'])} module(s), {result.get('calls_checked') or 0} library calls "
+                  f"({escape(versions)}{timing})")
+    if verbose:
+        for tg in result["targets"]:
+            console.print(f"  [dim]{escape(tg['module'])}  {escape(tg['path'])}[/dim]")
+    for f in result["findings"]:
+        console.print(escape(explain(f, "verbose")))
+    if result["unknown"]:
+        console.print(f"[yellow]{len(result['unknown'])} call(s) could not be decided "
+                      f"(not counted as compatible):[/yellow]")
+        for u in result["unknown"]:
+            console.print(escape(f"  {u.get('path')}:{u.get('line')}  {u.get('symbol')}: {u.get('reason')}"))
+    if result.get("note"):
+        console.print(f"[yellow]{escape(result['note'])}[/yellow]")
+    render_drift(console, result, verbose)
+    n = len(result["findings"])
+    nd = len(result.get("drift") or [])
+    nu = len(result["unknown"])
+    base = result.get("baseline") or {}
+    compared = any("unavailable" not in b for b in (base.get("libraries") or [base])) if base else False
+    tail = f", {nd} drift item(s), {nu} unknown" if compared else f", {nu} unknown"
+    if n:
+        console.print(f"[red]{n} finding(s)[/red]{tail}")
+    else:
+        console.print(f"[green]no findings[/green]{tail}")
+
+
+def render_drift(console, result: dict, verbose: int = 0) -> None:
+    from rich.markup import escape
+
+    from remote_ops import drift
+
+    base = result.get("baseline")
+    if base is None:
+        return
+    for b in (base.get("libraries") or [base]):
+        if "unavailable" in b:
+            console.print(f"[yellow]no baseline for drift: {escape(b['unavailable'])} (binding check only)[/yellow]")
+        else:
+            console.print(f"[bold]drift against {escape(b['library'])} {escape(b['version'])}[/bold] "
+                          f"[dim]({escape(b['source'])})[/dim]")
+    for d in result.get("drift") or []:
+        console.print(escape(drift.explain(d)))
+    if verbose:
+        for n in result.get("drift_notes") or []:
+            console.print(escape(f"  note: {n}"))
+    elif result.get("drift_notes"):
+        console.print(f"[dim]{len(result['drift_notes'])} difference(s) not reported as drift (-v lists them)[/dim]")
+    accepted = result.get("drift_accepted") or []
+    if accepted:
+        console.print(f"{len(accepted)} drift item(s) accepted by the playbook (check.accepted_drift)"
+                      + ("" if verbose else " [dim](-v lists them with the reasons)[/dim]"))
+        if verbose:
+            for d in accepted:
+                console.print(escape(f"  accepted: {d['path']}:{d['line']}: {d['kind']} {d['name']}: {d['accepted']}"))
+    for a in result.get("accepted_unmatched") or []:
+        stale = f"check.accepted_drift entry {a['kind']} {a['symbol']} {a['name']} matched no drift item on this host (stale, or not for this version)"
+        console.print(f"[yellow]{escape(stale)}[/yellow]")

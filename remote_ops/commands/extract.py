@@ -19,111 +19,66 @@ def run(args, ctx) -> int:
     import sys
 
     from remote_ops import jobs
-    from remote_ops.errors import Exit
+    from remote_ops.errors import Exit, UsageError
     from remote_ops.tail import follow_job, report_end
 
-    hosts = ctx.hosts(args.host)
-    if len(hosts) > 1:
-        return _fleet(args, ctx, hosts)
-    host = hosts[0]
-    pb, spec = jobs.load_for_host(host, args.playbook)
-    jobs.resolve_secrets(spec)          # a missing secret is refused before touching the host
-    session = ctx.session(host)
-    pf = jobs.preflight(session, spec, pb, skip_check=args.skip_check, dry_run=args.dry_run,
-                       strict_drift=args.strict)
-    attached = False
-    if pf.running:
-        job, attached = pf.running, True
-    elif pf.problems:
-        err = jobs.refusal(spec, pf, host.name)
-        if ctx.json:   # one JSON document: the refusal and every problem
-            ctx.emit({"host": host.name, "started": False, "error": err.to_json(),
-                      "preflight": pf.to_json()})
-            sys.stderr.write(f"remote-ops: {err.one_line()}\n")
-            return int(err.exit_status)
-        for p in pf.problems:
-            sys.stderr.write(f"  refused: {p}\n")
-        raise err
-    elif args.dry_run:
-        ctx.emit({"host": host.name, "started": False, "dry_run": True, "spec": spec.to_json(),
-                  "preflight": pf.to_json()},
-                 lambda c: [c.print(f"{host.name}: preflight passed; would run: {' '.join(spec.command)}",
-                                    markup=False)] + [c.print(f"  note: {n}", markup=False) for n in pf.notes])
-        return int(Exit.OK)
-    else:
-        res = jobs.launch(session, spec)
-        job, attached = res["job"], res["attached"]
+    if args.tail and len(ctx.hosts(args.host)) > 1:
+        raise UsageError(f"--tail follows one host; {args.host!r} names {len(ctx.hosts(args.host))}",
+                         "start them with: remote-ops extract GROUP; follow one with: remote-ops extract HOST "
+                         "--tail; watch all with: remote-ops status GROUP")
+    results = ctx.fleet.extract(args.host, playbook=args.playbook, skip_check=args.skip_check,
+                                dry_run=args.dry_run, strict=args.strict)
 
-    head = {"host": host.name, "attached": attached, "job": job, "preflight": pf.to_json()}
-    if not args.tail:
-        def human(c):
-            verb = "already running, not started again" if attached else "started"
-            c.print(f"{host.name}: job {job['job_id']} {verb} (pid {job.get('pid')}, state {job['state']})",
-                    markup=False)
-            if job.get("label"):
-                c.print(f"  {job['label']}", markup=False)
-            for n in pf.notes:
-                c.print(f"  note: {n}", markup=False)
-            c.print(f"  log: {job.get('log')}", markup=False)
-            c.print(f"  follow: remote-ops extract {host.name} --tail   |   status / logs / stop "
-                    f"{host.name}", markup=False)
-        ctx.emit(head, human)
-        return jobs.exit_for(job)
+    def refused(r):   # every problem of a refused preflight, then the error's one line
+        for p in ((r.error.details or {}).get("preflight") or {}).get("problems") or []:
+            sys.stderr.write(f"  refused: {r.host}: {p}\n" if not results.single else f"  refused: {p}\n")
 
+    if not (args.tail and results.ok and not args.dry_run):
+        return ctx.show(results, render, summary=summary, render_failure=refused,
+                        exit_for=lambda v: int(Exit.OK) if v.get("dry_run") else jobs.exit_for(v.job))
+    # --tail: the job's head line, then its log followed to the end (JSON Lines with --json)
+    v = results[0].value
+    host, job = ctx.hosts(args.host)[0], v.job
     offset = 0
     if ctx.json:
         import json
-        sys.stdout.write(json.dumps({"event": "job", **head}, default=str) + "\n")
+        sys.stdout.write(json.dumps({"event": "job", **v.to_json()}, default=str) + "\n")
         sys.stdout.flush()
     else:
-        what = "attached to running job" if attached else "started job"
+        what = "attached to running job" if v.attached else "started job"
         ctx.err.print(f"{host.name}: {what} {job['job_id']} (pid {job.get('pid')}); "
                       "Ctrl-C detaches, the job keeps running", markup=False, highlight=False)
         if job.get("label"):
             ctx.err.print(f"  {job['label']}", markup=False, highlight=False)
-    if attached and job.get("log_size", 0) > 8192:
-        r = session.call("jobs.logs", {"job_id": job["job_id"], "lines": 20})
-        sys.stdout.write(r["text"].replace("\r", "\n") if not ctx.json else "")
-        offset = r["next"]
+    if v.attached and job.get("log_size", 0) > 8192:
+        r = jobs.logs(ctx.session(host), host, job=job["job_id"], lines=20)
+        sys.stdout.write(r.text.replace("\r", "\n") if not ctx.json else "")
+        offset = r.next
     final = follow_job(ctx, host, job, offset=offset)
     if final is None:
         return int(Exit.INTERRUPTED)
     return report_end(ctx, final)
 
 
-def _fleet(args, ctx, hosts) -> int:
-    """extract on several hosts at once: preflight and launch (or attach) in parallel, a per-host
-    table; following several logs at once is left to `status GROUP` / one `extract HOST --tail`."""
-    from remote_ops import jobs
-    from remote_ops.errors import UsageError
+def summary(v) -> str:
+    if v.get("dry_run"):
+        return "preflight passed (dry run)"
+    verb = "attached to running" if v.attached else "started"
+    return f"{verb} {v.job['job_id']} (pid {v.job.get('pid')})"
 
-    if args.tail:
-        raise UsageError(f"--tail follows one host; {args.host!r} names {len(hosts)}",
-                         "start them with: remote-ops extract GROUP; follow one with: remote-ops extract HOST "
-                         "--tail; watch all with: remote-ops status GROUP")
-    specs = {h.name: jobs.load_for_host(h, args.playbook) for h in hosts}   # bad playbooks fail first, locally
-    for h in hosts:
-        jobs.resolve_secrets(specs[h.name][1])
 
-    def fn(host, session):
-        pb, spec = specs[host.name]
-        pf = jobs.preflight(session, spec, pb, skip_check=args.skip_check, dry_run=args.dry_run,
-                           strict_drift=args.strict)
-        if pf.running:
-            return {"host": host.name, "attached": True, "job": pf.running, "preflight": pf.to_json()}
-        if pf.problems:
-            raise jobs.refusal(spec, pf, host.name, all_problems=True)
-        if args.dry_run:
-            return {"host": host.name, "started": False, "dry_run": True, "spec": spec.to_json(),
-                    "preflight": pf.to_json()}
-        res = jobs.launch(session, spec)
-        return {"host": host.name, "attached": res["attached"], "job": res["job"], "preflight": pf.to_json()}
-
-    def summary(v) -> str:
-        if v.get("dry_run"):
-            return "preflight passed (dry run)"
-        verb = "attached to running" if v["attached"] else "started"
-        return f"{verb} {v['job']['job_id']} (pid {v['job'].get('pid')})"
-
-    return ctx.fleet(hosts, fn, lambda c, name, v: None, summary=summary,
-                     exit_for=lambda v: 0 if v.get("dry_run") else jobs.exit_for(v["job"]))
+def render(c, name, v) -> None:
+    if v.get("dry_run"):
+        c.print(f"{name}: preflight passed; would run: {' '.join(v.spec['command'])}", markup=False)
+        for n in v.preflight.get("notes") or []:
+            c.print(f"  note: {n}", markup=False)
+        return
+    job = v.job
+    verb = "already running, not started again" if v.attached else "started"
+    c.print(f"{name}: job {job['job_id']} {verb} (pid {job.get('pid')}, state {job['state']})", markup=False)
+    if job.get("label"):
+        c.print(f"  {job['label']}", markup=False)
+    for n in v.preflight.get("notes") or []:
+        c.print(f"  note: {n}", markup=False)
+    c.print(f"  log: {job.get('log')}", markup=False)
+    c.print(f"  follow: remote-ops extract {name} --tail   |   status / logs / stop {name}", markup=False)

@@ -9,17 +9,12 @@ def add_arguments(p):
 
 
 def run(args, ctx) -> int:
-    from remote_ops import facts as facts_mod
+    return ctx.show(ctx.fleet.facts(args.host), lambda c, name, f: render(c, f), summary=summary)
 
-    hosts = ctx.hosts(args.host)
-    def summary(v) -> str:
-        pk = v.get("packages") or {}
-        vers = ", ".join(f"{k} {p['version']}" for k, p in pk.items() if p.get("present"))
-        gpus = (v.get("gpu") or {}).get("gpus") or []
-        return f"python {v['python']['version']}; {vers}; {len(gpus)} GPU(s)"
 
-    return ctx.fleet(hosts, lambda host, sess: facts_mod.gather(sess).to_json(),
-                     lambda c, name, v: render(c, facts_mod.HostFacts.from_agent(name, v)), summary=summary)
+def summary(f) -> str:
+    vers = ", ".join(f"{k} {p.version}" for k, p in f.packages.items() if p.present)
+    return f"python {f.python_version}; {vers}; {len((f.gpu or {}).get('gpus') or [])} GPU(s)"
 
 
 def render(console, f) -> None:

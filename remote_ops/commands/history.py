@@ -12,9 +12,6 @@ def add_arguments(p):
 def run(args, ctx) -> int:
     import time
 
-    from remote_ops import patching
-
-    hosts = ctx.hosts(args.host)
     def render_one(c, name, v):
         entries = v.get("entries") or []
         if not entries:
@@ -41,5 +38,5 @@ def run(args, ctx) -> int:
             c.print(f"{name}: {v['pending']} interrupted transaction(s) will be "
                     "recovered by the next patch or rollback", soft_wrap=True)
 
-    return ctx.fleet(hosts, lambda h, s: patching.history(s, h, limit=args.limit), render_one,
-                     summary=lambda v: f"{len(v.get('entries') or [])} journal entr(ies)")
+    return ctx.show(ctx.fleet.history(args.host, limit=args.limit), render_one,
+                    summary=lambda v: f"{len(v.get('entries') or [])} journal entr(ies)")

@@ -16,28 +16,41 @@ def add_arguments(p):
 
 
 def run(args, ctx) -> int:
-    from remote_ops import check as check_mod
-    from remote_ops.errors import Exit, UsageError
+    from remote_ops.errors import Exit
 
-    for s in args.symbols:
-        mod, sep, qual = s.partition(":")
-        if not sep or not all(p.isidentifier() for p in mod.split(".")) or \
-                (qual and not all(p.isidentifier() for p in qual.split("."))):
-            raise UsageError(f"bad symbol {s!r}: expected module:qualname",
-                             "for example vllm.v1.request:Request")
-    op_args = {"symbols": list(args.symbols), "mode": "runtime" if args.runtime else "static"}
+    results = ctx.fleet.inspect(args.host, args.symbols, runtime=args.runtime, baseline=args.baseline)
+    return ctx.show(results, lambda c, name, v: render(c, v), summary=lambda v: f"{len(v.symbols)} symbol(s)",
+                    exit_for=lambda v: int(Exit.FINDINGS) if v.unresolved else int(Exit.OK))
 
-    def one(host, sess):
-        raw = sess.call("compat.inspect", op_args)
-        out = dict(raw, host=host.name, baselines={})
-        if args.baseline:
-            from remote_ops import drift
-            out["baselines"] = drift.inspect_diff(out, args.baseline)
-        return out
 
-    def exit_for(v) -> int:
-        bad = any(s["kind"] in ("missing", "unknown") for s in v["symbols"])
-        return int(Exit.FINDINGS) if bad else int(Exit.OK)
+def render(console, result) -> None:
+    from rich.markup import escape
+    from rich.table import Table
 
-    return ctx.fleet(ctx.hosts(args.host), one, lambda c, name, v: check_mod.render_inspect(c, v),
-                     summary=lambda v: f"{len(v['symbols'])} symbol(s)", exit_for=exit_for)
+    versions = ", ".join(f"{k} {v}" for k, v in sorted((result.get("versions") or {}).items()))
+    console.print(f"[bold]{escape(result['host'])}[/bold] ({result['mode']} mode; {escape(versions)})")
+    for lib, b in (result.get("baselines") or {}).items():
+        if "unavailable" in b:
+            console.print(f"[yellow]no baseline for {escape(lib)}: {escape(b['unavailable'])}[/yellow]")
+    for s in result["symbols"]:
+        base = s.get("baseline")
+        if base:
+            if "signature" in base:
+                console.print(escape(f"{s['symbol']} in {base['version']}: {base['signature']}  ({base['origin']})"))
+            else:
+                console.print(escape(f"{s['symbol']} in {base['version']}: {base['kind']}: {base.get('reason')}"))
+            for c in base.get("changes") or []:
+                console.print(escape(f"    since {base['version']}: {c}"))
+        if s["kind"] in ("missing", "unknown") or "parameters" not in s:
+            console.print(escape(f"{s['symbol']}: {s['kind']}: {s.get('reason')}"))
+            continue
+        head = f"{s['symbol']}{s['signature']}"
+        console.print(f"[bold]{escape(head)}[/bold]  [dim]{s['mode']}; {escape(str(s.get('origin')))}"
+                      f"{'; ' + escape(s['note']) if s.get('note') else ''}[/dim]")
+        tab = Table(box=None, padding=(0, 2), show_edge=False)
+        for col in ("name", "kind", "required", "default", "annotation"):
+            tab.add_column(col)
+        for p in s["parameters"]:
+            tab.add_row(escape(p["name"]), p["kind"], "required" if p["required"] else "",
+                        escape(p["default"] or ""), escape(p["annotation"] or ""))
+        console.print(tab)

@@ -28,39 +28,31 @@ def run(args, ctx) -> int:
     from remote_ops.errors import Exit, UsageError
     from remote_ops.tail import follow_job, report_end
 
-    if args.lines < 0:
-        raise UsageError("-n must be >= 0")
-    hosts = ctx.hosts(args.host)
-    if len(hosts) > 1:
-        if args.follow:
+    if args.follow:
+        hosts = ctx.hosts(args.host)
+        if len(hosts) > 1:
             raise UsageError(f"--follow follows one host; {args.host!r} names {len(hosts)}",
                              "follow one with: remote-ops logs HOST --follow")
-
-        def fn(host, session):
-            st = jobs.resolve_job(session, jobs.job_ref(ctx, host, args))
-            r = session.call("jobs.logs", {"job_id": st["job_id"], "lines": args.lines})
-            return {"host": host.name, "job_id": st["job_id"], "state": r["job"]["state"], "text": r["text"],
-                    "size": r["size"]}
-
+    results = ctx.fleet.logs(args.host, playbook=args.playbook, job=args.job, lines=args.lines)
+    if not (args.follow and results.ok):
         def render_one(c, name, v):
-            c.rule(f"{name}: {v['job_id']} ({v['state']})")
-            c.out(collapse(v["text"]), highlight=False)
-
-        return ctx.fleet(hosts, fn, render_one, summary=lambda v: f"{v['job_id']} ({v['state']})")
-    host = hosts[0]
-    session = ctx.session(host)
-    st = jobs.resolve_job(session, jobs.job_ref(ctx, host, args))
-    r = session.call("jobs.logs", {"job_id": st["job_id"], "lines": args.lines})
-    if ctx.json and not args.follow:
-        ctx.emit({"host": host.name, "job_id": st["job_id"], "state": r["job"]["state"], "text": r["text"],
-                  "size": r["size"]})
-        return int(Exit.OK)
+            if results.single:
+                c.out(collapse(v.text), highlight=False, end="")
+            else:
+                c.rule(f"{name}: {v.job_id} ({v.state})")
+                c.out(collapse(v.text), highlight=False)
+        return ctx.show(results, render_one, summary=lambda v: f"{v.job_id} ({v.state})")
+    # --follow: the log so far, then the live tail (JSON Lines with --json) until the job ends
+    r = results[0].value
     if not ctx.json:
-        sys.stdout.write(collapse(r["text"]))
+        sys.stdout.write(collapse(r.text))
         sys.stdout.flush()
-    if args.follow and r["job"]["state"] not in jobs.TERMINAL:
-        final = follow_job(ctx, host, st, offset=r["next"])
-        if final is None:
-            return int(Exit.INTERRUPTED)
-        return report_end(ctx, final)
-    return int(Exit.OK)
+    if r.state in jobs.TERMINAL:
+        if ctx.json:
+            ctx.emit(r)
+        return int(Exit.OK)
+    host = ctx.hosts(args.host)[0]
+    final = follow_job(ctx, host, {"job_id": r.job_id}, offset=r.next)
+    if final is None:
+        return int(Exit.INTERRUPTED)
+    return report_end(ctx, final)

@@ -36,17 +36,8 @@ def run(args, ctx) -> int:
     import sys
     import threading
 
-    from remote_ops import patching
-    from remote_ops import playbook as pbmod
     from remote_ops.errors import UsageError
 
-    hosts = ctx.hosts(args.host)
-    books = {}
-    for h in hosts:
-        path = pbmod.find(args.playbook, h)
-        if str(path) not in books:
-            books[str(path)] = pbmod.load(path)   # a bad playbook stops here: one line, exit 2
-            patching.prefetch_libcst(books[str(path)])   # overlaps the import with connecting
     interactive = sys.stdin.isatty() and not ctx.json
     if not (args.yes or args.dry_run or interactive):
         raise UsageError("patch changes files on the host; pass --yes to apply without a prompt, "
@@ -54,19 +45,10 @@ def run(args, ctx) -> int:
     ask_lock = threading.Lock()
 
     def confirm(plan):
-        if args.yes:
-            return True
         with ask_lock:
             _render_diff(ctx.console, plan.diff())
             answer = input(f"apply {plan.playbook.name} to {plan.host}? [y/N] ")
             return answer.strip().lower() in ("y", "yes")
-
-    def one(host, session):
-        pb = books[str(pbmod.find(args.playbook, host))]
-        out = patching.run_host(session, host, pb, dry_run=args.dry_run, import_check=args.import_check,
-                                allow_findings=args.allow_findings, confirm=confirm)
-        out.pop("plan", None)
-        return out
 
     def render_one(c, name, v):
         if v["diff"] and (args.yes or args.dry_run):
@@ -106,4 +88,7 @@ def run(args, ctx) -> int:
             return f"patched {len(v['journal']['targets'])} file(s), journal {v['journal']['txid']}"
         return "no changes"
 
-    return ctx.fleet(hosts, one, render_one, summary=summary)
+    results = ctx.fleet.patch(args.host, playbook=args.playbook, dry_run=args.dry_run,
+                              import_check=args.import_check, allow_findings=args.allow_findings,
+                              confirm=None if args.yes or args.dry_run else confirm)
+    return ctx.show(results, render_one, summary=summary)

@@ -11,9 +11,6 @@ def add_arguments(p):
 
 
 def run(args, ctx) -> int:
-    from remote_ops import patching
-
-    hosts = ctx.hosts(args.host)
     def render_one(c, name, v):
         if not v.get("changed"):
             c.print(f"{name}: {v.get('message') or 'nothing to roll back (files already original)'}", soft_wrap=True)
@@ -26,6 +23,6 @@ def run(args, ctx) -> int:
                 for n in e.get("notes") or []:     # e.g. stale bytecode that could not be removed
                     c.print(f"  note: {n}", style="yellow", soft_wrap=True, markup=False)
 
-    return ctx.fleet(hosts, lambda h, s: patching.rollback(s, h, to=args.to, force=args.force), render_one,
-                     summary=lambda v: (f"rolled back {len(v.get('rolled_back') or [])} transaction(s)"
+    return ctx.show(ctx.fleet.rollback(args.host, to=args.to, force=args.force), render_one,
+                    summary=lambda v: (f"rolled back {len(v.get('rolled_back') or [])} transaction(s)"
                                         if v.get("changed") else "nothing to roll back"))

@@ -14,20 +14,16 @@ def add_arguments(p):
 def run(args, ctx) -> int:
     from remote_ops import jobs
 
-    hosts = ctx.hosts(args.host)
-    if len(hosts) > 1:
-        return _fleet(args, ctx, hosts)
-    host = hosts[0]
-    session = ctx.session(host)
     if args.all:
-        recs = session.call("jobs.list", {})["jobs"]
-        ctx.emit({"host": host.name, "jobs": recs},
-                 lambda c: [c.print(jobs.summary_line(r), markup=False, highlight=False) for r in recs]
-                 or c.print(f"{host.name}: no jobs", markup=False))
-        return 0
-    st = jobs.resolve_job(session, jobs.job_ref(ctx, host, args))
-    ctx.emit({"host": host.name, "job": st}, lambda c: render(c, host.name, st))
-    return jobs.exit_for(st)
+        def render_all(c, name, v):
+            for r in v.jobs:
+                c.print(f"{name}: " + jobs.summary_line(r), markup=False, highlight=False)
+            if not v.jobs:
+                c.print(f"{name}: no jobs", markup=False)
+        return ctx.show(ctx.fleet.jobs(args.host), render_all, summary=lambda v: f"{len(v.jobs)} job(s)")
+    return ctx.show(ctx.fleet.status(args.host, playbook=args.playbook, job=args.job),
+                    lambda c, name, v: render(c, name, v.job), summary=lambda v: jobs.summary_line(v.job),
+                    exit_for=lambda v: jobs.exit_for(v.job))
 
 
 def render(c, host, st) -> None:
@@ -50,22 +46,3 @@ def render(c, host, st) -> None:
         c.print(Text(f"  warning: {w}", style="yellow"))
     c.print(f"  output: {st.get('output_dir')}   log: {st.get('log')}", markup=False, highlight=False)
 
-
-def _fleet(args, ctx, hosts) -> int:
-    from remote_ops import jobs
-
-    def fn(host, session):
-        if args.all:
-            return {"host": host.name, "jobs": session.call("jobs.list", {})["jobs"]}
-        return {"host": host.name, "job": jobs.resolve_job(session, jobs.job_ref(ctx, host, args))}
-
-    def render_one(c, name, v):
-        if "jobs" in v:
-            for r in v["jobs"]:
-                c.print(f"{name}: " + jobs.summary_line(r), markup=False, highlight=False)
-        else:
-            render(c, name, v["job"])
-
-    return ctx.fleet(hosts, fn, render_one,
-                     summary=lambda v: jobs.summary_line(v["job"]) if "job" in v else f"{len(v['jobs'])} job(s)",
-                     exit_for=lambda v: jobs.exit_for(v["job"]) if "job" in v else 0)

@@ -14,32 +14,17 @@ def add_arguments(p):
 
 
 def run(args, ctx) -> int:
-    from remote_ops import jobs
     from remote_ops.errors import Exit
 
-    jobs.check_usage(args)
-    hosts = ctx.hosts(args.host)
-    if len(hosts) > 1:
-        return ctx.fleet(hosts, lambda h, s: _stop(args, ctx, h, s, quiet=True),
-                         lambda c, name, v: render(c, name, v, v["clean"]),
-                         summary=lambda v: f"{v['job_id']}: " + ("nothing left" if v["clean"] else "PROCESSES LEFT"),
-                         exit_for=lambda v: int(Exit.OK) if v["clean"] else int(Exit.FINDINGS))
-    host = hosts[0]
-    session = ctx.session(host)
-    out = _stop(args, ctx, host, session, quiet=ctx.json)
-    rep, clean = out, out["clean"]
-    ctx.emit(out, lambda c: render(c, host.name, rep, clean))
-    return int(Exit.OK) if clean else int(Exit.FINDINGS)
-
-
-def _stop(args, ctx, host, session, *, quiet: bool) -> dict:
-    from remote_ops import jobs
-
-    def say(st, grace):
+    def say(host, st, grace):
         ctx.err.print(f"{host.name}: stopping {st['job_id']} (SIGTERM, SIGKILL after {grace:g}s)...",
                       markup=False, highlight=False)
-    return jobs.stop(session, host, playbook=args.playbook, job=args.job, grace=args.grace,
-                     on_stopping=None if quiet else say)
+
+    results = ctx.fleet.stop(args.host, playbook=args.playbook, job=args.job, grace=args.grace,
+                             on_stopping=None if ctx.json else say)
+    return ctx.show(results, lambda c, name, v: render(c, name, v, v.clean),
+                    summary=lambda v: f"{v.job_id}: " + ("nothing left" if v.clean else "PROCESSES LEFT"),
+                    exit_for=lambda v: int(Exit.OK) if v.clean else int(Exit.FINDINGS))
 
 
 def render(c, host, rep, clean) -> None:

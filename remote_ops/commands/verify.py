@@ -15,54 +15,23 @@ def add_arguments(p):
 
 
 def run(args, ctx) -> int:
-    from remote_ops.errors import Exit, UsageError
+    import sys
 
-    if args.sample < 1:
-        raise UsageError("--sample must be at least 1")
-    hosts = ctx.hosts(args.host)
-    exit_for = lambda v: int(Exit.OK) if v["ok"] else int(Exit.FINDINGS)  # noqa: E731
-    if len(hosts) > 1:
-        return ctx.fleet(hosts, lambda h, s: _verify(args, ctx, h, s, progress=False), render,
-                         summary=_summary, exit_for=exit_for)
-    host = hosts[0]
-    res = _verify(args, ctx, host, ctx.session(host), progress=not ctx.json)
-    ctx.emit(res, lambda c: render(c, host.name, res))
-    return exit_for(res)
+    from remote_ops.errors import Exit
+
+    def progress(host, done, of):
+        sys.stderr.write(f"\r  loaded {done}/{of} files")
+        sys.stderr.flush()
+
+    results = ctx.fleet.verify(args.host, output_dir=args.output_dir, expected=args.expected, all=args.all,
+                               sample=args.sample, playbook=args.playbook, job=args.job,
+                               on_progress=progress if not ctx.json and ctx.fleet.names_one_host(args.host) else None)
+    return ctx.show(results, render, summary=_summary,
+                    exit_for=lambda v: int(Exit.OK) if v.ok else int(Exit.FINDINGS))
 
 
 def _summary(v) -> str:
-    return f"{v.get('files')}/{v.get('expected') or '?'} files, " + ("ok" if v["ok"] else "PROBLEMS")
-
-
-def _verify(args, ctx, host, session, *, progress: bool) -> dict:
-    import sys
-
-    from remote_ops import jobs
-    from remote_ops.errors import AgentError, RefusedError, UsageError
-
-    out_dir, expected = args.output_dir, args.expected
-    if not out_dir:
-        try:
-            st = jobs.resolve_job(session, jobs.job_ref(ctx, host, args))
-            out_dir = st.get("output_dir")
-            expected = expected or (st.get("samples") or {}).get("expected")
-        except RefusedError:
-            pb, spec = jobs.load_for_host(host, args.playbook)
-            out_dir, expected = spec.output_dir, expected or spec.expected_samples
-    if not out_dir:
-        raise UsageError("no output directory known", "pass --output-dir or set extract.output_dir")
-    res = None
-    for msg in session.stream("verify.verify", {"output_dir": out_dir, "expected": expected,
-                                                "all": args.all, "sample": args.sample}, timeout=600):
-        if "event" in msg and progress:
-            ev = msg["event"]
-            sys.stderr.write(f"\r  loaded {ev.get('checked')}/{ev.get('of')} files")
-            sys.stderr.flush()
-        elif "result" in msg:
-            res = msg["result"]
-    if res is None:
-        raise AgentError("verify ended without an answer", "rerun it", host=host.name)
-    return {"host": host.name, **res}
+    return f"{v.files}/{v.expected or '?'} files, " + ("ok" if v.ok else "PROBLEMS")
 
 
 def render(c, host, r) -> None:

@@ -1,0 +1,138 @@
+"""Typed requests for the agent's operations: the controller's only way to name one.
+
+One function per operation of ``remote_ops/agent/contract.py`` ``OPS``, grouped by agent module;
+each returns ``(op, args)`` for ``Session.call(*req)`` / ``Session.stream(*req)`` or a
+``Session.call_many([...])`` batch. Only the keyword arguments given are sent, and ``_req`` refuses
+a key the contract does not declare for the operation (a programming error: TypeError), so a typo
+fails in the controller's tests, not on a host. ``tests/test_contract.py`` checks that every
+declared operation has its function here and that no other controller module spells an op name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from remote_ops.agent.contract import OPS
+
+Request = tuple[str, dict]
+_UNSET: Any = object()
+
+
+def _req(op: str, **args) -> Request:
+    sent = {k: v for k, v in args.items() if v is not _UNSET}
+    bad = set(sent) - set(OPS[op].args)
+    if bad:
+        raise TypeError(f"{op} does not take {sorted(bad)} (remote_ops/agent/contract.py)")
+    return op, sent
+
+
+# ping.py
+def ping_ping(*, echo: Any = _UNSET) -> Request:
+    return _req("ping.ping", echo=echo)
+
+
+def ping_ticks(*, n: int = _UNSET, every: float = _UNSET) -> Request:
+    return _req("ping.ticks", n=n, every=every)
+
+
+# facts.py, gpu.py
+def facts_gather(*, workdir: str | None = _UNSET, packages: list[str] = _UNSET, gpus: bool = _UNSET,
+                 jobs: bool = _UNSET) -> Request:
+    return _req("facts.gather", workdir=workdir, packages=packages, gpus=gpus, jobs=jobs)
+
+
+def gpu_query(*, driver: bool = _UNSET, timeout: float = _UNSET) -> Request:
+    return _req("gpu.query", driver=driver, timeout=timeout)
+
+
+# compat.py
+def compat_check(*, against: list[str], targets: list[str] = _UNSET, package: str = _UNSET, mode: str = _UNSET,
+                 drift: bool = _UNSET, override_sources: dict = _UNSET, sys_path: list[str] = _UNSET,
+                 only_symbols: list = _UNSET, trace: bool = _UNSET) -> Request:
+    return _req("compat.check", against=against, targets=targets, package=package, mode=mode, drift=drift,
+                override_sources=override_sources, sys_path=sys_path, only_symbols=only_symbols, trace=trace)
+
+
+def compat_inspect(*, symbols: list[str], mode: str = _UNSET, sys_path: list[str] = _UNSET) -> Request:
+    return _req("compat.inspect", symbols=symbols, mode=mode, sys_path=sys_path)
+
+
+# files.py, imports.py
+def files_put(*, workdir: str | None, files: list[dict], dry_run: bool = _UNSET,
+              unless_running: str = _UNSET) -> Request:
+    return _req("files.put", workdir=workdir, files=files, dry_run=dry_run, unless_running=unless_running)
+
+
+def imports_probe(*, python: str, modules: list[str], env: dict = _UNSET, workdir: str | None = _UNSET,
+                  timeout: float = _UNSET, packages: list[str] = _UNSET, unless_running: str = _UNSET) -> Request:
+    return _req("imports.probe", python=python, modules=modules, env=env, workdir=workdir, timeout=timeout,
+                packages=packages, unless_running=unless_running)
+
+
+# jobs.py
+def jobs_probe(*, key: str, output_dir: str | None) -> Request:
+    return _req("jobs.probe", key=key, output_dir=output_dir)
+
+
+def jobs_launch(*, key: str, command: list[str], workdir: str | None, env: dict, secrets: dict,
+                output_dir: str | None, expected_samples: int | None, watchdog_seconds: float | None,
+                cleanup_grace: float, playbook: str | None, lock_timeout: float = _UNSET,
+                start_timeout: float = _UNSET) -> Request:
+    return _req("jobs.launch", key=key, command=command, workdir=workdir, env=env, secrets=secrets,
+                output_dir=output_dir, expected_samples=expected_samples, watchdog_seconds=watchdog_seconds,
+                cleanup_grace=cleanup_grace, playbook=playbook, lock_timeout=lock_timeout,
+                start_timeout=start_timeout)
+
+
+def jobs_status(*, key: str = _UNSET, job_id: str = _UNSET) -> Request:
+    """One job: by ``job_id``, or the newest of the playbook ``key``."""
+    return _req("jobs.status", key=key, job_id=job_id)
+
+
+def jobs_list(*, key: str = _UNSET) -> Request:
+    return _req("jobs.list", key=key)
+
+
+def jobs_logs(*, job_id: str = _UNSET, key: str = _UNSET, lines: int = _UNSET, max_bytes: int = _UNSET,
+              offset: int = _UNSET) -> Request:
+    return _req("jobs.logs", job_id=job_id, key=key, lines=lines, max_bytes=max_bytes, offset=offset)
+
+
+def jobs_tail(*, job_id: str = _UNSET, key: str = _UNSET, offset: int = _UNSET, budget: float = _UNSET,
+              poll: float = _UNSET, snapshot_every: float = _UNSET, gpu_every: float = _UNSET) -> Request:
+    return _req("jobs.tail", job_id=job_id, key=key, offset=offset, budget=budget, poll=poll,
+                snapshot_every=snapshot_every, gpu_every=gpu_every)
+
+
+def jobs_stop(*, job_id: str, grace: float) -> Request:
+    return _req("jobs.stop", job_id=job_id, grace=grace)
+
+
+# patching.py
+def patching_read(*, targets: list[dict], packages: list[str] = _UNSET, workdir: str | None = _UNSET,
+                  lock_timeout: float = _UNSET) -> Request:
+    return _req("patching.read", targets=targets, packages=packages, workdir=workdir, lock_timeout=lock_timeout)
+
+
+def patching_apply(**args) -> Request:
+    """targets, playbook, edit_ids, workdir, import_check, import_timeout, lock_timeout, who, verify."""
+    return _req("patching.apply", **args)
+
+
+def patching_verify(*, verify: dict, targets: list[dict]) -> Request:
+    return _req("patching.verify", verify=verify, targets=targets)
+
+
+def patching_rollback(*, to: str | None, force: bool, who: str, lock_timeout: float = _UNSET) -> Request:
+    return _req("patching.rollback", to=to, force=force, who=who, lock_timeout=lock_timeout)
+
+
+def patching_history(*, limit: int | None) -> Request:
+    return _req("patching.history", limit=limit)
+
+
+# verify.py
+def verify_verify(*, output_dir: str, expected: int | None = _UNSET, all: bool = _UNSET, sample: int = _UNSET,
+                  seed: int = _UNSET, finite: bool = _UNSET) -> Request:
+    return _req("verify.verify", output_dir=output_dir, expected=expected, all=all, sample=sample, seed=seed,
+                finite=finite)

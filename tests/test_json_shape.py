@@ -1,0 +1,79 @@
+"""One JSON shape for every command: a dead host and a live one, named alone and as a group.
+
+Every command goes through the same fleet (``remote_ops.fleet``) and the same output path
+(``Context.show``), so the shape cannot depend on the command:
+- a target naming one host prints that host's record (an object whose ``host`` is the name) or, when
+  the host failed, the error object every error prints (``error``, ``message``, ``hint``,
+  ``exit_status``, ``host``), and the process exits with that ``exit_status``;
+- a group or comma list prints ``{"hosts": [{"host", "ok", "result" | "error"}], "failed": [...]}``
+  in target order, exiting with the first failed host's status.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from remote_ops.sshd import free_port
+from tests.conftest import write_inventory
+
+REPO = Path(__file__).resolve().parent.parent
+SHIPPED = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
+ERROR_KEYS = {"error", "message", "hint", "exit_status", "host"}
+
+pytestmark = pytest.mark.timeout(600)
+
+# every command, with what it needs to run (the target is inserted after the command)
+COMMANDS = [
+    ("facts",), ("inspect", "vllm.v1.request:Request"), ("check",), ("patch", "--yes"), ("history",),
+    ("rollback",), ("extract", "--dry-run"), ("status",), ("status", "--all"), ("logs",),
+    ("stop", "--grace", "0"), ("verify", "--output-dir", "/nonexistent-output"),
+]
+
+
+@pytest.fixture
+def inv(tmp_path, sshd, fresh_env017, state_dir) -> Path:
+    live = sshd.host_entry(str(fresh_env017), playbook=str(SHIPPED), env={"REMOTE_OPS_STATE_DIR": str(state_dir)})
+    dead = dict(live, port=free_port(), connect_timeout=5)     # nothing listens there
+    return write_inventory(tmp_path / "inventory.yaml", {"live": live, "dead": dead},
+                           groups={"both": ["live", "dead"]})
+
+
+def _run(cli, inv, command, target):
+    status, out, err = cli("-i", str(inv), command[0], target, *command[1:], "--json")
+    return status, json.loads(out), err
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c))
+def test_every_command_one_json_shape(cli, inv, command):
+    # a dead host alone: the error object, exit 3 (unreachable)
+    status, doc, err = _run(cli, inv, command, "dead")
+    assert set(doc) == ERROR_KEYS and doc["error"] == "UnreachableError", doc
+    assert doc["host"] == "dead" and doc["exit_status"] == status == 3
+    assert err.strip().splitlines()[-1].startswith("remote-ops: dead: ")
+
+    # the live host alone: its record, or (status with no job, verify of a missing dir ...) its error
+    status, live, _ = _run(cli, inv, command, "live")
+    assert live["host"] == "live", live
+    if "error" in live and set(live) >= ERROR_KEYS:
+        assert live["exit_status"] == status != 0
+    else:
+        assert "hosts" not in live and "failed" not in live
+
+    # both as a group, and as a comma list: the envelope, dead host reported, live host's entry the
+    # same object as alone (a record under "result", an error under "error")
+    for target in ("both", "live,dead"):
+        status, doc, err = _run(cli, inv, command, target)
+        assert set(doc) == {"hosts", "failed"}, doc
+        assert [h["host"] for h in doc["hosts"]] == ["live", "dead"]
+        entry, dead = doc["hosts"]
+        assert dead["ok"] is False and dead["error"]["error"] == "UnreachableError" and "dead" in doc["failed"]
+        assert set(entry) == {"host", "ok", "result" if entry["ok"] else "error"}
+        if entry["ok"]:
+            assert set(entry["result"]) == set(live) and entry["result"]["host"] == "live"
+        else:
+            assert set(entry["error"]) == set(live) and entry["error"]["exit_status"] == live["exit_status"]
+        assert status == (live["exit_status"] if not entry["ok"] else 3)
+        assert "remote-ops: dead: " in err
