@@ -19,8 +19,8 @@ FINDING_EXTRAS = ("col", "module", "defined", "call", "source", "signature", "si
                   "fix")
 
 from remote_ops import agent_requests as rq
-from remote_ops.agent.compat import DEFAULT_AGAINST as _AGAINST
-from remote_ops.agent.compat import DEFAULT_PACKAGE
+from remote_ops.agent.contract import DEFAULT_AGAINST as _AGAINST
+from remote_ops.agent.contract import DEFAULT_PACKAGE
 from remote_ops.errors import UsageError
 from remote_ops.records import Record, optional
 

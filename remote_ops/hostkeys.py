@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import threading
 from pathlib import Path
 
 import paramiko
@@ -19,6 +20,51 @@ def fingerprint(key: paramiko.PKey) -> str:
 
 def host_entry_name(hostname: str, port: int) -> str:
     return hostname if port == 22 else f"[{hostname}]:{port}"
+
+
+# known_hosts files parsed in this process: path -> (the file's bytes, paramiko.HostKeys). A fleet
+# connects to N hosts through one file; paramiko would parse all of it (a key object per line,
+# and a lookup per line) for every host. The file is still read for every connection and the
+# parse reused only for the same bytes, so any change (e.g. --accept-new appending a line, or
+# an edit within the same second) is seen by the next connection.
+_parsed: dict[str, tuple[bytes, paramiko.HostKeys]] = {}
+_parsed_lock = threading.Lock()
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def parsed_known_hosts(path: str) -> paramiko.HostKeys:
+    """The parsed file, parsed once per process while its bytes are unchanged. Raises what
+    ``HostKeys.load`` raises (OSError, paramiko.SSHException)."""
+    with _parsed_lock:   # fleet threads miss at once: one parses, the others wait for it
+        data = _read(path)
+        hit = _parsed.get(path)
+        if hit is not None and hit[0] == data:
+            return hit[1]
+        keys = paramiko.HostKeys()
+        keys.load(path)
+        if _read(path) == data:   # what was parsed is what was read (else: parse again next time)
+            if len(_parsed) >= 64:
+                _parsed.clear()
+            _parsed[path] = (data, keys)
+        return keys
+
+
+def load_for(client: paramiko.SSHClient, path: str, hostname: str, port: int) -> None:
+    """Give ``client`` the known_hosts entries of ``hostname:port`` (what ``client.load_host_keys``
+    would give it for this host: paramiko looks up exactly this name), from the file parsed
+    once. Each key type keeps the entry paramiko's lookup returns first; the server's key is
+    still checked by paramiko against these, for this host only."""
+    name = host_entry_name(hostname, port)
+    found = parsed_known_hosts(path).lookup(name)
+    if not found:
+        return
+    mine = client.get_host_keys()
+    for keytype in dict.fromkeys(found.keys()):
+        mine.add(name, keytype, found[keytype])
 
 
 class VerifyPolicy(paramiko.MissingHostKeyPolicy):

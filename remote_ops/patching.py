@@ -133,7 +133,7 @@ def packages_to_query(pb: Playbook) -> list[str]:
 def check_args(pb: Playbook) -> dict | None:
     if not pb.check:
         return None
-    from remote_ops.check import DEFAULT_AGAINST
+    from remote_ops.agent.contract import DEFAULT_AGAINST   # (not remote_ops.check: ~30 ms of imports)
     return {"targets": pb.check["targets"], "against": pb.check.get("against") or list(DEFAULT_AGAINST)}
 
 

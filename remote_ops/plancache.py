@@ -64,10 +64,23 @@ def code_fingerprint() -> str:
     return h.hexdigest()
 
 
+_fps: dict[int, tuple[Any, str]] = {}   # id(patch) -> (patch, its edits' fingerprint)
+
+
 def edits_fingerprint(patch) -> str:
-    """The content of one patch target's edits (what the plan is computed from)."""
+    """The content of one patch target's edits (what the plan is computed from). Computed once
+    per loaded target: a fleet's N hosts ask for it N times (a loaded playbook is never changed;
+    the entry holds the target, so its id cannot be reused while it is there)."""
+    hit = _fps.get(id(patch))
+    if hit is not None and hit[0] is patch:
+        return hit[1]
     data = [patch.label] + [dict(asdict(e), kind=e.kind) for e in patch.edits]
-    return _sha(json.dumps(data, sort_keys=True, default=_jsonable).encode())
+    fp = _sha(json.dumps(data, sort_keys=True, default=_jsonable).encode())
+    with _guard:
+        if len(_fps) >= 1024:
+            _fps.clear()
+        _fps[id(patch)] = (patch, fp)
+    return fp
 
 
 def book_fingerprint(pb) -> str:
@@ -94,18 +107,29 @@ def clear_memory() -> None:
     with _guard:
         _mem.clear()
         _locks.clear()
+        _fps.clear()
+        _seen.clear()
+
+
+_seen: set[str] = set()   # (root, book fingerprint) found to have plans on disk in this process
 
 
 def seen(pb) -> bool:
-    """Whether plans of this playbook (this code) are on disk: a hint that libcst will not be needed."""
+    """Whether plans of this playbook (this code) are on disk: a hint that libcst will not be needed
+    (asked once per host of a fleet; a yes is remembered, a no is asked again)."""
     root = _disk_root()
     if root is None:
         return False
     d = root / book_fingerprint(pb)[:32]
+    if str(d) in _seen:
+        return True
     try:
-        return any(n.endswith(".json") for n in os.listdir(d))
+        found = any(n.endswith(".json") for n in os.listdir(d))
     except OSError:
         return False
+    if found:
+        _seen.add(str(d))
+    return found
 
 
 def _valid(entry: Any, k: str) -> bool:

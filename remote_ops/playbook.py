@@ -189,7 +189,7 @@ def _bool(doc, keys, value) -> bool:
 
 def _parse_fixes(doc: YamlDoc, keys: tuple, raw: Any, eid: str) -> list[dict]:
     """``fixes``: a list of {kind, symbol[, name]}; anything else is an error at its line."""
-    from remote_ops.agent.callsites import FINDING_KINDS
+    from remote_ops.agent.contract import FINDING_KINDS   # (not callsites: ~15 ms of imports)
 
     if raw is None:
         return []

@@ -25,6 +25,7 @@ import glob
 import os
 import re
 import shlex
+import threading
 from pathlib import Path
 
 from remote_ops.errors import ConfigError
@@ -94,6 +95,14 @@ def _check_match(value: str, path: str, lineno: int) -> None:
         i += 1 if kw in ("all", "canonical", "final") else 2
 
 
+# Parsed configs of this process, by their expanded text: a fleet looks every host up in one
+# config, which is then parsed once (the files are still read each time, so an edit, or a new
+# file an Include glob matches, is seen at once). Lookups only read the parsed object; ``Match
+# exec`` still runs at each lookup.
+_parsed: dict = {}
+_parsed_lock = threading.Lock()
+
+
 def load(path: str | None = None):
     """A paramiko ``SSHConfig`` for ``path`` (default ``$REMOTE_OPS_SSH_CONFIG`` or ``~/.ssh/config``)."""
     import paramiko
@@ -102,10 +111,18 @@ def load(path: str | None = None):
     if not os.path.exists(p):
         return paramiko.SSHConfig()
     text = expand_text(p)
-    try:
-        return paramiko.SSHConfig.from_text(text)
-    except paramiko.ssh_exception.ConfigParseError as exc:
-        raise ConfigError(p, None, f"cannot parse ssh config: {exc}") from None
+    with _parsed_lock:
+        cfg = _parsed.get((p, text))
+        if cfg is not None:
+            return cfg
+        try:
+            cfg = paramiko.SSHConfig.from_text(text)
+        except paramiko.ssh_exception.ConfigParseError as exc:
+            raise ConfigError(p, None, f"cannot parse ssh config: {exc}") from None
+        if len(_parsed) >= 8:
+            _parsed.clear()
+        _parsed[(p, text)] = cfg
+        return cfg
 
 
 def aliases(cfg) -> list[str]:

@@ -10,6 +10,7 @@ import socket
 import sys
 import threading
 import time
+import types
 
 from remote_ops.errors import AuthError, HostKeyError, TimeoutError_, UnreachableError
 
@@ -25,13 +26,54 @@ class _LazyModule:
         return getattr(importlib.import_module(self._name), attr)
 
 
+class _VersionOnlyMetadata(types.ModuleType):
+    """Stands in for ``importlib.metadata`` while paramiko's ``__init__`` runs: it only asks for
+    its own version (``metadata.version("paramiko")``), which costs ~10 ms of every command
+    (importlib.metadata, the email parser, a search of sys.path). This reads the Version line of
+    the METADATA next to the imported package instead; anything else, or no such file, goes to
+    the real module."""
+
+    def version(self, name: str) -> str:
+        import glob
+        import importlib.util
+        import os
+
+        spec = importlib.util.find_spec(name)
+        site = os.path.dirname(os.path.dirname(spec.origin)) if spec and spec.origin else None
+        found = glob.glob(os.path.join(glob.escape(site), f"{name}-*.dist-info", "METADATA")) if site else []
+        if len(found) == 1:
+            with open(found[0], encoding="utf-8") as fh:
+                for line in fh:
+                    if not line.strip():
+                        break   # end of the headers
+                    if line.startswith("Version:"):
+                        return line.split(":", 1)[1].strip()
+        return self.__getattr__("version")(name)
+
+    def __getattr__(self, attr):
+        import sys
+        if attr.startswith("__"):
+            raise AttributeError(attr)   # the import system's own questions: a plain module's answers
+        real = sys.modules.get("importlib.metadata")
+        if real is None or real is self:
+            saved = sys.modules.pop("importlib.metadata", None)
+            try:
+                import importlib.metadata as real
+            finally:
+                if saved is self and sys.modules.get("importlib.metadata") is not real:
+                    sys.modules["importlib.metadata"] = saved
+        return getattr(real, attr)
+
+
 def _import_paramiko():
-    """paramiko, without importing invoke at start-up.
+    """paramiko, without importing invoke or importlib.metadata at start-up.
 
     paramiko.config imports invoke when it is installed (only to run ``Match exec`` lines of an
     ssh_config), and invoke pulls in asyncio, unittest.mock and its own YAML: ~50 ms of every
     command. It is hidden for the import and then handed to paramiko.config as a lazy module, so
-    a ``Match exec`` line still works, paying for invoke only then."""
+    a ``Match exec`` line still works, paying for invoke only then. paramiko's own version comes
+    from its METADATA file (_VersionOnlyMetadata), not from importlib.metadata."""
+    import importlib
     import sys
 
     with _paramiko_lock:   # fleet threads connect at once: one imports, the others wait for it
@@ -41,18 +83,78 @@ def _import_paramiko():
         hide = "invoke" not in sys.modules
         if hide:
             sys.modules["invoke"] = None   # ``import invoke`` raises ImportError, which paramiko expects
+        shim = None
+        if "importlib.metadata" not in sys.modules:
+            shim = sys.modules["importlib.metadata"] = _VersionOnlyMetadata("importlib.metadata")
         try:
             import paramiko
             import paramiko.config as pconfig
         finally:
             if hide and "invoke" in sys.modules and sys.modules["invoke"] is None:
                 del sys.modules["invoke"]
+            if shim is not None:
+                if sys.modules.get("importlib.metadata") is shim:
+                    del sys.modules["importlib.metadata"]
+                if getattr(importlib, "metadata", None) is shim:
+                    del importlib.metadata
         if hide and getattr(pconfig, "invoke", False) is None:
             pconfig.invoke = _LazyModule("invoke")
         return paramiko
 
 
 _paramiko_lock = threading.Lock()
+
+
+IDLE_POLL_S = 1.0   # paramiko's reading thread's socket timeout once the handshake is done
+
+
+# Private keys loaded in this process: path -> ((key file bytes, certificate bytes or None), PKey).
+# A fleet authenticates N hosts with one identity file; paramiko would read and parse it for every
+# host, trying each key class in turn until one accepts the file.
+_keys: dict = {}
+_keys_lock = threading.Lock()
+
+
+def identity_key(path: str):
+    """The private key in ``path`` (with its ``-cert.pub`` certificate when one exists), loaded as
+    paramiko's ``SSHClient`` loads a ``key_filename`` and kept while the files' bytes are unchanged;
+    None when it does not load without a passphrase (the caller then leaves it to paramiko, which
+    reports it as before)."""
+    import os
+
+    import paramiko
+
+    cert = path + "-cert.pub"
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+        cert_data = None
+        if os.path.isfile(cert):
+            with open(cert, "rb") as fh:
+                cert_data = fh.read()
+    except OSError:
+        return None
+    with _keys_lock:
+        hit = _keys.get(path)
+        if hit is not None and hit[0] == (data, cert_data):
+            return hit[1]
+    for klass in (paramiko.RSAKey, paramiko.ECDSAKey, paramiko.Ed25519Key):   # paramiko's order
+        try:
+            key = klass.from_private_key_file(path, None)
+            if cert_data is not None:
+                key.load_certificate(cert)
+            break
+        except paramiko.SSHException:
+            continue
+        except Exception:  # whatever paramiko's own loading would raise, it raises there
+            return None
+    else:
+        return None
+    with _keys_lock:
+        if len(_keys) >= 64:
+            _keys.clear()
+        _keys[path] = ((data, cert_data), key)
+    return key
 
 
 class _Conn:
@@ -72,14 +174,36 @@ class _Conn:
         if self.transport is not None and self.transport.active:
             return
         kwargs = {k: v for k, v in self.connect_kwargs.items() if v is not None}
+        files = kwargs.get("key_filename")
+        if isinstance(files, (list, tuple)) and len(files) == 1 and "pkey" not in kwargs:
+            # one identity file: paramiko tries it first either way; loaded once per process
+            key = identity_key(files[0])
+            if key is not None:
+                kwargs["pkey"] = key
+                del kwargs["key_filename"]
         if self.gateway is not None:
             self.gateway.open()
             kwargs["sock"] = self.gateway.transport.open_channel(
                 "direct-tcpip", (self.host, int(self.port)), ("", 0))
         self.client.connect(self.host, port=self.port, **kwargs)
         self.transport = self.client.get_transport()
+        sock = getattr(self.transport, "sock", None)
+        if isinstance(sock, socket.socket):
+            # paramiko's transport thread reads with a 0.1 s timeout only to notice that it should
+            # stop: ten wake-ups a second per host, a few ms of CPU per host on a long fleet run.
+            # After the handshake (whose own timeout still polls at 0.1 s) a wait this long is
+            # enough; close() shuts the socket down, which ends that wait at once.
+            sock.settimeout(IDLE_POLL_S)
 
     def close(self) -> None:
+        t = self.transport or self.client.get_transport()
+        sock = getattr(t, "sock", None)
+        if isinstance(sock, socket.socket):
+            try:
+                # wakes paramiko's reading thread now (it may wait IDLE_POLL_S) and sends our FIN
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass   # already closed or never connected
         self.client.close()   # also ends a transport left by a failed handshake (a no-op if none)
         self.transport = None
 

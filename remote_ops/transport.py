@@ -138,8 +138,9 @@ class Session:
         client: paramiko.SSHClient = conn.client
         known = s["known_hosts"]
         if os.path.exists(known):       # absent: every key is unknown; VerifyPolicy writes the file itself
+            from remote_ops.hostkeys import load_for
             try:
-                client.load_host_keys(known)
+                load_for(client, known, s["hostname"], s["port"])   # the file parsed once per process
             except (OSError, paramiko.SSHException) as exc:
                 raise HostKeyError(f"cannot read known_hosts {known}: {exc}", host=host.name) from None
         policy = _policy(known, self.options.accept_new, host.name)

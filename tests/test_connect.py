@@ -211,3 +211,100 @@ def test_streamed_events_arrive_in_order_then_the_result(sshd, env_vllm017):
         assert sess.stats.execs == 1
     assert [m["event"]["i"] for m in msgs[:-1]] == [0, 1, 2, 3, 4]
     assert msgs[-1] == {"result": {"done": True}}
+
+
+def _other_key_line(tmp_path, name: str) -> str:
+    import subprocess
+    other = tmp_path / f"other_key_{len(list(tmp_path.glob('other_key_*')))}"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    kt, b64 = other.with_suffix(".pub").read_text().split()[:2]
+    return f"{name} {kt} {b64}\n"
+
+
+def test_fleet_parses_known_hosts_once_and_checks_each_host_against_its_own_entry(sshd, tmp_path, monkeypatch,
+                                                                                   cli):
+    """Two hosts through one known_hosts file: parsed once, yet each host's offered key is checked
+    against that host's own line (the wrong line of one host refuses that host only)."""
+    import paramiko
+    from tests.conftest import write_inventory
+
+    good = sshd.known_hosts.read_text().split()
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"[127.0.0.1]:{sshd.port} {good[-2]} {good[-1]}\n"
+                  + _other_key_line(tmp_path, f"[localhost]:{sshd.port}"))
+    loads = []
+    real_load = paramiko.HostKeys.load
+    monkeypatch.setattr(paramiko.HostKeys, "load", lambda self, f: (loads.append(f), real_load(self, f))[1])
+    inv = write_inventory(tmp_path / "inv.yaml", {
+        "ok": sshd.host_entry(known_hosts=str(kh)),
+        "bad": sshd.host_entry(known_hosts=str(kh), hostname="localhost"),
+    }, groups={"both": ["ok", "bad"]})
+    status, out, err = cli("facts", "both", "--json", "-i", str(inv))
+    doc = json.loads(out)
+    assert status == Exit.HOSTKEY and doc["failed"] == ["bad"], err
+    assert "HOST KEY CHANGED for localhost" in err and "ok" not in doc["failed"]
+    assert loads == [str(kh)]   # one parse for both hosts
+
+
+def test_known_hosts_change_is_seen_by_the_next_connection(sshd, tmp_path, cli):
+    """The parse is reused only for the same bytes: a key line replaced by another of the same
+    length right away (same size, same mtime tick) is what the next connection checks against."""
+    from tests.conftest import write_inventory
+
+    good = sshd.known_hosts.read_text().split()
+    right = f"[127.0.0.1]:{sshd.port} {good[-2]} {good[-1]}\n"
+    wrong = _other_key_line(tmp_path, f"[127.0.0.1]:{sshd.port}")
+    assert len(right) == len(wrong)
+    kh = tmp_path / "known_hosts"
+    kh.write_text(right)
+    inv = write_inventory(tmp_path / "inv.yaml", {"h": sshd.host_entry(known_hosts=str(kh))})
+    assert cli("facts", "h", "-i", str(inv))[0] == 0
+    kh.write_text(wrong)
+    status, _, err = cli("facts", "h", "-i", str(inv))
+    assert status == Exit.HOSTKEY and "HOST KEY CHANGED" in err
+    kh.write_text(right)
+    assert cli("facts", "h", "-i", str(inv))[0] == 0
+
+
+def test_closing_a_session_ends_paramikos_reader_thread(sshd):
+    """After the handshake paramiko's reader waits up to IDLE_POLL_S between reads; close() shuts
+    the socket down, so the reader ends and the server sees the connection end."""
+    from remote_ops.sshconn import IDLE_POLL_S
+
+    sess = sshd.session()
+    t = sess.transport
+    assert t.sock.gettimeout() == IDLE_POLL_S
+    assert sess.call("ping.ping", {"echo": "x"})["echo"] == "x"
+    sess.close()
+    t.join(timeout=30)
+    assert not t.is_alive() and not t.active
+
+
+def test_one_identity_file_is_loaded_once_and_still_authenticates(sshd, tmp_path, monkeypatch):
+    """Several connections with one identity file load the key once; a changed file is loaded
+    again, and a key the server does not accept is still refused."""
+    import shutil
+    import subprocess
+
+    import paramiko
+    from remote_ops import sshconn
+    from remote_ops.errors import AuthError
+    from remote_ops.transport import ConnectOptions, Session
+
+    key = tmp_path / "id_ed25519"
+    shutil.copy(sshd.identity_file, key)
+    key.chmod(0o600)
+    loads = []
+    real = paramiko.Ed25519Key.from_private_key_file.__func__
+    monkeypatch.setattr(paramiko.Ed25519Key, "from_private_key_file",
+                        classmethod(lambda cls, *a, **k: (loads.append(a[0]), real(cls, *a, **k))[1]))
+    for _ in range(3):
+        with Session(sshd.host(identity_file=str(key)), ConnectOptions()) as sess:
+            assert sess.call("ping.ping", {"echo": "k"})["echo"] == "k"
+    assert loads == [str(key)]
+    key.unlink()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    with pytest.raises(AuthError):   # same path, another key: loaded again, and refused by the server
+        Session(sshd.host(identity_file=str(key)), ConnectOptions()).open()
+    assert loads == [str(key), str(key)]
+    assert sshconn.identity_key(str(key)).get_base64() == key.with_suffix(".pub").read_text().split()[1]

@@ -84,3 +84,15 @@ def test_package_files_reads_every_source_once(tmp_path):
     assert [blob[s:e] for s, e in zip(starts, ends)] == [b"A = 1\n", b"B = 2\n", b"", b"C = 3\n"]
     assert idx.package_files("p") is idx.package_files("p")
     assert idx.package_files("nope") == (b"", [], [])
+
+
+def test_parsed_trees_are_shared_by_text_not_by_name(tmp_path):
+    """Two indexes over the same files share each module's parse (a patch's verification checks
+    old and new text); an override or a changed file is other text, so it is parsed anew."""
+    write_lib(tmp_path, {"p/__init__.py": "", "p/m.py": "def old(): pass\n"})
+    a, b = ModuleIndex([str(tmp_path)]), ModuleIndex([str(tmp_path)])
+    assert a.load("p.m").tree is b.load("p.m").tree
+    over = ModuleIndex([str(tmp_path)], {"p.m": "def new(): pass\n"})
+    assert set(over.load("p.m").names) == {"new"} and set(a.load("p.m").names) == {"old"}
+    (tmp_path / "p" / "m.py").write_text("def changed(): pass\n")
+    assert set(ModuleIndex([str(tmp_path)]).load("p.m").names) == {"changed"}

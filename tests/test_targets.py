@@ -495,3 +495,17 @@ def test_login_shell_lookup_runs_once_per_session(sshd, ssh_config):
         again = sess.call("facts.gather", {})["python"]["executable"]
         assert again == first and sess.stats.execs == 2
         assert sess._login["path"] and ":" in sess._login["path"]
+
+
+def test_ssh_config_is_parsed_once_per_text_and_an_edit_is_seen(tmp_path):
+    from remote_ops import sshconfig
+    inc = tmp_path / "inc.conf"
+    inc.write_text("Host a\n    Port 2200\n")
+    cfg = tmp_path / "cfg"
+    cfg.write_text(f"Include {tmp_path}/*.conf\nHost b\n    HostName bee\n")
+    first = sshconfig.load(str(cfg))
+    assert sshconfig.load(str(cfg)) is first                 # a fleet's hosts share one parse
+    inc.write_text("Host a\n    Port 2201\n")                # an included file changes
+    assert sshconfig.load(str(cfg)).lookup("a")["port"] == "2201"
+    (tmp_path / "new.conf").write_text("Host c\n    User cee\n")   # a new file the glob matches
+    assert sshconfig.load(str(cfg)).lookup("c")["user"] == "cee"

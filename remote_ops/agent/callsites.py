@@ -11,13 +11,9 @@ import ast
 import difflib
 
 from .callsite_records import Findings
+from .contract import FINDING_KINDS  # noqa: F401  (every kind of finding the analysis reports)
 from .signatures import Signature, Unknown, bind, dotted
 from .symbols import canonical
-
-
-# Every kind of finding the analysis reports (playbook ``fixes`` entries name one of these).
-FINDING_KINDS = ("unexpected-keyword", "missing-argument", "too-many-positional", "missing-module",
-                 "missing-symbol", "missing-attribute")
 
 
 class Val:

@@ -37,11 +37,9 @@ import time
 
 from . import callsites
 from .symbols import SymbolMatcher
+from .contract import DEFAULT_AGAINST, DEFAULT_PACKAGE  # noqa: F401  (compat.DEFAULT_* for callers)
 from .protocol import AgentFailure
 from .signatures import Signature, StaticResolver, Unknown
-
-DEFAULT_PACKAGE = "speculators.data_generation"
-DEFAULT_AGAINST = ("vllm",)
 
 
 def _resolver(args, static):

@@ -15,6 +15,13 @@ member of ``remote_ops.errors.Exit`` the CLI exits with. Adding a kind is one li
 
 from collections import namedtuple
 
+# compat.check's defaults (the controller's check and patch send them; the agent falls back to them)
+DEFAULT_PACKAGE = "speculators.data_generation"
+DEFAULT_AGAINST = ("vllm",)
+# Every kind of finding compat.check reports (a playbook's ``fixes`` entries name one of these).
+FINDING_KINDS = ("unexpected-keyword", "missing-argument", "too-many-positional", "missing-module",
+                 "missing-symbol", "missing-attribute")
+
 Kind = namedtuple("Kind", "name refusal exit doc")
 Op = namedtuple("Op", "name args doc")
 

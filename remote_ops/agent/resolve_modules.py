@@ -114,6 +114,23 @@ class ModInfo:
         self.all = _literal_strings(value)
 
 
+# Parsed trees, shared by every ModuleIndex of this process (the trees are only read): a patch's
+# verification checks the old and the new text with two resolvers over the same installed
+# sources, which would otherwise parse every module they visit twice. Keyed by the file's text
+# itself (and its name), so an override or a changed file is a different key.
+_TREES = {}
+
+
+def parse_cached(text, origin):
+    key = (origin, text)
+    tree = _TREES.get(key)
+    if tree is None:
+        if len(_TREES) >= 2048:   # a long-lived process checking many releases: stay bounded
+            _TREES.clear()
+        tree = _TREES[key] = ast.parse(text, filename=origin)
+    return tree
+
+
 class ModuleIndex:
     """Module specs and parsed modules over a search path, each computed once."""
 
@@ -177,7 +194,7 @@ class ModuleIndex:
                         text = None
                 if result is None:
                     try:
-                        tree = ast.parse(text, filename=origin)
+                        tree = parse_cached(text, origin)
                     except (SyntaxError, ValueError) as exc:
                         result = unknown("cannot parse %s: %s" % (origin, exc))
                     except RecursionError:
