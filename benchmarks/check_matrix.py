@@ -8,7 +8,7 @@ Each pair is unpacked (``remote_ops.pkgsource.unpacked``: ``pip download --no-de
 ``speculators.data_generation`` that import vllm). A fresh resolver per run (no cache between
 pairs); the time is the op's own ``elapsed_s`` (median of 3). Records per pair: findings (symbol,
 kind, name, line), calls checked, unknowns (with reasons), crash (op raised), time; and drift
-against the vLLM version the speculators release pins in its metadata (``remote_ops.drift``: the
+against the vLLM version the speculators release pins in its metadata (``remote_ops.check.drift``: the
 baseline's sources fetched once, analysed with the same static resolver), with its own time (check
 with touches + baseline analysis, median of 3, warm wheel cache).
 
@@ -30,7 +30,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from remote_ops import drift, pkgsource  # noqa: E402
+from remote_ops import pkgsource  # noqa: E402
+
+from remote_ops.check import drift  # noqa: E402
 from remote_ops.agent.compat import op_check  # noqa: E402
 
 SPEC_030_AGAINST = ["0.10.2", "0.11.0", "0.12.0", "0.13.0", "0.14.0", "0.15.0", "0.16.0", "0.17.0",

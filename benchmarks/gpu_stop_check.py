@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from remote_ops import bundle  # noqa: E402  (stdlib-only module)
+from remote_ops.connect import bundle  # noqa: E402  (stdlib-only module)
 
 JOB = r'''
 import os, signal, subprocess, sys, time

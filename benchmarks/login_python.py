@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from remote_ops.inventory import Host  # noqa: E402
+from remote_ops.connect.inventory import Host  # noqa: E402
 from remote_ops.sshd import SshdServer  # noqa: E402
-from remote_ops.transport import ConnectOptions, Session  # noqa: E402
+from remote_ops.connect.transport import ConnectOptions, Session  # noqa: E402
 
 
 def one_session(host: Host) -> tuple[float, float]:

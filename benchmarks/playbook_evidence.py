@@ -27,7 +27,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from remote_ops import pkgsource, playbook  # noqa: E402
+from remote_ops import pkgsource  # noqa: E402
+
+from remote_ops.patch import playbook  # noqa: E402
 
 
 def ro(inv: Path, *args: str) -> tuple[int, dict | None, str]:

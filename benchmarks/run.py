@@ -421,7 +421,7 @@ class Bench:
 
     def case_persist(self) -> None:
         """The second command within the --persist window vs the one-exec floor (new connection)."""
-        from remote_ops import mux
+        from remote_ops.connect import mux
 
         h = self.lab.hosts[0]
         on = {"REMOTE_OPS_PERSIST": "60"}

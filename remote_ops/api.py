@@ -60,7 +60,7 @@ class Inventory(Fleet):
         (default: the version the package pins); ``check.CheckResult``. Without ``playbook``, a host's
         own playbook's ``check.accepted_drift`` applies. A host with findings is ``ok`` (its record
         holds them); ``ok=False`` means the check could not run."""
-        from remote_ops import check as check_mod
+        from remote_ops.check import check as check_mod
         req = check_mod.make_request(playbook=playbook, runtime=runtime, targets=targets, against=against,
                                      package=package, baseline=baseline, drift=drift)
         accepted_of: dict = {}
@@ -71,7 +71,7 @@ class Inventory(Fleet):
     def inspect(self, target: str | None, symbols: list[str], *, runtime: bool = False,
                 baseline: str | None = None) -> Results:
         """Parameters of ``module:qualname`` symbols as the host defines them (``check.InspectResult``)."""
-        from remote_ops import check as check_mod
+        from remote_ops.check import check as check_mod
         symbols = check_mod.parse_symbols(symbols)
         return self.run(target, lambda h, s: check_mod.inspect(s, h, symbols, runtime=runtime, baseline=baseline))
 
@@ -82,7 +82,7 @@ class Inventory(Fleet):
         """Read, compute and validate locally, then one atomic journaled transaction per host; a rerun
         changes nothing (``patching.PatchResult``; ``verification.line`` says what was verified).
         ``confirm(plan) -> bool`` is asked before a host is written (None: no question)."""
-        from remote_ops import patching
+        from remote_ops.patch import patching
         books = self.playbooks(target, playbook)
         return self.run(target, lambda h, s: patching.patch(s, h, books[h.name], dry_run=dry_run,
                                                              import_check=import_check,
@@ -90,12 +90,12 @@ class Inventory(Fleet):
 
     def rollback(self, target: str | None = None, *, to: str | None = None, force: bool = False) -> Results:
         """The exact bytes from before the last (or ``to``) patch (``patching.RollbackResult``)."""
-        from remote_ops import patching
+        from remote_ops.patch import patching
         return self.run(target, lambda h, s: patching.rollback(s, h, to=to, force=force))
 
     def history(self, target: str | None = None, *, limit: int | None = None) -> Results:
         """The patch journal (``patching.HistoryResult``)."""
-        from remote_ops import patching
+        from remote_ops.patch import patching
         return self.run(target, lambda h, s: patching.history(s, h, limit=limit))
 
     # ------------------------------------------------------------------ the job
@@ -104,25 +104,25 @@ class Inventory(Fleet):
         """Preflight, then launch the detached job (or attach to the one already running);
         ``jobs.ExtractResult``. Each host's playbook vars fill the templates. A host whose preflight
         refuses is ``ok=False`` with a RefusedError whose ``details["preflight"]`` is the preflight."""
-        from remote_ops import jobs
+        from remote_ops.extract import jobs
         specs = jobs.load_for_hosts(self.resolve(target), playbook)
         return self.run(target, lambda h, s: jobs.extract(s, h, *specs[h.name], skip_check=skip_check,
                                                           dry_run=dry_run, strict_drift=strict))
 
     def status(self, target: str | None = None, *, playbook: str | None = None, job: str | None = None) -> Results:
         """The playbook's job on each host (``jobs.JobStatus``: state, samples, rate, exit)."""
-        from remote_ops import jobs
+        from remote_ops.extract import jobs
         return self.run(target, lambda h, s: jobs.status(s, h, playbook=playbook, job=job))
 
     def jobs(self, target: str | None = None) -> Results:
         """Every job recorded on each host (``jobs.JobList``)."""
-        from remote_ops import jobs
+        from remote_ops.extract import jobs
         return self.run(target, lambda h, s: jobs.list_jobs(s, h))
 
     def logs(self, target: str | None = None, *, playbook: str | None = None, job: str | None = None,
              lines: int = 50) -> Results:
         """The last ``lines`` lines of the job's log (``jobs.LogsResult``)."""
-        from remote_ops import jobs
+        from remote_ops.extract import jobs
         if lines < 0:
             raise UsageError("-n must be >= 0")
         return self.run(target, lambda h, s: jobs.logs(s, h, playbook=playbook, job=job, lines=lines))
@@ -131,7 +131,7 @@ class Inventory(Fleet):
              grace: float | None = None, on_stopping: Callable[[Any, dict, float], None] | None = None) -> Results:
         """SIGTERM the job's process group, SIGKILL after ``grace`` seconds (``jobs.StopResult``;
         ``clean`` when nothing of the job is left). ``on_stopping(host, status, grace)`` before signals."""
-        from remote_ops import jobs
+        from remote_ops.extract import jobs
         if grace is not None and grace < 0:
             raise UsageError("--grace must be >= 0")
         return self.run(target, lambda h, s: jobs.stop(
@@ -142,7 +142,7 @@ class Inventory(Fleet):
                all: bool = False, sample: int = 32, playbook: str | None = None, job: str | None = None,
                on_progress: Callable[[Any, int, int], None] | None = None) -> Results:
         """The job's outputs checked with the host's torch (``verify.VerifyResult``; ``ok`` when clean)."""
-        from remote_ops import verify as verify_mod
+        from remote_ops.extract import verify as verify_mod
         if sample < 1:
             raise UsageError("--sample must be at least 1")
         return self.run(target, lambda h, s: verify_mod.verify(
@@ -152,8 +152,8 @@ class Inventory(Fleet):
     # ------------------------------------------------------------------ helpers
     def playbooks(self, target: str | None, playbook: str | None) -> dict:
         """Each host's playbook, loaded once per file (a bad playbook raises here, before any host)."""
-        from remote_ops import patching
-        from remote_ops import playbook as pbmod
+        from remote_ops.patch import patching
+        from remote_ops.patch import playbook as pbmod
         loaded: dict[str, Any] = {}
         out = {}
         for host in self.resolve(target):

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, "_module", None):
             parser.print_help()
             return int(Exit.USAGE)
-        from remote_ops.context import Context
+        from remote_ops.commands.context import Context
         ctx = Context(json=bool(args.json), debug=bool(args.debug), verbose=args.verbose or 0,
                       accept_new=bool(args.accept_new), inventory_file=args.inventory,
                       parallel=args.parallel or 16, connect_timeout=args.connect_timeout,
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _persist(value: float | None) -> float:
     """--persist S / --no-persist, else $REMOTE_OPS_PERSIST, else 60 (checked before any host)."""
-    from remote_ops import mux
+    from remote_ops.connect import mux
     return mux.default_persist() if value is None else mux.check_persist(value)
 
 

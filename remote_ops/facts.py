@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from remote_ops import agent_requests as rq
+from remote_ops.connect import agent_requests as rq
 from remote_ops.records import Record
 
 @dataclass

@@ -104,7 +104,7 @@ class Fleet:
         if parallel < 1:
             raise UsageError("--parallel must be at least 1")
         if persist is not None:
-            from remote_ops.mux import check_persist
+            from remote_ops.connect.mux import check_persist
             persist = check_persist(persist, "persist")
         if connect_timeout is not None and not 0 < connect_timeout <= 3600:
             raise UsageError(f"--connect-timeout must be a number of seconds in (0, 3600], got {connect_timeout:g}")
@@ -126,7 +126,7 @@ class Fleet:
     @property
     def inventory(self):
         if self._inventory is None:
-            from remote_ops import inventory
+            from remote_ops.connect import inventory
             # only an inventory named explicitly must exist: without one, ad-hoc targets still work
             self._inventory = inventory.load(self.inventory_file, missing_ok=self.inventory_file is None)
             if self._warn:
@@ -137,26 +137,26 @@ class Fleet:
     def resolve(self, target: str | None = None):
         """The ``Host`` records a target names: inventory hosts, groups, ``all``, comma lists, or
         ad-hoc targets (``user@host:port``, ssh_config aliases, ``localhost``); python/workdir applied."""
-        from remote_ops import targets
+        from remote_ops.connect import targets
         if target not in self._resolved:     # an operation resolves its target twice (inputs, fan-out)
             self._resolved[target] = targets.with_overrides(targets.resolve(self.inventory, target),
                                                             python=self.python, workdir=self.workdir)
         return list(self._resolved[target])
 
     def names_one_host(self, target: str | None) -> bool:
-        from remote_ops import targets
+        from remote_ops.connect import targets
         return targets.names_one_host(self.inventory, target)
 
     # ------------------------------------------------------------------ sessions
     def session(self, host):
         """The host's session, opened on first use and kept until ``close``."""
-        from remote_ops.transport import ConnectOptions, session_for
+        from remote_ops.connect.transport import ConnectOptions, session_for
 
         with self._lock:
             sess = self._sessions.get(host.name)
             if sess is None:
                 if self.persist is None:
-                    from remote_ops.mux import default_persist
+                    from remote_ops.connect.mux import default_persist
                     self.persist = default_persist()
                 sess = session_for(host, ConnectOptions(accept_new=self.accept_new,
                                                         connect_timeout=self.connect_timeout,
@@ -186,7 +186,7 @@ class Fleet:
             except Exception:  # closing must never hide the operation's own result
                 pass
         if any(getattr(s, "keep", False) for s in sessions):
-            from remote_ops import mux
+            from remote_ops.connect import mux
             try:
                 mux.keep(sessions, self._note)   # --persist: one background process keeps these hosts
             except OSError as exc:

@@ -182,7 +182,7 @@ def _block(entry: dict) -> str:
 
 def write_inventory_entry(inventory_path: str, entry: dict) -> None:
     """Insert or refresh the managed ``sandbox`` block inside ``hosts:``, keeping everything else."""
-    from remote_ops import inventory
+    from remote_ops.connect import inventory
 
     path = Path(inventory_path).expanduser()
     block = _block(entry)

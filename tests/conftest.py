@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from remote_ops import pkgsource
-from remote_ops.inventory import Host
+from remote_ops.connect.inventory import Host
 from remote_ops.sshd import SshdServer
-from remote_ops.transport import ConnectOptions, Session
+from remote_ops.connect.transport import ConnectOptions, Session
 
 REPO = Path(__file__).resolve().parent.parent
 SPECULATORS = ("speculators", "0.3.0")
@@ -33,13 +33,13 @@ def _keep_the_checkout_clean(tmp_path, monkeypatch):
     inventory and sandbox dir point into the test's tmp dir (tests pass -i explicitly)."""
     monkeypatch.setenv("REMOTE_OPS_INVENTORY", str(tmp_path / "default-inventory.yaml"))
     monkeypatch.setenv("REMOTE_OPS_SANDBOX_DIR", str(tmp_path / "default-sandbox"))
-    # computed patch plans: each test starts with none (remote_ops/plancache.py)
+    # computed patch plans: each test starts with none (remote_ops/patch/plancache.py)
     monkeypatch.setenv("REMOTE_OPS_PLAN_CACHE", str(tmp_path / "plan-cache"))
     # kept connections (--persist) are off unless a test turns them on (tests/test_persist.py):
     # no test reuses another's connection, and none leaves a background process behind
     monkeypatch.setenv("REMOTE_OPS_PERSIST", "0")
     monkeypatch.setenv("REMOTE_OPS_MUX_DIR", str(tmp_path / "no-mux"))
-    from remote_ops import plancache
+    from remote_ops.patch import plancache
     plancache.clear_memory()
 
 

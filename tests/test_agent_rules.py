@@ -34,7 +34,7 @@ def test_agent_module_is_stdlib_only_and_parses_as_310(path):
 def test_bootstrap_runs_under_plain_python(tmp_path):
     import subprocess
 
-    from remote_ops import bundle
+    from remote_ops.connect import bundle
     proc = subprocess.run(["sh", "-c", bundle.agent_command(sys.executable)],
                           input=bundle.encode_request([{"op": "ping.ping", "args": {"echo": "ok"}},
                                                        {"op": "../etc.passwd", "args": {}}]),

@@ -45,7 +45,7 @@ def test_check_011_clean(sshd, inventory_file, env_vllm011, cli):
 
 
 def test_check_is_one_round_trip(sshd, env_vllm017):
-    from remote_ops import check as check_mod
+    from remote_ops.check import check as check_mod
     sess = sshd.session(python=str(env_vllm017))
     try:
         res = check_mod.run(sess, check_mod.CheckRequest())

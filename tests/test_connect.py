@@ -269,7 +269,7 @@ def test_known_hosts_change_is_seen_by_the_next_connection(sshd, tmp_path, cli):
 def test_closing_a_session_ends_paramikos_reader_thread(sshd):
     """After the handshake paramiko's reader waits up to IDLE_POLL_S between reads; close() shuts
     the socket down, so the reader ends and the server sees the connection end."""
-    from remote_ops.sshconn import IDLE_POLL_S
+    from remote_ops.connect.sshconn import IDLE_POLL_S
 
     sess = sshd.session()
     t = sess.transport
@@ -287,9 +287,9 @@ def test_one_identity_file_is_loaded_once_and_still_authenticates(sshd, tmp_path
     import subprocess
 
     import paramiko
-    from remote_ops import sshconn
+    from remote_ops.connect import sshconn
     from remote_ops.errors import AuthError
-    from remote_ops.transport import ConnectOptions, Session
+    from remote_ops.connect.transport import ConnectOptions, Session
 
     key = tmp_path / "id_ed25519"
     shutil.copy(sshd.identity_file, key)

@@ -124,7 +124,7 @@ def test_every_agent_operation_is_declared_with_the_keys_it_reads():
 
 def _op_literals(files):
     """(file:line, op) for every string constant that is an agent op name in ``files`` (the
-    controller's sources, remote_ops/agent_requests.py excepted)."""
+    controller's sources, remote_ops/connect/agent_requests.py excepted)."""
     for p in files:
         if p.name == "agent_requests.py":
             continue
@@ -136,7 +136,7 @@ def _op_literals(files):
 def test_every_operation_has_one_typed_request_and_only_declared_parameters():
     import inspect
 
-    from remote_ops import agent_requests as rq
+    from remote_ops.connect import agent_requests as rq
     builders = {name: fn for name, fn in vars(rq).items() if inspect.isfunction(fn) and not name.startswith("_")}
     assert set(builders) == {op.replace(".", "_") for op in OPS}, "one request function per contract.OPS entry"
     for name, fn in builders.items():
@@ -152,7 +152,7 @@ def test_every_operation_has_one_typed_request_and_only_declared_parameters():
 
 def test_the_controller_names_operations_only_through_typed_requests():
     literals = list(_op_literals(CONTROLLER_FILES))
-    assert not literals, f"spell agent ops through remote_ops/agent_requests.py: {literals}"
+    assert not literals, f"spell agent ops through remote_ops/connect/agent_requests.py: {literals}"
 
 
 def test_the_literal_scan_sees_an_op_name(tmp_path):

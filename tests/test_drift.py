@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import drift, pkgsource
+from remote_ops import pkgsource
+
+from remote_ops.check import drift
 from remote_ops.agent.compat import op_check
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -345,7 +347,7 @@ def test_default_changed_runtime(libs):
 def test_no_baseline_is_one_line_and_the_binding_check_still_runs(libs, capsys):
     from rich.console import Console
 
-    from remote_ops import check as check_mod
+    from remote_ops.check import check as check_mod
     _, inst, app = libs
     raw = op_check(_args(inst, app))
     res = check_mod.to_json("h", raw, check_mod.CheckRequest(against=["lib_d"], package="app_d"))
@@ -361,7 +363,7 @@ def test_no_baseline_is_one_line_and_the_binding_check_still_runs(libs, capsys):
 
 
 def test_against_has_one_default():
-    from remote_ops import check as check_mod
+    from remote_ops.check import check as check_mod
     from remote_ops.agent import compat
     from remote_ops.commands import check as check_cmd
     assert check_mod.DEFAULT_AGAINST == list(compat.DEFAULT_AGAINST) == ["vllm"]
@@ -427,7 +429,7 @@ def test_real_wheels_report_the_four_measured_items(spec_src, version):
 
 
 def test_shipped_playbook_removes_the_four(spec_src):
-    from remote_ops import edits, playbook
+    from remote_ops.patch import edits, playbook
     pb = playbook.load(ROOT / "playbooks" / "eagle3-speculators-0.3.0.yaml")
     overrides = {}
     for p in pb.patches:
@@ -444,7 +446,8 @@ def test_shipped_playbook_removes_the_four(spec_src):
 
 
 def test_emit_playbook_drafts_drift_fixes_with_exact_text(spec_src, tmp_path):
-    from remote_ops import emit_playbook, playbook
+    from remote_ops.check import emit_playbook
+    from remote_ops.patch import playbook
     from remote_ops.errors import ConfigError
     raw, out = _real(spec_src, "0.17.0")
     path = emit_playbook.write(tmp_path / "d.yaml", list(raw["findings"]) + out["drift"])
@@ -502,7 +505,7 @@ def test_missing_symbol_gains_the_baseline_location(tmp_path):
 def test_draft_text_edit_old_is_the_exact_multiline_source(tmp_path):
     """A finding without a mechanical fix becomes a text edit whose `old` is the call's exact text
     (not whitespace-collapsed or cut), so it matches the file."""
-    from remote_ops import emit_playbook
+    from remote_ops.check import emit_playbook
     inst, app = tmp_path / "i", tmp_path / "a"
     _write(inst, {"__init__.py": "", "api.py": "def one(a):\n    pass\n"})
     (app / "app_d").mkdir(parents=True)

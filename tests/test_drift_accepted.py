@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import drift, playbook
+from remote_ops.check import drift
+
+from remote_ops.patch import playbook
 from remote_ops.errors import ConfigError, Exit
 
 REPO = Path(__file__).resolve().parent.parent

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from remote_ops import jobs, playbook
-from remote_ops.transport import ConnectOptions, Session
+from remote_ops.extract import jobs
+
+from remote_ops.patch import playbook
+from remote_ops.connect.transport import ConnectOptions, Session
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -61,7 +63,7 @@ class Host:
         return ["-i", str(self.inventory)] + list(args) + ["--playbook", str(self.playbook)]
 
     def spec(self):
-        from remote_ops import inventory
+        from remote_ops.connect import inventory
         host = inventory.load(str(self.inventory)).hosts["testhost"]
         pb = playbook.load(self.playbook)
         return host, pb, jobs.parse_spec(pb, host)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from remote_ops import jobs, playbook
+from remote_ops.extract import jobs
+
+from remote_ops.patch import playbook
 from remote_ops.errors import ConfigError
-from remote_ops.inventory import Host
+from remote_ops.connect.inventory import Host
 from tests.conftest import REPO
 
 SHIPPED = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"

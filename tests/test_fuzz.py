@@ -237,7 +237,7 @@ PLAYBOOK_TEXT = st.one_of(playbooks().map(_dump), mutated_text(VALID_PLAYBOOK), 
 @given(text=PLAYBOOK_TEXT)
 def test_fuzz_playbook_loader(text):
     """The loader either returns a playbook or raises ConfigError with one line naming the file."""
-    from remote_ops import playbook
+    from remote_ops.patch import playbook
 
     COUNTER["inputs"] += 1
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from remote_ops import inventory
+from remote_ops.connect import inventory
 from remote_ops.errors import ConfigError, UsageError
 from remote_ops.yamlsrc import load_text
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from remote_ops.transport import ConnectOptions, Session
+from remote_ops.connect.transport import ConnectOptions, Session
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "remote_ops" / "sandbox_assets" / "extract_standin.py"
@@ -56,7 +56,7 @@ class Env:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
     def session(self):
-        from remote_ops import inventory
+        from remote_ops.connect import inventory
         host = inventory.load(str(self.inventory)).hosts["testhost"]
         return Session(host, ConnectOptions()).open()
 
@@ -200,9 +200,9 @@ def _kill_ssh_connections(sshd):
 
 
 def test_dropped_connection_resumes_from_last_byte(tmp_path, sshd):
-    from remote_ops import jobs
-    from remote_ops.playbook import load
-    from remote_ops.tail import Follower
+    from remote_ops.extract import jobs
+    from remote_ops.patch.playbook import load
+    from remote_ops.extract.tail import Follower
 
     env = Env(tmp_path, sshd, ["--max-samples", "30", "--sleep", "0.1", "--ticks"])
     sess = env.session()
@@ -243,9 +243,9 @@ def test_dropped_connection_resumes_from_last_byte(tmp_path, sshd):
 
 def test_tail_latency_line_written_to_printed(tmp_path, sshd):
     """Measures the delay from a line written on the host to the follower receiving it."""
-    from remote_ops import jobs
-    from remote_ops.playbook import load
-    from remote_ops.tail import Follower, LineSplitter
+    from remote_ops.extract import jobs
+    from remote_ops.patch.playbook import load
+    from remote_ops.extract.tail import Follower, LineSplitter
 
     env = Env(tmp_path, sshd, ["--max-samples", "60", "--sleep", "0.1", "--ticks"])
     sess = env.session()

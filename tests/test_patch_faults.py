@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import patching, playbook
+from remote_ops.patch import patching, playbook
 from remote_ops.errors import RefusedError, RemoteOpsError
-from remote_ops.transport import ConnectOptions, Session
+from remote_ops.connect.transport import ConnectOptions, Session
 
 REPO = Path(__file__).resolve().parent.parent
 ORIG_A = "def f(**kw):\n    return kw\n\n\nA = f(a=1, b=2)\n"

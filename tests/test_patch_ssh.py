@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import patching, playbook
+from remote_ops.patch import patching, playbook
 from remote_ops.errors import RefusedError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -125,7 +125,7 @@ def workhost(sshd, tmp_path, state_dir):
         "BLOCK = 16\n\n\ndef f(**kw):\n    return kw\n\n\ndef go():\n    return f(a=1, b=2)\n")
     (work / "app" / "other.py").write_text("X = 1\nY = 2\n")
     host = sshd.host(python=sys.executable, workdir=str(work), env={"REMOTE_OPS_STATE_DIR": str(state_dir)})
-    from remote_ops.transport import ConnectOptions, Session
+    from remote_ops.connect.transport import ConnectOptions, Session
     sess = Session(host, ConnectOptions()).open()
 
     def book(body: str, requires: str = "") -> playbook.Playbook:
@@ -191,7 +191,7 @@ def test_import_check_failure_rolls_back(sshd, fresh_env017, state_dir):
     target = site_file(fresh_env017, GEN)
     original = target.read_bytes()
     host = sshd.host(python=str(fresh_env017), env={"REMOTE_OPS_STATE_DIR": str(state_dir)})
-    from remote_ops.transport import ConnectOptions, Session
+    from remote_ops.connect.transport import ConnectOptions, Session
     with Session(host, ConnectOptions()).open() as sess:
         with pytest.raises(RefusedError, match=r"importing the patched modules failed: .*No module named .*rolled back"):
             patching.run_host(sess, host, playbook.load(SHIPPED), import_check=True)

@@ -1,4 +1,4 @@
-"""Kept connections (--persist, remote_ops/mux.py + muxserver.py) over a real sshd: reuse, isolation,
+"""Kept connections (--persist, remote_ops/connect/mux.py + muxserver.py) over a real sshd: reuse, isolation,
 refusals, and recovery. Nothing is timed: tests wait for a state (a socket, a process gone) with a
 generous bound, and every mux process a test started is killed by pid at its end.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import mux
+from remote_ops.connect import mux
 from remote_ops.errors import Exit, UnreachableError
 from remote_ops.sshd import SshdServer
 from tests.conftest import SshdFixture, write_inventory
@@ -47,7 +47,7 @@ def mux_pids(d: str) -> list[int]:
                 stat = (entry / "stat").read_text()
             except OSError:
                 continue
-            if any(a.endswith(b"/remote_ops/muxserver.py") for a in argv[1:2]) and d.encode() in argv \
+            if any(a.endswith(b"/remote_ops/connect/muxserver.py") for a in argv[1:2]) and d.encode() in argv \
                     and ") Z " not in stat:
                 out.append(int(entry.name))
     return out
@@ -146,7 +146,7 @@ def test_proxyjump_chain_is_kept_too(sshd_log, muxdir, tmp_path, cli):
 
 def test_results_and_counters_are_the_same_over_the_mux(sshd_log, muxdir, tmp_path):
     """A ~300 KB request and reply, and a stream: identical bytes and counters either way."""
-    from remote_ops.transport import ConnectOptions, Session
+    from remote_ops.connect.transport import ConnectOptions, Session
     host = sshd_log.host(python=PY)
     echo = os.urandom(150_000).hex()
     direct = Session(host, ConnectOptions(persist=30))
@@ -228,7 +228,7 @@ def test_another_user_port_or_identity_does_not_reuse_the_socket(sshd_log, muxdi
     status, _, err = facts(cli, inv_for(tmp_path, sshd_log, name="p", port=free_port()), host="p")
     assert status == Exit.UNREACHABLE, err
     # and the names differ for every such change (also known_hosts, jump chain, ssh_config)
-    from remote_ops.transport import ConnectOptions
+    from remote_ops.connect.transport import ConnectOptions
     import dataclasses
     base = sshd_log.host(python=PY)
     opts = ConnectOptions(persist=30)
@@ -385,7 +385,7 @@ def test_no_persist_stops_the_kept_connection(sshd_log, muxdir, tmp_path, cli):
 
 
 def test_killing_the_mux_mid_call_is_one_unreachable_error_then_next_call_works(sshd_log, muxdir, tmp_path):
-    from remote_ops.transport import ConnectOptions, Session
+    from remote_ops.connect.transport import ConnectOptions, Session
     host = sshd_log.host(python=PY)
     first = Session(host, ConnectOptions(persist=30))
     with first:
@@ -411,7 +411,7 @@ def test_killing_the_mux_mid_call_is_one_unreachable_error_then_next_call_works(
 
 def test_timeout_over_the_mux_is_a_timeout_error(sshd_log, muxdir, tmp_path):
     from remote_ops.errors import TimeoutError_
-    from remote_ops.transport import ConnectOptions, Session
+    from remote_ops.connect.transport import ConnectOptions, Session
     host = sshd_log.host(python=PY)
     first = Session(host, ConnectOptions(persist=30))
     with first:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import playbook
-from remote_ops.edits import CallEdit, TextEdit
+from remote_ops.patch import playbook
+from remote_ops.patch.edits import CallEdit, TextEdit
 from remote_ops.errors import ConfigError, Exit, RefusedError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -141,7 +141,7 @@ def test_emit_playbook_from_real_findings(tmp_path, env_vllm017):
             "print(json.dumps(compat.op_check({})['findings']))" % str(REPO))
     found = json.loads(subprocess.run([str(env_vllm017), "-c", code], capture_output=True, text=True,
                                       check=True).stdout)
-    from remote_ops import emit_playbook
+    from remote_ops.check import emit_playbook
     out = emit_playbook.write(tmp_path / "draft.yaml", found, requires={"vllm": ">=0.17"})
     text = out.read_text()
     assert "block_size: VLLM_BLOCK_SIZE" in text and "- eos_token_id" in text

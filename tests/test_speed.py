@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops import bundle, plancache
-from remote_ops.transport import ConnectOptions, Session
+from remote_ops.connect import bundle
+
+from remote_ops.patch import plancache
+from remote_ops.connect.transport import ConnectOptions, Session
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
@@ -167,8 +169,8 @@ def test_racing_sessions_in_one_controller(sshd, tmp_path):
 
 def test_local_connection_keeps_the_self_contained_form(tmp_path):
     """LocalSession writes stdin in one go: it must not get the probe form."""
-    from remote_ops.inventory import Host
-    from remote_ops.transport import LocalSession
+    from remote_ops.connect.inventory import Host
+    from remote_ops.connect.transport import LocalSession
 
     sess = LocalSession(Host(name="me", hostname="localhost", python=sys.executable, proxy_jump=()))
     assert sess.call("ping.ping", {"echo": "l"})["echo"] == "l"
@@ -285,7 +287,7 @@ def test_match_exec_in_ssh_config_still_reaches_invoke(tmp_path):
     pytest.importorskip("invoke")
     cfg = tmp_path / "ssh_config"
     cfg.write_text("Match exec \"true\"\n    User matched\n")
-    code = ("import sys; from remote_ops import transport; c = transport._ssh_config(sys.argv[1]); "
+    code = ("import sys; from remote_ops.connect import transport; c = transport._ssh_config(sys.argv[1]); "
             "assert 'invoke' not in sys.modules, 'imported at start'; print(c.lookup('x').get('user'))")
     proc = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

@@ -171,9 +171,9 @@ def test_alias_with_proxyjump_through_a_second_sshd(ssh_config, cli):
 
 
 def test_alias_jump_opens_a_gateway(ssh_config):
-    from remote_ops.targets import adhoc_host
-    from remote_ops import sshconfig
-    from remote_ops.transport import ConnectOptions, Session
+    from remote_ops.connect.targets import adhoc_host
+    from remote_ops.connect import sshconfig
+    from remote_ops.connect.transport import ConnectOptions, Session
     import dataclasses
 
     host = dataclasses.replace(adhoc_host("gpu01", sshconfig.load()), python=PY)
@@ -190,7 +190,7 @@ def test_match_originalhost_and_include(ssh_config, cli):
 
 
 def test_include_keeps_the_including_block_scope(tmp_path, monkeypatch):
-    from remote_ops import sshconfig
+    from remote_ops.connect import sshconfig
     inc = tmp_path / "inc.conf"
     inc.write_text("Host other\n    Port 2200\n")
     cfg = tmp_path / "cfg"
@@ -343,7 +343,7 @@ def test_ansible_ranges_group_vars_precedence_and_local(tmp_path, cli):
 
 
 def test_ini_sniffing_and_parse_errors_in_python():
-    from remote_ops.ansible_inventory import expand_range
+    from remote_ops.connect.ansible_inventory import expand_range
     assert expand_range("web[1:3].x", "f", 1) == ["web1.x", "web2.x", "web3.x"]
     assert expand_range("db-[a:c]", "f", 1) == ["db-a", "db-b", "db-c"]
     assert expand_range("n[00:04:2]", "f", 1) == ["n00", "n02", "n04"]
@@ -482,9 +482,9 @@ def test_api_and_comma_lists_mix_adhoc_targets(sshd, ssh_config, tmp_path):
 def test_login_shell_lookup_runs_once_per_session(sshd, ssh_config):
     """The first call finds python3 through a login shell; later calls exec what it found, with
     the login shell's PATH in their environment (so a job's `python3` is the same interpreter)."""
-    from remote_ops import bundle, sshconfig
-    from remote_ops.targets import adhoc_host
-    from remote_ops.transport import ConnectOptions, Session
+    from remote_ops.connect import bundle, sshconfig
+    from remote_ops.connect.targets import adhoc_host
+    from remote_ops.connect.transport import ConnectOptions, Session
 
     host = adhoc_host("gpu-direct", sshconfig.load())
     assert host.python is None and "-lc" in bundle.agent_command(None)
@@ -498,7 +498,7 @@ def test_login_shell_lookup_runs_once_per_session(sshd, ssh_config):
 
 
 def test_ssh_config_is_parsed_once_per_text_and_an_edit_is_seen(tmp_path):
-    from remote_ops import sshconfig
+    from remote_ops.connect import sshconfig
     inc = tmp_path / "inc.conf"
     inc.write_text("Host a\n    Port 2200\n")
     cfg = tmp_path / "cfg"

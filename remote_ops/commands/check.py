@@ -1,7 +1,7 @@
 """remote-ops check: which calls of the host's speculators cannot bind to its installed vLLM, and
 where the library's behaviour drifted from the version the package was written for."""
 
-from remote_ops.check import DEFAULT_AGAINST
+from remote_ops.check.check import DEFAULT_AGAINST
 
 NAME = "check"
 HELP = ("report every call/import of the library that cannot bind on the host (static, or --runtime), "
@@ -48,8 +48,8 @@ def run(args, ctx) -> int:
 def _emit_playbook(path, args, values) -> None:
     import sys
 
-    from remote_ops import emit_playbook
-    from remote_ops.check import make_request
+    from remote_ops.check import emit_playbook
+    from remote_ops.check.check import make_request
 
     req = make_request(playbook=args.playbook, targets=args.targets, against=args.against)
     written, n = emit_playbook.write_for_hosts(path, values, targets=req.targets, against=req.against)
@@ -111,7 +111,7 @@ def render(console, result: dict, verbose: int = 0) -> None:
 def render_drift(console, result: dict, verbose: int = 0) -> None:
     from rich.markup import escape
 
-    from remote_ops import drift
+    from remote_ops.check import drift
 
     base = result.get("baseline")
     if base is None:

@@ -141,13 +141,13 @@ def candidates(words: list[str]) -> list[str]:
 def _host_names(inventory_file: str | None) -> list[str]:
     names: list[str] = []
     try:
-        from remote_ops import inventory
+        from remote_ops.connect import inventory
         inv = inventory.load(inventory_file, missing_ok=inventory_file is None)
         names += list(inv.hosts) + list(inv.groups) + ["all"]
     except Exception:   # a broken inventory must not break the shell; the command itself reports it
         pass
     try:
-        from remote_ops import sshconfig
+        from remote_ops.connect import sshconfig
         names += sshconfig.aliases(sshconfig.load())
     except Exception:
         pass

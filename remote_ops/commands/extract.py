@@ -18,9 +18,9 @@ def add_arguments(p):
 def run(args, ctx) -> int:
     import sys
 
-    from remote_ops import jobs
+    from remote_ops.extract import jobs
     from remote_ops.errors import Exit, UsageError
-    from remote_ops.tail import follow_job, report_end
+    from remote_ops.extract.tail import follow_job, report_end
 
     if args.tail and len(ctx.hosts(args.host)) > 1:
         raise UsageError(f"--tail follows one host; {args.host!r} names {len(ctx.hosts(args.host))}",

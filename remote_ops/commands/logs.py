@@ -24,9 +24,9 @@ def collapse(text: str) -> str:
 def run(args, ctx) -> int:
     import sys
 
-    from remote_ops import jobs
+    from remote_ops.extract import jobs
     from remote_ops.errors import Exit, UsageError
-    from remote_ops.tail import follow_job, report_end
+    from remote_ops.extract.tail import follow_job, report_end
 
     if args.follow:
         hosts = ctx.hosts(args.host)

@@ -15,7 +15,7 @@ def add_arguments(p):
 
 def run(args, ctx) -> int:
     from remote_ops import sandbox
-    from remote_ops.inventory import inventory_path
+    from remote_ops.connect.inventory import inventory_path
 
     inv = inventory_path(ctx.inventory_file)
     if args.action == "up":

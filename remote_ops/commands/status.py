@@ -12,7 +12,7 @@ def add_arguments(p):
 
 
 def run(args, ctx) -> int:
-    from remote_ops import jobs
+    from remote_ops.extract import jobs
 
     if args.all:
         def render_all(c, name, v):
@@ -29,7 +29,7 @@ def run(args, ctx) -> int:
 def render(c, host, st) -> None:
     from rich.text import Text
 
-    from remote_ops import jobs
+    from remote_ops.extract import jobs
     color = {"running": "cyan", "starting": "cyan", "succeeded": "green"}.get(st["state"], "red")
     c.print(Text(f"{host}: " + jobs.summary_line(st), style=color))
     if st.get("label"):

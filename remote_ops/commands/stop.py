@@ -30,7 +30,7 @@ def run(args, ctx) -> int:
 def render(c, host, rep, clean) -> None:
     from rich.text import Text
 
-    from remote_ops import jobs
+    from remote_ops.extract import jobs
 
     def names(ps):
         return ", ".join(f"{p['pid']} ({p.get('name')})" for p in ps)

@@ -68,9 +68,10 @@ def _drive(argv: list[str]) -> int:
     p.add_argument("--key", default="fault-trial")
     p.add_argument("--token", default="")
     a = p.parse_args(argv)
-    from remote_ops import edits, inventory, playbook
+    from remote_ops.connect import inventory
+    from remote_ops.patch import edits, playbook
     from remote_ops.errors import RemoteOpsError
-    from remote_ops.transport import ConnectOptions, Session
+    from remote_ops.connect.transport import ConnectOptions, Session
 
     try:
         host = inventory.load(a.inventory).resolve(a.host)[0]
@@ -138,7 +139,8 @@ class Rig:
     """Own sshd (so killing its sessions hits nobody else) + cut proxy + a host venv to patch."""
 
     def __init__(self, root: Path, seed: int = 0, log=None):
-        from remote_ops import edits, pkgsource, playbook
+        from remote_ops import pkgsource
+        from remote_ops.patch import edits, playbook
         from remote_ops.sshd import SshdServer
         from tests.faults.cutproxy import CutProxy
 

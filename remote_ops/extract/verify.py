@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from remote_ops import agent_requests as rq
+from remote_ops.connect import agent_requests as rq
 from remote_ops.errors import AgentError, RefusedError, UsageError
 from remote_ops.records import Record
 
@@ -30,7 +30,7 @@ def verify(session, host, *, output_dir: str | None = None, expected: int | None
     """The verify operation on one host: the outputs of ``output_dir``, else of the job ``jobs.ref_for``
     names (else the playbook's output_dir when the host has no such job); ``on_progress(done, of)``
     while the host loads files."""
-    from remote_ops import jobs
+    from remote_ops.extract import jobs
 
     if sample < 1:
         raise UsageError("--sample must be at least 1")

@@ -22,7 +22,7 @@ import dataclasses
 from typing import Any
 
 from remote_ops.errors import UsageError
-from remote_ops.inventory import Host, Inventory
+from remote_ops.connect.inventory import Host, Inventory
 from remote_ops.suggest import closest
 
 LOCAL_NAME = "localhost"
@@ -59,7 +59,7 @@ def looks_like_address(part: str) -> bool:
 
 def adhoc_host(part: str, ssh_cfg) -> Host | None:
     """The ad-hoc host ``part`` names, or None when it names nothing known."""
-    from remote_ops import sshconfig
+    from remote_ops.connect import sshconfig
 
     if part == LOCAL_NAME:
         return Host(name=part, hostname=LOCAL_NAME, connection="local")
@@ -83,7 +83,7 @@ def resolve(inv: Inventory, spec: str | None, ssh_cfg=None) -> list[Host]:
 
     def cfg():
         if cfg_box[0] is None:
-            from remote_ops import sshconfig
+            from remote_ops.connect import sshconfig
             cfg_box[0] = sshconfig.load()
         return cfg_box[0]
 
@@ -105,7 +105,7 @@ def resolve(inv: Inventory, spec: str | None, ssh_cfg=None) -> list[Host]:
 
 
 def unknown(inv: Inventory, part: str, ssh_cfg) -> UsageError:
-    from remote_ops import sshconfig
+    from remote_ops.connect import sshconfig
 
     known = list(inv.hosts) + list(inv.groups) + sshconfig.aliases(ssh_cfg)
     best = closest(part, known)

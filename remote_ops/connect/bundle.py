@@ -202,7 +202,7 @@ sys.exit(protocol.main(P,None if Q is None else Q.decode("utf-8")))
 
 @functools.lru_cache(maxsize=1)
 def _sources_json() -> bytes:
-    root = Path(__file__).parent / "agent"
+    root = Path(__file__).resolve().parent.parent / "agent"
     sources = {}
     for path in sorted(root.glob("*.py")):
         stem = path.stem

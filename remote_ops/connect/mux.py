@@ -1,7 +1,7 @@
 """Kept connections (``--persist S``, like OpenSSH's ControlPersist): the client side.
 
 After a command has connected to a host itself (and verified its key), ``spawn`` starts one small
-background process (``remote_ops.muxserver``) that opens its own verified connection to each such
+background process (``remote_ops.connect.muxserver``) that opens its own verified connection to each such
 host (the same ``transport.Session`` code: ssh_config, host keys, ProxyJump) and keeps it for S
 seconds without clients. A later command finds the host's socket and runs its agent exec over
 that connection instead of paying the SSH handshake again. A paramiko connection cannot be handed
@@ -166,7 +166,7 @@ def _host_id(host) -> dict:
 def identity(host, options, inventory_hosts: dict) -> str | None:
     """The socket name for this connection: a hash of what decides which connection it is; None
     when it cannot be computed (then nothing is kept: the direct connection reports the problem)."""
-    from remote_ops import sshconfig
+    from remote_ops.connect import sshconfig
 
     cfg = os.path.expanduser(options.ssh_config_path) if options.ssh_config_path else sshconfig.default_path()
     try:

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 
 from typing import Any
 
-from remote_ops import agent_requests as rq
+from remote_ops.connect import agent_requests as rq
 from remote_ops.errors import Exit, RefusedError, RemoteOpsError, UsageError
-from remote_ops.extract_spec import (EXTRACT_KEYS, MAX_FILE_BYTES, ExtractSpec, SecretRef,  # noqa: F401
+from remote_ops.extract.extract_spec import (EXTRACT_KEYS, MAX_FILE_BYTES, ExtractSpec, SecretRef,  # noqa: F401
                                      ShippedFile, parse_spec, resolve_secrets)
 from remote_ops.records import Record, optional
 from remote_ops.units import human_bytes
@@ -21,7 +21,7 @@ TERMINAL = ("succeeded", "failed", "stopped", "lost")
 
 # ------------------------------------------------------------------ loading
 def load_for_host(host, playbook_arg: str | None):
-    from remote_ops import playbook as pbmod
+    from remote_ops.patch import playbook as pbmod
 
     path = pbmod.find(playbook_arg, host)
     pb = pbmod.load(path)
@@ -34,7 +34,7 @@ def ref_for(host, *, playbook: str | None = None, job: str | None = None) -> dic
     if job:
         return {"job_id": job}
     if playbook or host.playbook:
-        from remote_ops import playbook as pbmod
+        from remote_ops.patch import playbook as pbmod
         return {"key": pbmod.load(pbmod.find(playbook, host)).name}
     return {}
 
@@ -210,7 +210,7 @@ class Preflight:
 def _drift_preflight(pf: Preflight, playbook, strict: bool) -> None:
     """Drift of the checked modules against their baseline: notes, or problems under --strict.
     Items the playbook accepted (check.accepted_drift) are notes only."""
-    from remote_ops.check import request_from_playbook, with_drift
+    from remote_ops.check.check import request_from_playbook, with_drift
 
     d = with_drift(pf.check, request_from_playbook(playbook))
     if d.get("drift_accepted"):
@@ -235,7 +235,7 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
     Drift against the package's baseline is shown as notes, and refuses the job only with
     ``strict_drift``."""
     from remote_ops.errors import exit_for_kind
-    from remote_ops.transport import unwrap
+    from remote_ops.connect.transport import unwrap
 
     ops: dict[str, rq.Request] = {"probe": rq.jobs_probe(key=spec.key, output_dir=spec.output_dir),
                                   "gpu": rq.gpu_query(driver=False)}
@@ -244,7 +244,7 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
                                 dry_run=dry_run, unless_running=spec.key))
     do_check = bool(playbook.check) and not skip_check
     if do_check:
-        from remote_ops.check import DEFAULT_AGAINST
+        from remote_ops.check.check import DEFAULT_AGAINST
         ops["check"] = (rq.compat_check(targets=playbook.check["targets"],
                                    against=playbook.check.get("against") or DEFAULT_AGAINST, drift=True))
     if spec.import_check:

@@ -220,7 +220,7 @@ def open_verified(conn: _Conn, s: dict, label: str) -> None:
     except HostKeyError:
         raise
     except paramiko.BadHostKeyException as exc:
-        from remote_ops.hostkeys import changed_key_error
+        from remote_ops.connect.hostkeys import changed_key_error
         raise changed_key_error(exc, s["known_hosts"], label) from None
     except paramiko.AuthenticationException as exc:
         raise AuthError(f"authentication refused by {where} ({exc})",
@@ -279,7 +279,7 @@ def link_errors() -> tuple:
 
 def _ssh_config(path: str | None):
     _import_paramiko()   # first, so that paramiko comes without invoke (see there)
-    from remote_ops import sshconfig   # paramiko's parser plus Include and refused unknown Match
+    from remote_ops.connect import sshconfig   # paramiko's parser plus Include and refused unknown Match
     return sshconfig.load(path)
 
 

@@ -3,7 +3,7 @@
 The analysis itself runs on the host in ONE agent round trip (``remote_ops/agent/compat.py``),
 over the files that the host's interpreter would import. This module builds the op's arguments and
 turns its answer into the typed records (``CheckResult``, ``InspectResult``); drift against the
-baseline is analysed here, on the controller (``remote_ops/drift.py``). Rendering is the CLI's
+baseline is analysed here, on the controller (``remote_ops/check/drift.py``). Rendering is the CLI's
 (``remote_ops/commands/check.py``, ``commands/inspect.py``).
 """
 
@@ -18,7 +18,7 @@ FINDING_KEYS = ("path", "line", "symbol", "kind", "name", "message", "suggestion
 FINDING_EXTRAS = ("col", "module", "defined", "call", "source", "signature", "signature_mode", "signature_origin",
                   "fix")
 
-from remote_ops import agent_requests as rq
+from remote_ops.connect import agent_requests as rq
 from remote_ops.agent.contract import DEFAULT_AGAINST as _AGAINST
 from remote_ops.agent.contract import DEFAULT_PACKAGE
 from remote_ops.errors import UsageError
@@ -65,7 +65,7 @@ def make_request(*, playbook: str | None = None, runtime: bool = False, targets:
     """The check to run, from the operation's parameters (a named playbook is loaded here, locally:
     a bad one raises ConfigError before any host is contacted)."""
     if playbook:
-        from remote_ops import playbook as pb_mod
+        from remote_ops.patch import playbook as pb_mod
         req = request_from_playbook(pb_mod.load(pb_mod.find(playbook)), runtime=runtime)
     else:
         req = CheckRequest(runtime=runtime)
@@ -86,7 +86,7 @@ def for_host(req: CheckRequest, host, accepted_of: dict) -> CheckRequest:
         return req
     from dataclasses import replace
 
-    from remote_ops import playbook as pb_mod
+    from remote_ops.patch import playbook as pb_mod
     path = str(pb_mod.find(None, host))
     if path not in accepted_of:
         accepted_of[path] = list((pb_mod.load(path).check or {}).get("accepted_drift") or [])
@@ -141,7 +141,7 @@ def with_drift(raw: dict, req: CheckRequest | None) -> dict:
         return {}
     if not req.drift:
         return {"drift": [], "drift_notes": [], "baseline": {"unavailable": "drift analysis was switched off"}}
-    from remote_ops import drift
+    from remote_ops.check import drift
     return drift.apply_accepted(drift.analyse(raw, list(req.against), req.baseline), req.accepted_drift)
 
 
@@ -196,6 +196,6 @@ def inspect(session, host, symbols: list[str], *, runtime: bool = False, baselin
     raw = session.call(*rq.compat_inspect(symbols=list(symbols), mode="runtime" if runtime else "static"))
     rec = InspectResult.from_json(raw, host=host.name, baselines={})
     if baseline:
-        from remote_ops import drift
+        from remote_ops.check import drift
         rec.baselines = drift.inspect_diff(rec.to_json(), baseline)
     return rec

@@ -138,7 +138,7 @@ def parse_spec(playbook, host) -> ExtractSpec:
 
     from remote_ops.yamlsrc import unknown_key_check
     unknown_key_check(raw, EXTRACT_KEYS, "in extract", lambda k, problem, hint: err_at((k,))(problem, hint))
-    from remote_ops.playbook import PLACEHOLDER_RE
+    from remote_ops.patch.playbook import PLACEHOLDER_RE
 
     def scan(value, keys):
         if isinstance(value, dict):

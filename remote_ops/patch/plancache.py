@@ -140,7 +140,7 @@ def _valid(entry: Any, k: str) -> bool:
     text, enc = entry.get("new_text"), entry.get("encoding")
     if not isinstance(text, str) or not isinstance(enc, str):
         return False
-    from remote_ops.edits import encode_source
+    from remote_ops.patch.edits import encode_source
     try:
         return _sha(encode_source(text, enc)) == entry.get("new_sha256")
     except (LookupError, UnicodeError):
@@ -196,7 +196,7 @@ def notes(entry: dict, path: str) -> list[str]:
 
 def file_result(entry: dict, path: str, old_text: str):
     """Rebuild the edits.FileResult of a target from its entry and the target's own text."""
-    from remote_ops.edits import EditResult, FileResult
+    from remote_ops.patch.edits import EditResult, FileResult
 
     results = [EditResult(r["edit_id"], r["state"], list(r["sites"]), set(r["introduced"]))
                for r in entry["results"]]

@@ -7,9 +7,9 @@ import threading
 import time
 from typing import Iterator
 
-from remote_ops import bundle
+from remote_ops.connect import bundle
 from remote_ops.errors import AgentError, TimeoutError_
-from remote_ops.transport import Session
+from remote_ops.connect.transport import Session
 
 
 class LocalSession(Session):

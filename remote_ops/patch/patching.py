@@ -18,11 +18,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from remote_ops import agent_requests as rq
-from remote_ops import edits as edits_mod
-from remote_ops import plancache
+from remote_ops.connect import agent_requests as rq
+from remote_ops.patch import edits as edits_mod
+from remote_ops.patch import plancache
 from remote_ops.errors import ConfigError, RefusedError, agent_error
-from remote_ops.playbook import Playbook
+from remote_ops.patch.playbook import Playbook
 from remote_ops.records import Record, optional
 
 
@@ -133,7 +133,7 @@ def packages_to_query(pb: Playbook) -> list[str]:
 def check_args(pb: Playbook) -> dict | None:
     if not pb.check:
         return None
-    from remote_ops.agent.contract import DEFAULT_AGAINST   # (not remote_ops.check: ~30 ms of imports)
+    from remote_ops.agent.contract import DEFAULT_AGAINST   # (not remote_ops.check.check: ~30 ms of imports)
     return {"targets": pb.check["targets"], "against": pb.check.get("against") or list(DEFAULT_AGAINST)}
 
 
@@ -161,7 +161,7 @@ def compute(pb: Playbook, raw: dict, host_name: str) -> PatchPlan:
                                host=host_name) from None
 
         def fresh(key: str, patch=patch, t=t, text=text, encoding=encoding) -> dict:
-            from remote_ops import validate
+            from remote_ops.patch import validate
             try:
                 result = edits_mod.apply_edits(text, patch.edits, t["real"])
             except edits_mod.UnknownCallee as exc:

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from remote_ops import agent_requests as rq
+from remote_ops.connect import agent_requests as rq
 from remote_ops.errors import AgentError, TimeoutError_, UnreachableError
 
 # tqdm's default format: "desc: 45%|####      | 45/100 [00:01<00:02, 30.1it/s]" (desc optional,
@@ -390,7 +390,7 @@ def report_end(ctx, st) -> int:
     """Print how a followed job ended (one JSON event, or its summary and error lines); its exit status."""
     import sys
 
-    from remote_ops import jobs
+    from remote_ops.extract import jobs
     if ctx.json:
         import json
         sys.stdout.write(json.dumps({"event": "end", "status": st}, default=str) + "\n")

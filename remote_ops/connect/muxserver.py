@@ -1,6 +1,6 @@
 """The background process that keeps hosts' connections (``--persist``); see ``mux.py``.
 
-    python .../remote_ops/muxserver.py DIR   < JSON list of host specs (written by mux.spawn)
+    python .../remote_ops/connect/muxserver.py DIR   < JSON list of host specs (written by mux.spawn)
 
 For each host: take ``DIR/<key>.lock`` (flock; another controller's mux already holding it means
 this host is served, so it is skipped: two controllers racing leave one mux), connect with
@@ -20,7 +20,7 @@ import sys
 if __name__ == "__main__" and not __package__:
     # run by path (mux.spawn): the same remote_ops as the controller that started it, and the
     # script's own folder (remote_ops/) first on sys.path must not shadow anything
-    _root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    _root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     del sys.path[0]
     if _root not in sys.path:
         sys.path.insert(0, _root)
@@ -31,7 +31,7 @@ import socket  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 
-from remote_ops import mux  # noqa: E402
+from remote_ops.connect import mux  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -43,8 +43,8 @@ class Keeper:
     """One host's kept connection and its socket."""
 
     def __init__(self, d: str, spec: dict):
-        from remote_ops.inventory import Host
-        from remote_ops.transport import ConnectOptions, Session
+        from remote_ops.connect.inventory import Host
+        from remote_ops.connect.transport import ConnectOptions, Session
 
         def host(h: dict) -> Host:
             h = dict(h)
@@ -187,7 +187,7 @@ class Keeper:
                 self.last = time.monotonic()
 
     def _exec(self, conn: socket.socket, req: dict) -> None:
-        from remote_ops.sshconn import _exec_pipelined
+        from remote_ops.connect.sshconn import _exec_pipelined
 
         if isinstance(req.get("persist"), (int, float)) and req["persist"] > 0:
             self.idle = float(req["persist"])              # the latest command's --persist counts

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from remote_ops.edits import CallEdit, TextEdit
+from remote_ops.patch.edits import CallEdit, TextEdit
 from remote_ops.errors import ConfigError, RefusedError
 from remote_ops.yamlsrc import YamlDoc, load_file, load_text, type_name
 
@@ -383,7 +383,7 @@ def find(spec: str | None, host=None, search_dirs: list[Path] | None = None) -> 
         p = Path(host.resolve_path(chosen))
     if p.exists():
         return p
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parent.parent.parent
     dirs = list(search_dirs or []) + [Path.cwd(), Path.cwd() / "playbooks", repo, repo / "playbooks"]
     for d in dirs:
         for cand in (d / chosen, d / f"{chosen}.yaml"):

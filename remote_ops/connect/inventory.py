@@ -238,7 +238,7 @@ def parse(doc: YamlDoc) -> Inventory:
 
 def load(path: str | None = None, *, missing_ok: bool = False) -> Inventory:
     """Our YAML format, or an Ansible inventory (YAML or INI: see ansible_inventory.py)."""
-    from remote_ops import ansible_inventory
+    from remote_ops.connect import ansible_inventory
 
     p = inventory_path(path)
     if missing_ok and not Path(p).expanduser().exists():

@@ -19,10 +19,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from remote_ops import bundle
+from remote_ops.connect import bundle
 from remote_ops.errors import AgentError, HostKeyError, TimeoutError_, UnreachableError, agent_error
-from remote_ops.inventory import Host
-from remote_ops.sshconn import (_Conn, _exec_pipelined, _import_paramiko, _parse_hop, _ssh_config,  # noqa: F401
+from remote_ops.connect.inventory import Host
+from remote_ops.connect.sshconn import (_Conn, _exec_pipelined, _import_paramiko, _parse_hop, _ssh_config,  # noqa: F401
                                 link_errors, open_verified)
 
 
@@ -138,7 +138,7 @@ class Session:
         client: paramiko.SSHClient = conn.client
         known = s["known_hosts"]
         if os.path.exists(known):       # absent: every key is unknown; VerifyPolicy writes the file itself
-            from remote_ops.hostkeys import load_for
+            from remote_ops.connect.hostkeys import load_for
             try:
                 load_for(client, known, s["hostname"], s["port"])   # the file parsed once per process
             except (OSError, paramiko.SSHException) as exc:
@@ -155,7 +155,7 @@ class Session:
         if self._conn is not None or self._mux is not None:
             return self
         if self.options.persist is not None:
-            from remote_ops import mux
+            from remote_ops.connect import mux
             if self.options.persist > 0:
                 self._mux = mux.attach(self.host, self.options, self.inventory_hosts, self._note)
                 if self._mux is not None:
@@ -396,14 +396,14 @@ def session_for(host: Host, options: ConnectOptions | None = None,
                 inventory_hosts: dict[str, Host] | None = None) -> Session:
     """The session kind the host's ``connection`` names (ssh, or local: localsession.py)."""
     if getattr(host, "connection", "ssh") == "local":
-        from remote_ops.localsession import LocalSession
+        from remote_ops.connect.localsession import LocalSession
         return LocalSession(host, options, inventory_hosts)
     return Session(host, options, inventory_hosts)
 
 
 def __getattr__(name: str):
     if name == "LocalSession":        # moved to localsession.py; the old import keeps working
-        from remote_ops.localsession import LocalSession
+        from remote_ops.connect.localsession import LocalSession
         return LocalSession
     raise AttributeError(name)
 
@@ -416,7 +416,7 @@ def unwrap(res: dict, label: str | None = None) -> Any:
 
 
 def _policy(known_hosts: str, accept_new: bool, label: str):
-    from remote_ops.hostkeys import VerifyPolicy
+    from remote_ops.connect.hostkeys import VerifyPolicy
     return VerifyPolicy(known_hosts, accept_new, label)
 
 
