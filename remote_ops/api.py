@@ -167,14 +167,13 @@ class Inventory(Fleet):
 
 def open_inventory(path: str | None = None, *, parallel: int = 16, accept_new: bool = False,
                    connect_timeout: float | None = None, python: str | None = None,
-                   workdir: str | None = None, persist: float | None = 0) -> Inventory:
+                   workdir: str | None = None, persist: float | None = None) -> Inventory:
     """Open an inventory (default: $REMOTE_OPS_INVENTORY or ./inventory.yaml, which may be absent;
     an Ansible YAML/INI file works too); use it in a ``with``. A bad inventory raises ConfigError
     (file:line) here. Every operation also takes ad-hoc targets (``user@host:port``, ~/.ssh/config
     aliases, ``localhost``); ``python``/``workdir`` are the ``--python``/``--workdir`` flags,
-    ``persist`` the ``--persist`` seconds: off by default for scripts (an open inventory already keeps
-    one connection per host until ``close()``); ``persist=60`` (or None: $REMOTE_OPS_PERSIST, else
-    60, as the CLI does) uses a host kept by an earlier command without a new SSH handshake, and
+    ``persist`` the ``--persist`` seconds (None: $REMOTE_OPS_PERSIST, else off, as the CLI): with
+    ``persist=60`` a host kept by an earlier command is used without a new SSH handshake, and
     ``close()`` starts one background process keeping the hosts it connected to (mux.py)."""
     inv = Inventory(path, parallel=parallel, accept_new=accept_new, connect_timeout=connect_timeout,
                     python=python, workdir=workdir, persist=persist)

@@ -45,7 +45,7 @@ def _global_flags(p: argparse.ArgumentParser, suppress: bool) -> None:
     p.add_argument("--workdir", metavar="DIR", default=d, help="working directory on the host (default: the inventory's)")
     p.add_argument("--persist", type=float, metavar="S", default=d,
                    help="keep each host's SSH connection for S idle seconds for the next command "
-                        "(default: $REMOTE_OPS_PERSIST, else 60; 0 = off)")
+                        "(default: $REMOTE_OPS_PERSIST, else off; 60 is like Ansible's ControlPersist)")
     p.add_argument("--no-persist", dest="persist", action="store_const", const=0.0, default=d,
                    help="connect anew and keep nothing (stops a kept connection to the host)")
 
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _persist(value: float | None) -> float:
-    """--persist S / --no-persist, else $REMOTE_OPS_PERSIST, else 60 (checked before any host)."""
+    """--persist S / --no-persist, else $REMOTE_OPS_PERSIST, else off (checked before any host)."""
     from remote_ops.connect import mux
     return mux.default_persist() if value is None else mux.check_persist(value)
 

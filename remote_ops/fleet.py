@@ -115,7 +115,7 @@ class Fleet:
         self.python = python
         self.workdir = workdir
         self._warn = warn
-        self.persist = persist       # kept connections (mux.py): seconds idle; 0 off; None: $REMOTE_OPS_PERSIST, else 60
+        self.persist = persist       # kept connections (mux.py): seconds idle; 0 off; None: $REMOTE_OPS_PERSIST, else off
         self._note = note            # why a kept connection is not used (-v)
         self._inventory = None
         self._resolved: dict = {}

@@ -291,7 +291,8 @@ def test_peer_of_another_uid_is_refused_both_ways(sshd_log, muxdir, tmp_path, cl
         p = subprocess.run([PY, "-c", code, f"{pub}/s"], capture_output=True, text=True, timeout=60)
         assert p.returncode == 0, p.stderr
         assert p.stdout.strip() == "b''"                        # closed without an answer
-        assert "refused a client of uid 65534" in (Path(muxdir) / "mux.log").read_text()
+        # the mux logs the refusal after closing the socket: wait for the line, do not race it
+        assert wait_until(lambda: "refused a client of uid 65534" in (Path(muxdir) / "mux.log").read_text())
     finally:
         os.chmod(sock, 0o600)
         shutil.rmtree(pub, ignore_errors=True)

@@ -43,7 +43,10 @@ import struct
 import sys
 
 PROTOCOL = 1
-DEFAULT_PERSIST = 60.0
+# Off unless asked (--persist S, $REMOTE_OPS_PERSIST): a kept connection outlives an sshd restart and a
+# host-key rotation on the host (as OpenSSH's ControlPersist does), so within the window the next
+# command would not see a stopped sshd or a changed host key. Opting in is one variable.
+DEFAULT_PERSIST = 0.0
 _MAX_PATH = 100          # sun_path is 108 bytes on Linux (104 on macOS)
 
 
@@ -79,7 +82,7 @@ def peer_uid(sock: socket.socket) -> int | None:
 
 # ------------------------------------------------------------------------------------ settings
 def default_persist() -> float:
-    """``$REMOTE_OPS_PERSIST`` (seconds; 0 = off), else 60."""
+    """``$REMOTE_OPS_PERSIST`` (seconds; 0 = off), else off (DEFAULT_PERSIST)."""
     raw = os.environ.get("REMOTE_OPS_PERSIST", "").strip()
     if not raw:
         return DEFAULT_PERSIST
