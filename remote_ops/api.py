@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from remote_ops.errors import RemoteOpsError, UsageError
+from remote_ops.errors import RemoteOpsError
 from remote_ops.fleet import Fleet, HostResult, Results
 
 __all__ = ["open_inventory", "Inventory", "Results", "HostResult", "RemoteOpsError"]
@@ -123,8 +123,7 @@ class Inventory(Fleet):
              lines: int = 50) -> Results:
         """The last ``lines`` lines of the job's log (``jobs.LogsResult``)."""
         from remote_ops.extract import jobs
-        if lines < 0:
-            raise UsageError("-n must be >= 0")
+        jobs.check_lines(lines)
         return self.run(target, lambda h, s: jobs.logs(s, h, playbook=playbook, job=job, lines=lines))
 
     def stop(self, target: str | None = None, *, playbook: str | None = None, job: str | None = None,
@@ -132,8 +131,7 @@ class Inventory(Fleet):
         """SIGTERM the job's process group, SIGKILL after ``grace`` seconds (``jobs.StopResult``;
         ``clean`` when nothing of the job is left). ``on_stopping(host, status, grace)`` before signals."""
         from remote_ops.extract import jobs
-        if grace is not None and grace < 0:
-            raise UsageError("--grace must be >= 0")
+        jobs.check_grace(grace)
         return self.run(target, lambda h, s: jobs.stop(
             s, h, playbook=playbook, job=job, grace=grace,
             on_stopping=None if on_stopping is None else (lambda st, g: on_stopping(h, st, g))))
@@ -143,8 +141,7 @@ class Inventory(Fleet):
                on_progress: Callable[[Any, int, int], None] | None = None) -> Results:
         """The job's outputs checked with the host's torch (``verify.VerifyResult``; ``ok`` when clean)."""
         from remote_ops.extract import verify as verify_mod
-        if sample < 1:
-            raise UsageError("--sample must be at least 1")
+        verify_mod.check_sample(sample)
         return self.run(target, lambda h, s: verify_mod.verify(
             s, h, output_dir=output_dir, expected=expected, all=all, sample=sample, playbook=playbook, job=job,
             on_progress=None if on_progress is None else (lambda done, of: on_progress(h, done, of))))

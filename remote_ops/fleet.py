@@ -200,18 +200,14 @@ class Fleet:
         self.close()
 
     # ------------------------------------------------------------------ fan-out
-    def run(self, target, fn: Callable[[Any, Any], Any], *, connect: bool = True) -> Results:
-        """``fn(host, session)`` on every host of ``target`` (a target string or a list of hosts),
-        in parallel, bounded by ``parallel``; a host's error is its result, never raised."""
-        if isinstance(target, (str, type(None))):
-            hosts, single = self.resolve(target), self.names_one_host(target)
-        else:
-            hosts, single = list(target), len(target) == 1
+    def run(self, target: str | None, fn: Callable[[Any, Any], Any]) -> Results:
+        """``fn(host, session)`` on every host of ``target``, in parallel, bounded by ``parallel``;
+        a host's error is its result, never raised."""
+        hosts = self.resolve(target)
 
         def one(host) -> HostResult:
             try:
-                sess = self.session(host) if connect else None
-                return HostResult(host.name, True, fn(host, sess))
+                return HostResult(host.name, True, fn(host, self.session(host)))
             except RemoteOpsError as exc:
                 exc.host = exc.host or host.name
                 return HostResult(host.name, False, error=exc, traceback=tb.format_exc())
@@ -226,5 +222,5 @@ class Fleet:
             from concurrent.futures import ThreadPoolExecutor   # only fleets need it (~10 ms to import)
             with ThreadPoolExecutor(max_workers=max(1, min(self.parallel, len(hosts)))) as pool:
                 out = Results(pool.map(one, hosts))
-        out.single = single
+        out.single = self.names_one_host(target)
         return out

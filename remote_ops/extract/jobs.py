@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from typing import Any
-
 from remote_ops.connect import agent_requests as rq
 from remote_ops.errors import Exit, RefusedError, RemoteOpsError, UsageError
 from remote_ops.extract.extract_spec import (EXTRACT_KEYS, MAX_FILE_BYTES, ExtractSpec, SecretRef,  # noqa: F401
@@ -114,6 +112,18 @@ class StopResult(Record):
 
 
 # ------------------------------------------------------------------ the operations
+def check_lines(lines: int) -> None:
+    """``logs``' line count (checked by api.Inventory before any host, and by ``logs`` itself)."""
+    if lines < 0:
+        raise UsageError("-n must be >= 0")
+
+
+def check_grace(grace: float | None) -> None:
+    """``stop``'s grace (checked by api.Inventory before any host, and by ``stop`` itself)."""
+    if grace is not None and grace < 0:
+        raise UsageError("--grace must be >= 0")
+
+
 def extract(session, host, pb, spec: ExtractSpec, *, skip_check: bool = False, dry_run: bool = False,
             strict_drift: bool = False) -> ExtractResult:
     """The extract operation on one host: preflight (one round trip), then launch the detached job or
@@ -142,8 +152,7 @@ def list_jobs(session, host) -> JobList:
 
 def logs(session, host, *, playbook: str | None = None, job: str | None = None, lines: int = 50) -> LogsResult:
     """The logs operation on one host: the last ``lines`` lines of the job's log (also after it ended)."""
-    if lines < 0:
-        raise UsageError("-n must be >= 0")
+    check_lines(lines)
     st = resolve_job(session, ref_for(host, playbook=playbook, job=job))
     r = session.call(*rq.jobs_logs(job_id=st["job_id"], lines=lines))
     return LogsResult(host.name, st["job_id"], r["job"]["state"], r["text"], r["size"], r["next"])
@@ -154,8 +163,7 @@ def stop(session, host, *, playbook: str | None = None, job: str | None = None, 
     """The stop operation on one host (``ref_for``): SIGTERM its process group, SIGKILL after ``grace``
     seconds (default: the playbook's stop_grace_seconds, else 30), then what is left. ``on_stopping(status,
     grace)`` is called before a live job is signalled."""
-    if grace is not None and grace < 0:
-        raise UsageError("--grace must be >= 0")
+    check_grace(grace)
     st = resolve_job(session, ref_for(host, playbook=playbook, job=job))
     if grace is None:
         grace = 30.0

@@ -24,6 +24,12 @@ class VerifyResult(Record):
     extra: dict = field(default_factory=dict)
 
 
+def check_sample(sample: int) -> None:
+    """``verify``'s sample size (checked by api.Inventory before any host, and by ``verify`` itself)."""
+    if sample < 1:
+        raise UsageError("--sample must be at least 1")
+
+
 def verify(session, host, *, output_dir: str | None = None, expected: int | None = None, all: bool = False,
            sample: int = 32, playbook: str | None = None, job: str | None = None,
            on_progress: Callable[[int, int], None] | None = None) -> VerifyResult:
@@ -32,8 +38,7 @@ def verify(session, host, *, output_dir: str | None = None, expected: int | None
     while the host loads files."""
     from remote_ops.extract import jobs
 
-    if sample < 1:
-        raise UsageError("--sample must be at least 1")
+    check_sample(sample)
     if not output_dir:
         try:
             st = jobs.resolve_job(session, jobs.ref_for(host, playbook=playbook, job=job))
