@@ -385,7 +385,8 @@ def test_no_persist_stops_the_kept_connection(sshd_log, muxdir, tmp_path, cli):
     assert list(Path(muxdir).glob("*.sock")) == []
 
 
-def test_killing_the_mux_mid_call_is_one_unreachable_error_then_next_call_works(sshd_log, muxdir, tmp_path):
+def _kept_host(sshd_log, muxdir):
+    """The sshd's host, with a mux keeping it (started from one direct session, as Fleet.close does)."""
     from remote_ops.connect.transport import ConnectOptions, Session
     host = sshd_log.host(python=PY)
     first = Session(host, ConnectOptions(persist=30))
@@ -393,6 +394,12 @@ def test_killing_the_mux_mid_call_is_one_unreachable_error_then_next_call_works(
         first.call("ping.ping", {})
     mux.keep([first])
     assert wait_until(lambda: live_sockets(muxdir))
+    return host
+
+
+def test_killing_the_mux_mid_call_is_one_unreachable_error_then_next_call_works(sshd_log, muxdir, tmp_path):
+    from remote_ops.connect.transport import ConnectOptions, Session
+    host = _kept_host(sshd_log, muxdir)
     sess = Session(host, ConnectOptions(persist=30)).open()
     try:
         stream = sess.stream("ping.ticks", {"n": 200, "every": 0.05})
@@ -413,12 +420,7 @@ def test_killing_the_mux_mid_call_is_one_unreachable_error_then_next_call_works(
 def test_timeout_over_the_mux_is_a_timeout_error(sshd_log, muxdir, tmp_path):
     from remote_ops.errors import TimeoutError_
     from remote_ops.connect.transport import ConnectOptions, Session
-    host = sshd_log.host(python=PY)
-    first = Session(host, ConnectOptions(persist=30))
-    with first:
-        first.call("ping.ping", {})
-    mux.keep([first])
-    assert wait_until(lambda: live_sockets(muxdir))
+    host = _kept_host(sshd_log, muxdir)
     with Session(host, ConnectOptions(persist=30)) as sess:
         with pytest.raises(TimeoutError_):
             list(sess.stream("ping.ticks", {"n": 5, "every": 3}, timeout=0.5))
