@@ -105,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         ctx = Context(json=bool(args.json), debug=bool(args.debug), verbose=args.verbose or 0,
                       accept_new=bool(args.accept_new), inventory_file=args.inventory,
                       parallel=args.parallel or 16, connect_timeout=args.connect_timeout,
-                      python=args.python, workdir=args.workdir, persist=_persist(args.persist))
-        ctx.fleet   # checks --parallel / --connect-timeout (UsageError) before any work
+                      python=args.python, workdir=args.workdir, persist=args.persist)
+        ctx.fleet   # checks --parallel / --connect-timeout / --persist and $REMOTE_OPS_PERSIST before any work
         return int(args._module.run(args, ctx) or 0)
     except RemoteOpsError as exc:
         _report(exc, debug, json_mode)
@@ -126,11 +126,6 @@ def main(argv: list[str] | None = None) -> int:
         if ctx is not None:
             ctx.close()
 
-
-def _persist(value: float | None) -> float:
-    """--persist S / --no-persist, else $REMOTE_OPS_PERSIST, else off (checked before any host)."""
-    from remote_ops.connect import mux
-    return mux.default_persist() if value is None else mux.check_persist(value)
 
 
 def _report(exc, debug: bool, json_mode: bool) -> None:

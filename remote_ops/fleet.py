@@ -9,6 +9,7 @@ Nothing here prints or knows argparse.
 
 from __future__ import annotations
 
+import os
 import threading
 import traceback as tb
 from dataclasses import dataclass
@@ -105,7 +106,10 @@ class Fleet:
             raise UsageError("--parallel must be at least 1")
         if persist is not None:
             from remote_ops.connect.mux import check_persist
-            persist = check_persist(persist, "persist")
+            persist = check_persist(persist)
+        elif os.environ.get("REMOTE_OPS_PERSIST", "").strip():
+            from remote_ops.connect.mux import default_persist
+            persist = default_persist()      # a bad value is a UsageError here, before any host
         if connect_timeout is not None and not 0 < connect_timeout <= 3600:
             raise UsageError(f"--connect-timeout must be a number of seconds in (0, 3600], got {connect_timeout:g}")
         self.inventory_file = path
@@ -115,7 +119,7 @@ class Fleet:
         self.python = python
         self.workdir = workdir
         self._warn = warn
-        self.persist = persist       # kept connections (mux.py): seconds idle; 0 off; None: $REMOTE_OPS_PERSIST, else off
+        self.persist = persist       # kept connections (mux.py): seconds idle; 0 off (stop a kept one); None not asked
         self._note = note            # why a kept connection is not used (-v)
         self._inventory = None
         self._resolved: dict = {}
@@ -155,9 +159,6 @@ class Fleet:
         with self._lock:
             sess = self._sessions.get(host.name)
             if sess is None:
-                if self.persist is None:
-                    from remote_ops.connect.mux import default_persist
-                    self.persist = default_persist()
                 sess = session_for(host, ConnectOptions(accept_new=self.accept_new,
                                                         connect_timeout=self.connect_timeout,
                                                         persist=self.persist, note=self._note),

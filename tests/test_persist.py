@@ -397,6 +397,23 @@ def _kept_host(sshd_log, muxdir):
     return host
 
 
+def test_not_asked_neither_uses_nor_stops_a_kept_connection(sshd_log, muxdir, tmp_path, cli, monkeypatch):
+    """Without --persist/--no-persist and $REMOTE_OPS_PERSIST a command does no mux work: it
+    connects itself (a kept connection is not used) and leaves the kept one running (only an
+    explicit 0 tells it to exit)."""
+    inv = inv_for(tmp_path, sshd_log)
+    assert facts(cli, inv)[0] == 0
+    assert wait_until(lambda: live_sockets(muxdir))
+    pids = mux_pids(muxdir)
+    monkeypatch.delenv("REMOTE_OPS_PERSIST")
+    status, _, err = facts(cli, inv, "-v")
+    assert status == 0, err
+    stats = last_stats(tmp_path)["h"]
+    assert stats["connects"] == 1 and stats["mux_execs"] == 0
+    assert "kept connection" not in err
+    assert mux_pids(muxdir) == pids and live_sockets(muxdir)
+
+
 def test_killing_the_mux_mid_call_is_one_unreachable_error_then_next_call_works(sshd_log, muxdir, tmp_path):
     from remote_ops.connect.transport import ConnectOptions, Session
     host = _kept_host(sshd_log, muxdir)

@@ -32,7 +32,7 @@ class Context:
     connect_timeout: float | None = None
     python: str | None = None            # --python: the interpreter on every named host
     workdir: str | None = None           # --workdir
-    persist: float | None = None         # --persist S / --no-persist (0); None: $REMOTE_OPS_PERSIST, else off
+    persist: float | None = None         # --persist S / --no-persist (0); None: $REMOTE_OPS_PERSIST, else not asked
     _fleet: Any = None
     _console: Any = None
     _err: Any = None

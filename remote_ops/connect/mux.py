@@ -45,8 +45,10 @@ import sys
 PROTOCOL = 1
 # Off unless asked (--persist S, $REMOTE_OPS_PERSIST): a kept connection outlives an sshd restart and a
 # host-key rotation on the host (as OpenSSH's ControlPersist does), so within the window the next
-# command would not see a stopped sshd or a changed host key. Opting in is one variable.
-DEFAULT_PERSIST = 0.0
+# command would not see a stopped sshd or a changed host key. Opting in is one variable. Not asked
+# (None) is not the same as an explicit 0: only 0 (--no-persist) also tells a running mux to exit,
+# so a command nobody asked to persist does no mux work at all.
+DEFAULT_PERSIST = None
 _MAX_PATH = 100          # sun_path is 108 bytes on Linux (104 on macOS)
 
 
@@ -81,8 +83,8 @@ def peer_uid(sock: socket.socket) -> int | None:
 
 
 # ------------------------------------------------------------------------------------ settings
-def default_persist() -> float:
-    """``$REMOTE_OPS_PERSIST`` (seconds; 0 = off), else off (DEFAULT_PERSIST)."""
+def default_persist() -> float | None:
+    """``$REMOTE_OPS_PERSIST`` (seconds; 0 = off and stop a kept one), else None (not asked)."""
     raw = os.environ.get("REMOTE_OPS_PERSIST", "").strip()
     if not raw:
         return DEFAULT_PERSIST
