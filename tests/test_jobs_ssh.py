@@ -141,8 +141,11 @@ def test_launch_tail_success_then_status_logs_verify(tmp_path, sshd, cli):
     s, rec, _ = cli_json(cli, env, "status", "testhost")
     assert s == 0 and rec["job"]["state"] == "succeeded" and rec["job"]["exit_code"] == 0
     assert rec["job"]["samples"]["done"] == 10 and rec["job"]["elapsed_s"] is not None
-    s, out, _ = cli(*env.argv("logs", "testhost", "-n", "5"))
+    stats = tmp_path / "stats.jsonl"
+    s, out, _ = cli(*env.argv("logs", "testhost", "-n", "5"), env={"REMOTE_OPS_STATS_FILE": str(stats)})
     assert s == 0 and "ended: exit code 0" in out
+    # the agent resolves the playbook's job itself: one exec, no status call before the log
+    assert [v["ops"] for v in json.loads(stats.read_text().splitlines()[-1]).values()] == [[["jobs.logs"]]]
     s, rec, _ = cli_json(cli, env, "verify", "testhost", "--all")
     assert s == 0 and rec["ok"] and rec["files"] == 10 and rec["checked"] == 10
     # private job directory

@@ -153,9 +153,13 @@ def list_jobs(session, host) -> JobList:
 def logs(session, host, *, playbook: str | None = None, job: str | None = None, lines: int = 50) -> LogsResult:
     """The logs operation on one host: the last ``lines`` lines of the job's log (also after it ended)."""
     check_lines(lines)
-    st = resolve_job(session, ref_for(host, playbook=playbook, job=job))
-    r = session.call(*rq.jobs_logs(job_id=st["job_id"], lines=lines))
-    return LogsResult(host.name, st["job_id"], r["job"]["state"], r["text"], r["size"], r["next"])
+    ref = ref_for(host, playbook=playbook, job=job)
+    if not ref:     # the newest job on the host: only jobs.list knows it
+        ref = {"job_id": resolve_job(session, ref)["job_id"]}
+    # the agent resolves a job id or a playbook key as jobs.status does (same refusal when there is
+    # none) and answers with the job's status record: one round trip, not a status call first
+    r = session.call(*rq.jobs_logs(**ref, lines=lines))
+    return LogsResult(host.name, r["job"]["job_id"], r["job"]["state"], r["text"], r["size"], r["next"])
 
 
 def stop(session, host, *, playbook: str | None = None, job: str | None = None, grace: float | None = None,
