@@ -26,7 +26,8 @@ before (or after: the order flips every repetition) at the same RTT, and the tab
 of the per-pair ratios, so load drifting on a shared machine hits both sides of a pair alike.
   floor, 1 exec   one new ssh connection (ControlMaster) running `cat FILE`: the least facts or a
                   no-op patch can do.
-Kept connections (--persist) are off in every row (REMOTE_OPS_PERSIST=0) except the persist case:
+Kept connections (--persist) are not asked for in any row (the default: REMOTE_OPS_PERSIST unset, no
+mux work at all) except the persist case:
 `facts` run twice with --persist 60, the second timed once the first command's mux is serving
 (its run has 0 connects, checked), paired with the one-exec floor; the mux is stopped after each pair.
 Controller CPU: user+system seconds of the remote-ops process itself (getrusage of the waited
@@ -333,8 +334,10 @@ class Bench:
     # -------------------------------------------------------------- remote-ops
     def ro(self, *args, inventory=None, check_ok=True, ok_status=(0,), env_extra=None) -> Sample:
         self.stats_file.unlink(missing_ok=True)
-        env = dict(os.environ, REMOTE_OPS_STATS_FILE=str(self.stats_file), NO_COLOR="1", REMOTE_OPS_PERSIST="0",
+        env = dict(os.environ, REMOTE_OPS_STATS_FILE=str(self.stats_file), NO_COLOR="1",
                    REMOTE_OPS_MUX_DIR=str(self.lab.root / "mux"))
+        env.pop("REMOTE_OPS_PERSIST", None)   # what a user gets: not asked
+
         env.update(env_extra or {})
         cmd = [CLI, "-i", str(inventory or self.lab.inventory), *args]
         c0 = children_cpu_s()
