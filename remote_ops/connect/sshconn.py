@@ -79,6 +79,7 @@ def _import_paramiko():
     with _paramiko_lock:   # fleet threads connect at once: one imports, the others wait for it
         if "paramiko" in sys.modules:
             import paramiko   # (waits for an import in progress in another thread)
+            _constant_time_mac_check()
             return paramiko
         hide = "invoke" not in sys.modules
         if hide:
@@ -99,7 +100,23 @@ def _import_paramiko():
                     del importlib.metadata
         if hide and getattr(pconfig, "invoke", False) is None:
             pconfig.invoke = _LazyModule("invoke")
+        _constant_time_mac_check()
         return paramiko
+
+
+def _constant_time_mac_check() -> None:
+    """paramiko checks every incoming packet's MAC with ``util.constant_time_bytes_eq``, a loop
+    over the bytes in Python (about 60 us a packet: ~1 ms of controller CPU per host of a fleet
+    command). ``hmac.compare_digest`` is the stdlib's constant-time comparison in C, with the same
+    answer for bytes (False for any length or byte that differs). ``paramiko.packet`` looks the
+    function up on ``paramiko.util`` at each packet, so replacing it there covers both MAC checks
+    (plain and encrypt-then-MAC); ``hostkeys`` imported its own reference and keeps paramiko's."""
+    import hmac
+
+    import paramiko.util as putil
+
+    if getattr(putil.constant_time_bytes_eq, "__module__", None) == "paramiko.util":
+        putil.constant_time_bytes_eq = hmac.compare_digest
 
 
 _paramiko_lock = threading.Lock()
