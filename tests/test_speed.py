@@ -292,3 +292,39 @@ def test_match_exec_in_ssh_config_still_reaches_invoke(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "matched"
+
+
+def test_bundle_hash_is_computed_once_when_a_fleet_asks_at_once(monkeypatch):
+    """16 hosts' threads asking for the agent's hash and payload at the same moment read and
+    hash the agent's sources once (an lru_cache computed them once per thread that missed)."""
+    calls = []
+    real = bundle._read_sources
+    gate = threading.Barrier(16)
+
+    def counted():
+        calls.append(1)
+        threading.Event().wait(0.05)   # a slow disk: every thread that misses would get here
+        return real()
+    for f in (bundle._sources_json, bundle.agent_sha256, bundle.agent_payload):
+        f.cache_clear()
+    monkeypatch.setattr(bundle, "_read_sources", counted)
+    got = []
+
+    def host():
+        gate.wait()
+        got.append((bundle.agent_sha256(), bundle.agent_payload()))
+    threads = [threading.Thread(target=host) for _ in range(16)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        for f in (bundle._sources_json, bundle.agent_sha256, bundle.agent_payload):
+            f.cache_clear()
+    assert len(got) == 16 and len(set(got)) == 1 and calls == [1]
+    import hashlib
+    import zlib
+    sha, payload = got[0]
+    n, blob = payload.split(b"\n", 1)
+    assert int(n) == len(blob) and hashlib.sha256(zlib.decompress(blob)).hexdigest() == sha

@@ -31,6 +31,7 @@ import functools
 import hashlib
 import json
 import shlex
+import threading
 import zlib
 from pathlib import Path
 
@@ -200,24 +201,45 @@ sys.exit(protocol.main(P,None if Q is None else Q.decode("utf-8")))
 """.replace("@PKG@", AGENT_PACKAGE)
 
 
-@functools.lru_cache(maxsize=1)
-def _sources_json() -> bytes:
+def _once(fn):
+    """``fn()`` computed once per process even when a fleet's threads all ask at once (an
+    ``lru_cache`` lets every thread that misses compute it: ~5 times for 16 hosts)."""
+    box: list = []
+    lock = threading.Lock()
+
+    @functools.wraps(fn)
+    def get():
+        if not box:
+            with lock:
+                if not box:
+                    box.append(fn())
+        return box[0]
+    get.cache_clear = box.clear
+    return get
+
+
+def _read_sources() -> dict[str, str]:
     root = Path(__file__).resolve().parent.parent / "agent"
     sources = {}
     for path in sorted(root.glob("*.py")):
         stem = path.stem
         key = f"{AGENT_PACKAGE}.__init__" if stem == "__init__" else f"{AGENT_PACKAGE}.{stem}"
         sources[key] = path.read_text(encoding="utf-8")
-    return json.dumps(sources, sort_keys=True).encode()
+    return sources
 
 
-@functools.lru_cache(maxsize=1)
+@_once
+def _sources_json() -> bytes:
+    return json.dumps(_read_sources(), sort_keys=True).encode()
+
+
+@_once
 def agent_sha256() -> str:
     """The bundle's content address: sha256 of the sources JSON (names the host's cache dir)."""
     return hashlib.sha256(_sources_json()).hexdigest()
 
 
-@functools.lru_cache(maxsize=1)
+@_once
 def agent_payload() -> bytes:
     """Compressed agent sources, prefixed with their length line."""
     blob = zlib.compress(_sources_json(), 9)
