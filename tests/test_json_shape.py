@@ -77,3 +77,44 @@ def test_every_command_one_json_shape(cli, inv, command):
             assert set(entry["error"]) == set(live) and entry["error"]["exit_status"] == live["exit_status"]
         assert status == (live["exit_status"] if not entry["ok"] else 3)
         assert "remote-ops: dead: " in err
+
+
+def _stdout_of(args: list[str], *, tty: bool) -> str:
+    """The CLI in a child process whose stdout is a pipe, or a pseudo-terminal like a person's."""
+    import os
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "remote_ops", *args]
+    env = dict(os.environ, COLUMNS="200")
+    if not tty:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO, timeout=120)
+        assert p.returncode == 0, p.stderr
+        return p.stdout.decode()
+    master, slave = os.openpty()
+    try:
+        p = subprocess.Popen(cmd, stdout=slave, stderr=subprocess.PIPE, env=env, cwd=REPO)
+        os.close(slave)
+        chunks = []
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:     # EIO: the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        assert p.wait(timeout=120) == 0, p.stderr.read()
+    finally:
+        os.close(master)
+    return b"".join(chunks).decode().replace("\r\n", "\n")
+
+
+def test_json_is_indented_at_a_terminal_and_one_line_when_piped(tmp_path, sshd):
+    inv = write_inventory(tmp_path / "inventory.yaml", {"a": sshd.host_entry(), "b": sshd.host_entry()},
+                          groups={"both": ["a", "b"]})
+    args = ["-i", str(inv), "hosts", "--json"]
+    piped, shown = _stdout_of(args, tty=False), _stdout_of(args, tty=True)
+    assert json.loads(piped) == json.loads(shown) and len(json.loads(piped)["hosts"]) == 2
+    assert piped.count("\n") == 1 and piped.endswith("}\n")      # one line: the C encoder's form
+    assert shown.startswith("{\n  \"") and shown.count("\n") > 10  # indented for a person

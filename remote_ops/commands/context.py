@@ -103,7 +103,10 @@ class Context:
 
     def emit(self, data: Any, human: Callable[[Any], None] | None = None) -> None:
         if self.json or human is None:
-            sys.stdout.write(json.dumps(to_json(data), indent=2, default=str) + "\n")
+            # indented for a person at a terminal; piped (scripts, a fleet's N records) it is one
+            # line from the C encoder (indent= forces the pure-Python one): the same object
+            indent = 2 if sys.stdout.isatty() else None
+            sys.stdout.write(json.dumps(to_json(data), indent=indent, default=str) + "\n")
             sys.stdout.flush()
         else:
             human(self.console)
