@@ -2,7 +2,9 @@
 
 Ops:
   patching.read     facts (python, package versions) + each target's bytes, sha256, mode, owner.
-  patching.apply    one transaction over all targets of a playbook (lock, CAS, verify, backup, atomic write).
+  patching.apply    one transaction over all targets of a playbook (lock, CAS, verify, backup, atomic write);
+                    with ``only_if`` (the host state it was planned for) it first compares that state with
+                    the host's and, when anything differs, changes nothing: ``{"skipped": "<what differs>"}``.
   patching.verify   apply's verification alone (re-check of old and new text), for dry runs.
   patching.rollback restore the exact original bytes of a journal entry.
   patching.history  the journal.
@@ -101,12 +103,47 @@ def _import_check(modules, workdir, timeout):
     return None
 
 
+def _differs(cond, workdir):
+    """What of the host differs from ``only_if`` (None: nothing): the state a controller planned this
+    apply for without reading it first (its Python major.minor, the exact versions of the packages
+    the playbook queries, the resolved path and sha256 of every target of the playbook, changed or not)."""
+    if not isinstance(cond, dict) or not cond.get("targets"):
+        raise AgentFailure("bad-request", "only_if must be an object naming every target")
+    want = list(cond.get("python") or [])[:2]
+    if want != list(sys.version_info[:2]):
+        return "python %d.%d, not %s" % (sys.version_info[0], sys.version_info[1],
+                                         ".".join(str(x) for x in want) or "unknown")
+    for name, version in sorted((cond.get("packages") or {}).items()):
+        info = package_info(name)
+        have = info.get("version") if info["present"] else None
+        if have != version:
+            return "%s %s, not %s" % (name, have or "absent", version or "absent")
+    for t in cond.get("targets") or []:
+        spec = t.get("spec") or {}
+        label = spec.get("module") or spec.get("path")
+        try:
+            _found, real, _roots = _resolve(spec, workdir)
+            with open(real, "rb") as fh:
+                sha = _sha(fh.read())
+        except (AgentFailure, OSError) as exc:
+            return "%s: %s" % (label, getattr(exc, "message", None) or exc)
+        if t.get("real") is not None and os.path.realpath(t["real"]) != real:
+            return "%s resolves to %s, not %s" % (label, real, t["real"])
+        if sha != t.get("sha256"):
+            return "%s has sha256 %s..., not %s..." % (label, sha[:12], str(t.get("sha256"))[:12])
+    return None
+
+
 def op_apply(args):
     """One transaction: lock, recover, CAS, verify, backup, atomic replace, pyc, journal, import check."""
     targets = args.get("targets") or []
     meta = {"playbook": args.get("playbook"), "edits": args.get("edit_ids") or [], "who": _who(args)}
     with _Lock(args.get("lock_timeout")) as lock:
         recovered = _recover()
+        if args.get("only_if") is not None:
+            differs = _differs(args["only_if"], args.get("workdir"))
+            if differs:
+                return {"skipped": differs, "recovered": recovered}
         for t in targets:
             if not os.path.isabs(t["real"]):
                 raise AgentFailure("bad-request", "target path must be absolute: %r" % t["real"])

@@ -115,7 +115,9 @@ def patching_read(*, targets: list[dict], packages: list[str] = _UNSET, workdir:
 
 
 def patching_apply(**args) -> Request:
-    """targets, playbook, edit_ids, workdir, import_check, import_timeout, lock_timeout, who, verify."""
+    """targets, playbook, edit_ids, workdir, import_check, import_timeout, lock_timeout, who, verify,
+    only_if (the host state the plan is for: python major.minor, package versions, every target's
+    sha256; the agent answers ``{"skipped": why}`` and changes nothing when the host differs)."""
     return _req("patching.apply", **args)
 
 

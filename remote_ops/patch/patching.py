@@ -1,5 +1,9 @@
 """The patch operation: read (1 round trip) -> compute + validate locally -> apply (1 round trip).
 
+A repeated patch (no prompt, not a dry run) of a host in the state it was last planned for
+(hoststate.py) is one round trip: the apply built from the cached plan travels with the read,
+guarded by ``only_if``; when the host differs the agent skips it and the steps below run as before.
+
 - ``read``: one agent request returning facts (python version, package versions), every target's
   bytes/sha256/mode/owner and, when the playbook has a ``check`` section, the check result.
 - ``compute``: pure; applies the edits, checks ``requires``, validates (syntax for the host's Python,
@@ -21,7 +25,7 @@ from typing import Any
 from remote_ops.connect import agent_requests as rq
 from remote_ops.patch import edits as edits_mod
 from remote_ops.patch import plancache
-from remote_ops.errors import ConfigError, RefusedError, agent_error
+from remote_ops.errors import ConfigError, RefusedError, RemoteOpsError, agent_error
 from remote_ops.patch.playbook import Playbook
 from remote_ops.records import Record, optional
 
@@ -237,8 +241,9 @@ def verify_only(session, plan: PatchPlan, host, *, allow_findings: bool = False)
     return verification(plan, unwrap(res, host.name, "verifying the patch")["verified"], None)
 
 
-def apply(session, plan: PatchPlan, host, *, import_check: bool = False, allow_findings: bool = False) -> dict:
-    """Round trip 2: the whole transaction on the host (its result carries ``verification``)."""
+def apply_args(plan: PatchPlan, host, *, import_check: bool = False,
+               allow_findings: bool = False) -> tuple[dict[str, Any], str | None]:
+    """The agent's ``patching.apply`` arguments for ``plan``, and why nothing will be verified (or None)."""
     pb = plan.playbook
     changed = [t for t in plan.targets if t.changed]
     wire = {id(t): p.to_wire() for p, t in zip(pb.patches, plan.targets)}
@@ -254,21 +259,96 @@ def apply(session, plan: PatchPlan, host, *, import_check: bool = False, allow_f
         args["verify"] = req
     if import_check:
         args["import_check"] = sorted({t.module for t in plan.targets if t.module})
+    return args, reason
+
+
+def apply(session, plan: PatchPlan, host, *, import_check: bool = False, allow_findings: bool = False) -> dict:
+    """Round trip 2: the whole transaction on the host (its result carries ``verification``)."""
+    args, reason = apply_args(plan, host, import_check=import_check, allow_findings=allow_findings)
     (res,) = session.call_many([rq.patching_apply(**args)])
+    return applied(plan, res, host, reason)
+
+
+def applied(plan: PatchPlan, res: dict, host, reason: str | None) -> dict:
+    """The apply step's outcome from the agent's raw answer."""
     out = unwrap(res, host.name, "applying the patch")
     out["verification"] = verification(plan, out.get("verified"), reason or out.get("verify_skipped"))
     return out
+
+
+# ------------------------------------------------------------------ read + apply in one exec
+def planned_for_seen(pb: Playbook, host, *, import_check: bool = False,
+                     allow_findings: bool = False) -> dict | None:
+    """The apply request for the state this host was last seen in (hoststate.py), built from the
+    plan cache without the target's bytes, guarded by ``only_if`` (the host's Python major.minor,
+    the exact package versions, every target's resolved path and sha256): the agent does nothing unless all of it is
+    still what it has. None when anything is not known (never seen, a plan not cached, the
+    remembered versions not meeting ``requires``) or the plan changes nothing."""
+    from remote_ops.patch import hoststate
+
+    packages = packages_to_query(pb)
+    seen = hoststate.recall(pb, host, packages)
+    if seen is None or pb.check_requires(seen["packages"]):
+        return None
+    python = seen["python"]
+    targets = []
+    for patch, t in zip(pb.patches, seen["targets"]):
+        entry = plancache.cached(pb, patch, t["sha256"], python)
+        if entry is None:
+            return None
+        # the old text is not known (not read yet): only whether the target changes, its edits'
+        # states and its new bytes are used (apply_args)
+        result = plancache.file_result(entry, t["real"], None)
+        encoding = entry["encoding"]
+        new_bytes = b"" if entry.get("same") else edits_mod.encode_source(entry["new_text"], encoding)
+        targets.append(TargetPlan(patch.label, patch.module, t["real"], t["real"], False, t["sha256"], 0,
+                                  encoding, result, new_bytes, "cached"))
+    plan = PatchPlan(host.name, pb, list(python), dict(seen["packages"]), targets)
+    if not plan.changed:
+        return None
+    args, _reason = apply_args(plan, host, import_check=import_check, allow_findings=allow_findings)
+    args["only_if"] = {"python": list(python[:2]), "packages": dict(seen["packages"]),
+                       "targets": [{"spec": p.to_wire(), "real": t.real, "sha256": t.sha256}
+                                   for p, t in zip(pb.patches, targets)]}
+    return {"args": args, "seen": seen}
+
+
+def read_then_apply(session, pb: Playbook, host, apply_req: dict) -> tuple[dict, dict | None]:
+    """Round trip 1 carrying both: the read, then the conditional apply (not run if the read
+    failed). Returns (the read's result, the apply's raw answer)."""
+    res = session.call_many([rq.patching_read(targets=[p.to_wire() for p in pb.patches],
+                                              packages=packages_to_query(pb), workdir=host.workdir),
+                             rq.patching_apply(**apply_req)], stop_on_error=True)
+    return unwrap(res[0], host.name, "reading the patch targets"), (res[1] if len(res) > 1 else None)
 
 
 def run_host(session, host, pb: Playbook, *, dry_run: bool = False, import_check: bool = False,
              allow_findings: bool = False, confirm=None) -> dict:
     """read -> compute -> (verify for a dry run | confirm -> apply) on one host; returns a JSON-able
     outcome whose ``verification.line`` says what was verified or why nothing was."""
+    from remote_ops.patch import hoststate
+
     t0 = time.perf_counter()
     execs0 = session.stats.execs
-    prefetch_libcst(pb)
-    raw = read(session, pb, host)
+    # no prompt, not a dry run, and this host seen before: the apply for that state travels with the read
+    early = None if dry_run or confirm is not None else planned_for_seen(
+        pb, host, import_check=import_check, allow_findings=allow_findings)
+    if early is None:
+        prefetch_libcst(pb)
+        raw, first = read(session, pb, host), None
+    else:
+        raw, first = read_then_apply(session, pb, host, early["args"])
+    ran_early = first is not None and not (first.get("ok") and "skipped" in (first.get("result") or {}))
+    if ran_early and not hoststate.same_state(pb, raw, early["seen"]):
+        # the apply found the remembered state, the read (a moment before, same process) did not:
+        # another controller changed the host in between; the report cannot be built from this read
+        unwrap(first, host.name, "applying the patch")
+        raise RemoteOpsError("the host's targets changed between the read and the apply of this patch "
+                             "(another controller?); the apply ran for the state it checked",
+                             "run `remote-ops history` to see what is on the host", host=host.name)
     plan = compute(pb, raw, host.name)
+    if plan.changed:
+        hoststate.remember(pb, host, raw, early and early["seen"])
     out = {"host": host.name, "playbook": pb.name, "playbook_path": pb.path, "python": plan.python,
            "packages": plan.packages, "changed": False, "dry_run": dry_run,
            "targets": [{"label": t.label, "path": t.path, "real": t.real, "is_link": t.is_link,
@@ -284,7 +364,11 @@ def run_host(session, host, pb: Playbook, *, dry_run: bool = False, import_check
             out["declined"] = True
             out["verification"] = verification(plan, None, "not applied (declined at the prompt)")
         else:
-            res = apply(session, plan, host, import_check=import_check, allow_findings=allow_findings)
+            if ran_early:
+                # the host was in the remembered state: the apply in the read's exec was this plan's
+                res = applied(plan, first, host, plan.verify_request(allow_findings)[1])
+            else:   # the host differs from what was remembered (it said what): apply as planned now
+                res = apply(session, plan, host, import_check=import_check, allow_findings=allow_findings)
             entry = res.get("entry")
             out.update(changed=bool(res.get("changed")), txid=entry and entry["txid"],
                        journal=entry, lock_wait_s=res.get("lock_wait_s"), verification=res["verification"],

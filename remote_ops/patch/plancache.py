@@ -15,6 +15,9 @@ Two levels:
   anything else is ignored and recomputed. ``REMOTE_OPS_PLAN_CACHE`` names another directory,
   or ``off`` turns this level off.
 
+The same directory holds, per host, the state the host was in when a plan of this playbook last
+changed something (``host-<key>.state``, hoststate.py): what a repeated patch sends its apply for.
+
 Keys cover the code that computes plans (edits.py, validate.py, patching.py, this file, the
 installed libcst, the controller's Python minor version), so an upgrade never reuses an old plan.
 Failures (a refused or invalid edit) are never cached: they are recomputed and reported per host.
@@ -156,7 +159,13 @@ def _load(path: Path, k: str) -> dict | None:
     return entry if _valid(entry, k) else None
 
 
-def _store(path: Path, entry: dict) -> None:
+def book_dir(pb) -> Path | None:
+    """The directory of this playbook's plans (None: the disk level is off)."""
+    root = _disk_root()
+    return None if root is None else root / book_fingerprint(pb)[:32]
+
+
+def write_private(path: Path, entry: dict) -> None:
     """Atomic, private; a cache that cannot be written is only a missed speed-up."""
     try:
         path.parent.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -204,6 +213,27 @@ def file_result(entry: dict, path: str, old_text: str):
     return FileResult(path, old_text, new_text, results, cached_diff_body=entry.get("diff_body"))
 
 
+def cached(pb, patch, target_sha256: str, python) -> dict | None:
+    """The entry for ``patch`` on a target whose sha256 is ``target_sha256``, from memory or disk;
+    None when it was never computed (nothing is computed here: the bytes are not known)."""
+    k = key(patch, target_sha256, python)
+    with _guard:
+        if k in _mem:
+            return _mem[k]
+    d = book_dir(pb)
+    entry = _load(d / f"{k}.json", k) if d is not None else None
+    if entry is not None:
+        _keep(k, entry)
+    return entry
+
+
+def _keep(k: str, entry: dict) -> None:
+    with _guard:
+        if len(_mem) >= 256:   # a long-lived API process patching many files: stay bounded
+            _mem.clear()
+        _mem[k] = entry
+
+
 def plan(pb, patch, data: bytes, python, compute: Callable[[str], dict]) -> tuple[dict, bool]:
     """The entry for ``patch`` on a target holding ``data``: from memory, disk, or ``compute(key)``
     (which raises on a refused edit: nothing is cached then). Returns (entry, computed_here)."""
@@ -215,16 +245,13 @@ def plan(pb, patch, data: bytes, python, compute: Callable[[str], dict]) -> tupl
     with lock:
         if k in _mem:
             return _mem[k], False
-        root = _disk_root()
-        path = root / book_fingerprint(pb)[:32] / f"{k}.json" if root is not None else None
+        d = book_dir(pb)
+        path = d / f"{k}.json" if d is not None else None
         entry = _load(path, k) if path is not None else None
         computed = entry is None
         if computed:
             entry = compute(k)
             if path is not None:
-                _store(path, entry)
-        with _guard:
-            if len(_mem) >= 256:   # a long-lived API process patching many files: stay bounded
-                _mem.clear()
-            _mem[k] = entry
+                write_private(path, entry)
+        _keep(k, entry)
         return entry, computed
