@@ -328,3 +328,31 @@ def test_bundle_hash_is_computed_once_when_a_fleet_asks_at_once(monkeypatch):
     sha, payload = got[0]
     n, blob = payload.split(b"\n", 1)
     assert int(n) == len(blob) and hashlib.sha256(zlib.decompress(blob)).hexdigest() == sha
+
+
+@pytest.mark.parametrize("kind,pem", [("ed25519", False), ("rsa", False), ("ecdsa", False), ("rsa", True),
+                                      ("ecdsa", True)])
+def test_identity_file_is_parsed_once_as_the_type_it_declares(tmp_path, monkeypatch, kind, pem):
+    """A fleet with a key per host: each key file is parsed by the class it declares, not tried
+    as RSA, then ECDSA, then Ed25519 (paramiko's order, kept for a file that declares nothing)."""
+    import paramiko
+
+    from remote_ops.connect import sshconn
+
+    path = tmp_path / f"id_{kind}"
+    subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(path)] + (["-m", "PEM"] if pem else []),
+                   check=True)
+    tried = []
+    for klass in (paramiko.RSAKey, paramiko.ECDSAKey, paramiko.Ed25519Key):
+        real = klass.from_private_key_file.__func__
+
+        def spy(cls, filename, password=None, _real=real):
+            tried.append(cls.__name__)
+            return _real(cls, filename, password)
+        monkeypatch.setattr(klass, "from_private_key_file", classmethod(spy))
+    key = sshconn.identity_key(str(path))
+    want = {"ed25519": "Ed25519Key", "rsa": "RSAKey", "ecdsa": "ECDSAKey"}[kind]
+    assert type(key).__name__ == want and tried == [want]
+    assert key.get_base64() == path.with_suffix(".pub").read_text().split()[1]
+    # a file that declares no type keeps paramiko's order
+    assert sshconn._key_classes(b"not a key", paramiko) == (paramiko.RSAKey, paramiko.ECDSAKey, paramiko.Ed25519Key)

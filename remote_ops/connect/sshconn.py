@@ -132,6 +132,44 @@ _keys: dict = {}
 _keys_lock = threading.Lock()
 
 
+def _key_type(data: bytes) -> str | None:
+    """The key type a private key file declares (``ssh-ed25519``, ``ssh-rsa``, ``ecdsa-sha2-...``;
+    RSA/EC for PEM files), or None: read from the OpenSSH format's clear public part."""
+    import base64
+    import struct
+
+    head = data[:64]
+    if b"-----BEGIN RSA PRIVATE KEY-----" in head:
+        return "ssh-rsa"
+    if b"-----BEGIN EC PRIVATE KEY-----" in head:
+        return "ecdsa-sha2-"
+    if b"-----BEGIN OPENSSH PRIVATE KEY-----" not in head:
+        return None
+    try:
+        blob = base64.b64decode(b"".join(line for line in data.split(b"-----")[2].split()))
+        magic = b"openssh-key-v1\0"
+        if not blob.startswith(magic):
+            return None
+        pos = len(magic)
+        for _ in range(3):                       # cipher, kdf name, kdf options
+            pos += 4 + struct.unpack(">I", blob[pos:pos + 4])[0]
+        pos += 4 + 4                             # number of keys, length of the first public key
+        n = struct.unpack(">I", blob[pos:pos + 4])[0]
+        return blob[pos + 4:pos + 4 + n].decode("ascii")
+    except (IndexError, ValueError, struct.error, UnicodeDecodeError):
+        return None
+
+
+def _key_classes(data: bytes, paramiko) -> tuple:
+    """paramiko's order of key classes (RSA, ECDSA, Ed25519), the one the file declares first: a
+    fleet with a key per host parses each file once, not up to three times."""
+    order = (paramiko.RSAKey, paramiko.ECDSAKey, paramiko.Ed25519Key)
+    kind = _key_type(data) or ""
+    first = {"ssh-rsa": paramiko.RSAKey, "ssh-ed25519": paramiko.Ed25519Key}.get(kind) or \
+        (paramiko.ECDSAKey if kind.startswith("ecdsa-sha2-") else None)
+    return order if first is None else (first,) + tuple(k for k in order if k is not first)
+
+
 def identity_key(path: str):
     """The private key in ``path`` (with its ``-cert.pub`` certificate when one exists), loaded as
     paramiko's ``SSHClient`` loads a ``key_filename`` and kept while the files' bytes are unchanged;
@@ -155,7 +193,7 @@ def identity_key(path: str):
         hit = _keys.get(path)
         if hit is not None and hit[0] == (data, cert_data):
             return hit[1]
-    for klass in (paramiko.RSAKey, paramiko.ECDSAKey, paramiko.Ed25519Key):   # paramiko's order
+    for klass in _key_classes(data, paramiko):
         try:
             key = klass.from_private_key_file(path, None)
             if cert_data is not None:

@@ -29,13 +29,23 @@ FORMAT = 1
 _SHA = re.compile(r"[0-9a-f]{64}\Z")
 
 
+_keys: dict[int, tuple[Any, str]] = {}   # id(host) -> (host, its key): asked a few times per host
+
+
 def host_key(host) -> str:
     """Everything of the inventory entry that decides which machine, account, interpreter and
     state directory a patch reaches."""
+    hit = _keys.get(id(host))
+    if hit is not None and hit[0] is host:
+        return hit[1]
     ident = [host.name, host.hostname, host.port, host.user, host.python, host.workdir,
              getattr(host, "connection", "ssh"), list(host.proxy_jump or ()),
              sorted((str(k), str(v)) for k, v in (host.env or {}).items())]
-    return hashlib.sha256(json.dumps(ident, default=str).encode()).hexdigest()
+    key = hashlib.sha256(json.dumps(ident, default=str).encode()).hexdigest()
+    if len(_keys) >= 1024:
+        _keys.clear()
+    _keys[id(host)] = (host, key)   # (the entry holds the host: its id is not reused meanwhile)
+    return key
 
 
 def _path(pb, host) -> Path | None:
@@ -96,11 +106,11 @@ def recall(pb, host, packages: list[str]) -> dict | None:
 def remember(pb, host, raw: dict, seen: dict | None = None) -> None:
     """Store the state of ``raw`` (a read result whose plan changed something) for this host;
     nothing is written when it is the state already remembered (``seen``)."""
-    path = _path(pb, host)
-    if path is None:
-        return
     state = state_of(pb, raw)
     if seen is not None and all(seen.get(k) == v for k, v in state.items()):
         return   # (a fleet's repeated patch: no write per host)
+    path = _path(pb, host)
+    if path is None:
+        return
     plancache.write_private(path, dict(state, format=FORMAT, host=host_key(host),
                                        book=plancache.book_fingerprint(pb)))

@@ -95,14 +95,21 @@ def key(patch, target_sha256: str, python) -> str:
     return _sha(f"{code_fingerprint()} {edits_fingerprint(patch)} {target_sha256} {py}".encode())
 
 
+_roots: dict[tuple, Path] = {}   # (the environment naming it) -> the default root, created once
+
+
 def _disk_root() -> Path | None:
     where = os.environ.get(ENV, "")
     if where.lower() == "off":
         return None
     if where:
         return Path(where)
-    from remote_ops.cachedir import cache_dir
-    return cache_dir() / "plans"
+    env = tuple(os.environ.get(k) for k in ("REMOTE_OPS_CACHE", "XDG_CACHE_HOME", "HOME"))
+    root = _roots.get(env)
+    if root is None:   # (asked a few times per host of a fleet: cache_dir() makes the directory)
+        from remote_ops.cachedir import cache_dir
+        root = _roots[env] = cache_dir() / "plans"
+    return root
 
 
 def clear_memory() -> None:

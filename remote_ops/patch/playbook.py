@@ -38,6 +38,7 @@ the loader refuses the playbook until a person replaces it.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,28 +107,33 @@ class Playbook:
 
     def check_requires(self, versions: dict[str, str | None]) -> list[str]:
         """Problems with ``requires`` against the host's package versions (empty: all met)."""
-        from packaging.specifiers import SpecifierSet
-        from packaging.version import InvalidVersion, Version
-
-        problems = []
-        for name, spec in self.requires.items():
-            have = versions.get(name)
-            if have is None:
-                problems.append(f"{name} is not installed (playbook requires {name}{spec})")
-                continue
-            try:
-                ok = Version(have) in SpecifierSet(spec, prereleases=True) if spec.strip() else True
-            except InvalidVersion:
-                ok = False
-            if not ok:
-                problems.append(f"{name} {have} does not satisfy {name}{spec}")
-        return problems
+        return list(_requires_problems(tuple((name, spec, versions.get(name)) for name, spec in self.requires.items())))
 
     def require_met(self, versions: dict[str, str | None], host: str | None = None) -> None:
         problems = self.check_requires(versions)
         if problems:
             raise RefusedError(f"playbook {self.name} does not apply: " + "; ".join(problems),
                                f"requirements are at {self.path}:{self.line('requires')}", host=host)
+
+
+@functools.lru_cache(maxsize=64)
+def _requires_problems(rows: tuple) -> tuple[str, ...]:
+    """(name, spec, host version) rows -> problems; a fleet's hosts mostly share one answer."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    problems = []
+    for name, spec, have in rows:
+        if have is None:
+            problems.append(f"{name} is not installed (playbook requires {name}{spec})")
+            continue
+        try:
+            ok = Version(have) in SpecifierSet(spec, prereleases=True) if spec.strip() else True
+        except InvalidVersion:
+            ok = False
+        if not ok:
+            problems.append(f"{name} {have} does not satisfy {name}{spec}")
+    return tuple(problems)
 
 
 def _placeholder_scan(doc: YamlDoc, value: Any, keys: tuple) -> None:
