@@ -203,3 +203,26 @@ def test_patch_check_rollback_through_the_resident_agent(sshd_log, muxdir, fresh
     assert again == before
     lines = (state / "journal" / "journal.jsonl").read_text().splitlines()
     assert [json.loads(x)["action"] for x in lines] == ["patch", "rollback"]
+
+
+def test_python_found_through_a_login_shell_is_reported_by_the_resident_agent(sshd_log, muxdir, tmp_path, cli):
+    """No interpreter configured: the first exec of every command runs python3 from a login shell's
+    PATH and reports what it found; a resident agent started that way reports it on every request."""
+    from tests.conftest import write_inventory
+    from tests.test_persist import facts, last_stats
+
+    entry = sshd_log.host_entry()
+    del entry["python"]
+    inv = write_inventory(tmp_path / "inv-login.yaml", {"h": entry})
+    status, out1, err = facts(cli, inv)
+    assert status == 0, err
+    assert wait_until(lambda: live_sockets(muxdir))
+    runs = []
+    for _ in range(2):
+        status, out, err = facts(cli, inv)
+        assert status == 0, err
+        runs.append((json.loads(out)["python"], last_stats(tmp_path)["h"]))
+    for py, st in runs:
+        assert py["executable"] == json.loads(out1)["python"]["executable"]
+        assert py["found_by"] == "login shell PATH"
+        assert st["agent_cache"] == ["resident"] and st["connects"] == 0
