@@ -8,6 +8,8 @@ import shutil
 import socket
 import sys
 
+from .protocol import per_request
+
 DEFAULT_PACKAGES = ("vllm", "speculators", "torch", "transformers")
 
 
@@ -29,7 +31,7 @@ def _metadata_version(meta_path):
     return None
 
 
-_DIST_DIRS = {}
+_DIST_DIRS = per_request({})   # a resident agent lists the entries again per request
 
 
 def _dist_dirs(entry):
