@@ -21,6 +21,7 @@ from remote_ops import pkgsource
 from remote_ops.connect.transport import ConnectOptions, Session
 from remote_ops.patch import hoststate, patching, plancache, playbook
 from tests.conftest import SPECULATORS, VLLM_NEW, write_inventory
+from tests.test_persist import muxdir, sshd_log  # noqa: F401  (fixtures)
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
@@ -152,17 +153,7 @@ def test_a_package_version_that_differs_falls_back(one, fresh_env017):
     h, target = one
     h.patch()
     h.rollback()
-    # vLLM 0.17.1 now: the same sources (linked), a dist-info saying another version
-    pth = next(fresh_env017.parent.parent.glob("lib/python*/site-packages/_remote_ops_vllm.pth"))
-    src = Path(pth.read_text().strip())
-    alt = pth.parent.parent / "vllm-0.17.1"
-    alt.mkdir()
-    (alt / "vllm").symlink_to(src / "vllm")
-    (info,) = src.glob("vllm-*.dist-info")
-    shutil.copytree(info, alt / "vllm-0.17.1.dist-info")
-    meta = alt / "vllm-0.17.1.dist-info" / "METADATA"
-    meta.write_text(meta.read_text().replace("Version: 0.17.0", "Version: 0.17.1", 1))
-    pth.write_text(str(alt) + "\n")
+    _vllm_reports(fresh_env017, "0.17.1")
     pb, host = playbook.load(SHIPPED), h.host()
     with Session(host, ConnectOptions()).open() as sess:
         _raw, first = patching.read_then_apply(sess, pb, host, patching.planned_for_seen(pb, host)["args"])
@@ -266,3 +257,35 @@ def test_a_prompt_or_a_dry_run_takes_the_two_step_path(one, tmp_path):
         assert out["declined"] and sess.stats.op_log == [[READ]]
     assert hoststate.recall(pb, host, patching.packages_to_query(pb)) is not None
     plancache.clear_memory()
+
+
+def _vllm_reports(python: Path, version: str) -> None:
+    """vLLM ``version`` now, as the host's interpreter finds it: a dist-info of that version in
+    site-packages, ahead of the linked sources' own (those stay untouched: shared between tests)."""
+    site = next(python.parent.parent.glob("lib/python*/site-packages"))
+    src = Path(next(site.glob("_remote_ops_vllm.pth")).read_text().strip())
+    (info,) = src.glob("vllm-*.dist-info")
+    shutil.copytree(info, site / f"vllm-{version}.dist-info")
+    meta = site / f"vllm-{version}.dist-info" / "METADATA"
+    meta.write_text(meta.read_text().replace("Version: 0.17.0", f"Version: {version}", 1))
+
+
+def test_one_exec_through_a_kept_connection_and_its_resident_agent(sshd_log, muxdir, fresh_env017, state_dir,
+                                                                   tmp_path, cli):
+    """With --persist the read + conditional apply go to the host's resident agent, which compares
+    the state as a fresh process would (a package version changed between two commands is seen)."""
+    h = Host(cli, tmp_path, sshd_log, fresh_env017, state_dir)
+    target = site_file(fresh_env017, GEN)
+    h.patch()
+    patched = target.read_bytes()
+    h.rollback()
+    out, ops = h.patch()
+    st = json.loads(h.stats.read_text().splitlines()[-1])[h.name]
+    assert ops == [[READ, APPLY]] and out["changed"] and target.read_bytes() == patched
+    assert st["mux_execs"] == 1 and st["agent_cache"] == ["resident"]
+    h.rollback()
+    _vllm_reports(fresh_env017, "0.17.1")
+    out, ops = h.patch()
+    st = json.loads(h.stats.read_text().splitlines()[-1])[h.name]
+    assert ops == [[READ, APPLY], [APPLY]] and out["packages"]["vllm"] == "0.17.1"
+    assert st["agent_cache"] == ["resident", "resident"] and target.read_bytes() == patched
