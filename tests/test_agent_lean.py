@@ -168,8 +168,8 @@ def test_which_is_shutil_which(tmp_path, monkeypatch):
 def _boot_modules(tmp_path, ops, env):
     """Run the bootstrap (cache hit) with ``ops``; the set of modules loaded when it finished."""
     script = ("def _exit(rc):\n    import sys\n    sys.stderr.write('MODULES ' + ' '.join(sorted(sys.modules)))\n"
-              "    sys.exit(rc)\n" + bundle._BOOT.replace("sys.exit(protocol.main(", "_exit(protocol.main("))
-    assert "_exit(protocol.main(" in script
+              "    sys.exit(rc)\n" + bundle._BOOT.replace("sys.exit(protocol.", "_exit(protocol."))
+    assert "_exit(protocol." in script
     env = dict(env, **{bundle.CACHE_ENV: str(tmp_path / "cache")})
     for _ in range(2):   # fill, then hit
         proc = subprocess.run([sys.executable, "-c", script], input=bundle.encode_probe(ops, env) + bundle.agent_payload(),

@@ -23,7 +23,14 @@ FINDING_KINDS = ("unexpected-keyword", "missing-argument", "too-many-positional"
                  "missing-symbol", "missing-attribute")
 
 Kind = namedtuple("Kind", "name refusal exit doc")
-Op = namedtuple("Op", "name args doc")
+# ``resident``: the operation may be served by a resident agent (``--persist``: one long-lived agent
+# process per kept connection, protocol.resident) because it imports no host package into the agent's
+# process and changes no process state beyond what the resident agent restores between requests
+# (environment, working directory, sys.path, per-request caches). Anything else runs in a fresh
+# process, as without --persist. ``RESIDENT_UNLESS``: argument values that make a resident operation
+# one-shot after all (``mode: runtime`` imports the library in the agent's process).
+Op = namedtuple("Op", "name args doc resident", defaults=(False,))
+RESIDENT_UNLESS = {"mode": "runtime"}
 
 
 def _kinds(*kinds):
@@ -85,37 +92,37 @@ KINDS = _kinds(
 _JOB = ("key", "job_id")
 
 OPS = {o.name: o for o in (
-    Op("ping.ping", ("echo",), "liveness and the interpreter"),
-    Op("ping.ticks", ("n", "every"), "test stream: n events"),
-    Op("facts.gather", ("packages", "workdir", "gpus", "jobs"), "read-only host state in one round trip"),
-    Op("gpu.query", ("driver", "timeout"), "nvidia-smi"),
+    Op("ping.ping", ("echo",), "liveness and the interpreter", resident=True),
+    Op("ping.ticks", ("n", "every"), "test stream: n events", resident=True),
+    Op("facts.gather", ("packages", "workdir", "gpus", "jobs"), "read-only host state in one round trip", resident=True),
+    Op("gpu.query", ("driver", "timeout"), "nvidia-smi", resident=True),
     Op("compat.check", ("targets", "against", "package", "mode", "sys_path", "override_sources", "only_symbols",
-                        "drift", "trace"), "call sites of the targets against the installed libraries"),
-    Op("compat.inspect", ("symbols", "mode", "sys_path"), "signatures of library symbols"),
+                        "drift", "trace"), "call sites of the targets against the installed libraries", resident=True),
+    Op("compat.inspect", ("symbols", "mode", "sys_path"), "signatures of library symbols", resident=True),
     Op("files.put", ("workdir", "files", "dry_run", "unless_running"),
        "ship files into the job's workdir"),
     Op("imports.probe", ("python", "modules", "env", "workdir", "timeout", "packages", "unless_running"),
        "can the job's interpreter import the job's modules"),
-    Op("jobs.probe", ("key", "output_dir"), "running job and free disk before a launch"),
+    Op("jobs.probe", ("key", "output_dir"), "running job and free disk before a launch", resident=True),
     Op("jobs.launch", ("key", "command", "workdir", "env", "secrets", "output_dir", "expected_samples",
                        "watchdog_seconds", "cleanup_grace", "playbook", "lock_timeout", "start_timeout"),
        "start the supervised job (or attach to the running one)"),
-    Op("jobs.status", _JOB, "one job's status record"),
-    Op("jobs.list", ("key",), "the host's jobs, oldest first"),
-    Op("jobs.logs", _JOB + ("lines", "max_bytes", "offset"), "a job's log"),
+    Op("jobs.status", _JOB, "one job's status record", resident=True),
+    Op("jobs.list", ("key",), "the host's jobs, oldest first", resident=True),
+    Op("jobs.logs", _JOB + ("lines", "max_bytes", "offset"), "a job's log", resident=True),
     Op("jobs.tail", _JOB + ("offset", "budget", "poll", "snapshot_every", "gpu_every"),
-       "stream a job's log and snapshots"),
+       "stream a job's log and snapshots", resident=True),
     Op("jobs.stop", _JOB + ("grace",), "stop a job (TERM, then KILL after grace)"),
     Op("patching.read", ("targets", "packages", "workdir", "lock_timeout"),
-       "the files a patch edits, resolved on the host"),
+       "the files a patch edits, resolved on the host", resident=True),
     Op("patching.apply", ("targets", "playbook", "edit_ids", "workdir", "import_check", "import_timeout",
                           "lock_timeout", "who", "verify"),
-       "one atomic patch transaction"),
+       "one atomic patch transaction", resident=True),
     Op("patching.verify", ("verify", "targets"),
-       "apply's verification alone (patch --dry-run): no lock, nothing written"),
+       "apply's verification alone (patch --dry-run): no lock, nothing written", resident=True),
     Op("patching.rollback", ("to", "force", "lock_timeout", "who"),
-       "undo patches (the last, or back to an entry)"),
-    Op("patching.history", ("limit",), "the host's patch journal"),
+       "undo patches (the last, or back to an entry)", resident=True),
+    Op("patching.history", ("limit",), "the host's patch journal", resident=True),
     Op("verify.verify", ("output_dir", "expected", "all", "sample", "seed", "finite"),
        "load and check the job's output files"),
 )}

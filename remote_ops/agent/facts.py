@@ -9,6 +9,8 @@ without those pieces), the module that computed them before still does.
 import os
 import sys
 
+from .protocol import per_request
+
 DEFAULT_PACKAGES = ("vllm", "speculators", "torch", "transformers")
 
 
@@ -35,7 +37,7 @@ def _metadata_version(meta_path):
     return None
 
 
-_DIST_DIRS = {}
+_DIST_DIRS = per_request({})   # a resident agent lists the entries again per request
 
 
 def _dist_dirs(entry):

@@ -15,6 +15,17 @@ from . import jsonio   # json's own C codec without importing json (and re): see
 # Filled by the bootstrap: how the agent's code was obtained ("hit": the host's cache,
 # "filled": compiled and stored, "shipped"/"off"/"unwritable"/"unsafe": compiled from stdin only).
 BOOT = {}
+# Caches an op keeps for the life of its process that are only valid for one request (directory
+# listings and the like). A one-shot agent never sees them go stale; a resident agent (``resident``)
+# empties every one of them before each request. Caches keyed by content (resolve_modules' parsed
+# trees, keyed by the source text itself) are not registered: they stay valid and are the point.
+PER_REQUEST = []
+
+
+def per_request(cache):
+    """Register a process-level cache that must be emptied between a resident agent's requests."""
+    PER_REQUEST.append(cache)
+    return cache
 _CO_GENERATOR = 0x20   # inspect.CO_GENERATOR, without importing inspect (~10 ms on a small host)
 
 
@@ -68,13 +79,17 @@ def _run_one(spec, index, out, package):
     return func(args)
 
 
+_SINCE = [0.0, 0.0]   # (process CPU, children CPU) when the current request began (resident: not 0)
+
+
 def agent_stats():
     """This process's own CPU (interpreter start to now) and its waited-for children's, and how
-    the agent's code was obtained: the host-side cost of one exec, for Session.stats."""
+    the agent's code was obtained: the host-side cost of one exec, for Session.stats. A resident
+    agent reports the CPU of this request alone (its start and bootstrap were paid once, before)."""
     import time
     t = os.times()
-    return {"cpu_s": round(time.process_time(), 4),
-            "children_cpu_s": round(t.children_user + t.children_system, 4),
+    return {"cpu_s": round(time.process_time() - _SINCE[0], 4),
+            "children_cpu_s": round(t.children_user + t.children_system - _SINCE[1], 4),
             "cache": BOOT.get("cache"),
             # of cpu_s: the interpreter's own start before the bootstrap ran, and the bootstrap
             # (reading the request, the cache or the shipped sources, compiling)
@@ -91,7 +106,7 @@ def serve(stdin, out, package, request_text=None):
         return 2
     # set by bundle's wrapper when python3 was looked up through a login shell: report what was
     # found, so the controller runs it directly (with that PATH) for the rest of the session
-    login = os.environ.pop("REMOTE_OPS_LOGIN_LOOKUP", None)
+    login = os.environ.pop("REMOTE_OPS_LOGIN_LOOKUP", None) or BOOT.get("login")
     env = request.get("env") or {}
     for key, value in env.items():
         os.environ[str(key)] = str(value)
@@ -121,3 +136,59 @@ def main(package, request_text=None):
     # Nothing an op prints by accident may corrupt the protocol stream.
     sys.stdout = sys.stderr
     return serve(stdin, out, package, request_text)
+
+
+SERVED = b'{"served":'   # a resident agent's end-of-request line: {"served": <exit status>}
+
+
+def resident(package, stdin=None, out=None):
+    """A long-lived agent (``--persist``: the kept connection's process keeps one per host): reads
+    requests framed as ``<n>\\n`` + n bytes of request JSON from stdin (after one first line
+    ``{"resident": {"cache", "pid"}}`` saying it is ready), answers each exactly as a
+    one-shot agent would (the same output lines), then writes ``{"served": <status>}``. Ends at EOF
+    (the kept connection closed its channel). Between requests the process is put back as it began:
+    the environment, the working directory, sys.path, every ``per_request`` cache, importlib's
+    directory caches. Only operations the contract declares ``resident`` are sent here (none imports
+    a host package in this process or changes process state beyond that)."""
+    import importlib
+    import json   # once per resident process (one-shot agents use jsonio)
+    import time
+
+    stdin = stdin or sys.stdin.buffer
+    out = out or sys.stdout
+    sys.stdout = sys.stderr   # nothing an op prints by accident may corrupt the protocol stream
+    login = os.environ.pop("REMOTE_OPS_LOGIN_LOOKUP", None)
+    if login:
+        BOOT["login"] = login
+    base_env, base_cwd, base_path = dict(os.environ), os.getcwd(), list(sys.path)
+    out.write(json.dumps({"resident": {"cache": BOOT.get("cache"), "pid": os.getpid()}}) + "\n")
+    out.flush()
+    BOOT.update(cache="resident", start_cpu_s=0.0, boot_cpu_s=0.0)
+    while True:
+        line = stdin.readline()
+        if not line.strip():
+            return 0
+        try:
+            n = int(line)
+        except ValueError:
+            return 2
+        body = stdin.read(n)
+        if len(body) < n:
+            return 0
+        t = os.times()
+        _SINCE[:] = [time.process_time(), t.children_user + t.children_system]
+        try:
+            status = serve(None, out, package, body.decode("utf-8"))
+        finally:
+            os.environ.clear()
+            os.environ.update(base_env)
+            try:
+                os.chdir(base_cwd)
+            except OSError:
+                pass
+            sys.path[:] = base_path
+            for cache in PER_REQUEST:
+                cache.clear()
+            importlib.invalidate_caches()
+        out.write('{"served":%d}\n' % status)
+        out.flush()

@@ -18,6 +18,11 @@ Two stdin forms, both read by the same bootstrap:
   set to ``"off"``) is never required: the agent then runs from the shipped bundle, as in the full
   form, and its reply says so (``{"agent": {"cache": ...}}`` on the final line).
 
+- **serve** (``encode_serve``, only from the kept connection's process, ``--persist``): the probe
+  header with ``"serve": true`` and no request; the agent then stays up as a resident agent
+  (``protocol.resident``) answering requests framed ``<n>\\n`` + n bytes, each followed by a
+  ``{"served": <status>}`` line, until stdin closes.
+
 Cache directory layout: ``sources.json`` (the exact JSON whose sha256 names the directory) and
 ``code-<sha256 of its index>.bin``: a length line, the index (marshal of the bundle hash, the
 interpreter's bytecode tag and ``{module: (offset, size, sha256)}``), then each module's marshalled
@@ -223,9 +228,11 @@ C={}
 B=None
 Q=None
 state="shipped"
+SERVE=False
 line=r.readline()
 if line[:1]==b"{":
     h=loads(line)
+    SERVE=h.get("serve") is True
     Q=r.read(int(h["n"]))
     sha=str(h["agent"])
     base=h.get("cache")
@@ -294,7 +301,7 @@ sys.meta_path.insert(0,L())
 sys.stdin=io.TextIOWrapper(r,encoding="utf-8")
 from _remote_ops_agent import protocol
 protocol.BOOT.update(cache=state,start_cpu_s=T0,boot_cpu_s=time.process_time()-T0)
-sys.exit(protocol.main(P,None if Q is None else Q.decode("utf-8")))
+sys.exit(protocol.resident(P) if SERVE else protocol.main(P,None if Q is None else Q.decode("utf-8")))
 """.replace("@PKG@", AGENT_PACKAGE)
 
 
@@ -356,6 +363,29 @@ def encode_probe(ops: list[dict], env: dict | None = None, stop_on_error: bool =
     cache = (env or {}).get(CACHE_ENV)
     head = {"agent": agent_sha256(), "n": len(req), "cache": None if cache is None else str(cache)}
     return json.dumps(head).encode() + b"\n" + req
+
+
+def encode_serve(cache: str | None) -> bytes:
+    """The serve form's header: a resident agent, its requests follow framed (``frame_request``)."""
+    head = {"agent": agent_sha256(), "n": 0, "cache": cache, "serve": True}
+    return json.dumps(head).encode() + b"\n"
+
+
+def split_probe(payload: bytes) -> tuple[dict, bytes] | None:
+    """(header, request) of a probe-form payload, or None when it is not one (the full form)."""
+    if payload[:1] != b"{":
+        return None
+    line, _, rest = payload.partition(b"\n")
+    try:
+        head = json.loads(line)
+        n = int(head["n"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return (head, rest[:n]) if len(rest) >= n else None
+
+
+def frame_request(request: bytes) -> bytes:
+    return str(len(request)).encode() + b"\n" + request
 
 
 NEED_BUNDLE = b'{"bundle":"need"}'

@@ -33,7 +33,8 @@ class LocalSession(Session):
     def transport(self):
         raise AgentError("a local connection has no SSH transport", host=self.label)
 
-    def _run_agent(self, payload: bytes, timeout: float | None, what: str, end: dict) -> Iterator[bytes]:
+    def _run_agent(self, payload: bytes, timeout: float | None, what: str, end: dict,
+                   resident: dict | None = None) -> Iterator[bytes]:
         import selectors
         import subprocess
 

@@ -20,7 +20,8 @@ changing), ssh_config text, jump chain or ssh-agent never reuses another's conne
 Protocol over the unix socket, one connection per exec, frames of ``type(1 byte) + length(4 bytes,
 big-endian) + payload``:
 
-    client -> mux   X {"command", "timeout", "persist"}  open a session channel and exec command
+    client -> mux   X {"command", "timeout", "persist", "resident"}  open a session channel and exec
+                    command (``resident``: or answer this agent exec from the host's resident agent)
                     I bytes   stdin            E   stdin closed          Q   stop the mux
     mux -> client   A         exec sent        N text  nothing was run (the mux's link is gone)
                     O bytes   stdout           R bytes stderr
@@ -206,16 +207,19 @@ class Mux:
             return s
         return _connect(self.path)
 
-    def exec(self, command: str, timeout: float | None, persist: float) -> "MuxChannel | None":
+    def exec(self, command: str, timeout: float | None, persist: float,
+             resident: dict | None = None) -> "MuxChannel | None":
         """The command started on the kept connection, or None when nothing was run (the mux is
-        gone or its link is dead): the caller then connects itself."""
+        gone or its link is dead): the caller then connects itself. ``resident`` ({"agent": bundle
+        sha256, "cache": the host's agent cache setting}): an agent exec the mux may answer from the
+        host's resident agent (muxserver.Resident); the client sees the same stream either way."""
         sock = self._connect()
         if sock is None:
             return None
         try:
             sock.settimeout((timeout or 30) + 5)
-            send_frame(sock, b"X", json.dumps({"command": command, "timeout": timeout,
-                                               "persist": persist}).encode())
+            send_frame(sock, b"X", json.dumps({"command": command, "timeout": timeout, "persist": persist,
+                                               "resident": resident}).encode())
             kind, _ = recv_frame(sock)
         except (OSError, EOFError):
             kind = b"N"

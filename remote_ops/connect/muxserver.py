@@ -10,6 +10,14 @@ serve exec requests until no client has come for ``persist`` seconds, the SSH co
 a client sends ``Q``. Then the socket is removed. The process ends when its last host is done.
 Each exec gets a session channel opened ahead of time when one is ready (the channel-open round
 trip is paid while idle, not by the next command).
+
+Resident agents: an agent exec whose client marks it ``resident`` (every op of it declared
+``resident`` in the contract, the client's agent bundle the same as this process's) is answered by
+one long-lived agent process per host instead of a new interpreter (``Resident``; ``protocol.resident``
+on the host): no interpreter start, no bootstrap, modules and parsed sources kept between requests.
+It serves one request at a time (a request arriving while it is busy gets a fresh exec, as before);
+a client that goes away mid-request, or an agent that dies, ends it (the next request starts a new
+one); it ends with the kept connection.
 """
 
 from __future__ import annotations
@@ -67,6 +75,8 @@ class Keeper:
         self.lock = threading.Lock()
         self._spare = None
         self._spare_lock = threading.Lock()
+        self._residents: dict = {}
+        self._residents_lock = threading.Lock()
 
     def run(self) -> None:
         name = self.session.host.name
@@ -191,6 +201,8 @@ class Keeper:
 
         if isinstance(req.get("persist"), (int, float)) and req["persist"] > 0:
             self.idle = float(req["persist"])              # the latest command's --persist counts
+        if req.get("resident") and self._resident_exec(conn, req):
+            return
         chan = None
         try:
             chan = self._channel(req.get("timeout"))
@@ -233,6 +245,140 @@ class Keeper:
                 pass
         finally:
             chan.close()
+
+
+    # ---------------------------------------------------------------- resident agents
+    def _resident_exec(self, conn: socket.socket, req: dict) -> bool:
+        """Answer one agent exec from the host's resident agent; False (nothing sent to the client)
+        when it cannot be used now: another bundle, busy, or it cannot start. Then a fresh exec."""
+        from remote_ops.connect import bundle
+
+        want = req["resident"]
+        if not isinstance(want, dict) or want.get("agent") != bundle.agent_sha256():
+            return False                                   # another remote-ops version: not ours to start
+        key = (req["command"], want.get("cache"))
+        with self._residents_lock:
+            res = self._residents.get(key)
+            if res is None or res.dead:
+                res = self._residents[key] = Resident(self, req["command"], want.get("cache"))
+        if not res.busy.acquire(blocking=False):
+            return False                                   # serving another client: a fresh exec
+        released = []
+
+        def release() -> None:                             # once: before the answer's end is sent, so
+            if not released:                               # the client's next request finds it free
+                released.append(1)
+                res.busy.release()
+        try:
+            if not res.ready and not res.start(req.get("timeout")):
+                return False
+            mux.send_frame(conn, b"A")
+            res.serve(conn, release)
+            return True
+        finally:
+            release()
+
+
+class Resident:
+    """One long-lived agent on the host (``protocol.resident``) on its own session channel."""
+
+    def __init__(self, keeper: Keeper, command: str, cache):
+        self.keeper = keeper
+        self.command = command
+        self.cache = cache
+        self.chan = None
+        self.buf = b""
+        self.ready = False
+        self.dead = False
+        self.busy = threading.Lock()
+
+    def kill(self) -> None:
+        self.dead = True
+        if self.chan is not None:
+            self.chan.close()                              # the agent reads EOF (or EPIPE) and exits
+
+    def _line(self) -> bytes | None:
+        while b"\n" not in self.buf:
+            data = self.chan.recv(65536)
+            if not data:
+                return None
+            self.buf += data
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line
+
+    def start(self, timeout) -> bool:
+        from remote_ops.connect import bundle
+        from remote_ops.connect.sshconn import _exec_pipelined
+
+        try:
+            self.chan = self.keeper._channel(timeout)
+            _exec_pipelined(self.chan, self.command)
+            self.chan.sendall(bundle.encode_serve(self.cache))
+            self.chan.settimeout(60)
+            line = self._line()
+            if line is not None and line.strip() == bundle.NEED_BUNDLE:
+                self.chan.sendall(bundle.agent_payload())
+                line = self._line()
+            ok = line is not None and json.loads(line).get("resident") is not None
+        except Exception as exc:  # the host cannot run one (old bundle, a dead link): fresh execs as before
+            log(f"{self.keeper.session.host.name}: no resident agent: {exc}")
+            ok = False
+        if not ok:
+            self.kill()
+            return False
+        self.chan.settimeout(None)
+        self.ready = True
+        return True
+
+    def serve(self, conn: socket.socket, release) -> None:
+        """Relay one client's request (the probe form it sends to any agent) and the agent's lines."""
+        from remote_ops.connect import bundle
+        from remote_ops.agent.protocol import SERVED
+
+        got = b""
+        parsed = None
+        while parsed is None:                              # the client's stdin: header line + request
+            kind, data = mux.recv_frame(conn)
+            if kind != b"I":                               # nothing was sent to the agent yet
+                raise EOFError("the client ended its request early")
+            got += data
+            parsed = bundle.split_probe(got)
+        _head, request = parsed
+        done = threading.Event()
+
+        def watch() -> None:                               # a client gone before the answer: end the agent
+            try:
+                while True:
+                    mux.recv_frame(conn)                   # E (stdin closed) and nothing else is expected
+            except Exception:  # EOF or error: the client is gone
+                if not done.is_set():
+                    self.kill()
+
+        threading.Thread(target=watch, daemon=True).start()
+        status = None
+        try:
+            self.chan.sendall(bundle.frame_request(request))
+            while status is None:
+                line = self._line()
+                while self.chan.recv_stderr_ready():
+                    mux.send_frame(conn, b"R", self.chan.recv_stderr(65536))
+                if line is None:                           # the agent died (a fault, a kill): its exit status
+                    self.dead = True
+                    status = self.chan.recv_exit_status() if not self.chan.closed else -1
+                    break
+                if line.startswith(SERVED):
+                    status = int(json.loads(line)["served"])
+                else:
+                    mux.send_frame(conn, b"O", line + b"\n")
+            done.set()
+            release()
+            mux.send_frame(conn, b"S", json.dumps({"status": status}).encode())
+        except Exception as exc:  # the link died mid-request, or the client went away
+            self.kill()
+            try:
+                mux.send_frame(conn, b"F", str(exc or type(exc).__name__).encode())
+            except OSError:
+                pass
 
 
 def main(argv: list[str]) -> int:

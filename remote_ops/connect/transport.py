@@ -209,12 +209,12 @@ class Session:
         return self._conn.transport
 
     # ---------------------------------------------------------------- agent calls
-    def _open_channel(self, timeout: float | None, command: str):
+    def _open_channel(self, timeout: float | None, command: str, resident: dict | None = None):
         """A channel for one exec: over the kept connection (the exec already sent), else a
         session channel of our own connection (falling back to one when the mux is gone)."""
         self.open()
         if self._mux is not None:
-            chan = self._mux.exec(command, timeout, self.options.persist)
+            chan = self._mux.exec(command, timeout, self.options.persist, resident)
             if chan is not None:
                 self.stats.mux_execs += 1
                 return chan
@@ -245,7 +245,12 @@ class Session:
         """Run one agent request (one exec round trip); yields every parsed output line."""
         login_path = {"PATH": self._login["path"]} if self._login else {}
         full_env = {**login_path, **self.host.env, **(env or {})}
-        if self.bundle_probe and full_env.get(bundle.CACHE_ENV) != "off":
+        resident = None
+        if self._mux is not None and resident_ok(ops):
+            # the kept connection may answer from the host's resident agent (the probe form it reads)
+            cache = full_env.get(bundle.CACHE_ENV)
+            resident = {"agent": bundle.agent_sha256(), "cache": None if cache is None else str(cache)}
+        if resident is not None or (self.bundle_probe and full_env.get(bundle.CACHE_ENV) != "off"):
             payload = bundle.encode_probe(ops, full_env, stop_on_error)
         else:
             payload = bundle.encode_request(ops, full_env, stop_on_error)
@@ -254,7 +259,7 @@ class Session:
         self.stats.op_log.append([o["op"] for o in ops])
         end: dict = {}
         buf = b""
-        for data in self._run_agent(payload, timeout, what, end):
+        for data in self._run_agent(payload, timeout, what, end, resident):
             self.stats.bytes_received += len(data)
             buf += data
             while b"\n" in buf:
@@ -300,14 +305,15 @@ class Session:
         if state in ("off", "unwritable", "unsafe"):
             self.bundle_probe = False   # this host cannot cache: stop probing (saves the wait)
 
-    def _run_agent(self, payload: bytes, timeout: float | None, what: str, end: dict) -> Iterator[bytes]:
+    def _run_agent(self, payload: bytes, timeout: float | None, what: str, end: dict,
+                   resident: dict | None = None) -> Iterator[bytes]:
         """The agent on one exec channel: yields stdout chunks; sets end["status"], end["stderr"].
 
         With the probe form (bundle.encode_probe) stdin stays open until the agent's first line:
         ``{"bundle": "need"}`` (its cache lacks this agent) is answered with the bundle on the same
         channel and not passed on; any other first line means the cache served it."""
         command = bundle.agent_command(self._python())
-        chan = self._open_channel(timeout, command)
+        chan = self._open_channel(timeout, command, resident)
         link_errors_ = link_errors()
         stderr_chunks: list[bytes] = []
         probing = payload[:1] == b"{"
@@ -390,6 +396,21 @@ class Session:
                 yield {"event": msg["event"]}
             elif "results" in msg:
                 yield {"result": unwrap(msg["results"][0], self.label)}
+
+
+def resident_ok(ops: list[dict]) -> bool:
+    """Whether a host's resident agent may answer these ops (``--persist``): every one declared
+    ``resident`` in the contract, none with an argument value of ``RESIDENT_UNLESS``."""
+    from remote_ops.agent.contract import OPS, RESIDENT_UNLESS
+
+    for spec in ops:
+        op = OPS.get(spec.get("op"))
+        if op is None or not op.resident:
+            return False
+        args = spec.get("args") or {}
+        if any(args.get(k) == v for k, v in RESIDENT_UNLESS.items()):
+            return False
+    return True
 
 
 def session_for(host: Host, options: ConnectOptions | None = None,
