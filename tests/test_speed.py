@@ -65,24 +65,93 @@ def test_agent_cache_fills_once_then_hits_without_shipping_the_bundle(sshd, tmp_
     assert again.stats.execs == 1 and again.stats.host_cpu_s and again.stats.host_cpu_s[0] > 0
 
 
-@pytest.mark.parametrize("victim", ["code", "sources"])
+def read_code_file(f: Path):
+    """(index bytes, {module: (offset, size, sha256)}, body) of a cache entry's code file."""
+    import marshal
+    raw = f.read_bytes()
+    n, _, rest = raw.partition(b"\n")
+    head = rest[:int(n)]
+    return head, marshal.loads(head)[2], rest[int(n):]
+
+
+@pytest.mark.parametrize("victim", ["code", "index", "sources"])
 def test_tampered_cache_file_is_ignored_and_rebuilt(sshd, tmp_path, victim):
     cache = tmp_path / "agent-cache"
     ping(sshd, cache)
     d = entry_dir(cache)
+    f = next(d.glob("code-*.bin"))
+    import hashlib
+    import marshal
     if victim == "code":
-        f = next(d.glob("code-*.bin"))
-        # valid marshal, other behaviour: the file no longer matches the hash in its name
-        import marshal
-        evil = {k: compile("raise SystemExit('tampered code ran')", "x", "exec")
-                for k in marshal.loads(f.read_bytes())[2]}
-        f.write_bytes(marshal.dumps((bundle.agent_sha256(), f.name, evil)))
+        # a whole file of other code with a consistent index, under the old name: its index no
+        # longer matches the hash in the file's name
+        evil = [marshal.dumps(compile("raise SystemExit('tampered code ran')", "x", "exec"))] * 2
+        index = {k: (i * len(evil[0]), len(evil[0]), hashlib.sha256(evil[0]).hexdigest())
+                 for i, k in enumerate(["_remote_ops_agent.ping", "_remote_ops_agent.protocol"])}
+        head = marshal.dumps((bundle.agent_sha256(), marshal.loads(read_code_file(f)[0])[1], index))
+        f.write_bytes(b"%d\n" % len(head) + head + b"".join(evil))
+    elif victim == "index":
+        raw = f.read_bytes()
+        f.write_bytes(raw.replace(b"_remote_ops_agent.ping", b"_remote_ops_agent.pong", 1))
     else:
         f = d / "sources.json"
         f.write_bytes(f.read_bytes().replace(b"def op_ping", b"def op_pong"))
+        # sources are read only when a source is needed: a crash's traceback lines
+        sess = Session(sshd.host(env={bundle.CACHE_ENV: str(cache)}), ConnectOptions()).open()
+        try:
+            with pytest.raises(Exception) as err:
+                sess.call("ping.ticks", {"n": "not a number"})
+        finally:
+            sess.close()
+        assert sess.stats.agent_cache == ["hit"]
+        tb = getattr(err.value, "remote_traceback", "") or ""
+        assert "ValueError" in tb and "op_pong" not in tb and "int(args.get" not in tb   # no unchecked line
+        assert not d.exists()   # found damaged when needed: removed, so the next exec rebuilds it
     rebuilt = ping(sshd, cache)   # ping() asserts the real agent answered
     assert rebuilt.stats.agent_cache == ["filled"] and rebuilt.stats.bundles_sent == 1
     assert ping(sshd, cache).stats.agent_cache == ["hit"]
+
+
+def test_damaged_module_code_is_compiled_from_the_checked_sources_then_rebuilt(sshd, tmp_path):
+    """One module's bytes no longer match their hash in the (intact) index: that module is compiled
+    from sources.json (checked against the entry's hash), the answer is right, the next exec refills."""
+    cache = tmp_path / "agent-cache"
+    ping(sshd, cache)
+    d = entry_dir(cache)
+    f = next(d.glob("code-*.bin"))
+    head, index, body = read_code_file(f)
+    off, size, _ = index["_remote_ops_agent.ping"]
+    evil = bytearray(body)
+    evil[off + size // 2] ^= 0xFF
+    f.write_bytes(b"%d\n" % len(head) + head + bytes(evil))
+    damaged = ping(sshd, cache)   # ping() asserts the real agent answered
+    assert damaged.stats.agent_cache == ["hit"] and damaged.stats.bundles_sent == 0
+    assert not d.exists()
+    assert ping(sshd, cache).stats.agent_cache == ["filled"]
+    assert ping(sshd, cache).stats.agent_cache == ["hit"]
+
+
+def test_a_hit_loads_only_the_modules_an_op_imports(tmp_path):
+    """Per-module code: a hit on ping unmarshals the index and the package, protocol, jsonio and ping, not
+    the other ~35 modules (the bytes given to marshal.loads are counted)."""
+    cache = tmp_path / "agent-cache"
+    env = dict(os.environ, **{bundle.CACHE_ENV: str(cache)})
+    count = ("import marshal as _m, sys as _s\n_loads = _m.loads\n_n = []\n"
+             "def _count(b):\n    if _s._getframe(1).f_code.co_filename == '<string>':   # the bootstrap's, not .pyc imports\n"
+             "        _n.append(len(b))\n    return _loads(b)\n_m.loads = _count\n"
+             "def _exit(rc):\n    _s.stderr.write('unmarshalled %r' % _n)\n    _s.exit(rc)\n")
+    script = count + bundle._BOOT.replace("sys.exit(protocol.", "_exit(protocol.")
+    assert "_exit(protocol." in script
+    for expect in ("filled", "hit"):
+        proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, cwd=tmp_path,
+                              input=bundle.encode_probe([{"op": "ping.ping", "args": {}}], {bundle.CACHE_ENV: str(cache)})
+                              + bundle.agent_payload())
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout.splitlines()[-1])["agent"]["cache"] == expect
+    sizes = eval(proc.stderr.decode().rsplit("unmarshalled ", 1)[1])
+    head, index, body = read_code_file(next(entry_dir(cache).glob("code-*.bin")))
+    assert len(index) > 30
+    assert sizes == [len(head)] + [index["_remote_ops_agent." + m][1] for m in ("__init__", "protocol", "jsonio", "ping")]
 
 
 def test_cache_entry_with_loose_permissions_is_not_used(sshd, tmp_path):

@@ -1,11 +1,12 @@
-"""Read-only facts about the host, gathered in one round trip without importing heavy packages."""
+"""Read-only facts about the host, gathered in one round trip without importing heavy packages.
 
-import importlib.util
+Every exec of the agent pays for what this module imports, so the values that the standard library
+computes behind heavier modules are read directly where that gives the same value (``os.uname``,
+``os.statvfs``, the import system's own spec finder); where it might not (not Linux, an import system
+without those pieces), the module that computed them before still does.
+"""
+
 import os
-import re
-import platform
-import shutil
-import socket
 import sys
 
 from .protocol import per_request
@@ -14,7 +15,12 @@ DEFAULT_PACKAGES = ("vllm", "speculators", "torch", "transformers")
 
 
 def _norm(name):
-    return re.sub(r"[-_.]+", "_", name).lower()
+    """``re.sub(r"[-_.]+", "_", name).lower()`` without re (not imported by an exec that needs no
+    pattern): each run of - _ . becomes one _."""
+    name = name.replace("-", "_").replace(".", "_")
+    while "__" in name:
+        name = name.replace("__", "_")
+    return name.lower()
 
 
 def _metadata_version(meta_path):
@@ -81,7 +87,7 @@ def package_info(name):
     version, dist_dir = found
     info = {"name": name, "present": True, "version": version}
     try:
-        spec = importlib.util.find_spec(name.replace("-", "_"))
+        spec = find_spec(name.replace("-", "_"))
     except (ImportError, ValueError):
         spec = None
     if spec is not None and spec.origin:
@@ -90,6 +96,32 @@ def package_info(name):
     else:
         info["location"] = os.path.dirname(dist_dir) if dist_dir else None
     return info
+
+
+def find_spec(name):
+    """``importlib.util.find_spec(name)``. For a top-level name not imported yet that function is, in
+    Python 3.10-3.13 alike, ``_find_spec(name, None)`` of the import system itself (its search of
+    ``sys.meta_path``): called directly, because importing importlib.util costs ~1.5 ms of each exec."""
+    if "." not in name and name not in sys.modules:
+        try:
+            from _frozen_importlib import _find_spec
+        except ImportError:
+            pass
+        else:
+            return _find_spec(name, None)
+    import importlib.util
+    return importlib.util.find_spec(name)
+
+
+def disk_usage(path):
+    """(free, total) bytes of the filesystem at ``path``: ``shutil.disk_usage``'s POSIX computation
+    (``f_bavail`` and ``f_blocks`` times ``f_frsize`` of ``os.statvfs``) without importing shutil."""
+    if not hasattr(os, "statvfs"):
+        import shutil
+        usage = shutil.disk_usage(path)
+        return usage.free, usage.total
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
 
 
 def disk_info(path):
@@ -101,11 +133,11 @@ def disk_info(path):
             break
         probe = parent
     try:
-        usage = shutil.disk_usage(probe)
+        free, total = disk_usage(probe)
     except OSError as exc:
         return {"path": path, "error": str(exc)}
     return {"path": path, "exists": os.path.exists(path), "measured_at": probe,
-            "free_bytes": usage.free, "total_bytes": usage.total}
+            "free_bytes": free, "total_bytes": total}
 
 
 def memory_info():
@@ -118,15 +150,48 @@ def memory_info():
         return None
 
 
+def _blank_unknown(value):
+    return "" if value == "unknown" else value   # platform.uname's normalisation
+
+
+def system_names():
+    """(hostname, python implementation, {system, release, machine}): what ``socket.gethostname()``,
+    ``platform.python_implementation()`` and ``platform.system()/release()/machine()`` return.
+
+    On Linux ``platform.uname()`` is ``os.uname()`` with "unknown" read as "" (3.10-3.13; 3.13's
+    Android and iOS rewrites apply only where sys.platform says so, not "linux"), and gethostname(2)
+    is the kernel's uname nodename in glibc and musl alike, so ``os.uname()`` gives all three at once.
+    CPython's name is "CPython" unless sys.version mentions IronPython or PyPy (platform's parser
+    checks those first). Anywhere else platform and socket are asked, as before."""
+    impl = None
+    if sys.implementation.name == "cpython" and "IronPython" not in sys.version and "PyPy" not in sys.version:
+        impl = "CPython"
+    if sys.platform == "linux":
+        u = os.uname()
+        names = {"system": _blank_unknown(u.sysname), "release": _blank_unknown(u.release),
+                 "machine": _blank_unknown(u.machine)}
+        host = u.nodename
+    else:
+        import platform
+        import socket
+        names = {"system": platform.system(), "release": platform.release(), "machine": platform.machine()}
+        host = socket.gethostname()
+    if impl is None:
+        import platform
+        impl = platform.python_implementation()
+    return host, impl, names
+
+
 def gather(args):
     packages = args.get("packages") or list(DEFAULT_PACKAGES)
+    hostname, implementation, os_names = system_names()
     out = {
-        "hostname": socket.gethostname(),
+        "hostname": hostname,
         "user": _user(),
         "python": {"executable": sys.executable, "version": ".".join(map(str, sys.version_info[:3])),
                    "version_info": list(sys.version_info[:3]),
-                   "implementation": platform.python_implementation(), "prefix": sys.prefix},
-        "os": {"system": platform.system(), "release": platform.release(), "machine": platform.machine()},
+                   "implementation": implementation, "prefix": sys.prefix},
+        "os": os_names,
         "cpus": os.cpu_count(),
         "memory": memory_info(),
         "load": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,

@@ -6,8 +6,6 @@ never an error. ``$REMOTE_OPS_NVIDIA_SMI`` names another executable (tests use a
 """
 
 import os
-import shutil
-import subprocess
 
 GPU_FIELDS = "index,uuid,name,memory.used,memory.total,utilization.gpu,temperature.gpu,power.draw"
 APP_FIELDS = "pid,process_name,used_memory,gpu_uuid"
@@ -79,12 +77,39 @@ def parse_version(text):
     return None
 
 
+def which(cmd):
+    """``shutil.which(cmd)`` for a name without a directory part, the same search on POSIX (Python
+    3.10-3.13 alike: $PATH, else ``CS_PATH``, else ``os.defpath``; an empty $PATH finds nothing; each
+    directory once; an existing executable that is not a directory) without importing shutil, which
+    costs more than a facts call's whole GPU probe on a host without nvidia-smi."""
+    if os.name != "posix":
+        import shutil   # Windows: PATHEXT and the current directory rules
+        return shutil.which(cmd)
+    path = os.environ.get("PATH", None)
+    if path is None:
+        try:
+            path = os.confstr("CS_PATH")
+        except (AttributeError, ValueError):
+            path = os.defpath
+    if not path:
+        return None
+    seen = set()
+    for folder in path.split(os.pathsep):
+        if folder not in seen:   # os.path.normcase is the identity on POSIX
+            seen.add(folder)
+            name = os.path.join(folder, cmd)
+            if os.path.exists(name) and os.access(name, os.F_OK | os.X_OK) and not os.path.isdir(name):
+                return name
+    return None
+
+
 def _executable():
     exe = os.environ.get("REMOTE_OPS_NVIDIA_SMI") or "nvidia-smi"
-    return exe if os.sep in exe else shutil.which(exe)
+    return exe if os.sep in exe else which(exe)
 
 
 def _run(exe, args, timeout):
+    import subprocess
     proc = subprocess.run([exe] + args, stdin=subprocess.DEVNULL, capture_output=True,
                           text=True, timeout=timeout)
     if proc.returncode != 0:
@@ -101,6 +126,7 @@ def query(timeout=15.0, driver=True):
     if not exe or not os.path.exists(exe):
         return out
     out["present"] = True
+    import subprocess   # only when there is an nvidia-smi to run (~5 ms of every facts call otherwise)
     try:
         out["gpus"] = parse_gpus(_run(exe, ["--query-gpu=" + GPU_FIELDS,
                                             "--format=csv,noheader,nounits"], timeout))

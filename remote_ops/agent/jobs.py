@@ -21,9 +21,6 @@ a job that never started (reported lost, replaced by the next launch) or one run
 import errno
 import fcntl
 import os
-import secrets as _secrets
-import signal
-import subprocess
 import sys
 import time
 
@@ -142,6 +139,9 @@ def _str_dict(value, what):
 
 
 def op_launch(args):
+    # imported here, not for every exec of the agent (status, logs and facts do not need them)
+    import secrets as _secrets
+    import subprocess
     key = safe_key(args.get("key"))
     command = args.get("command")
     if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
@@ -353,6 +353,7 @@ def op_stop(args):
     """SIGTERM the job's process group and every process carrying its marker, SIGKILL after
     ``grace`` seconds, then kill job processes still on the GPU list and report what still holds
     GPU memory."""
+    import signal
     job_id = _resolve(args)
     jobdir = _jobdir(job_id)
     grace = float(args.get("grace", 30))

@@ -4,9 +4,7 @@ owner, writability), and its stale bytecode invalidated after a replace.
 """
 
 import importlib.machinery
-import importlib.util
 import os
-import py_compile
 import stat
 import sys
 
@@ -19,6 +17,8 @@ def _invalidate_pyc(path):
     A hash-checked pyc is revalidated against the source on every import, so a later rewrite within
     the same second with the same size can never run stale bytecode (cpython #75953).
     """
+    import importlib.util   # only after a replace (~4 ms with py_compile for a read otherwise)
+    import py_compile
     notes = []
     if not path.endswith(".py"):
         return notes

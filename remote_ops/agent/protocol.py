@@ -7,10 +7,10 @@ Ops of one request run in order; a failed op does not stop the ones after it unl
 request says ``"stop_on_error": true``.
 """
 
-import importlib
-import json
 import os
 import sys
+
+from . import jsonio   # json's own C codec without importing json (and re): see jsonio
 
 # Filled by the bootstrap: how the agent's code was obtained ("hit": the host's cache,
 # "filled": compiled and stored, "shipped"/"off"/"unwritable"/"unsafe": compiled from stdin only).
@@ -46,7 +46,7 @@ class AgentFailure(Exception):
 
 
 def _emit(obj, out):
-    out.write(json.dumps(obj, default=str, separators=(",", ":")) + "\n")
+    out.write(jsonio.dumps(obj, default=str) + "\n")
     out.flush()
 
 
@@ -58,7 +58,10 @@ def _run_one(spec, index, out, package):
             p.isidentifier() for p in module_name.split(".")):
         raise AgentFailure("bad-op", "unknown agent operation %r" % name)
     try:
-        module = importlib.import_module("." + module_name, package)
+        # importlib.import_module("." + module_name, package) without importing importlib
+        full = package + "." + module_name
+        __import__(full)
+        module = sys.modules[full]
     except ModuleNotFoundError:
         raise AgentFailure("bad-op", "unknown agent module %r" % module_name)
     func = getattr(module, "op_" + func_name, None)
@@ -96,7 +99,7 @@ def agent_stats():
 def serve(stdin, out, package, request_text=None):
     """Read one request from ``stdin`` (or take ``request_text``) and answer it on ``out``."""
     try:
-        request = json.loads((stdin.read() if request_text is None else request_text) or "{}")
+        request = jsonio.loads((stdin.read() if request_text is None else request_text) or "{}")
     except ValueError as exc:
         _emit({"results": [{"ok": False, "error": {"kind": "bad-request", "message": str(exc)}}],
                "agent": agent_stats()}, out)
@@ -148,6 +151,7 @@ def resident(package, stdin=None, out=None):
     directory caches. Only operations the contract declares ``resident`` are sent here (none imports
     a host package in this process or changes process state beyond that)."""
     import importlib
+    import json   # once per resident process (one-shot agents use jsonio)
     import time
 
     stdin = stdin or sys.stdin.buffer

@@ -12,18 +12,24 @@ It starts the job in its own process group with ``REMOTE_OPS_JOB_ID=<id>`` in th
 ``run.json``, watches for a job that stops advancing (``watchdog.json``), records the real exit
 status in ``exit.json`` (tmp + rename), and finally kills anything of the job left behind.
 This file must not import anything outside the standard library: it runs outside the agent.
+The agent imports it too (``jobstatus``, on every ``facts``): json, re, signal and subprocess are
+imported by the functions that use them, so a ``facts`` on a host without jobs imports none of them.
 """
 
-import json
 import os
-import re
-import signal
-import subprocess
 import sys
 import time
 
 MARKER = "REMOTE_OPS_JOB_ID"
-SAMPLE_RE = re.compile(r"^data_(\d+)\.pt$")
+_SAMPLE_RE = []
+
+
+def sample_re():
+    """``^data_(\\d+)\\.pt$``, compiled on first use."""
+    if not _SAMPLE_RE:
+        import re
+        _SAMPLE_RE.append(re.compile(r"^data_(\d+)\.pt$"))
+    return _SAMPLE_RE[0]
 
 
 def now():
@@ -31,6 +37,7 @@ def now():
 
 
 def write_json(path, data):
+    import json
     tmp = "%s.tmp.%d" % (path, os.getpid())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
@@ -41,6 +48,7 @@ def write_json(path, data):
 
 
 def read_json(path, default=None):
+    import json
     try:
         with open(path) as fh:
             return json.load(fh)
@@ -64,6 +72,7 @@ def load_secrets(path, names):
             os.unlink(path)
         except OSError:
             pass
+    import json
     try:
         data = json.loads(raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
@@ -100,7 +109,7 @@ def count_samples(output_dir):
     try:
         with os.scandir(output_dir) as it:
             for entry in it:
-                m = SAMPLE_RE.match(entry.name)
+                m = sample_re().match(entry.name)
                 if m:
                     count += 1
                     top = max(top, int(m.group(1)))
@@ -215,6 +224,7 @@ class Supervisor:
 
     def _forward(self, signum, frame):
         # Someone signalled the supervisor itself: pass it on to the job, keep recording.
+        import signal
         if self.pgid:
             try:
                 os.killpg(self.pgid, signal.SIGTERM)
@@ -222,6 +232,8 @@ class Supervisor:
                 pass
 
     def run(self):
+        import signal
+        import subprocess
         os.umask(0o077)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, self._forward)
@@ -284,6 +296,7 @@ class Supervisor:
         return 0
 
     def _wait(self, log_fd, output_dir, started):
+        import subprocess
         limit = float(self.job.get("watchdog_seconds") or 0)
         poll = max(0.2, min(5.0, limit / 4)) if limit else 5.0
 
@@ -327,6 +340,7 @@ class Supervisor:
 
     def _cleanup(self, log_fd):
         """Nothing of the job may outlive it: TERM, grace, KILL whatever still carries the marker."""
+        import signal
         me = {os.getpid()}
         known = {int(k): v for k, v in (read_json(self.path("pids.json"), {}) or {}).items()}
 

@@ -24,10 +24,19 @@ Two stdin forms, both read by the same bootstrap:
   ``{"served": <status>}`` line, until stdin closes.
 
 Cache directory layout: ``sources.json`` (the exact JSON whose sha256 names the directory) and
-``code-<sha256 of the file>.bin`` (marshal of the compiled modules, tagged with the bundle hash
-and the interpreter's bytecode tag). A file that does not match its hash is ignored; the directory
-is then rebuilt from the shipped bundle. Fills go to a private temp dir renamed into place, so
-two controllers filling at once both succeed (one rename wins, the other's copy is discarded).
+``code-<sha256 of its index>.bin``: a length line, the index (marshal of the bundle hash, the
+interpreter's bytecode tag and ``{module: (offset, size, sha256)}``), then each module's marshalled
+code. A hit checks the index against the hash in the file's name before reading it, and each
+module's bytes against the index's hash before unmarshalling them, when the module is first
+imported: an op loads only the modules it imports (``facts``: 7 of ~40). ``sources.json`` is read
+and checked against the directory's hash only when a source is needed (a traceback's lines, or a
+module whose code failed its check). Nothing is used before its hash is checked; what fails a check
+is ignored: a bad index is a miss (the bundle is shipped, the entry rebuilt); a bad module is
+compiled from the checked sources instead, and the entry is removed so the next exec rebuilds it.
+Fills go to a private temp dir renamed into place, so two controllers filling at once both succeed
+(one rename wins, the other's copy is discarded). The host side hashes with the interpreter's
+builtin sha256 (``_sha2``/``_sha256``; hashlib where a build lacks it): starting OpenSSL costs
+more than hashing the few kilobytes a hit reads.
 """
 
 from __future__ import annotations
@@ -49,12 +58,46 @@ CACHE_ENV = "REMOTE_OPS_AGENT_CACHE"   # host env: cache root on the host, or "o
 _BOOT = r"""
 import time
 T0=time.process_time()
-import sys,os,io,json,hashlib,marshal,stat
-from importlib.machinery import ModuleSpec
+import sys,os,io,marshal,stat
+try:
+    from _frozen_importlib import ModuleSpec   # importlib.machinery's, without importing importlib
+except ImportError:
+    from importlib.machinery import ModuleSpec
+try:
+    # the builtin sha256: hashlib's OpenSSL start-up costs more than hashing what a hit reads
+    if sys.version_info>=(3,12):
+        from _sha2 import sha256 as H
+    else:
+        from _sha256 import sha256 as H
+except ImportError:
+    from hashlib import sha256 as H
 if sys.path and sys.path[0]=="":del sys.path[0]
+try:
+    from _json import make_scanner   # imported before the agent's importer is installed
+except ImportError:
+    make_scanner=None
+
+class JD:
+    # what json.JSONDecoder() gives its C scanner (json's defaults)
+    strict=True;object_hook=None;object_pairs_hook=None;parse_float=float;parse_int=int
+    parse_constant={"-Infinity":float("-inf"),"Infinity":float("inf"),"NaN":float("nan")}.__getitem__
+
+def loads(b):
+    # json.loads(b) through json's own C scanner: importing json imports re (~7 ms); anything
+    # unusual is left to json itself (the agent's protocol does the same: agent/jsonio.py)
+    try:
+        t=b.decode("utf-8")
+        v,e=make_scanner(JD)(t,len(t)-len(t.lstrip(" \t\n\r")))
+        if not t[e:].strip(" \t\n\r"):
+            return v
+    except Exception:
+        pass
+    import json
+    return json.loads(b)
 P="@PKG@"
-# bytecode is only reused by the exact same interpreter version
-TAG="%s-%x"%(sys.implementation.cache_tag,sys.hexversion)
+# bytecode is only reused by the exact same interpreter version; "i" marks the code file's layout
+# (an index of per-module hashes), so older controllers' entries live beside these, not in their place
+TAG="%s-%x-i"%(sys.implementation.cache_tag,sys.hexversion)
 r=sys.stdin.buffer
 o=sys.stdout.buffer
 
@@ -65,8 +108,48 @@ def private_dir(p,follow):
     s=os.stat(p) if follow else os.lstat(p)
     return stat.S_ISDIR(s.st_mode) and s.st_uid==os.getuid() and not s.st_mode&0o077
 
+class Code:
+    # module name -> code object, unmarshalled when the module is imported, after its bytes are
+    # checked against their hash (the index that holds the hashes was checked by read_cache)
+    def __init__(self,d,body,index):
+        self.d=d
+        self.body=body
+        self.index=index
+    def __iter__(self):
+        return iter(self.index)
+    def get(self,k):
+        if k not in self.index:
+            return None
+        try:
+            off,n,h=self.index[k]
+            b=self.body[off:off+n]
+            if len(b)==n and H(b).hexdigest()==h:
+                return marshal.loads(b)
+        except (ValueError,EOFError,TypeError):
+            pass
+        # damaged: the module is compiled from the checked sources, the next exec rebuilds the entry
+        try:
+            sources()
+        finally:
+            discard(self.d)
+        return None
+
+def discard(d):
+    # move a damaged cache entry aside and remove it: the next exec misses and refills it
+    bad=os.path.join(os.path.dirname(d),".bad-%d-%s"%(os.getpid(),os.urandom(6).hex()))
+    try:
+        os.rename(d,bad)
+    except OSError:
+        return
+    import shutil
+    if os.path.isdir(bad) and not os.path.islink(bad):
+        shutil.rmtree(bad,ignore_errors=True)
+    else:
+        os.unlink(bad)
+
 def read_cache(base,d,sha):
-    # (code dict, sources bytes) when every file matches its hash, else None
+    # a Code mapping when the entry is private and its index matches the hash in the code file's
+    # name, else None. sources.json is read only when a source is needed (cached_sources).
     try:
         if not (private_dir(base,True) and private_dir(d,False)):
             return None
@@ -76,18 +159,42 @@ def read_cache(base,d,sha):
             return None
         with open(os.path.join(d,codes[0]),"rb") as f:
             cb=f.read()
-        if hashlib.sha256(cb).hexdigest()!=codes[0][5:-4]:
+        i=cb.index(b"\n")
+        head=cb[i+1:i+1+int(cb[:i])]
+        if H(head).hexdigest()!=codes[0][5:-4]:
             return None
-        with open(os.path.join(d,"sources.json"),"rb") as f:
-            sb=f.read()
-        if hashlib.sha256(sb).hexdigest()!=sha:
+        k,t,index=marshal.loads(head)
+        if k!=sha or t!=TAG or not isinstance(index,dict):
             return None
-        k,t,code=marshal.loads(cb)
-        if k!=sha or t!=TAG or not isinstance(code,dict):
-            return None
-        return code,sb
+        return Code(d,memoryview(cb)[i+1+len(head):],index)
     except (OSError,ValueError,EOFError,TypeError):
         return None
+
+def cached_sources(d,sha):
+    # sources.json of a cache entry, checked against the entry's hash before use
+    try:
+        with open(os.path.join(d,"sources.json"),"rb") as f:
+            sb=f.read()
+    except OSError as e:
+        raise ImportError("agent cache %s: %s"%(d,e))
+    if H(sb).hexdigest()!=sha:
+        discard(d)
+        raise ImportError("agent cache %s: sources.json does not match its hash (removed)"%d)
+    return sb
+
+def pack(sha,code):
+    # the code file: "<n>\n" + index (marshal: sha, TAG, {module: (offset, size, sha256)}) +
+    # each module's marshalled code; named by the index's sha256
+    body=[]
+    index={}
+    off=0
+    for k in sorted(code):
+        b=marshal.dumps(code[k])
+        index[k]=(off,len(b),H(b).hexdigest())
+        body.append(b)
+        off+=len(b)
+    head=marshal.dumps((sha,TAG,index))
+    return "code-"+H(head).hexdigest()+".bin",b"%d\n"%len(head)+head+b"".join(body)
 
 def write_cache(base,d,sha,code,sb):
     # "filled" (or filled by a racing controller) | "unwritable" | "unsafe"
@@ -102,23 +209,12 @@ def write_cache(base,d,sha,code,sb):
         tmp=os.path.join(base,".tmp-%d-%s"%(os.getpid(),os.urandom(6).hex()))
         os.mkdir(tmp,0o700)
         try:
-            cb=marshal.dumps((sha,TAG,code))
-            for n,b in (("sources.json",sb),("code-"+hashlib.sha256(cb).hexdigest()+".bin",cb)):
+            for n,b in (("sources.json",sb),pack(sha,code)):
                 fd=os.open(os.path.join(tmp,n),os.O_WRONLY|os.O_CREAT|os.O_EXCL,0o600)
                 with os.fdopen(fd,"wb") as f:
                     f.write(b)
             if os.path.lexists(d):
-                # present but failed verification: move it aside, then put ours in its place
-                bad=os.path.join(base,".bad-%d-%s"%(os.getpid(),os.urandom(6).hex()))
-                try:
-                    os.rename(d,bad)
-                except OSError:
-                    pass
-                else:
-                    if os.path.isdir(bad) and not os.path.islink(bad):
-                        shutil.rmtree(bad,ignore_errors=True)
-                    else:
-                        os.unlink(bad)
+                discard(d)   # present but failed verification: ours takes its place
             try:
                 os.rename(tmp,d)
             except OSError:
@@ -136,7 +232,7 @@ state="shipped"
 SERVE=False
 line=r.readline()
 if line[:1]==b"{":
-    h=json.loads(line)
+    h=loads(line)
     SERVE=h.get("serve") is True
     Q=r.read(int(h["n"]))
     sha=str(h["agent"])
@@ -149,16 +245,16 @@ if line[:1]==b"{":
         d=os.path.join(base,sha+"-"+TAG)
         got=read_cache(base,d,sha)
         if got:
-            C,B=got
+            C=got
             state="hit"
-    if B is None:
+    if state!="hit":
         o.write(b'{"bundle":"need"}\n')
         o.flush()
         import zlib
         B=zlib.decompress(r.read(int(r.readline())))
         state="off"
-        if d and hashlib.sha256(B).hexdigest()==sha:
-            C={k:compile(v,fname(k),"exec") for k,v in json.loads(B).items()}
+        if d and H(B).hexdigest()==sha:
+            C={k:compile(v,fname(k),"exec") for k,v in loads(B).items()}
             state=write_cache(base,d,sha,C,B)
 else:
     import zlib
@@ -169,7 +265,7 @@ K=None
 def sources():
     global S
     if S is None:
-        S=json.loads(B)
+        S=loads(cached_sources(d,sha) if B is None else B)
     return S
 
 def known():
@@ -180,6 +276,8 @@ def known():
 
 class L:
     def key(self,name):
+        if name!=P and not name.startswith(P+"."):
+            return None   # not ours: answered without the sources (json may be imported while they load)
         p=name+".__init__"
         if p in known():
             return p
