@@ -226,3 +226,30 @@ def test_python_found_through_a_login_shell_is_reported_by_the_resident_agent(ss
         assert py["executable"] == json.loads(out1)["python"]["executable"]
         assert py["found_by"] == "login shell PATH"
         assert st["agent_cache"] == ["resident"] and st["connects"] == 0
+
+
+def test_a_changed_interpreter_path_gets_a_new_resident_agent(sshd_log, muxdir, tmp_path):
+    """A .pth file added after the resident agent started (``pip install -e``, a conda change) gives a
+    new interpreter another sys.path: the resident agent declines the request unanswered and the kept
+    connection sends it to a new one, which sees the package there."""
+    import site
+    host = _kept_host(sshd_log, muxdir)
+    site_dir = Path(next(p for p in site.getsitepackages() if Path(p).is_dir() and os.access(p, os.W_OK)))
+    name = f"ro_resident_pth_{os.getpid()}"
+    extra = tmp_path / "extra"
+    (extra / f"{name}-4.5.6.dist-info").mkdir(parents=True)
+    (extra / f"{name}-4.5.6.dist-info" / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 4.5.6\n")
+    pth = site_dir / f"{name}.pth"
+    try:
+        with kept(host) as sess:
+            first = sess.call("ping.ping", {})["pid"]
+            assert sess.call("facts.gather", {"packages": [name], "gpus": False, "jobs": False}
+                             )["packages"][name]["present"] is False
+            pth.write_text(str(extra) + "\n")
+            after = sess.call("facts.gather", {"packages": [name], "gpus": False, "jobs": False})
+            second = sess.call("ping.ping", {})["pid"]
+            assert set(sess.stats.agent_cache) == {"resident"}
+        assert after["packages"][name]["present"] is True and after["packages"][name]["version"] == "4.5.6"
+        assert second != first and alive(second) and wait_until(lambda: not alive(first), 30)
+    finally:
+        pth.unlink(missing_ok=True)

@@ -139,6 +139,40 @@ def main(package, request_text=None):
 
 
 SERVED = b'{"served":'   # a resident agent's end-of-request line: {"served": <exit status>}
+RESTART = b'{"restart":'  # its answer instead, unanswered, when its sys.path may be stale: start a new one
+
+
+def _path_state():
+    """What decides the sys.path a new interpreter would get, cheaply comparable: every path entry
+    and site directory (present? mtime: a package or .pth file added or removed) and every .pth file
+    in them (mtime, size: edited). A resident agent whose state differs from its start's must not
+    answer (``pip install -e``, a conda change: a new process would see another sys.path)."""
+    import site
+
+    dirs = list(sys.path)
+    try:
+        dirs += list(site.getsitepackages()) + [site.getusersitepackages()]
+    except AttributeError:   # an old virtualenv's site module
+        pass
+    state = []
+    for d in dirs:
+        try:
+            st = os.stat(d or ".")
+        except OSError:
+            state.append((d, None))
+            continue
+        state.append((d, st.st_mtime_ns))
+        try:
+            names = [n for n in os.listdir(d or ".") if n.endswith(".pth")] if os.path.isdir(d or ".") else []
+        except OSError:
+            names = []
+        for n in sorted(names):
+            try:
+                pst = os.stat(os.path.join(d or ".", n))
+                state.append((os.path.join(d, n), pst.st_mtime_ns, pst.st_size))
+            except OSError:
+                state.append((os.path.join(d, n), None))
+    return state
 
 
 def resident(package, stdin=None, out=None):
@@ -149,7 +183,10 @@ def resident(package, stdin=None, out=None):
     (the kept connection closed its channel). Between requests the process is put back as it began:
     the environment, the working directory, sys.path, every ``per_request`` cache, importlib's
     directory caches. Only operations the contract declares ``resident`` are sent here (none imports
-    a host package in this process or changes process state beyond that)."""
+    a host package in this process or changes process state beyond that). When what decides a new
+    interpreter's sys.path changed since it started (``_path_state``), it answers a request with
+    ``{"restart": ...}`` instead, without running it, and exits: the kept connection then starts a
+    new one and sends it the request."""
     import importlib
     import json   # once per resident process (one-shot agents use jsonio)
     import time
@@ -161,6 +198,7 @@ def resident(package, stdin=None, out=None):
     if login:
         BOOT["login"] = login
     base_env, base_cwd, base_path = dict(os.environ), os.getcwd(), list(sys.path)
+    base_state = _path_state()
     out.write(json.dumps({"resident": {"cache": BOOT.get("cache"), "pid": os.getpid()}}) + "\n")
     out.flush()
     BOOT.update(cache="resident", start_cpu_s=0.0, boot_cpu_s=0.0)
@@ -174,6 +212,10 @@ def resident(package, stdin=None, out=None):
             return 2
         body = stdin.read(n)
         if len(body) < n:
+            return 0
+        if _path_state() != base_state:
+            out.write(json.dumps({"restart": "the interpreter's path changed since this agent started"}) + "\n")
+            out.flush()
             return 0
         t = os.times()
         _SINCE[:] = [time.process_time(), t.children_user + t.children_system]

@@ -273,7 +273,29 @@ class Keeper:
             if not res.ready and not res.start(req.get("timeout")):
                 return False
             mux.send_frame(conn, b"A")
-            res.serve(conn, release)
+            request = res.read_request(conn)
+            done, current = threading.Event(), [res]
+
+            def watch() -> None:                           # a client gone before the answer: end the agent
+                try:
+                    while True:
+                        mux.recv_frame(conn)               # E (stdin closed) and nothing else is expected
+                except Exception:  # EOF or error: the client is gone
+                    if not done.is_set():
+                        current[0].kill()
+
+            threading.Thread(target=watch, daemon=True).start()
+            if res.serve(conn, request, release, done) == "restart":
+                # its interpreter's path changed (a package installed): a new agent answers instead
+                fresh = current[0] = Resident(self, req["command"], want.get("cache"))
+                with self._residents_lock:
+                    self._residents[key] = fresh
+                with fresh.busy:
+                    if not fresh.start(req.get("timeout")):
+                        done.set()
+                        mux.send_frame(conn, b"F", b"the host's resident agent could not be restarted")
+                        return True
+                    fresh.serve(conn, request, release, done)
             return True
         finally:
             release()
@@ -330,31 +352,28 @@ class Resident:
         self.ready = True
         return True
 
-    def serve(self, conn: socket.socket, release) -> None:
-        """Relay one client's request (the probe form it sends to any agent) and the agent's lines."""
+    @staticmethod
+    def read_request(conn: socket.socket) -> bytes:
+        """The client's stdin (the probe form it sends to any agent): the request it carries."""
         from remote_ops.connect import bundle
-        from remote_ops.agent.protocol import SERVED
 
         got = b""
         parsed = None
-        while parsed is None:                              # the client's stdin: header line + request
+        while parsed is None:                              # header line + request
             kind, data = mux.recv_frame(conn)
             if kind != b"I":                               # nothing was sent to the agent yet
                 raise EOFError("the client ended its request early")
             got += data
             parsed = bundle.split_probe(got)
-        _head, request = parsed
-        done = threading.Event()
+        return parsed[1]
 
-        def watch() -> None:                               # a client gone before the answer: end the agent
-            try:
-                while True:
-                    mux.recv_frame(conn)                   # E (stdin closed) and nothing else is expected
-            except Exception:  # EOF or error: the client is gone
-                if not done.is_set():
-                    self.kill()
+    def serve(self, conn: socket.socket, request: bytes, release, done: threading.Event) -> str | None:
+        """Relay one request and the agent's lines (``done`` set once the answer is complete); "restart"
+        when the agent declined it unanswered (its sys.path may be stale: ``protocol.RESTART``), the
+        client having been sent nothing."""
+        from remote_ops.connect import bundle
+        from remote_ops.agent.protocol import RESTART, SERVED
 
-        threading.Thread(target=watch, daemon=True).start()
         status = None
         try:
             self.chan.sendall(bundle.frame_request(request))
@@ -368,6 +387,9 @@ class Resident:
                     break
                 if line.startswith(SERVED):
                     status = int(json.loads(line)["served"])
+                elif line.startswith(RESTART):
+                    self.kill()
+                    return "restart"
                 else:
                     mux.send_frame(conn, b"O", line + b"\n")
             done.set()
