@@ -85,12 +85,15 @@ def test_a_new_distribution_is_seen_by_the_next_request(sshd_log, muxdir, tmp_pa
     dist = site_dir / f"{name}-1.2.3.dist-info"
     try:
         with kept(host) as sess:
+            pid = sess.call("ping.ping", {})["pid"]
             before = sess.call("facts.gather", {"packages": [name], "gpus": False, "jobs": False})
             assert before["packages"][name]["present"] is False
             dist.mkdir()
             (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.2.3\n")
             after = sess.call("facts.gather", {"packages": [name], "gpus": False, "jobs": False})
-            assert sess.stats.agent_cache == ["resident", "resident"]
+            # the same agent (no .pth changed, so no restart): its per-request cache was emptied
+            assert sess.call("ping.ping", {})["pid"] == pid
+            assert sess.stats.agent_cache == ["resident"] * 4
         assert after["packages"][name]["present"] is True and after["packages"][name]["version"] == "1.2.3"
     finally:
         if dist.exists():

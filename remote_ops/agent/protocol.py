@@ -143,10 +143,12 @@ RESTART = b'{"restart":'  # its answer instead, unanswered, when its sys.path ma
 
 
 def _path_state():
-    """What decides the sys.path a new interpreter would get, cheaply comparable: every path entry
-    and site directory (present? mtime: a package or .pth file added or removed) and every .pth file
-    in them (mtime, size: edited). A resident agent whose state differs from its start's must not
-    answer (``pip install -e``, a conda change: a new process would see another sys.path)."""
+    """What decides the sys.path a new interpreter would get, cheaply comparable: whether each path
+    entry and site directory exists, and the .pth files in them (names, mtime, size: one added,
+    removed or edited). A resident agent whose state differs from its start's must not answer
+    (``pip install -e``, a conda change: a new process would see another sys.path). Packages
+    installed or replaced without a .pth file do not count: the path is the same, and the import
+    system's directory caches are emptied before every request anyway."""
     import site
 
     dirs = list(sys.path)
@@ -156,22 +158,22 @@ def _path_state():
         pass
     state = []
     for d in dirs:
+        d = d or "."
         try:
-            st = os.stat(d or ".")
+            names = sorted(n for n in os.listdir(d) if n.endswith(".pth"))
+        except NotADirectoryError:
+            state.append((d, "file"))
+            continue
         except OSError:
             state.append((d, None))
             continue
-        state.append((d, st.st_mtime_ns))
-        try:
-            names = [n for n in os.listdir(d or ".") if n.endswith(".pth")] if os.path.isdir(d or ".") else []
-        except OSError:
-            names = []
-        for n in sorted(names):
+        state.append((d, "dir"))
+        for n in names:
             try:
-                pst = os.stat(os.path.join(d or ".", n))
-                state.append((os.path.join(d, n), pst.st_mtime_ns, pst.st_size))
+                st = os.stat(os.path.join(d, n))
+                state.append((d, n, st.st_mtime_ns, st.st_size))
             except OSError:
-                state.append((os.path.join(d, n), None))
+                state.append((d, n, None))
     return state
 
 
