@@ -1097,7 +1097,8 @@ def why(b: Bench, rtts: list[float]) -> list[str]:
                    f"per extra host. The plan is not what grows: of {len(plans)} target plans in these runs "
                    f"{plans.count('computed')} were computed, the rest reused. Each extra host costs its own SSH "
                    "connection (key exchange, host-key check, public-key authentication: paramiko's packet "
-                   "handling runs in Python) and its two exec round trips.")
+                   "handling runs in Python) and its exec round trips (one when the host is in the state "
+                   "its last plan was made for, two otherwise).")
     for r in rtts:
         name1, name16 = "fleet: remote-ops patch on 1 host", "fleet: remote-ops patch on 16 hosts"
         one, many = cell(b, name1, r), cell(b, name16, r)
@@ -1106,10 +1107,12 @@ def why(b: Bench, rtts: list[float]) -> list[str]:
         if one and many and many / one > 1.5 and ss16:
             load = median([x.cpu / x.wall for x in ss16])
             cpu16, cpu1 = median([x.cpu for x in ss16]), median([x.cpu for x in ss1]) if ss1 else float("nan")
+            per_host = sorted({round(x.execs / 16, 2) for x in ss16 if x.execs})
             out.append(f"- 16 hosts at {r:g} ms: {many / one:.1f}x one host with the machine at {load:.2f} of "
                        f"{ncpu} CPUs busy: the 16 hosts' sshd and agents run on the controller's own {ncpu} "
                        f"CPUs ({cpu16:.1f} CPU-s for 16 hosts vs {cpu1:.1f} for one), so this is CPU-bound, not "
-                       "round-trip-bound (the round trips stay 2 per host, all in parallel). On real hosts each "
+                       f"round-trip-bound (round trips per host: {', '.join(f'{x:g}' for x in per_host) or '?'}, "
+                       "all hosts in parallel). On real hosts each "
                        "host brings its own CPU; here the ratio could only be met with >= 16 CPUs, or by "
                        "running the fleet case in separate network namespaces on a larger machine.")
     for r, (p50, p95, n) in sorted(b.extra.get("tail", {}).items()):

@@ -31,6 +31,14 @@ def kept(host, **env) -> Session:
                    ConnectOptions(persist=30)).open()
 
 
+def mid_stream(sess: Session):
+    """(the resident agent's pid, a ticks stream it is serving, one event read)."""
+    pid = sess.call("ping.ping", {})["pid"]
+    stream = sess.stream("ping.ticks", {"n": 500, "every": 0.05})
+    assert next(stream)["event"]["i"] == 0
+    return pid, stream
+
+
 def alive(pid: int) -> bool:
     try:
         return ") Z " not in Path(f"/proc/{pid}/stat").read_text()
@@ -105,9 +113,7 @@ def test_a_new_distribution_is_seen_by_the_next_request(sshd_log, muxdir, tmp_pa
 def test_a_client_gone_mid_request_ends_that_agent_and_the_next_call_gets_a_new_one(sshd_log, muxdir):
     host = _kept_host(sshd_log, muxdir)
     with kept(host) as sess:
-        first = sess.call("ping.ping", {})["pid"]
-        stream = sess.stream("ping.ticks", {"n": 500, "every": 0.05})
-        assert next(stream)["event"]["i"] == 0
+        first, stream = mid_stream(sess)
         stream.close()                                       # the client hangs up mid-stream
     assert wait_until(lambda: not alive(first), 30), "the resident agent outlived its client's request"
     with kept(host) as sess:
@@ -146,9 +152,7 @@ def test_a_busy_resident_agent_sends_the_next_request_to_a_fresh_process(sshd_lo
 def test_an_agent_killed_mid_request_is_a_lost_connection_then_the_next_call_works(sshd_log, muxdir):
     host = _kept_host(sshd_log, muxdir)
     with kept(host) as sess:
-        pid = sess.call("ping.ping", {})["pid"]
-        stream = sess.stream("ping.ticks", {"n": 500, "every": 0.05})
-        assert next(stream)["event"]["i"] == 0
+        pid, stream = mid_stream(sess)
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(UnreachableError):
             list(stream)
