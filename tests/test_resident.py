@@ -260,3 +260,36 @@ def test_a_changed_interpreter_path_gets_a_new_resident_agent(sshd_log, muxdir, 
         assert second != first and alive(second) and wait_until(lambda: not alive(first), 30)
     finally:
         pth.unlink(missing_ok=True)
+
+
+def test_the_kept_connection_starts_the_resident_agent_before_the_next_command(sshd_log, muxdir, tmp_path, cli):
+    """The background process starts the host's resident agent while it waits (for the interpreter
+    and agent cache in the inventory): the next command's first request finds it running."""
+    from tests.test_persist import facts, inv_for, last_stats
+
+    cache = tmp_path / "agent-cache"
+    inv = inv_for(tmp_path, sshd_log, env={"REMOTE_OPS_AGENT_CACHE": str(cache)})
+    assert facts(cli, inv)[0] == 0
+    assert wait_until(lambda: live_sockets(muxdir))
+    log = Path(muxdir) / "mux.log"
+    assert wait_until(lambda: list(cache.glob("*")) != [], 30)   # its agent cache is used (filled or hit)
+    pids = mux_pids(muxdir)
+    agents = lambda: [p for p in Path("/proc").iterdir() if p.name.isdigit() and _is_resident(p)]  # noqa: E731
+    assert wait_until(agents, 30), log.read_text()
+    before = {p.name for p in agents()}
+    status, out, err = facts(cli, inv)
+    assert status == 0, err
+    st = last_stats(tmp_path)["h"]
+    assert st["agent_cache"] == ["resident"] and st["connects"] == 0
+    assert {p.name for p in agents()} == before and mux_pids(muxdir) == pids   # the one started ahead
+
+
+def _is_resident(proc: Path) -> bool:
+    """A host-side agent process started in serve mode by a kept connection (its stdin header said so:
+    not visible in argv, so recognise it by its parent being an sshd session and its bootstrap argv)."""
+    try:
+        argv = (proc / "cmdline").read_bytes().split(b"\0")
+        status = (proc / "stat").read_text()
+    except OSError:
+        return False
+    return ") Z " not in status and len(argv) > 2 and argv[1] == b"-c" and b"protocol.resident" in argv[2]

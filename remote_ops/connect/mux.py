@@ -375,7 +375,9 @@ def spawn(sessions: list, note) -> int:
         specs.append({"key": key, "host": _host_dict(sess.host),
                       "hops": {n: _host_dict(h) for n, h in hosts.items()},
                       "connect_timeout": sess.options.connect_timeout,
-                      "ssh_config_path": sess.options.ssh_config_path, "persist": sess.options.persist})
+                      "ssh_config_path": sess.options.ssh_config_path, "persist": sess.options.persist,
+                      # what the host's resident agent is started with ahead of the next command
+                      "agent_cache": (sess.host.env or {}).get("REMOTE_OPS_AGENT_CACHE")})
     if not specs:
         return 0
     import subprocess

@@ -64,6 +64,8 @@ class Keeper:
         self.dir = d
         self.key = spec["key"]
         self.idle = float(spec["persist"])
+        cache = spec.get("agent_cache")
+        self.agent_cache = None if cache is None else str(cache)
         self.session = Session(host(spec["host"]),
                                ConnectOptions(connect_timeout=spec.get("connect_timeout"),
                                               ssh_config_path=spec.get("ssh_config_path")),
@@ -118,7 +120,7 @@ class Keeper:
         ino = os.lstat(self.path).st_ino
         srv.settimeout(0.25)
         log(f"{name}: keeping the connection ({self.path}, {self.idle:g}s idle)")
-        threading.Thread(target=self._refill, daemon=True).start()
+        threading.Thread(target=self._prestart, daemon=True).start()
         reason = "stopped"
         try:
             while True:
@@ -151,6 +153,30 @@ class Keeper:
             log(f"{name}: exiting ({reason})")
 
     # ---------------------------------------------------------------- channels
+    def _prestart(self) -> None:
+        """While no command is waiting: start the host's resident agent for the command line and agent
+        cache the next command will most likely use (this host's interpreter), so that its first request
+        pays no interpreter start, bootstrap or handshake; then open the spare session channel."""
+        from remote_ops.connect import bundle
+
+        command = bundle.agent_command(self.session.host.python)
+        key = (command, self.agent_cache)
+        res = Resident(self, command, self.agent_cache)
+        with self._residents_lock:
+            if key in self._residents:
+                res = None
+            else:
+                self._residents[key] = res
+        if res is not None and res.busy.acquire(blocking=False):
+            try:
+                res.start(30)                              # a failure is logged; requests start one on demand
+            finally:
+                res.busy.release()
+        with self._spare_lock:
+            spare = self._spare
+        if spare is None:
+            self._refill()
+
     def _refill(self) -> None:
         """Open the next exec's session channel ahead of time (one at a time)."""
         try:
@@ -262,7 +288,12 @@ class Keeper:
             if res is None or res.dead:
                 res = self._residents[key] = Resident(self, req["command"], want.get("cache"))
         if not res.busy.acquire(blocking=False):
-            return False                                   # serving another client: a fresh exec
+            # serving another client: a fresh exec; still starting (ahead of this command): wait for it
+            if res.ready or not res.busy.acquire(timeout=15):
+                return False
+            if res.dead:                                   # it could not start: a fresh exec
+                res.busy.release()
+                return False
         released = []
 
         def release() -> None:                             # once: before the answer's end is sent, so
