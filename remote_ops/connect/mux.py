@@ -354,6 +354,7 @@ def keep(sessions: list, note=None) -> int:
 def spawn(sessions: list, note) -> int:
     """Start one background process keeping a connection to each of ``sessions``' hosts (those
     that connected themselves with persist on and have no live mux yet); how many hosts."""
+    from remote_ops.connect import bundle
 
     d, why = ensure_dir(create=True)
     if d is None:
@@ -377,7 +378,7 @@ def spawn(sessions: list, note) -> int:
                       "connect_timeout": sess.options.connect_timeout,
                       "ssh_config_path": sess.options.ssh_config_path, "persist": sess.options.persist,
                       # what the host's resident agent is started with ahead of the next command
-                      "agent_cache": (sess.host.env or {}).get("REMOTE_OPS_AGENT_CACHE")})
+                      "agent_cache": (sess.host.env or {}).get(bundle.CACHE_ENV)})
     if not specs:
         return 0
     import subprocess

@@ -159,15 +159,8 @@ class Keeper:
         pays no interpreter start, bootstrap or handshake; then open the spare session channel."""
         from remote_ops.connect import bundle
 
-        command = bundle.agent_command(self.session.host.python)
-        key = (command, self.agent_cache)
-        res = Resident(self, command, self.agent_cache)
-        with self._residents_lock:
-            if key in self._residents:
-                res = None
-            else:
-                self._residents[key] = res
-        if res is not None and res.busy.acquire(blocking=False):
+        res, new = self._resident(bundle.agent_command(self.session.host.python), self.agent_cache)
+        if new and res.busy.acquire(blocking=False):
             try:
                 res.start(30)                              # a failure is logged; requests start one on demand
             finally:
@@ -274,6 +267,17 @@ class Keeper:
 
 
     # ---------------------------------------------------------------- resident agents
+    def _resident(self, command: str, cache, replace: bool = False) -> tuple["Resident", bool]:
+        """The host's resident agent for this command line and agent cache: the registered one unless it
+        is dead (or ``replace``), else a new one, not started, registered in its place. (agent, new)."""
+        key = (command, cache)
+        with self._residents_lock:
+            res = self._residents.get(key)
+            if res is not None and not res.dead and not replace:
+                return res, False
+            res = self._residents[key] = Resident(self, command, cache)
+            return res, True
+
     def _resident_exec(self, conn: socket.socket, req: dict) -> bool:
         """Answer one agent exec from the host's resident agent; False (nothing sent to the client)
         when it cannot be used now: another bundle, busy, or it cannot start. Then a fresh exec."""
@@ -282,11 +286,7 @@ class Keeper:
         want = req["resident"]
         if not isinstance(want, dict) or want.get("agent") != bundle.agent_sha256():
             return False                                   # another remote-ops version: not ours to start
-        key = (req["command"], want.get("cache"))
-        with self._residents_lock:
-            res = self._residents.get(key)
-            if res is None or res.dead:
-                res = self._residents[key] = Resident(self, req["command"], want.get("cache"))
+        res, _ = self._resident(req["command"], want.get("cache"))
         if not res.busy.acquire(blocking=False):
             # serving another client: a fresh exec; still starting (ahead of this command): wait for it
             if res.ready or not res.busy.acquire(timeout=15):
@@ -318,9 +318,8 @@ class Keeper:
             threading.Thread(target=watch, daemon=True).start()
             if res.serve(conn, request, release, done) == "restart":
                 # its interpreter's path changed (a package installed): a new agent answers instead
-                fresh = current[0] = Resident(self, req["command"], want.get("cache"))
-                with self._residents_lock:
-                    self._residents[key] = fresh
+                fresh, _ = self._resident(req["command"], want.get("cache"), replace=True)
+                current[0] = fresh
                 with fresh.busy:
                     if not fresh.start(req.get("timeout")):
                         done.set()
