@@ -125,6 +125,15 @@ def load(path: str | None = None):
         return cfg
 
 
+def lookup(cfg, name: str) -> dict:
+    """``cfg.lookup(name)``; ``{}`` for an empty config (no file): paramiko would still expand its
+    default tokens for every host (the local user from the password database, twice) to answer
+    nothing but ``{"hostname": name}``, which callers take as their default anyway."""
+    if cfg is None or getattr(cfg, "_config", None) == []:
+        return {}
+    return cfg.lookup(name)
+
+
 def aliases(cfg) -> list[str]:
     """Host names written literally (no wildcard, no negation) in ``Host`` lines."""
     out = []

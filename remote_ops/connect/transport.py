@@ -89,7 +89,7 @@ class Session:
 
     def _settings(self, host: Host, ssh_cfg) -> dict:
         """explicit inventory value -> ~/.ssh/config -> OpenSSH default."""
-        entry = ssh_cfg.lookup(host.hostname) if ssh_cfg else {}
+        entry = sshconfig_lookup(ssh_cfg, host.hostname)
         hostname = entry.get("hostname", host.hostname)
         port = host.port or int(entry.get("port", 22))
         user = host.user or entry.get("user") or getpass.getuser()
@@ -116,16 +116,17 @@ class Session:
         user, hostname, port = _parse_hop(hop)
         # A hop that is not an inventory host trusts the same known_hosts as the host it leads to,
         # and offers the same keys unless ~/.ssh/config names an IdentityFile for the hop itself.
-        own_keys = bool(ssh_cfg and ssh_cfg.lookup(hostname).get("identityfile"))
+        own_keys = bool(sshconfig_lookup(ssh_cfg, hostname).get("identityfile"))
         return Host(name=hop, hostname=hostname, port=port, user=user, proxy_jump=(),
                     known_hosts=self.host.known_hosts,
                     identity_file=() if own_keys else self.host.identity_file,
                     inventory_path=self.host.inventory_path)
 
-    def _make_connection(self, host: Host, ssh_cfg, gateway):
+    def _make_connection(self, host: Host, ssh_cfg, gateway, s: dict | None = None):
+        """A connection to ``host`` (not opened) and its settings (``s``: already resolved ones)."""
         import paramiko
 
-        s = self._settings(host, ssh_cfg)
+        s = s or self._settings(host, ssh_cfg)
         conn = _Conn(s["hostname"], s["port"], gateway, {
             "username": s["user"],
             "key_filename": s["identity_files"] or None,
@@ -172,7 +173,7 @@ class Session:
             hop_conn, hs = self._make_connection(self._hop_host(hop, ssh_cfg), ssh_cfg, gateway)
             self._gateways.append((hop_conn, hs))
             gateway = hop_conn
-        conn, s = self._make_connection(self.host, ssh_cfg, gateway)
+        conn, s = self._make_connection(self.host, ssh_cfg, gateway, s0)
         open_verified(conn, s, self.label)
         self._conn = conn
         self.stats.connects += 1
@@ -434,6 +435,11 @@ def unwrap(res: dict, label: str | None = None) -> Any:
     if res.get("ok"):
         return res.get("result")
     raise agent_error(res.get("error") or {}, label)
+
+
+def sshconfig_lookup(ssh_cfg, hostname: str) -> dict:
+    from remote_ops.connect.sshconfig import lookup
+    return lookup(ssh_cfg, hostname)
 
 
 def _policy(known_hosts: str, accept_new: bool, label: str):

@@ -31,12 +31,20 @@ from remote_ops.records import Record, optional
 
 
 def who() -> str:
-    try:
-        user = getpass.getuser()
-    except Exception:  # no login name in a container: the uid still identifies the controller
-        import os
-        user = f"uid{os.getuid()}"
-    return f"{user}@{socket.gethostname()}"
+    """``user@host`` of this controller, for the journal (looked up once per process: without
+    USER/LOGNAME set, ``getuser`` reads the password database, and a fleet asks once per host)."""
+    global _who
+    if _who is None:
+        try:
+            user = getpass.getuser()
+        except Exception:  # no login name in a container: the uid still identifies the controller
+            import os
+            user = f"uid{os.getuid()}"
+        _who = f"{user}@{socket.gethostname()}"
+    return _who
+
+
+_who: str | None = None
 
 
 def unwrap(res: dict, host: str, what: str) -> Any:
