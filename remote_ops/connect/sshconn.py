@@ -240,7 +240,9 @@ class _Conn:
             self.gateway.open()
             kwargs["sock"] = self.gateway.transport.open_channel(
                 "direct-tcpip", (self.host, int(self.port)), ("", 0))
-        self.client.connect(self.host, port=self.port, **kwargs)
+        from remote_ops.connect.quiet import transport_class
+        # paramiko's Transport, waiting on events instead of waking every 0.1 s (quiet.py)
+        self.client.connect(self.host, port=self.port, transport_factory=transport_class(), **kwargs)
         self.transport = self.client.get_transport()
         sock = getattr(self.transport, "sock", None)
         if isinstance(sock, socket.socket):
