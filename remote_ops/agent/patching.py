@@ -1,7 +1,8 @@
 """Host side of `remote-ops patch / rollback / history`: stdlib only.
 
 Ops:
-  patching.read     facts (python, package versions) + each target's bytes, sha256, mode, owner.
+  patching.read     facts (python, package versions) + each target's bytes, sha256, mode, owner; with
+                    ``data_unless`` (an ``only_if`` state) the bytes are left out when the host is in it.
   patching.apply    one transaction over all targets of a playbook (lock, CAS, verify, backup, atomic write);
                     with ``only_if`` (the host state it was planned for) it first compares that state with
                     the host's and, when anything differs, changes nothing: ``{"skipped": "<what differs>"}``.
@@ -77,9 +78,17 @@ def op_read(args):
             "roots": roots, "writable": os.access(real, os.W_OK) or st.st_uid == os.geteuid(),
             "dir_writable": os.access(folder, os.W_OK),
         })
-    return {"python": list(sys.version_info[:3]), "executable": sys.executable,
-            "packages": packages, "targets": targets, "recovered": recovered,
-            "euid": os.geteuid(), "state_dir": _state_dir()}
+    out = {"python": list(sys.version_info[:3]), "executable": sys.executable,
+           "packages": packages, "targets": targets, "recovered": recovered,
+           "euid": os.geteuid(), "state_dir": _state_dir()}
+    cond = args.get("data_unless")
+    if cond is not None and _differs(cond, args.get("workdir")) is None:
+        # the controller already knows these bytes (the state it planned for, compared as apply's
+        # only_if compares it): their sha256 is sent, not the bytes
+        for t in targets:
+            t["data"] = None
+        out["data_omitted"] = True
+    return out
 
 
 def op_verify(args):

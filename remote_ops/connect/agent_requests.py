@@ -110,8 +110,11 @@ def jobs_stop(*, job_id: str, grace: float) -> Request:
 
 # patching.py
 def patching_read(*, targets: list[dict], packages: list[str] = _UNSET, workdir: str | None = _UNSET,
-                  lock_timeout: float = _UNSET) -> Request:
-    return _req("patching.read", targets=targets, packages=packages, workdir=workdir, lock_timeout=lock_timeout)
+                  lock_timeout: float = _UNSET, data_unless: dict | None = _UNSET) -> Request:
+    """data_unless: an ``only_if`` state; when the host is in it, the targets' bytes are left out
+    (``data`` null, ``data_omitted`` true): the controller planned from them already."""
+    return _req("patching.read", targets=targets, packages=packages, workdir=workdir, lock_timeout=lock_timeout,
+                data_unless=data_unless)
 
 
 def patching_apply(**args) -> Request:

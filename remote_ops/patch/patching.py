@@ -300,10 +300,12 @@ def planned_for_seen(pb: Playbook, host, *, import_check: bool = False,
         return None
     python = seen["python"]
     targets = []
+    notes: list[str] = []
     for patch, t in zip(pb.patches, seen["targets"]):
         entry = plancache.cached(pb, patch, t["sha256"], python)
         if entry is None:
             return None
+        notes += plancache.notes(entry, t["real"])
         # the old text is not known (not read yet): only whether the target changes, its edits'
         # states and its new bytes are used (apply_args)
         result = plancache.file_result(entry, t["real"], None)
@@ -311,22 +313,38 @@ def planned_for_seen(pb: Playbook, host, *, import_check: bool = False,
         new_bytes = b"" if entry.get("same") else edits_mod.encode_source(entry["new_text"], encoding)
         targets.append(TargetPlan(patch.label, patch.module, t["real"], t["real"], False, t["sha256"], 0,
                                   encoding, result, new_bytes, "cached"))
-    plan = PatchPlan(host.name, pb, list(python), dict(seen["packages"]), targets)
+    plan = PatchPlan(host.name, pb, list(python), dict(seen["packages"]), targets, notes=notes)
     if not plan.changed:
         return None
     args, _reason = apply_args(plan, host, import_check=import_check, allow_findings=allow_findings)
     args["only_if"] = {"python": list(python[:2]), "packages": dict(seen["packages"]),
                        "targets": [{"spec": p.to_wire(), "real": t.real, "sha256": t.sha256}
                                    for p, t in zip(pb.patches, targets)]}
-    return {"args": args, "seen": seen}
+    # the report can be built without the targets' bytes when every diff is cached (plancache)
+    reportable = all(t.result.cached_diff_body is not None for t in targets if t.changed)
+    return {"args": args, "seen": seen, "plan": plan if reportable else None}
 
 
-def read_then_apply(session, pb: Playbook, host, apply_req: dict) -> tuple[dict, dict | None]:
+def plan_for_read(early: dict, raw: dict) -> PatchPlan:
+    """The plan of ``planned_for_seen`` completed with what the read says of each target (the
+    read left the bytes out: they are the remembered ones, which that plan was built from)."""
+    from dataclasses import replace
+
+    plan = early["plan"]
+    targets = [replace(t, path=r["path"], is_link=r.get("is_link", False), mode=r["mode"])
+               for t, r in zip(plan.targets, raw["targets"])]
+    return replace(plan, python=list(raw.get("python") or plan.python), packages=raw.get("packages") or {},
+                   targets=targets, recovered=raw.get("recovered") or [])
+
+
+def read_then_apply(session, pb: Playbook, host, apply_req: dict, *, omit_data: bool = False) -> tuple[dict, dict | None]:
     """Round trip 1 carrying both: the read, then the conditional apply (not run if the read
-    failed). Returns (the read's result, the apply's raw answer)."""
-    res = session.call_many([rq.patching_read(targets=[p.to_wire() for p in pb.patches],
-                                              packages=packages_to_query(pb), workdir=host.workdir),
-                             rq.patching_apply(**apply_req)], stop_on_error=True)
+    failed). Returns (the read's result, the apply's raw answer). ``omit_data``: the read leaves
+    the targets' bytes out when the host is in the apply's ``only_if`` state."""
+    extra = {"data_unless": apply_req["only_if"]} if omit_data else {}
+    read_req = rq.patching_read(targets=[p.to_wire() for p in pb.patches], packages=packages_to_query(pb),
+                                workdir=host.workdir, **extra)
+    res = session.call_many([read_req, rq.patching_apply(**apply_req)], stop_on_error=True)
     return unwrap(res[0], host.name, "reading the patch targets"), (res[1] if len(res) > 1 else None)
 
 
@@ -345,8 +363,11 @@ def run_host(session, host, pb: Playbook, *, dry_run: bool = False, import_check
         prefetch_libcst(pb)
         raw, first = read(session, pb, host), None
     else:
-        raw, first = read_then_apply(session, pb, host, early["args"])
+        raw, first = read_then_apply(session, pb, host, early["args"], omit_data=early["plan"] is not None)
     ran_early = first is not None and not (first.get("ok") and "skipped" in (first.get("result") or {}))
+    if raw.get("data_omitted") and not ran_early:
+        # the host left the remembered state between the read and the apply: read it again, bytes included
+        raw, early = read(session, pb, host), None
     if ran_early and not hoststate.same_state(pb, raw, early["seen"]):
         # the apply found the remembered state, the read (a moment before, same process) did not:
         # another controller changed the host in between; the report cannot be built from this read
@@ -354,7 +375,8 @@ def run_host(session, host, pb: Playbook, *, dry_run: bool = False, import_check
         raise RemoteOpsError("the host's targets changed between the read and the apply of this patch "
                              "(another controller?); the apply ran for the state it checked",
                              "run `remote-ops history` to see what is on the host", host=host.name)
-    plan = compute(pb, raw, host.name)
+    # the read left the bytes out only for the state the early plan was built for: no need to compute it again
+    plan = plan_for_read(early, raw) if raw.get("data_omitted") else compute(pb, raw, host.name)
     if plan.changed:
         hoststate.remember(pb, host, raw, early and early["seen"])
     out = {"host": host.name, "playbook": pb.name, "playbook_path": pb.path, "python": plan.python,
