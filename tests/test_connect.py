@@ -146,6 +146,25 @@ Host gpu-alias
     assert json.loads(out)["packages"]["speculators"]["version"] == "0.3.0"
 
 
+def test_an_empty_ssh_config_answers_lookups_without_paramikos_expansion(monkeypatch):
+    """No ~/.ssh/config: every host's lookup is {} at once (paramiko would expand its default
+    tokens, asking the password database for the local user); a real config is still looked up."""
+    import getpass
+
+    import paramiko
+
+    from remote_ops.connect import sshconfig
+
+    asked = []
+    monkeypatch.setattr(getpass, "getuser", lambda: asked.append(1) or "someone")
+    assert sshconfig.lookup(paramiko.SSHConfig(), "gpu1") == {} and sshconfig.lookup(None, "gpu1") == {}
+    assert asked == []
+    cfg = paramiko.SSHConfig.from_text("Host gpu1\n  HostName 10.0.0.9\n  Port 2222\n")
+    entry = sshconfig.lookup(cfg, "gpu1")
+    assert entry["hostname"] == "10.0.0.9" and entry["port"] == "2222"
+    assert sshconfig.lookup(cfg, "gpu2")["hostname"] == "gpu2"
+
+
 def test_verbose_reports_round_trips(sshd, inventory_file, env_vllm017, cli):
     inv = inventory_file(python=str(env_vllm017))
     status, out, err = cli("facts", "-v", "-i", str(inv))

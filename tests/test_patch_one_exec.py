@@ -149,6 +149,63 @@ def test_a_target_that_differs_from_the_remembered_one_falls_back(one, tmp_path)
     assert ops == [[READ, APPLY]] and out["changed"] and target.read_bytes() == data
 
 
+def test_the_one_exec_read_leaves_out_the_bytes_the_plan_was_made_from(one, tmp_path):
+    """In the remembered state the read answers each target's sha256 without its bytes (the plan
+    was made from them); a host that differs gets its bytes read as before."""
+    import base64
+
+    h, target = one
+    h.patch()
+    patched = target.read_bytes()
+    h.rollback()
+    pb, host = playbook.load(SHIPPED), h.host()
+    early = patching.planned_for_seen(pb, host)
+    assert early["plan"] is not None
+    with Session(host, ConnectOptions()).open() as sess:
+        raw, first = patching.read_then_apply(sess, pb, host, early["args"], omit_data=True)
+    assert raw["data_omitted"] and [t["data"] for t in raw["targets"]] == [None] * len(pb.patches)
+    assert [t["sha256"] for t in raw["targets"]] == [t["sha256"] for t in early["seen"]["targets"]]
+    assert first["ok"] and first["result"]["changed"] and target.read_bytes() == patched
+
+    h.rollback()
+    target.write_bytes(target.read_bytes() + b"# changed on the host\n")
+    with Session(host, ConnectOptions()).open() as sess:
+        raw, first = patching.read_then_apply(sess, pb, host, early["args"], omit_data=True)
+    assert "data_omitted" not in raw and first["result"]["skipped"]
+    assert [base64.b64decode(t["data"]) for t in raw["targets"]] == [Path(t["real"]).read_bytes()
+                                                                    for t in raw["targets"]]
+
+
+class _ApplySkips:
+    """A session whose one-exec apply finds another state than the read did (as when another
+    controller changes the host between the two ops of that exec): its only_if names other bytes."""
+
+    def __init__(self, sess):
+        self.sess = sess
+        self.stats = sess.stats
+
+    def call_many(self, ops, **kw):
+        if [op for op, _ in ops] == [READ, APPLY]:
+            (rop, rargs), (aop, aargs) = ops
+            cond = dict(aargs["only_if"], targets=[dict(t, sha256="0" * 64) for t in aargs["only_if"]["targets"]])
+            ops = [(rop, rargs), (aop, dict(aargs, only_if=cond))]
+        return self.sess.call_many(ops, **kw)
+
+
+def test_a_host_that_leaves_the_state_between_read_and_apply_is_read_again(one, tmp_path):
+    h, target = one
+    h.patch()
+    patched = target.read_bytes()
+    h.rollback()
+    pb, host = playbook.load(SHIPPED), h.host()
+    with Session(host, ConnectOptions()).open() as sess:
+        out = patching.run_host(_ApplySkips(sess), host, pb)
+        # the read left the bytes out, the apply skipped: the bytes are read, then applied as planned
+        assert sess.stats.op_log == [[READ, APPLY], [READ], [APPLY]]
+    assert out["changed"] and target.read_bytes() == patched and out["round_trips"] == 3
+    assert {t["sha256_before"] for t in out["targets"]} == {t["before"] for t in journal(h.state)[-1]["targets"]}
+
+
 def test_a_package_version_that_differs_falls_back(one, fresh_env017):
     h, target = one
     h.patch()

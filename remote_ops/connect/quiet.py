@@ -37,11 +37,19 @@ _lock = threading.Lock()
 
 def transport_class():
     """The Transport subclass (built on first use: paramiko is imported lazily)."""
+    return _built()[0]
+
+
+def packetizer_class():
+    """The Packetizer subclass the transport uses (its handshake timeout is a deadline)."""
+    return _built()[1]
+
+
+def _built() -> tuple:
     with _lock:
-        cls = _classes.get("transport")
-        if cls is None:
-            cls = _classes["transport"] = _build()
-        return cls
+        if "transport" not in _classes:
+            _classes["transport"], _classes["packetizer"] = _build()
+        return _classes["transport"], _classes["packetizer"]
 
 
 def _build():
@@ -112,4 +120,4 @@ def _build():
             # once for a set event) raises what it raises, or returns the allowed types
             return self.auth_handler.wait_for_response(done)
 
-    return QuietTransport
+    return QuietTransport, DeadlinePacketizer
