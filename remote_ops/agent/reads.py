@@ -99,34 +99,27 @@ class Reads:
         return found
 
 
-def unchanged(log, reads=None):
-    """True when doing every read of ``log`` again sees what it saw then."""
-    again = reads or Reads()
+_REPLAY = {
+    "spec": lambda r, a: r.spec(a[0], a[1]),
+    "exists": lambda r, a: r.exists(a),
+    "data": lambda r, a: r.data(a),
+    "walk_py": lambda r, a: r.walk_py(a),
+    "distribution": lambda r, a: r.distribution(a[0], a[1]),
+}
+
+
+def unchanged(log):
+    """True when doing every read of ``log`` again (the same ``Reads`` method) sees what it saw then."""
     for entry in log:
         try:
             kind, arg, seen = entry
-            if kind == "spec":
-                now = _spec_seen(importlib.machinery.PathFinder.find_spec(arg[0], list(arg[1])))
-            elif kind == "exists":
-                now = os.path.exists(arg)
-            elif kind == "data":
-                try:
-                    with open(arg, "rb") as fh:
-                        now = digest(fh.read())
-                except OSError as exc:
-                    now = ["error", exc.errno]
-            elif kind == "walk_py":
-                now = Reads(record=True)
-                now.walk_py(arg)
-                now = now.log[0][2]
-            elif kind == "distribution":
-                from .facts import find_distribution
-                found = find_distribution(arg[0], list(arg[1]))
-                now = None if found is None else list(found)
-            else:
-                return False
-        except (TypeError, ValueError, IndexError):
+            again = Reads(record=True)
+            try:
+                _REPLAY[kind](again, arg)
+            except OSError:
+                pass   # recorded as what it saw (a file that cannot be read now)
+        except (KeyError, TypeError, ValueError, IndexError):
             return False   # not a log this code wrote
-        if now != seen:
+        if again.log[-1][2] != seen:
             return False
     return True
