@@ -39,6 +39,7 @@ from . import callsites
 from .symbols import SymbolMatcher
 from .contract import DEFAULT_AGAINST, DEFAULT_PACKAGE  # noqa: F401  (compat.DEFAULT_* for callers)
 from .protocol import AgentFailure
+from .reads import Reads
 from .signatures import Signature, StaticResolver, Unknown
 
 
@@ -52,13 +53,13 @@ def _resolver(args, static):
     raise AgentFailure("bad-args", "unknown mode %r (static or runtime)" % mode)
 
 
-def versions(names, sys_path):
+def versions(names, sys_path, reads=None):
     """{name: version} of the distributions installed on ``sys_path`` (absent names left out); reads
     only the named distributions' METADATA headers (facts.find_distribution), not every package's."""
-    from .facts import find_distribution
+    reads = reads or Reads()
     out = {}
     for n in names:
-        found = find_distribution(n, list(sys_path))
+        found = reads.distribution(n, sys_path)
         if found is not None:
             out[n] = found[0]
     return out
@@ -78,30 +79,37 @@ def _package_modules(static, package):
         return [(package, spec.origin)]
     out = []
     for root in spec.submodule_search_locations:
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames[:] = sorted(d for d in dirnames if d.isidentifier())
-            for fn in sorted(filenames):
-                if fn.endswith(".py"):
-                    rel = os.path.relpath(os.path.join(dirpath, fn), root)[:-3].split(os.sep)
-                    if rel[-1] == "__init__":
-                        rel = rel[:-1]
-                    out.append((".".join([package] + rel), os.path.join(dirpath, fn)))
+        for dirpath, filenames in static.reads.walk_py(root):
+            for fn in filenames:
+                rel = os.path.relpath(os.path.join(dirpath, fn), root)[:-3].split(os.sep)
+                if rel[-1] == "__init__":
+                    rel = rel[:-1]
+                out.append((".".join([package] + rel), os.path.join(dirpath, fn)))
     return out
 
 
-def _read(path):
-    with open(path, encoding="utf-8") as fh:
-        return fh.read()
-
-
 def op_check(args):
+    """The check, its result reused from the host's check memo while nothing it read changed
+    (``memo``; static mode only: runtime mode imports the library, and is always computed)."""
     t0 = time.perf_counter()
+    if (args.get("mode") or "static") != "static":
+        out = check(args, Reads())
+    else:
+        from . import memo
+        out = memo.cached("check", args, lambda reads: check(args, reads))
+    return dict(out, elapsed_s=round(time.perf_counter() - t0, 4))
+
+
+def check(args, reads):
+    """``op_check`` computed, every file-system read through ``reads``."""
     sys_path = args.get("sys_path") or sys.path
     overrides = args.get("override_sources") or {}
     against = list(args.get("against") or DEFAULT_AGAINST)
-    static = StaticResolver(sys_path)
+    static = StaticResolver(sys_path, reads=reads)
+    _read = reads.text
     resolver = _resolver(args, static)
     if resolver is not static:
+        reads.not_replayable("runtime mode imports the library")
         for lib in against:
             e = resolver.module(lib)
             if e.kind == "unknown":
@@ -194,12 +202,11 @@ def op_check(args):
             (targets[0][0] if targets else "")
         _mark_own_methods(static, package.split(".")[0], touches, overrides)
         extra = {"touches": touches,
-                 "declared": declared_requirements(package.split(".")[0], against, sys_path)}
+                 "declared": declared_requirements(package.split(".")[0], against, sys_path, reads)}
     return {"mode": getattr(resolver, "mode", "static"), "python": sys.executable,
-            "versions": versions(pkgs, sys_path),
+            "versions": versions(pkgs, sys_path, reads),
             "targets": [{"module": m, "path": p} for m, p in targets],
             "findings": findings, "unknown": unknown, "calls_checked": checked,
-            "elapsed_s": round(time.perf_counter() - t0, 4),
             **({"note": note} if note else {}),
             **({"only_unmatched": [x for x in only.spellings if x not in only.hit]} if only else {}),
             **({"trace": trace} if args.get("trace") else {}), **extra}
@@ -220,7 +227,7 @@ def _mark_own_methods(static, top, touches, overrides):
         if mod in overrides:
             continue
         try:
-            texts.append(_read(path))
+            texts.append(static.reads.text(path))
         except (OSError, UnicodeDecodeError, ValueError):
             continue
     for text in texts:
@@ -232,20 +239,27 @@ def _mark_own_methods(static, top, touches, overrides):
             t["package_defines"] = t["dispatch"] in own
 
 
-def declared_requirements(package, libs, sys_path):
+def declared_requirements(package, libs, sys_path, reads=None):
     """{lib: {"spec": "==0.11.0", "version": "0.11.0" or None, "extra": ...}} from the installed
     package's metadata (Requires-Dist), read without importing anything."""
     import importlib.metadata as md
     import re
 
-    from .facts import find_distribution
+    reads = reads or Reads()
     out = {}
     try:
-        found = find_distribution(package, list(sys_path))
+        found = reads.distribution(package, sys_path)
         if found is not None:   # the one distribution, not a scan of every installed one
             import pathlib
+            # what PathDistribution reads (an .egg-info may be one file: it is then read itself)
+            for path in [found[1]] + [os.path.join(found[1], n) for n in ("METADATA", "PKG-INFO", "requires.txt")]:
+                try:
+                    reads.data(path)
+                except OSError:
+                    pass
             dists = [md.PathDistribution(pathlib.Path(found[1]))]
         else:
+            reads.not_replayable("%s is found only by importlib.metadata's scan" % package)
             dists = [d for d in md.distributions(path=list(sys_path))
                      if _norm(d.metadata.get("Name") or "") == _norm(package)]
     except Exception as exc:  # a broken dist-info: say so, drift runs without a baseline

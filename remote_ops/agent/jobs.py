@@ -26,6 +26,7 @@ import time
 
 from . import gpu
 from . import supervisor as sup
+from .filewait import FileWait
 from .jobstatus import (TERMINAL, _current_id, _jobdir, _jobs_in, _pid_alive, _read_tail, job_status, safe_key,
                         standin_label, state_dir)
 from .protocol import AgentFailure
@@ -280,6 +281,7 @@ def op_tail(args):
     last_snap = last_gpu = last_state = 0.0
     gpu_info = None
     fh = None
+    written = FileWait(path)   # wakes on the log's writes; ``poll`` stays the longest wait
     try:
         while True:
             if fh is None:
@@ -321,8 +323,9 @@ def op_tail(args):
                        "offset": offset}
             if now - t0 >= budget:
                 return {"state": st["state"], "next": offset, "status": st, "ended": False}
-            time.sleep(poll)
+            written.wait(poll)
     finally:
+        written.close()
         if fh is not None:
             fh.close()
 

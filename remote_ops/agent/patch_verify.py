@@ -36,17 +36,27 @@ def _verify(args, todo):
     verify = args.get("verify")
     if not verify:
         return None
+    from . import memo
+
+    overrides = {t["module"]: base64.b64decode(t["data"]).decode(t.get("encoding") or "utf-8")
+                 for t in todo if t.get("module")}
+    # reused from the host's check memo while nothing the verification read has changed (a refusal
+    # is never kept: it is computed again, and says so again)
+    return memo.cached("verify", {"verify": verify, "new_texts": overrides},
+                       lambda reads: _verified(verify, overrides, reads))
+
+
+def _verified(verify, overrides, reads):
     from . import compat
     from .signatures import StaticResolver
     from .symbols import SymbolMatcher
 
     vargs = dict(verify.get("args") or {})
-    overrides = {t["module"]: base64.b64decode(t["data"]).decode(t.get("encoding") or "utf-8")
-                 for t in todo if t.get("module")}
-    before = compat.op_check(dict(vargs))
-    after = compat.op_check(dict(vargs, override_sources=overrides))
+    before = compat.check(dict(vargs), reads)
+    after = compat.check(dict(vargs, override_sources=overrides), reads)
     fixes = verify.get("fixes") or []
-    matcher = SymbolMatcher(StaticResolver(vargs.get("sys_path") or sys.path), [f.get("symbol") for f in fixes])
+    matcher = SymbolMatcher(StaticResolver(vargs.get("sys_path") or sys.path, reads=reads),
+                            [f.get("symbol") for f in fixes])
 
     def hits(fix, findings):
         return [f for f in findings if f.get("kind") == fix.get("kind")

@@ -26,6 +26,10 @@ def per_request(cache):
     """Register a process-level cache that must be emptied between a resident agent's requests."""
     PER_REQUEST.append(cache)
     return cache
+
+
+# What the check memo did in this request (``memo``): {"hit"|"miss"|"stale"|"damaged": count}
+MEMO = per_request({})
 _CO_GENERATOR = 0x20   # inspect.CO_GENERATOR, without importing inspect (~10 ms on a small host)
 
 
@@ -93,7 +97,8 @@ def agent_stats():
             "cache": BOOT.get("cache"),
             # of cpu_s: the interpreter's own start before the bootstrap ran, and the bootstrap
             # (reading the request, the cache or the shipped sources, compiling)
-            "start_cpu_s": BOOT.get("start_cpu_s"), "boot_cpu_s": BOOT.get("boot_cpu_s")}
+            "start_cpu_s": BOOT.get("start_cpu_s"), "boot_cpu_s": BOOT.get("boot_cpu_s"),
+            **({"memo": dict(MEMO)} if MEMO else {})}
 
 
 def serve(stdin, out, package, request_text=None):

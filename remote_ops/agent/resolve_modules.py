@@ -1,18 +1,19 @@
 """Finding and loading modules by parsing only (the static resolver's first part; stdlib only).
 
 ``ModuleIndex`` locates modules with ``importlib.machinery.PathFinder`` over a search path (the
-interpreter's ``sys.path`` by default), never importing them, and parses each once into a
-``ModInfo``: the names a module binds at top level (defs, imports, assignments, including those
-under ``if``/``try``/``with``, not under ``if TYPE_CHECKING``), its ``from x import *`` sources, a
-literal ``__all__``, and whether it has a module ``__getattr__``. ``package_files`` reads every
-source file of a package once, as one blob, for text searches over the whole package.
+interpreter's ``sys.path`` by default), never importing them, and parses each once into a ``ModInfo``:
+the names a module binds at top level (defs, imports, assignments, including those under
+``if``/``try``/``with``, not under ``if TYPE_CHECKING``), its ``from x import *`` sources, a literal
+``__all__``, and whether it has a module ``__getattr__``. ``package_files`` reads every source file
+of a package once, as one blob, for text searches over the whole package. Every file-system read
+goes through its ``reads`` (``reads.Reads``), which can record them for ``memo``.
 """
 
 import ast
-import importlib.machinery
 import os
 import sys
 
+from .reads import Reads
 from .resolve_base import Ent, _is_type_checking, _literal_strings, _target_names, missing, unknown
 
 
@@ -134,9 +135,10 @@ def parse_cached(text, origin):
 class ModuleIndex:
     """Module specs and parsed modules over a search path, each computed once."""
 
-    def __init__(self, sys_path=None, override_sources=None):
+    def __init__(self, sys_path=None, override_sources=None, reads=None):
         self.sys_path = list(sys_path if sys_path is not None else sys.path)
         self.overrides = dict(override_sources or {})
+        self.reads = reads if reads is not None else Reads()   # every file-system read goes through it
         self._specs = {}
         self._mods = {}
 
@@ -148,10 +150,9 @@ class ModuleIndex:
         if parent:
             pspec = self.find_spec(parent)
             if pspec is not None and pspec.submodule_search_locations:
-                spec = importlib.machinery.PathFinder.find_spec(
-                    name, list(pspec.submodule_search_locations))
+                spec = self.reads.spec(name, pspec.submodule_search_locations)
         else:
-            spec = importlib.machinery.PathFinder.find_spec(name, self.sys_path)
+            spec = self.reads.spec(name, self.sys_path)
         self._specs[name] = spec
         return spec
 
@@ -160,7 +161,7 @@ class ModuleIndex:
         if spec is None:
             return None
         origin = spec.origin
-        if origin in (None, "namespace") or not os.path.exists(origin or ""):
+        if origin in (None, "namespace") or not self.reads.exists(origin or ""):
             return ""       # namespace package
         return origin
 
@@ -180,15 +181,14 @@ class ModuleIndex:
                 is_pkg = bool(spec is not None and spec.submodule_search_locations)
                 if name in self.overrides:
                     text = self.overrides[name]
-                elif origin in (None, "namespace") or (spec.origin and not os.path.exists(spec.origin)):
+                elif origin in (None, "namespace") or (spec.origin and not self.reads.exists(spec.origin)):
                     text, origin = "", "<namespace %s>" % name
                 elif not origin.endswith(".py"):
                     result = unknown("%s is a compiled module (%s)" % (name, os.path.basename(origin)))
                     text = None
                 else:
                     try:
-                        with open(origin, "rb") as fh:
-                            text = fh.read()
+                        text = self.reads.data(origin)
                     except OSError as exc:
                         result = unknown("cannot read %s: %s" % (origin, exc))
                         text = None
@@ -218,15 +218,11 @@ class ModuleIndex:
         spec = self.find_spec(package)
         if spec is not None and spec.submodule_search_locations:
             for root_dir in spec.submodule_search_locations:
-                for dirpath, dirnames, filenames in os.walk(root_dir):
-                    dirnames[:] = sorted(d for d in dirnames if d.isidentifier())
-                    for fn in sorted(filenames):
-                        if not fn.endswith(".py"):
-                            continue
+                for dirpath, filenames in self.reads.walk_py(root_dir):
+                    for fn in filenames:
                         path = os.path.join(dirpath, fn)
                         try:
-                            with open(path, "rb") as fh:
-                                data = fh.read()
+                            data = self.reads.data(path)
                         except OSError:
                             continue
                         rel = os.path.relpath(path, root_dir)[:-3].split(os.sep)

@@ -45,6 +45,6 @@ class StaticResolver(ModuleIndex, NameResolution, ClassModel, FieldModel, Signat
 
     mode = "static"
 
-    def __init__(self, sys_path=None, override_sources=None):
-        super().__init__(sys_path, override_sources)
+    def __init__(self, sys_path=None, override_sources=None, reads=None):
+        super().__init__(sys_path, override_sources, reads)
         self._sig_cache = {}

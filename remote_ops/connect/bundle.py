@@ -228,6 +228,7 @@ def write_cache(base,d,sha,code,sb):
 C={}
 B=None
 Q=None
+d=None
 state="shipped"
 SERVE=False
 line=r.readline()
@@ -301,7 +302,8 @@ class L:
 sys.meta_path.insert(0,L())
 sys.stdin=io.TextIOWrapper(r,encoding="utf-8")
 from _remote_ops_agent import protocol
-protocol.BOOT.update(cache=state,start_cpu_s=T0,boot_cpu_s=time.process_time()-T0)
+# the cache entry of this agent's code (its check memo lives there), when this exec has one
+protocol.BOOT.update(cache=state,cache_dir=d if state in ("hit","filled") else None,start_cpu_s=T0,boot_cpu_s=time.process_time()-T0)
 sys.exit(protocol.resident(P) if SERVE else protocol.main(P,None if Q is None else Q.decode("utf-8")))
 """.replace("@PKG@", AGENT_PACKAGE)
 

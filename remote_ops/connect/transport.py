@@ -42,6 +42,7 @@ class Stats:
     host_cpu_s: list = field(default_factory=list)        # per exec: the agent's own CPU seconds
     host_cpu_split: list = field(default_factory=list)    # per exec: [interpreter start, bootstrap] of it
     agent_cache: list = field(default_factory=list)       # per exec: hit | filled | shipped | off | ...
+    check_memo: list = field(default_factory=list)        # per exec: the host's check memo {hit, miss, ...}
     mux_execs: int = 0                                    # execs run over a kept connection (--persist)
 
     def as_dict(self) -> dict:
@@ -49,7 +50,7 @@ class Stats:
                 "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
                 "bundles_sent": self.bundles_sent, "host_cpu_s": self.host_cpu_s,
                 "host_cpu_split": self.host_cpu_split, "agent_cache": self.agent_cache,
-                "mux_execs": self.mux_execs}
+                "check_memo": self.check_memo, "mux_execs": self.mux_execs}
 
 
 @dataclass
@@ -303,6 +304,7 @@ class Session:
             self.stats.host_cpu_split.append([agent.get("start_cpu_s"), agent.get("boot_cpu_s")])
         state = agent.get("cache")
         self.stats.agent_cache.append(state)
+        self.stats.check_memo.append(agent.get("memo") if isinstance(agent.get("memo"), dict) else {})
         if state in ("off", "unwritable", "unsafe"):
             self.bundle_probe = False   # this host cannot cache: stop probing (saves the wait)
 
