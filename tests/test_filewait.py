@@ -17,7 +17,10 @@ def test_a_write_wakes_the_wait(tmp_path):
     try:
         assert w.wait(0.01) is False                 # nothing written: the timeout
         assert w.watching
-        t = threading.Timer(0.2, lambda: log.open("ab").write(b"tick\n"))
+        def write():
+            with log.open("ab") as fh:        # one write; its close is no event
+                fh.write(b"tick\n")
+        t = threading.Timer(0.2, write)
         t.start()
         assert w.wait(30) is True                    # woken by the write, not by the 30 s timeout
         t.join()

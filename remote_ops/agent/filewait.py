@@ -12,12 +12,12 @@ import os
 import select
 import time
 
+# a write (new data), or the file moved or removed (the watch ends: what follows is polling);
+# not closes or attribute changes: they bring no data, only a wake-up for nothing
 _IN_MODIFY = 0x002
-_IN_ATTRIB = 0x004
-_IN_CLOSE_WRITE = 0x008
 _IN_MOVE_SELF = 0x800
 _IN_DELETE_SELF = 0x400
-_MASK = _IN_MODIFY | _IN_ATTRIB | _IN_CLOSE_WRITE | _IN_MOVE_SELF | _IN_DELETE_SELF
+_MASK = _IN_MODIFY | _IN_MOVE_SELF | _IN_DELETE_SELF
 _LIBC = []
 
 
