@@ -112,3 +112,23 @@ def test_syntax_check_uses_host_python_version():
     p = validate.check_syntax(match, "m.py", [3, 9, 0])
     assert p is not None and "Python 3.9" in str(p)
     assert "does not compile" in str(validate.check_syntax("def f(:\n", "m.py", [3, 11]))
+
+
+def test_edits_sharing_calls_give_the_text_and_states_of_one_at_a_time():
+    """Edits on different calls go in one pass; an edit on a call an earlier one changes sees that
+    change (the edits before it in one pass, then the rest). Text and states equal applying the
+    edits one after the other, and a rerun changes nothing."""
+    src = "f(a=1, b=2)\ng(x=1)\nf(a=1, b=2)\nh(q=0)\n"
+    es = [CallEdit(id="f-drop-b", callee="f", drop=["b"], expect=2),
+          CallEdit(id="g-add-y", callee="g", add={"y": "2"}),
+          CallEdit(id="f-add-c", callee="f", add={"c": "3"}, expect=2),
+          CallEdit(id="h-rename", callee="h", rename={"q": "r"}),
+          CallEdit(id="f-drop-a", callee="f", drop=["a"], expect=2)]
+    batch = apply_edits(src, es, "t.py")
+    one_by_one = src
+    for e in es:
+        one_by_one = apply_edits(one_by_one, [e], "t.py").new_text
+    assert batch.new_text == one_by_one == "f(c=3)\ng(x=1, y=2)\nf(c=3)\nh(r=0)\n"
+    assert [r.state for r in batch.results] == ["pending"] * 5
+    again = apply_edits(batch.new_text, es, "t.py")
+    assert again.new_text == batch.new_text and {r.state for r in again.results} == {"applied"}

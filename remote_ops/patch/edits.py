@@ -268,12 +268,11 @@ def apply_call_edits(text: str, edits: list[CallEdit], path: str) -> tuple[str, 
     for i in range(len(edits)):
         ids = {id(m) for m in matches[i]}
         if len(edits) > 1 and ids & seen:
-            # two edits on the same call: the second must see the first one's result
-            current, results = text, []
-            for edit in edits:
-                current, (res,) = apply_call_edits(current, [edit], path)
-                results.append(res)
-            return current, results
+            # an edit on a call an earlier edit changes must see that edit's result: the edits
+            # before it go in one pass, then the rest (which repeats this split where needed)
+            head, head_results = apply_call_edits(text, edits[:i], path)
+            tail, tail_results = apply_call_edits(head, edits[i:], path)
+            return tail, head_results + tail_results
         seen |= ids
     positions = wrapper.resolve(PositionProvider)
     code_of = wrapper.module.code_for_node
