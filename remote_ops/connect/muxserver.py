@@ -320,12 +320,21 @@ class Keeper:
                 # its interpreter's path changed (a package installed): a new agent answers instead
                 fresh, _ = self._resident(req["command"], want.get("cache"), replace=True)
                 current[0] = fresh
-                with fresh.busy:
+                fresh.busy.acquire()
+                freed = []
+
+                def release_fresh() -> None:               # as release(): free before the end is sent,
+                    if not freed:                          # or the client's next request finds it busy
+                        freed.append(1)                    # and takes a fresh exec
+                        fresh.busy.release()
+                try:
                     if not fresh.start(req.get("timeout")):
                         done.set()
                         mux.send_frame(conn, b"F", b"the host's resident agent could not be restarted")
                         return True
-                    fresh.serve(conn, request, release, done)
+                    fresh.serve(conn, request, release_fresh, done)
+                finally:
+                    release_fresh()
             return True
         finally:
             release()
