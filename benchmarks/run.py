@@ -64,6 +64,7 @@ BENCH = REPO / "benchmarks"
 sys.path.insert(0, str(REPO))
 
 from remote_ops import pkgsource  # noqa: E402
+from remote_ops.connect import transport  # noqa: E402
 from remote_ops.sshd import SshdServer  # noqa: E402
 
 SPECULATORS = ("speculators", "0.3.0")
@@ -942,13 +943,7 @@ def host_cpu_agent(b: Bench, label: str):
 
 
 def memo_words(ss) -> str:
-    total: dict = {}
-    for s in ss:
-        if s.ok:
-            for m in s.memo:
-                for k, v in (m or {}).items():
-                    total[k] = total.get(k, 0) + v
-    return ", ".join(f"{v} {k}" for k, v in sorted(total.items())) or "-"
+    return transport.memo_words([m for s in ss if s.ok for m in s.memo]) or "-"
 
 
 def host_cpu_cmd(b: Bench, label: str):

@@ -77,15 +77,7 @@ def _package_modules(static, package):
                            "install it into the host's environment, or name --target modules")
     if not spec.submodule_search_locations:
         return [(package, spec.origin)]
-    out = []
-    for root in spec.submodule_search_locations:
-        for dirpath, filenames in static.reads.walk_py(root):
-            for fn in filenames:
-                rel = os.path.relpath(os.path.join(dirpath, fn), root)[:-3].split(os.sep)
-                if rel[-1] == "__init__":
-                    rel = rel[:-1]
-                out.append((".".join([package] + rel), os.path.join(dirpath, fn)))
-    return out
+    return static.package_modules(package, spec)
 
 
 def op_check(args):

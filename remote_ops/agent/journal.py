@@ -4,7 +4,6 @@ create + fsync write every backup, temporary file and intent goes through. Layou
 see ``patching.py``.
 """
 
-import hashlib
 import json
 import os
 
@@ -12,10 +11,6 @@ from .atomic import fsync_dir as _fsync_dir
 from .protocol import AgentFailure
 from .statedir import ensure_private as _ensure_private_dir
 from .statedir import root as _state_dir
-
-
-def _sha(data):
-    return hashlib.sha256(data).hexdigest()
 
 
 def _journal_dir():

@@ -23,8 +23,9 @@ import stat
 import sys
 
 from . import jsonio
+from .digest import sha256_hex as digest
 from .protocol import BOOT, MEMO
-from .reads import Reads, digest, unchanged
+from .reads import Reads, unchanged
 
 STORE = "check-memo"   # in the agent cache entry
 LIMIT = 64             # entries kept (a drift check's is ~0.4 MB); the oldest beyond are removed
@@ -48,13 +49,18 @@ def _private(path):
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
 
 
-def _store_dir(create):
+def _count(what):
+    MEMO[what] = MEMO.get(what, 0) + 1
+
+
+def _store_dir():
+    """The memo's directory in this agent's cache entry (made on first use), when both are private."""
     base = BOOT.get("cache_dir")
     if not base:
         return None
     d = os.path.join(base, STORE)
     try:
-        if create and not os.path.lexists(d):
+        if not os.path.lexists(d):
             try:
                 os.mkdir(d, 0o700)
             except FileExistsError:
@@ -83,7 +89,7 @@ def _load(d, k):
             os.unlink(path)   # damaged: removed, recomputed and stored again
         except OSError:
             pass
-        MEMO["damaged"] = MEMO.get("damaged", 0) + 1
+        _count("damaged")
         return None
 
 
@@ -120,19 +126,19 @@ def cached(kind, args, compute):
     """``compute(reads)``'s result, reused from the store while its reads are unchanged.
 
     ``args`` must hold everything the computation takes besides its reads (JSON values)."""
-    d = _store_dir(create=True)
+    d = _store_dir()
     if d is None:
         return compute(Reads())
     k = key(kind, args)
     entry = _load(d, k)
     if entry is not None:
         if unchanged(entry["reads"]):
-            MEMO["hit"] = MEMO.get("hit", 0) + 1
+            _count("hit")
             return entry["result"]
-        MEMO["stale"] = MEMO.get("stale", 0) + 1
+        _count("stale")
     reads = Reads(record=True)
     result = compute(reads)
-    MEMO["miss"] = MEMO.get("miss", 0) + 1
+    _count("miss")
     if reads.opaque is None:
         # stored as the wire carries it: a hit returns exactly what this result becomes there
         _save(d, k, reads.log, result)

@@ -14,7 +14,8 @@ import uuid
 
 from . import atomic
 from .atomic import fsync_dir as _fsync_dir
-from .journal import (_journal_append, _journal_dir, _journal_entries, _pending_intents, _sha,
+from .digest import sha256_hex as _sha
+from .journal import (_journal_append, _journal_dir, _journal_entries, _pending_intents,
                       _write_json_atomic, _write_new)
 from .patch_targets import _invalidate_pyc
 from .protocol import AgentFailure

@@ -7,7 +7,7 @@ import base64
 import os
 import sys
 
-from .journal import _sha
+from .digest import sha256_hex as _sha
 from .protocol import AgentFailure
 
 

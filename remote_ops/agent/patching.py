@@ -37,8 +37,9 @@ import stat
 import subprocess
 import sys
 
+from .digest import sha256_hex as _sha
 from .facts import package_info
-from .journal import _journal_entries, _journal_path, _pending_intents, _read_journal, _sha
+from .journal import _journal_entries, _journal_path, _pending_intents, _read_journal
 from .patch_targets import _describe, _resolve
 from .patch_tx import _Lock, _recover, _transact
 from .patch_verify import _verify, _verify_skip_reason

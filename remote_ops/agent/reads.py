@@ -12,19 +12,8 @@ result is never kept.
 
 import importlib.machinery
 import os
-import sys
 
-try:   # the builtin sha256 (hashlib's OpenSSL start-up costs more than what a check hashes)
-    if sys.version_info >= (3, 12):
-        from _sha2 import sha256 as _H
-    else:
-        from _sha256 import sha256 as _H
-except ImportError:
-    from hashlib import sha256 as _H
-
-
-def digest(data):
-    return _H(data).hexdigest()
+from .digest import sha256_hex as digest
 
 
 def _spec_seen(spec):
@@ -110,10 +99,10 @@ _REPLAY = {
 
 def unchanged(log):
     """True when doing every read of ``log`` again (the same ``Reads`` method) sees what it saw then."""
+    again = Reads(record=True)
     for entry in log:
         try:
             kind, arg, seen = entry
-            again = Reads(record=True)
             try:
                 _REPLAY[kind](again, arg)
             except OSError:

@@ -210,6 +210,20 @@ class ModuleIndex:
             return Ent("module", mod=m, qual="")
         return m
 
+    def package_modules(self, package, spec):
+        """(module, path) of every .py file under the package's directories (``spec``: its spec with
+        ``submodule_search_locations``), in ``os.walk`` order with sorted names, never imported."""
+        out = []
+        for root_dir in spec.submodule_search_locations:
+            for dirpath, filenames in self.reads.walk_py(root_dir):
+                for fn in filenames:
+                    path = os.path.join(dirpath, fn)
+                    rel = os.path.relpath(path, root_dir)[:-3].split(os.sep)
+                    if rel[-1] == "__init__":
+                        rel = rel[:-1]
+                    out.append((".".join([package] + rel), path))
+        return out
+
     def _package_files(self, package):
         cache = self.__dict__.setdefault("_pkg_files", {})
         if package in cache:
@@ -217,18 +231,11 @@ class ModuleIndex:
         out = []
         spec = self.find_spec(package)
         if spec is not None and spec.submodule_search_locations:
-            for root_dir in spec.submodule_search_locations:
-                for dirpath, filenames in self.reads.walk_py(root_dir):
-                    for fn in filenames:
-                        path = os.path.join(dirpath, fn)
-                        try:
-                            data = self.reads.data(path)
-                        except OSError:
-                            continue
-                        rel = os.path.relpath(path, root_dir)[:-3].split(os.sep)
-                        if rel[-1] == "__init__":
-                            rel = rel[:-1]
-                        out.append((".".join([package] + rel), data))
+            for name, path in self.package_modules(package, spec):
+                try:
+                    out.append((name, self.reads.data(path)))
+                except OSError:
+                    continue
         # one blob (files separated by a NUL byte) so a name is searched for once, not per file
         starts, pos = [], 0
         for _, data in out:

@@ -21,15 +21,6 @@ from remote_ops.records import to_json
 __all__ = ["Context", "HostResult", "Results"]
 
 
-def _memo_words(per_exec: list) -> str:
-    """``; check memo: 2 hit, 1 miss`` (the host's check memo over this session's execs), or nothing."""
-    total: dict = {}
-    for m in per_exec:
-        for k, v in (m or {}).items():
-            total[k] = total.get(k, 0) + v
-    return ("; check memo: " + ", ".join(f"{v} {k}" for k, v in sorted(total.items()))) if total else ""
-
-
 @dataclass
 class Context:
     json: bool = False
@@ -79,12 +70,14 @@ class Context:
             return
         sessions = self._fleet.sessions
         if self.verbose:
+            from remote_ops.connect.transport import memo_words
             for s in sessions:
                 st = s.stats
+                memo = memo_words(st.check_memo)
                 sys.stderr.write(f"remote-ops: {s.label}: {st.connects} connection(s), {st.execs} exec round "
                                  f"trip(s), {st.sftp_requests} SFTP request(s), {st.bytes_sent} B sent, "
                                  f"{st.bytes_received} B received; agent: {', '.join(map(str, st.agent_cache)) or '-'}, "
-                                 f"host CPU {sum(st.host_cpu_s):.3f}s{_memo_words(st.check_memo)}\n")
+                                 f"host CPU {sum(st.host_cpu_s):.3f}s{'; check memo: ' + memo if memo else ''}\n")
         stats_file = os.environ.get("REMOTE_OPS_STATS_FILE")
         if stats_file:
             # benchmarks/run.py: one JSON line per command, each host's round trips (Session.stats)

@@ -294,12 +294,8 @@ class Keeper:
             if res.dead:                                   # it could not start: a fresh exec
                 res.busy.release()
                 return False
-        released = []
-
-        def release() -> None:                             # once: before the answer's end is sent, so
-            if not released:                               # the client's next request finds it free
-                released.append(1)
-                res.busy.release()
+        # once: before the answer's end is sent, so the client's next request finds it free
+        release = _release_once(res.busy)
         try:
             if not res.ready and not res.start(req.get("timeout")):
                 return False
@@ -321,12 +317,7 @@ class Keeper:
                 fresh, _ = self._resident(req["command"], want.get("cache"), replace=True)
                 current[0] = fresh
                 fresh.busy.acquire()
-                freed = []
-
-                def release_fresh() -> None:               # as release(): free before the end is sent,
-                    if not freed:                          # or the client's next request finds it busy
-                        freed.append(1)                    # and takes a fresh exec
-                        fresh.busy.release()
+                release_fresh = _release_once(fresh.busy)  # as release(): or the next request takes a fresh exec
                 try:
                     if not fresh.start(req.get("timeout")):
                         done.set()
@@ -338,6 +329,17 @@ class Keeper:
             return True
         finally:
             release()
+
+
+def _release_once(lock):
+    """A function that releases ``lock`` the first time it is called and does nothing after."""
+    done = []
+
+    def release() -> None:
+        if not done:
+            done.append(1)
+            lock.release()
+    return release
 
 
 class Resident:

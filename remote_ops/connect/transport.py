@@ -53,6 +53,16 @@ class Stats:
                 "check_memo": self.check_memo, "mux_execs": self.mux_execs}
 
 
+def memo_words(per_exec: list) -> str:
+    """``2 hit, 1 miss``: what the host's check memo did over these execs (``Stats.check_memo``
+    entries, or the same dicts read back from a stats file), or "" when it did nothing."""
+    total: dict = {}
+    for m in per_exec:
+        for k, v in (m or {}).items():
+            total[k] = total.get(k, 0) + v
+    return ", ".join(f"{v} {k}" for k, v in sorted(total.items()))
+
+
 @dataclass
 class ConnectOptions:
     accept_new: bool = False

@@ -1,0 +1,17 @@
+"""sha256 hex digests on the host (stdlib only), with the interpreter's builtin sha256: importing
+hashlib starts OpenSSL, which costs an exec more than hashing what it hashes (the bootstrap in
+connect/bundle.py makes the same choice for the agent cache)."""
+
+import sys
+
+try:
+    if sys.version_info >= (3, 12):
+        from _sha2 import sha256 as _H
+    else:
+        from _sha256 import sha256 as _H
+except ImportError:   # a build without the builtin module
+    from hashlib import sha256 as _H
+
+
+def sha256_hex(data):
+    return _H(data).hexdigest()
