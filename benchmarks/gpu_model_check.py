@@ -38,6 +38,7 @@ import argparse
 import base64
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -45,8 +46,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_common import (HOST_ENV, PLAYBOOK, REPO, Run, drift_line, gpu_names, kill_group, last_json,  # noqa: E402
-                        remote_ops, sh, unpack_bundle, versions_of, write_interpreter, write_json)
+from gpu_common import (HOST_ENV, PLAYBOOK, Run, gpu_names, kill_group, remote_ops, sh,  # noqa: E402
+                        unpack_bundle, versions_of, write_interpreter)
 
 BENCH = Path(__file__).resolve().parent
 MODELS = ("deepseek_v3", "kimi_k25", "qwen3")
@@ -268,7 +269,7 @@ class ModelCheck:
             cmd.append("--fake-engine")
         with open(log, "w") as fh:
             p = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-                                 env={**__import__("os").environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+                                 env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
         self.background[name] = (p, time.monotonic(), res_file, log)
         self.save_model(name, compare={"state": "running", "argv": cmd[1:]})
 
@@ -335,7 +336,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.3)
-    ap.add_argument("--margin", type=float, default=0.01, help="routing margin of a routing-clear token")
+    ap.add_argument("--margin", default="auto", help="routing margin of a clear router (gpu_routing_compare.py; "
+                                                     "default: calibrated on the bf16 reference)")
     ap.add_argument("--budget", type=float, default=470, help="seconds for the whole check")
     ap.add_argument("--job-timeout", type=float, default=200, help="seconds for one `extract --tail`")
     ap.add_argument("--compare-timeout", type=float, default=150)
@@ -354,6 +356,8 @@ def main(argv=None) -> int:
         ap.error(f"unknown models {unknown}; known: {', '.join(MODELS)}")
     if args.dry and args.compare_device == "cuda":
         args.compare_device = "cpu"
+    if args.dry:   # torch on a shared CPU: the GPU's limits do not apply
+        args.budget, args.compare_timeout = max(args.budget, 7200), max(args.compare_timeout, 3600)
     h = ModelCheck(args)
     try:
         h.setup()

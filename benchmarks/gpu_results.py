@@ -99,9 +99,11 @@ def render_models(files: list[Path]) -> list[str]:
            "wrote. Each model is a tiny random checkpoint built on the spot; the job is remote-ops' own `patch`, "
            "`check --model`, `extract --tail` and `verify` with the shipped playbook; its hidden states are "
            "compared with transformers forwards of the same weights (float32 with router-margin hooks, and "
-           "bfloat16). A token is *routing-clear* at a layer when its router margin (noaux_tc: sigmoid score plus "
-           "correction bias, group and expert gaps) exceeds the threshold at every MoE layer up to that layer; "
-           "the tolerance is cosine >= 0.999 against float32. The negative control is the same measure on a "
+           "bfloat16). A token is *routing-clear* at a layer when its own router margin (noaux_tc: sigmoid score "
+           "plus correction bias; the largest score change that cannot change the experts) exceeds the threshold "
+           "at every MoE layer up to that layer, and a float32 forward in which every near-tied router of its "
+           "sample takes its other choice moves it by less than cosine 0.9999 (an earlier token's flip reaches it "
+           "through attention); the tolerance is cosine >= 0.999 against float32. The negative control is the same measure on a "
            "copy of the output with one sample's rows shuffled and two samples' files swapped: it must fail.\n"]
     docs = [(f, json.loads(f.read_text())) for f in files]
     out.append("| model family | tensor parallel size | vLLM | outcome | result file |\n|---|---|---|---|---|")
@@ -130,7 +132,7 @@ def render_models(files: list[Path]) -> list[str]:
                        f"{inv.get('max_model_len')}, layer ids {build.get('layer_ids')}")
         out.append(f"- wall time on the machine: {d.get('elapsed_s')} s (budget {d.get('budget_s')} s)\n")
         out.append("| model family | architecture | outcome | extract | verify | token vectors | within tolerance "
-                   "(all) | min cosine (all) | routing-clear share | within tolerance (routing-clear) | min cosine "
+                   "(all) | min cosine (all) | routing-clear share of MoE-layer vectors | within tolerance (routing-clear) | min cosine "
                    "(routing-clear) | min cosine (dense layers) | bf16 reference routes differently | negative "
                    "control |")
         out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -150,7 +152,7 @@ def render_models(files: list[Path]) -> list[str]:
             moe = bool(res.get("moe_layers"))
             out.append(f"| {m.get('family', name)} | {arch} | {m.get('outcome', '?')} | {extract} | {verify} | "
                        f"{_num(o.get('tokens_compared'))} | {_pct(o.get('within_tolerance_share'))} | "
-                       f"{_num(o.get('min_cosine'))} | {_pct(o.get('routing_clear_share')) if moe else 'dense'} | "
+                       f"{_num(o.get('min_cosine'))} | {_pct(o.get('moe_layer_routing_clear_share')) if moe else 'dense'} | "
                        f"{_pct(o.get('routing_clear_within_tolerance_share')) if moe else '-'} | "
                        f"{_num(o.get('min_cosine_routing_clear')) if moe else '-'} | "
                        f"{_num(o.get('min_cosine_dense_layers'))} | "
@@ -162,11 +164,27 @@ def render_models(files: list[Path]) -> list[str]:
             if res.get("margin_threshold") is not None and res.get("moe_layers"):
                 b16 = res.get("bf16_reference_vs_float32") or {}
                 o = res.get("output") or {}
-                lines.append(f"routing margin threshold {res['margin_threshold']}; MoE layers {res['moe_layers']}; "
-                             f"router {res.get('router')}; bf16-vs-float32 router score difference "
-                             f"{b16.get('score_abs_difference')}; causally clear share "
-                             f"{_pct(o.get('causally_clear_share'))}, within tolerance "
-                             f"{_pct(o.get('causally_clear_within_tolerance_share'))}")
+                per = o.get("per_layer") or {}
+                lines.append(f"MoE layers {res['moe_layers']}, router {res.get('router')}; routing margin "
+                             f"threshold {res['margin_threshold']} ({res.get('margin_threshold_source')}, safety "
+                             f"{res.get('margin_safety')})")
+                lines.append("routing-clear / within tolerance / min cosine per compared layer: " + ", ".join(
+                    f"{k}: {v.get('clear')}/{v.get('clear_within')}/{v.get('min_clear')} of {v.get('tokens')}"
+                    for k, v in per.items()))
+                lines.append(f"own routers clear (without the sensitivity probe): {_pct(o.get('own_clear_share'))} "
+                             f"of vectors, {_pct(o.get('own_clear_within_tolerance_share'))} within tolerance, min "
+                             f"cosine {o.get('min_cosine_own_clear')}")
+                lines.append(f"bf16 transformers reference vs float32: {b16.get('tokens_routed_differently')} of "
+                             f"{b16.get('router_tokens')} router decisions differ; largest score change per router "
+                             f"{b16.get('max_score_change')}; the engine vs the bf16 reference: "
+                             f"{(o.get('vs_bf16_reference') or {})}")
+                cal = res.get("margin_calibration") or []
+                if cal:
+                    lines.append("calibration (margin: bf16 score change on clear routers, MoE-layer routing-clear "
+                                 "share, within tolerance): " + "; ".join(
+                                     f"{c['margin']}: {c['bf16_reference_max_score_change_on_clear_routers']}, "
+                                     f"{_pct(c.get('moe_layer_routing_clear_share'))}, "
+                                     f"{_pct(c.get('routing_clear_within_tolerance_share'))}" for c in cal))
             if res.get("negative_control_corruption"):
                 lines.append(f"negative control corruption: {res['negative_control_corruption']}")
             if "check_before_patch" in m:

@@ -65,6 +65,20 @@ def test_router_margin_is_tight_a_push_past_it_flips_the_choice():
     assert not torch.equal(chosen2[0], chosen[t])
 
 
+@pytest.mark.parametrize("n_group,topk_group", [(4, 2), (1, 1)])
+def test_flip_choice_changes_the_choice(n_group, topk_group):
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(300, 16, generator=g), torch.randn(8, 16, generator=g) * 0.3
+    margin, chosen, sfc = rc.router_margin(torch, x, w, torch.rand(8, generator=g) * 0.1, n_group, topk_group, 2)
+    assert torch.equal(rc.select(torch, sfc, n_group, topk_group, 2), chosen)
+    alt = rc.flip_choice(torch, sfc, margin, chosen, n_group, topk_group, 2)
+    changed = (alt != chosen).any(dim=-1)
+    if n_group == 1:
+        assert bool(changed.all())
+    else:   # a group swap that drops a group without a chosen expert changes nothing: the margin is conservative
+        assert float(changed.float().mean()) > 0.8
+
+
 def test_clear_masks_own_and_causal():
     m = {2: torch.tensor([0.5, 0.001, 0.5, 0.5]), 4: torch.tensor([0.5, 0.5, 0.5, 0.001])}
     assert rc.clear_masks(torch, m, 1, 0.01) == (None, None)            # before any MoE layer
@@ -88,13 +102,14 @@ def _synthetic(tmp_path, n=5, tokens=12, layers=(1, 3), hidden=16):
 
 
 def _measure(d, rows, refs, layers, margins=None, thr=0.01, moe=True):
+    """Layer 1 dense, layer 3 MoE; every router clear unless ``margins`` {sample: {3: margin [T]}} says not."""
     m = rc.Measure("x")
     files = rc.sample_files(d)
     for i, ids in enumerate(rows):
-        mg = (margins or {}).get(i, {})
+        mg = (margins or {}).get(i) or {3: torch.full((len(ids),), 0.5)}
         masks = {l: rc.clear_masks(torch, mg, l, thr) for l in layers}
         rc.measure_file(torch, m, files[i].name, torch.load(files[i]), ids, layers, refs[i], None, masks,
-                        min(mg) if mg else None)
+                        min(mg) if moe else None)
     return m.summary(moe, len(rows), 0.5)
 
 
@@ -169,7 +184,7 @@ def test_gpu_results_renders_the_model_section(tmp_path):
                                       "compare": {"result": {
                                           "moe_layers": [2, 3], "margin_threshold": 0.01,
                                           "output": {"tokens_compared": 36044, "within_tolerance_share": 0.985,
-                                                     "min_cosine": 0.72, "routing_clear_share": 0.9,
+                                                     "min_cosine": 0.72, "moe_layer_routing_clear_share": 0.9,
                                                      "routing_clear_within_tolerance_share": 1.0,
                                                      "min_cosine_routing_clear": 0.9993},
                                           "negative_control": {"ok": False, "fails_on": ["ids", "cosine"]},
