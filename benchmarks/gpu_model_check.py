@@ -103,8 +103,8 @@ class ModelCheck:
         self.root = self.work / "models-check"
         self.base_python = args.base_python or sys.executable
         self.controller_python = args.controller_python or self.base_python
-        self.run = Run(Path(args.out), args.tp, args.code_rev, False, check="gpu_model_check")
-        self.run.doc["models"] = {}
+        self.run = Run(Path(args.out), args.tp, args.code_rev, args.append, check="gpu_model_check")
+        self.run.doc.setdefault("models", {})
         self.run.doc["budget_s"] = args.budget
         self.t0 = time.monotonic()
         self.log = self.root / "commands.log"
@@ -130,7 +130,8 @@ class ModelCheck:
         (the host's target_model var names the model) and the refusal recorded."""
         r = self.ro("check", host, "--no-drift", "--model", str(model_dir), "--json", timeout=timeout)
         out = {"argv": r["argv"], "rc": r["rc"], "seconds": r["seconds"]}
-        if r["rc"] == 2 and "--model" in (r["stderr"] or "") and r["json"] is None:
+        said = (r["stderr"] or "") + json.dumps(r["json"] or {}, default=str)
+        if r["rc"] == 2 and "unrecognized arguments: --model" in said:
             out["model_option"] = "not accepted by this checkout: " + (r["stderr"] or "").strip()[-300:]
             r = self.ro("check", host, "--no-drift", "--json", timeout=timeout)
             out.update({"argv": r["argv"], "rc": r["rc"], "seconds": r["seconds"]})
@@ -149,6 +150,14 @@ class ModelCheck:
         t = time.monotonic()
         w = self.work
         self.root.mkdir(parents=True, exist_ok=True)
+        # a fresh start for the models of this run: the speculators copy is made anew below, so its patch
+        # journal (state-*) and every earlier output go too
+        for m in self.args.models:
+            for d in (f"state-{m}", f"out-{m}", f"neg-{m}"):
+                shutil.rmtree(self.root / d, ignore_errors=True)
+        if not self.args.append:
+            for d in self.root.glob("state-*"):
+                shutil.rmtree(d, ignore_errors=True)
         extra = [str(Path(p).resolve()) for p in self.args.extra_path]
         if self.args.dry:
             path = extra
@@ -236,7 +245,7 @@ class ModelCheck:
         j = r["json"] or {}
         files = sorted(out_dir.glob("data_*.pt"))
         extract = {"rc": r["rc"], "seconds": r["seconds"], "files": len(files), "expected": self.samples,
-                   "error": j.get("error"), "preflight": j.get("preflight"),
+                   "error": j.get("error"), "message": j.get("message"), "preflight": j.get("preflight"),
                    "result": {k: j.get(k) for k in ("state", "exit_code", "reason", "job_id") if k in j}
                    or {k: (j.get("status") or {}).get(k) for k in ("state", "exit_code", "reason")},
                    "stderr_tail": r["stderr"][-2000:]}
@@ -301,8 +310,8 @@ class ModelCheck:
             res = (d.get("compare") or {}).get("result") or {}
             data_ok = bool(res.get("ok")) and bool(res.get("negative_control_fails"))
             ran = ex.get("rc") == 0 and ex.get("files") == self.samples
-            refused = (ex.get("rc") == 8 and "KimiK25ForConditionalGeneration" in json.dumps(
-                [ex.get("error"), ex.get("preflight")], default=str))
+            refused = (ex.get("rc") in (8, 9) and "KimiK25ForConditionalGeneration" in json.dumps(
+                [ex.get("error"), ex.get("message"), ex.get("preflight")], default=str))
             if self.args.dry:
                 outcome = "works" if data_ok else "failed"
             elif ran and data_ok:
@@ -347,6 +356,8 @@ def main(argv=None) -> int:
     ap.add_argument("--controller-cache", default=None, help="REMOTE_OPS_CACHE for the controller")
     ap.add_argument("--extra-path", action="append", default=[], help="more PYTHONPATH for the host interpreter")
     ap.add_argument("--code-rev", default=None, help="the remote-ops commit this checkout is (recorded)")
+    ap.add_argument("--append", action="store_true",
+                    help="add these models to an existing --out (e.g. a second call with --models qwen3)")
     ap.add_argument("--dry", action="store_true", help="CPU rehearsal: no remote-ops steps; the compare runs "
                                                        "against an engine stand-in made from the bf16 reference")
     args = ap.parse_args(argv)

@@ -193,7 +193,9 @@ def render_models(files: list[Path]) -> list[str]:
                 lines.append("check after patch: " + _check_line(m.get("check")))
             ex = m.get("extract") or {}
             if ex.get("error"):
-                lines.append(f"extract error: {ex['error']}")
+                problems = (ex.get("preflight") or {}).get("problems") or []
+                lines.append(f"extract refused or failed: {ex['error']}: {str(ex.get('message'))[:300]}"
+                             + (f" (preflight: {'; '.join(p[:200] for p in problems)})" if problems else ""))
             err = (m.get("job_log") or {}).get("error_lines") or []
             if err:
                 lines.append(f"job log: {err[-1][:300]}")
