@@ -165,7 +165,10 @@ class ModelCheck:
         else:
             unpack_bundle(w, self.args.bundle)
             copy = copy_package_as_installed(w / "site", self.root / "spec")
-            path = [f"{w}/tf", str(self.root / "spec"), f"{w}/site"] + extra
+            # model/: benchmarks/gpu_wheels/model.txt (compressed-tensors, which vLLM's kimi_k25.py imports at
+            # module level), after site/ so that the bundle's own packages win
+            path = [f"{w}/tf", str(self.root / "spec"), f"{w}/site"] + \
+                ([f"{w}/model"] if (w / "model").is_dir() else []) + extra
         self.python = write_interpreter(w, "python-models", self.base_python, path)
         self.run.doc["versions"] = versions_of(self.python)
         self.run.doc["gpus"] = gpu_names() if not self.args.dry else []
@@ -302,6 +305,19 @@ class ModelCheck:
                                        "log_tail": tail if (p.returncode or res is None) else ""})
         del self.background[name]
 
+    def copy_logs(self, dest: Path) -> None:
+        """Every log under models-check (commands, compares, the jobs' own) to ``dest``, for a look later."""
+        copied = []
+        for f in sorted(self.root.rglob("*")):
+            if (f.suffix == ".log" or f.name == "log") and f.is_file() and f.stat().st_size < 8 * 2**20 \
+                    and "spec" not in f.relative_to(self.root).parts[:1]:
+                target = dest / f.relative_to(self.root)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(f, target)
+                copied.append(str(f.relative_to(self.root)))
+        self.run.doc["logs_copied"] = {"to": str(dest), "files": copied}
+        self.run.save()
+
     def verdict(self) -> None:
         v = {}
         for name in self.args.models:
@@ -353,9 +369,11 @@ def main(argv=None) -> int:
     ap.add_argument("--compare-device", default="cuda")
     ap.add_argument("--base-python", default=None, help="the machine's python with torch (default: this one)")
     ap.add_argument("--controller-python", default=None, help="python that runs remote-ops (default: --base-python)")
-    ap.add_argument("--controller-cache", default=None, help="REMOTE_OPS_CACHE for the controller")
+    ap.add_argument("--controller-cache", default=None,
+                    help="REMOTE_OPS_CACHE for the controller (default: WORK/rocache when it exists)")
     ap.add_argument("--extra-path", action="append", default=[], help="more PYTHONPATH for the host interpreter")
     ap.add_argument("--code-rev", default=None, help="the remote-ops commit this checkout is (recorded)")
+    ap.add_argument("--copy-logs", default=None, help="copy every log of the run here at the end (e.g. $OUT/logs)")
     ap.add_argument("--append", action="store_true",
                     help="add these models to an existing --out (e.g. a second call with --models qwen3)")
     ap.add_argument("--dry", action="store_true", help="CPU rehearsal: no remote-ops steps; the compare runs "
@@ -367,6 +385,8 @@ def main(argv=None) -> int:
         ap.error(f"unknown models {unknown}; known: {', '.join(MODELS)}")
     if args.dry and args.compare_device == "cuda":
         args.compare_device = "cpu"
+    if not args.controller_cache and (Path(args.work) / "rocache").is_dir():
+        args.controller_cache = str(Path(args.work) / "rocache")   # drift's baseline offline (gpu_bundle.py)
     if args.dry:   # torch on a shared CPU: the GPU's limits do not apply
         args.budget, args.compare_timeout = max(args.budget, 7200), max(args.compare_timeout, 3600)
     h = ModelCheck(args)
@@ -398,6 +418,8 @@ def main(argv=None) -> int:
         for p, *_ in h.background.values():
             kill_group(p)
         h.verdict()
+        if args.copy_logs:
+            h.copy_logs(Path(args.copy_logs))
     print(json.dumps({"verdict": h.run.doc["verdict"], "all_ok": h.run.doc["all_ok"],
                       "elapsed_s": h.run.doc["elapsed_s"], "out": str(args.out)}))
     return 0 if h.run.doc["all_ok"] else 1

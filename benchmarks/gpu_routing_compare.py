@@ -564,7 +564,7 @@ def main(argv=None) -> int:
                     help="routing margin (sigmoid score units) above which a router is clear; 'auto': the smallest "
                          f"of {AUTO_MARGINS} above the bf16 reference's largest score change on the routers it "
                          "calls clear")
-    ap.add_argument("--margin-safety", type=float, default=1.5,
+    ap.add_argument("--margin-safety", type=float, default=2.0,
                     help="--margin auto: the margin must exceed this many times the bf16 reference's score change "
                          "(the engine's bf16 arithmetic is not transformers')")
     ap.add_argument("--min-clear-share", type=float, default=0.05,
