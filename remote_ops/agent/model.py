@@ -165,7 +165,9 @@ def registry(static, library, reads):
     if d is not None:
         for k, v in zip(d.keys, d.values):
             if isinstance(k, ast.Constant) and isinstance(k.value, str):
-                previously[k.value] = ast.unparse(v)
+                previously[k.value] = (ast.unparse(v), k.lineno)
+    top = tables.get("_VLLM_MODELS")
+    previously[None] = ("", top.lineno if top is not None else 1)   # where the registry's table starts
     return spec.origin, models, previously
 
 
@@ -520,11 +522,11 @@ def check(args, reads=None):
     arch = next((a for a in archs if a in models), None)
     if arch is None:
         gone = [a for a in archs if a in previously]
-        msg = ("%s: %s no longer supports %s (%s)" % (reg_path, library, gone[0], previously[gone[0]])) if gone else \
-            ("%s: none of %s is in the installed %s's model registry: it would try its Transformers backend, "
-             "which speculators' worker does not support" % (reg_path, archs, library))
-        findings.append({"path": reg_path, "line": None, "symbol": None, "kind": "architecture-not-registered",
-                         "name": archs[0], "message": msg,
+        msg = ("%s no longer supports %s (%s)" % (library, gone[0], previously[gone[0]][0])) if gone else \
+            ("none of %s is in the installed %s's model registry: it would try its Transformers backend, "
+             "which speculators' worker does not support" % (archs, library))
+        findings.append({"path": reg_path, "line": previously[gone[0] if gone else None][1], "symbol": None,
+                         "kind": "architecture-not-registered", "name": archs[0], "message": msg,
                          "suggestion": "use a %s release that registers %s" % (library, archs[0])})
         return out
     cls = m.class_of_arch(arch)
