@@ -93,8 +93,8 @@ def request(playbook, host, *, model: str | None = None, layer_ids: Any = None):
 
 
 def explain(f: dict) -> str:
-    where = f"{f['path']}:{f['line']}" if f.get("line") else (f.get("path") or "model")
-    return f"{where}: {f['kind']}: {f['message']}"
+    where = f"{f['path']}:{f['line']}: " if f.get("line") else (f"{f['path']}: " if f.get("path") else "")
+    return f"{where}{f['kind']}: {f['message']}"
 
 
 def summary(m: dict) -> str:
