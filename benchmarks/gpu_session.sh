@@ -33,7 +33,8 @@ unpack() {
   (cd "$E2E" && grep ' bundle.tar.gz' parts/SHA256SUMS | sha256sum -c --quiet)
   mkdir -p "$E2E/rocache/src"
   tar xzf "$E2E/parts/baseline.tar.gz" -C "$E2E/rocache/src"
-  touch "$E2E/.bundle-ok"
+  tar xzf "$E2E/bundle.tar.gz" -C "$E2E"      # site/, tf/ and the gpu_wheels folders
+  touch "$E2E/.unpacked" "$E2E/.bundle-ok"
   cd - >/dev/null
 }
 
@@ -44,10 +45,11 @@ case "${1:-}" in
     stash; unpack
     rev="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
     export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_HOST_IP=127.0.0.1 NCCL_NVLS_ENABLE=0
-    common=(--bundle "$E2E/bundle.tar.gz" --work "$E2E" --code-rev "$rev")
+    common=(--work "$E2E" --code-rev "$rev")
     case "$name" in
-      model)      script=gpu_model_check.py ;;
-      extract)    script=gpu_extract_check.py; common+=(--controller-cache "$E2E/rocache") ;;
+      model)      script=gpu_model_check.py; common+=(--controller-cache "$E2E/rocache") ;;
+      extract)    script=gpu_extract_check.py
+                  common+=(--bundle "$E2E/bundle.tar.gz" --controller-cache "$E2E/rocache") ;;
       throughput) script=gpu_throughput.py ;;
       server)     script=gpu_server_check.py ;;
       *) echo "unknown harness $name" >&2; exit 2 ;;
