@@ -137,7 +137,7 @@ def build_parser(required=True):
                    help="bound of the samples waiting for the writer thread, in MiB (default 2048; "
                         "0: write in the main thread, no overlap)")
     p.add_argument("--progress-seconds", type=float, default=10,
-                   help="seconds between extract-progress lines (default 10)")
+                   help="seconds between extract-progress lines (default 10; 0: after every file)")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per model (default 1)")
     p.add_argument("--layer-ids", default=None,
                    help="comma list of layers to capture (default: the generator's choice)")
@@ -448,7 +448,7 @@ class Progress:
             self.tokens_run += self.lengths[index]
             if self.bar is not None:
                 self.bar.update(1)
-            if self.every and self.clock() - self.last >= self.every:
+            if self.clock() - self.last >= self.every:
                 self.emit()
 
     def record(self):
