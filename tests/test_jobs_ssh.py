@@ -555,3 +555,28 @@ elif "--query-compute-apps=" in a:
     finally:
         foreign.kill()
         foreign.wait()
+
+
+def test_status_and_tail_show_tokens_per_s_and_eta_from_the_jobs_progress_lines(tmp_path, sshd, cli):
+    """The shipped script (driven by the stand-in) prints extract-progress lines; `status` (JSON and
+    text) and the --tail snapshot carry the job's own tokens/s and an ETA while it runs."""
+    env = Env(tmp_path, sshd, ["--max-samples", "30", "--seq-len", "40", "--sleep", "0.2",
+                               "--progress-seconds", "0"], {"expected_samples": 30})
+    s, rec, err = cli_json(cli, env, "extract", "testhost")
+    assert s == 0, err
+    env.wait_log('"samples_done":4,')
+    s, rec, _ = cli_json(cli, env, "status", "testhost")
+    job = rec["job"]
+    assert job["state"] == "running" and job["tokens"]["total"] == 30 * 40
+    assert 4 * 40 <= job["tokens"]["done"] < 30 * 40
+    assert job["tokens_per_s"] > 0 and job["eta_s"] > 0
+    s, out, _ = cli(*env.argv("status", "testhost"))
+    assert "tok/s" in out and "ETA " in out
+    s, out, err = cli(*env.argv("extract", "testhost", "--tail", "--json"))
+    assert s == 0, err
+    events = [json.loads(l) for l in out.splitlines() if l.strip()]
+    snaps = [e for e in events if e.get("event") == "snapshot" and e.get("tokens")]
+    end = [e for e in events if e.get("event") == "end"][-1]["status"]
+    assert end["state"] == "succeeded" and end["tokens"]["done"] == end["tokens"]["total"] == 1200
+    assert end["eta_s"] is None and end["tokens_per_s"] > 0
+    assert not snaps or all(e["tokens"]["total"] == 1200 for e in snaps)

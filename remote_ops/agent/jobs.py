@@ -319,6 +319,7 @@ def op_tail(args):
                 last_snap = now
                 yield {"type": "snapshot", "state": st["state"], "samples": st["samples"],
                        "elapsed_s": st["elapsed_s"], "rate_per_s": st["rate_per_s"],
+                       "tokens": st["tokens"], "tokens_per_s": st["tokens_per_s"], "eta_s": st["eta_s"],
                        "watchdog": st["watchdog"], "gpu": gpu_info, "log_size": st["log_size"],
                        "offset": offset}
             if now - t0 >= budget:

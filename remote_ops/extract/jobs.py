@@ -390,6 +390,8 @@ def summary_line(st: dict) -> str:
     s = st.get("samples") or {}
     prog = f"{s.get('done', 0)}" + (f"/{s['expected']}" if s.get("expected") else "") + " samples"
     rate = f", {st['rate_per_s']:.2f} samples/s" if st.get("rate_per_s") else ""
+    from remote_ops.extract.tail import token_text
+    rate += token_text(st, ", ")
     tag = " (STAND-IN)" if (st.get("label") or "").startswith("STAND-IN") else ""
     line = f"{st['job_id']}{tag}: {st['state']} after {fmt_duration(st.get('elapsed_s'))}, {prog}{rate}"
     if st.get("reason") and st["state"] != "succeeded":
