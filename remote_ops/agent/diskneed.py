@@ -1,0 +1,141 @@
+"""The disk an extraction's outputs will take, from real sizes (stdlib only, runs on the host).
+
+A ``data_<N>.pt`` of the shipped script (playbooks/scripts/extract_hidden_states.py) holds, for a
+sample of T tokens: ``hidden_states``, n_layers tensors [T, hidden] in the model's dtype; and
+``input_ids`` and ``loss_mask``, two int64 tensors [T]; plus torch.save's zip and pickle framing
+(measured with torch 2.13: 1.9-2.8 KiB per file for 1-4 layers; FILE_OVERHEAD is an upper bound).
+So the need is ``tokens x (n_layers x hidden x dtype_bytes + 16) + files x FILE_OVERHEAD``, where
+tokens are counted after the script's cut to ``max_model_len - 1``.
+
+The caller (the extract preflight) brings hidden_size and n_layers (the number of CAPTURED layers:
+the job's layer ids, else speculators' default of 4) from the checkpoint's config.json, and the
+free bytes of the output directory's filesystem (jobs.probe measures them); ``verdict`` turns them
+into a yes/no with one line. ``dataset_tokens`` counts the tokens of the samples still to write
+from the JSONL itself, bounded in time: ``input_ids`` lines exactly, ``text`` lines estimated at
+TEXT_BYTES_PER_TOKEN bytes of UTF-8 per token (no tokenizer here), and lines past the time budget
+extrapolated from the mean so far; the result says which.
+"""
+
+import json
+import os
+import time
+
+TEXT_BYTES_PER_TOKEN = 4          # UTF-8 bytes per token of English text with a BPE tokenizer, roughly
+INT64_PER_TOKEN = 16              # input_ids + loss_mask, int64 each
+MARGIN = 1.05                     # refuse unless free >= need x MARGIN (filesystem reserve, logs)
+
+
+def file_overhead(n_layers):
+    """Upper bound of torch.save's framing per data_<N>.pt (zip records and pickle), in bytes."""
+    return 1024 + 448 * (int(n_layers) + 2)
+
+
+def need_bytes(hidden_size, n_layers, total_tokens, samples, dtype_bytes=2):
+    """Bytes the files of ``samples`` samples with ``total_tokens`` tokens in all will take."""
+    per_token = int(n_layers) * int(hidden_size) * int(dtype_bytes) + INT64_PER_TOKEN
+    return int(total_tokens) * per_token + int(samples) * file_overhead(n_layers)
+
+
+def verdict(hidden_size, n_layers, total_tokens, samples, free_bytes, *, dtype_bytes=2, where=None,
+            estimated=False):
+    """{need_bytes, free_bytes, fits, line}: ``line`` is the one-line refusal when it does not fit,
+    else the note the preflight shows."""
+    need = need_bytes(hidden_size, n_layers, total_tokens, samples, dtype_bytes)
+    fits = free_bytes is None or free_bytes >= need * MARGIN
+    what = "%d more samples (%s%d tokens x %d layers x %d hidden x %d bytes)" % (
+        samples, "~" if estimated else "", total_tokens, n_layers, hidden_size, dtype_bytes)
+    if free_bytes is None:
+        line = "disk: %s need %s; free space unknown" % (what, _human(need))
+    elif fits:
+        line = "disk: %s need %s, %s free at %s" % (what, _human(need), _human(free_bytes), where or "the output")
+    else:
+        line = ("not enough disk at %s: %s need %s, %s free (free space there, or lower max_samples / "
+                "max_model_len, or capture fewer layers)" % (where or "the output directory", what,
+                                                              _human(need), _human(free_bytes)))
+    return {"need_bytes": need, "free_bytes": free_bytes, "fits": fits, "line": line,
+            "tokens": total_tokens, "samples": samples, "estimated": bool(estimated)}
+
+
+def _human(n):
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return ("%d %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
+        n /= 1024.0
+
+
+def dataset_tokens(path, max_samples=None, max_model_len=None, output_dir=None, time_budget=10.0,
+                   clock=time.monotonic):
+    """Tokens of the samples the job will write: the first ``max_samples`` non-blank lines of the
+    JSONL (the script's sample numbering), each cut to ``max_model_len - 1``, leaving out those
+    whose ``data_<N>.pt`` already exists in ``output_dir``. Counted line by line for up to
+    ``time_budget`` seconds; the lines after that are counted (newlines only) and given the mean
+    of the samples measured. Returns {samples, tokens, pending_samples, pending_tokens,
+    text_samples (estimated), extrapolated_samples, exact}."""
+    limit = max_model_len - 1 if max_model_len else None
+    deadline = clock() + time_budget
+    samples = tokens = pend_samples = pend_tokens = text_samples = 0
+    measured_tokens = 0
+    out = os.path.expanduser(output_dir) if output_dir else None
+    with open(os.path.expanduser(path), "rb") as fh:
+        for raw in fh:
+            if max_samples is not None and samples >= max_samples:
+                break
+            if not raw.strip():
+                continue
+            if clock() > deadline:
+                rest = 1 + _count_lines(fh, None if max_samples is None else max_samples - samples - 1)
+                mean = measured_tokens / samples if samples else 0
+                extra_tokens = int(round(mean * rest))
+                pend_n = rest
+                return _counts(samples + rest, tokens + extra_tokens, pend_samples + pend_n,
+                               pend_tokens + extra_tokens, text_samples, rest)
+            n = _line_tokens(raw)
+            if n is None:
+                n = 0
+            elif n < 0:
+                text_samples += 1
+                n = -n
+            if limit is not None:
+                n = min(n, limit)
+            measured_tokens += n
+            if out is None or not os.path.exists(os.path.join(out, "data_%d.pt" % samples)):
+                pend_samples += 1
+                pend_tokens += n
+            samples += 1
+            tokens += n
+    return _counts(samples, tokens, pend_samples, pend_tokens, text_samples, 0)
+
+
+def _counts(samples, tokens, pend_samples, pend_tokens, text_samples, extrapolated):
+    return {"samples": samples, "tokens": tokens, "pending_samples": pend_samples, "pending_tokens": pend_tokens,
+            "text_samples": text_samples, "extrapolated_samples": extrapolated,
+            "exact": not text_samples and not extrapolated}
+
+
+def _line_tokens(raw):
+    """len(input_ids), or -(estimated tokens) of a text line, or None for a line the job would
+    refuse anyway (the script validates every line before its engine starts)."""
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    ids = obj.get("input_ids")
+    if isinstance(ids, list):
+        return len(ids)
+    text = obj.get("text")
+    if isinstance(text, str):
+        return -max(1, -(-len(text.encode("utf-8")) // TEXT_BYTES_PER_TOKEN))
+    return None
+
+
+def _count_lines(fh, at_most):
+    """Non-blank lines left in ``fh`` (at most ``at_most``), by newlines, without parsing."""
+    n = 0
+    for raw in fh:
+        if at_most is not None and n >= at_most:
+            break
+        if raw.strip():
+            n += 1
+    return n
