@@ -578,3 +578,10 @@ def test_progress_lines_count_tokens_and_give_rate_and_eta(tmp_path, capsys):
 def test_bad_new_arguments_exit_2(tmp_path, capsys, argv, expect):
     assert run(tmp_path, [{"input_ids": [1]}], *argv) == 2
     assert expect in capsys.readouterr().err
+
+
+def test_batch_tokens_auto_is_the_engines_budget(tmp_path):
+    args = ehs.parse_args(["--target-model-path", "m", "--dataset", "d", "--output-dir", "o", "--batch-tokens", "auto"])
+    assert args.batch_tokens is None and args.batch_size is None
+    assert ehs.parse_args(["--target-model-path", "m", "--dataset", "d", "--output-dir", "o",
+                           "--batch-tokens", "0"]).batch_tokens == 0

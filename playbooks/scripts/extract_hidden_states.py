@@ -121,6 +121,16 @@ def parse_layer_ids(text):
     return out or None
 
 
+def _auto_int(text):
+    """An integer, or None for "auto" / "" (the engine's own value)."""
+    if str(text).strip().lower() in ("", "auto"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not a whole number or 'auto'" % (text,)) from None
+
+
 def build_parser(required=True):
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("--target-model-path", required=required, help="HF model id or local checkpoint directory")
@@ -130,9 +140,9 @@ def build_parser(required=True):
     p.add_argument("--max-samples", type=int, default=None, help="first N samples of the dataset (default: all)")
     p.add_argument("--batch-size", type=int, default=None,
                    help="at most this many samples per generate() call (default: the scheduler's max_num_seqs)")
-    p.add_argument("--batch-tokens", type=int, default=None,
-                   help="pack each generate() call up to this many tokens (default: the scheduler's token "
-                        "budget; 0: batches of --batch-size samples whatever their lengths)")
+    p.add_argument("--batch-tokens", type=_auto_int, default=None,
+                   help="pack each generate() call up to this many tokens (default or 'auto': the scheduler's "
+                        "token budget; 0: batches of --batch-size samples whatever their lengths)")
     p.add_argument("--write-queue-mb", type=float, default=2048,
                    help="bound of the samples waiting for the writer thread, in MiB (default 2048; "
                         "0: write in the main thread, no overlap)")
