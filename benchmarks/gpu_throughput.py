@@ -286,6 +286,74 @@ def prepare_before(rev: str, dest: Path) -> str | None:
     return f"git show {rev}"
 
 
+GENERATOR_MODULES = ("vllm.v1.executor.multiproc_executor", "vllm.v1.core.sched.scheduler", "vllm.config",
+                     "vllm.v1.request", "vllm.v1.structured_output", "vllm.v1.core.kv_cache_utils",
+                     "vllm.sampling_params", "vllm.distributed", "vllm.model_executor.models.interfaces",
+                     "vllm.sequence", "vllm.v1.worker.gpu_worker")   # what the patched generator imports
+
+
+def module_level_imports(root: Path, start: list[str], top: str = "vllm") -> dict[str, str]:
+    """Outside packages imported at module level (not under TYPE_CHECKING, not in functions; a
+    try: body counts) by the modules ``start`` and every ``top`` module they import, transitively,
+    with their parent packages: {package: first module that imports it}. Static: nothing is imported."""
+    import ast
+    seen: set[str] = set()
+    found: dict[str, str] = {}
+
+    def modfile(name):
+        p = root.joinpath(*name.split("."))
+        if (p / "__init__.py").exists():
+            return p / "__init__.py", True
+        return (p.with_suffix(".py"), False) if p.with_suffix(".py").exists() else (None, False)
+
+    def imports(body, out):
+        for n in body:
+            if isinstance(n, ast.If):
+                if "TYPE_CHECKING" not in ast.unparse(n.test):
+                    imports(n.body, out)
+                imports(n.orelse, out)
+            elif isinstance(n, ast.Try):
+                imports(n.body, out)
+            elif isinstance(n, (ast.Import, ast.ImportFrom)):
+                out.append(n)
+        return out
+
+    def walk(name):
+        if name in seen:
+            return
+        seen.add(name)
+        parts = name.split(".")
+        for i in range(1, len(parts)):
+            walk(".".join(parts[:i]))
+        path, is_pkg = modfile(name)
+        if path is None:
+            return
+        for n in imports(ast.parse(path.read_text()).body, []):
+            if isinstance(n, ast.Import):
+                names = [a.name for a in n.names]
+            elif n.level:
+                base = parts if is_pkg else parts[:-1]
+                mod = ".".join(base[:len(base) - (n.level - 1)] + ([n.module] if n.module else []))
+                names = [mod] + [f"{mod}.{a.name}" for a in n.names]
+            else:
+                names = [n.module] + [f"{n.module}.{a.name}" for a in n.names]
+            for m in names:
+                if m.split(".")[0] == top:
+                    if modfile(m)[0] is not None:
+                        walk(m)
+                elif m.split(".")[0] not in sys.stdlib_module_names:
+                    found.setdefault(m.split(".")[0], name)
+    for s in start:
+        walk(s)
+    return found
+
+
+def llm_only_imports(vllm_root: Path) -> dict[str, str]:
+    """What `from vllm import LLM` (vllm/entrypoints/llm.py) imports beyond the generator's path."""
+    gen = module_level_imports(vllm_root, list(GENERATOR_MODULES))
+    return {k: v for k, v in module_level_imports(vllm_root, ["vllm.entrypoints.llm"]).items() if k not in gen}
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", default="/root/e2e", help="bundle dir (site/, tf/, llm/); scratch goes under it")
