@@ -88,3 +88,18 @@ def test_dataset_tokens_extrapolates_past_its_time_budget(tmp_path):
     ticks = iter(range(100))
     r = diskneed.dataset_tokens(str(ds), max_samples=7, time_budget=4.5, clock=lambda: next(ticks))
     assert r["samples"] == 7 and r["extrapolated_samples"] == 3
+
+
+def test_captured_layers_follow_the_generator():
+    """speculators 0.3.0's default ids repeat for small models (GPU-NOTES: 6 layers -> [2, 3, 3, 5])."""
+    assert diskneed.captured_layers(None, 22) == 4 and diskneed.captured_layers("", 6) == 3
+    assert diskneed.captured_layers("2,4,5,7", 8) == 4 and diskneed.captured_layers([1, 1, 3], 8) == 2
+
+
+def test_preflight_counts_measures_and_refuses_in_one_line(tmp_path):
+    ds = write(tmp_path / "ds.jsonl", [{"input_ids": [1] * 3000}] * 10)
+    v = diskneed.preflight(2048, 4, str(ds), str(tmp_path / "not" / "made" / "yet"), max_model_len=2048)
+    assert v["counts"]["pending_tokens"] == 10 * 2047 and v["counts"]["exact"]
+    assert v["free_bytes"] == diskneed.free_bytes(str(tmp_path)) and v["fits"]      # ~336 MB on this disk
+    huge = diskneed.preflight(7168 * 10**6, 4, str(ds), str(tmp_path), max_model_len=2048)
+    assert not huge["fits"] and huge["line"].startswith(f"not enough disk at {tmp_path}: 10 more samples")

@@ -7,10 +7,10 @@ sample of T tokens: ``hidden_states``, n_layers tensors [T, hidden] in the model
 So the need is ``tokens x (n_layers x hidden x dtype_bytes + 16) + files x FILE_OVERHEAD``, where
 tokens are counted after the script's cut to ``max_model_len - 1``.
 
-The caller (the extract preflight) brings hidden_size and n_layers (the number of CAPTURED layers:
-the job's layer ids, else speculators' default of 4) from the checkpoint's config.json, and the
-free bytes of the output directory's filesystem (jobs.probe measures them); ``verdict`` turns them
-into a yes/no with one line. ``dataset_tokens`` counts the tokens of the samples still to write
+The caller (the extract preflight) brings hidden_size and n_layers (the number of CAPTURED layers,
+``captured_layers(layer_ids, num_hidden_layers)``) from the checkpoint's config.json; ``preflight``
+counts the tokens, measures the free bytes at the output directory and gives the verdict, a yes/no
+with one line (``verdict`` alone takes the numbers). ``dataset_tokens`` counts the tokens of the samples still to write
 from the JSONL itself, bounded in time: ``input_ids`` lines exactly, ``text`` lines estimated at
 TEXT_BYTES_PER_TOKEN bytes of UTF-8 per token (no tokenizer here), and lines past the time budget
 extrapolated from the mean so far; the result says which.
@@ -61,6 +61,39 @@ def _human(n):
         if abs(n) < 1024 or unit == "TiB":
             return ("%d %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
         n /= 1024.0
+
+
+def captured_layers(layer_ids, num_hidden_layers):
+    """How many hidden-state tensors each file holds: the distinct layer ids given (the generator
+    keeps them in a frozenset), else speculators 0.3.0's default [2, n//2, n-3, n-1] (which repeats
+    for n <= 6). ``layer_ids``: a list of ints, a "2,4,5,7" string, or None/"" for the default."""
+    if isinstance(layer_ids, str):
+        layer_ids = [int(x) for x in layer_ids.replace(" ", ",").split(",") if x.strip()] or None
+    if not layer_ids:
+        n = int(num_hidden_layers)
+        layer_ids = [2, n // 2, n - 3, n - 1]
+    return len(set(layer_ids))
+
+
+def free_bytes(path):
+    """Free bytes for an unprivileged writer on the filesystem of ``path`` (or of its nearest
+    existing parent, for an output directory not made yet)."""
+    probe = os.path.expanduser(path)
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    st = os.statvfs(probe)
+    return st.f_bavail * st.f_frsize
+
+
+def preflight(hidden_size, n_layers, dataset, output_dir, *, max_samples=None, max_model_len=None,
+              dtype_bytes=2, time_budget=10.0):
+    """The whole disk check for one job: tokens still to write (dataset_tokens), free bytes at the
+    output directory, and the verdict; ``counts`` says how exact the token count is."""
+    counts = dataset_tokens(dataset, max_samples, max_model_len, output_dir, time_budget)
+    v = verdict(hidden_size, n_layers, counts["pending_tokens"], counts["pending_samples"],
+                free_bytes(output_dir), dtype_bytes=dtype_bytes, where=output_dir, estimated=not counts["exact"])
+    v["counts"] = counts
+    return v
 
 
 def dataset_tokens(path, max_samples=None, max_model_len=None, output_dir=None, time_budget=10.0,
