@@ -121,7 +121,8 @@ def throughput_section(name: str, d: dict) -> list[str]:
     out.append(f"Disk: dd oflag=direct {_mb((disk.get('dd_direct') or {}).get('bytes_per_s'))}, buffered + fsync "
                f"{_mb((disk.get('buffered_fsync') or {}).get('bytes_per_s'))}; AFTER wrote "
                f"{_mb(use.get('a_after_bytes_per_s'))} ({use.get('fraction_of_dd')} of dd), "
-               f"{use.get('bytes_per_token')} bytes per token.\n")
+               f"{use.get('bytes_per_token')} bytes per token, so the disk alone bounds any extraction at "
+               f"{_rate(use.get('disk_bound_tokens_per_s'))} tokens/s.\n")
     prof = b.get("profile_s") or {}
     if prof and b.get("seconds"):
         out.append("Where the generator's time goes (b):\n\n| in generate() | seconds | share | calls |\n|---|---|---|---|")

@@ -636,7 +636,10 @@ class Bench:
         dd = (disk.get("dd_direct") or {}).get("bytes_per_s")
         self.doc["disk_use"] = {"a_after_bytes_per_s": a.get("bytes_per_s"), "a_before_bytes_per_s": a0.get("bytes_per_s"),
                                 "dd_direct_bytes_per_s": dd, "fraction_of_dd": ratio(a.get("bytes_per_s"), dd),
-                                "bytes_per_token": a.get("bytes_per_token")}
+                                "bytes_per_token": a.get("bytes_per_token"),
+                                # the most any extraction can write: the disk's speed over a token's bytes
+                                "disk_bound_tokens_per_s": round(dd / a["bytes_per_token"], 1)
+                                if dd and a.get("bytes_per_token") else None}
         self.save()
 
 

@@ -585,3 +585,34 @@ def test_batch_tokens_auto_is_the_engines_budget(tmp_path):
     assert args.batch_tokens is None and args.batch_size is None
     assert ehs.parse_args(["--target-model-path", "m", "--dataset", "d", "--output-dir", "o",
                            "--batch-tokens", "0"]).batch_tokens == 0
+
+
+@pytest.mark.parametrize("writer_first", [True, False])
+def test_a_writer_error_is_never_dropped_when_the_generator_fails_too(tmp_path, monkeypatch, capsys, writer_first):
+    """Both fail: the generator's error is raised, and the writer's is said on stderr, whether the
+    writer failed before the generator did or while the queue was being written."""
+    import time as _time
+    real_save = torch.save
+
+    saves = []
+
+    def failing_save(obj, f, *a, **kw):
+        saves.append(1)
+        if writer_first and len(saves) == 1:
+            return real_save(obj, f, *a, **kw)     # data_0 is written; data_1 (queued with it) fails
+        if not writer_first:
+            _time.sleep(0.3)          # still writing when the generator fails
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(torch, "save", failing_save)
+
+    def boom_on_second(out):
+        if len(FakeGenerator.made[0].calls) == 2:
+            if writer_first:
+                _time.sleep(0.3)      # the writer has failed by now
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        run(tmp_path, [{"input_ids": [i + 1]} for i in range(4)], "--batch-size", "2", corrupt=boom_on_second)
+    err = capsys.readouterr().err
+    assert "No space left on device" in err and ("the writer had failed too" if writer_first
+                                                  else "writing the queued samples failed too") in err
+    assert [p.name for p in (tmp_path / "out").glob("data_*.pt")] == (["data_0.pt"] if writer_first else [])

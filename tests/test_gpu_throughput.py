@@ -113,6 +113,8 @@ def test_standin_rehearsal_of_part_a_and_its_rendering(tmp_path):
     assert "batches of up to" not in d["a_before"]["generator_ready_line"]     # main's
     assert d["ratios"]["a_after/a_before"] == round(d["a_after"]["tokens_per_s"] / d["a_before"]["tokens_per_s"], 4)
     assert d["disk"]["dd_direct"]["bytes"] == 64 << 20
+    use = d["disk_use"]
+    assert use["disk_bound_tokens_per_s"] == round(use["dd_direct_bytes_per_s"] / use["bytes_per_token"], 1)
     text = "\n".join(gpu_results.throughput_section("r.json", d))
     assert "STAND-IN rehearsal on the CPU: not GPU figures" in text
     assert f"{d['a_after']['files']} files, {d['a_after']['tokens']} tokens in {d['a_after']['seconds']} s" in text

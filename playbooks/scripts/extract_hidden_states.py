@@ -670,13 +670,16 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
             writer.batch_done()
         writer.close()
         progress.emit()
-    except BaseException:
+    except BaseException as exc:
         if writer is not None and writer.error is None:
             try:    # the samples already checked and queued are written before the run stops
                 writer.close()
-            except BaseException as exc:   # the error already on its way out stays the one raised
-                print("warning: writing the queued samples failed too: %s: %s" % (type(exc).__name__, exc),
+            except BaseException as also:   # the error already on its way out stays the one raised
+                print("warning: writing the queued samples failed too: %s: %s" % (type(also).__name__, also),
                       file=sys.stderr, flush=True)
+        elif writer is not None and writer.error is not exc:   # said, never dropped
+            print("warning: the writer had failed too: %s: %s" % (type(writer.error).__name__, writer.error),
+                  file=sys.stderr, flush=True)
         raise
     finally:
         if bar is not None:
