@@ -23,6 +23,7 @@ from remote_ops.errors import AgentError, TimeoutError_, UnreachableError
 TQDM_RE = re.compile(
     r"^(?:(?P<desc>.*?):\s*)?\s*(?P<pct>\d{1,3})%\|(?P<bar>[^|]*)\| ?(?P<n>[\d.]+[kMG]?)/(?P<total>[\d.]+[kMG]?)"
     r" ?\[(?P<elapsed>[\d:]+)<(?P<remaining>[\d:?]+)(?:, ?(?P<rate>[^\]]*))?\]")
+PROGRESS_PREFIX = "extract-progress "   # the shipped script's progress lines (agent/jobstatus.py reads them)
 TQDM_NOTOTAL_RE = re.compile(
     r"^(?:(?P<desc>.*?):\s*)?(?P<n>[\d.]+[kMG]?)(?P<unit>[A-Za-z/]*) \[(?P<elapsed>[\d:]+)(?:, ?(?P<rate>[^\]]*))?\]")
 
@@ -285,6 +286,8 @@ class LiveRenderer:
 
     def _piece(self, k, v):
         from rich.text import Text
+        if k == "line" and v.startswith(PROGRESS_PREFIX):
+            return    # the job's machine-readable progress: the status line shows it (snapshot_text)
         if k == "line":
             self.console.print(Text(v), highlight=False, markup=False, soft_wrap=True)
         elif k in ("progress", "bar-done"):
