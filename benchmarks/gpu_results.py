@@ -108,6 +108,10 @@ def throughput_section(name: str, d: dict) -> list[str]:
                f"{_mb(a0.get('bytes_per_s'))} written {why(a0)} |")
     out.append(f"| (b) the generator alone, no writes | {_rate(b.get('tokens_per_s'))} | {b.get('batches')} "
                f"generate() calls of {b.get('mean_tokens_per_batch')} tokens on average (AFTER's batches) {why(b)} |")
+    cb = b.get("count_batches") or {}
+    if cb.get("tokens_per_s"):
+        out.append(f"| (b) the same, BEFORE's batches | {_rate(cb.get('tokens_per_s'))} | {cb.get('batches')} "
+                   f"generate() calls of {cb.get('mean_tokens_per_batch')} tokens on average |")
     sc = c.get("scheduler") or {}
     out.append(f"| (c) vLLM LLM.generate, max_tokens=1 | {_rate(c.get('tokens_per_s'))} | "
                f"max_num_batched_tokens {sc.get('max_num_batched_tokens')}, chunked prefill "

@@ -119,3 +119,100 @@ def test_standin_rehearsal_of_part_a_and_its_rendering(tmp_path):
     assert "STAND-IN rehearsal on the CPU: not GPU figures" in text
     assert f"{d['a_after']['files']} files, {d['a_after']['tokens']} tokens in {d['a_after']['seconds']} s" in text
     assert "(b) the generator alone, no writes | - | None generate() calls" in text and "(not run)" in text
+
+
+FAKE_GENERATOR = '''
+"""TEST FAKE of speculators' VllmHiddenStatesGenerator: its constructor, generate() driving an
+executor's collective_rpc and a scheduler's schedule() as the real one does, and shutdown()."""
+import torch
+
+class Sched:
+    max_num_scheduled_tokens, max_num_running_reqs = 50, 32
+    def schedule(self):
+        return None
+
+class Executor:
+    def collective_rpc(self, method, *a, **kw):
+        return [torch.zeros(1)] if method == "_get_captured_states" else None
+    def shutdown(self):
+        pass
+
+class VllmHiddenStatesGenerator:
+    def __init__(self, model_path, layer_ids, max_model_len, gpu_memory_utilization, tensor_parallel_size):
+        self.layer_ids, self.scheduler, self.executor = [0, 1], Sched(), Executor()
+    def generate(self, token_ids):
+        self.executor.collective_rpc("_reset_capture")
+        self.scheduler.schedule()
+        self.executor.collective_rpc("execute_model")
+        self.executor.collective_rpc("_get_captured_states", unique_reply_rank=0)
+        return [{"input_ids": torch.tensor(ids), "hidden_states": [], "loss_mask": None} for ids in token_ids]
+'''
+
+FAKE_VLLM = '''
+"""TEST FAKE of vllm's LLM / SamplingParams: records its arguments, answers one output per prompt."""
+import json, os
+class SamplingParams:
+    def __init__(self, **kw):
+        self.kw = kw
+class _Out:
+    def __init__(self, ids):
+        self.prompt_token_ids = ids
+class LLM:
+    def __init__(self, **kw):
+        with open(os.environ["FAKE_LLM_ARGS"], "w") as fh:
+            json.dump(kw, fh)
+        sc = type("SC", (), {"max_num_batched_tokens": kw["max_num_batched_tokens"], "max_num_seqs": 256,
+                             "enable_chunked_prefill": True})()
+        self.llm_engine = type("E", (), {"vllm_config": type("V", (), {"scheduler_config": sc})()})()
+    def generate(self, prompts, sp, use_tqdm=True):
+        assert sp.kw == {"max_tokens": 1, "temperature": 0.0}
+        return [_Out(p["prompt_token_ids"]) for p in prompts]
+'''
+
+
+def test_the_generator_and_llm_parts_run_their_scripts(tmp_path):
+    """GEN_ALONE and LLM_PREFILL as the harness runs them (files, argv, the shipped script's own
+    dataset reading, packing and budget), against TEST FAKE speculators / vllm packages."""
+    import time
+    fake = tmp_path / "fake"
+    mod = fake / "speculators" / "data_generation"
+    mod.mkdir(parents=True)
+    for d in (fake / "speculators", mod):
+        (d / "__init__.py").write_text("")
+    (mod / "vllm_hidden_states_generator.py").write_text(FAKE_GENERATOR)
+    (fake / "vllm").mkdir()
+    (fake / "vllm" / "__init__.py").write_text(FAKE_VLLM)
+    rows = gt.make_dataset(20, 5, 30, 100)
+    ds = tmp_path / "ds.jsonl"
+    ds.write_text("".join(json.dumps({"input_ids": r}) + "\n" for r in rows))
+    env = {**os.environ, "PYTHONPATH": str(fake), "FAKE_LLM_ARGS": str(tmp_path / "llm_args.json")}
+    (tmp_path / "gen.py").write_text(gt.GEN_ALONE)
+    r = subprocess.run([sys.executable, str(tmp_path / "gen.py"), str(gt.SCRIPT), "m", str(ds), "2048", "8", "0.8",
+                        str(tmp_path / "b.json"), str(time.time() + 60)], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    b = json.loads((tmp_path / "b.json").read_text())
+    assert b["tokens"] == sum(map(len, rows)) and b["engine_budget"] == [50, 32] and b["batch_size_cap"] == 8
+    assert b["count_batches"]["batches"] == 3 and b["count_batches"]["tokens"] == b["tokens"]
+    assert b["batches"] == b["profile_calls"]["rpc:execute_model"] == b["profile_calls"]["scheduler.schedule"]
+    assert set(b["profile_s"]) >= {"rpc:_get_captured_states", "rpc:execute_model", "rpc:_reset_capture"}
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("ehs_gt", gt.SCRIPT)
+    ehs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ehs)
+    want = list(ehs.pack_batches(list(range(20)), [len(r) for r in rows], 50, 8))   # the (fake) engine's budget
+    assert b["batches"] == len(want) > 3
+    r = subprocess.run([sys.executable, str(tmp_path / "gen.py"), str(gt.SCRIPT), "m", str(ds), "2048", "8", "0.8",
+                        str(tmp_path / "b2.json"), str(time.time() - 1)], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert json.loads((tmp_path / "b2.json").read_text())["count_batches"] == {"skipped": "time budget"}
+    (tmp_path / "llm.py").write_text(gt.LLM_PREFILL)
+    r = subprocess.run([sys.executable, str(tmp_path / "llm.py"), str(gt.SCRIPT), "m", str(ds), "16", "8192", "0.8",
+                        str(tmp_path / "c.json")], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    c = json.loads((tmp_path / "c.json").read_text())
+    assert c["tokens"] == sum(min(len(x), 15) for x in rows) and c["requests"] == 20     # cut like the script
+    assert c["scheduler"] == {"max_num_batched_tokens": 8192, "max_num_seqs": 256, "enable_chunked_prefill": True}
+    args = json.loads((tmp_path / "llm_args.json").read_text())
+    assert args == {"model": "m", "max_model_len": 16, "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.8,
+                    "enforce_eager": True, "enable_prefix_caching": False, "tensor_parallel_size": 1, "seed": 0}
