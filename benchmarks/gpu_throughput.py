@@ -454,13 +454,19 @@ class Bench:
         return max(10.0, min(cap, self.left() + 20))
 
     def part(self, name, fn, need_s):
+        t = time.monotonic() - self.t0
         if self.left() < need_s:
             self.doc[name] = {"skipped": f"time budget: {self.left():.0f}s left, the part needs ~{need_s}s"}
         else:
+            print(f"[{t:5.0f}s] {name} ...", file=sys.stderr, flush=True)
             try:
                 fn()
             except Exception as exc:   # one broken part must not hide the others
                 self.doc[name] = {**(self.doc.get(name) or {}), "error": f"{type(exc).__name__}: {exc}"}
+        got = self.doc.get(name) or {}
+        print(f"[{time.monotonic() - self.t0:5.0f}s] {name}: " + (
+            f"{got['tokens_per_s']} tokens/s" if got.get("tokens_per_s") else
+            str(got.get("skipped") or got.get("error") or f"exit {got.get('rc')}")), file=sys.stderr, flush=True)
         self.save()
 
     # ---------------------------------------------------------------- setup
