@@ -55,7 +55,8 @@ class Inventory(Fleet):
 
     def check(self, target: str | None = None, *, playbook: str | None = None, runtime: bool = False,
               targets: list[str] | None = None, against: list[str] | None = None,
-              package: str | None = None, baseline: str | None = None, drift: bool = True) -> Results:
+              package: str | None = None, baseline: str | None = None, drift: bool = True,
+              model: str | None = None) -> Results:
         """Call sites vs the host's library signatures (one round trip), and drift against ``baseline``
         (default: the version the package pins); ``check.CheckResult``. Without ``playbook``, a host's
         own playbook's ``check.accepted_drift`` applies. A host with findings is ``ok`` (its record
@@ -63,10 +64,16 @@ class Inventory(Fleet):
         from remote_ops.check import check as check_mod
         req = check_mod.make_request(playbook=playbook, runtime=runtime, targets=targets, against=against,
                                      package=package, baseline=baseline, drift=drift)
+        from remote_ops.check import model as model_mod
+        from remote_ops.patch import playbook as pb_mod
+        named = pb_mod.load(pb_mod.find(playbook)) if playbook else None
         accepted_of: dict = {}
-        if playbook:
-            return self.run(target, lambda h, s: check_mod.check(s, h, req))
-        return self.run(target, lambda h, s: check_mod.check(s, h, check_mod.for_host(req, h, accepted_of)))
+
+        def one(h, s):
+            pb = named or (pb_mod.load(pb_mod.find(None, h)) if getattr(h, "playbook", None) else None)
+            model_req = model_mod.request(pb, h, model=model) if (pb is not None or model) else None
+            return check_mod.check(s, h, req if named else check_mod.for_host(req, h, accepted_of), model_req)
+        return self.run(target, one)
 
     def inspect(self, target: str | None, symbols: list[str], *, runtime: bool = False,
                 baseline: str | None = None) -> Results:

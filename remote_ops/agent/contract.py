@@ -99,6 +99,10 @@ OPS = {o.name: o for o in (
     Op("compat.check", ("targets", "against", "package", "mode", "sys_path", "override_sources", "only_symbols",
                         "drift", "trace"), "call sites of the targets against the installed libraries", resident=True),
     Op("compat.inspect", ("symbols", "mode", "sys_path"), "signatures of library symbols", resident=True),
+    Op("model.check", ("model", "library", "layer_ids", "default_layer_ids", "protocol", "worker",
+                             "text_model", "text_model_members", "layer_forward_keywords", "workdir", "sys_path"),
+       "the checkpoint's class in the library's registry against what the package's worker needs",
+       resident=True),
     Op("files.put", ("workdir", "files", "dry_run", "unless_running"),
        "ship files into the job's workdir"),
     Op("imports.probe", ("python", "modules", "env", "workdir", "timeout", "packages", "unless_running"),
@@ -125,6 +129,6 @@ OPS = {o.name: o for o in (
     Op("patching.rollback", ("to", "force", "lock_timeout", "who"),
        "undo patches (the last, or back to an entry)", resident=True),
     Op("patching.history", ("limit",), "the host's patch journal", resident=True),
-    Op("verify.verify", ("output_dir", "expected", "all", "sample", "seed", "finite"),
+    Op("verify.verify", ("output_dir", "expected", "expected_default", "all", "sample", "seed", "finite"),
        "load and check the job's output files"),
 )}

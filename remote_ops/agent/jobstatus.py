@@ -223,7 +223,14 @@ def job_status(job_id):
     end = out["ended_at"] or (t if state in ("running", "starting") else None) or start
     elapsed = (end - start) if start and end else None
     new = done - (run.get("initial_samples") or 0)
-    out["samples"] = {"done": done, "expected": job.get("expected_samples"), "max_index": top,
+    expected = job.get("expected_samples")
+    if job.get("output_dir"):     # what the job itself says it was asked to write (min of max_samples and the data)
+        from .verify import read_data_config
+        cfg = read_data_config(os.path.expanduser(job["output_dir"])) or {}
+        asked = cfg.get("num_samples")
+        if isinstance(asked, int) and not isinstance(asked, bool) and asked >= 0:
+            expected = asked
+    out["samples"] = {"done": done, "expected": expected, "max_index": top,
                       "at_start": run.get("initial_samples")}
     out["elapsed_s"] = round(elapsed, 1) if elapsed is not None else None
     out["rate_per_s"] = round(new / elapsed, 3) if elapsed and elapsed > 0 and new > 0 else None

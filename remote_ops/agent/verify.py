@@ -181,6 +181,18 @@ def op_verify(args):
                 except OSError:
                     pass
     top = max(indexes) if indexes else -1
+    config = read_data_config(out_dir)
+    # what the job was asked to write: its data_config.json's num_samples (min(max_samples, dataset
+    # samples), written before the first sample), else what the caller expects (max_samples)
+    # (a count the caller gives, ``expected``, wins; ``expected_default`` is the job's max_samples)
+    asked = config.get("num_samples") if isinstance(config, dict) else None
+    if expected:
+        expected_from = "given"
+    elif isinstance(asked, int) and not isinstance(asked, bool) and asked >= 0:
+        expected, expected_from = asked, "data_config.json num_samples"
+    else:
+        expected = args.get("expected_default")
+        expected_from = "the job's expected_samples (max_samples)" if expected else None
     upper = max(top + 1, int(expected) if expected else 0)
     missing = [i for i in range(upper) if i not in indexes]
     gaps = [i for i in missing if i < top]           # holes below the highest index
@@ -201,7 +213,6 @@ def op_verify(args):
     bad_load, inconsistent, bad_values = [], [], []
     reference = None
     ref_index = None
-    config = read_data_config(out_dir)
     config_problems = []
     if config and config.get("error"):
         config_problems.append(config["error"])
@@ -242,7 +253,7 @@ def op_verify(args):
             yield {"type": "progress", "checked": n_done, "of": len(chosen)}
     ok = not (gaps or short or bad_load or inconsistent or bad_values or config_problems)
     return {
-        "ok": ok, "output_dir": out_dir, "files": len(indexes), "expected": expected,
+        "ok": ok, "output_dir": out_dir, "files": len(indexes), "expected": expected, "expected_from": expected_from,
         "max_index": top, "gaps": gaps[:MAX_LISTED], "gap_count": len(gaps),
         "missing_after_last": len(short), "empty_files": sorted(empty)[:MAX_LISTED],
         "checked": len(chosen), "mode": "all" if check_all else "sample",

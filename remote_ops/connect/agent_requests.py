@@ -53,6 +53,16 @@ def compat_check(*, against: list[str], targets: list[str] = _UNSET, package: st
                 override_sources=override_sources, sys_path=sys_path, only_symbols=only_symbols, trace=trace)
 
 
+def model_check(*, model: str, library: str = _UNSET, layer_ids: list = _UNSET, default_layer_ids: list = _UNSET,
+                protocol: str = _UNSET, worker: str = _UNSET, text_model: list = _UNSET,
+                text_model_members: list = _UNSET, layer_forward_keywords: list = _UNSET,
+                workdir: str = _UNSET, sys_path: list[str] = _UNSET) -> Request:
+    return _req("model.check", workdir=workdir, model=model, library=library, layer_ids=layer_ids,
+                default_layer_ids=default_layer_ids, protocol=protocol, worker=worker, text_model=text_model,
+                text_model_members=text_model_members, layer_forward_keywords=layer_forward_keywords,
+                sys_path=sys_path)
+
+
 def compat_inspect(*, symbols: list[str], mode: str = _UNSET, sys_path: list[str] = _UNSET) -> Request:
     return _req("compat.inspect", symbols=symbols, mode=mode, sys_path=sys_path)
 
@@ -137,7 +147,7 @@ def patching_history(*, limit: int | None) -> Request:
 
 
 # verify.py
-def verify_verify(*, output_dir: str, expected: int | None = _UNSET, all: bool = _UNSET, sample: int = _UNSET,
-                  seed: int = _UNSET, finite: bool = _UNSET) -> Request:
-    return _req("verify.verify", output_dir=output_dir, expected=expected, all=all, sample=sample, seed=seed,
-                finite=finite)
+def verify_verify(*, output_dir: str, expected: int | None = _UNSET, expected_default: int | None = _UNSET,
+                  all: bool = _UNSET, sample: int = _UNSET, seed: int = _UNSET, finite: bool = _UNSET) -> Request:
+    return _req("verify.verify", output_dir=output_dir, expected=expected, expected_default=expected_default,
+                all=all, sample=sample, seed=seed, finite=finite)

@@ -124,6 +124,30 @@ def _fill(value: str, ctx: dict, err) -> str:
     return _TEMPLATE.sub(sub, value)
 
 
+def template_context(playbook, host) -> dict[str, Any]:
+    """What templates are filled from on ``host``: ``vars.NAME`` (host vars over playbook vars),
+    ``python``, ``host``."""
+    pb_vars = (playbook.doc.data or {}).get("vars") if playbook.doc else None
+    variables = dict(pb_vars or {}) if isinstance(pb_vars, dict) else {}
+    variables.update(host.vars or {})
+    ctx: dict[str, Any] = {f"vars.{k}": v for k, v in variables.items()}
+    ctx["python"] = host.python or "python3"   # unset: the agent runs with the login shell's PATH
+    ctx["host"] = host.name
+    return ctx
+
+
+def fill_for_host(playbook, host, value, keys: tuple):
+    """A playbook value outside ``extract:`` filled for ``host``: exactly ``{vars.NAME}`` is the var's
+    value as it is; other strings have their templates filled (errors name ``keys``' line)."""
+    if not isinstance(value, str):
+        return value
+    ctx = template_context(playbook, host)
+    m = _WHOLE_VAR.match(value)
+    if m and m.group(1) in ctx:
+        return ctx[m.group(1)]
+    return _fill(value, ctx, lambda problem, hint=None: playbook.error(keys, problem, hint))
+
+
 def parse_spec(playbook, host) -> ExtractSpec:
     """The playbook's ``extract:`` section for ``host``, validated with file:line errors."""
     raw = playbook.extract
@@ -151,12 +175,7 @@ def parse_spec(playbook, host) -> ExtractSpec:
             raise err_at(keys)(f"placeholder left in extract: {value.strip()[:60]!r}", "replace it with a real value")
     scan(raw, ())
 
-    pb_vars = (playbook.doc.data or {}).get("vars") if playbook.doc else None
-    variables = dict(pb_vars or {}) if isinstance(pb_vars, dict) else {}
-    variables.update(host.vars or {})
-    ctx: dict[str, Any] = {f"vars.{k}": v for k, v in variables.items()}
-    ctx["python"] = host.python or "python3"   # unset: the agent runs with the login shell's PATH
-    ctx["host"] = host.name
+    ctx = template_context(playbook, host)
 
     def whole_var(value):
         """A value that is exactly ``{vars.NAME}`` is the var's value as it is (list, number...)."""

@@ -129,7 +129,8 @@ def extract(session, host, pb, spec: ExtractSpec, *, skip_check: bool = False, d
     """The extract operation on one host: preflight (one round trip), then launch the detached job or
     attach to the running one. A preflight with problems raises its refusal (``refusal``), whose
     ``details["preflight"]`` is the whole preflight record."""
-    pf = preflight(session, spec, pb, skip_check=skip_check, dry_run=dry_run, strict_drift=strict_drift)
+    pf = preflight(session, spec, pb, skip_check=skip_check, dry_run=dry_run, strict_drift=strict_drift,
+                   host=host)
     if pf.running:
         return ExtractResult(host.name, attached=True, job=pf.running, preflight=pf.to_json())
     if pf.problems:
@@ -203,6 +204,7 @@ class Preflight:
     gpu: dict | None = None
     disk: dict | None = None
     check: dict | None = None
+    model: dict | None = None              # the model preflight (playbook check.model)
     files: list[dict] = field(default_factory=list)      # shipped files: written / unchanged / would-write
     imports: dict | None = None            # the import probe's result or failure
     exit_status: int | None = None         # a refusal's exit status when a problem has its own
@@ -211,6 +213,7 @@ class Preflight:
     def to_json(self) -> dict:
         return {"running": self.running, "problems": self.problems, "notes": self.notes,
                 "gpu": self.gpu, "disk": self.disk, "files": self.files, "imports": self.imports,
+                "model": self.model,
                 "check": None if self.check is None else {
                     "findings": len(self.check.get("findings") or []),
                     "unknown": len(self.check.get("unknown") or []),
@@ -240,8 +243,25 @@ def _drift_preflight(pf: Preflight, playbook, strict: bool) -> None:
         pf.problems.append("--strict refuses a job whose calls drifted from the baseline: run remote-ops check")
 
 
+def _model_preflight(pf: Preflight, res: dict) -> None:
+    """The model preflight's findings are problems (the job would fail after loading the model);
+    what it could not decide is a note."""
+    from remote_ops.check import model as model_mod
+    if not res.get("ok"):
+        err = res.get("error") or {}
+        pf.notes.append(f"model check could not run: {err.get('message')}")
+        return
+    pf.model = dict(res["result"])
+    pf.model.pop("elapsed_s", None)
+    pf.notes.append(model_mod.summary(pf.model))
+    for u in pf.model.get("unknown") or []:
+        pf.notes.append(f"model not checked: {u['what']}: {u['reason']}")
+    for f in pf.model.get("findings") or []:
+        pf.problems.append(f"model: {model_mod.explain(f)}" + (f" (fix: {f['suggestion']})" if f.get("suggestion") else ""))
+
+
 def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False, dry_run: bool = False,
-              strict_drift: bool = False) -> Preflight:
+              strict_drift: bool = False, host=None) -> Preflight:
     """Running job + shipped files + GPUs + check + disk + import probe, in ONE round trip. The files
     are uploaded here (unless dry_run or the job is running), before the probe that may import them.
     Drift against the package's baseline is shown as notes, and refuses the job only with
@@ -259,6 +279,11 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
         from remote_ops.check.check import DEFAULT_AGAINST
         ops["check"] = (rq.compat_check(targets=playbook.check["targets"],
                                    against=playbook.check.get("against") or DEFAULT_AGAINST, drift=True))
+    if do_check and host is not None:
+        from remote_ops.check import model as model_mod
+        model_req = model_mod.request(playbook, host)
+        if model_req is not None:
+            ops["model"] = model_req
     if spec.import_check:
         ops["imports"] = (rq.imports_probe(python=spec.job_python, modules=spec.import_check, env=spec.env,
                                     workdir=spec.workdir, timeout=spec.import_timeout, packages=spec.requires,
@@ -300,6 +325,8 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
             if pf.check.get("unknown"):
                 pf.notes.append(f"check: {len(pf.check['unknown'])} call(s) could not be verified")
             _drift_preflight(pf, playbook, strict_drift)
+        if "model" in raw:
+            _model_preflight(pf, raw["model"])
     elif not playbook.check:
         pf.notes.append("playbook has no 'check' section: call sites not verified")
     else:

@@ -39,18 +39,20 @@ def verify(session, host, *, output_dir: str | None = None, expected: int | None
     from remote_ops.extract import jobs
 
     check_sample(sample)
+    default = None       # the job's count when none is given (the job's data_config.json overrides it)
     if not output_dir:
         try:
             st = jobs.resolve_job(session, jobs.ref_for(host, playbook=playbook, job=job))
             output_dir = st.get("output_dir")
-            expected = expected or (st.get("samples") or {}).get("expected")
+            default = (st.get("samples") or {}).get("expected")
         except RefusedError:
             _, spec = jobs.load_for_host(host, playbook)
-            output_dir, expected = spec.output_dir, expected or spec.expected_samples
+            output_dir, default = spec.output_dir, spec.expected_samples
     if not output_dir:
         raise UsageError("no output directory known", "pass --output-dir or set extract.output_dir")
     res = None
-    for msg in session.stream(*rq.verify_verify(output_dir=output_dir, expected=expected, all=all, sample=sample),
+    for msg in session.stream(*rq.verify_verify(output_dir=output_dir, expected=expected, expected_default=default,
+                                                  all=all, sample=sample),
                               timeout=600):
         if "event" in msg and on_progress is not None:
             on_progress(msg["event"].get("checked"), msg["event"].get("of"))
