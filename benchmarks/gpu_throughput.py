@@ -472,12 +472,13 @@ class Bench:
     # ---------------------------------------------------------------- setup
     def setup(self):
         w = self.work
-        if not (w / "site").is_dir() and not self.args.standin:
+        missing = [d for d in ("site", "tf", "llm") if not (w / d).is_dir()]
+        if missing and not self.args.standin:
             if not self.args.bundle:
-                raise SystemExit(f"{w}/site is missing: give --bundle (see GPU-NOTES.md)")
+                raise SystemExit(f"{w}: {', '.join(missing)} missing: give --bundle (see GPU-NOTES.md)")
             import tarfile
-            with tarfile.open(self.args.bundle, "r:*") as tf:
-                tf.extractall(w, filter="data")
+            with tarfile.open(self.args.bundle, "r:*") as tf:   # only what is missing (llm/ is newer)
+                tf.extractall(w, members=[m for m in tf if m.name.split("/")[0] in missing], filter="data")
         shutil.rmtree(self.scratch, ignore_errors=True)
         (self.scratch / "bin").mkdir(parents=True)
         for name, path in (("python", f"{w}/tf:{w}/site"), ("python-llm", f"{w}/tf:{w}/site:{w}/llm")):

@@ -103,3 +103,23 @@ def test_preflight_counts_measures_and_refuses_in_one_line(tmp_path):
     assert v["free_bytes"] == diskneed.free_bytes(str(tmp_path)) and v["fits"]      # ~336 MB on this disk
     huge = diskneed.preflight(7168 * 10**6, 4, str(ds), str(tmp_path), max_model_len=2048)
     assert not huge["fits"] and huge["line"].startswith(f"not enough disk at {tmp_path}: 10 more samples")
+
+
+def test_for_job_reads_the_checkpoint_config_like_the_model_preflight(tmp_path):
+    """jobs.probe's disk need: config.json through agent/model.py's reader (text_config of a
+    multimodal wrapper too), check.model's default layer-ids formula, a dataset relative to the workdir."""
+    model = tmp_path / "kimi"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": ["KimiK25ForConditionalGeneration"],
+                                                   "text_config": {"hidden_size": 7168, "num_hidden_layers": 61}}))
+    write(tmp_path / "ds.jsonl", [{"input_ids": [1] * 100}] * 3)
+    need = {"model": str(model), "workdir": str(tmp_path), "dataset": "ds.jsonl", "layer_ids": None,
+            "default_layer_ids": [2, "n // 2", "n - 3", "n - 1"], "max_samples": 5000, "max_model_len": 2048}
+    v = diskneed.for_job(need, str(tmp_path / "out"))
+    assert (v["hidden_size"], v["layers"], v["tokens"], v["samples"]) == (7168, 4, 300, 3)
+    assert v["need_bytes"] == diskneed.need_bytes(7168, 4, 300, 3) and v["fits"]
+    assert diskneed.for_job(dict(need, layer_ids=[5, 5, 9]), str(tmp_path))["layers"] == 2
+    assert "does not exist" in diskneed.for_job(dict(need, model=str(tmp_path / "nope")), str(tmp_path))["unknown"]
+    assert "cannot read the dataset" in diskneed.for_job(dict(need, dataset="missing.jsonl"), str(tmp_path))["unknown"]
+    (model / "config.json").write_text(json.dumps({"architectures": ["X"]}))
+    assert "no hidden_size" in diskneed.for_job(need, str(tmp_path))["unknown"]

@@ -96,6 +96,45 @@ def preflight(hidden_size, n_layers, dataset, output_dir, *, max_samples=None, m
     return v
 
 
+def hidden_size(cfg):
+    """speculators' _get_hidden_size_from_model rule: hidden_size, else text_config.hidden_size."""
+    h = cfg.get("hidden_size")
+    if h is None and isinstance(cfg.get("text_config"), dict):
+        h = cfg["text_config"].get("hidden_size")
+    return h if isinstance(h, int) and not isinstance(h, bool) and h > 0 else None
+
+
+def for_job(need, output_dir):
+    """The disk check of jobs.probe: ``need`` = {model, workdir, layer_ids, default_layer_ids, dataset,
+    max_samples, max_model_len}; the checkpoint's config.json is read by the model preflight's own
+    reader (agent/model.py). Returns preflight()'s verdict plus model facts, or {"unknown": why}.
+    Hidden states are 2 bytes: speculators' generator runs vLLM with dtype "auto", which keeps bf16/fp16
+    and downcasts float32 checkpoints (vllm/config/model.py _resolve_auto_dtype, 0.20.0)."""
+    from . import model as model_mod
+    from .reads import Reads
+    if not need.get("model") or not need.get("dataset"):
+        return {"unknown": "no model or dataset given"}
+    cfg_path, cfg, problem = model_mod.read_config(str(need["model"]), Reads(), need.get("workdir"))
+    if cfg is None:
+        return {"unknown": problem or "%s: no local config.json (an HF id not in the hub cache)" % need["model"]}
+    hidden, n = hidden_size(cfg), model_mod.num_layers(cfg)
+    if hidden is None or n is None:
+        return {"unknown": "%s has no hidden_size / num_hidden_layers (nor text_config's)" % cfg_path}
+    ids = need.get("layer_ids") or (model_mod.default_layer_ids(need["default_layer_ids"], n)
+                                    if need.get("default_layer_ids") else None)
+    layers = captured_layers(ids, n)
+    dataset = os.path.expanduser(str(need["dataset"]))
+    if need.get("workdir") and not os.path.isabs(dataset):
+        dataset = os.path.join(os.path.expanduser(need["workdir"]), dataset)
+    try:
+        v = preflight(hidden, layers, dataset, output_dir, max_samples=need.get("max_samples"),
+                      max_model_len=need.get("max_model_len"), time_budget=float(need.get("time_budget", 10)))
+    except OSError as exc:
+        return {"unknown": "cannot read the dataset %s: %s" % (dataset, exc.strerror or exc)}
+    v.update(config=cfg_path, hidden_size=hidden, layers=layers)
+    return v
+
+
 def dataset_tokens(path, max_samples=None, max_model_len=None, output_dir=None, time_budget=10.0,
                    clock=time.monotonic):
     """Tokens of the samples the job will write: the first ``max_samples`` non-blank lines of the

@@ -122,6 +122,9 @@ def op_probe(args):
                            "mean_sample_bytes": int(sum(sizes) / len(sizes)) if sizes else None}
         except OSError as exc:
             out["disk"] = {"path": path, "error": str(exc)}
+        if args.get("need") and not out["disk"].get("error"):   # from real sizes: agent/diskneed.py
+            from . import diskneed
+            out["disk"]["need"] = diskneed.for_job(args["need"], path)
     return out
 
 
