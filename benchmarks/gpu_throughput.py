@@ -567,7 +567,7 @@ class Bench:
             shutil.copytree(self.args.before_dir, d, dirs_exist_ok=True)
             got = "copy of " + str(self.args.before_dir)
         if got is None:
-            return {"source": "flags", "why": f"no git and no {self.args.before_dir}",
+            return {"source": "flags", "why": f"git cannot show {self.args.before_rev} here and no {self.args.before_dir}",
                     "flags": "--batch-tokens 0 --write-queue-mb 0 (count batches, writes in the main thread)"}
         return {"source": "git", "rev": self.args.before_rev, "from": got, "playbook": str(d / PLAYBOOK.name)}
 
