@@ -122,6 +122,9 @@ def op_probe(args):
                            "mean_sample_bytes": int(sum(sizes) / len(sizes)) if sizes else None}
         except OSError as exc:
             out["disk"] = {"path": path, "error": str(exc)}
+        if args.get("need") and not out["disk"].get("error"):   # from real sizes: agent/diskneed.py
+            from . import diskneed
+            out["disk"]["need"] = diskneed.for_job(args["need"], path)
     return out
 
 
@@ -319,6 +322,7 @@ def op_tail(args):
                 last_snap = now
                 yield {"type": "snapshot", "state": st["state"], "samples": st["samples"],
                        "elapsed_s": st["elapsed_s"], "rate_per_s": st["rate_per_s"],
+                       "tokens": st["tokens"], "tokens_per_s": st["tokens_per_s"], "eta_s": st["eta_s"],
                        "watchdog": st["watchdog"], "gpu": gpu_info, "log_size": st["log_size"],
                        "offset": offset}
             if now - t0 >= budget:

@@ -26,7 +26,8 @@ def _re(name):
         import re
         _PATTERNS.update(
             key=re.compile(r"[^A-Za-z0-9_.-]+"), job=re.compile(r"^[A-Za-z0-9_.-]+$"),
-            err=re.compile(r"(Error|Exception|error:|FAILED|Killed|Aborted|Traceback|CUDA out of memory)"))
+            err=re.compile(r"(Error|Exception|error:|FAILED|Killed|Aborted|Traceback|CUDA out of memory)"),
+            progress=re.compile(r"extract-progress (\{[^\r\n]*\})"))
     return _PATTERNS[name]
 
 
@@ -116,6 +117,41 @@ def error_lines(log_path, limit=3):
     return errs[-limit:]
 
 
+PROGRESS_KEYS = ("samples_done", "samples_total", "tokens_done", "tokens_total", "tokens_per_s", "eta_s", "t")
+
+
+def last_progress(log_path, max_bytes=65536):
+    """The last ``extract-progress {json}`` line of the log's last ``max_bytes`` (the shipped
+    extraction script prints one every few seconds), as a dict of PROGRESS_KEYS, else None."""
+    data = _read_tail(log_path or "", max_bytes)
+    if b"extract-progress {" not in data:
+        return None
+    import json
+    for m in reversed(list(_re("progress").finditer(data.decode("utf-8", "replace")))):
+        try:
+            rec = json.loads(m.group(1))
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            return {k: rec.get(k) for k in PROGRESS_KEYS}
+    return None
+
+
+def _tokens(progress, state, now):
+    """status' token fields from the last progress line: done/total, the job's own tokens/s and an
+    ETA counted down from when the line was written (none once the job ended)."""
+    if progress is None:
+        return {"tokens": None, "tokens_per_s": None, "eta_s": None}
+    eta = progress.get("eta_s")
+    if state not in ("running", "starting"):
+        eta = None
+    elif isinstance(eta, (int, float)) and isinstance(progress.get("t"), (int, float)):
+        eta = round(max(0.0, eta - max(0.0, now - progress["t"])), 1)
+    return {"tokens": {"done": progress.get("tokens_done"), "total": progress.get("tokens_total"),
+                       "at": progress.get("t")},
+            "tokens_per_s": progress.get("tokens_per_s"), "eta_s": eta}
+
+
 def job_status(job_id):
     jobdir = _jobdir(job_id)
     job = sup.read_json(os.path.join(jobdir, "job.json"))
@@ -198,6 +234,7 @@ def job_status(job_id):
                       "at_start": run.get("initial_samples")}
     out["elapsed_s"] = round(elapsed, 1) if elapsed is not None else None
     out["rate_per_s"] = round(new / elapsed, 3) if elapsed and elapsed > 0 and new > 0 else None
+    out.update(_tokens(last_progress(job.get("log")), state, t))
     try:
         out["log_size"] = os.path.getsize(job.get("log") or "")
     except OSError:

@@ -80,8 +80,8 @@ def imports_probe(*, python: str, modules: list[str], env: dict = _UNSET, workdi
 
 
 # jobs.py
-def jobs_probe(*, key: str, output_dir: str | None) -> Request:
-    return _req("jobs.probe", key=key, output_dir=output_dir)
+def jobs_probe(*, key: str, output_dir: str | None, need: dict | None = None) -> Request:
+    return _req("jobs.probe", key=key, output_dir=output_dir, need=need if need else _UNSET)
 
 
 def jobs_launch(*, key: str, command: list[str], workdir: str | None, env: dict, secrets: dict,

@@ -8,7 +8,10 @@ side; ``jobs.py`` runs it: preflight, launch, the records status / logs / stop /
       workdir: "{vars.workdir}"          # default: the host's workdir, else ~
       output_dir: "{vars.data_root}/hidden_states"
       expected_samples: 5000
-      bytes_per_sample: 40_000_000       # optional; else estimated from existing data_<N>.pt files
+      disk:                              # refuse a job whose outputs cannot fit, from real sizes:
+        dataset: "{vars.dataset}"        # hidden size x captured layers (the checkpoint's config.json)
+        max_model_len: "{vars.max_model_len}"   # x tokens of the samples still to write x 2 bytes
+        # model / layer_ids: default check.model's path / layer_ids (agent/diskneed.py)
       env: {CUDA_VISIBLE_DEVICES: "0,1,2,3,4,5,6,7", TQDM_MININTERVAL: "5"}
       secrets:                           # delivered on stdin, to a 0600 file the supervisor deletes
         HF_TOKEN: {from_env: HF_TOKEN}
@@ -39,7 +42,7 @@ from typing import Any
 from remote_ops.errors import ConfigError
 from remote_ops.yamlsrc import type_name
 
-EXTRACT_KEYS = {"command", "workdir", "output_dir", "expected_samples", "bytes_per_sample", "env",
+EXTRACT_KEYS = {"command", "workdir", "output_dir", "expected_samples", "disk", "env",
                 "secrets", "gpus", "watchdog_seconds", "stop_grace_seconds", "files", "import_check",
                 "import_check_timeout_seconds"}
 MAX_FILE_BYTES = 4 << 20
@@ -80,7 +83,7 @@ class ExtractSpec:
     workdir: str
     output_dir: str | None
     expected_samples: int | None = None
-    bytes_per_sample: int | None = None
+    disk: dict | None = None      # {model, layer_ids, default_layer_ids, dataset, max_model_len}: the disk need
     env: dict[str, str] = field(default_factory=dict)
     secrets: list[SecretRef] = field(default_factory=list)
     gpu_count: int = 0
@@ -292,11 +295,44 @@ def parse_spec(playbook, host) -> ExtractSpec:
         files=files, import_check=list(checks), import_timeout=import_timeout or 120.0,
         requires=sorted(playbook.requires),
         key=playbook.name, command=command, workdir=workdir, output_dir=output_dir,
-        expected_samples=number("expected_samples", int, 1), bytes_per_sample=number("bytes_per_sample", int, 1),
+        expected_samples=number("expected_samples", int, 1), disk=_disk(playbook, host, raw.get("disk"), err_at),
         env=env, secrets=secrets, gpu_count=count, gpus_free=free,
         watchdog_seconds=number("watchdog_seconds", float, 1),
         stop_grace=number("stop_grace_seconds", float, 0) if raw.get("stop_grace_seconds") is not None else 30.0,
         playbook_path=playbook.path)
+
+
+DISK_KEYS = ("dataset", "max_model_len", "model", "layer_ids")
+
+
+def _disk(playbook, host, raw, err_at) -> dict | None:
+    """``disk: {dataset, max_model_len, model, layer_ids}`` filled for ``host``; model and layer ids
+    default to ``check.model``'s (path, layer_ids, default_layer_ids), the one place they are named."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) - set(DISK_KEYS) or "dataset" not in raw:
+        raise err_at(("disk",))(f"disk must be a mapping with dataset (and max_model_len, model, layer_ids), "
+                                f"got {raw!r}")
+    from remote_ops.check.model import parse_layer_ids
+    section = (getattr(playbook, "check", None) or {}).get("model") or {}
+
+    def filled(key, fallback=None):
+        if key in raw:
+            return fill_for_host(playbook, host, raw[key], ("extract", "disk", key))
+        return fill_for_host(playbook, host, section[fallback], ("check", "model", fallback)) \
+            if fallback and section.get(fallback) is not None else None
+    out = {"dataset": str(filled("dataset")), "model": filled("model", "path"),
+           "layer_ids": parse_layer_ids(filled("layer_ids", "layer_ids"), host.name),
+           "default_layer_ids": list(section.get("default_layer_ids") or []) or None}
+    mml = filled("max_model_len")
+    if mml not in (None, ""):
+        try:
+            out["max_model_len"] = int(mml)
+        except (TypeError, ValueError):
+            raise err_at(("disk", "max_model_len"))(f"disk.max_model_len must be a whole number, got {mml!r}") from None
+    if out["model"] is not None:
+        out["model"] = str(out["model"])
+    return out
 
 
 def _shipped_files(playbook, raw, err_at) -> list[ShippedFile]:

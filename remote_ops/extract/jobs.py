@@ -269,7 +269,8 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
     from remote_ops.errors import exit_for_kind
     from remote_ops.connect.transport import unwrap
 
-    ops: dict[str, rq.Request] = {"probe": rq.jobs_probe(key=spec.key, output_dir=spec.output_dir),
+    need = dict(spec.disk, max_samples=spec.expected_samples, workdir=spec.workdir) if spec.disk else None
+    ops: dict[str, rq.Request] = {"probe": rq.jobs_probe(key=spec.key, output_dir=spec.output_dir, need=need),
                                   "gpu": rq.gpu_query(driver=False)}
     if spec.files:
         ops["files"] = (rq.files_put(workdir=spec.workdir, files=[f.to_wire() for f in spec.files],
@@ -347,22 +348,25 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
                                f"({p.get('name')}) holds {p.get('used_memory_mib')} MiB")
         if procs:
             pf.problems.append("GPUs are not free: stop those processes (or set extract.gpus.free: false)")
-    # disk
+    # disk: from real sizes (extract.disk, agent/diskneed.py), else the mean size of the files already there
     d = pf.disk or {}
-    if spec.output_dir and spec.expected_samples and not d.get("error"):
-        per = spec.bytes_per_sample or d.get("mean_sample_bytes")
+    n = d.get("need") or {}
+    if d.get("error"):
+        pf.problems.append(f"cannot measure free disk at {spec.output_dir}: {d['error']}")
+    elif "fits" in n:
+        (pf.notes if n["fits"] else pf.problems).append(n["line"])
+    elif spec.output_dir and spec.expected_samples:
+        per = d.get("mean_sample_bytes")
         left = max(0, spec.expected_samples - (d.get("existing_samples") or 0))
         if per and left:
-            need = per * left
-            if d.get("free_bytes") is not None and d["free_bytes"] < need * 1.05:
+            need_b = per * left
+            if d.get("free_bytes") is not None and d["free_bytes"] < need_b * 1.05:
                 pf.problems.append(f"not enough disk at {spec.output_dir}: {left} more samples need about "
-                                   f"{human_bytes(need)}, {human_bytes(d['free_bytes'])} free")
+                                   f"{human_bytes(need_b)}, {human_bytes(d['free_bytes'])} free")
             else:
-                pf.notes.append(f"disk: {left} samples need ~{human_bytes(need)}, {human_bytes(d.get('free_bytes'))} free")
+                pf.notes.append(f"disk: {left} samples need ~{human_bytes(need_b)}, {human_bytes(d.get('free_bytes'))} free")
         elif left:
-            pf.notes.append("disk need unknown (set extract.bytes_per_sample to check it)")
-    elif d.get("error"):
-        pf.problems.append(f"cannot measure free disk at {spec.output_dir}: {d['error']}")
+            pf.notes.append("disk need unknown: " + (n.get("unknown") or "give the playbook an extract.disk section"))
     # imports last: when the environment cannot import the job's modules, that is the deciding problem
     if spec.import_check:
         res = raw["imports"]
@@ -417,6 +421,8 @@ def summary_line(st: dict) -> str:
     s = st.get("samples") or {}
     prog = f"{s.get('done', 0)}" + (f"/{s['expected']}" if s.get("expected") else "") + " samples"
     rate = f", {st['rate_per_s']:.2f} samples/s" if st.get("rate_per_s") else ""
+    from remote_ops.extract.tail import token_text
+    rate += token_text(st, ", ")
     tag = " (STAND-IN)" if (st.get("label") or "").startswith("STAND-IN") else ""
     line = f"{st['job_id']}{tag}: {st['state']} after {fmt_duration(st.get('elapsed_s'))}, {prog}{rate}"
     if st.get("reason") and st["state"] != "succeeded":
