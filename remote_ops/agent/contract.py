@@ -129,6 +129,8 @@ OPS = {o.name: o for o in (
     Op("patching.rollback", ("to", "force", "lock_timeout", "who"),
        "undo patches (the last, or back to an entry)", resident=True),
     Op("patching.history", ("limit",), "the host's patch journal", resident=True),
+    Op("shards.files", ("output_dir", "digest"),
+       "an output directory's data_<N>.pt files (size, sha256), data_config.json, moved-share subdirs"),
     Op("verify.verify", ("output_dir", "expected", "expected_default", "all", "sample", "seed", "finite"),
        "load and check the job's output files"),
 )}

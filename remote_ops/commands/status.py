@@ -23,7 +23,12 @@ def run(args, ctx) -> int:
         return ctx.show(ctx.fleet.jobs(args.host), render_all, summary=lambda v: f"{len(v.jobs)} job(s)")
     return ctx.show(ctx.fleet.status(args.host, playbook=args.playbook, job=args.job),
                     lambda c, name, v: render(c, name, v.job), summary=lambda v: jobs.summary_line(v.job),
-                    exit_for=lambda v: jobs.exit_for(v.job))
+                    exit_for=lambda v: jobs.exit_for(v.job), render_group=render_group)
+
+
+def render_group(c, g) -> None:
+    from remote_ops.extract.shard import progress_line
+    c.print(progress_line(g), markup=False, highlight=False)
 
 
 def render(c, host, st) -> None:

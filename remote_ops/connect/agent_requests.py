@@ -151,3 +151,8 @@ def verify_verify(*, output_dir: str, expected: int | None = _UNSET, expected_de
                   all: bool = _UNSET, sample: int = _UNSET, seed: int = _UNSET, finite: bool = _UNSET) -> Request:
     return _req("verify.verify", output_dir=output_dir, expected=expected, expected_default=expected_default,
                 all=all, sample=sample, seed=seed, finite=finite)
+
+
+# shards.py
+def shards_files(*, output_dir: str, digest: bool = _UNSET) -> Request:
+    return _req("shards.files", output_dir=output_dir, digest=digest)

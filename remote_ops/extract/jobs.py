@@ -363,6 +363,9 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
             pf.notes.append("disk need unknown (set extract.bytes_per_sample to check it)")
     elif d.get("error"):
         pf.problems.append(f"cannot measure free disk at {spec.output_dir}: {d['error']}")
+    if d.get("shard") and list(d["shard"]) != list(spec.shard or ()):   # extract/shard.py
+        from remote_ops.extract.shard import assignment_changed
+        pf.problems.append(assignment_changed(spec, d["shard"]))
     # imports last: when the environment cannot import the job's modules, that is the deciding problem
     if spec.import_check:
         res = raw["imports"]
