@@ -197,6 +197,8 @@ class Inventory(Fleet):
                                                                     on_file=on_file)
                            if h.name in per_host else _raise(listed[h.name].error))
         results.group = shard_mod.finish(results, g, union_doc, dest)
+        if results.single and results[0].ok:      # one host's record carries the result as "gathered"
+            results[0].value.extra["gathered"] = results.group.to_json()
         return results
 
     # ------------------------------------------------------------------ helpers

@@ -191,7 +191,20 @@ def test_group_shards_one_dataset_verify_resume_and_gather(sshd, tmp_path, cli):
     assert status == 0 and f"gathered into {dest}: 10/10 samples (1 copied" in out
     assert _sha(dest / "data_5.pt") == _sha(tmp_path / "out-node-c" / "data_5.pt")
 
+    # two hosts holding one index with different bytes: the gather is refused before copying anything
+    other = tmp_path / "out-node-b" / "data_0.pt"
+    shutil.copy(tmp_path / "out-node-a" / "data_3.pt", other)
+    (dest / "data_0.pt").unlink()
+    status, out, err = cli("gather", "gpus", "--to", str(dest), "--json", "-i", str(inv))
+    g = json.loads(out)["group"]
+    assert status == 1 and not g["ok"] and g["conflicts"][0]["index"] == 0
+    assert f"node-b:{tmp_path}/out-node-b/data_0.pt" in g["conflicts"][0]["where"]
+    assert not (dest / "data_0.pt").exists()
+    other.unlink()
+
     # the gathered directory verifies as one unsharded dataset of 10
+    status, out, err = cli("gather", "gpus", "--to", str(dest), "-i", str(inv))
+    assert status == 0
     status, out, err = cli("verify", "node-a", "--output-dir", str(dest), "--all", "--json", "-i", str(inv))
     assert status == 0 and json.loads(out)["files"] == 10 and json.loads(out)["expected"] == 10
 
