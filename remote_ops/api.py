@@ -167,7 +167,9 @@ class Inventory(Fleet):
         results = self.run(target, lambda h, s: shard_mod.verify_part(
             s, h, shard=shard, output_dir=output_dir, expected=expected, all=all, sample=sample, playbook=playbook,
             job=job, on_progress=None if on_progress is None else (lambda done, of: on_progress(h, done, of))))
-        if shard or (not results.single and any(r.ok and "shard_parts" in r.value.extra for r in results)):
+        from remote_ops.extract.slurm import is_slurm
+        parts = any(r.ok and "shard_parts" in r.value.extra for r in results)
+        if shard or (parts and (not results.single or any(is_slurm(h) for h in self.resolve(target)))):
             results.group = shard_mod.union_of(results)
             if results.single and results[0].ok:
                 results[0].value.extra["union"] = results.group.to_json()

@@ -31,6 +31,10 @@ def run(args, ctx) -> int:
         raise UsageError(f"--tail follows one host; {args.host!r} names {len(ctx.hosts(args.host))}",
                          "start them with: remote-ops extract GROUP; follow one with: remote-ops extract HOST "
                          "--tail; watch all with: remote-ops status GROUP")
+    from remote_ops.extract.slurm import is_slurm
+    if args.tail and any(is_slurm(h) for h in ctx.hosts(args.host)):
+        raise UsageError("--tail does not follow a Slurm job yet",
+                         "submit with: remote-ops extract HOST; then: remote-ops status HOST / logs HOST")
     results = ctx.fleet.extract(args.host, playbook=args.playbook, skip_check=args.skip_check,
                                 dry_run=args.dry_run, strict=args.strict, shard=args.shard)
 

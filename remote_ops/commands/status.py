@@ -39,6 +39,12 @@ def render(c, host, st) -> None:
     c.print(Text(f"{host}: " + jobs.summary_line(st), style=color))
     if st.get("label"):
         c.print(Text(f"  {st['label']}", style="yellow"))
+    for t in st.get("tasks") or []:      # a Slurm job array (extract/slurm.py)
+        c.print(f"  task {t['task']}: {t['state']}" + (f" ({t['reason']})" if t.get("reason") else "") +
+                f", {t['samples']}" + (f"/{t['expected']}" if t.get("expected") is not None else "") + " samples"
+                + (f", exit {t['exit_code']}" if t.get("exit_code") is not None else ""), markup=False)
+    if st.get("slurm_id"):
+        c.print(f"  Slurm job {st['slurm_id']}", markup=False)
     if st.get("pid"):
         c.print(f"  pid {st['pid']} (process group {st.get('pgid')}), supervisor "
                 f"{'alive' if st.get('supervisor_alive') else 'gone'}", markup=False)

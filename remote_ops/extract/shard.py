@@ -208,8 +208,9 @@ def verify_part(session, host, *, shard: bool = False, **kwargs):
     their indexes, for ``union``."""
     from remote_ops.extract import verify as verify_mod
 
+    from remote_ops.extract.slurm import is_slurm
     r = verify_mod.verify(session, host, **kwargs)
-    if not (shard or ((r.extra.get("config") or {}).get("shard"))):
+    if not (shard or is_slurm(host) or ((r.extra.get("config") or {}).get("shard"))):
         return r
     listing = _files(session, r.output_dir)
     parts = [_part(host.name, r, listing)] if listing["files"] or listing["config_text"] else []
