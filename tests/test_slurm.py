@@ -156,6 +156,16 @@ def test_slurm_array_status_logs_verify(slurm, sshd, tmp_path, cli):
     sys.__stdout__.write(f"\n[timing] 3-task Slurm array of the stand-in, extract to succeeded: {elapsed:.1f} s\n")
 
 
+def test_slurm_tail_follows_every_task(slurm, sshd, tmp_path, cli):
+    inv = _inventory(sshd, slurm, tmp_path, n=6, sleep=0.5)
+    status, out, err = cli("extract", "cluster", "--skip-check", "--tail", "-i", str(inv))
+    assert status == 0, err
+    for k in range(3):
+        assert f"[task {k}] shard {k}/3: 2 of 6 samples (i % 3 == {k})" in out
+        assert f"[task {k}] wrote 2 sample(s) to {tmp_path}/out/shard-{k}-of-3" in out
+    assert "succeeded" in out.splitlines()[-1]
+
+
 def test_slurm_stop_cancels_the_array(slurm, sshd, tmp_path, cli):
     inv = _inventory(sshd, slurm, tmp_path, n=30, sleep=3)
     status, out, err = cli("extract", "cluster", "--skip-check", "-i", str(inv))

@@ -135,7 +135,7 @@ OPS = {o.name: o for o in (
                         "expected_samples"), "submit the job as a Slurm job array (sbatch)"),
     Op("slurm.status", _JOB, "a Slurm job's tasks: squeue and their exit files"),
     Op("slurm.stop", _JOB + ("grace",), "scancel a Slurm job"),
-    Op("slurm.logs", _JOB + ("lines",), "the array tasks' logs"),
+    Op("slurm.logs", _JOB + ("lines", "offsets"), "the array tasks' logs (offsets: each from there on)"),
     Op("shards.files", ("output_dir", "digest"),
        "an output directory's data_<N>.pt files (size, sha256), data_config.json, moved-share subdirs"),
     Op("verify.verify", ("output_dir", "expected", "expected_default", "all", "sample", "seed", "finite"),

@@ -231,6 +231,20 @@ def op_stop(args):
 def op_logs(args):
     job_id = _resolve(args)
     st = job_status(job_id)
+    offsets = args.get("offsets")
+    if isinstance(offsets, list):     # follow: each task's log from its offset on (at most 1 MiB each)
+        chunks = []
+        for t in st["tasks"]:
+            start = offsets[t["task"]] if t["task"] < len(offsets) and isinstance(offsets[t["task"]], int) else 0
+            try:
+                with open(t["log"], "rb") as fh:
+                    fh.seek(start)
+                    data = fh.read(1 << 20)
+            except OSError:
+                data = b""
+            cut = data.rfind(b"\n") + 1 if len(data) == 1 << 20 else len(data)   # whole lines when cut short
+            chunks.append({"task": t["task"], "text": data[:cut].decode("utf-8", "replace"), "next": start + cut})
+        return {"job": st, "chunks": chunks}
     lines = int(args.get("lines", 50))
     parts = []
     for t in st["tasks"]:

@@ -31,10 +31,6 @@ def run(args, ctx) -> int:
         raise UsageError(f"--tail follows one host; {args.host!r} names {len(ctx.hosts(args.host))}",
                          "start them with: remote-ops extract GROUP; follow one with: remote-ops extract HOST "
                          "--tail; watch all with: remote-ops status GROUP")
-    from remote_ops.extract.slurm import is_slurm
-    if args.tail and any(is_slurm(h) for h in ctx.hosts(args.host)):
-        raise UsageError("--tail does not follow a Slurm job yet",
-                         "submit with: remote-ops extract HOST; then: remote-ops status HOST / logs HOST")
     results = ctx.fleet.extract(args.host, playbook=args.playbook, skip_check=args.skip_check,
                                 dry_run=args.dry_run, strict=args.strict, shard=args.shard)
 
@@ -59,6 +55,13 @@ def run(args, ctx) -> int:
                       "Ctrl-C detaches, the job keeps running", markup=False, highlight=False)
         if job.get("label"):
             ctx.err.print(f"  {job['label']}", markup=False, highlight=False)
+    if job.get("scheduler") == "slurm":      # a job array: its tasks' logs, each line "[task k] ..."
+        from remote_ops.extract.slurm import follow, print_task_text
+        try:
+            final = follow(ctx.session(host), job["job_id"], lambda k, text: print_task_text(ctx, k, text))
+        except KeyboardInterrupt:
+            return int(Exit.INTERRUPTED)
+        return report_end(ctx, final)
     if v.attached and job.get("log_size", 0) > 8192:
         r = jobs.logs(ctx.session(host), host, job=job["job_id"], lines=20)
         sys.stdout.write(r.text.replace("\r", "\n") if not ctx.json else "")

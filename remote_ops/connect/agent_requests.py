@@ -173,5 +173,5 @@ def slurm_stop(*, key: str = _UNSET, job_id: str = _UNSET, grace: float = _UNSET
     return _req("slurm.stop", key=key, job_id=job_id, grace=grace)
 
 
-def slurm_logs(*, key: str = _UNSET, job_id: str = _UNSET, lines: int = _UNSET) -> Request:
-    return _req("slurm.logs", key=key, job_id=job_id, lines=lines)
+def slurm_logs(*, key: str = _UNSET, job_id: str = _UNSET, lines: int = _UNSET, offsets: list = _UNSET) -> Request:
+    return _req("slurm.logs", key=key, job_id=job_id, lines=lines, offsets=offsets)

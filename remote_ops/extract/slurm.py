@@ -112,3 +112,35 @@ def logs(session, host, *, playbook=None, job=None, lines=50):
     from remote_ops.extract import jobs
     r = session.call(*rq.slurm_logs(**_ref(host, playbook, job), lines=lines))
     return jobs.LogsResult(host.name, r["job"]["job_id"], r["job"]["state"], r["text"], r["size"], r["next"])
+
+
+def follow(session, job_id: str, on_text, *, poll: float = 1.0, clock=None) -> dict:
+    """Follow a Slurm job's task logs until every task ended: ``on_text(task, text)`` for each new
+    piece (whole lines), polling every ``poll`` seconds; returns the final status record."""
+    import time
+    offsets: list[int] = []
+    while True:
+        r = session.call(*rq.slurm_logs(job_id=job_id, offsets=offsets))
+        for c in r["chunks"]:
+            while len(offsets) <= c["task"]:
+                offsets.append(0)
+            offsets[c["task"]] = c["next"]
+            if c["text"]:
+                on_text(c["task"], c["text"])
+        if r["job"]["state"] not in ("running", "starting"):
+            if not any(c["text"] for c in r["chunks"]):
+                return r["job"]
+            continue          # one more read: what the tasks wrote before they ended
+        time.sleep(poll)
+
+
+def print_task_text(ctx, task: int, text: str) -> None:
+    """A followed task's new log text: ``[task k] line`` for people, JSON Lines events with --json."""
+    import json
+    import sys
+    for line in text.replace("\r", "\n").splitlines():
+        if not line.strip():
+            continue
+        sys.stdout.write(json.dumps({"event": "log", "task": task, "line": line}) + "\n" if ctx.json
+                         else f"[task {task}] {line}\n")
+    sys.stdout.flush()
