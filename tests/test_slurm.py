@@ -153,6 +153,9 @@ def test_slurm_array_status_logs_verify(slurm, sshd, tmp_path, cli):
     status, out, err = cli("verify", "cluster", "--all", "--json", "-i", str(inv))
     union = json.loads(out)["union"]
     assert status == 0 and union["ok"] and union["files"] == 10 and union["shards"] == 3, out
+    status, out, err = cli("verify", "cluster", "-i", str(inv))
+    assert status == 0 and f"cluster: 10 data_<N>.pt files in 3 shard dir(s) of {tmp_path}/out" in out
+    assert "union: 10/10 samples in 3 output dir(s), 3 shard(s): complete and consistent" in out
     sys.__stdout__.write(f"\n[timing] 3-task Slurm array of the stand-in, extract to succeeded: {elapsed:.1f} s\n")
 
 

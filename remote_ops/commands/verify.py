@@ -52,6 +52,10 @@ def render(c, host, r) -> None:
     from rich.text import Text
     exp = f" of {r['expected']} expected" if r.get("expected") else ""
     head = f"{host}: {r['files']} data_<N>.pt files{exp} in {r['output_dir']}; loaded {r['checked']} ({r['mode']})"
+    if r.get("shard_dirs"):      # only shard subdirectories: each is a part of the union below
+        c.print(Text(f"{host}: {r['files']} data_<N>.pt files in {len(r['shard_dirs'])} shard dir(s) of "
+                     f"{r['output_dir']}: {', '.join(r['shard_dirs'])}", style="green" if r["ok"] else "red"))
+        return
     c.print(Text(head, style="green" if r["ok"] else "red"))
     if r["gap_count"]:
         c.print(f"  gaps: {r['gap_count']} missing index(es) below {r['max_index']}: "

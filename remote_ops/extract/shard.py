@@ -219,6 +219,11 @@ def verify_part(session, host, *, shard: bool = False, **kwargs):
         v = verify_mod.verify(session, host, **{**kwargs, "output_dir": path})
         parts.append(_part(host.name, v, _files(session, path)))
     r.extra["shard_parts"] = parts
+    if not listing["files"] and not listing["config_text"] and parts:
+        # only shard-K-of-N subdirectories (a Slurm array's tasks, moved shares): the host's verdict is theirs
+        r.ok, r.files, r.expected = not any(p["bad"] for p in parts), sum(p["files"] for p in parts), None
+        r.extra.update(gaps=[], gap_count=0, missing_after_last=0,
+                       shard_dirs=[p["output_dir"].rsplit("/", 1)[-1] for p in parts])
     return r
 
 
