@@ -156,6 +156,10 @@ def test_slurm_array_status_logs_verify(slurm, sshd, tmp_path, cli):
     status, out, err = cli("verify", "cluster", "-i", str(inv))
     assert status == 0 and f"cluster: 10 data_<N>.pt files in 3 shard dir(s) of {tmp_path}/out" in out
     assert "union: 10/10 samples in 3 output dir(s), 3 shard(s): complete and consistent" in out
+    status, out, err = cli("gather", "cluster", "--to", str(tmp_path / "gathered"), "--json", "-i", str(inv))
+    g = json.loads(out)["gathered"]
+    assert status == 0 and g["ok"] and g["present"] == g["copied"] == 10, out
+    assert "shard" not in json.loads((tmp_path / "gathered" / "data_config.json").read_text())
     sys.__stdout__.write(f"\n[timing] 3-task Slurm array of the stand-in, extract to succeeded: {elapsed:.1f} s\n")
 
 
