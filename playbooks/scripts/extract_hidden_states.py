@@ -67,6 +67,11 @@ file exists only once complete (written to ``.data_<N>.pt.<pid>.tmp``, fsynced, 
 temporaries are removed at start); one tqdm bar counts samples, its ``mininterval`` is
 ``$TQDM_MININTERVAL`` (default 0.1 s).
 
+Sharding (``--shard K/N``, given by ``remote-ops extract GROUP --shard``): only the samples i with
+i % N == K are written, still named by their global index, so the union of the N shards' directories
+is one dataset; resume and the progress bar count the shard's samples, and data_config.json keeps
+the dataset's ``num_samples`` and adds ``shard`` {index, count, assignment, samples}.
+
 Exit status: 0 done; 1 the generator returned a result that does not fit its sample; 2 bad
 arguments or bad dataset (one line: what, where, what to do). Other failures (vLLM, CUDA) end with
 their own traceback.
@@ -153,6 +158,8 @@ def build_parser(required=True):
                    help="comma list of layers to capture (default: the generator's choice)")
     p.add_argument("--max-model-len", type=int, default=2048, help="vLLM max_model_len (default 2048)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.8, help="vLLM setting (default 0.8)")
+    p.add_argument("--shard", default=None, metavar="K/N",
+                   help="write only samples i with i %% N == K (files keep their global index; default: all)")
     return p
 
 
@@ -170,6 +177,7 @@ def parse_args(argv=None, parser=None):
     if not 0 < args.gpu_memory_utilization <= 1:
         raise InputError("--gpu-memory-utilization must be in (0, 1], got %g" % args.gpu_memory_utilization)
     args.layer_ids = parse_layer_ids(args.layer_ids)
+    args.shard = parse_shard(args.shard)
     return args
 
 
@@ -260,9 +268,27 @@ def sample_path(output_dir, index):
     return os.path.join(output_dir, "data_%d.pt" % index)
 
 
-def pending_indexes(output_dir, count):
-    """Samples whose data_<N>.pt is not there (a file is there only once complete)."""
-    return [i for i in range(count) if not os.path.exists(sample_path(output_dir, i))]
+def parse_shard(text):
+    """"K/N" -> (K, N); None -> None (every sample)."""
+    if text is None:
+        return None
+    parts = str(text).split("/")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts) \
+            or not 0 <= int(parts[0]) < int(parts[1]):
+        raise InputError("--shard %r: write K/N with 0 <= K < N (e.g. 0/3)" % (text,))
+    return int(parts[0]), int(parts[1])
+
+
+def shard_indexes(count, shard=None):
+    """The sample indexes of shard K of N: i % N == K (round robin, so every shard gets a mix of
+    short and long samples); all of range(count) without a shard. remote-ops' agent/shards.py
+    states the same rule."""
+    return range(count) if shard is None else range(shard[0], count, shard[1])
+
+
+def pending_indexes(output_dir, count, shard=None):
+    """Samples (of the shard) whose data_<N>.pt is not there (a file is there only once complete)."""
+    return [i for i in shard_indexes(count, shard) if not os.path.exists(sample_path(output_dir, i))]
 
 
 def remove_stale_temporaries(output_dir):
@@ -438,9 +464,11 @@ class Writer:
 class Progress:
     """Counts written samples and tokens; prints ``extract-progress {json}`` lines."""
 
-    def __init__(self, out, lengths, done_indexes, every, bar=None, clock=time.time):
+    def __init__(self, out, lengths, done_indexes, every, bar=None, clock=time.time, indexes=None):
+        """``indexes``: the samples this run is for (its shard), default all of ``lengths``."""
         self.out, self.lengths, self.every, self.bar, self.clock = out, lengths, every, bar, clock
-        self.samples_total, self.tokens_total = len(lengths), sum(lengths)
+        indexes = range(len(lengths)) if indexes is None else indexes
+        self.samples_total, self.tokens_total = len(indexes), sum(lengths[i] for i in indexes)
         self.samples_done = len(done_indexes)
         self.tokens_done = sum(lengths[i] for i in done_indexes)
         self.tokens_run = 0
@@ -494,13 +522,14 @@ def _gpu_info(torch):
     return name if count == 1 else "%dx %s" % (count, name)
 
 
-def data_config(torch, args, layer_ids, hidden_size, tensor_parallel_size, num_samples, gpu=None):
-    """The document DataGenerationConfig.to_dict() of speculators 0.3.0 writes, field for field."""
+def data_config(torch, args, layer_ids, hidden_size, tensor_parallel_size, num_samples, gpu=None, shard=None):
+    """The document DataGenerationConfig.to_dict() of speculators 0.3.0 writes, field for field;
+    a sharded run adds ``shard`` (index K, count N, its samples; num_samples stays the dataset's)."""
     from datetime import datetime, timezone
     versions = {"torch": torch.__version__, "vllm": _version("vllm"),
                 "transformers": _version("transformers"), "speculators": _version("speculators")}
     layers = len(layer_ids)
-    return {
+    doc = {
         "version": CONFIG_VERSION,
         "generated_at": datetime.now(timezone.utc).isoformat(),
         "speculators_version": versions["speculators"],
@@ -532,6 +561,10 @@ def data_config(torch, args, layer_ids, hidden_size, tensor_parallel_size, num_s
             },
         },
     }
+    if shard is not None:
+        doc["shard"] = {"index": shard[0], "count": shard[1], "assignment": "i % count == index",
+                        "samples": len(shard_indexes(num_samples, shard))}
+    return doc
 
 
 # ------------------------------------------------------------------ results
@@ -617,14 +650,19 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
     stale = remove_stale_temporaries(args.output_dir)
     if stale:
         print("removed %d unfinished temporary file(s) of an earlier run" % stale, file=out, flush=True)
-    todo = pending_indexes(args.output_dir, len(records))
+    shard = getattr(args, "shard", None)
+    todo = pending_indexes(args.output_dir, len(records), shard)
+    share = len(shard_indexes(len(records), shard))
+    if shard is not None:
+        print("shard %d/%d: %d of %d samples (i %% %d == %d)" % (shard[0], shard[1], share, len(records),
+                                                                shard[1], shard[0]), file=out, flush=True)
     config_path = os.path.join(args.output_dir, "data_config.json")
-    done = len(records) - len(todo)
+    done = share - len(todo)
     if done:
-        print("resuming: %d of %d samples already written, %d to go" % (done, len(records), len(todo)),
+        print("resuming: %d of %d samples already written, %d to go" % (done, share, len(todo)),
               file=out, flush=True)
     if not todo and os.path.exists(config_path):
-        print("all %d samples are already in %s: nothing to do" % (len(records), args.output_dir),
+        print("all %d samples are already in %s: nothing to do" % (share, args.output_dir),
               file=out, flush=True)
         return 0
 
@@ -646,12 +684,14 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
                  max_tokens or "any", max_samples, budget_tokens, budget_seqs), file=out, flush=True)
         write_json_atomic(config_path, data_config(torch, args, layer_ids, hidden,
                                                    getattr(generator, "tensor_parallel_size",
-                                                           args.tensor_parallel_size), len(records)))
-        bar = tqdm(total=len(records), initial=done, desc="Generating hidden states", unit="sample",
+                                                           args.tensor_parallel_size), len(records),
+                                                   shard=shard))
+        bar = tqdm(total=share, initial=done, desc="Generating hidden states", unit="sample",
                    mininterval=_mininterval(), file=sys.stderr)
         pending = set(todo)
-        progress = Progress(out, lengths, [i for i in range(len(records)) if i not in pending],
-                            args.progress_seconds, bar)
+        mine = shard_indexes(len(records), shard)
+        progress = Progress(out, lengths, [i for i in mine if i not in pending], args.progress_seconds, bar,
+                            indexes=mine)
 
         def on_written(index):
             written[0] += 1
@@ -691,7 +731,7 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
             except Exception as exc:   # reported; an error already on its way out must not be hidden
                 print("warning: engine shutdown failed: %s: %s" % (type(exc).__name__, exc), file=sys.stderr)
     print("wrote %d sample(s) to %s in %.1fs (%d of %d present)"
-          % (written[0], args.output_dir, time.time() - t0, done + written[0], len(records)), file=out, flush=True)
+          % (written[0], args.output_dir, time.time() - t0, done + written[0], share), file=out, flush=True)
     return 0
 
 

@@ -58,6 +58,8 @@ KINDS = _kinds(
     _refusal("bad-args", "an argument the agent rejects (usually a playbook value of the wrong shape)"),
     # jobs and files
     _refusal("no-job", "no such job on the host", exit="USAGE"),
+    _refusal("no-slurm", "a host marked scheduler: slurm has no sbatch/squeue/scancel on its PATH"),
+    _refusal("slurm-failed", "sbatch, squeue or scancel failed (their message says why)"),
     _refusal("busy", "another launch of the same job is in progress"),
     _refusal("no-workdir", "the job's working directory does not exist on the host"),
     _refusal("write-failed", "a file could not be written (or read back with the wrong sha256)"),
@@ -130,6 +132,13 @@ OPS = {o.name: o for o in (
     Op("patching.rollback", ("to", "force", "lock_timeout", "who"),
        "undo patches (the last, or back to an entry)", resident=True),
     Op("patching.history", ("limit",), "the host's patch journal", resident=True),
+    Op("slurm.submit", ("key", "command", "workdir", "env", "output_dir", "tasks", "sbatch", "python",
+                        "expected_samples"), "submit the job as a Slurm job array (sbatch)"),
+    Op("slurm.status", _JOB, "a Slurm job's tasks: squeue and their exit files"),
+    Op("slurm.stop", _JOB + ("grace",), "scancel a Slurm job"),
+    Op("slurm.logs", _JOB + ("lines", "offsets"), "the array tasks' logs (offsets: each from there on)"),
+    Op("shards.files", ("output_dir", "digest"),
+       "an output directory's data_<N>.pt files (size, sha256), data_config.json, moved-share subdirs"),
     Op("verify.verify", ("output_dir", "expected", "expected_default", "all", "sample", "seed", "finite"),
        "load and check the job's output files"),
 )}

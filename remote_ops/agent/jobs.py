@@ -120,6 +120,8 @@ def op_probe(args):
             out["disk"] = {"path": path, "measured_at": probe, "free_bytes": st.f_bavail * st.f_frsize,
                            "existing_samples": done, "max_index": top,
                            "mean_sample_bytes": int(sum(sizes) / len(sizes)) if sizes else None}
+            from .verify import read_data_config      # the shard its data_config.json records
+            out["disk"]["shard"] = (read_data_config(path) or {}).get("shard")
         except OSError as exc:
             out["disk"] = {"path": path, "error": str(exc)}
         if args.get("need") and not out["disk"].get("error"):   # from real sizes: agent/diskneed.py

@@ -230,6 +230,8 @@ def job_status(job_id):
         asked = cfg.get("num_samples")
         if isinstance(asked, int) and not isinstance(asked, bool) and asked >= 0:
             expected = asked
+            if cfg.get("shard"):      # a sharded job writes its share of num_samples (agent/shards.py)
+                expected = len(range(cfg["shard"][0], asked, cfg["shard"][1]))
     out["samples"] = {"done": done, "expected": expected, "max_index": top,
                       "at_start": run.get("initial_samples")}
     out["elapsed_s"] = round(elapsed, 1) if elapsed is not None else None

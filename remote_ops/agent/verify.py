@@ -136,8 +136,12 @@ def read_data_config(out_dir):
     if layers is None and isinstance(layer_ids, list):
         layers = len(layer_ids)
     hidden = get("model", "hidden_size")
+    from .shards import from_config
+    shard = from_config(doc.get("shard"))     # a sharded job's (k, n): agent/shards.py
     return {"path": path, "version": doc.get("version"), "layers": layers, "hidden": hidden,
-            "layer_ids": layer_ids, "num_samples": get("data", "num_samples")}
+            "layer_ids": layer_ids, "num_samples": get("data", "num_samples"),
+            "shard": list(shard) if shard else None,
+            "package_versions": get("reproducibility", "package_versions")}
 
 
 def _load(torch, path):
@@ -194,7 +198,13 @@ def op_verify(args):
         expected = args.get("expected_default")
         expected_from = "the job's expected_samples (max_samples)" if expected else None
     upper = max(top + 1, int(expected) if expected else 0)
-    missing = [i for i in range(upper) if i not in indexes]
+    # a sharded job's directory (data_config.json "shard": k of n) should hold i % n == k only
+    first, step = (config["shard"][0], config["shard"][1]) if isinstance(config, dict) and config.get("shard") \
+        else (0, 1)
+    missing = [i for i in range(first, upper, step) if i not in indexes]
+    if step > 1 and expected:
+        expected, expected_from = len(range(first, int(expected), step)), "%s, shard %d/%d" % (
+            expected_from, first, step)
     gaps = [i for i in missing if i < top]           # holes below the highest index
     short = [i for i in missing if i > top]          # never written (fewer than expected)
 
@@ -220,6 +230,10 @@ def op_verify(args):
             and len(config["layer_ids"]) != config["layers"]:
         config_problems.append("data_config.json lists %d layer_ids but %d hidden-state tensors"
                                % (len(config["layer_ids"]), config["layers"]))
+    outside = [i for i in indexes if i % step != first]
+    if outside:
+        config_problems.append("%d file(s) outside this directory's shard %d/%d, such as data_%d.pt"
+                               % (len(outside), first, step, min(outside)))
     layout_seen = set()
     last_event = time.time()
     for n_done, i in enumerate(chosen, 1):

@@ -151,3 +151,27 @@ def verify_verify(*, output_dir: str, expected: int | None = _UNSET, expected_de
                   all: bool = _UNSET, sample: int = _UNSET, seed: int = _UNSET, finite: bool = _UNSET) -> Request:
     return _req("verify.verify", output_dir=output_dir, expected=expected, expected_default=expected_default,
                 all=all, sample=sample, seed=seed, finite=finite)
+
+
+# shards.py
+def shards_files(*, output_dir: str, digest: bool = _UNSET) -> Request:
+    return _req("shards.files", output_dir=output_dir, digest=digest)
+
+
+# slurm.py
+def slurm_submit(*, key: str, command: list[str], workdir: str | None, env: dict, output_dir: str | None,
+                 tasks: int, sbatch: list[str], python: str | None, expected_samples: int | None) -> Request:
+    return _req("slurm.submit", key=key, command=command, workdir=workdir, env=env, output_dir=output_dir,
+                tasks=tasks, sbatch=sbatch, python=python, expected_samples=expected_samples)
+
+
+def slurm_status(*, key: str = _UNSET, job_id: str = _UNSET) -> Request:
+    return _req("slurm.status", key=key, job_id=job_id)
+
+
+def slurm_stop(*, key: str = _UNSET, job_id: str = _UNSET, grace: float = _UNSET) -> Request:
+    return _req("slurm.stop", key=key, job_id=job_id, grace=grace)
+
+
+def slurm_logs(*, key: str = _UNSET, job_id: str = _UNSET, lines: int = _UNSET, offsets: list = _UNSET) -> Request:
+    return _req("slurm.logs", key=key, job_id=job_id, lines=lines, offsets=offsets)

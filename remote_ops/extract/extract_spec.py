@@ -23,6 +23,8 @@ side; ``jobs.py`` runs it: preflight, launch, the records status / logs / stop /
       gpus: {count: 8, free: true}       # refuse unless 8 GPUs and no foreign compute process
       watchdog_seconds: 900              # flag a job whose log and outputs stop advancing
       stop_grace_seconds: 30             # SIGTERM -> SIGKILL delay of `stop` and of cleanup
+      shard: true                        # a group splits the samples: host k of N writes i % N == k
+                                         # (the command gets --shard K/N; docs/SCALE-OUT.md)
 
 Templates ``{vars.NAME}`` (host vars over playbook vars), ``{output_dir}``, ``{workdir}``,
 ``{python}`` (the host's interpreter) and ``{host}`` are filled in locally; every value reaches the
@@ -44,7 +46,7 @@ from remote_ops.yamlsrc import type_name
 
 EXTRACT_KEYS = {"command", "workdir", "output_dir", "expected_samples", "disk", "env",
                 "secrets", "gpus", "watchdog_seconds", "stop_grace_seconds", "files", "import_check",
-                "import_check_timeout_seconds"}
+                "import_check_timeout_seconds", "shard", "slurm"}
 MAX_FILE_BYTES = 4 << 20
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _WHOLE_VAR = re.compile(r"^\{(vars\.[A-Za-z_][A-Za-z0-9_]*)\}$")
@@ -95,6 +97,8 @@ class ExtractSpec:
     import_check: list[str] = field(default_factory=list)
     import_timeout: float = 120.0
     requires: list[str] = field(default_factory=list)    # package names, for the versions of a failed import
+    sharded: bool = False                 # the playbook's extract.shard: a group run splits the samples
+    shard: tuple[int, int] | None = None  # this host's (k, n) once assigned (extract/shard.py)
 
     def to_json(self) -> dict:
         """What may be shown: secret *names* and where they come from, never values."""
@@ -104,7 +108,8 @@ class ExtractSpec:
                 "gpus": {"count": self.gpu_count, "free": self.gpus_free},
                 "watchdog_seconds": self.watchdog_seconds, "stop_grace_seconds": self.stop_grace,
                 "files": {f.name: {"local": str(f.local), "sha256": f.sha256} for f in self.files},
-                "import_check": self.import_check, "import_check_timeout_seconds": self.import_timeout}
+                "import_check": self.import_check, "import_check_timeout_seconds": self.import_timeout,
+                **({"shard": list(self.shard)} if self.shard else {})}
 
     @property
     def job_python(self) -> str | None:
@@ -151,8 +156,9 @@ def fill_for_host(playbook, host, value, keys: tuple):
     return _fill(value, ctx, lambda problem, hint=None: playbook.error(keys, problem, hint))
 
 
-def parse_spec(playbook, host) -> ExtractSpec:
-    """The playbook's ``extract:`` section for ``host``, validated with file:line errors."""
+def parse_spec(playbook, host, *, subdir: str | None = None) -> ExtractSpec:
+    """The playbook's ``extract:`` section for ``host``, validated with file:line errors; ``subdir``
+    (a moved shard's) is appended to output_dir before ``{output_dir}`` fills the command."""
     raw = playbook.extract
     if raw is None:
         raise ConfigError(playbook.path, None, f"playbook {playbook.name} has no 'extract' section",
@@ -198,6 +204,8 @@ def parse_spec(playbook, host) -> ExtractSpec:
     if output_dir is not None:
         if not output_dir.startswith(("/", "~")):
             output_dir = workdir.rstrip("/") + "/" + output_dir
+        if subdir:
+            output_dir = output_dir.rstrip("/") + "/" + subdir
         ctx["output_dir"] = output_dir
 
     cmd = raw.get("command")
@@ -290,9 +298,12 @@ def parse_spec(playbook, host) -> ExtractSpec:
         raise err_at(("import_check",))(f"import_check must be a list of module names, got {checks!r}",
                                         "e.g. import_check: [speculators.data_generation.vllm_hidden_states_generator]")
     import_timeout = number("import_check_timeout_seconds", float, 1)
+    sharded = raw.get("shard", False)
+    if not isinstance(sharded, bool):
+        raise err_at(("shard",))(f"shard must be true or false, got {sharded!r}")
 
     return ExtractSpec(
-        files=files, import_check=list(checks), import_timeout=import_timeout or 120.0,
+        files=files, import_check=list(checks), import_timeout=import_timeout or 120.0, sharded=sharded,
         requires=sorted(playbook.requires),
         key=playbook.name, command=command, workdir=workdir, output_dir=output_dir,
         expected_samples=number("expected_samples", int, 1), disk=_disk(playbook, host, raw.get("disk"), err_at),

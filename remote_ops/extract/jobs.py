@@ -129,6 +129,10 @@ def extract(session, host, pb, spec: ExtractSpec, *, skip_check: bool = False, d
     """The extract operation on one host: preflight (one round trip), then launch the detached job or
     attach to the running one. A preflight with problems raises its refusal (``refusal``), whose
     ``details["preflight"]`` is the whole preflight record."""
+    from remote_ops.extract import slurm
+    if slurm.is_slurm(host):      # a cluster's login node: a Slurm job array (extract/slurm.py)
+        return slurm.extract(session, host, pb, spec, skip_check=skip_check, dry_run=dry_run,
+                             strict_drift=strict_drift)
     pf = preflight(session, spec, pb, skip_check=skip_check, dry_run=dry_run, strict_drift=strict_drift,
                    host=host)
     if pf.running:
@@ -143,6 +147,9 @@ def extract(session, host, pb, spec: ExtractSpec, *, skip_check: bool = False, d
 
 def status(session, host, *, playbook: str | None = None, job: str | None = None) -> JobStatus:
     """The status operation on one host: the job ``ref_for`` names (default: the host's playbook's)."""
+    from remote_ops.extract import slurm
+    if slurm.is_slurm(host):
+        return slurm.status(session, host, playbook=playbook, job=job)
     return JobStatus(host.name, resolve_job(session, ref_for(host, playbook=playbook, job=job)))
 
 
@@ -154,6 +161,9 @@ def list_jobs(session, host) -> JobList:
 def logs(session, host, *, playbook: str | None = None, job: str | None = None, lines: int = 50) -> LogsResult:
     """The logs operation on one host: the last ``lines`` lines of the job's log (also after it ended)."""
     check_lines(lines)
+    from remote_ops.extract import slurm
+    if slurm.is_slurm(host):
+        return slurm.logs(session, host, playbook=playbook, job=job, lines=lines)
     ref = ref_for(host, playbook=playbook, job=job)
     if not ref:     # the newest job on the host: only jobs.list knows it
         ref = {"job_id": resolve_job(session, ref)["job_id"]}
@@ -169,6 +179,9 @@ def stop(session, host, *, playbook: str | None = None, job: str | None = None, 
     seconds (default: the playbook's stop_grace_seconds, else 30), then what is left. ``on_stopping(status,
     grace)`` is called before a live job is signalled."""
     check_grace(grace)
+    from remote_ops.extract import slurm
+    if slurm.is_slurm(host):
+        return slurm.stop(session, host, playbook=playbook, job=job, grace=grace, on_stopping=on_stopping)
     st = resolve_job(session, ref_for(host, playbook=playbook, job=job))
     if grace is None:
         grace = 30.0
@@ -367,6 +380,9 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
                 pf.notes.append(f"disk: {left} samples need ~{human_bytes(need_b)}, {human_bytes(d.get('free_bytes'))} free")
         elif left:
             pf.notes.append("disk need unknown: " + (n.get("unknown") or "give the playbook an extract.disk section"))
+    if d.get("shard") and list(d["shard"]) != list(spec.shard or ()):   # extract/shard.py
+        from remote_ops.extract.shard import assignment_changed
+        pf.problems.append(assignment_changed(spec, d["shard"]))
     # imports last: when the environment cannot import the job's modules, that is the deciding problem
     if spec.import_check:
         res = raw["imports"]

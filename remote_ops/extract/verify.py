@@ -30,26 +30,32 @@ def check_sample(sample: int) -> None:
         raise UsageError("--sample must be at least 1")
 
 
+def output_dir_for(session, host, *, playbook: str | None = None, job: str | None = None) -> tuple[str, int | None]:
+    """The output directory of the job ``jobs.ref_for`` names (else the playbook's output_dir when the
+    host has no such job) and the number of samples the job expects."""
+    from remote_ops.extract import jobs
+
+    try:
+        st = jobs.resolve_job(session, jobs.ref_for(host, playbook=playbook, job=job))
+        output_dir, default = st.get("output_dir"), (st.get("samples") or {}).get("expected")
+    except RefusedError:
+        _, spec = jobs.load_for_host(host, playbook)
+        output_dir, default = spec.output_dir, spec.expected_samples
+    if not output_dir:
+        raise UsageError("no output directory known", "pass --output-dir or set extract.output_dir")
+    return output_dir, default
+
+
 def verify(session, host, *, output_dir: str | None = None, expected: int | None = None, all: bool = False,
            sample: int = 32, playbook: str | None = None, job: str | None = None,
            on_progress: Callable[[int, int], None] | None = None) -> VerifyResult:
     """The verify operation on one host: the outputs of ``output_dir``, else of the job ``jobs.ref_for``
     names (else the playbook's output_dir when the host has no such job); ``on_progress(done, of)``
     while the host loads files."""
-    from remote_ops.extract import jobs
-
     check_sample(sample)
     default = None       # the job's count when none is given (the job's data_config.json overrides it)
     if not output_dir:
-        try:
-            st = jobs.resolve_job(session, jobs.ref_for(host, playbook=playbook, job=job))
-            output_dir = st.get("output_dir")
-            default = (st.get("samples") or {}).get("expected")
-        except RefusedError:
-            _, spec = jobs.load_for_host(host, playbook)
-            output_dir, default = spec.output_dir, spec.expected_samples
-    if not output_dir:
-        raise UsageError("no output directory known", "pass --output-dir or set extract.output_dir")
+        output_dir, default = output_dir_for(session, host, playbook=playbook, job=job)
     res = None
     for msg in session.stream(*rq.verify_verify(output_dir=output_dir, expected=expected, expected_default=default,
                                                   all=all, sample=sample),
