@@ -34,26 +34,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
 import shutil
-import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
-GEN_MODULE = "speculators/data_generation/vllm_hidden_states_generator.py"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_common import (HOST_ENV, PLAYBOOK, Run, drift_line as _drift_line, gpu_names, last_json,  # noqa: E402
+                        remote_ops, sh, unpack_bundle, versions_of, write_interpreter)
 
-# Environment every host operation gets (GPU-NOTES.md: offline, NVLink multicast off).
-HOST_ENV = {
-    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_HOST_IP": "127.0.0.1",
-    "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
-    "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-}
+GEN_MODULE = "speculators/data_generation/vllm_hidden_states_generator.py"
 
 MODEL_BUILDER = r'''
 import json, sys, torch
@@ -143,92 +134,6 @@ res["ok"] = bool(res["samples"]) and not res["shape_mismatches_count"] and not r
 print(json.dumps(res))
 '''
 
-VERSIONS = r'''
-import json, importlib.metadata as md
-out = {}
-for n in ("vllm", "speculators", "torch", "transformers", "tokenizers", "pydantic", "triton"):
-    try:
-        out[n] = md.version(n)
-    except md.PackageNotFoundError:
-        out[n] = None
-print(json.dumps(out))
-'''
-
-
-def _drift_line(d: dict) -> str:
-    b, i = d.get("baseline") or {}, d.get("installed") or {}
-    change = f"{b.get('value')} -> {i.get('value')}" if d.get("kind") == "default-changed" else \
-        f"{b.get('annotation') or b.get('where')} -> {i.get('annotation') or i.get('where')}"
-    return (f"{d.get('kind')} {d.get('symbol')} {d.get('name')}: {change} (line {d.get('line')})"
-            + (f" [accepted: {d['accepted']}]" if d.get("accepted") else ""))
-
-
-class Run:
-    """The result document, written after every step so a timeout still leaves what was done."""
-
-    def __init__(self, out: Path, tp: int, code_rev: str | None, append: bool):
-        self.out = out
-        self.t0 = time.monotonic()
-        if append and out.exists():
-            self.doc = json.loads(out.read_text())
-            self.prior_elapsed = float(self.doc.get("elapsed_s") or 0)
-            self.doc.setdefault("runs", []).append({"code_rev": code_rev, "started_at": time.strftime(
-                "%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-            return
-        self.prior_elapsed = 0.0
-        self.doc: dict = {"code_rev": code_rev, "check": "gpu_extract_check", "tensor_parallel_size": tp,
-                          "connection": "local (no sshd on the GPU machine; same agent and requests as "
-                                        "over SSH)",
-                          "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                          "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-                          "steps": {}, "verdict": {}}
-
-    def step(self, name: str, **data) -> dict:
-        self.doc["steps"][name] = data
-        self.save()
-        return data
-
-    def save(self) -> None:
-        self.doc["elapsed_s"] = round(self.prior_elapsed + time.monotonic() - self.t0, 1)
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.doc, indent=2, default=str))
-        os.replace(tmp, self.out)
-
-
-def sh(cmd: list[str], *, timeout: float, env: dict | None = None, log: Path | None = None) -> dict:
-    started = time.monotonic()
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                           env={**os.environ, **(env or {})}, start_new_session=True)
-        rc, out, err = p.returncode, p.stdout, p.stderr
-    except FileNotFoundError as exc:
-        rc, out, err = 127, "", str(exc)
-    except subprocess.TimeoutExpired as exc:
-        rc, out, err = 124, (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) \
-            else (exc.stdout or ""), f"timed out after {timeout}s"
-    if log is not None:
-        with open(log, "a") as fh:
-            fh.write(f"$ {' '.join(cmd)}\n[rc={rc}]\n{out}\n{err}\n")
-    return {"rc": rc, "stdout": out, "stderr": err, "seconds": round(time.monotonic() - started, 2)}
-
-
-def last_json(text: str):
-    """The JSON document in a command's stdout (the whole output, or its last line)."""
-    text = text.strip()
-    if not text:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        for line in reversed(text.splitlines()):
-            try:
-                return json.loads(line)
-            except ValueError:
-                continue
-    return None
-
-
 class Harness:
     def __init__(self, args):
         self.args = args
@@ -242,24 +147,13 @@ class Harness:
     def setup(self) -> None:
         w = self.work
         w.mkdir(parents=True, exist_ok=True)
-        stamp = w / ".unpacked"
         t = time.monotonic()
-        if not stamp.exists():
-            with tarfile.open(self.args.bundle, "r:*") as tf:
-                tf.extractall(w, filter="data") if sys.version_info >= (3, 12) else tf.extractall(w)
-            stamp.write_text("ok")
-        (w / "bin").mkdir(exist_ok=True)
-        for name, path in (("python", f"{w}/tf:{w}/site"), ("python-notf", f"{w}/site")):
-            f = w / "bin" / name
-            f.write_text(f"#!/bin/sh\nPYTHONPATH={path} exec {self.base_python} \"$@\"\n")
-            f.chmod(0o755)
-        versions = last_json(sh([str(w / "bin" / "python"), "-c", VERSIONS], timeout=60)["stdout"])
-        versions_notf = last_json(sh([str(w / "bin" / "python-notf"), "-c", VERSIONS], timeout=60)["stdout"])
-        smi = sh(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                 timeout=30)
-        self.run.doc["versions"] = versions
-        self.run.doc["versions_python_notf"] = versions_notf
-        self.run.doc["gpus"] = [l.strip() for l in smi["stdout"].splitlines() if l.strip()]
+        unpack_bundle(w, self.args.bundle)
+        python = write_interpreter(w, "python", self.base_python, [f"{w}/tf", f"{w}/site"])
+        python_notf = write_interpreter(w, "python-notf", self.base_python, [f"{w}/site"])
+        self.run.doc["versions"] = versions_of(python)
+        self.run.doc["versions_python_notf"] = versions_of(python_notf)
+        self.run.doc["gpus"] = gpu_names()
         self.run.step("setup", seconds=round(time.monotonic() - t, 1), base_python=self.base_python)
 
     def build_model_and_data(self) -> None:
@@ -320,17 +214,8 @@ class Harness:
 
     def ro(self, *args: str, timeout: float = 300) -> dict:
         """remote-ops itself: this checkout's CLI in a fresh process."""
-        cmd = [self.controller_python, "-c",
-               "import sys; sys.path.insert(0, sys.argv.pop(1)); from remote_ops.cli import main; "
-               "sys.exit(main(sys.argv[1:]))", str(REPO), "-i", str(self.inv), *args]
-        # the controller needs libcst (carried in site/); it never imports vllm/speculators/torch
-        env = {"PYTHONPATH": str(self.work / "site"), "COLUMNS": "200"}
-        if self.args.controller_cache:   # the controller's wheel cache: drift's baseline sources
-            env["REMOTE_OPS_CACHE"] = self.args.controller_cache
-        r = sh(cmd, timeout=timeout, env=env, log=self.log)
-        r["argv"] = ["remote-ops", *args]
-        r["json"] = last_json(r["stdout"]) if "--json" in args else None
-        return r
+        return remote_ops(self.controller_python, self.inv, args, work=self.work, timeout=timeout, log=self.log,
+                          controller_cache=self.args.controller_cache)
 
     # ------------------------------------------------------------------ steps
     def step_a(self) -> None:
