@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from remote_ops.connect import agent_requests as rq
-from remote_ops.errors import AgentError, RefusedError, UsageError
+from remote_ops.errors import AgentError, RefusedError, RemoteOpsError, UsageError
 from remote_ops.records import Record
 
 
@@ -39,19 +39,28 @@ def verify(session, host, *, output_dir: str | None = None, expected: int | None
     from remote_ops.extract import jobs
 
     check_sample(sample)
+    layout = None
     if not output_dir:
         try:
             st = jobs.resolve_job(session, jobs.ref_for(host, playbook=playbook, job=job))
             output_dir = st.get("output_dir")
             expected = expected or (st.get("samples") or {}).get("expected")
+            layout = st.get("layout")
         except RefusedError:
             _, spec = jobs.load_for_host(host, playbook)
             output_dir, expected = spec.output_dir, expected or spec.expected_samples
+            layout = spec.layout
+    elif playbook or host.playbook:
+        try:
+            layout = jobs.load_for_host(host, playbook)[1].layout   # the playbook says which files to expect
+        except RemoteOpsError:
+            layout = None
     if not output_dir:
         raise UsageError("no output directory known", "pass --output-dir or set extract.output_dir")
     res = None
-    for msg in session.stream(*rq.verify_verify(output_dir=output_dir, expected=expected, all=all, sample=sample),
-                              timeout=600):
+    layout_arg = {"layout": layout} if layout else {}
+    for msg in session.stream(*rq.verify_verify(output_dir=output_dir, expected=expected, all=all, sample=sample,
+                                                **layout_arg), timeout=600):
         if "event" in msg and on_progress is not None:
             on_progress(msg["event"].get("checked"), msg["event"].get("of"))
         elif "result" in msg:
