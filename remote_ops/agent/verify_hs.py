@@ -123,7 +123,7 @@ def check_sample(torch, header, tensors, check_finite):
     return problems, layout
 
 
-def op_verify(args):
+def verify(args):
     """The ``hs_safetensors`` layout of ``verify.verify`` (same arguments and result keys)."""
     out_dir = os.path.expanduser(args.get("output_dir") or "")
     expected = args.get("expected")

@@ -148,11 +148,20 @@ class ExtractSpec:
 
 
 # ------------------------------------------------------------------ schema
+_BUILTINS = ("python", "host", "workdir", "output_dir", "port")
+
+
 def _fill(value: str, ctx: dict, err) -> str:
     def sub(m):
         name = m.group(1)
         if name in ctx:
-            return str(ctx[name])
+            found = str(ctx[name])
+            if name.startswith("vars.") and "{" in found:
+                # a var's value may use the built-in templates ({python}: a server's interpreter that
+                # defaults to the host's), once; vars inside vars are not expanded
+                found = _TEMPLATE.sub(lambda v: str(ctx[v.group(1)]) if v.group(1) in _BUILTINS
+                                      and v.group(1) in ctx else v.group(0), found)
+            return found
         if name.startswith("vars."):
             known = sorted(k[5:] for k in ctx if k.startswith("vars."))
             raise err(f"{{{name}}} is not a var of this host or playbook",

@@ -383,7 +383,31 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
                 pf.problems.append(err.get("message") or "import check failed")
             pf.hint = err.get("hint")
             pf.exit_status = int(exit_for_kind(err.get("kind")))
+    if server is not None and playbook.requires:
+        _requires_preflight(pf, playbook, raw, (("server_imports", server.import_check), ("imports", spec.import_check)))
     return pf
+
+
+def _requires_preflight(pf: Preflight, playbook, raw: dict, probes) -> None:
+    """A two-process job is not patched first, so nothing else checks the playbook's ``requires``: each
+    package is checked against the version the interpreter that imports it reported (the server's
+    for the server's modules, the client's for the client's)."""
+    seen: dict[str, str] = {}
+    for key, modules in probes:
+        res = raw.get(key) or {}
+        versions = (res.get("result") or {}).get("versions") or {} if res.get("ok") else {}
+        for m in modules:
+            top = m.split(".")[0]
+            if top in playbook.requires and versions.get(top) and top not in seen:
+                seen[top] = versions[top]
+    for problem in playbook.check_requires(seen):
+        if problem.split(" ")[0] in seen:
+            pf.problems.append(f"requires: {problem} (the playbook's requires, "
+                               f"{playbook.path}:{playbook.line('requires')})")
+    if seen:
+        pf.notes.append("requires: " + ", ".join(f"{n} {v}" for n, v in sorted(seen.items())) + " (import probes)")
+    for name in sorted(set(playbook.requires) - set(seen)):
+        pf.notes.append(f"requires: {name} not checked (no import probe imports it)")
 
 
 def refusal(spec: ExtractSpec, pf: Preflight, host: str) -> RefusedError:
