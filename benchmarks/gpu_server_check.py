@@ -200,7 +200,8 @@ class Harness:
                     "env": {**base.HOST_ENV, "REMOTE_OPS_STATE_DIR": str(w / state)},
                     "vars": {"target_model": str(w / "model"), "preprocessed_data": str(w / data),
                              "max_samples": max_samples, "concurrency": 16, "layer_ids": LAYER_IDS,
-                             "port": port, "tensor_parallel_size": tp, "gpus": tp, "max_model_len": MAX_MODEL_LEN,
+                             "port": port, "tensor_parallel_size": tp, "gpus": 0 if self.args.no_gpu else tp,
+                             "max_model_len": MAX_MODEL_LEN,
                              "gpu_memory_utilization": 0.3, "server_python": str(self.python("server")),
                              "server_ready_seconds": 420}}
         p = self.args.port
@@ -280,7 +281,7 @@ class Harness:
             seen_gpu = self.gpu_apps()
             st = self.ro("status", "gpu-sf-stop", "--json", timeout=60)
             status_json = (st["json"] or {}).get("job") or {}
-            if seen_gpu and self.hs_files("sf_data_stop") >= 32:
+            if (seen_gpu or self.args.no_gpu) and self.hs_files("sf_data_stop") >= 32:
                 break
             if status_json.get("state") not in ("running", "starting", None):
                 break
@@ -297,6 +298,7 @@ class Harness:
         self.run.step("f_stop_leaves_no_gpu_process",
                       ok=launch["rc"] == 0 and bool(seen_gpu) and stop["rc"] == 0 and not after and not marker_left
                       and port_free(self.args.port + 1) and job.get("state") == "stopped"
+                      and (server_at_stop or {}).get("state") == "healthy"
                       and 0 < files_at_stop < self.stop_samples,
                       launch_rc=launch["rc"], gpu_processes_while_running=seen_gpu, files_at_stop=files_at_stop,
                       server_at_stop=server_at_stop,
@@ -359,6 +361,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fresh", action="store_true", help="remove outputs and host state of an earlier run")
     ap.add_argument("--dry", action="store_true", help="no GPU: write the interpreters, data and inventory, "
                                                        "print the plan")
+    ap.add_argument("--no-gpu", action="store_true", help="CPU rehearsal of the flow (the GPU steps' checks fail): "
+                                                          "preflight asks for no GPU")
     args = ap.parse_args(argv)
     steps = [s.strip() for s in args.steps.split(",") if s.strip()]
     h = Harness(args)

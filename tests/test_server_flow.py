@@ -57,7 +57,8 @@ def rows(n: int = 12) -> list[list[int]]:
 
 
 class Env:
-    def __init__(self, tmp_path, sshd, *, server_args=(), client_args=(), samples=12, extract=None, server=None):
+    def __init__(self, tmp_path, sshd, *, server_args=(), client_args=(), samples=12, extract=None, server=None,
+                 top=None):
         self.tmp = tmp_path
         self.state = tmp_path / "state"
         self.state.mkdir()
@@ -81,7 +82,7 @@ class Env:
               "output_layout": "hs_safetensors", "stop_grace_seconds": 2}
         ex.update(extract or {})
         self.playbook = tmp_path / "pb.yaml"
-        self.playbook.write_text(yaml.safe_dump({"name": "serverflow", "extract": ex}, sort_keys=False))
+        self.playbook.write_text(yaml.safe_dump({"name": "serverflow", **(top or {}), "extract": ex}, sort_keys=False))
         self.out = tmp_path / "out"
 
     def argv(self, *args):
@@ -315,3 +316,20 @@ def test_preflight_refuses_a_busy_port_and_a_server_that_cannot_import(tmp_path,
     assert status == 9
     assert "server: import no_such_server_module_xyz failed" in rec["message"]
     assert not env2.jobdirs()
+
+
+def test_requires_is_checked_against_the_interpreter_that_imports_each_package(tmp_path, sshd, cli):
+    """A two-process job is not patched first: its playbook's requires is checked by the preflight, each
+    package against the version the import probe of the interpreter that imports it reported."""
+    import tqdm
+    env = Env(tmp_path, sshd, top={"requires": {"tqdm": ">=999", "nosuchpkg": "==1.0"}},
+              extract={"import_check": ["tqdm"]}, server={"import_check": ["json"]})
+    status, rec, err = cli_json(cli, env, "extract", "testhost", "--dry-run")
+    assert status == 8, err
+    assert f"requires: tqdm {tqdm.__version__} does not satisfy tqdm>=999" in rec["message"]
+    notes = rec["preflight"]["notes"]
+    assert "requires: nosuchpkg not checked (no import probe imports it)" in notes
+    env.playbook.write_text(env.playbook.read_text().replace(">=999", f"=={tqdm.__version__}"))
+    status, rec, err = cli_json(cli, env, "extract", "testhost", "--dry-run")
+    assert status == 0, err
+    assert f"requires: tqdm {tqdm.__version__} (import probes)" in rec["preflight"]["notes"]
