@@ -319,12 +319,14 @@ class Supervisor:
                     "ended_at": now(), "cleanup": None}
         if self.server_failure:
             exit_rec["server_failure"] = self.server_failure
+        if self.server:
+            # the job has ended when its server has: stopped before the exit is recorded, so a follower that
+            # returns on the recorded exit finds the server's GPU memory released
+            log_line(log_fd, "client %s" % describe_rc(rc))
+            exit_rec["server"] = self.server.stop()
         write_json(self.path("exit.json"), exit_rec)
         log_line(log_fd, "job %s ended: %s" % (
             self.job_id, "exit code %d" % rc if rc >= 0 else "killed by %s" % exit_rec["signal_name"]))
-        if self.server:
-            exit_rec["server"] = self.server.stop()
-            write_json(self.path("exit.json"), exit_rec)
         exit_rec["cleanup"] = self._cleanup(log_fd)
         write_json(self.path("exit.json"), exit_rec)
         os.close(log_fd)
