@@ -103,12 +103,14 @@ def port_free(port: int) -> bool:
         s.close()
 
 
-def marker_pids() -> list[int]:
+def marker_pids(job_id: str | None = None) -> list[int]:
+    """Processes whose environment carries the job's marker (any job's without ``job_id``)."""
+    needle = f"REMOTE_OPS_JOB_ID={job_id}\0".encode() if job_id else b"REMOTE_OPS_JOB_ID="
     found = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                if b"REMOTE_OPS_JOB_ID=" in (d / "environ").read_bytes():
+                if needle in (d / "environ").read_bytes() + b"\0":
                     found.append(int(d.name))
             except OSError:
                 pass
@@ -297,7 +299,8 @@ class Harness:
         while after and time.monotonic() - t_gpu < 15:
             time.sleep(1)
             after = self.gpu_apps()
-        marker_left = marker_pids()
+        job_id = ((launch["json"] or {}).get("job") or {}).get("job_id")
+        marker_left = marker_pids(job_id)
         st = self.ro("status", "gpu-sf-stop", "--json", timeout=60)
         job = (st["json"] or {}).get("job") or {}
         self.files_after_stop = self.hs_files("sf_data_stop")
@@ -311,7 +314,7 @@ class Harness:
                       stop={"rc": stop["rc"], "clean": (stop["json"] or {}).get("clean"),
                             "terminated": (stop["json"] or {}).get("terminated"),
                             "killed": (stop["json"] or {}).get("killed"), "seconds": stop["seconds"]},
-                      gpu_processes_after=after, marker_processes_after=marker_left,
+                      gpu_processes_after=after, marker_processes_after=marker_left, job_id=job_id,
                       port_free_after=port_free(self.args.port + 1),
                       status_after={k: job.get(k) for k in ("state", "reason", "server")})
 
