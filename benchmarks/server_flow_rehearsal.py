@@ -16,7 +16,10 @@ It answers, before any GPU time is spent: do the carried wheels import and run s
 under transformers 5.17, does the stand-in server speak what that client checks (``prompt_token_ids``,
 ``kv_transfer_params.hidden_states_path``, the safetensors it loads with --validate-outputs), and do the
 harness's steps (c) (d) (f) (g) work. Writes benchmarks/results/server_flow_rehearsal.json (the harness's
-own result document, marked ``rehearsal``).
+own result document, marked ``rehearsal``). Then, with the REAL vLLM 0.20.0 package on the path (CPU
+platform forced, nothing run): vLLM's own ``serve`` parser takes the playbook's server arguments and its
+FastAPI app, built with the carried server/ wheels, has /health, /v1/models and /v1/completions
+(benchmarks/results/server_flow_rehearsal_app.json).
 
     python benchmarks/server_flow_rehearsal.py          # downloads ~100 MB of wheels once (cached)
 """
@@ -91,6 +94,70 @@ def standin_vllm(site: Path) -> None:
     shutil.copytree(src, site / src.name)
 
 
+# vLLM 0.20.0 itself (the real package, CPU platform forced: nothing is run): its own parser takes the
+# playbook's server argv, and its FastAPI app, built with the carried server/ wheels, serves the routes the
+# client uses
+APP_PROBE = r'''
+import json, sys
+import vllm.platforms as P
+from vllm.platforms.cpu import CpuPlatform
+P._current_platform = CpuPlatform()
+from vllm.entrypoints.openai.cli_args import validate_parsed_serve_args
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+import vllm.entrypoints.cli.serve as serve_mod
+parser = FlexibleArgumentParser()
+serve_mod.ServeSubcommand().subparser_init(parser.add_subparsers())
+args = parser.parse_args(json.loads(sys.argv[1]))
+validate_parsed_serve_args(args)
+from vllm.entrypoints.openai.api_server import build_app
+app = build_app(args, ("generate",))
+paths = sorted({getattr(r, "path", type(r).__name__) for r in app.routes})
+kv = args.kv_transfer_config
+print(json.dumps({"speculative_config": args.speculative_config,
+                  "kv_transfer_config": {"kv_connector": kv.kv_connector, "kv_role": kv.kv_role,
+                                         "kv_connector_extra_config": kv.kv_connector_extra_config},
+                  "host": args.host, "port": args.port, "tensor_parallel_size": args.tensor_parallel_size,
+                  "disable_uvicorn_access_log": args.disable_uvicorn_access_log, "routes": len(paths),
+                  "client_routes": [p for p in ("/health", "/v1/models", "/v1/completions") if p in paths]}))
+'''
+
+
+def app_probe(work: Path, out: Path) -> dict:
+    """vLLM 0.20.0's parser and app over the carried wheels (the real vllm package: site-real/)."""
+    import json
+    import zipfile
+
+    from remote_ops import pkgsource
+    from remote_ops.connect.inventory import Host
+    from remote_ops.extract import jobs
+    from remote_ops.patch import playbook
+    real = work / "site-real"
+    if not (real / "vllm" / "__init__.py").exists():
+        for e in (work / "site").iterdir():
+            if e.name != "vllm" and not e.name.startswith("vllm-"):
+                (real / e.name).parent.mkdir(parents=True, exist_ok=True)
+                if not (real / e.name).exists():
+                    (real / e.name).symlink_to(e)
+        with zipfile.ZipFile(pkgsource.fetch_wheel("vllm", "0.20.0")) as zf:
+            zf.extractall(real)
+    spec = jobs.parse_spec(playbook.load(str(REPO / "playbooks" / "eagle3-speculators-0.9.0.yaml")),
+                           Host(name="rehearsal", hostname="localhost", python=sys.executable,
+                                vars={"layer_ids": [2, 4, 5, 8], "target_model": str(work / "model")}))
+    env = {**os.environ, "PYTHONPATH": f"{work / 'server'}:{real}:{work / 'machine'}"}
+    p = subprocess.run([sys.executable, "-c", APP_PROBE, __import__("json").dumps(spec.server.command[3:])],
+                       capture_output=True, text=True, env=env, timeout=900)
+    res = {"what": "vLLM 0.20.0's own serve parser and build_app over benchmarks/gpu_wheels/server.txt "
+                   "(CPU platform forced, nothing run)", "rc": p.returncode}
+    try:
+        res.update(json.loads(p.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError):
+        res["stderr"] = p.stderr[-3000:]
+    res["ok"] = p.returncode == 0 and res.get("client_routes") == ["/health", "/v1/models", "/v1/completions"]
+    out.write_text(json.dumps(res, indent=1) + "\n")
+    print(json.dumps(res))
+    return res
+
+
 def lines(path: Path) -> list[str]:
     return [l.strip() for l in path.read_text().splitlines() if l.strip() and not l.startswith("#")]
 
@@ -127,7 +194,9 @@ def main(argv=None) -> int:
         cmd += ["--code-rev", rev]
     env = {**os.environ, "REMOTE_OPS_REHEARSAL": "CPU; vLLM replaced by the STAND-IN server "
                                                  "(benchmarks/server_flow_rehearsal.py)"}
-    return subprocess.run(cmd, env=env).returncode
+    rc = subprocess.run(cmd, env=env).returncode
+    probe = app_probe(work, Path(args.out).with_name("server_flow_rehearsal_app.json"))   # after: the model exists
+    return rc or (0 if probe["ok"] else 1)
 
 
 if __name__ == "__main__":
