@@ -198,12 +198,12 @@ class Harness:
     def inventory(self) -> Path:
         w, tp = self.work, self.args.tp
 
-        def host(data: str, max_samples: int, port: int, state: str) -> dict:
+        def host(data: str, max_samples: int, port: int, state: str, concurrency: int = 16) -> dict:
             return {"connection": "local", "python": str(self.python("client")), "workdir": str(w / "wd"),
                     "playbook": str(PLAYBOOK),
                     "env": {**base.HOST_ENV, "REMOTE_OPS_STATE_DIR": str(w / state)},
                     "vars": {"target_model": str(w / "model"), "preprocessed_data": str(w / data),
-                             "max_samples": max_samples, "concurrency": 16, "layer_ids": LAYER_IDS,
+                             "max_samples": max_samples, "concurrency": concurrency, "layer_ids": LAYER_IDS,
                              "port": port, "tensor_parallel_size": tp, "gpus": 0 if self.args.no_gpu else tp,
                              "max_model_len": MAX_MODEL_LEN,
                              "gpu_memory_utilization": 0.3, "server_python": str(self.python("server")),
@@ -211,7 +211,8 @@ class Harness:
         p = self.args.port
         self.stop_samples = self.args.stop_rows
         inv = {"hosts": {"gpu-sf": host("sf_data", self.samples, p, "state-sf"),
-                         "gpu-sf-stop": host("sf_data_stop", self.stop_samples, p + 1, "state-sf-stop")},
+                         # 2 requests in flight: the stop must land while the client still runs
+                         "gpu-sf-stop": host("sf_data_stop", self.stop_samples, p + 1, "state-sf-stop", 2)},
                "default": "gpu-sf"}
         (w / "wd").mkdir(parents=True, exist_ok=True)
         self.inv = w / "inventory-server.yaml"
@@ -291,7 +292,7 @@ class Harness:
                 break
             if status_json.get("state") not in ("running", "starting", None):
                 break
-            time.sleep(2)
+            time.sleep(0.5)
         files_at_stop = self.hs_files("sf_data_stop")
         server_at_stop = status_json.get("server") if status_json else None
         stop = self.ro("stop", "gpu-sf-stop", "--json", timeout=240)
