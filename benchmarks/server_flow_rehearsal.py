@@ -41,7 +41,9 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 # it needs); torch and numpy come from this interpreter.
 MACHINE = ["transformers==5.17.0", "tokenizers==0.23.1", "safetensors==0.8.0", "huggingface_hub==1.33.0",
            "hf_xet==1.8.0", "regex==2026.11.19", "pyyaml==6.0.4", "filelock==4.3.1", "packaging==26.4",
-           "psutil==7.2.2", "tqdm==4.70.1", "typer_slim==0.24.0", "shellingham==1.5.4"]
+           "psutil==7.2.2", "tqdm==4.70.1", "typer_slim==0.24.0", "shellingham==1.5.4", "fsspec==2026.2.0",
+           "httpx==0.28.1", "httpcore==1.0.9", "h11==0.16.0", "anyio==4.16.0", "certifi==2026.10.19.post1",
+           "idna==3.20", "click==8.5.1"]
 STANDIN_MAIN = '''# remote-ops: STAND-IN for `vllm serve` (benchmarks/server_flow_rehearsal.py): NOT vLLM
 import json, sys
 sys.path.insert(0, {repo!r})
