@@ -178,6 +178,8 @@ def job_status(job_id):
                    signal_name=ext.get("signal_name"), cleanup=ext.get("cleanup"))
         if ext.get("start_error"):
             state, reason = "failed", ext["start_error"]
+        elif stop and ext.get("before_client"):
+            state, reason = "stopped", "stopped by remote-ops stop while the server was starting"
         elif stop:
             state = "stopped"
             reason = "stopped by remote-ops stop; " + (
@@ -191,8 +193,13 @@ def job_status(job_id):
                       else "killed by %s" % ext.get("signal_name"))
             if ext.get("signal_name") == "SIGKILL":
                 reason += " (out of memory? check dmesg)"
+        if ext.get("server_failure") and state != "stopped":
+            state, reason = "failed", ext["server_failure"]
         if state in ("failed", "stopped"):
-            out["error_lines"] = error_lines(job.get("log"))
+            server_failed = ext.get("failed_by") == "server" or bool(ext.get("server_failure"))
+            # a server that ended the job: the lines that say why are in its own log
+            out["error_lines"] = error_lines(os.path.join(jobdir, "server.log") if server_failed
+                                             else job.get("log"))
             if out["error_lines"] and state == "failed":
                 reason += ": " + out["error_lines"][-1].strip()
     elif held:
@@ -217,8 +224,12 @@ def job_status(job_id):
                            "limit_s": wd.get("limit_s")}
         out["warnings"].append("no progress in log or output for %ds (hung NCCL start?)"
                                % (t - wd.get("since", t)))
+    if job.get("layout"):
+        out["layout"] = job["layout"]
+    if job.get("server"):
+        out["server"] = server_status(jobdir, state)
     # progress
-    done, top = sup.count_samples(job.get("output_dir")) if job.get("output_dir") else (0, -1)
+    done, top = sup.count_samples(job.get("output_dir"), job.get("layout")) if job.get("output_dir") else (0, -1)
     start = run.get("started_at")
     end = out["ended_at"] or (t if state in ("running", "starting") else None) or start
     elapsed = (end - start) if start and end else None
@@ -241,6 +252,20 @@ def job_status(job_id):
         out["log_size"] = os.path.getsize(job.get("log") or "")
     except OSError:
         out["log_size"] = 0
+    return out
+
+
+def server_status(jobdir, state):
+    """The server of a two-process job: its state (starting, healthy, exited, failed, stopped), port,
+    health URL, pid, log and how long it took to answer its health check."""
+    rec = sup.read_json(os.path.join(jobdir, "server.json"))
+    if rec is None:
+        return {"state": "not started" if state in TERMINAL else "starting", "log": os.path.join(jobdir, "server.log")}
+    out = {k: rec.get(k) for k in ("state", "port", "health", "pid", "log", "exit")}
+    if rec.get("state") == "healthy" and state in TERMINAL:
+        out["state"] = "stopped"   # the supervisor ended (SIGKILL, reboot) before it recorded the stop
+    if rec.get("healthy_at") and rec.get("started_at"):
+        out["ready_after_s"] = round(rec["healthy_at"] - rec["started_at"], 1)
     return out
 
 

@@ -163,6 +163,9 @@ def op_verify(args):
         raise AgentFailure("bad-args", "output_dir is required")
     if not os.path.isdir(out_dir):
         raise AgentFailure("no-output", "output directory %s does not exist on the host" % out_dir)
+    if args.get("layout") == "hs_safetensors":   # speculators >= 0.5's server flow (verify_hs.py)
+        from . import verify_hs
+        return (yield from verify_hs.verify(args))
     expected = args.get("expected")
     check_all = bool(args.get("all"))
     sample_n = int(args.get("sample", 32))

@@ -48,6 +48,8 @@ def render(c, host, st) -> None:
     if st.get("pid"):
         c.print(f"  pid {st['pid']} (process group {st.get('pgid')}), supervisor "
                 f"{'alive' if st.get('supervisor_alive') else 'gone'}", markup=False)
+    if jobs.server_line(st):
+        c.print(f"  {jobs.server_line(st)}", markup=False, highlight=False)
     if st.get("exit_code") is not None or st.get("signal_name"):
         c.print(f"  exit: {st.get('exit_code') if st.get('exit_code') is not None else st.get('signal_name')}",
                 markup=False)

@@ -80,18 +80,19 @@ def imports_probe(*, python: str, modules: list[str], env: dict = _UNSET, workdi
 
 
 # jobs.py
-def jobs_probe(*, key: str, output_dir: str | None, need: dict | None = None) -> Request:
-    return _req("jobs.probe", key=key, output_dir=output_dir, need=need if need else _UNSET)
+def jobs_probe(*, key: str, output_dir: str | None, need: dict | None = None, port: int | None = _UNSET,
+               layout: str | None = _UNSET) -> Request:
+    return _req("jobs.probe", key=key, output_dir=output_dir, need=need if need else _UNSET, port=port, layout=layout)
 
 
 def jobs_launch(*, key: str, command: list[str], workdir: str | None, env: dict, secrets: dict,
                 output_dir: str | None, expected_samples: int | None, watchdog_seconds: float | None,
                 cleanup_grace: float, playbook: str | None, lock_timeout: float = _UNSET,
-                start_timeout: float = _UNSET) -> Request:
+                start_timeout: float = _UNSET, server: dict | None = _UNSET, layout: str | None = _UNSET) -> Request:
     return _req("jobs.launch", key=key, command=command, workdir=workdir, env=env, secrets=secrets,
                 output_dir=output_dir, expected_samples=expected_samples, watchdog_seconds=watchdog_seconds,
                 cleanup_grace=cleanup_grace, playbook=playbook, lock_timeout=lock_timeout,
-                start_timeout=start_timeout)
+                start_timeout=start_timeout, server=server, layout=layout)
 
 
 def jobs_status(*, key: str = _UNSET, job_id: str = _UNSET) -> Request:
@@ -148,9 +149,10 @@ def patching_history(*, limit: int | None) -> Request:
 
 # verify.py
 def verify_verify(*, output_dir: str, expected: int | None = _UNSET, expected_default: int | None = _UNSET,
-                  all: bool = _UNSET, sample: int = _UNSET, seed: int = _UNSET, finite: bool = _UNSET) -> Request:
+                  all: bool = _UNSET, sample: int = _UNSET, seed: int = _UNSET, finite: bool = _UNSET,
+                  layout: str | None = _UNSET) -> Request:
     return _req("verify.verify", output_dir=output_dir, expected=expected, expected_default=expected_default,
-                all=all, sample=sample, seed=seed, finite=finite)
+                all=all, sample=sample, seed=seed, finite=finite, layout=layout)
 
 
 # shards.py

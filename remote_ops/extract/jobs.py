@@ -222,9 +222,11 @@ class Preflight:
     imports: dict | None = None            # the import probe's result or failure
     exit_status: int | None = None         # a refusal's exit status when a problem has its own
     hint: str | None = None                # what to do about the deciding problem
+    server: dict | None = None             # a two-process job's server: its port, its import probe
 
     def to_json(self) -> dict:
-        return {"running": self.running, "problems": self.problems, "notes": self.notes,
+        extra = {} if self.server is None else {"server": self.server}
+        return {**extra, "running": self.running, "problems": self.problems, "notes": self.notes,
                 "gpu": self.gpu, "disk": self.disk, "files": self.files, "imports": self.imports,
                 "model": self.model,
                 "check": None if self.check is None else {
@@ -283,7 +285,12 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
     from remote_ops.connect.transport import unwrap
 
     need = dict(spec.disk, max_samples=spec.expected_samples, workdir=spec.workdir) if spec.disk else None
-    ops: dict[str, rq.Request] = {"probe": rq.jobs_probe(key=spec.key, output_dir=spec.output_dir, need=need),
+    server = spec.server
+    probe_args = {} if server is None else {"port": server.port}
+    if spec.layout:
+        probe_args["layout"] = spec.layout
+    ops: dict[str, rq.Request] = {"probe": rq.jobs_probe(key=spec.key, output_dir=spec.output_dir, need=need,
+                                                         **probe_args),
                                   "gpu": rq.gpu_query(driver=False)}
     if spec.files:
         ops["files"] = (rq.files_put(workdir=spec.workdir, files=[f.to_wire() for f in spec.files],
@@ -302,7 +309,12 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
         ops["imports"] = (rq.imports_probe(python=spec.job_python, modules=spec.import_check, env=spec.env,
                                     workdir=spec.workdir, timeout=spec.import_timeout, packages=spec.requires,
                                     unless_running=spec.key))
-    raw = dict(zip(ops, session.call_many(list(ops.values()), timeout=spec.import_timeout + 300)))
+    if server is not None and server.import_check:
+        # the server's modules, by the server's interpreter with its environment (a second probe)
+        ops["server_imports"] = (rq.imports_probe(
+            python=server.python, modules=server.import_check, env={**spec.env, **server.env},
+            workdir=spec.workdir, timeout=spec.import_timeout, packages=spec.requires, unless_running=spec.key))
+    raw = dict(zip(ops, session.call_many(list(ops.values()), timeout=2 * spec.import_timeout + 300)))
     pf = Preflight()
     probe = unwrap(raw["probe"], session.label)
     job = probe.get("job")
@@ -383,22 +395,67 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
     if d.get("shard") and list(d["shard"]) != list(spec.shard or ()):   # extract/shard.py
         from remote_ops.extract.shard import assignment_changed
         pf.problems.append(assignment_changed(spec, d["shard"]))
+    # the server's port: free on the host (a server left from an earlier run holds it)
+    port = probe.get("port")
+    if server is not None and port is not None:
+        pf.server = {"port": port}
+        if not port.get("free"):
+            pf.problems.append(f"port {server.port} is not free on the host ({port.get('error')}): another "
+                               "server holds it (a job left running? remote-ops status --all) or set extract.server.port")
     # imports last: when the environment cannot import the job's modules, that is the deciding problem
-    if spec.import_check:
-        res = raw["imports"]
+    for key, modules, who in (("server_imports", server.import_check if server else [], "server"),
+                              ("imports", spec.import_check, "job")):
+        if not modules:
+            continue
+        res = raw[key]
         if res.get("ok"):
-            pf.imports = res["result"]
-            if pf.imports.get("skipped"):
-                pf.notes.append(f"import check skipped: {pf.imports['skipped']}")
+            result = res["result"]
+            if who == "server":
+                pf.server = {**(pf.server or {}), "imports": result}
             else:
-                pf.notes.append(f"imports: {', '.join(spec.import_check)} import in {pf.imports.get('seconds')}s")
+                pf.imports = result
+            if result.get("skipped"):
+                pf.notes.append(f"{who} import check skipped: {result['skipped']}" if who == "server"
+                                else f"import check skipped: {result['skipped']}")
+            else:
+                pf.notes.append(f"{'server ' if who == 'server' else ''}imports: {', '.join(modules)} "
+                                f"import in {result.get('seconds')}s")
         else:
             err = res.get("error") or {}
-            pf.imports = {"ok": False, **{k: v for k, v in err.items() if k != "traceback"}}
-            pf.problems.append(err.get("message") or "import check failed")
+            failed = {"ok": False, **{k: v for k, v in err.items() if k != "traceback"}}
+            if who == "server":
+                pf.server = {**(pf.server or {}), "imports": failed}
+                pf.problems.append(f"server: {err.get('message') or 'import check failed'}")
+            else:
+                pf.imports = failed
+                pf.problems.append(err.get("message") or "import check failed")
             pf.hint = err.get("hint")
             pf.exit_status = int(exit_for_kind(err.get("kind")))
+    if server is not None and playbook.requires:
+        _requires_preflight(pf, playbook, raw, (("server_imports", server.import_check), ("imports", spec.import_check)))
     return pf
+
+
+def _requires_preflight(pf: Preflight, playbook, raw: dict, probes) -> None:
+    """A two-process job is not patched first, so nothing else checks the playbook's ``requires``: each
+    package is checked against the version the interpreter that imports it reported (the server's
+    for the server's modules, the client's for the client's)."""
+    seen: dict[str, str] = {}
+    for key, modules in probes:
+        res = raw.get(key) or {}
+        versions = (res.get("result") or {}).get("versions") or {} if res.get("ok") else {}
+        for m in modules:
+            top = m.split(".")[0]
+            if top in playbook.requires and versions.get(top) and top not in seen:
+                seen[top] = versions[top]
+    for problem in playbook.check_requires(seen):
+        if problem.split(" ")[0] in seen:
+            pf.problems.append(f"requires: {problem} (the playbook's requires, "
+                               f"{playbook.path}:{playbook.line('requires')})")
+    if seen:
+        pf.notes.append("requires: " + ", ".join(f"{n} {v}" for n, v in sorted(seen.items())) + " (import probes)")
+    for name in sorted(set(playbook.requires) - set(seen)):
+        pf.notes.append(f"requires: {name} not checked (no import probe imports it)")
 
 
 def refusal(spec: ExtractSpec, pf: Preflight, host: str) -> RefusedError:
@@ -420,6 +477,10 @@ def launch(session, spec: ExtractSpec) -> dict:
             "secrets": secret_values, "output_dir": spec.output_dir,
             "expected_samples": spec.expected_samples, "watchdog_seconds": spec.watchdog_seconds,
             "cleanup_grace": spec.stop_grace, "playbook": spec.playbook_path}
+    if spec.server is not None:
+        args["server"] = spec.server.to_wire()
+    if spec.layout:
+        args["layout"] = spec.layout
     return session.call(*rq.jobs_launch(**args), timeout=120)
 
 
@@ -444,6 +505,23 @@ def summary_line(st: dict) -> str:
     if st.get("reason") and st["state"] != "succeeded":
         line += f" - {st['reason']}"
     return line
+
+
+def server_line(st: dict) -> str | None:
+    """A two-process job's server, one line: state, port, readiness, exit, log (None for other jobs)."""
+    srv = st.get("server")
+    if not srv:
+        return None
+    parts = [f"server: {srv.get('state')}"]
+    if srv.get("port"):
+        parts.append(f"port {srv['port']}")
+    if srv.get("ready_after_s") is not None:
+        parts.append(f"healthy after {fmt_duration(srv['ready_after_s'])}")
+    if srv.get("exit"):
+        parts.append(srv["exit"])
+    if srv.get("pid") and srv.get("state") in ("starting", "healthy"):
+        parts.append(f"pid {srv['pid']}")
+    return ", ".join(parts) + f"   log: {srv.get('log')}"
 
 
 def exit_for(st: dict) -> int:
