@@ -51,7 +51,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_extract_check import HOST_ENV, VERSIONS, last_json  # noqa: E402  (one copy of each)
+from gpu_common import HOST_ENV, VERSIONS, last_json  # noqa: E402  (one copy of each)
 
 PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
 SCRIPT = REPO / "playbooks" / "scripts" / "extract_hidden_states.py"
