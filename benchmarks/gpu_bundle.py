@@ -4,9 +4,11 @@ The lent H200 machines have torch 2.11.0 (cu130), Python 3.12 and no network (..
 vLLM 0.20.0 (which pins that torch) and everything it needs to import must travel. This script does
 what the committed GPU results used, from PyPI, with exact versions:
 
-- `site/`: vLLM 0.20.0 without `_vllm_fa2_C` and `_moe_C` (a dense Llama on Hopper runs FlashAttention 3
-  from `_vllm_fa3_C`), the small wheels vLLM needs to import, speculators 0.3.0 and libcst (for the
-  controller); xgrammar's static library dropped;
+- `site/`: vLLM 0.20.0 without `_vllm_fa2_C` (Hopper runs FlashAttention 3 from `_vllm_fa3_C`; `_moe_C`
+  is kept: mixture-of-experts models such as DeepSeek-V3 / Kimi-K2.5 need it), the small wheels vLLM
+  needs to import, speculators 0.3.0 and libcst (for the controller); xgrammar's static library dropped;
+- one folder per `benchmarks/gpu_wheels/<name>.txt` (a `name==version` per line): those wheels, for the
+  harnesses that need more than the generator path (vLLM's `LLM`, its API server, another speculators);
 - `tf/`: transformers 4.57.6 + huggingface_hub + tokenizers, first on the job's path (speculators 0.3.0
   cannot be imported under the machine's transformers 5.x);
 - `bundle.tar.gz` split into parts below the device tool's per-call limit, and SHA256SUMS.
@@ -30,7 +32,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 VLLM = "vllm==0.20.0"
-DROP_FROM_VLLM = ("vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so", "vllm/_moe_C.abi3.so")
+DROP_FROM_VLLM = ("vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so",)
+EXTRA = REPO / "benchmarks" / "gpu_wheels"
 SITE = ["annotated_types==0.8.0", "blake3==1.0.11", "cachetools==8.0.2", "cbor2==6.3.0", "distro==1.9.0",
         "gguf==0.19.0", "jiter==0.19.0", "libcst==1.9.0", "llguidance==1.3.0", "loguru==0.7.3",
         "msgspec==0.23.0", "openai==2.54.0",   # openai 3.x needs httpx2 (the machine has httpx): the import probe caught it
@@ -42,7 +45,7 @@ PLATFORM = ["--only-binary=:all:", "--python-version", "3.12", "--implementation
     x for n in ("2_35", "2_34", "2_31", "2_28", "2_27", "2_26", "2_24", "2_17", "2_5")
     for x in ("--platform", f"manylinux_{n}_x86_64")] + ["--platform", "manylinux2014_x86_64",
                                                           "--platform", "manylinux1_x86_64"]
-PART_BYTES = 43 * 2**20
+PART_BYTES = 52 * 2**20       # one part per device call, with the working tree, under its 64 MiB
 
 
 def pip(*args: str) -> None:
@@ -61,8 +64,14 @@ def main(argv=None) -> int:
     pip("download", "--no-deps", *PLATFORM, "-d", str(wheels / "site"), *SITE)
     pip("download", "--no-deps", *PLATFORM, "-d", str(wheels / "tf"), *TF)
     pip("download", "--no-deps", *PLATFORM, "-d", str(wheels / "vllm"), VLLM)
-    for sub in ("site", "tf"):
-        wanted = {s.split("==")[0].lower().replace("-", "_") for s in (SITE if sub == "site" else TF)}
+    extra = {f.stem: [ln.split("#")[0].strip() for ln in f.read_text().splitlines() if ln.split("#")[0].strip()]
+             for f in sorted(EXTRA.glob("*.txt"))}
+    for sub, reqs in extra.items():
+        (wheels / sub).mkdir(parents=True, exist_ok=True)
+        pip("download", "--no-deps", *PLATFORM, "-d", str(wheels / sub), *reqs)
+    lists = {"site": SITE, "tf": TF, **extra}
+    for sub in lists:
+        wanted = {s.split("==")[0].lower().replace("-", "_") for s in lists[sub]}
         files = [str(w) for w in sorted((wheels / sub).glob("*.whl"))
                  if w.name.split("-")[0].lower().replace("-", "_") in wanted]
         pip("install", "--no-deps", "--no-compile", "--no-index", *PLATFORM, "--target", str(bundle / sub), *files)
@@ -75,8 +84,8 @@ def main(argv=None) -> int:
         shutil.rmtree(junk) if junk.is_dir() else junk.unlink()
     tar = out / "bundle.tar.gz"
     with tarfile.open(tar, "w:gz", compresslevel=6) as tf:
-        tf.add(bundle / "site", "site")
-        tf.add(bundle / "tf", "tf")
+        for sub in lists:
+            tf.add(bundle / sub, sub)
     for old in out.glob("part.*"):
         old.unlink()
     sums = []

@@ -79,25 +79,42 @@ import json, math, sys, torch
 from pathlib import Path
 from transformers import AutoModelForCausalLM
 model_dir, out_dir, device = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+# optional 4th argument (benchmarks/gpu_server_check.py): {"layout": "hs_safetensors", "layer_ids": [...]}:
+# hs_<N>.safetensors files (token_ids, hidden_states [seq, L, hidden]) whose layer id k is vLLM's aux hidden
+# state k, the residual stream after decoder layer k-1 (0: the embeddings), i.e. the hook on layers[k-1]
+opts = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
 cfg_file = out_dir / "data_config.json"
 data_cfg = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
 model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).to(device).eval()
 n_layers = model.config.num_hidden_layers
-layer_ids = ((data_cfg.get("hidden_states") or {}).get("layer_ids") or data_cfg.get("layer_ids")
-             or [2, n_layers // 2, n_layers - 3, n_layers - 1])
+layer_ids = (opts.get("layer_ids") or (data_cfg.get("hidden_states") or {}).get("layer_ids")
+             or data_cfg.get("layer_ids") or [2, n_layers // 2, n_layers - 3, n_layers - 1])
 captured = {}
 def hook(i):
     def fn(mod, inp, out):
         captured[i] = (out[0] if isinstance(out, tuple) else out).detach()
     return fn
+server_flow = opts.get("layout") == "hs_safetensors"
 for i in layer_ids:
-    model.model.layers[i].register_forward_hook(hook(i))
-files = sorted(out_dir.glob("data_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
+    if server_flow and i == 0:
+        model.model.embed_tokens.register_forward_hook(hook(i))
+    else:
+        model.model.layers[i - 1 if server_flow else i].register_forward_hook(hook(i))
+if server_flow:
+    from safetensors.torch import load_file
+    files = sorted(out_dir.glob("hs_*.safetensors"), key=lambda p: int(p.stem.split("_")[1]))
+    def load(f):
+        d = load_file(str(f))
+        return {"input_ids": d["token_ids"], "hidden_states": list(d["hidden_states"].unbind(1))}
+else:
+    files = sorted(out_dir.glob("data_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
+    def load(f):
+        return torch.load(f, map_location="cpu")
 res = {"layer_ids": layer_ids, "samples": 0, "comparisons": 0, "shape_mismatches": [], "below_0_999": [],
        "min_cosine": None, "min_cosine_at": None, "mean_cosine": None, "reference": "transformers float32 forward"}
 total, count, worst = 0.0, 0, 2.0
 for f in files:
-    d = torch.load(f, map_location="cpu")
+    d = load(f)
     ids = d["input_ids"].to(torch.long)
     hs = d["hidden_states"]
     captured.clear()

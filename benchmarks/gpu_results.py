@@ -1,6 +1,6 @@
 """Summarise the committed GPU results as markdown: benchmarks/results/gpu_extract_*.json (the shipped
-playbook end to end, benchmarks/gpu_extract_check.py) and benchmarks/results/gpu_models_*.json (the model
-families, benchmarks/gpu_model_check.py).
+playbook end to end, benchmarks/gpu_extract_check.py), gpu_models_*.json (the model families,
+benchmarks/gpu_model_check.py) and gpu_throughput*.json (benchmarks/gpu_throughput.py).
 
     python benchmarks/gpu_results.py > benchmarks/GPU_RESULTS.md
 
@@ -72,6 +72,69 @@ def _detail(name: str, step: dict) -> str:
     return ""
 
 
+def _rate(x) -> str:
+    return "-" if not x else (f"{x / 1e6:.2f}M" if x >= 1e6 else (f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}"))
+
+
+def _mb(x) -> str:
+    return "-" if not x else f"{x / 1e6:.0f} MB/s"
+
+
+def throughput_section(name: str, d: dict) -> list[str]:
+    """The markdown of one benchmarks/gpu_throughput.py result (every figure read from ``d``)."""
+    out = [f"## Extraction throughput: {name}\n"]
+    if d.get("standin"):
+        out.append(f"**{d['standin']}**\n")
+    v, m, ds = d.get("versions") or {}, d.get("model") or {}, d.get("dataset") or {}
+    out.append(f"- GPUs: {', '.join(d.get('gpus') or ['-'])}; remote-ops commit {d.get('code_rev')}; "
+               f"vllm {v.get('vllm')}, speculators {v.get('speculators')}, torch {v.get('torch')}")
+    out.append(f"- model: random Llama, {m.get('params')} parameters ({m.get('decoder_params')} in the decoder "
+               f"layers), {m.get('layers')} layers, hidden {m.get('hidden')}, bf16")
+    out.append(f"- dataset: {ds.get('samples')} samples, {ds.get('tokens')} tokens after the cut to max_model_len "
+               f"{ds.get('max_model_len')} - 1 ({ds.get('cut')} samples cut); the playbook's default settings")
+    src = d.get("before_source") or {}
+    out.append(f"- BEFORE: {src.get('from') or src.get('flags')}; wall time of the run {d.get('elapsed_s')} s\n")
+    a, a0 = d.get("a_after") or {}, d.get("a_before") or {}
+    b, c, r = d.get("b_generator") or {}, d.get("c_vllm_prefill") or {}, d.get("d_roofline") or {}
+
+    def why(x):
+        if not x:
+            return "(not run)"
+        return x.get("skipped") or x.get("error") or (f"exit {x['rc']}" if x.get("rc") else "")
+    out.append("| part | tokens/s | how measured |\n|---|---|---|")
+    out.append(f"| (a) AFTER: remote-ops extract, shipped script | {_rate(a.get('tokens_per_s'))} | "
+               f"{a.get('files')} files, {a.get('tokens')} tokens in {a.get('seconds')} s after the engine was up; "
+               f"{_mb(a.get('bytes_per_s'))} written {why(a)} |")
+    out.append(f"| (a) BEFORE: the same, main's script | {_rate(a0.get('tokens_per_s'))} | "
+               f"{a0.get('files')} files, {a0.get('tokens')} tokens in {a0.get('seconds')} s; "
+               f"{_mb(a0.get('bytes_per_s'))} written {why(a0)} |")
+    out.append(f"| (b) the generator alone, no writes | {_rate(b.get('tokens_per_s'))} | {b.get('batches')} "
+               f"generate() calls of {b.get('mean_tokens_per_batch')} tokens on average (AFTER's batches) {why(b)} |")
+    cb = b.get("count_batches") or {}
+    if cb.get("tokens_per_s"):
+        out.append(f"| (b) the same, BEFORE's batches | {_rate(cb.get('tokens_per_s'))} | {cb.get('batches')} "
+                   f"generate() calls of {cb.get('mean_tokens_per_batch')} tokens on average |")
+    sc = c.get("scheduler") or {}
+    out.append(f"| (c) vLLM LLM.generate, max_tokens=1 | {_rate(c.get('tokens_per_s'))} | "
+               f"max_num_batched_tokens {sc.get('max_num_batched_tokens')}, chunked prefill "
+               f"{sc.get('enable_chunked_prefill')}, enforce_eager, no prefix caching {why(c)} |")
+    out.append(f"| (d) bf16 roofline, 2 x params x tokens / peak | {_rate(r.get('tokens_per_s'))} | "
+               f"{_rate(r.get('tokens_per_s_with_attention'))} with causal attention; {r.get('peak_source')} |\n")
+    q = d.get("ratios") or {}
+    out.append(f"Ratios: (a)/(b) {q.get('a/b')}, (b)/(c) {q.get('b/c')}, (c)/(d) {q.get('c/d')}; "
+               f"(a)/(c) {q.get('a/c')} (goal 0.9); AFTER/BEFORE {q.get('a_after/a_before')}.\n")
+    disk, use = d.get("disk") or {}, d.get("disk_use") or {}
+    out.append(f"Disk: dd oflag=direct {_mb((disk.get('dd_direct') or {}).get('bytes_per_s'))}, buffered + fsync "
+               f"{_mb((disk.get('buffered_fsync') or {}).get('bytes_per_s'))}; AFTER wrote "
+               f"{_mb(use.get('a_after_bytes_per_s'))} ({use.get('fraction_of_dd')} of dd), "
+               f"{use.get('bytes_per_token')} bytes per token, so the disk alone bounds any extraction at "
+               f"{_rate(use.get('disk_bound_tokens_per_s'))} tokens/s.\n")
+    prof = b.get("profile_s") or {}
+    if prof and b.get("seconds"):
+        out.append("Where the generator's time goes (b):\n\n| in generate() | seconds | share | calls |\n|---|---|---|---|")
+        calls = b.get("profile_calls") or {}
+        for k, secs in sorted(prof.items(), key=lambda kv: -kv[1]):
+            out.append(f"| {k} | {secs} | {secs / b['seconds']:.0%} | {calls.get(k, '')} |")
 def _pct(v) -> str:
     return "-" if v is None else f"{100 * v:.2f} %"
 
@@ -209,6 +272,7 @@ def render_models(files: list[Path]) -> list[str]:
 
 
 def main() -> int:
+    throughput = [(f.name, json.loads(f.read_text())) for f in sorted(RESULTS.glob("gpu_throughput*.json"))]
     files = sorted(RESULTS.glob("gpu_extract_*.json"))
     model_files = sorted(RESULTS.glob("gpu_models_*.json"))
     if not files and not model_files:
@@ -237,6 +301,8 @@ def main() -> int:
             if name in STEP_NAMES:
                 print(f"| {STEP_NAMES[name]} | {'yes' if step.get('ok') else 'NO'} | {_detail(name, step)} |")
         print()
+    for name, d in throughput:
+        print("\n".join(throughput_section(name, d)))
     if model_files:
         print("\n".join(render_models(model_files)))
     return 0

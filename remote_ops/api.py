@@ -55,7 +55,8 @@ class Inventory(Fleet):
 
     def check(self, target: str | None = None, *, playbook: str | None = None, runtime: bool = False,
               targets: list[str] | None = None, against: list[str] | None = None,
-              package: str | None = None, baseline: str | None = None, drift: bool = True) -> Results:
+              package: str | None = None, baseline: str | None = None, drift: bool = True,
+              model: str | None = None) -> Results:
         """Call sites vs the host's library signatures (one round trip), and drift against ``baseline``
         (default: the version the package pins); ``check.CheckResult``. Without ``playbook``, a host's
         own playbook's ``check.accepted_drift`` applies. A host with findings is ``ok`` (its record
@@ -63,10 +64,16 @@ class Inventory(Fleet):
         from remote_ops.check import check as check_mod
         req = check_mod.make_request(playbook=playbook, runtime=runtime, targets=targets, against=against,
                                      package=package, baseline=baseline, drift=drift)
+        from remote_ops.check import model as model_mod
+        from remote_ops.patch import playbook as pb_mod
+        named = pb_mod.load(pb_mod.find(playbook)) if playbook else None
         accepted_of: dict = {}
-        if playbook:
-            return self.run(target, lambda h, s: check_mod.check(s, h, req))
-        return self.run(target, lambda h, s: check_mod.check(s, h, check_mod.for_host(req, h, accepted_of)))
+
+        def one(h, s):
+            pb = named or (pb_mod.load(pb_mod.find(None, h)) if getattr(h, "playbook", None) else None)
+            model_req = model_mod.request(pb, h, model=model) if (pb is not None or model) else None
+            return check_mod.check(s, h, req if named else check_mod.for_host(req, h, accepted_of), model_req)
+        return self.run(target, one)
 
     def inspect(self, target: str | None, symbols: list[str], *, runtime: bool = False,
                 baseline: str | None = None) -> Results:
@@ -100,19 +107,29 @@ class Inventory(Fleet):
 
     # ------------------------------------------------------------------ the job
     def extract(self, target: str | None = None, *, playbook: str | None = None, skip_check: bool = False,
-                dry_run: bool = False, strict: bool = False) -> Results:
+                dry_run: bool = False, strict: bool = False, shard: bool | str | None = None) -> Results:
         """Preflight, then launch the detached job (or attach to the one already running);
         ``jobs.ExtractResult``. Each host's playbook vars fill the templates. A host whose preflight
-        refuses is ``ok=False`` with a RefusedError whose ``details["preflight"]`` is the preflight."""
+        refuses is ``ok=False`` with a RefusedError whose ``details["preflight"]`` is the preflight.
+        ``shard``: True splits the samples over the target's hosts (sorted by name, host k of N writes
+        i % N == k; None: as the playbook's ``extract.shard``); "K/N" runs that share on each named
+        host as a moved share (``extract/shard.py``, docs/SCALE-OUT.md)."""
         from remote_ops.extract import jobs
-        specs = jobs.load_for_hosts(self.resolve(target), playbook)
+        from remote_ops.extract import shard as shard_mod
+        hosts = self.resolve(target)
+        specs = shard_mod.apply(hosts, jobs.load_for_hosts(hosts, playbook), shard)
         return self.run(target, lambda h, s: jobs.extract(s, h, *specs[h.name], skip_check=skip_check,
                                                           dry_run=dry_run, strict_drift=strict))
 
     def status(self, target: str | None = None, *, playbook: str | None = None, job: str | None = None) -> Results:
-        """The playbook's job on each host (``jobs.JobStatus``: state, samples, rate, exit)."""
+        """The playbook's job on each host (``jobs.JobStatus``: state, samples, rate, exit); for a
+        group, ``Results.group`` is ``shard.GroupProgress`` (totals, summed rate, ETA)."""
         from remote_ops.extract import jobs
-        return self.run(target, lambda h, s: jobs.status(s, h, playbook=playbook, job=job))
+        from remote_ops.extract import shard as shard_mod
+        results = self.run(target, lambda h, s: jobs.status(s, h, playbook=playbook, job=job))
+        if not results.single:
+            results.group = shard_mod.progress(results)
+        return results
 
     def jobs(self, target: str | None = None) -> Results:
         """Every job recorded on each host (``jobs.JobList``)."""
@@ -138,13 +155,53 @@ class Inventory(Fleet):
 
     def verify(self, target: str | None = None, *, output_dir: str | None = None, expected: int | None = None,
                all: bool = False, sample: int = 32, playbook: str | None = None, job: str | None = None,
-               on_progress: Callable[[Any, int, int], None] | None = None) -> Results:
-        """The job's outputs checked with the host's torch (``verify.VerifyResult``; ``ok`` when clean)."""
+               on_progress: Callable[[Any, int, int], None] | None = None, shard: bool = False) -> Results:
+        """The job's outputs checked with the host's torch (``verify.VerifyResult``; ``ok`` when clean).
+        When the outputs are shards (data_config.json records one) of a group, or with ``shard``,
+        ``Results.group`` is ``shard.ShardUnion``: the union checked as one dataset (complete, no
+        index twice, the same layer ids / hidden size / package versions; bad files by host); a
+        single host's record carries it as ``union``."""
+        from remote_ops.extract import shard as shard_mod
         from remote_ops.extract import verify as verify_mod
         verify_mod.check_sample(sample)
-        return self.run(target, lambda h, s: verify_mod.verify(
-            s, h, output_dir=output_dir, expected=expected, all=all, sample=sample, playbook=playbook, job=job,
-            on_progress=None if on_progress is None else (lambda done, of: on_progress(h, done, of))))
+        results = self.run(target, lambda h, s: shard_mod.verify_part(
+            s, h, shard=shard, output_dir=output_dir, expected=expected, all=all, sample=sample, playbook=playbook,
+            job=job, on_progress=None if on_progress is None else (lambda done, of: on_progress(h, done, of))))
+        from remote_ops.extract.slurm import is_slurm
+        parts = any(r.ok and "shard_parts" in r.value.extra for r in results)
+        if shard or (parts and (not results.single or any(is_slurm(h) for h in self.resolve(target)))):
+            results.group = shard_mod.union_of(results)
+            if results.single and results[0].ok:
+                results[0].value.extra["union"] = results.group.to_json()
+        return results
+
+    def gather(self, target: str | None = None, *, to: str, playbook: str | None = None, job: str | None = None,
+               output_dir: str | None = None, on_file: Callable[[str, dict], None] | None = None) -> Results:
+        """Copy the union of the hosts' outputs into the local directory ``to`` (``shard.GatherPart``
+        per host, ``Results.group`` a ``shard.GatherResult``): every file hashed on its host, read
+        over SFTP into a temporary beside its destination, renamed only when its sha256 matches; a
+        file already there with that sha256 is kept, so a rerun copies only what is missing. The
+        union's data_config.json is the first shard's without ``shard`` (plus ``gathered_from``).
+        Copies of one index that differ between hosts refuse the gather before anything is copied."""
+        from remote_ops.extract import shard as shard_mod
+        dest = shard_mod.check_destination(to)
+        listed = self.run(target, lambda h, s: shard_mod.list_part(s, h, playbook=playbook, job=job,
+                                                                   output_dir=output_dir))
+        per_host, union_doc, g = shard_mod.plan({r.host: r.value for r in listed if r.ok})
+        if g.problems:        # conflicting copies or configs: nothing copied
+            g.to, g.problems = dest, [f"{r.host}: {r.error.one_line()}" for r in listed if not r.ok] + g.problems
+            listed.group = g
+            for r in listed:
+                if r.ok:
+                    r.value = shard_mod.GatherPart(r.host, files=sum(len(d["files"]) for d in r.value))
+            return listed
+        results = self.run(target, lambda h, s: shard_mod.copy_part(s, h, per_host.get(h.name, []), dest,
+                                                                    on_file=on_file)
+                           if h.name in per_host else _raise(listed[h.name].error))
+        results.group = shard_mod.finish(results, g, union_doc, dest)
+        if results.single and results[0].ok:      # one host's record carries the result as "gathered"
+            results[0].value.extra["gathered"] = results.group.to_json()
+        return results
 
     # ------------------------------------------------------------------ helpers
     def playbooks(self, target: str | None, playbook: str | None) -> dict:
@@ -160,6 +217,10 @@ class Inventory(Fleet):
                 patching.prefetch_libcst(loaded[path])   # overlaps the import with connecting
             out[host.name] = loaded[path]
         return out
+
+
+def _raise(error):
+    raise error
 
 
 def open_inventory(path: str | None = None, *, parallel: int = 16, accept_new: bool = False,

@@ -13,7 +13,7 @@ COMMANDS = (
     "hosts", "facts", "sandbox",
     "inspect", "check",
     "patch", "rollback", "history",
-    "extract", "status", "logs", "stop", "verify",
+    "extract", "status", "logs", "stop", "verify", "gather",
     "completion",
 )
 

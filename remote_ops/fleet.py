@@ -45,6 +45,7 @@ class Results(list):
     CLI then prints that host's record (or error) alone, else the ``{"hosts", "failed"}`` envelope."""
 
     single: bool = False
+    group = None      # a record over all the hosts (status, verify and gather of a group), or None
 
     @property
     def ok(self) -> bool:
@@ -80,13 +81,17 @@ class Results(list):
 
     def to_json(self) -> dict:
         """The one JSON shape: a single host's record (its error object when it failed), else
-        ``{"hosts": [{"host", "ok", "result" | "error"}], "failed": [names]}``."""
+        ``{"hosts": [{"host", "ok", "result" | "error"}], "failed": [names]}``, plus ``"group"``
+        (``Results.group``'s record: totals over the hosts) when the operation computes one."""
         if self.single and len(self) == 1:
             r = self[0]
             if r.ok:
                 return to_json(r.value)
             return r.error.to_json() if r.error else {"error": "RemoteOpsError", "host": r.host}
-        return {"hosts": [r.to_json() for r in self], "failed": self.failed_hosts}
+        out = {"hosts": [r.to_json() for r in self], "failed": self.failed_hosts}
+        if self.group is not None:
+            out["group"] = to_json(self.group)
+        return out
 
     def raise_for_failures(self) -> "Results":
         for r in self:

@@ -14,6 +14,8 @@ need_apt=()
 [ -x /usr/sbin/sshd ] || command -v sshd >/dev/null || need_apt+=(openssh-server)
 command -v ssh-keygen >/dev/null || need_apt+=(openssh-client)
 if ! "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1; then need_apt+=(python3-venv); fi
+# tests/test_slurm.py starts a real one-node Slurm (slurmctld + slurmd) from the distribution's packages
+if [ "$WANT_TEST" = "--test" ] && ! command -v slurmctld >/dev/null; then need_apt+=(slurm-wlm); fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "remote-ops bootstrap: installing ${need_apt[*]} (apt-get)" >&2
   as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq

@@ -88,7 +88,7 @@ def test_group_extract_uses_each_hosts_vars(tmp_path, sshd):
         state.mkdir()
         hosts[name] = sshd.host_entry(str(py), playbook=str(pb_path), workdir=str(tmp_path),
                                       env={"REMOTE_OPS_STATE_DIR": str(state)},
-                                      vars={"script": str(standin), "samples": samples,
+                                      vars={"script": str(standin), "samples": samples, "target_model": "tiny-standin",
                                             "out": str(tmp_path / f"out-{name}")})
     inv_path = write_inventory(tmp_path / "inventory.yaml", hosts, {"pair": ["a", "b"]})
     with ro.open_inventory(str(inv_path)) as inv:

@@ -260,4 +260,6 @@ def test_a_repeated_patch_verifies_from_the_memo_with_the_same_result(sshd, fres
         assert status == 1, err                     # findings on the unpatched host
         outs.append((json.loads(out), memo_of_last_run()))
     (a, ma), (b, mb) = outs
-    assert {"hit": 1} in mb and a["findings"] == b["findings"] and len(a["findings"]) >= 4
+    # two results reused: the call sites and the playbook's model preflight (check.model)
+    assert {"hit": 2} in mb and a["findings"] == b["findings"] and len(a["findings"]) >= 4
+    assert a["model"] == b["model"] and a["model"]["findings"][0]["kind"] == "model-config"

@@ -341,3 +341,278 @@ def test_generator_interface_is_speculators_030s():
         ehs.GENERATOR_MODULE.replace(".", "/") + ".py")
     # the generator cuts prompts to max_model_len - 1, as the script does before calling it
     assert "max_len = self.vllm_config.model_config.max_model_len - 1" in path.read_text()
+
+
+# ------------------------------------------------------------------ packing, the writer thread, progress
+def progress_lines(text):
+    return [json.loads(l[len(ehs.PROGRESS_PREFIX):]) for l in text.splitlines() if l.startswith(ehs.PROGRESS_PREFIX)]
+
+
+def test_pack_batches_keeps_the_order_and_both_bounds():
+    lengths = {0: 5, 1: 5, 2: 3, 3: 9, 4: 12, 5: 1, 6: 1, 7: 1}
+    todo = [0, 1, 2, 3, 4, 5, 6, 7]
+    assert list(ehs.pack_batches(todo, lengths, 10, 32)) == [[0, 1], [2], [3], [4], [5, 6, 7]]   # 12 > 10 alone
+    assert list(ehs.pack_batches(todo, lengths, 10, 2)) == [[0, 1], [2], [3], [4], [5, 6], [7]]
+    assert list(ehs.pack_batches(todo, lengths, 0, 3)) == [[0, 1, 2], [3, 4, 5], [6, 7]]        # count only
+    assert list(ehs.pack_batches([7, 2, 5], lengths, 4, 32)) == [[7, 2], [5]]
+    assert list(ehs.pack_batches([], lengths, 10, 3)) == []
+
+
+class BudgetGenerator(FakeGenerator):
+    """TEST FAKE exposing a scheduler with the attribute names of vLLM 0.20.0's Scheduler."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.scheduler = type("Sched", (), {"max_num_scheduled_tokens": 10, "max_num_running_reqs": 3})()
+
+
+def test_batches_fill_the_engines_token_budget_and_the_flags_override_it(tmp_path, capsys):
+    rows = [{"input_ids": [1] * n} for n in (4, 4, 4, 9, 2, 2, 2, 2, 12)]
+    ds = write_jsonl(tmp_path / "ds.jsonl", rows)
+
+    def go(out, *extra):
+        argv = ["--target-model-path", "m", "--dataset", str(ds), "--output-dir", str(tmp_path / out), *extra]
+        lo = {**loaders(), "make_generator": lambda *a: BudgetGenerator(*a)}
+        assert ehs.main(argv, None, lambda args: lo) == 0
+        return [[len(ids) for ids in call] for call in FakeGenerator.made[-1].calls]
+    assert go("a") == [[4, 4], [4], [9], [2, 2, 2], [2], [12]]            # 10 tokens, 3 samples per step
+    assert "batches of up to 10 tokens and 3 samples (engine step: 10 tokens, 3 samples)" in capsys.readouterr().out
+    assert go("b", "--batch-tokens", "20", "--batch-size", "8") == [[4, 4, 4], [9, 2, 2, 2, 2], [12]]
+    assert go("c", "--batch-tokens", "0", "--batch-size", "4") == [[4, 4, 4, 9], [2, 2, 2, 2], [12]]
+    # a generator without a scheduler: speculators 0.3.0's own budget, max(8192, max_model_len) and 32
+    assert run(tmp_path / "d" if (tmp_path / "d").mkdir() is None else None, [{"input_ids": [1] * 300}] * 40,
+               "--max-model-len", "4096") == 0
+    assert [len(c) for c in FakeGenerator.made[-1].calls] == [27, 13]      # 27 * 300 <= 8192 < 28 * 300
+    for i in range(40):
+        assert (tmp_path / "d" / "out" / f"data_{i}.pt").exists()
+
+
+def test_the_budget_names_are_vllm_0200s_and_the_defaults_speculators_030s():
+    """engine_budget reads the attributes the REAL vLLM 0.20.0 Scheduler sets, and falls back to the
+    REAL speculators 0.3.0 generator's constants."""
+    vllm = pkgsource.unpacked("vllm", "0.20.0")
+    sched = (vllm / "vllm" / "v1" / "core" / "sched" / "scheduler.py").read_text()
+    assert "self.max_num_running_reqs = self.scheduler_config.max_num_seqs" in sched
+    assert "self.max_num_scheduled_tokens = (" in sched and "token_budget = self.max_num_scheduled_tokens" in sched
+    # chunked prefill off: the scheduler stops at the first waiting prompt that does not fit, so
+    # a generate() call's prompts run in order and a batch that fits the budget is one step
+    assert "not self.scheduler_config.enable_chunked_prefill\n                        and num_new_tokens > token_budget" in sched
+    src = pkgsource.unpacked(*SPECULATORS)
+    gen = next(src.rglob("speculators/data_generation/vllm_hidden_states_generator.py")).read_text()
+    assert f"MIN_MAX_BATCHED_TOKENS = {ehs.DEFAULT_MIN_BATCH_TOKENS}" in gen
+    assert f"MAX_NUM_SEQS = {ehs.DEFAULT_MAX_NUM_SEQS}" in gen
+    assert "max_num_batched_tokens = max(\n            MIN_MAX_BATCHED_TOKENS, max_model_len\n        )" in gen
+    assert ehs.engine_budget(object(), 2048) == (8192, 32) and ehs.engine_budget(object(), 9000) == (9000, 32)
+    cfg = type("C", (), {"scheduler_config": type("S", (), {"max_num_batched_tokens": 4096, "max_num_seqs": 7,
+                                                             "max_num_scheduled_tokens": None})()})()
+    assert ehs.engine_budget(type("G", (), {"vllm_config": cfg})(), 2048) == (4096, 7)
+
+
+def test_writes_overlap_the_next_generate(tmp_path, monkeypatch):
+    """The first file's write is held until generate() of the SECOND batch has been called: only a
+    writer thread lets that happen (with --write-queue-mb 0 the same run would wait forever)."""
+    import threading
+    second_call = threading.Event()
+    real_save = torch.save
+    held = []
+
+    def save(obj, f, *a, **kw):
+        if not held:
+            held.append(1)
+            assert second_call.wait(20), "generate() of the next batch never ran while a write was pending"
+        return real_save(obj, f, *a, **kw)
+    monkeypatch.setattr(torch, "save", save)
+
+    class Watching(FakeGenerator):
+        def generate(self, token_ids):
+            if self.calls:
+                second_call.set()
+            return super().generate(token_ids)
+    ds = write_jsonl(tmp_path / "ds.jsonl", [{"input_ids": [i + 1]} for i in range(4)])
+    argv = ["--target-model-path", "m", "--dataset", str(ds), "--output-dir", str(tmp_path / "out"),
+            "--batch-size", "1"]
+    assert ehs.main(argv, None, lambda a: {**loaders(), "make_generator": lambda *x: Watching(*x)}) == 0
+    assert sorted(p.name for p in (tmp_path / "out").glob("data_*.pt")) == [f"data_{i}.pt" for i in range(4)]
+
+
+def test_write_queue_0_writes_each_batch_before_the_next_generate(tmp_path, monkeypatch):
+    order = []
+    real_save = torch.save
+    monkeypatch.setattr(torch, "save", lambda obj, f, *a, **kw: (order.append("save"), real_save(obj, f, *a, **kw)))
+
+    class Recording(FakeGenerator):
+        def generate(self, token_ids):
+            order.append("generate")
+            return super().generate(token_ids)
+    ds = write_jsonl(tmp_path / "ds.jsonl", [{"input_ids": [i + 1]} for i in range(3)])
+    argv = ["--target-model-path", "m", "--dataset", str(ds), "--output-dir", str(tmp_path / "out"),
+            "--batch-size", "1", "--write-queue-mb", "0"]
+    assert ehs.main(argv, None, lambda a: {**loaders(), "make_generator": lambda *x: Recording(*x)}) == 0
+    assert order == ["generate", "save"] * 3
+
+
+def test_a_writer_failure_stops_the_run_with_its_error_and_resume_redoes_exactly_the_rest(tmp_path, monkeypatch):
+    rows = [{"input_ids": [i + 1, i + 2]} for i in range(8)]
+    real_save = torch.save
+    saves = []
+
+    def save(obj, f, *a, **kw):
+        saves.append(1)
+        if len(saves) == 3:
+            f.write(b"partial")
+            raise OSError(28, "No space left on device")
+        return real_save(obj, f, *a, **kw)
+    monkeypatch.setattr(torch, "save", save)
+    with pytest.raises(OSError, match="No space left"):       # a queue of one sample at a time
+        run(tmp_path, rows, "--batch-size", "2", "--write-queue-mb", "0.0001")
+    assert len(FakeGenerator.made[0].calls) == 2     # stopped at the next put, not after generating everything
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["data_0.pt", "data_1.pt", "data_config.json"]
+    monkeypatch.setattr(torch, "save", real_save)
+    assert run(tmp_path, rows, "--batch-size", "2") == 0
+    assert FakeGenerator.made[0].calls == [[[3, 4], [4, 5]], [[5, 6], [6, 7]], [[7, 8], [8, 9]]]
+    for i in range(8):
+        assert load(tmp_path, i)["input_ids"].tolist() == [i + 1, i + 2]
+
+
+def test_on_a_generator_error_the_checked_samples_already_queued_are_written(tmp_path, monkeypatch):
+    """Batches 0 and 1 are queued behind a slow writer when batch 2 fails: their files are written
+    before the error leaves; the rerun generates exactly samples 4 and 5."""
+    import time as _time
+    real_save = torch.save
+
+    def slow_save(obj, f, *a, **kw):
+        _time.sleep(0.2)
+        return real_save(obj, f, *a, **kw)
+    monkeypatch.setattr(torch, "save", slow_save)
+    rows = [{"input_ids": [i + 1]} for i in range(6)]
+
+    def boom_on_third(out):
+        if len(FakeGenerator.made[0].calls) == 3:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        run(tmp_path, rows, "--batch-size", "2", corrupt=boom_on_third)
+    assert sorted(p.name for p in (tmp_path / "out").glob("data_*.pt")) == [f"data_{i}.pt" for i in range(4)]
+    monkeypatch.setattr(torch, "save", real_save)
+    assert run(tmp_path, rows, "--batch-size", "2") == 0
+    assert FakeGenerator.made[0].calls == [[[5], [6]]]
+
+
+CRASH_DRIVER = r'''
+import importlib.util, os, sys, time, torch
+spec = importlib.util.spec_from_file_location("ehs", sys.argv[1]); ehs = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ehs)
+crash_at = int(sys.argv[2])
+real_save = torch.save
+def slow_save(obj, f, *a, **kw):      # the disk is slower than the GPU: the queue fills up
+    time.sleep(0.05)
+    return real_save(obj, f, *a, **kw)
+torch.save = slow_save
+class Gen:
+    def __init__(self, *a):
+        self.layer_ids, self.tensor_parallel_size, self.n = [0, 1], 1, 0
+    def generate(self, batch):
+        self.n += 1
+        time.sleep(0.03)             # the GPU step: faster than writing its two samples
+        if self.n == crash_at:
+            os._exit(137)            # like SIGKILL / OOM: no cleanup, no drain
+        return [{"input_ids": torch.tensor(ids), "hidden_states": [torch.full((len(ids), 4), float(ids[0] + l),
+                 dtype=torch.bfloat16) for l in (0, 1)], "loss_mask": None} for ids in batch]
+sys.exit(ehs.main(sys.argv[3:], None, lambda a: {"make_generator": Gen, "load_tokenizer": None,
+                                                  "hidden_size_of": lambda p: 4}))
+'''
+
+
+def test_a_hard_crash_mid_queue_loses_only_queued_samples_and_resume_is_exact(tmp_path):
+    """The process dies (os._exit, no drain) while samples wait in the queue: every file present is
+    whole and right, the lost ones are exactly the absent ones, and the next run writes only those."""
+    import subprocess
+    import sys
+    driver = tmp_path / "driver.py"
+    driver.write_text(CRASH_DRIVER)
+    ds = write_jsonl(tmp_path / "ds.jsonl", [{"input_ids": [i + 1] * 3} for i in range(40)])
+    out = tmp_path / "out"
+    argv = ["--target-model-path", "m", "--dataset", str(ds), "--output-dir", str(out), "--batch-size", "2"]
+    r = subprocess.run([sys.executable, str(driver), str(SCRIPT), "12", *argv], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 137, r.stderr
+    present = sorted(int(p.name[5:-3]) for p in out.glob("data_*.pt"))
+    assert 0 < len(present) < 22            # 11 batches generated, some of them still queued
+    assert present == list(range(len(present)))     # one writer, in order
+    for i in present:
+        s = torch.load(out / f"data_{i}.pt", weights_only=True)
+        assert s["input_ids"].tolist() == [i + 1] * 3 and s["hidden_states"][1][0, 0].item() == i + 2
+    r = subprocess.run([sys.executable, str(driver), str(SCRIPT), "0", *argv], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert f"resuming: {len(present)} of 40 samples already written, {40 - len(present)} to go" in r.stdout
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+    for i in range(40):
+        assert torch.load(out / f"data_{i}.pt", weights_only=True)["input_ids"].tolist() == [i + 1] * 3
+    lines = progress_lines(r.stdout)
+    assert lines[0]["samples_done"] == len(present) and lines[0]["tokens_done"] == 3 * len(present)
+    assert lines[-1]["samples_done"] == 40 and lines[-1]["tokens_done"] == lines[-1]["tokens_total"] == 120
+
+
+def test_progress_lines_count_tokens_and_give_rate_and_eta(tmp_path, capsys):
+    rows = [{"input_ids": [1] * n} for n in (3, 5, 7, 9)]
+    out = tmp_path / "out"
+    out.mkdir()
+    torch.save({}, out / "data_0.pt")                     # an earlier run's file counts as done
+    assert run(tmp_path, rows, "--batch-size", "1", "--progress-seconds", "0") == 0
+    lines = progress_lines(capsys.readouterr().out)
+    first, last = lines[0], lines[-1]
+    assert (first["samples_done"], first["samples_total"], first["tokens_done"], first["tokens_total"]) == (1, 4, 3, 24)
+    assert first["tokens_per_s"] is None and first["eta_s"] is None
+    assert (last["samples_done"], last["tokens_done"], last["eta_s"]) == (4, 24, 0.0)
+    assert last["tokens_per_s"] > 0 and last["t"] >= first["t"]
+    assert [l["tokens_done"] for l in lines[1:4]] == [8, 15, 24]         # --progress-seconds 0: every file
+    mid = lines[1]
+    assert mid["eta_s"] == pytest.approx((24 - 8) / mid["tokens_per_s"], abs=0.06)   # rounded to 0.1 s
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["--batch-tokens", "-1"], "--batch-tokens must be >= 0"),
+    (["--write-queue-mb", "-1"], "--write-queue-mb must be >= 0"),
+])
+def test_bad_new_arguments_exit_2(tmp_path, capsys, argv, expect):
+    assert run(tmp_path, [{"input_ids": [1]}], *argv) == 2
+    assert expect in capsys.readouterr().err
+
+
+def test_batch_tokens_auto_is_the_engines_budget(tmp_path):
+    args = ehs.parse_args(["--target-model-path", "m", "--dataset", "d", "--output-dir", "o", "--batch-tokens", "auto"])
+    assert args.batch_tokens is None and args.batch_size is None
+    assert ehs.parse_args(["--target-model-path", "m", "--dataset", "d", "--output-dir", "o",
+                           "--batch-tokens", "0"]).batch_tokens == 0
+
+
+@pytest.mark.parametrize("writer_first", [True, False])
+def test_a_writer_error_is_never_dropped_when_the_generator_fails_too(tmp_path, monkeypatch, capsys, writer_first):
+    """Both fail: the generator's error is raised, and the writer's is said on stderr, whether the
+    writer failed before the generator did or while the queue was being written."""
+    import time as _time
+    real_save = torch.save
+
+    saves = []
+
+    def failing_save(obj, f, *a, **kw):
+        saves.append(1)
+        if writer_first and len(saves) == 1:
+            return real_save(obj, f, *a, **kw)     # data_0 is written; data_1 (queued with it) fails
+        if not writer_first:
+            _time.sleep(0.3)          # still writing when the generator fails
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(torch, "save", failing_save)
+
+    def boom_on_second(out):
+        if len(FakeGenerator.made[0].calls) == 2:
+            if writer_first:
+                _time.sleep(0.3)      # the writer has failed by now
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        run(tmp_path, [{"input_ids": [i + 1]} for i in range(4)], "--batch-size", "2", corrupt=boom_on_second)
+    err = capsys.readouterr().err
+    assert "No space left on device" in err and ("the writer had failed too" if writer_first
+                                                  else "writing the queued samples failed too") in err
+    assert [p.name for p in (tmp_path / "out").glob("data_*.pt")] == (["data_0.pt"] if writer_first else [])

@@ -260,7 +260,7 @@ def test_extract_status_stop_on_group_with_per_host_vars(fleet, cli, tmp_path):
                        "identity_file": str(server.identity_file), "known_hosts": str(server.known_hosts),
                        "python": str(py), "workdir": str(tmp_path), "playbook": str(pb_path),
                        "env": {"REMOTE_OPS_STATE_DIR": str(state)},
-                       "vars": {"script": str(standin), "samples": samples, "sleep": sleep,
+                       "vars": {"script": str(standin), "samples": samples, "sleep": sleep, "target_model": "tiny-standin",
                                 "out": str(tmp_path / f"out-{name}")}}
     inv = str(write_inventory(tmp_path / "inventory.yaml", hosts, {"jobs": ["x1", "x2", "x3"]}))
     status, out, err = cli("-i", inv, "patch", "x1", "--yes", "--json")   # one venv behind all three

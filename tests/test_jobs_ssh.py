@@ -449,10 +449,30 @@ def test_preflight_refuses_busy_gpus_and_too_few(tmp_path, sshd, cli):
 
 
 def test_preflight_refuses_too_little_disk(tmp_path, sshd, cli):
-    env = Env(tmp_path, sshd, ["--max-samples", "2"], {"expected_samples": 1000,
-                                                       "bytes_per_sample": 10 ** 15})
+    """From real sizes (extract.disk): the checkpoint's config.json on the host x the dataset's tokens,
+    against the free space of the output's filesystem; refused in one line before anything starts."""
+    import shutil
+    model = tmp_path / "model"
+    model.mkdir()
+    ds = tmp_path / "ds.jsonl"
+    ds.write_text("".join(json.dumps({"input_ids": [1] * 3000}) + "\n" for _ in range(1000)))
+    free = shutil.disk_usage(tmp_path).free
+    # 4 captured layers x 2 bytes x 1000 x 2047 tokens: a hidden size that needs about twice the free space
+    hidden = int(free * 2 / (4 * 2 * 1000 * 2047)) + 1
+    (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": hidden,
+                                                   "num_hidden_layers": 8}))
+    disk = {"dataset": str(ds), "max_model_len": 2048, "model": str(model)}
+    env = Env(tmp_path, sshd, ["--max-samples", "2"], {"expected_samples": 1000, "disk": disk})
     status, out, err = cli(*env.argv("extract", "testhost"))
-    assert status == 8 and "not enough disk" in err
+    assert status == 8 and "not enough disk at " in err, err
+    assert "1000 more samples (2047000 tokens x 4 layers x %d hidden x 2 bytes)" % hidden in err
+    assert not env.jobdirs()                        # nothing launched
+    (model / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 8}))
+    s, rec, err = cli_json(cli, env, "extract", "testhost", "--dry-run")
+    assert s == 0, err
+    assert any(n.startswith("disk: 1000 more samples (2047000 tokens x 4 layers x 64 hidden") for n in
+               rec["preflight"]["notes"])
+    assert rec["preflight"]["disk"]["need"]["counts"]["exact"]
 
 
 def test_extract_schema_errors_name_file_and_line(tmp_path, sshd, cli):
@@ -555,3 +575,28 @@ elif "--query-compute-apps=" in a:
     finally:
         foreign.kill()
         foreign.wait()
+
+
+def test_status_and_tail_show_tokens_per_s_and_eta_from_the_jobs_progress_lines(tmp_path, sshd, cli):
+    """The shipped script (driven by the stand-in) prints extract-progress lines; `status` (JSON and
+    text) and the --tail snapshot carry the job's own tokens/s and an ETA while it runs."""
+    env = Env(tmp_path, sshd, ["--max-samples", "30", "--seq-len", "40", "--sleep", "0.2",
+                               "--progress-seconds", "0"], {"expected_samples": 30})
+    s, rec, err = cli_json(cli, env, "extract", "testhost")
+    assert s == 0, err
+    env.wait_log('"samples_done":4,')
+    s, rec, _ = cli_json(cli, env, "status", "testhost")
+    job = rec["job"]
+    assert job["state"] == "running" and job["tokens"]["total"] == 30 * 40
+    assert 4 * 40 <= job["tokens"]["done"] < 30 * 40
+    assert job["tokens_per_s"] > 0 and job["eta_s"] > 0
+    s, out, _ = cli(*env.argv("status", "testhost"))
+    assert "tok/s" in out and "ETA " in out
+    s, out, err = cli(*env.argv("extract", "testhost", "--tail", "--json"))
+    assert s == 0, err
+    events = [json.loads(l) for l in out.splitlines() if l.strip()]
+    snaps = [e for e in events if e.get("event") == "snapshot" and e.get("tokens")]
+    end = [e for e in events if e.get("event") == "end"][-1]["status"]
+    assert end["state"] == "succeeded" and end["tokens"]["done"] == end["tokens"]["total"] == 1200
+    assert end["eta_s"] is None and end["tokens_per_s"] > 0
+    assert not snaps or all(e["tokens"]["total"] == 1200 for e in snaps)

@@ -6,7 +6,8 @@ Every command goes through the same fleet (``remote_ops.fleet``) and the same ou
   the host failed, the error object every error prints (``error``, ``message``, ``hint``,
   ``exit_status``, ``host``), and the process exits with that ``exit_status``;
 - a group or comma list prints ``{"hosts": [{"host", "ok", "result" | "error"}], "failed": [...]}``
-  in target order, exiting with the first failed host's status.
+  in target order, exiting with the first failed host's status, plus ``"group"`` where the operation
+  computes a record over the hosts (status: totals, rate, ETA; verify of shards: their union).
 """
 
 from __future__ import annotations
@@ -66,7 +67,9 @@ def test_every_command_one_json_shape(cli, inv, command):
     # same object as alone (a record under "result", an error under "error")
     for target in ("both", "live,dead"):
         status, doc, err = _run(cli, inv, command, target)
-        assert set(doc) == {"hosts", "failed"}, doc
+        assert set(doc) - {"group"} == {"hosts", "failed"}, doc
+        # "group": a record over the hosts, from the operations that compute one (status: totals)
+        assert ("group" in doc) == (command == ("status",)), doc
         assert [h["host"] for h in doc["hosts"]] == ["live", "dead"]
         entry, dead = doc["hosts"]
         assert dead["ok"] is False and dead["error"]["error"] == "UnreachableError" and "dead" in doc["failed"]

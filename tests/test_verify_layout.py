@@ -124,3 +124,24 @@ def test_layer_count_differing_between_files(host):
     write(out, [sample(), sample(layers=L + 1)])      # no data_config.json: files compared to each other
     status, rec = verify_json(verify)
     assert status == 1 and any("differs from data_0.pt in hidden_states" in p["problem"] for p in rec["inconsistent"])
+
+
+@pytest.mark.parametrize("written,asked,ok", [(3, 3, True), (3, 5, False)])
+def test_expected_count_is_what_the_job_was_asked_to_write(tmp_path, sshd, cli, written, asked, ok):
+    """max_samples (the shipped default 5000) larger than the dataset: the job writes data_config.json
+    with num_samples = what it was asked to write, and verify counts against that (issue 22)."""
+    from remote_ops.patch import playbook as pb_mod
+    out = tmp_path / "out"
+    out.mkdir()
+    cfg = config()
+    cfg["data"]["num_samples"] = asked
+    write(out, [sample() for _ in range(written)], cfg)
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(yaml.safe_dump({"hosts": {"h": sshd.host_entry(
+        sys.executable, env={"REMOTE_OPS_STATE_DIR": str(tmp_path / "state")},
+        playbook=str(pb_mod.find("eagle3-speculators-0.3.0")), vars={"output_dir": str(out)})}}))
+    status, o, err = cli("-i", str(inv), "verify", "h", "--all", "--json")
+    rec = json.loads(o)
+    assert rec["ok"] is ok and status == (0 if ok else 1), rec
+    assert rec["expected"] == asked and rec["expected_from"] == "data_config.json num_samples"
+    assert rec["missing_after_last"] == asked - written

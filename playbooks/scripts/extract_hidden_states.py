@@ -14,7 +14,7 @@ first N. Every line used is validated before the engine starts.
 
 Engine: ``speculators.data_generation.vllm_hidden_states_generator.VllmHiddenStatesGenerator(
 model_path, layer_ids, max_model_len, gpu_memory_utilization, tensor_parallel_size)`` and its
-``generate(list[list[int]])``, called once per ``--batch-size`` samples. Prompts are cut to
+``generate(list[list[int]])``, called once per batch. Prompts are cut to
 ``max_model_len - 1`` tokens here, before ``generate`` (the generator cuts to the same length, since
 vLLM needs room for the one decode token), and ``loss_mask`` is cut with them, so input_ids,
 every hidden-states tensor and loss_mask of a file have the same length. Every result is checked
@@ -37,12 +37,40 @@ at tag v0.3.0 (commit be6e86e79eee8b2d363399a767194e53f5407331 of vllm-project/s
   ``data.train_data_path`` is the JSONL path; ``generation.cache_dir`` is "" (no HF datasets cache
   is used); ``data.seed`` is 0 (nothing is shuffled).
 
+Batches are packed by tokens: consecutive pending samples (never reordered) until the next one would
+pass ``--batch-tokens`` (default: the engine's own scheduler budget, ``max_num_scheduled_tokens`` or
+``max_num_batched_tokens`` of the generator's scheduler: ``max(8192, max_model_len)`` in speculators
+0.3.0) or the batch would hold ``--batch-size`` samples (default: the scheduler's ``max_num_seqs``, 32
+in 0.3.0). With chunked prefill off (the playbook turns it off) vLLM's scheduler takes waiting
+prompts in order and stops at the first one that does not fit its budget, so a batch that fits is ONE
+forward step, full, and a count-based batch of long prompts is a full step plus a small one.
+``--batch-tokens 0`` gives count-only batches (the old behaviour).
+
+Writes overlap the GPU: each checked sample goes to a writer thread through a queue bounded by
+``--write-queue-mb`` (default 2048; a sample larger than the bound still goes, alone); the thread
+writes each file atomically as below. A crash loses at most the queued samples (their files do not
+exist, so the next run redoes exactly them); a failed write stops the run with that error, raised
+in the main thread at the next batch or at the end; on any other error the samples already checked
+are written before the run stops. ``--write-queue-mb 0`` writes in the main thread (the old way).
+
+Progress: besides the tqdm bar (samples), a line ``extract-progress {json}`` every
+``--progress-seconds`` (default 10), once when the generator is ready and once at the end, with
+``samples_done``/``samples_total``, ``tokens_done``/``tokens_total`` (written files, after
+truncation; files of an earlier run count as done), ``tokens_per_s`` (tokens written by this run over
+the seconds since the generator was ready), ``eta_s`` and ``t`` (unix time). ``remote-ops status`` and
+``--tail`` read the last one.
+
 Differences from speculators' script, on purpose: the dataset is read from JSONL instead of
 speculators' chat preprocessing (no ``datasets`` dependency, no token-frequency file); resume skips
 exactly the samples whose ``data_<N>.pt`` exists (not "everything below the highest index"), and a
 file exists only once complete (written to ``.data_<N>.pt.<pid>.tmp``, fsynced, renamed; stale
 temporaries are removed at start); one tqdm bar counts samples, its ``mininterval`` is
 ``$TQDM_MININTERVAL`` (default 0.1 s).
+
+Sharding (``--shard K/N``, given by ``remote-ops extract GROUP --shard``): only the samples i with
+i % N == K are written, still named by their global index, so the union of the N shards' directories
+is one dataset; resume and the progress bar count the shard's samples, and data_config.json keeps
+the dataset's ``num_samples`` and adds ``shard`` {index, count, assignment, samples}.
 
 Exit status: 0 done; 1 the generator returned a result that does not fit its sample; 2 bad
 arguments or bad dataset (one line: what, where, what to do). Other failures (vLLM, CUDA) end with
@@ -56,6 +84,7 @@ import json
 import os
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -63,6 +92,11 @@ GENERATOR_MODULE = "speculators.data_generation.vllm_hidden_states_generator"
 CONFIG_VERSION = "2.0"          # DataGenerationConfig.VERSION of speculators 0.3.0
 TEMP_RE = re.compile(r"^\.data_\d+\.pt\.\d+\.tmp$")
 PROG = "extract_hidden_states"
+PROGRESS_PREFIX = "extract-progress "
+# speculators 0.3.0 vllm_hidden_states_generator: MIN_MAX_BATCHED_TOKENS, MAX_NUM_SEQS (used when the
+# generator does not expose its scheduler)
+DEFAULT_MIN_BATCH_TOKENS = 8192
+DEFAULT_MAX_NUM_SEQS = 32
 
 
 class InputError(Exception):
@@ -92,6 +126,16 @@ def parse_layer_ids(text):
     return out or None
 
 
+def _auto_int(text):
+    """An integer, or None for "auto" / "" (the engine's own value)."""
+    if str(text).strip().lower() in ("", "auto"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not a whole number or 'auto'" % (text,)) from None
+
+
 def build_parser(required=True):
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("--target-model-path", required=required, help="HF model id or local checkpoint directory")
@@ -99,26 +143,41 @@ def build_parser(required=True):
                    help="JSONL: {\"input_ids\": [...]} or {\"text\": ...} per line")
     p.add_argument("--output-dir", required=True, help="where data_<N>.pt and data_config.json go")
     p.add_argument("--max-samples", type=int, default=None, help="first N samples of the dataset (default: all)")
-    p.add_argument("--batch-size", type=int, default=8, help="samples per generate() call (default 8)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="at most this many samples per generate() call (default: the scheduler's max_num_seqs)")
+    p.add_argument("--batch-tokens", type=_auto_int, default=None,
+                   help="pack each generate() call up to this many tokens (default or 'auto': the scheduler's "
+                        "token budget; 0: batches of --batch-size samples whatever their lengths)")
+    p.add_argument("--write-queue-mb", type=float, default=2048,
+                   help="bound of the samples waiting for the writer thread, in MiB (default 2048; "
+                        "0: write in the main thread, no overlap)")
+    p.add_argument("--progress-seconds", type=float, default=10,
+                   help="seconds between extract-progress lines (default 10; 0: after every file)")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per model (default 1)")
     p.add_argument("--layer-ids", default=None,
                    help="comma list of layers to capture (default: the generator's choice)")
     p.add_argument("--max-model-len", type=int, default=2048, help="vLLM max_model_len (default 2048)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.8, help="vLLM setting (default 0.8)")
+    p.add_argument("--shard", default=None, metavar="K/N",
+                   help="write only samples i with i %% N == K (files keep their global index; default: all)")
     return p
 
 
 def parse_args(argv=None, parser=None):
     p = parser or build_parser()
     args = p.parse_args(argv)
-    for name, low in (("batch_size", 1), ("tensor_parallel_size", 1), ("max_model_len", 2)):
-        if getattr(args, name) < low:
+    for name, low in (("batch_size", 1), ("batch_tokens", 0), ("tensor_parallel_size", 1), ("max_model_len", 2)):
+        if getattr(args, name) is not None and getattr(args, name) < low:
             raise InputError("--%s must be >= %d, got %d" % (name.replace("_", "-"), low, getattr(args, name)))
+    for name in ("write_queue_mb", "progress_seconds"):
+        if getattr(args, name) < 0:
+            raise InputError("--%s must be >= 0, got %g" % (name.replace("_", "-"), getattr(args, name)))
     if args.max_samples is not None and args.max_samples < 1:
         raise InputError("--max-samples must be >= 1, got %d" % args.max_samples)
     if not 0 < args.gpu_memory_utilization <= 1:
         raise InputError("--gpu-memory-utilization must be in (0, 1], got %g" % args.gpu_memory_utilization)
     args.layer_ids = parse_layer_ids(args.layer_ids)
+    args.shard = parse_shard(args.shard)
     return args
 
 
@@ -209,9 +268,27 @@ def sample_path(output_dir, index):
     return os.path.join(output_dir, "data_%d.pt" % index)
 
 
-def pending_indexes(output_dir, count):
-    """Samples whose data_<N>.pt is not there (a file is there only once complete)."""
-    return [i for i in range(count) if not os.path.exists(sample_path(output_dir, i))]
+def parse_shard(text):
+    """"K/N" -> (K, N); None -> None (every sample)."""
+    if text is None:
+        return None
+    parts = str(text).split("/")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts) \
+            or not 0 <= int(parts[0]) < int(parts[1]):
+        raise InputError("--shard %r: write K/N with 0 <= K < N (e.g. 0/3)" % (text,))
+    return int(parts[0]), int(parts[1])
+
+
+def shard_indexes(count, shard=None):
+    """The sample indexes of shard K of N: i % N == K (round robin, so every shard gets a mix of
+    short and long samples); all of range(count) without a shard. remote-ops' agent/shards.py
+    states the same rule."""
+    return range(count) if shard is None else range(shard[0], count, shard[1])
+
+
+def pending_indexes(output_dir, count, shard=None):
+    """Samples (of the shard) whose data_<N>.pt is not there (a file is there only once complete)."""
+    return [i for i in shard_indexes(count, shard) if not os.path.exists(sample_path(output_dir, i))]
 
 
 def remove_stale_temporaries(output_dir):
@@ -266,6 +343,168 @@ def write_json_atomic(path, obj):
     os.replace(tmp, path)
 
 
+# ------------------------------------------------------------------ batches
+def engine_budget(generator, max_model_len):
+    """(tokens, samples) one scheduler step of the generator's engine takes: its scheduler's
+    max_num_scheduled_tokens (else max_num_batched_tokens) and max_num_running_reqs, else its
+    vllm_config's, else speculators 0.3.0's constants (max(8192, max_model_len), 32)."""
+    sched = getattr(generator, "scheduler", None)
+    cfg = getattr(getattr(generator, "vllm_config", None), "scheduler_config", None)
+    tokens = (getattr(sched, "max_num_scheduled_tokens", None) or getattr(cfg, "max_num_scheduled_tokens", None)
+              or getattr(cfg, "max_num_batched_tokens", None))
+    seqs = getattr(sched, "max_num_running_reqs", None) or getattr(cfg, "max_num_seqs", None)
+    ok = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0   # noqa: E731
+    return (tokens if ok(tokens) else max(DEFAULT_MIN_BATCH_TOKENS, max_model_len),
+            seqs if ok(seqs) else DEFAULT_MAX_NUM_SEQS)
+
+
+def pack_batches(todo, lengths, max_tokens, max_samples):
+    """Consecutive runs of ``todo`` (in order) of at most ``max_samples`` samples and, unless
+    ``max_tokens`` is 0, at most ``max_tokens`` tokens (a longer sample goes alone)."""
+    batch, tokens = [], 0
+    for i in todo:
+        n = lengths[i]
+        if batch and (len(batch) >= max_samples or (max_tokens and tokens + n > max_tokens)):
+            yield batch
+            batch, tokens = [], 0
+        batch.append(i)
+        tokens += n
+    if batch:
+        yield batch
+
+
+# ------------------------------------------------------------------ writing behind the GPU
+class Writer:
+    """Writes samples (save_atomic) in a thread, behind a queue bounded by ``max_bytes`` of tensor
+    data (one sample larger than that still goes, alone). ``max_bytes`` 0: put() writes at once in
+    the calling thread. ``on_written(index)`` is called after each file is in place. The first
+    write error stops the thread: nothing after it is written, and put()/close() raise it."""
+
+    def __init__(self, torch, output_dir, max_bytes, on_written):
+        self.torch, self.output_dir, self.max_bytes, self.on_written = torch, output_dir, max_bytes, on_written
+        self.error = None
+        self._items, self._bytes, self._closed = [], 0, False
+        self._cond = threading.Condition()
+        self._thread = None
+        if max_bytes > 0:
+            self._thread = threading.Thread(target=self._loop, name="extract-writer", daemon=True)
+            self._thread.start()
+
+    @staticmethod
+    def nbytes(sample):
+        return sum(t.numel() * t.element_size() for t in
+                   [sample["input_ids"], sample["loss_mask"], *sample["hidden_states"]])
+
+    def _raise(self):
+        raise self.error
+
+    def put(self, index, sample):
+        if self._thread is None:
+            self._write(index, sample)
+            return
+        n = self.nbytes(sample)
+        with self._cond:
+            while self.error is None and self._items and self._bytes + n > self.max_bytes:
+                self._cond.wait()
+            if self.error is not None:
+                self._raise()
+            self._items.append((index, sample, n))
+            self._bytes += n
+            self._cond.notify_all()
+
+    def _write(self, index, sample):
+        save_atomic(self.torch, sample, sample_path(self.output_dir, index))
+        self.on_written(index)
+
+    def _loop(self):
+        while True:
+            with self._cond:
+                while not self._items and not self._closed:
+                    self._cond.wait()
+                if not self._items:
+                    return
+                index, sample, n = self._items[0]
+            try:
+                self._write(index, sample)
+            except BaseException as exc:   # kept for the main thread: put()/close() raise it
+                with self._cond:
+                    self.error = exc
+                    self._items.clear()
+                    self._bytes = 0
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._items.pop(0)
+                self._bytes -= n
+                self._cond.notify_all()
+                idle = not self._items
+            if idle:   # the renames of what was queued are durable before the thread waits again
+                _fsync_dir(self.output_dir)
+
+    def batch_done(self):
+        if self._thread is None:
+            _fsync_dir(self.output_dir)
+
+    def pending(self):
+        with self._cond:
+            return len(self._items)
+
+    def close(self):
+        """Write everything queued, stop the thread, raise its error if it had one."""
+        if self._thread is not None:
+            with self._cond:
+                self._closed = True
+                self._cond.notify_all()
+            self._thread.join()
+        _fsync_dir(self.output_dir)
+        if self.error is not None:
+            self._raise()
+
+
+class Progress:
+    """Counts written samples and tokens; prints ``extract-progress {json}`` lines."""
+
+    def __init__(self, out, lengths, done_indexes, every, bar=None, clock=time.time, indexes=None):
+        """``indexes``: the samples this run is for (its shard), default all of ``lengths``."""
+        self.out, self.lengths, self.every, self.bar, self.clock = out, lengths, every, bar, clock
+        indexes = range(len(lengths)) if indexes is None else indexes
+        self.samples_total, self.tokens_total = len(indexes), sum(lengths[i] for i in indexes)
+        self.samples_done = len(done_indexes)
+        self.tokens_done = sum(lengths[i] for i in done_indexes)
+        self.tokens_run = 0
+        self.t0 = self.last = None
+        self._lock = threading.Lock()
+
+    def start(self):
+        self.t0 = self.clock()
+        self.emit()
+
+    def written(self, index):
+        with self._lock:
+            self.samples_done += 1
+            self.tokens_done += self.lengths[index]
+            self.tokens_run += self.lengths[index]
+            if self.bar is not None:
+                self.bar.update(1)
+            if self.clock() - self.last >= self.every:
+                self.emit()
+
+    def record(self):
+        now = self.clock()
+        secs = now - self.t0 if self.t0 is not None else 0.0
+        rate = self.tokens_run / secs if secs > 0 and self.tokens_run else None
+        left = self.tokens_total - self.tokens_done
+        return {"samples_done": self.samples_done, "samples_total": self.samples_total,
+                "tokens_done": self.tokens_done, "tokens_total": self.tokens_total,
+                "tokens_per_s": round(rate, 1) if rate else None,
+                "eta_s": round(left / rate, 1) if rate else (0.0 if not left else None),
+                "elapsed_s": round(secs, 3), "t": round(now, 3)}
+
+    def emit(self):
+        self.last = self.clock()
+        print(PROGRESS_PREFIX + json.dumps(self.record(), separators=(",", ":")), file=self.out, flush=True)
+
+
 def _version(dist):
     try:
         from importlib.metadata import version
@@ -283,13 +522,14 @@ def _gpu_info(torch):
     return name if count == 1 else "%dx %s" % (count, name)
 
 
-def data_config(torch, args, layer_ids, hidden_size, tensor_parallel_size, num_samples, gpu=None):
-    """The document DataGenerationConfig.to_dict() of speculators 0.3.0 writes, field for field."""
+def data_config(torch, args, layer_ids, hidden_size, tensor_parallel_size, num_samples, gpu=None, shard=None):
+    """The document DataGenerationConfig.to_dict() of speculators 0.3.0 writes, field for field;
+    a sharded run adds ``shard`` (index K, count N, its samples; num_samples stays the dataset's)."""
     from datetime import datetime, timezone
     versions = {"torch": torch.__version__, "vllm": _version("vllm"),
                 "transformers": _version("transformers"), "speculators": _version("speculators")}
     layers = len(layer_ids)
-    return {
+    doc = {
         "version": CONFIG_VERSION,
         "generated_at": datetime.now(timezone.utc).isoformat(),
         "speculators_version": versions["speculators"],
@@ -321,6 +561,10 @@ def data_config(torch, args, layer_ids, hidden_size, tensor_parallel_size, num_s
             },
         },
     }
+    if shard is not None:
+        doc["shard"] = {"index": shard[0], "count": shard[1], "assignment": "i % count == index",
+                        "samples": len(shard_indexes(num_samples, shard))}
+    return doc
 
 
 # ------------------------------------------------------------------ results
@@ -406,35 +650,55 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
     stale = remove_stale_temporaries(args.output_dir)
     if stale:
         print("removed %d unfinished temporary file(s) of an earlier run" % stale, file=out, flush=True)
-    todo = pending_indexes(args.output_dir, len(records))
+    shard = getattr(args, "shard", None)
+    todo = pending_indexes(args.output_dir, len(records), shard)
+    share = len(shard_indexes(len(records), shard))
+    if shard is not None:
+        print("shard %d/%d: %d of %d samples (i %% %d == %d)" % (shard[0], shard[1], share, len(records),
+                                                                shard[1], shard[0]), file=out, flush=True)
     config_path = os.path.join(args.output_dir, "data_config.json")
-    done = len(records) - len(todo)
+    done = share - len(todo)
     if done:
-        print("resuming: %d of %d samples already written, %d to go" % (done, len(records), len(todo)),
+        print("resuming: %d of %d samples already written, %d to go" % (done, share, len(todo)),
               file=out, flush=True)
     if not todo and os.path.exists(config_path):
-        print("all %d samples are already in %s: nothing to do" % (len(records), args.output_dir),
+        print("all %d samples are already in %s: nothing to do" % (share, args.output_dir),
               file=out, flush=True)
         return 0
 
     hidden = hidden_size_of(args.target_model_path)      # before the engine starts: a bad model fails fast
+    lengths = [len(r["input_ids"]) for r in records]
     t0 = time.time()
     generator = make_generator(args.target_model_path, args.layer_ids, args.max_model_len,
                                args.gpu_memory_utilization, args.tensor_parallel_size)
-    bar = None
-    written = 0
+    bar = writer = None
+    written = [0]
     try:
         layer_ids = list(getattr(generator, "layer_ids"))
-        print("generator ready in %.1fs: %s, layers %s, hidden size %d, tensor parallel %d"
-              % (time.time() - t0, args.target_model_path, layer_ids, hidden, args.tensor_parallel_size),
-              file=out, flush=True)
+        budget_tokens, budget_seqs = engine_budget(generator, args.max_model_len)
+        max_tokens = budget_tokens if args.batch_tokens is None else args.batch_tokens
+        max_samples = budget_seqs if args.batch_size is None else args.batch_size
+        print("generator ready in %.1fs: %s, layers %s, hidden size %d, tensor parallel %d; batches of up to "
+              "%s tokens and %d samples (engine step: %d tokens, %d samples)"
+              % (time.time() - t0, args.target_model_path, layer_ids, hidden, args.tensor_parallel_size,
+                 max_tokens or "any", max_samples, budget_tokens, budget_seqs), file=out, flush=True)
         write_json_atomic(config_path, data_config(torch, args, layer_ids, hidden,
                                                    getattr(generator, "tensor_parallel_size",
-                                                           args.tensor_parallel_size), len(records)))
-        bar = tqdm(total=len(records), initial=done, desc="Generating hidden states", unit="sample",
+                                                           args.tensor_parallel_size), len(records),
+                                                   shard=shard))
+        bar = tqdm(total=share, initial=done, desc="Generating hidden states", unit="sample",
                    mininterval=_mininterval(), file=sys.stderr)
-        for start in range(0, len(todo), args.batch_size):
-            batch = todo[start:start + args.batch_size]
+        pending = set(todo)
+        mine = shard_indexes(len(records), shard)
+        progress = Progress(out, lengths, [i for i in mine if i not in pending], args.progress_seconds, bar,
+                            indexes=mine)
+
+        def on_written(index):
+            written[0] += 1
+            progress.written(index)
+        writer = Writer(torch, args.output_dir, int(args.write_queue_mb * (1 << 20)), on_written)
+        progress.start()
+        for batch in pack_batches(todo, lengths, max_tokens, max_samples):
             results = generator.generate([records[i]["input_ids"] for i in batch])
             if not isinstance(results, list) or len(results) != len(batch):
                 raise ResultError("generate() returned %s results for a batch of %d samples (data_%d.pt..)"
@@ -442,10 +706,21 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
                                      len(batch), batch[0]))
             samples = [build_sample(torch, i, records[i], r, len(layer_ids)) for i, r in zip(batch, results)]
             for i, sample in zip(batch, samples):
-                save_atomic(torch, sample, sample_path(args.output_dir, i))
-                written += 1
-                bar.update(1)
-            _fsync_dir(args.output_dir)
+                writer.put(i, sample)
+            writer.batch_done()
+        writer.close()
+        progress.emit()
+    except BaseException as exc:
+        if writer is not None and writer.error is None:
+            try:    # the samples already checked and queued are written before the run stops
+                writer.close()
+            except BaseException as also:   # the error already on its way out stays the one raised
+                print("warning: writing the queued samples failed too: %s: %s" % (type(also).__name__, also),
+                      file=sys.stderr, flush=True)
+        elif writer is not None and writer.error is not exc:   # said, never dropped
+            print("warning: the writer had failed too: %s: %s" % (type(writer.error).__name__, writer.error),
+                  file=sys.stderr, flush=True)
+        raise
     finally:
         if bar is not None:
             bar.close()
@@ -456,7 +731,7 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
             except Exception as exc:   # reported; an error already on its way out must not be hidden
                 print("warning: engine shutdown failed: %s: %s" % (type(exc).__name__, exc), file=sys.stderr)
     print("wrote %d sample(s) to %s in %.1fs (%d of %d present)"
-          % (written, args.output_dir, time.time() - t0, done + written, len(records)), file=out, flush=True)
+          % (written[0], args.output_dir, time.time() - t0, done + written[0], share), file=out, flush=True)
     return 0
 
 

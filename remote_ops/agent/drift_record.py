@@ -93,11 +93,17 @@ def record_call(analysis, node, callee, e, sig):
     analysis.touches.append(t)
 
 # ----------------------------------------------------------------------------- bound functions
-def collect_bound(analysis, tree):
-    """Functions of this module bound onto library objects, and what they use on ``self``."""
+def bound_functions(tree, parents=None):
+    """Functions of a module bound onto other objects (``types.MethodType(fn, obj)`` or
+    ``obj.attr = fn``): [(call or assignment node, function node, obj expr, how, {attr: first line}
+    it loads on ``self``, attributes assigned on it)]. Attributes the binding code itself puts on that
+    object (``obj._ext = self``) count as assigned: they are the caller's own, not the library's."""
     funcs = {st.name: st for st in tree.body if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef))}
     if not funcs:
-        return
+        return []
+    if parents is None:
+        parents = {c: p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+    out = []
     for node in ast.walk(tree):
         fname, obj, kind = None, None, None
         if isinstance(node, ast.Call) and (dotted(node.func) or "").endswith("MethodType") and \
@@ -120,11 +126,10 @@ def collect_bound(analysis, tree):
                     used.setdefault(sub.attr, sub.lineno)
                 else:
                     assigned.add(sub.attr)
-        # attributes the caller itself puts on that object (``obj._ext = self``) are its own
         objtext = dotted(obj)
-        scope = analysis.parents.get(node)
+        scope = parents.get(node)
         while scope is not None and not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
-            scope = analysis.parents.get(scope)
+            scope = parents.get(scope)
         if objtext and scope is not None:
             for sub in ast.walk(scope):
                 tg = sub.targets if isinstance(sub, ast.Assign) else []
@@ -132,6 +137,14 @@ def collect_bound(analysis, tree):
                     if isinstance(t, ast.Attribute) and dotted(t.value) == objtext:
                         assigned.add(t.attr)
         used = {k: v for k, v in used.items() if k not in assigned and not k.startswith("__")}
+        out.append((node, fn, obj, kind, used, assigned))
+    return out
+
+
+def collect_bound(analysis, tree):
+    """Functions of this module bound onto library objects, and what they use on ``self``."""
+    for node, fn, obj, kind, used, assigned in bound_functions(tree, analysis.parents):
+        fname, objtext = fn.name, dotted(obj)
         src_lines = analysis.text.splitlines() if isinstance(analysis.text, str) else []
         use_lines = {k: src_lines[v - 1] for k, v in used.items() if 0 < v <= len(src_lines)}
         t = {"kind": "bound", "path": analysis.path, "module": analysis.modname, "line": node.lineno,

@@ -101,6 +101,8 @@ def op_probe(args):
             out["job"] = job_status(job_id)
         except AgentFailure:
             out["job"] = None
+    if args.get("port"):
+        out["port"] = port_free(int(args["port"]))
     path = args.get("output_dir")
     if path:
         path = os.path.expanduser(path)
@@ -109,20 +111,40 @@ def op_probe(args):
             probe = os.path.dirname(probe)
         try:
             st = os.statvfs(probe)
-            done, top = sup.count_samples(path)
+            done, top = sup.count_samples(path, args.get("layout"))
             sizes = []
             if done:
                 for i in range(max(0, top - 20), top + 1):
                     try:
-                        sizes.append(os.path.getsize(os.path.join(path, "data_%d.pt" % i)))
+                        sizes.append(os.path.getsize(os.path.join(path, sup.sample_name(args.get("layout"), i))))
                     except OSError:
                         pass
             out["disk"] = {"path": path, "measured_at": probe, "free_bytes": st.f_bavail * st.f_frsize,
                            "existing_samples": done, "max_index": top,
                            "mean_sample_bytes": int(sum(sizes) / len(sizes)) if sizes else None}
+            from .verify import read_data_config      # the shard its data_config.json records
+            out["disk"]["shard"] = (read_data_config(path) or {}).get("shard")
         except OSError as exc:
             out["disk"] = {"path": path, "error": str(exc)}
+        if args.get("need") and not out["disk"].get("error"):   # from real sizes: agent/diskneed.py
+            from . import diskneed
+            out["disk"]["need"] = diskneed.for_job(args["need"], path)
     return out
+
+
+def port_free(port):
+    """{"port", "free", "error"}: can a server bind ``port`` on every address (what a server that listens
+    on 0.0.0.0 needs)? The socket is closed at once; nothing keeps the port."""
+    import socket
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("0.0.0.0", port))
+        return {"port": port, "free": True, "error": None}
+    except OSError as exc:
+        return {"port": port, "free": False, "error": exc.strerror or str(exc)}
+    finally:
+        s.close()
 
 
 def op_list(args):
@@ -137,6 +159,23 @@ def _str_dict(value, what):
                                               for k, v in value.items()):
         raise AgentFailure("bad-args", "%s must map names to strings" % what)
     return value
+
+
+def _server_args(server):
+    """The server of a two-process job, checked: {command, env, port, health_path, health_timeout}."""
+    if server is None:
+        return None
+    if not isinstance(server, dict):
+        raise AgentFailure("bad-args", "server must be a mapping")
+    command = server.get("command")
+    if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
+        raise AgentFailure("bad-args", "server.command must be a non-empty list of strings")
+    port = server.get("port")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise AgentFailure("bad-args", "server.port must be a port number")
+    return {"command": command, "env": _str_dict(server.get("env"), "server.env"), "port": port,
+            "health_path": str(server.get("health_path") or "/health"),
+            "health_timeout": float(server.get("health_timeout") or 600)}
 
 
 def op_launch(args):
@@ -177,6 +216,7 @@ def op_launch(args):
             "cleanup_grace": args.get("cleanup_grace", 10), "created_at": time.time(),
             "launcher_pid": os.getpid(), "playbook": args.get("playbook"),
             "label": standin_label(command, workdir),
+            "layout": args.get("layout"), "server": _server_args(args.get("server")),
         })
         if secret_values:
             fd = os.open(os.path.join(jobdir, "secrets.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -203,7 +243,8 @@ def op_launch(args):
         deadline = time.time() + float(args.get("start_timeout", 20))
         while time.time() < deadline:
             if os.path.exists(os.path.join(jobdir, "run.json")) or \
-                    os.path.exists(os.path.join(jobdir, "exit.json")):
+                    os.path.exists(os.path.join(jobdir, "exit.json")) or \
+                    os.path.exists(os.path.join(jobdir, "server.json")):   # a server started first
                 break
             time.sleep(0.02)
         return {"attached": False, "job": job_status(job_id)}
@@ -319,6 +360,7 @@ def op_tail(args):
                 last_snap = now
                 yield {"type": "snapshot", "state": st["state"], "samples": st["samples"],
                        "elapsed_s": st["elapsed_s"], "rate_per_s": st["rate_per_s"],
+                       "tokens": st["tokens"], "tokens_per_s": st["tokens_per_s"], "eta_s": st["eta_s"],
                        "watchdog": st["watchdog"], "gpu": gpu_info, "log_size": st["log_size"],
                        "offset": offset}
             if now - t0 >= budget:
@@ -341,12 +383,23 @@ def _proc_info(pid):
     return info
 
 
+def _server_group(jobdir):
+    """The process group of the job's server while its leader lives (never a reused pid's group)."""
+    rec = sup.read_json(os.path.join(jobdir, "server.json")) or {}
+    if rec.get("pgid") and _pid_alive(rec.get("pid"), rec.get("start_ticks")):
+        return rec["pgid"]
+    return None
+
+
 def _job_pids(job_id, pgid, exclude):
-    """Every live process of the job: marker in its environment, in its process group, or a
-    descendant recorded by the supervisor (pid + start time, so a reused pid is never hit)."""
+    """Every live process of the job: marker in its environment, in its process group (or its
+    server's), or a descendant recorded by the supervisor (pid + start time, so a reused pid is never hit)."""
     pids = set(sup.marker_pids(job_id, exclude))
     if pgid:
         pids |= set(sup.group_pids(pgid, exclude))
+    server_pgid = _server_group(_jobdir(job_id))
+    if server_pgid:
+        pids |= set(sup.group_pids(server_pgid, exclude))
     known = sup.read_json(os.path.join(_jobdir(job_id), "pids.json"), {}) or {}
     pids |= set(sup.known_alive({int(k): v for k, v in known.items()})) - set(exclude)
     return sorted(pids)

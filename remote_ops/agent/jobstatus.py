@@ -26,7 +26,8 @@ def _re(name):
         import re
         _PATTERNS.update(
             key=re.compile(r"[^A-Za-z0-9_.-]+"), job=re.compile(r"^[A-Za-z0-9_.-]+$"),
-            err=re.compile(r"(Error|Exception|error:|FAILED|Killed|Aborted|Traceback|CUDA out of memory)"))
+            err=re.compile(r"(Error|Exception|error:|FAILED|Killed|Aborted|Traceback|CUDA out of memory)"),
+            progress=re.compile(r"extract-progress (\{[^\r\n]*\})"))
     return _PATTERNS[name]
 
 
@@ -116,6 +117,41 @@ def error_lines(log_path, limit=3):
     return errs[-limit:]
 
 
+PROGRESS_KEYS = ("samples_done", "samples_total", "tokens_done", "tokens_total", "tokens_per_s", "eta_s", "t")
+
+
+def last_progress(log_path, max_bytes=65536):
+    """The last ``extract-progress {json}`` line of the log's last ``max_bytes`` (the shipped
+    extraction script prints one every few seconds), as a dict of PROGRESS_KEYS, else None."""
+    data = _read_tail(log_path or "", max_bytes)
+    if b"extract-progress {" not in data:
+        return None
+    import json
+    for m in reversed(list(_re("progress").finditer(data.decode("utf-8", "replace")))):
+        try:
+            rec = json.loads(m.group(1))
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            return {k: rec.get(k) for k in PROGRESS_KEYS}
+    return None
+
+
+def _tokens(progress, state, now):
+    """status' token fields from the last progress line: done/total, the job's own tokens/s and an
+    ETA counted down from when the line was written (none once the job ended)."""
+    if progress is None:
+        return {"tokens": None, "tokens_per_s": None, "eta_s": None}
+    eta = progress.get("eta_s")
+    if state not in ("running", "starting"):
+        eta = None
+    elif isinstance(eta, (int, float)) and isinstance(progress.get("t"), (int, float)):
+        eta = round(max(0.0, eta - max(0.0, now - progress["t"])), 1)
+    return {"tokens": {"done": progress.get("tokens_done"), "total": progress.get("tokens_total"),
+                       "at": progress.get("t")},
+            "tokens_per_s": progress.get("tokens_per_s"), "eta_s": eta}
+
+
 def job_status(job_id):
     jobdir = _jobdir(job_id)
     job = sup.read_json(os.path.join(jobdir, "job.json"))
@@ -142,6 +178,8 @@ def job_status(job_id):
                    signal_name=ext.get("signal_name"), cleanup=ext.get("cleanup"))
         if ext.get("start_error"):
             state, reason = "failed", ext["start_error"]
+        elif stop and ext.get("before_client"):
+            state, reason = "stopped", "stopped by remote-ops stop while the server was starting"
         elif stop:
             state = "stopped"
             reason = "stopped by remote-ops stop; " + (
@@ -155,8 +193,13 @@ def job_status(job_id):
                       else "killed by %s" % ext.get("signal_name"))
             if ext.get("signal_name") == "SIGKILL":
                 reason += " (out of memory? check dmesg)"
+        if ext.get("server_failure") and state != "stopped":
+            state, reason = "failed", ext["server_failure"]
         if state in ("failed", "stopped"):
-            out["error_lines"] = error_lines(job.get("log"))
+            server_failed = ext.get("failed_by") == "server" or bool(ext.get("server_failure"))
+            # a server that ended the job: the lines that say why are in its own log
+            out["error_lines"] = error_lines(os.path.join(jobdir, "server.log") if server_failed
+                                             else job.get("log"))
             if out["error_lines"] and state == "failed":
                 reason += ": " + out["error_lines"][-1].strip()
     elif held:
@@ -181,20 +224,48 @@ def job_status(job_id):
                            "limit_s": wd.get("limit_s")}
         out["warnings"].append("no progress in log or output for %ds (hung NCCL start?)"
                                % (t - wd.get("since", t)))
+    if job.get("layout"):
+        out["layout"] = job["layout"]
+    if job.get("server"):
+        out["server"] = server_status(jobdir, state)
     # progress
-    done, top = sup.count_samples(job.get("output_dir")) if job.get("output_dir") else (0, -1)
+    done, top = sup.count_samples(job.get("output_dir"), job.get("layout")) if job.get("output_dir") else (0, -1)
     start = run.get("started_at")
     end = out["ended_at"] or (t if state in ("running", "starting") else None) or start
     elapsed = (end - start) if start and end else None
     new = done - (run.get("initial_samples") or 0)
-    out["samples"] = {"done": done, "expected": job.get("expected_samples"), "max_index": top,
+    expected = job.get("expected_samples")
+    if job.get("output_dir"):     # what the job itself says it was asked to write (min of max_samples and the data)
+        from .verify import read_data_config
+        cfg = read_data_config(os.path.expanduser(job["output_dir"])) or {}
+        asked = cfg.get("num_samples")
+        if isinstance(asked, int) and not isinstance(asked, bool) and asked >= 0:
+            expected = asked
+            if cfg.get("shard"):      # a sharded job writes its share of num_samples (agent/shards.py)
+                expected = len(range(cfg["shard"][0], asked, cfg["shard"][1]))
+    out["samples"] = {"done": done, "expected": expected, "max_index": top,
                       "at_start": run.get("initial_samples")}
     out["elapsed_s"] = round(elapsed, 1) if elapsed is not None else None
     out["rate_per_s"] = round(new / elapsed, 3) if elapsed and elapsed > 0 and new > 0 else None
+    out.update(_tokens(last_progress(job.get("log")), state, t))
     try:
         out["log_size"] = os.path.getsize(job.get("log") or "")
     except OSError:
         out["log_size"] = 0
+    return out
+
+
+def server_status(jobdir, state):
+    """The server of a two-process job: its state (starting, healthy, exited, failed, stopped), port,
+    health URL, pid, log and how long it took to answer its health check."""
+    rec = sup.read_json(os.path.join(jobdir, "server.json"))
+    if rec is None:
+        return {"state": "not started" if state in TERMINAL else "starting", "log": os.path.join(jobdir, "server.log")}
+    out = {k: rec.get(k) for k in ("state", "port", "health", "pid", "log", "exit")}
+    if rec.get("state") == "healthy" and state in TERMINAL:
+        out["state"] = "stopped"   # the supervisor ended (SIGKILL, reboot) before it recorded the stop
+    if rec.get("healthy_at") and rec.get("started_at"):
+        out["ready_after_s"] = round(rec["healthy_at"] - rec["started_at"], 1)
     return out
 
 

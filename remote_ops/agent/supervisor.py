@@ -22,14 +22,30 @@ import time
 
 MARKER = "REMOTE_OPS_JOB_ID"
 _SAMPLE_RE = []
+# The output layouts a job writes (the playbook's extract.output_layout): one file per sample.
+# data_pt: speculators 0.3.0's generator (data_<N>.pt + data_config.json); hs_safetensors: speculators
+# >= 0.5's server flow (hs_<N>.safetensors, moved in by its client from vLLM's hidden-states connector).
+LAYOUTS = {"data_pt": (r"^data_(\d+)\.pt$", "data_%d.pt"),
+           "hs_safetensors": (r"^hs_(\d+)\.safetensors$", "hs_%d.safetensors")}
+_LAYOUT_RE = {}
 
 
-def sample_re():
-    """``^data_(\\d+)\\.pt$``, compiled on first use."""
+def sample_re(layout=None):
+    """The file-name pattern of one sample (``^data_(\\d+)\\.pt$`` by default), compiled on first use."""
+    if layout and layout != "data_pt":
+        if layout not in _LAYOUT_RE:
+            import re
+            _LAYOUT_RE[layout] = re.compile(LAYOUTS[layout][0])
+        return _LAYOUT_RE[layout]
     if not _SAMPLE_RE:
         import re
         _SAMPLE_RE.append(re.compile(r"^data_(\d+)\.pt$"))
     return _SAMPLE_RE[0]
+
+
+def sample_name(layout, index):
+    """The file name of sample ``index`` in ``layout``."""
+    return LAYOUTS.get(layout or "data_pt", LAYOUTS["data_pt"])[1] % index
 
 
 def now():
@@ -103,13 +119,14 @@ def boot_id():
         return None
 
 
-def count_samples(output_dir):
-    """(number of data_<N>.pt files, highest N or -1)."""
+def count_samples(output_dir, layout=None):
+    """(number of sample files (data_<N>.pt by default), highest N or -1)."""
     count, top = 0, -1
+    pattern = sample_re(layout)
     try:
         with os.scandir(output_dir) as it:
             for entry in it:
-                m = sample_re().match(entry.name)
+                m = pattern.match(entry.name)
                 if m:
                     count += 1
                     top = max(top, int(m.group(1)))
@@ -218,18 +235,21 @@ class Supervisor:
         self.job_id = self.job.get("job_id") or os.path.basename(jobdir.rstrip("/"))
         self.proc = None
         self.pgid = None
+        self.server = None            # Server, when the playbook's extract has a server
+        self.server_failure = None    # why the server ended the job (exit.json "server_failure")
 
     def path(self, name):
         return os.path.join(self.jobdir, name)
 
     def _forward(self, signum, frame):
-        # Someone signalled the supervisor itself: pass it on to the job, keep recording.
+        # Someone signalled the supervisor itself: pass it on to the job (and its server), keep recording.
         import signal
-        if self.pgid:
-            try:
-                os.killpg(self.pgid, signal.SIGTERM)
-            except (ProcessLookupError, PermissionError):
-                pass
+        for pgid in (self.pgid, self.server.pgid if self.server else None):
+            if pgid:
+                try:
+                    os.killpg(pgid, signal.SIGTERM)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
     def run(self):
         import signal
@@ -257,7 +277,14 @@ class Supervisor:
         env[MARKER] = self.job_id
         secrets = None
         output_dir = job.get("output_dir")
-        initial, _ = count_samples(output_dir) if output_dir else (0, -1)
+        layout = job.get("layout")
+        initial, _ = count_samples(output_dir, layout) if output_dir else (0, -1)
+        if job.get("server"):
+            # the server first (same marker, its own process group and log), healthy before the client
+            self.server = Server(self, job["server"], env, log_fd)
+            if not self.server.start_and_wait():
+                env = None
+                return 0
         log_line(log_fd, "job %s starting: %s" % (self.job_id, " ".join(job.get("command") or [])))
         try:
             self.proc = subprocess.Popen(job["command"], cwd=job.get("workdir") or None, env=env,
@@ -270,6 +297,8 @@ class Supervisor:
             if isinstance(exc, OSError) and exc.filename:
                 msg += ": %s" % exc.filename
             log_line(log_fd, msg)
+            if self.server:
+                self.server.stop()
             write_json(self.path("exit.json"), {"exit_code": None, "signal": None, "ended_at": now(),
                                                 "start_error": msg, "cleanup": []})
             return 0
@@ -281,12 +310,20 @@ class Supervisor:
             "pid": self.proc.pid, "pgid": self.pgid, "supervisor_pid": os.getpid(),
             "started_at": started, "start_ticks": proc_start_ticks(self.proc.pid),
             "boot_id": boot_id(), "initial_samples": initial,
+            "server": self.server.record() if self.server else None,
         })
         rc = self._wait(log_fd, output_dir, started)
         sig = -rc if rc < 0 else None
         exit_rec = {"exit_code": rc if rc >= 0 else None, "signal": sig,
                     "signal_name": signal.Signals(sig).name if sig else None,
                     "ended_at": now(), "cleanup": None}
+        if self.server_failure:
+            exit_rec["server_failure"] = self.server_failure
+        if self.server:
+            # the job has ended when its server has: stopped before the exit is recorded, so a follower that
+            # returns on the recorded exit finds the server's GPU memory released
+            log_line(log_fd, "client %s" % describe_rc(rc))
+            exit_rec["server"] = self.server.stop()
         write_json(self.path("exit.json"), exit_rec)
         log_line(log_fd, "job %s ended: %s" % (
             self.job_id, "exit code %d" % rc if rc >= 0 else "killed by %s" % exit_rec["signal_name"]))
@@ -305,10 +342,14 @@ class Supervisor:
                 size = os.fstat(log_fd).st_size
             except OSError:
                 size = None
-            return size, (count_samples(output_dir) if output_dir else None)
+            if size is not None and self.server:
+                size -= self.server.relayed   # the server's lines copied into the log are not progress
+            return size, (count_samples(output_dir, self.job.get("layout")) if output_dir else None)
 
         last, last_change, stalled = progress(), started, False
         known = {self.proc.pid: proc_start_ticks(self.proc.pid)}
+        if self.server:
+            known.update(self.server.known)
         poll = min(poll, 1.0)
         while True:
             try:
@@ -316,10 +357,19 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 pass
             try:
-                if track_descendants(self.proc.pid, known):
+                grew = track_descendants(self.proc.pid, known)
+                if self.server and track_descendants(self.server.proc.pid, known):
+                    grew = True
+                if grew:
                     write_json(self.path("pids.json"), {str(k): v for k, v in known.items()})
             except OSError:
                 pass
+            if self.server:
+                self.server.relay()
+                died = self.server.proc.poll()
+                if died is not None and self.proc.poll() is None:
+                    self.server_failure = self.server.died_while_client_ran(died)
+                    return self._end_client()
             if not limit:
                 continue
             cur, t = progress(), now()
@@ -337,6 +387,17 @@ class Supervisor:
                 log_line(log_fd, "watchdog: no new log output and no new output files for %ds "
                                  "(a hung NCCL start looks like this)" % (t - last_change))
             last = progress()   # our own log lines are not progress
+
+    def _end_client(self):
+        """The server is gone: TERM the client's group, KILL it after the cleanup grace; its status."""
+        import signal
+        import subprocess
+        kill_all([], self.pgid, signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=float(self.job.get("cleanup_grace") or 10))
+        except subprocess.TimeoutExpired:
+            kill_all([], self.pgid, signal.SIGKILL)
+            return self.proc.wait()
 
     def _cleanup(self, log_fd):
         """Nothing of the job may outlive it: TERM, grace, KILL whatever still carries the marker."""
@@ -363,6 +424,201 @@ class Supervisor:
         if left:
             kill_all(left, self.pgid, signal.SIGKILL)
         return [{"pid": p, "signal": "SIGKILL" if p in left else "SIGTERM"} for p in first]
+
+
+class Server:
+    """The job's server (a two-process job: ``extract.server`` of the playbook): started by the
+    supervisor before the client, in its own process group, with the job's marker and environment plus
+    its own, its output in ``server.log`` (relayed into the job's log as ``[server] ...`` lines), ready
+    when ``GET http://127.0.0.1:PORT/PATH`` answers 200 (stdlib urllib, loopback). ``server.json``
+    records pid, group, port and state for status and stop."""
+
+    def __init__(self, sup, spec, env, log_fd):
+        self.sup, self.spec, self.log_fd = sup, spec, log_fd
+        self.env = dict(env)
+        self.env.update({str(k): str(v) for k, v in (spec.get("env") or {}).items()})
+        self.log = sup.path("server.log")
+        self.proc = self.pgid = None
+        self.offset = 0           # how far server.log has been relayed
+        self.relayed = 0          # bytes written into the job's log by the relay
+        self.partial = b""
+        self.known = {}
+        self.state = "starting"
+        self.started_at = self.healthy_at = None
+
+    def record(self):
+        return {"pid": self.proc.pid if self.proc else None, "pgid": self.pgid,
+                "start_ticks": proc_start_ticks(self.proc.pid) if self.proc else None,
+                "port": self.spec.get("port"), "health": self.url(), "log": self.log,
+                "command": self.spec.get("command"), "state": self.state,
+                "started_at": self.started_at, "healthy_at": self.healthy_at}
+
+    def save(self, **extra):
+        rec = self.record()
+        rec.update(extra)
+        write_json(self.sup.path("server.json"), rec)
+
+    def url(self):
+        path = self.spec.get("health_path") or "/health"
+        return "http://127.0.0.1:%d%s" % (int(self.spec.get("port") or 0), path if path.startswith("/") else "/" + path)
+
+    def relay(self, final=False):
+        """Copy server.log's new complete lines into the job's log as ``[server] LINE``."""
+        try:
+            with open(self.log, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read(1 << 20)
+        except OSError:
+            return
+        if not data and not (final and self.partial):
+            return
+        self.offset += len(data)
+        data = self.partial + data
+        lines = data.split(b"\n")
+        self.partial = b"" if final else lines.pop()
+        out = [b"[server] " + l.split(b"\r")[-1] + b"\n" for l in lines if l.split(b"\r")[-1].strip()]
+        if not out:
+            return
+        block = b"".join(out)
+        try:
+            with open(self.sup.job.get("log") or self.sup.path("log"), "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                if fh.tell():
+                    fh.seek(-1, os.SEEK_END)
+                    if fh.read(1) != b"\n":
+                        block = b"\n" + block   # after a client's unfinished (tqdm) line
+            os.write(self.log_fd, block)
+            self.relayed += len(block)
+        except OSError:
+            pass
+
+    def healthy(self):
+        import urllib.error
+        import urllib.request
+        try:
+            with urllib.request.urlopen(self.url(), timeout=2) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def start_and_wait(self):
+        """Start the server and wait for its health check; False when the job cannot go on (exit.json
+        written: the server exited, never became healthy, or the job was stopped meanwhile)."""
+        import subprocess
+        spec, sup = self.spec, self.sup
+        log_line(self.log_fd, "server starting: %s" % " ".join(spec.get("command") or []))
+        slog = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            self.proc = subprocess.Popen(spec["command"], cwd=sup.job.get("workdir") or None, env=self.env,
+                                         stdin=subprocess.DEVNULL, stdout=slog, stderr=slog,
+                                         start_new_session=True, close_fds=True)
+        except (OSError, KeyError, TypeError, ValueError) as exc:
+            msg = "cannot start the server: %s" % (exc.strerror if isinstance(exc, OSError) and exc.strerror
+                                                   else exc)
+            if isinstance(exc, OSError) and exc.filename:
+                msg += ": %s" % exc.filename
+            return self._fail(msg)
+        finally:
+            os.close(slog)
+            self.env = None
+        self.pgid = self.proc.pid
+        self.started_at = now()
+        self.known = {self.proc.pid: proc_start_ticks(self.proc.pid)}
+        self.save()
+        timeout = float(spec.get("health_timeout") or 600)
+        log_line(self.log_fd, "waiting for %s (up to %ds)" % (self.url(), timeout))
+        deadline = self.started_at + timeout
+        while True:
+            self.relay()
+            try:
+                if track_descendants(self.proc.pid, self.known):
+                    write_json(sup.path("pids.json"), {str(k): v for k, v in self.known.items()})
+            except OSError:
+                pass
+            rc = self.proc.poll()
+            if rc is not None:
+                self.relay(final=True)
+                if os.path.exists(sup.path("stop.json")):
+                    return self._stopped()
+                return self._fail("the server exited (%s) before it answered %s" % (describe_rc(rc), self.url()),
+                                  rc)
+            if os.path.exists(sup.path("stop.json")):
+                self.stop()
+                return self._stopped()
+            if self.healthy():
+                self.healthy_at = now()
+                self.state = "healthy"
+                self.save()
+                log_line(self.log_fd, "server healthy after %.1fs: %s" % (self.healthy_at - self.started_at,
+                                                                          self.url()))
+                return True
+            if now() >= deadline:
+                self.stop()
+                return self._fail("the server did not answer %s with 200 within %ds" % (self.url(), timeout))
+            time.sleep(0.5)
+
+    def died_while_client_ran(self, rc):
+        self.relay(final=True)
+        self.state = "exited"
+        self.save(exit=describe_rc(rc), ended_at=now())
+        msg = "the server exited (%s) while the client ran" % describe_rc(rc)
+        log_line(self.log_fd, msg + "; stopping the client")
+        return msg
+
+    def _fail(self, msg, rc=None):
+        self.state = "failed"
+        if self.proc is not None:
+            self.save(exit=describe_rc(rc) if rc is not None else None, ended_at=now())
+        log_line(self.log_fd, msg)
+        write_json(self.sup.path("exit.json"), {"exit_code": None, "signal": None, "ended_at": now(),
+                                                "start_error": msg, "failed_by": "server", "cleanup": []})
+        self.sup._cleanup(self.log_fd)
+        return False
+
+    def _stopped(self):
+        self.state = "stopped"
+        self.save(ended_at=now())
+        log_line(self.log_fd, "stopped before the client started")
+        write_json(self.sup.path("exit.json"), {"exit_code": None, "signal": None, "ended_at": now(),
+                                                "before_client": True, "cleanup": []})
+        self.sup._cleanup(self.log_fd)
+        return False
+
+    def stop(self):
+        """TERM the server's group, KILL it after the cleanup grace; what happened."""
+        import signal
+        import subprocess
+        if self.proc is None:
+            return None
+        rc = self.proc.poll()
+        how = "had exited (%s)" % describe_rc(rc) if rc is not None else None
+        if rc is None:
+            log_line(self.log_fd, "stopping the server (process group %d)" % self.pgid)
+            kill_all(known_alive(self.known), self.pgid, signal.SIGTERM)
+            try:
+                rc = self.proc.wait(timeout=float(self.sup.job.get("cleanup_grace") or 10))
+                how = "stopped with SIGTERM (%s)" % describe_rc(rc)
+            except subprocess.TimeoutExpired:
+                kill_all(known_alive(self.known), self.pgid, signal.SIGKILL)
+                rc = self.proc.wait()
+                how = "killed with SIGKILL"
+        self.relay(final=True)
+        if self.state not in ("failed", "exited", "stopped"):
+            self.state = "stopped"
+            self.save(exit=describe_rc(rc), ended_at=now())
+        return {"exit": describe_rc(rc), "how": how}
+
+
+def describe_rc(rc):
+    if rc is None:
+        return None
+    if rc >= 0:
+        return "exit code %d" % rc
+    import signal
+    try:
+        return "killed by %s" % signal.Signals(-rc).name
+    except ValueError:
+        return "killed by signal %d" % -rc
 
 
 def main(argv):

@@ -136,8 +136,12 @@ def read_data_config(out_dir):
     if layers is None and isinstance(layer_ids, list):
         layers = len(layer_ids)
     hidden = get("model", "hidden_size")
+    from .shards import from_config
+    shard = from_config(doc.get("shard"))     # a sharded job's (k, n): agent/shards.py
     return {"path": path, "version": doc.get("version"), "layers": layers, "hidden": hidden,
-            "layer_ids": layer_ids, "num_samples": get("data", "num_samples")}
+            "layer_ids": layer_ids, "num_samples": get("data", "num_samples"),
+            "shard": list(shard) if shard else None,
+            "package_versions": get("reproducibility", "package_versions")}
 
 
 def _load(torch, path):
@@ -159,6 +163,9 @@ def op_verify(args):
         raise AgentFailure("bad-args", "output_dir is required")
     if not os.path.isdir(out_dir):
         raise AgentFailure("no-output", "output directory %s does not exist on the host" % out_dir)
+    if args.get("layout") == "hs_safetensors":   # speculators >= 0.5's server flow (verify_hs.py)
+        from . import verify_hs
+        return (yield from verify_hs.verify(args))
     expected = args.get("expected")
     check_all = bool(args.get("all"))
     sample_n = int(args.get("sample", 32))
@@ -181,8 +188,26 @@ def op_verify(args):
                 except OSError:
                     pass
     top = max(indexes) if indexes else -1
+    config = read_data_config(out_dir)
+    # what the job was asked to write: its data_config.json's num_samples (min(max_samples, dataset
+    # samples), written before the first sample), else what the caller expects (max_samples)
+    # (a count the caller gives, ``expected``, wins; ``expected_default`` is the job's max_samples)
+    asked = config.get("num_samples") if isinstance(config, dict) else None
+    if expected:
+        expected_from = "given"
+    elif isinstance(asked, int) and not isinstance(asked, bool) and asked >= 0:
+        expected, expected_from = asked, "data_config.json num_samples"
+    else:
+        expected = args.get("expected_default")
+        expected_from = "the job's expected_samples (max_samples)" if expected else None
     upper = max(top + 1, int(expected) if expected else 0)
-    missing = [i for i in range(upper) if i not in indexes]
+    # a sharded job's directory (data_config.json "shard": k of n) should hold i % n == k only
+    first, step = (config["shard"][0], config["shard"][1]) if isinstance(config, dict) and config.get("shard") \
+        else (0, 1)
+    missing = [i for i in range(first, upper, step) if i not in indexes]
+    if step > 1 and expected:
+        expected, expected_from = len(range(first, int(expected), step)), "%s, shard %d/%d" % (
+            expected_from, first, step)
     gaps = [i for i in missing if i < top]           # holes below the highest index
     short = [i for i in missing if i > top]          # never written (fewer than expected)
 
@@ -201,7 +226,6 @@ def op_verify(args):
     bad_load, inconsistent, bad_values = [], [], []
     reference = None
     ref_index = None
-    config = read_data_config(out_dir)
     config_problems = []
     if config and config.get("error"):
         config_problems.append(config["error"])
@@ -209,6 +233,10 @@ def op_verify(args):
             and len(config["layer_ids"]) != config["layers"]:
         config_problems.append("data_config.json lists %d layer_ids but %d hidden-state tensors"
                                % (len(config["layer_ids"]), config["layers"]))
+    outside = [i for i in indexes if i % step != first]
+    if outside:
+        config_problems.append("%d file(s) outside this directory's shard %d/%d, such as data_%d.pt"
+                               % (len(outside), first, step, min(outside)))
     layout_seen = set()
     last_event = time.time()
     for n_done, i in enumerate(chosen, 1):
@@ -242,7 +270,7 @@ def op_verify(args):
             yield {"type": "progress", "checked": n_done, "of": len(chosen)}
     ok = not (gaps or short or bad_load or inconsistent or bad_values or config_problems)
     return {
-        "ok": ok, "output_dir": out_dir, "files": len(indexes), "expected": expected,
+        "ok": ok, "output_dir": out_dir, "files": len(indexes), "expected": expected, "expected_from": expected_from,
         "max_index": top, "gaps": gaps[:MAX_LISTED], "gap_count": len(gaps),
         "missing_after_last": len(short), "empty_files": sorted(empty)[:MAX_LISTED],
         "checked": len(chosen), "mode": "all" if check_all else "sample",

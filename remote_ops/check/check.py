@@ -111,23 +111,33 @@ class CheckResult(Record):
     drift_accepted: list = optional()
     baseline: dict = optional()
     timing: dict = optional()
+    model: dict = optional()            # the model preflight (check.model), when a model is known
     extra: dict = field(default_factory=dict)
 
     def has_findings(self, strict: bool = False) -> bool:
-        return bool(self.findings or (strict and self.drift))
+        return bool(self.findings or (strict and self.drift) or (self.model or {}).get("findings"))
 
 
-def check(session, host, req: CheckRequest) -> CheckResult:
-    """The check operation on one host: one exec round trip, then drift on the controller."""
-    return CheckResult.from_json(run(session, req))
+def check(session, host, req: CheckRequest, model_req=None) -> CheckResult:
+    """The check operation on one host: one exec round trip (the call sites, and the model preflight
+    when ``model_req``: ``check.model.request``), then drift on the controller."""
+    return CheckResult.from_json(run(session, req, model_req))
 
 
-def run(session, req: CheckRequest) -> dict:
+def run(session, req: CheckRequest, model_req=None) -> dict:
     """One exec round trip; returns the CLI's JSON object (plus timing)."""
+    from remote_ops.connect.transport import unwrap
     t0 = time.perf_counter()
-    raw = session.call(*rq.compat_check(**req.op_args()))
+    if model_req is None:
+        raw, model = session.call(*rq.compat_check(**req.op_args())), None
+    else:
+        raw, model = (unwrap(r, session.label) for r in
+                      session.call_many([rq.compat_check(**req.op_args()), model_req]))
     t1 = time.perf_counter()
     out = to_json(session.label, raw, req)
+    if model is not None:
+        model.pop("elapsed_s", None)
+        out["model"] = model
     out["timing"] = {"host_analysis_s": raw.get("elapsed_s"),
                      "round_trip_s": round(t1 - t0, 4)}
     if req.drift:

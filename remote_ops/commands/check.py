@@ -25,6 +25,9 @@ def add_arguments(p):
     p.add_argument("--emit-playbook", metavar="FILE",
                    help="write a draft playbook with mechanical fixes for the findings (placeholders where a "
                         "person must decide; the loader refuses it until they are filled in)")
+    p.add_argument("--model", metavar="PATH|HF_ID",
+                   help="check this checkpoint's model class against what the package's worker needs "
+                        "(default: the playbook var target_model; needs the playbook's check.model section)")
     p.add_argument("--package", metavar="PKG", default=None,
                    help="default targets: modules of this package (default speculators.data_generation)")
 
@@ -34,7 +37,7 @@ def run(args, ctx) -> int:
 
     results = ctx.fleet.check(args.host, playbook=args.playbook, runtime=args.runtime, targets=args.targets,
                               against=args.against, package=args.package, baseline=args.baseline,
-                              drift=not args.no_drift)
+                              drift=not args.no_drift, model=args.model)
     status = ctx.show(results, lambda c, name, v: render(c, v, ctx.verbose),
                       summary=lambda v: (f"{len(v.findings)} finding(s), {len(v.get('drift') or [])} drift, "
                                          f"{len(v.unknown)} unknown"),
@@ -96,7 +99,8 @@ def render(console, result: dict, verbose: int = 0) -> None:
     if result.get("note"):
         console.print(f"[yellow]{escape(result['note'])}[/yellow]")
     render_drift(console, result, verbose)
-    n = len(result["findings"])
+    render_model(console, result.get("model"))
+    n = len(result["findings"]) + len((result.get("model") or {}).get("findings") or [])
     nd = len(result.get("drift") or [])
     nu = len(result["unknown"])
     base = result.get("baseline") or {}
@@ -106,6 +110,22 @@ def render(console, result: dict, verbose: int = 0) -> None:
         console.print(f"[red]{n} finding(s)[/red]{tail}")
     else:
         console.print(f"[green]no findings[/green]{tail}")
+
+
+def render_model(console, m: dict | None) -> None:
+    """The model preflight's lines: what was resolved, each finding with its fix, each unknown."""
+    if not m:
+        return
+    from rich.markup import escape
+
+    from remote_ops.check import model as model_mod
+    console.print(f"[bold]{escape(model_mod.summary(m))}[/bold]")
+    for f in m.get("findings") or []:
+        console.print(escape(model_mod.explain(f)))
+        if f.get("suggestion"):
+            console.print(escape(f"    fix:     {f['suggestion']}"))
+    for u in m.get("unknown") or []:
+        console.print(f"[yellow]{escape('not checked: ' + u['what'] + ': ' + u['reason'])}[/yellow]")
 
 
 def render_drift(console, result: dict, verbose: int = 0) -> None:

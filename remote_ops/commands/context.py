@@ -115,11 +115,15 @@ class Context:
 
     def show(self, results: Results, render_one: Callable[[Any, str, Any], None], *,
              summary: Callable[[Any], str] | None = None, exit_for: Callable[[Any], int] | None = None,
-             render_failure: Callable[[HostResult], None] | None = None) -> int:
+             render_failure: Callable[[HostResult], None] | None = None,
+             render_group: Callable[[Any, Any], None] | None = None,
+             group_exit: Callable[[Any], int] | None = None) -> int:
         """Output of every fleet command, one host or many. ``--json``: ``results.to_json()``. People:
         each host's ``render_one(console, host, record)``, a per-host table when the target named
         several, then one plain line per failed host on stderr (``render_failure`` may add detail
-        before it). Exit status: the first failed host's, else the worst ``exit_for(record)``."""
+        before it), then ``render_group(console, results.group)`` when the operation computed a record
+        over the hosts. Exit status: the first failed host's, else the worst ``exit_for(record)``
+        (``group_exit(results.group)`` replaces the hosts' when given)."""
         if self.json:
             self.emit(results.to_json())
         else:
@@ -128,6 +132,8 @@ class Context:
                     render_one(self.console, r.host, r.value)
             if not results.single:
                 self.host_table(results, summary)
+            if results.group is not None and render_group is not None:
+                render_group(self.console, results.group)
         for r in results:
             if not r.ok and r.error is not None:
                 if render_failure is not None and not self.json:
@@ -138,6 +144,8 @@ class Context:
                     remote = getattr(r.error, "remote_traceback", None)
                     if remote:
                         sys.stderr.write("--- remote traceback ---\n" + remote + "\n")
+        if results.group is not None and group_exit is not None:
+            return max(group_exit(results.group), 0 if results.ok else results.exit_status)
         if not results.ok:
             return results.exit_status
         return max([exit_for(r.value) if exit_for else int(Exit.OK) for r in results] or [int(Exit.OK)])

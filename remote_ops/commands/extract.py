@@ -13,6 +13,11 @@ def add_arguments(p):
     p.add_argument("--strict", action="store_true",
                    help="refuse the job when the checked calls drifted from the package's baseline version")
     p.add_argument("--dry-run", action="store_true", help="preflight only: show what would start")
+    p.add_argument("--shard", nargs="?", const=True, default=None, metavar="K/N",
+                   help="split the samples over the group's hosts (sorted by name: host k of N writes i %% N == k); "
+                        "with K/N: run that share on the named host(s), e.g. one moved from a dead host")
+    p.add_argument("--no-shard", dest="shard", action="store_false",
+                   help="run the whole dataset on every host even if the playbook says extract.shard: true")
 
 
 def run(args, ctx) -> int:
@@ -27,7 +32,7 @@ def run(args, ctx) -> int:
                          "start them with: remote-ops extract GROUP; follow one with: remote-ops extract HOST "
                          "--tail; watch all with: remote-ops status GROUP")
     results = ctx.fleet.extract(args.host, playbook=args.playbook, skip_check=args.skip_check,
-                                dry_run=args.dry_run, strict=args.strict)
+                                dry_run=args.dry_run, strict=args.strict, shard=args.shard)
 
     def refused(r):   # every problem of a refused preflight, then the error's one line
         for p in ((r.error.details or {}).get("preflight") or {}).get("problems") or []:
@@ -50,6 +55,13 @@ def run(args, ctx) -> int:
                       "Ctrl-C detaches, the job keeps running", markup=False, highlight=False)
         if job.get("label"):
             ctx.err.print(f"  {job['label']}", markup=False, highlight=False)
+    if job.get("scheduler") == "slurm":      # a job array: its tasks' logs, each line "[task k] ..."
+        from remote_ops.extract.slurm import follow, print_task_text
+        try:
+            final = follow(ctx.session(host), job["job_id"], lambda k, text: print_task_text(ctx, k, text))
+        except KeyboardInterrupt:
+            return int(Exit.INTERRUPTED)
+        return report_end(ctx, final)
     if v.attached and job.get("log_size", 0) > 8192:
         r = jobs.logs(ctx.session(host), host, job=job["job_id"], lines=20)
         sys.stdout.write(r.text.replace("\r", "\n") if not ctx.json else "")
@@ -76,6 +88,8 @@ def render(c, name, v) -> None:
     job = v.job
     verb = "already running, not started again" if v.attached else "started"
     c.print(f"{name}: job {job['job_id']} {verb} (pid {job.get('pid')}, state {job['state']})", markup=False)
+    if "--shard" in (job.get("command") or [])[-2:]:
+        c.print(f"  shard {job['command'][-1]} into {job.get('output_dir')}", markup=False)
     if job.get("label"):
         c.print(f"  {job['label']}", markup=False)
     for n in v.preflight.get("notes") or []:

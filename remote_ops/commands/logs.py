@@ -44,6 +44,14 @@ def run(args, ctx) -> int:
         return ctx.show(results, render_one, summary=lambda v: f"{v.job_id} ({v.state})")
     # --follow: the log so far, then the live tail (JSON Lines with --json) until the job ends
     r = results[0].value
+    from remote_ops.extract.slurm import is_slurm
+    if is_slurm(ctx.hosts(args.host)[0]) and r.state not in jobs.TERMINAL:   # a job array: every task's log
+        from remote_ops.extract.slurm import follow, print_task_text
+        try:
+            final = follow(ctx.session(ctx.hosts(args.host)[0]), r.job_id, lambda k, t: print_task_text(ctx, k, t))
+        except KeyboardInterrupt:
+            return int(Exit.INTERRUPTED)
+        return report_end(ctx, final)
     if not ctx.json:
         sys.stdout.write(collapse(r.text))
         sys.stdout.flush()

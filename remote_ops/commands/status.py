@@ -23,7 +23,12 @@ def run(args, ctx) -> int:
         return ctx.show(ctx.fleet.jobs(args.host), render_all, summary=lambda v: f"{len(v.jobs)} job(s)")
     return ctx.show(ctx.fleet.status(args.host, playbook=args.playbook, job=args.job),
                     lambda c, name, v: render(c, name, v.job), summary=lambda v: jobs.summary_line(v.job),
-                    exit_for=lambda v: jobs.exit_for(v.job))
+                    exit_for=lambda v: jobs.exit_for(v.job), render_group=render_group)
+
+
+def render_group(c, g) -> None:
+    from remote_ops.extract.shard import progress_line
+    c.print(progress_line(g), markup=False, highlight=False)
 
 
 def render(c, host, st) -> None:
@@ -34,9 +39,17 @@ def render(c, host, st) -> None:
     c.print(Text(f"{host}: " + jobs.summary_line(st), style=color))
     if st.get("label"):
         c.print(Text(f"  {st['label']}", style="yellow"))
+    for t in st.get("tasks") or []:      # a Slurm job array (extract/slurm.py)
+        c.print(f"  task {t['task']}: {t['state']}" + (f" ({t['reason']})" if t.get("reason") else "") +
+                f", {t['samples']}" + (f"/{t['expected']}" if t.get("expected") is not None else "") + " samples"
+                + (f", exit {t['exit_code']}" if t.get("exit_code") is not None else ""), markup=False)
+    if st.get("slurm_id"):
+        c.print(f"  Slurm job {st['slurm_id']}", markup=False)
     if st.get("pid"):
         c.print(f"  pid {st['pid']} (process group {st.get('pgid')}), supervisor "
                 f"{'alive' if st.get('supervisor_alive') else 'gone'}", markup=False)
+    if jobs.server_line(st):
+        c.print(f"  {jobs.server_line(st)}", markup=False, highlight=False)
     if st.get("exit_code") is not None or st.get("signal_name"):
         c.print(f"  exit: {st.get('exit_code') if st.get('exit_code') is not None else st.get('signal_name')}",
                 markup=False)

@@ -12,6 +12,9 @@ def add_arguments(p):
     p.add_argument("--job", metavar="ID", help="verify the outputs of this job")
     p.add_argument("--output-dir", metavar="DIR", help="verify this directory on the host instead")
     p.add_argument("--expected", type=int, metavar="N", help="expected number of samples")
+    p.add_argument("--shard", action="store_true",
+                   help="check the hosts' outputs as shards of one dataset (automatic for a group whose "
+                        "data_config.json records a shard): complete, no duplicates, same layout everywhere")
 
 
 def run(args, ctx) -> int:
@@ -24,10 +27,21 @@ def run(args, ctx) -> int:
         sys.stderr.flush()
 
     results = ctx.fleet.verify(args.host, output_dir=args.output_dir, expected=args.expected, all=args.all,
-                               sample=args.sample, playbook=args.playbook, job=args.job,
+                               sample=args.sample, playbook=args.playbook, job=args.job, shard=args.shard,
                                on_progress=progress if not ctx.json and ctx.fleet.names_one_host(args.host) else None)
     return ctx.show(results, render, summary=_summary,
-                    exit_for=lambda v: int(Exit.OK) if v.ok else int(Exit.FINDINGS))
+                    exit_for=lambda v: int(Exit.OK) if v.ok else int(Exit.FINDINGS),
+                    render_group=render_union, group_exit=lambda u: int(Exit.OK) if u.ok else int(Exit.FINDINGS))
+
+
+def render_union(c, u) -> None:
+    from rich.text import Text
+
+    from remote_ops.extract.shard import union_lines
+    lines = union_lines(u)
+    c.print(Text(lines[0], style="green" if u.ok else "red"))
+    for line in lines[1:]:
+        c.print(line, markup=False, highlight=False)
 
 
 def _summary(v) -> str:
@@ -38,6 +52,10 @@ def render(c, host, r) -> None:
     from rich.text import Text
     exp = f" of {r['expected']} expected" if r.get("expected") else ""
     head = f"{host}: {r['files']} data_<N>.pt files{exp} in {r['output_dir']}; loaded {r['checked']} ({r['mode']})"
+    if r.get("shard_dirs"):      # only shard subdirectories: each is a part of the union below
+        c.print(Text(f"{host}: {r['files']} data_<N>.pt files in {len(r['shard_dirs'])} shard dir(s) of "
+                     f"{r['output_dir']}: {', '.join(r['shard_dirs'])}", style="green" if r["ok"] else "red"))
+        return
     c.print(Text(head, style="green" if r["ok"] else "red"))
     if r["gap_count"]:
         c.print(f"  gaps: {r['gap_count']} missing index(es) below {r['max_index']}: "

@@ -53,6 +53,16 @@ def compat_check(*, against: list[str], targets: list[str] = _UNSET, package: st
                 override_sources=override_sources, sys_path=sys_path, only_symbols=only_symbols, trace=trace)
 
 
+def model_check(*, model: str, library: str = _UNSET, layer_ids: list = _UNSET, default_layer_ids: list = _UNSET,
+                protocol: str = _UNSET, worker: str = _UNSET, text_model: list = _UNSET,
+                text_model_members: list = _UNSET, layer_forward_keywords: list = _UNSET,
+                workdir: str = _UNSET, sys_path: list[str] = _UNSET) -> Request:
+    return _req("model.check", workdir=workdir, model=model, library=library, layer_ids=layer_ids,
+                default_layer_ids=default_layer_ids, protocol=protocol, worker=worker, text_model=text_model,
+                text_model_members=text_model_members, layer_forward_keywords=layer_forward_keywords,
+                sys_path=sys_path)
+
+
 def compat_inspect(*, symbols: list[str], mode: str = _UNSET, sys_path: list[str] = _UNSET) -> Request:
     return _req("compat.inspect", symbols=symbols, mode=mode, sys_path=sys_path)
 
@@ -70,18 +80,19 @@ def imports_probe(*, python: str, modules: list[str], env: dict = _UNSET, workdi
 
 
 # jobs.py
-def jobs_probe(*, key: str, output_dir: str | None) -> Request:
-    return _req("jobs.probe", key=key, output_dir=output_dir)
+def jobs_probe(*, key: str, output_dir: str | None, need: dict | None = None, port: int | None = _UNSET,
+               layout: str | None = _UNSET) -> Request:
+    return _req("jobs.probe", key=key, output_dir=output_dir, need=need if need else _UNSET, port=port, layout=layout)
 
 
 def jobs_launch(*, key: str, command: list[str], workdir: str | None, env: dict, secrets: dict,
                 output_dir: str | None, expected_samples: int | None, watchdog_seconds: float | None,
                 cleanup_grace: float, playbook: str | None, lock_timeout: float = _UNSET,
-                start_timeout: float = _UNSET) -> Request:
+                start_timeout: float = _UNSET, server: dict | None = _UNSET, layout: str | None = _UNSET) -> Request:
     return _req("jobs.launch", key=key, command=command, workdir=workdir, env=env, secrets=secrets,
                 output_dir=output_dir, expected_samples=expected_samples, watchdog_seconds=watchdog_seconds,
                 cleanup_grace=cleanup_grace, playbook=playbook, lock_timeout=lock_timeout,
-                start_timeout=start_timeout)
+                start_timeout=start_timeout, server=server, layout=layout)
 
 
 def jobs_status(*, key: str = _UNSET, job_id: str = _UNSET) -> Request:
@@ -137,7 +148,32 @@ def patching_history(*, limit: int | None) -> Request:
 
 
 # verify.py
-def verify_verify(*, output_dir: str, expected: int | None = _UNSET, all: bool = _UNSET, sample: int = _UNSET,
-                  seed: int = _UNSET, finite: bool = _UNSET) -> Request:
-    return _req("verify.verify", output_dir=output_dir, expected=expected, all=all, sample=sample, seed=seed,
-                finite=finite)
+def verify_verify(*, output_dir: str, expected: int | None = _UNSET, expected_default: int | None = _UNSET,
+                  all: bool = _UNSET, sample: int = _UNSET, seed: int = _UNSET, finite: bool = _UNSET,
+                  layout: str | None = _UNSET) -> Request:
+    return _req("verify.verify", output_dir=output_dir, expected=expected, expected_default=expected_default,
+                all=all, sample=sample, seed=seed, finite=finite, layout=layout)
+
+
+# shards.py
+def shards_files(*, output_dir: str, digest: bool = _UNSET) -> Request:
+    return _req("shards.files", output_dir=output_dir, digest=digest)
+
+
+# slurm.py
+def slurm_submit(*, key: str, command: list[str], workdir: str | None, env: dict, output_dir: str | None,
+                 tasks: int, sbatch: list[str], python: str | None, expected_samples: int | None) -> Request:
+    return _req("slurm.submit", key=key, command=command, workdir=workdir, env=env, output_dir=output_dir,
+                tasks=tasks, sbatch=sbatch, python=python, expected_samples=expected_samples)
+
+
+def slurm_status(*, key: str = _UNSET, job_id: str = _UNSET) -> Request:
+    return _req("slurm.status", key=key, job_id=job_id)
+
+
+def slurm_stop(*, key: str = _UNSET, job_id: str = _UNSET, grace: float = _UNSET) -> Request:
+    return _req("slurm.stop", key=key, job_id=job_id, grace=grace)
+
+
+def slurm_logs(*, key: str = _UNSET, job_id: str = _UNSET, lines: int = _UNSET, offsets: list = _UNSET) -> Request:
+    return _req("slurm.logs", key=key, job_id=job_id, lines=lines, offsets=offsets)

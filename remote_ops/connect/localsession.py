@@ -29,6 +29,10 @@ class LocalSession(Session):
     def close(self) -> None:
         pass
 
+    def open_file(self, path: str):
+        """A file on this machine (the host is the controller): gather reads it directly."""
+        return open(os.path.expanduser(path), "rb")
+
     @property
     def transport(self):
         raise AgentError("a local connection has no SSH transport", host=self.label)

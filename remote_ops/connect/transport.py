@@ -92,6 +92,7 @@ class Session:
         self.keep = False         # connected itself with persist on: a mux should keep this host
         self._lock = threading.Lock()
         self._login: dict | None = None   # python unset: what the login shell's PATH gave (first call)
+        self._sftp = None         # paramiko SFTPClient, opened by the first open_file (gather)
 
     # ---------------------------------------------------------------- connecting
     @property
@@ -191,7 +192,29 @@ class Session:
         self.keep = bool(self.options.persist)
         return self
 
+    def open_file(self, path: str):
+        """A file on the host opened for reading over SFTP (one SFTP channel per session, opened on
+        first use on this process's own connection; ``gather`` reads the outputs with it)."""
+        with self._lock:
+            if self._sftp is None:
+                import paramiko
+                try:
+                    self._sftp = paramiko.SFTPClient.from_transport(self.transport)
+                except (paramiko.SSHException, EOFError, OSError) as exc:
+                    raise UnreachableError(f"cannot open SFTP: {exc or type(exc).__name__}",
+                                           "the host's sshd needs the sftp subsystem", host=self.label) from None
+        self.stats.sftp_requests += 1
+        fh = self._sftp.open(path, "rb")
+        fh.prefetch()
+        return fh
+
     def close(self) -> None:
+        if self._sftp is not None:
+            try:
+                self._sftp.close()
+            except Exception:  # closing must not hide the operation's result
+                pass
+            self._sftp = None
         if self._mux is not None:
             self._mux.close()
             self._mux = None

@@ -8,7 +8,10 @@ side; ``jobs.py`` runs it: preflight, launch, the records status / logs / stop /
       workdir: "{vars.workdir}"          # default: the host's workdir, else ~
       output_dir: "{vars.data_root}/hidden_states"
       expected_samples: 5000
-      bytes_per_sample: 40_000_000       # optional; else estimated from existing data_<N>.pt files
+      disk:                              # refuse a job whose outputs cannot fit, from real sizes:
+        dataset: "{vars.dataset}"        # hidden size x captured layers (the checkpoint's config.json)
+        max_model_len: "{vars.max_model_len}"   # x tokens of the samples still to write x 2 bytes
+        # model / layer_ids: default check.model's path / layer_ids (agent/diskneed.py)
       env: {CUDA_VISIBLE_DEVICES: "0,1,2,3,4,5,6,7", TQDM_MININTERVAL: "5"}
       secrets:                           # delivered on stdin, to a 0600 file the supervisor deletes
         HF_TOKEN: {from_env: HF_TOKEN}
@@ -20,6 +23,15 @@ side; ``jobs.py`` runs it: preflight, launch, the records status / logs / stop /
       gpus: {count: 8, free: true}       # refuse unless 8 GPUs and no foreign compute process
       watchdog_seconds: 900              # flag a job whose log and outputs stop advancing
       stop_grace_seconds: 30             # SIGTERM -> SIGKILL delay of `stop` and of cleanup
+      shard: true                        # a group splits the samples: host k of N writes i % N == k
+                                         # (the command gets --shard K/N; docs/SCALE-OUT.md)
+      output_layout: hs_safetensors      # data_pt (default: data_<N>.pt) | hs_safetensors (hs_<N>.safetensors)
+      server:                            # a two-process job: this server first, healthy, then the command
+        command: ["{python}", "-m", "vllm.entrypoints.cli.main", "serve", "{vars.model}", "--port", "{port}"]
+        port: 8000                       # must be free on the host; {port} in both commands
+        health: {path: /health, timeout_seconds: 900}   # GET http://127.0.0.1:{port}/health must answer 200
+        env: {VLLM_WORKER_MULTIPROC_METHOD: spawn}      # added to extract.env for the server only
+        import_check: [vllm.entrypoints.openai.api_server]   # imported by the server's interpreter
 
 Templates ``{vars.NAME}`` (host vars over playbook vars), ``{output_dir}``, ``{workdir}``,
 ``{python}`` (the host's interpreter) and ``{host}`` are filled in locally; every value reaches the
@@ -39,9 +51,11 @@ from typing import Any
 from remote_ops.errors import ConfigError
 from remote_ops.yamlsrc import type_name
 
-EXTRACT_KEYS = {"command", "workdir", "output_dir", "expected_samples", "bytes_per_sample", "env",
+EXTRACT_KEYS = {"command", "workdir", "output_dir", "expected_samples", "disk", "env",
                 "secrets", "gpus", "watchdog_seconds", "stop_grace_seconds", "files", "import_check",
-                "import_check_timeout_seconds"}
+                "import_check_timeout_seconds", "shard", "slurm", "server", "output_layout"}
+SERVER_KEYS = {"command", "port", "health", "env", "import_check"}
+LAYOUTS = ("data_pt", "hs_safetensors")     # agent/supervisor.py LAYOUTS: the file name of one sample
 MAX_FILE_BYTES = 4 << 20
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _WHOLE_VAR = re.compile(r"^\{(vars\.[A-Za-z_][A-Za-z0-9_]*)\}$")
@@ -74,13 +88,37 @@ class ShippedFile:
 
 
 @dataclass
+class ServerSpec:
+    """``extract.server``: the long-lived server a two-process job's command talks to."""
+    command: list[str]
+    port: int
+    health_path: str = "/health"
+    health_timeout: float = 600.0
+    env: dict[str, str] = field(default_factory=dict)
+    import_check: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"command": self.command, "port": self.port,
+                "health": {"path": self.health_path, "timeout_seconds": self.health_timeout},
+                "env": self.env, "import_check": self.import_check}
+
+    def to_wire(self) -> dict:
+        return {"command": self.command, "port": self.port, "env": self.env, "health_path": self.health_path,
+                "health_timeout": self.health_timeout}
+
+    @property
+    def python(self) -> str | None:
+        return self.command[0] if re.search(r"(^|/)python[0-9.]*$", self.command[0]) else None
+
+
+@dataclass
 class ExtractSpec:
     key: str
     command: list[str]
     workdir: str
     output_dir: str | None
     expected_samples: int | None = None
-    bytes_per_sample: int | None = None
+    disk: dict | None = None      # {model, layer_ids, default_layer_ids, dataset, max_model_len}: the disk need
     env: dict[str, str] = field(default_factory=dict)
     secrets: list[SecretRef] = field(default_factory=list)
     gpu_count: int = 0
@@ -92,16 +130,24 @@ class ExtractSpec:
     import_check: list[str] = field(default_factory=list)
     import_timeout: float = 120.0
     requires: list[str] = field(default_factory=list)    # package names, for the versions of a failed import
+    sharded: bool = False                 # the playbook's extract.shard: a group run splits the samples
+    shard: tuple[int, int] | None = None  # this host's (k, n) once assigned (extract/shard.py)
+    server: ServerSpec | None = None
+    layout: str | None = None            # None: data_pt
 
     def to_json(self) -> dict:
         """What may be shown: secret *names* and where they come from, never values."""
-        return {"key": self.key, "command": self.command, "workdir": self.workdir,
+        extra = {} if self.server is None else {"server": self.server.to_json()}
+        if self.layout:
+            extra["output_layout"] = self.layout
+        return {**extra, "key": self.key, "command": self.command, "workdir": self.workdir,
                 "output_dir": self.output_dir, "expected_samples": self.expected_samples,
                 "env": self.env, "secrets": {s.name: f"{s.source}:{s.ref}" for s in self.secrets},
                 "gpus": {"count": self.gpu_count, "free": self.gpus_free},
                 "watchdog_seconds": self.watchdog_seconds, "stop_grace_seconds": self.stop_grace,
                 "files": {f.name: {"local": str(f.local), "sha256": f.sha256} for f in self.files},
-                "import_check": self.import_check, "import_check_timeout_seconds": self.import_timeout}
+                "import_check": self.import_check, "import_check_timeout_seconds": self.import_timeout,
+                **({"shard": list(self.shard)} if self.shard else {})}
 
     @property
     def job_python(self) -> str | None:
@@ -110,22 +156,56 @@ class ExtractSpec:
 
 
 # ------------------------------------------------------------------ schema
+_BUILTINS = ("python", "host", "workdir", "output_dir", "port")
+
+
 def _fill(value: str, ctx: dict, err) -> str:
     def sub(m):
         name = m.group(1)
         if name in ctx:
-            return str(ctx[name])
+            found = str(ctx[name])
+            if name.startswith("vars.") and "{" in found:
+                # a var's value may use the built-in templates ({python}: a server's interpreter that
+                # defaults to the host's), once; vars inside vars are not expanded
+                found = _TEMPLATE.sub(lambda v: str(ctx[v.group(1)]) if v.group(1) in _BUILTINS
+                                      and v.group(1) in ctx else v.group(0), found)
+            return found
         if name.startswith("vars."):
             known = sorted(k[5:] for k in ctx if k.startswith("vars."))
             raise err(f"{{{name}}} is not a var of this host or playbook",
                       f"known vars: {', '.join(known) or 'none'} (set them under the host's 'vars:')")
         raise err(f"unknown template {{{name}}}",
-                  "known: {vars.NAME}, {output_dir}, {workdir}, {python}, {host}")
+                  "known: {vars.NAME}, {output_dir}, {workdir}, {python}, {host}, {port} (with extract.server)")
     return _TEMPLATE.sub(sub, value)
 
 
-def parse_spec(playbook, host) -> ExtractSpec:
-    """The playbook's ``extract:`` section for ``host``, validated with file:line errors."""
+def template_context(playbook, host) -> dict[str, Any]:
+    """What templates are filled from on ``host``: ``vars.NAME`` (host vars over playbook vars),
+    ``python``, ``host``."""
+    pb_vars = (playbook.doc.data or {}).get("vars") if playbook.doc else None
+    variables = dict(pb_vars or {}) if isinstance(pb_vars, dict) else {}
+    variables.update(host.vars or {})
+    ctx: dict[str, Any] = {f"vars.{k}": v for k, v in variables.items()}
+    ctx["python"] = host.python or "python3"   # unset: the agent runs with the login shell's PATH
+    ctx["host"] = host.name
+    return ctx
+
+
+def fill_for_host(playbook, host, value, keys: tuple):
+    """A playbook value outside ``extract:`` filled for ``host``: exactly ``{vars.NAME}`` is the var's
+    value as it is; other strings have their templates filled (errors name ``keys``' line)."""
+    if not isinstance(value, str):
+        return value
+    ctx = template_context(playbook, host)
+    m = _WHOLE_VAR.match(value)
+    if m and m.group(1) in ctx:
+        return ctx[m.group(1)]
+    return _fill(value, ctx, lambda problem, hint=None: playbook.error(keys, problem, hint))
+
+
+def parse_spec(playbook, host, *, subdir: str | None = None) -> ExtractSpec:
+    """The playbook's ``extract:`` section for ``host``, validated with file:line errors; ``subdir``
+    (a moved shard's) is appended to output_dir before ``{output_dir}`` fills the command."""
     raw = playbook.extract
     if raw is None:
         raise ConfigError(playbook.path, None, f"playbook {playbook.name} has no 'extract' section",
@@ -151,12 +231,7 @@ def parse_spec(playbook, host) -> ExtractSpec:
             raise err_at(keys)(f"placeholder left in extract: {value.strip()[:60]!r}", "replace it with a real value")
     scan(raw, ())
 
-    pb_vars = (playbook.doc.data or {}).get("vars") if playbook.doc else None
-    variables = dict(pb_vars or {}) if isinstance(pb_vars, dict) else {}
-    variables.update(host.vars or {})
-    ctx: dict[str, Any] = {f"vars.{k}": v for k, v in variables.items()}
-    ctx["python"] = host.python or "python3"   # unset: the agent runs with the login shell's PATH
-    ctx["host"] = host.name
+    ctx = template_context(playbook, host)
 
     def whole_var(value):
         """A value that is exactly ``{vars.NAME}`` is the var's value as it is (list, number...)."""
@@ -176,23 +251,24 @@ def parse_spec(playbook, host) -> ExtractSpec:
     if output_dir is not None:
         if not output_dir.startswith(("/", "~")):
             output_dir = workdir.rstrip("/") + "/" + output_dir
+        if subdir:
+            output_dir = output_dir.rstrip("/") + "/" + subdir
         ctx["output_dir"] = output_dir
 
-    cmd = raw.get("command")
-    if cmd is None:
-        raise err_at(())("extract needs a 'command'", 'e.g. command: ["{python}", "02_extract_hidden_states.py", ...]')
-    if isinstance(cmd, str):
-        try:
-            parts = shlex.split(cmd)
-        except ValueError as exc:
-            raise err_at(("command",))(f"cannot split command: {exc}") from None
-        command = [_fill(p, ctx, err_at(("command",))) for p in parts]
-    elif isinstance(cmd, list) and cmd:
-        command = [text(("command", i), c, "every command item") for i, c in enumerate(cmd)]
-    else:
-        raise err_at(("command",))(f"command must be a list of strings or one string, got {type_name(cmd)}")
-    if not command or not command[0]:
-        raise err_at(("command",))("command is empty")
+    def argv(keys, cmd):
+        if isinstance(cmd, str):
+            try:
+                parts = shlex.split(cmd)
+            except ValueError as exc:
+                raise err_at(keys)(f"cannot split command: {exc}") from None
+            command = [_fill(p, ctx, err_at(keys)) for p in parts]
+        elif isinstance(cmd, list) and cmd:
+            command = [text(keys + (i,), c, "every command item") for i, c in enumerate(cmd)]
+        else:
+            raise err_at(keys)(f"command must be a list of strings or one string, got {type_name(cmd)}")
+        if not command or not command[0]:
+            raise err_at(keys)("command is empty")
+        return command
 
     def templated_number(keys, v):
         """A number written as a template ("{vars.gpus}") is filled in, then read as a number."""
@@ -215,6 +291,17 @@ def parse_spec(playbook, host) -> ExtractSpec:
                 or v < minimum:
             raise err_at((key,))(f"{key} must be a {'whole ' if kind is int else ''}number >= {minimum}, got {v!r}")
         return kind(v)
+
+    server = _server_spec(raw.get("server"), ctx, err_at, argv, templated_number, text, whole_var)
+    cmd = raw.get("command")
+    if cmd is None:
+        raise err_at(())("extract needs a 'command'", 'e.g. command: ["{python}", "02_extract_hidden_states.py", ...]')
+    command = argv(("command",), cmd)
+    layout = raw.get("output_layout")
+    if layout is not None and layout not in LAYOUTS:
+        raise err_at(("output_layout",))(f"output_layout must be one of {', '.join(LAYOUTS)}, got {layout!r}",
+                                         "hs_safetensors: speculators >= 0.5 (hs_<N>.safetensors); "
+                                         "data_pt: speculators 0.3 (data_<N>.pt)")
 
     env_raw = raw.get("env") or {}
     if not isinstance(env_raw, dict):
@@ -268,16 +355,96 @@ def parse_spec(playbook, host) -> ExtractSpec:
         raise err_at(("import_check",))(f"import_check must be a list of module names, got {checks!r}",
                                         "e.g. import_check: [speculators.data_generation.vllm_hidden_states_generator]")
     import_timeout = number("import_check_timeout_seconds", float, 1)
+    sharded = raw.get("shard", False)
+    if not isinstance(sharded, bool):
+        raise err_at(("shard",))(f"shard must be true or false, got {sharded!r}")
 
     return ExtractSpec(
-        files=files, import_check=list(checks), import_timeout=import_timeout or 120.0,
+        server=server, layout=None if layout in (None, "data_pt") else layout,
+        files=files, import_check=list(checks), import_timeout=import_timeout or 120.0, sharded=sharded,
         requires=sorted(playbook.requires),
         key=playbook.name, command=command, workdir=workdir, output_dir=output_dir,
-        expected_samples=number("expected_samples", int, 1), bytes_per_sample=number("bytes_per_sample", int, 1),
+        expected_samples=number("expected_samples", int, 1), disk=_disk(playbook, host, raw.get("disk"), err_at),
         env=env, secrets=secrets, gpu_count=count, gpus_free=free,
         watchdog_seconds=number("watchdog_seconds", float, 1),
         stop_grace=number("stop_grace_seconds", float, 0) if raw.get("stop_grace_seconds") is not None else 30.0,
         playbook_path=playbook.path)
+
+
+DISK_KEYS = ("dataset", "max_model_len", "model", "layer_ids")
+
+
+def _disk(playbook, host, raw, err_at) -> dict | None:
+    """``disk: {dataset, max_model_len, model, layer_ids}`` filled for ``host``; model and layer ids
+    default to ``check.model``'s (path, layer_ids, default_layer_ids), the one place they are named."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) - set(DISK_KEYS) or "dataset" not in raw:
+        raise err_at(("disk",))(f"disk must be a mapping with dataset (and max_model_len, model, layer_ids), "
+                                f"got {raw!r}")
+    from remote_ops.check.model import parse_layer_ids
+    section = (getattr(playbook, "check", None) or {}).get("model") or {}
+
+    def filled(key, fallback=None):
+        if key in raw:
+            return fill_for_host(playbook, host, raw[key], ("extract", "disk", key))
+        return fill_for_host(playbook, host, section[fallback], ("check", "model", fallback)) \
+            if fallback and section.get(fallback) is not None else None
+    out = {"dataset": str(filled("dataset")), "model": filled("model", "path"),
+           "layer_ids": parse_layer_ids(filled("layer_ids", "layer_ids"), host.name),
+           "default_layer_ids": list(section.get("default_layer_ids") or []) or None}
+    mml = filled("max_model_len")
+    if mml not in (None, ""):
+        try:
+            out["max_model_len"] = int(mml)
+        except (TypeError, ValueError):
+            raise err_at(("disk", "max_model_len"))(f"disk.max_model_len must be a whole number, got {mml!r}") from None
+    if out["model"] is not None:
+        out["model"] = str(out["model"])
+    return out
+
+
+def _server_spec(raw, ctx, err_at, argv, templated_number, text, whole_var) -> ServerSpec | None:
+    """``extract.server``, checked; sets ``{port}`` for the templates of both commands."""
+    if raw is None:
+        return None
+    keys = ("server",)
+    if not isinstance(raw, dict):
+        raise err_at(keys)(f"server must be a mapping {{command, port, health, env, import_check}}, got {type_name(raw)}")
+    from remote_ops.yamlsrc import unknown_key_check
+    unknown_key_check(raw, SERVER_KEYS, "in extract.server",
+                      lambda k, problem, hint: err_at(keys + (k,))(problem, hint))
+    port = templated_number(keys + ("port",), raw.get("port"))
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise err_at(keys + ("port",))(f"server.port must be a port number (1-65535), got {port!r}")
+    ctx["port"] = port
+    if raw.get("command") is None:
+        raise err_at(keys)("extract.server needs a 'command'",
+                           'e.g. command: ["{python}", "-m", "vllm.entrypoints.cli.main", "serve", ...]')
+    command = argv(keys + ("command",), raw["command"])
+    health = raw.get("health") or {}
+    if not isinstance(health, dict) or set(health) - {"path", "timeout_seconds"}:
+        raise err_at(keys + ("health",))("server.health must be a mapping {path: /health, timeout_seconds: N}")
+    path = text(keys + ("health", "path"), health.get("path", "/health"), "health.path")
+    if not path.startswith("/") or any(c in path for c in " \r\n"):
+        raise err_at(keys + ("health", "path"))(f"health.path must be a URL path starting with '/', got {path!r}")
+    timeout = templated_number(keys + ("health", "timeout_seconds"), health.get("timeout_seconds", 600))
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 1:
+        raise err_at(keys + ("health", "timeout_seconds"))(f"health.timeout_seconds must be a number >= 1, got {timeout!r}")
+    env_raw = raw.get("env") or {}
+    if not isinstance(env_raw, dict):
+        raise err_at(keys + ("env",))(f"server.env must be a mapping of NAME: value, got {type_name(env_raw)}")
+    env = {}
+    for k, v in env_raw.items():
+        if not isinstance(k, str) or not _ENV_NAME.match(k):
+            raise err_at(keys + ("env", k))(f"{k!r} is not a valid environment variable name")
+        env[k] = text(keys + ("env", k), "" if v is None else v, f"env value {k}")
+    checks = whole_var(raw.get("import_check"))
+    checks = [] if checks in (None, "") else ([checks] if isinstance(checks, str) else checks)
+    if not isinstance(checks, list) or not all(isinstance(c, str) and _MODULE.match(c) for c in checks):
+        raise err_at(keys + ("import_check",))(f"server.import_check must be a list of module names, got {checks!r}",
+                                               "e.g. import_check: [vllm.entrypoints.openai.api_server]")
+    return ServerSpec(command, port, path, float(timeout), env, list(checks))
 
 
 def _shipped_files(playbook, raw, err_at) -> list[ShippedFile]:

@@ -129,7 +129,12 @@ def extract(session, host, pb, spec: ExtractSpec, *, skip_check: bool = False, d
     """The extract operation on one host: preflight (one round trip), then launch the detached job or
     attach to the running one. A preflight with problems raises its refusal (``refusal``), whose
     ``details["preflight"]`` is the whole preflight record."""
-    pf = preflight(session, spec, pb, skip_check=skip_check, dry_run=dry_run, strict_drift=strict_drift)
+    from remote_ops.extract import slurm
+    if slurm.is_slurm(host):      # a cluster's login node: a Slurm job array (extract/slurm.py)
+        return slurm.extract(session, host, pb, spec, skip_check=skip_check, dry_run=dry_run,
+                             strict_drift=strict_drift)
+    pf = preflight(session, spec, pb, skip_check=skip_check, dry_run=dry_run, strict_drift=strict_drift,
+                   host=host)
     if pf.running:
         return ExtractResult(host.name, attached=True, job=pf.running, preflight=pf.to_json())
     if pf.problems:
@@ -142,6 +147,9 @@ def extract(session, host, pb, spec: ExtractSpec, *, skip_check: bool = False, d
 
 def status(session, host, *, playbook: str | None = None, job: str | None = None) -> JobStatus:
     """The status operation on one host: the job ``ref_for`` names (default: the host's playbook's)."""
+    from remote_ops.extract import slurm
+    if slurm.is_slurm(host):
+        return slurm.status(session, host, playbook=playbook, job=job)
     return JobStatus(host.name, resolve_job(session, ref_for(host, playbook=playbook, job=job)))
 
 
@@ -153,6 +161,9 @@ def list_jobs(session, host) -> JobList:
 def logs(session, host, *, playbook: str | None = None, job: str | None = None, lines: int = 50) -> LogsResult:
     """The logs operation on one host: the last ``lines`` lines of the job's log (also after it ended)."""
     check_lines(lines)
+    from remote_ops.extract import slurm
+    if slurm.is_slurm(host):
+        return slurm.logs(session, host, playbook=playbook, job=job, lines=lines)
     ref = ref_for(host, playbook=playbook, job=job)
     if not ref:     # the newest job on the host: only jobs.list knows it
         ref = {"job_id": resolve_job(session, ref)["job_id"]}
@@ -168,6 +179,9 @@ def stop(session, host, *, playbook: str | None = None, job: str | None = None, 
     seconds (default: the playbook's stop_grace_seconds, else 30), then what is left. ``on_stopping(status,
     grace)`` is called before a live job is signalled."""
     check_grace(grace)
+    from remote_ops.extract import slurm
+    if slurm.is_slurm(host):
+        return slurm.stop(session, host, playbook=playbook, job=job, grace=grace, on_stopping=on_stopping)
     st = resolve_job(session, ref_for(host, playbook=playbook, job=job))
     if grace is None:
         grace = 30.0
@@ -203,14 +217,18 @@ class Preflight:
     gpu: dict | None = None
     disk: dict | None = None
     check: dict | None = None
+    model: dict | None = None              # the model preflight (playbook check.model)
     files: list[dict] = field(default_factory=list)      # shipped files: written / unchanged / would-write
     imports: dict | None = None            # the import probe's result or failure
     exit_status: int | None = None         # a refusal's exit status when a problem has its own
     hint: str | None = None                # what to do about the deciding problem
+    server: dict | None = None             # a two-process job's server: its port, its import probe
 
     def to_json(self) -> dict:
-        return {"running": self.running, "problems": self.problems, "notes": self.notes,
+        extra = {} if self.server is None else {"server": self.server}
+        return {**extra, "running": self.running, "problems": self.problems, "notes": self.notes,
                 "gpu": self.gpu, "disk": self.disk, "files": self.files, "imports": self.imports,
+                "model": self.model,
                 "check": None if self.check is None else {
                     "findings": len(self.check.get("findings") or []),
                     "unknown": len(self.check.get("unknown") or []),
@@ -240,8 +258,25 @@ def _drift_preflight(pf: Preflight, playbook, strict: bool) -> None:
         pf.problems.append("--strict refuses a job whose calls drifted from the baseline: run remote-ops check")
 
 
+def _model_preflight(pf: Preflight, res: dict) -> None:
+    """The model preflight's findings are problems (the job would fail after loading the model);
+    what it could not decide is a note."""
+    from remote_ops.check import model as model_mod
+    if not res.get("ok"):
+        err = res.get("error") or {}
+        pf.notes.append(f"model check could not run: {err.get('message')}")
+        return
+    pf.model = dict(res["result"])
+    pf.model.pop("elapsed_s", None)
+    pf.notes.append(model_mod.summary(pf.model))
+    for u in pf.model.get("unknown") or []:
+        pf.notes.append(f"model not checked: {u['what']}: {u['reason']}")
+    for f in pf.model.get("findings") or []:
+        pf.problems.append(f"model: {model_mod.explain(f)}" + (f" (fix: {f['suggestion']})" if f.get("suggestion") else ""))
+
+
 def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False, dry_run: bool = False,
-              strict_drift: bool = False) -> Preflight:
+              strict_drift: bool = False, host=None) -> Preflight:
     """Running job + shipped files + GPUs + check + disk + import probe, in ONE round trip. The files
     are uploaded here (unless dry_run or the job is running), before the probe that may import them.
     Drift against the package's baseline is shown as notes, and refuses the job only with
@@ -249,7 +284,13 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
     from remote_ops.errors import exit_for_kind
     from remote_ops.connect.transport import unwrap
 
-    ops: dict[str, rq.Request] = {"probe": rq.jobs_probe(key=spec.key, output_dir=spec.output_dir),
+    need = dict(spec.disk, max_samples=spec.expected_samples, workdir=spec.workdir) if spec.disk else None
+    server = spec.server
+    probe_args = {} if server is None else {"port": server.port}
+    if spec.layout:
+        probe_args["layout"] = spec.layout
+    ops: dict[str, rq.Request] = {"probe": rq.jobs_probe(key=spec.key, output_dir=spec.output_dir, need=need,
+                                                         **probe_args),
                                   "gpu": rq.gpu_query(driver=False)}
     if spec.files:
         ops["files"] = (rq.files_put(workdir=spec.workdir, files=[f.to_wire() for f in spec.files],
@@ -259,11 +300,21 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
         from remote_ops.check.check import DEFAULT_AGAINST
         ops["check"] = (rq.compat_check(targets=playbook.check["targets"],
                                    against=playbook.check.get("against") or DEFAULT_AGAINST, drift=True))
+    if do_check and host is not None:
+        from remote_ops.check import model as model_mod
+        model_req = model_mod.request(playbook, host)
+        if model_req is not None:
+            ops["model"] = model_req
     if spec.import_check:
         ops["imports"] = (rq.imports_probe(python=spec.job_python, modules=spec.import_check, env=spec.env,
                                     workdir=spec.workdir, timeout=spec.import_timeout, packages=spec.requires,
                                     unless_running=spec.key))
-    raw = dict(zip(ops, session.call_many(list(ops.values()), timeout=spec.import_timeout + 300)))
+    if server is not None and server.import_check:
+        # the server's modules, by the server's interpreter with its environment (a second probe)
+        ops["server_imports"] = (rq.imports_probe(
+            python=server.python, modules=server.import_check, env={**spec.env, **server.env},
+            workdir=spec.workdir, timeout=spec.import_timeout, packages=spec.requires, unless_running=spec.key))
+    raw = dict(zip(ops, session.call_many(list(ops.values()), timeout=2 * spec.import_timeout + 300)))
     pf = Preflight()
     probe = unwrap(raw["probe"], session.label)
     job = probe.get("job")
@@ -300,6 +351,8 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
             if pf.check.get("unknown"):
                 pf.notes.append(f"check: {len(pf.check['unknown'])} call(s) could not be verified")
             _drift_preflight(pf, playbook, strict_drift)
+        if "model" in raw:
+            _model_preflight(pf, raw["model"])
     elif not playbook.check:
         pf.notes.append("playbook has no 'check' section: call sites not verified")
     else:
@@ -320,38 +373,89 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
                                f"({p.get('name')}) holds {p.get('used_memory_mib')} MiB")
         if procs:
             pf.problems.append("GPUs are not free: stop those processes (or set extract.gpus.free: false)")
-    # disk
+    # disk: from real sizes (extract.disk, agent/diskneed.py), else the mean size of the files already there
     d = pf.disk or {}
-    if spec.output_dir and spec.expected_samples and not d.get("error"):
-        per = spec.bytes_per_sample or d.get("mean_sample_bytes")
+    n = d.get("need") or {}
+    if d.get("error"):
+        pf.problems.append(f"cannot measure free disk at {spec.output_dir}: {d['error']}")
+    elif "fits" in n:
+        (pf.notes if n["fits"] else pf.problems).append(n["line"])
+    elif spec.output_dir and spec.expected_samples:
+        per = d.get("mean_sample_bytes")
         left = max(0, spec.expected_samples - (d.get("existing_samples") or 0))
         if per and left:
-            need = per * left
-            if d.get("free_bytes") is not None and d["free_bytes"] < need * 1.05:
+            need_b = per * left
+            if d.get("free_bytes") is not None and d["free_bytes"] < need_b * 1.05:
                 pf.problems.append(f"not enough disk at {spec.output_dir}: {left} more samples need about "
-                                   f"{human_bytes(need)}, {human_bytes(d['free_bytes'])} free")
+                                   f"{human_bytes(need_b)}, {human_bytes(d['free_bytes'])} free")
             else:
-                pf.notes.append(f"disk: {left} samples need ~{human_bytes(need)}, {human_bytes(d.get('free_bytes'))} free")
+                pf.notes.append(f"disk: {left} samples need ~{human_bytes(need_b)}, {human_bytes(d.get('free_bytes'))} free")
         elif left:
-            pf.notes.append("disk need unknown (set extract.bytes_per_sample to check it)")
-    elif d.get("error"):
-        pf.problems.append(f"cannot measure free disk at {spec.output_dir}: {d['error']}")
+            pf.notes.append("disk need unknown: " + (n.get("unknown") or "give the playbook an extract.disk section"))
+    if d.get("shard") and list(d["shard"]) != list(spec.shard or ()):   # extract/shard.py
+        from remote_ops.extract.shard import assignment_changed
+        pf.problems.append(assignment_changed(spec, d["shard"]))
+    # the server's port: free on the host (a server left from an earlier run holds it)
+    port = probe.get("port")
+    if server is not None and port is not None:
+        pf.server = {"port": port}
+        if not port.get("free"):
+            pf.problems.append(f"port {server.port} is not free on the host ({port.get('error')}): another "
+                               "server holds it (a job left running? remote-ops status --all) or set extract.server.port")
     # imports last: when the environment cannot import the job's modules, that is the deciding problem
-    if spec.import_check:
-        res = raw["imports"]
+    for key, modules, who in (("server_imports", server.import_check if server else [], "server"),
+                              ("imports", spec.import_check, "job")):
+        if not modules:
+            continue
+        res = raw[key]
         if res.get("ok"):
-            pf.imports = res["result"]
-            if pf.imports.get("skipped"):
-                pf.notes.append(f"import check skipped: {pf.imports['skipped']}")
+            result = res["result"]
+            if who == "server":
+                pf.server = {**(pf.server or {}), "imports": result}
             else:
-                pf.notes.append(f"imports: {', '.join(spec.import_check)} import in {pf.imports.get('seconds')}s")
+                pf.imports = result
+            if result.get("skipped"):
+                pf.notes.append(f"{who} import check skipped: {result['skipped']}" if who == "server"
+                                else f"import check skipped: {result['skipped']}")
+            else:
+                pf.notes.append(f"{'server ' if who == 'server' else ''}imports: {', '.join(modules)} "
+                                f"import in {result.get('seconds')}s")
         else:
             err = res.get("error") or {}
-            pf.imports = {"ok": False, **{k: v for k, v in err.items() if k != "traceback"}}
-            pf.problems.append(err.get("message") or "import check failed")
+            failed = {"ok": False, **{k: v for k, v in err.items() if k != "traceback"}}
+            if who == "server":
+                pf.server = {**(pf.server or {}), "imports": failed}
+                pf.problems.append(f"server: {err.get('message') or 'import check failed'}")
+            else:
+                pf.imports = failed
+                pf.problems.append(err.get("message") or "import check failed")
             pf.hint = err.get("hint")
             pf.exit_status = int(exit_for_kind(err.get("kind")))
+    if server is not None and playbook.requires:
+        _requires_preflight(pf, playbook, raw, (("server_imports", server.import_check), ("imports", spec.import_check)))
     return pf
+
+
+def _requires_preflight(pf: Preflight, playbook, raw: dict, probes) -> None:
+    """A two-process job is not patched first, so nothing else checks the playbook's ``requires``: each
+    package is checked against the version the interpreter that imports it reported (the server's
+    for the server's modules, the client's for the client's)."""
+    seen: dict[str, str] = {}
+    for key, modules in probes:
+        res = raw.get(key) or {}
+        versions = (res.get("result") or {}).get("versions") or {} if res.get("ok") else {}
+        for m in modules:
+            top = m.split(".")[0]
+            if top in playbook.requires and versions.get(top) and top not in seen:
+                seen[top] = versions[top]
+    for problem in playbook.check_requires(seen):
+        if problem.split(" ")[0] in seen:
+            pf.problems.append(f"requires: {problem} (the playbook's requires, "
+                               f"{playbook.path}:{playbook.line('requires')})")
+    if seen:
+        pf.notes.append("requires: " + ", ".join(f"{n} {v}" for n, v in sorted(seen.items())) + " (import probes)")
+    for name in sorted(set(playbook.requires) - set(seen)):
+        pf.notes.append(f"requires: {name} not checked (no import probe imports it)")
 
 
 def refusal(spec: ExtractSpec, pf: Preflight, host: str) -> RefusedError:
@@ -373,6 +477,10 @@ def launch(session, spec: ExtractSpec) -> dict:
             "secrets": secret_values, "output_dir": spec.output_dir,
             "expected_samples": spec.expected_samples, "watchdog_seconds": spec.watchdog_seconds,
             "cleanup_grace": spec.stop_grace, "playbook": spec.playbook_path}
+    if spec.server is not None:
+        args["server"] = spec.server.to_wire()
+    if spec.layout:
+        args["layout"] = spec.layout
     return session.call(*rq.jobs_launch(**args), timeout=120)
 
 
@@ -390,11 +498,30 @@ def summary_line(st: dict) -> str:
     s = st.get("samples") or {}
     prog = f"{s.get('done', 0)}" + (f"/{s['expected']}" if s.get("expected") else "") + " samples"
     rate = f", {st['rate_per_s']:.2f} samples/s" if st.get("rate_per_s") else ""
+    from remote_ops.extract.tail import token_text
+    rate += token_text(st, ", ")
     tag = " (STAND-IN)" if (st.get("label") or "").startswith("STAND-IN") else ""
     line = f"{st['job_id']}{tag}: {st['state']} after {fmt_duration(st.get('elapsed_s'))}, {prog}{rate}"
     if st.get("reason") and st["state"] != "succeeded":
         line += f" - {st['reason']}"
     return line
+
+
+def server_line(st: dict) -> str | None:
+    """A two-process job's server, one line: state, port, readiness, exit, log (None for other jobs)."""
+    srv = st.get("server")
+    if not srv:
+        return None
+    parts = [f"server: {srv.get('state')}"]
+    if srv.get("port"):
+        parts.append(f"port {srv['port']}")
+    if srv.get("ready_after_s") is not None:
+        parts.append(f"healthy after {fmt_duration(srv['ready_after_s'])}")
+    if srv.get("exit"):
+        parts.append(srv["exit"])
+    if srv.get("pid") and srv.get("state") in ("starting", "healthy"):
+        parts.append(f"pid {srv['pid']}")
+    return ", ".join(parts) + f"   log: {srv.get('log')}"
 
 
 def exit_for(st: dict) -> int:

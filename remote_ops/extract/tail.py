@@ -23,6 +23,7 @@ from remote_ops.errors import AgentError, TimeoutError_, UnreachableError
 TQDM_RE = re.compile(
     r"^(?:(?P<desc>.*?):\s*)?\s*(?P<pct>\d{1,3})%\|(?P<bar>[^|]*)\| ?(?P<n>[\d.]+[kMG]?)/(?P<total>[\d.]+[kMG]?)"
     r" ?\[(?P<elapsed>[\d:]+)<(?P<remaining>[\d:?]+)(?:, ?(?P<rate>[^\]]*))?\]")
+PROGRESS_PREFIX = "extract-progress "   # the shipped script's progress lines (agent/jobstatus.py reads them)
 TQDM_NOTOTAL_RE = re.compile(
     r"^(?:(?P<desc>.*?):\s*)?(?P<n>[\d.]+[kMG]?)(?P<unit>[A-Za-z/]*) \[(?P<elapsed>[\d:]+)(?:, ?(?P<rate>[^\]]*))?\]")
 
@@ -285,6 +286,8 @@ class LiveRenderer:
 
     def _piece(self, k, v):
         from rich.text import Text
+        if k == "line" and v.startswith(PROGRESS_PREFIX):
+            return    # the job's machine-readable progress: the status line shows it (snapshot_text)
         if k == "line":
             self.console.print(Text(v), highlight=False, markup=False, soft_wrap=True)
         elif k in ("progress", "bar-done"):
@@ -331,6 +334,19 @@ class JsonRenderer:
                 self.emit({"event": "line", "text": v})
 
 
+def token_text(st: dict, lead: str = "") -> str:
+    """"14.2k tok/s, ETA 5m10s" from a status record's (or snapshot's) token fields, which come from
+    the job's ``extract-progress`` lines (agent/jobstatus.py last_progress); "" when it has none."""
+    from remote_ops.extract.jobs import fmt_duration
+    parts = []
+    rate = st.get("tokens_per_s")
+    if rate:
+        parts.append(f"{rate / 1000:.1f}k tok/s" if rate >= 1000 else f"{rate:.0f} tok/s")
+    if st.get("eta_s") is not None and st.get("state", "running") in ("running", "starting"):
+        parts.append(f"ETA {fmt_duration(st['eta_s'])}")
+    return lead + ", ".join(parts) if parts else ""
+
+
 def snapshot_text(snap: dict) -> str:
     parts = []
     s = snap.get("samples") or {}
@@ -338,6 +354,11 @@ def snapshot_text(snap: dict) -> str:
         parts.append(f"outputs {s.get('done', 0)}" + (f"/{s['expected']}" if s.get("expected") else ""))
     if snap.get("rate_per_s"):
         parts.append(f"{snap['rate_per_s']:.2f} samples/s")
+    tok = snap.get("tokens") or {}
+    if tok.get("total"):
+        parts.append(f"tokens {tok.get('done') or 0}/{tok['total']}")
+    if token_text(snap):
+        parts.append(token_text(snap))
     g = snap.get("gpu")
     if g and g.get("gpus"):
         for x in g["gpus"]:

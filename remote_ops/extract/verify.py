@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from remote_ops.connect import agent_requests as rq
-from remote_ops.errors import AgentError, RefusedError, UsageError
+from remote_ops.errors import AgentError, RefusedError, RemoteOpsError, UsageError
 from remote_ops.records import Record
 
 
@@ -30,27 +30,43 @@ def check_sample(sample: int) -> None:
         raise UsageError("--sample must be at least 1")
 
 
+def output_dir_for(session, host, *, playbook: str | None = None,
+                   job: str | None = None) -> tuple[str, int | None, str | None]:
+    """The output directory of the job ``jobs.ref_for`` names (else the playbook's output_dir when the
+    host has no such job), the number of samples the job expects and its file layout."""
+    from remote_ops.extract import jobs
+
+    try:
+        st = jobs.resolve_job(session, jobs.ref_for(host, playbook=playbook, job=job))
+        output_dir, default, layout = st.get("output_dir"), (st.get("samples") or {}).get("expected"), st.get("layout")
+    except RefusedError:
+        _, spec = jobs.load_for_host(host, playbook)
+        output_dir, default, layout = spec.output_dir, spec.expected_samples, spec.layout
+    if not output_dir:
+        raise UsageError("no output directory known", "pass --output-dir or set extract.output_dir")
+    return output_dir, default, layout
+
+
 def verify(session, host, *, output_dir: str | None = None, expected: int | None = None, all: bool = False,
            sample: int = 32, playbook: str | None = None, job: str | None = None,
            on_progress: Callable[[int, int], None] | None = None) -> VerifyResult:
     """The verify operation on one host: the outputs of ``output_dir``, else of the job ``jobs.ref_for``
     names (else the playbook's output_dir when the host has no such job); ``on_progress(done, of)``
     while the host loads files."""
-    from remote_ops.extract import jobs
-
     check_sample(sample)
+    default = layout = None   # the job's count when none is given (the job's data_config.json overrides it)
     if not output_dir:
+        output_dir, default, layout = output_dir_for(session, host, playbook=playbook, job=job)
+    elif playbook or host.playbook:
+        from remote_ops.extract import jobs
         try:
-            st = jobs.resolve_job(session, jobs.ref_for(host, playbook=playbook, job=job))
-            output_dir = st.get("output_dir")
-            expected = expected or (st.get("samples") or {}).get("expected")
-        except RefusedError:
-            _, spec = jobs.load_for_host(host, playbook)
-            output_dir, expected = spec.output_dir, expected or spec.expected_samples
-    if not output_dir:
-        raise UsageError("no output directory known", "pass --output-dir or set extract.output_dir")
+            layout = jobs.load_for_host(host, playbook)[1].layout   # the playbook says which files to expect
+        except RemoteOpsError:
+            layout = None
     res = None
-    for msg in session.stream(*rq.verify_verify(output_dir=output_dir, expected=expected, all=all, sample=sample),
+    layout_arg = {"layout": layout} if layout else {}
+    for msg in session.stream(*rq.verify_verify(output_dir=output_dir, expected=expected, expected_default=default,
+                                                  all=all, sample=sample, **layout_arg),
                               timeout=600):
         if "event" in msg and on_progress is not None:
             on_progress(msg["event"].get("checked"), msg["event"].get("of"))

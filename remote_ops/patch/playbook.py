@@ -318,7 +318,7 @@ def parse(doc: YamlDoc) -> Playbook:
         c = data["check"]
         if not isinstance(c, dict):
             raise doc.error(("check",), f"check must be a mapping with targets and against, got {type_name(c)}")
-        doc.check_keys(("check",), c, ("targets", "against", "accepted_drift"), "in check")
+        doc.check_keys(("check",), c, ("targets", "against", "accepted_drift", "model"), "in check")
         targets = _str_list(doc, ("check", "targets"), c.get("targets") or [], "check.targets")
         against = _str_list(doc, ("check", "against"), c.get("against") or [], "check.against")
         for i, t in enumerate(targets):
@@ -326,8 +326,10 @@ def parse(doc: YamlDoc) -> Playbook:
                 raise doc.error(("check", "targets", i), f"{t!r} is not a module name")
         if not targets:
             raise doc.error(("check",), "check needs at least one module in targets")
+        from remote_ops.check.model import parse_section
         check = {"targets": targets, "against": against,
-                 "accepted_drift": _accepted_drift(doc, c.get("accepted_drift"))}
+                 "accepted_drift": _accepted_drift(doc, c.get("accepted_drift")),
+                 "model": parse_section(doc, c.get("model"))}
     allow_outside = _bool(doc, ("allow_outside",), data.get("allow_outside", False))
     patches_raw = data.get("patches") or []
     if not isinstance(patches_raw, list):

@@ -1,0 +1,411 @@
+"""GPU end-to-end check of the server flow: playbooks/eagle3-speculators-0.9.0.yaml on vLLM 0.20.0.
+
+Runs ON a machine with NVIDIA GPUs (the lent H200s) and drives everything through remote-ops itself over a
+``connection: local`` host, as gpu_extract_check.py does: the shipped playbook starts vLLM's OpenAI server
+with the speculative method ``extract_hidden_states`` and ExampleHiddenStatesConnector (extract.server),
+waits for GET /health, then runs speculators 0.9.0's own ``speculators generate-offline-data`` (the real
+client, not a stand-in) against it. Each step's command, exit status, timing and evidence go into --out.
+
+  setup   interpreters over the carried directories (see below); versions of both recorded
+  model   the tiny random Llama of gpu_extract_check.py (MODEL_BUILDER, 8 layers, hidden 256; reused when
+          /root/e2e/model exists) and Arrow datasets as `speculators prepare-data` writes them (input_ids,
+          loss_mask, seq_len; torch format), built with the client's `datasets`
+  (c)     `extract --tail`: preflight (both import probes, the port, GPUs, requires), server start, health,
+          client; every sample written; no GPU process left once the job ended (the supervisor stops the
+          server)
+  (d)     `verify --all`: the hs_<N>.safetensors layout speculators' training reads
+  (e)     every sample against a float32 transformers forward of the same checkpoint: gpu_extract_check.py's
+          COMPARE with layout hs_safetensors (aux layer id k = the hook on layers[k-1]); min per-token cosine
+  (f)     a second run stopped mid-way: `stop` while the client runs; nvidia-smi compute processes, the /proc
+          marker scan and the server's port afterwards: nothing left
+  (g)     relaunch over (f)'s output with a larger --max-samples: only the missing samples are written
+          (speculators' resume), then `verify`
+
+Interpreters (PYTHONPATH over the machine's python with torch 2.11.0 and transformers 5.17.0):
+  client    spec090/ : server/ : site/    speculators 0.9.0 (its own dir: site/ holds 0.3.0), datasets ...
+  server    tf/ : server/ : site/         vLLM 0.20.0 with transformers 4.57.6, as every earlier GPU run
+            (--server-transformers machine: the machine's 5.17.0 instead)
+  reference tf/ : site/                   MODEL_BUILDER and COMPARE, as in gpu_extract_check.py
+site/ and tf/ are gpu_bundle.py's; server/ and spec090/ are benchmarks/gpu_wheels/server.txt and spec090.txt
+(`pip install --no-deps --target /root/e2e/<name>`).
+
+    python3 benchmarks/gpu_server_check.py --work /root/e2e --out result.json [--steps c,d,e,f,g] [--tp 1]
+    python3 benchmarks/gpu_server_check.py --work /tmp/x --out /tmp/x.json --dry   # CPU: plan + inventory only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+import gpu_extract_check as base  # noqa: E402  (MODEL_BUILDER, COMPARE, HOST_ENV, Run, sh, last_json)
+
+PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.9.0.yaml"
+KEY = "eagle3-speculators-0.9.0"
+LAYER_IDS = [2, 4, 5, 8]          # launch_vllm.py's [2, n//2, n-3, n] for the 8-layer model
+MAX_MODEL_LEN = 2048
+
+DATASET_BUILDER = r'''
+import json, sys
+from datasets import Dataset
+rows = [json.loads(l)["input_ids"] for l in open(sys.argv[1]) if l.strip()]
+ds = Dataset.from_dict({"input_ids": rows, "loss_mask": [[0] + [1] * (len(r) - 1) for r in rows],
+                        "seq_len": [len(r) for r in rows]})
+ds.set_format(type="torch")
+ds.save_to_disk(sys.argv[2])
+print(json.dumps({"rows": len(rows), "tokens": sum(map(len, rows))}))
+'''
+
+VERSIONS = r'''
+import json, importlib.metadata as md
+out = {}
+for n in ("vllm", "speculators", "hs-connectors", "torch", "transformers", "datasets", "pyarrow", "fastapi",
+          "starlette", "uvicorn", "openai", "pydantic", "huggingface-hub", "safetensors"):
+    try:
+        out[n] = md.version(n)
+    except md.PackageNotFoundError:
+        out[n] = None
+print(json.dumps(out))
+'''
+
+
+def rows_main(rng: random.Random) -> list[list[int]]:
+    word = lambda: rng.randrange(4, 1024)   # noqa: E731
+    rows = [[1] + [word() for _ in range(rng.randrange(300, 500))] for _ in range(40)]
+    prefix = [1] + [word() for _ in range(700)]
+    rows += [prefix + [word() for _ in range(rng.randrange(50, 200))] for _ in range(16)]   # shared prefix
+    rows += [[1] + [word() for _ in range(rng.randrange(1500, MAX_MODEL_LEN - 8))] for _ in range(4)]   # long
+    return rows
+
+
+def rows_long(rng: random.Random, n: int) -> list[list[int]]:
+    return [[1] + [rng.randrange(4, 1024) for _ in range(rng.randrange(400, 600))] for _ in range(n)]
+
+
+def port_free(port: int) -> bool:
+    s = socket.socket()
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("0.0.0.0", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def marker_pids(job_id: str | None = None) -> list[int]:
+    """Processes whose environment carries the job's marker (any job's without ``job_id``)."""
+    needle = f"REMOTE_OPS_JOB_ID={job_id}\0".encode() if job_id else b"REMOTE_OPS_JOB_ID="
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if needle in (d / "environ").read_bytes() + b"\0":
+                    found.append(int(d.name))
+            except OSError:
+                pass
+    return found
+
+
+class Harness:
+    def __init__(self, args):
+        self.args = args
+        self.work = Path(args.work).resolve()
+        self.base_python = args.base_python or sys.executable
+        self.controller_python = args.controller_python or self.base_python
+        self.run = base.Run(Path(args.out), args.tp, args.code_rev, args.append)
+        self.run.doc["check"] = "gpu_server_check"
+        if os.environ.get("REMOTE_OPS_REHEARSAL"):   # benchmarks/server_flow_rehearsal.py: not a GPU result
+            self.run.doc["rehearsal"] = os.environ["REMOTE_OPS_REHEARSAL"]
+        self.log = self.work / "commands.log"
+        self.t0 = time.monotonic()
+
+    # ------------------------------------------------------------------ setup
+    def paths(self) -> dict[str, str]:
+        w = self.work
+        server_tf = f"{w}/tf:" if self.args.server_transformers == "4.57.6" else ""
+        return {"client": f"{w}/spec090:{w}/server:{w}/site", "server": f"{server_tf}{w}/server:{w}/site",
+                "reference": f"{w}/tf:{w}/site"}
+
+    def python(self, which: str) -> Path:
+        # bin/<which>/python: its last word is "python", so remote-ops takes it for an interpreter
+        return self.work / "bin" / which / "python"
+
+    def setup(self) -> None:
+        t = time.monotonic()
+        missing = [d for d in ("site", "tf", "server", "spec090") if not (self.work / d).is_dir()]
+        for which, path in self.paths().items():
+            f = self.python(which)
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.write_text(f"#!/bin/sh\nPYTHONPATH={path} exec {self.base_python} \"$@\"\n")
+            f.chmod(0o755)
+        versions = {} if self.args.dry else {
+            w: base.last_json(base.sh([str(self.python(w)), "-c", VERSIONS], timeout=120)["stdout"])
+            for w in ("client", "server")}
+        smi = base.sh(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                      timeout=30)
+        self.run.doc["versions"] = versions
+        self.run.doc["pythonpath"] = self.paths()
+        self.run.doc["gpus"] = [l.strip() for l in smi["stdout"].splitlines() if l.strip()]
+        self.run.step("setup", ok=not missing, missing_dirs=missing, seconds=round(time.monotonic() - t, 1),
+                      base_python=self.base_python, server_transformers=self.args.server_transformers)
+        if missing and not self.args.dry:
+            raise SystemExit(f"missing under {self.work}: {', '.join(missing)} (gpu_bundle.py + gpu_wheels/*.txt)")
+
+    def build_model_and_data(self) -> None:
+        w, t = self.work, time.monotonic()
+        model = {"reused": True}
+        if not (w / "model" / "config.json").exists() and not self.args.dry:
+            r = base.sh([str(self.python("reference")), "-c", base.MODEL_BUILDER, str(w / "model")], timeout=300,
+                        log=self.log)
+            if r["rc"] != 0:
+                self.run.step("model", ok=False, rc=r["rc"], stderr=r["stderr"][-3000:])
+                raise SystemExit("model build failed")
+            model = base.last_json(r["stdout"])
+        rng = random.Random(20261201)
+        sets = {"sf_data": rows_main(rng), "sf_data_stop": rows_long(rng, self.args.stop_rows)}
+        built = {}
+        for name, rows in sets.items():
+            d = w / name
+            shutil.rmtree(d, ignore_errors=True)
+            d.parent.mkdir(parents=True, exist_ok=True)
+            jsonl = w / f"{name}.jsonl"
+            jsonl.write_text("".join(json.dumps({"input_ids": r}) + "\n" for r in rows))
+            if self.args.dry:
+                built[name] = {"rows": len(rows), "tokens": sum(map(len, rows))}
+                continue
+            r = base.sh([str(self.python("client")), "-c", DATASET_BUILDER, str(jsonl), str(d)], timeout=300,
+                        log=self.log)
+            if r["rc"] != 0:
+                self.run.step("model_and_data", ok=False, dataset=name, rc=r["rc"], stderr=r["stderr"][-3000:])
+                raise SystemExit("dataset build failed")
+            built[name] = base.last_json(r["stdout"])
+        self.samples = len(sets["sf_data"])
+        self.run.step("model_and_data", ok=True, seconds=round(time.monotonic() - t, 1), model=model,
+                      datasets=built, layer_ids=LAYER_IDS, max_model_len=MAX_MODEL_LEN,
+                      shared_prefix_rows=16, scheduler_note="rows up to ~2k tokens, 16 sharing a 700-token prefix")
+
+    def inventory(self) -> Path:
+        w, tp = self.work, self.args.tp
+
+        def host(data: str, max_samples: int, port: int, state: str, concurrency: int = 16) -> dict:
+            return {"connection": "local", "python": str(self.python("client")), "workdir": str(w / "wd"),
+                    "playbook": str(PLAYBOOK),
+                    "env": {**base.HOST_ENV, "REMOTE_OPS_STATE_DIR": str(w / state)},
+                    "vars": {"target_model": str(w / "model"), "preprocessed_data": str(w / data),
+                             "max_samples": max_samples, "concurrency": concurrency, "layer_ids": LAYER_IDS,
+                             "port": port, "tensor_parallel_size": tp, "gpus": 0 if self.args.no_gpu else tp,
+                             "max_model_len": MAX_MODEL_LEN,
+                             "gpu_memory_utilization": 0.3, "server_python": str(self.python("server")),
+                             "server_ready_seconds": 420}}
+        p = self.args.port
+        self.stop_samples = self.args.stop_rows
+        inv = {"hosts": {"gpu-sf": host("sf_data", self.samples, p, "state-sf"),
+                         # 2 requests in flight: the stop must land while the client still runs
+                         "gpu-sf-stop": host("sf_data_stop", self.stop_samples, p + 1, "state-sf-stop", 2)},
+               "default": "gpu-sf"}
+        (w / "wd").mkdir(parents=True, exist_ok=True)
+        self.inv = w / "inventory-server.yaml"
+        self.inv.write_text(json.dumps(inv, indent=2))
+        return self.inv
+
+    def ro(self, *args: str, timeout: float = 300, inv: Path | None = None) -> dict:
+        cmd = [self.controller_python, "-c",
+               "import sys; sys.path.insert(0, sys.argv.pop(1)); from remote_ops.cli import main; "
+               "sys.exit(main(sys.argv[1:]))", str(REPO), "-i", str(inv or self.inv), *args]
+        env = {"PYTHONPATH": str(self.work / "site"), "COLUMNS": "200"}
+        r = base.sh(cmd, timeout=timeout, env=env, log=self.log)
+        r["argv"] = ["remote-ops", *args]
+        r["json"] = base.last_json(r["stdout"]) if "--json" in args else None
+        return r
+
+    def gpu_apps(self) -> list[str]:
+        smi = base.sh(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader"],
+                      timeout=30)
+        return [l.strip() for l in smi["stdout"].splitlines() if l.strip()]
+
+    def hs_files(self, data: str) -> int:
+        return len(list((self.work / data / "hidden_states").glob("hs_*.safetensors")))
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    # ------------------------------------------------------------------ steps
+    def step_c(self) -> None:
+        r = self.ro("extract", "gpu-sf", "--tail", "--json", timeout=self.args.job_timeout)
+        events = [json.loads(l) for l in r["stdout"].splitlines() if l.startswith("{")]
+        end = next((e for e in reversed(events) if e.get("event") == "end"), {})
+        st = self.ro("status", "gpu-sf", "--json", timeout=60)
+        job = (st["json"] or {}).get("job") or {}
+        logs = self.ro("logs", "gpu-sf", "-n", "4000", "--json", timeout=60)
+        text = (logs["json"] or {}).get("text") or ""
+        server_lines = [l for l in text.splitlines() if l.startswith("[server] ")]
+        after, t_gpu = self.gpu_apps(), time.monotonic()
+        while after and time.monotonic() - t_gpu < 15:     # the driver's list can lag the process's exit
+            time.sleep(1)
+            after = self.gpu_apps()
+        files = self.hs_files("sf_data")
+        self.run.step("c_extract_tail", ok=r["rc"] == 0 and files == self.samples and not after
+                      and job.get("state") == "succeeded", rc=r["rc"], seconds=r["seconds"], files=files,
+                      expected=self.samples, end=end.get("status", {}).get("reason") if end else None,
+                      status={k: job.get(k) for k in ("state", "reason", "exit_code", "server", "samples",
+                                                      "elapsed_s", "rate_per_s", "layout")},
+                      preflight=next((e.get("preflight") for e in events if e.get("preflight")), None),
+                      server_log_lines=len(server_lines), server_log_head=server_lines[:5],
+                      server_log_tail=server_lines[-8:], client_log_tail=[l for l in text.splitlines()
+                                                                          if not l.startswith("[server]")][-12:],
+                      gpu_processes_after_the_job=after, stderr_tail=r["stderr"][-2000:])
+
+    def step_d(self) -> None:
+        r = self.ro("verify", "gpu-sf", "--all", "--json", timeout=300)
+        self.run.step("d_verify", ok=r["rc"] == 0 and bool((r["json"] or {}).get("ok")), rc=r["rc"],
+                      seconds=r["seconds"], result=r["json"], stderr=r["stderr"][-1000:])
+
+    def step_e(self) -> None:
+        w = self.work
+        opts = json.dumps({"layout": "hs_safetensors", "layer_ids": LAYER_IDS})
+        r = base.sh([str(self.python("reference")), "-c", base.COMPARE, str(w / "model"),
+                     str(w / "sf_data" / "hidden_states"), self.args.compare_device, opts], timeout=400, log=self.log)
+        j = base.last_json(r["stdout"]) or {}
+        self.run.step("e_compare_with_transformers", ok=r["rc"] == 0 and bool(j.get("ok")) and
+                      (j.get("min_cosine") or 0) >= 0.999 and j.get("samples") == self.samples, rc=r["rc"],
+                      seconds=r["seconds"], result=j, stderr=r["stderr"][-1500:] if r["rc"] else "")
+
+    def step_f(self) -> None:
+        launch = self.ro("extract", "gpu-sf-stop", "--json", timeout=300)
+        seen_gpu, status_json, t0 = [], None, time.monotonic()
+        while time.monotonic() - t0 < self.args.job_timeout:
+            seen_gpu = self.gpu_apps()
+            st = self.ro("status", "gpu-sf-stop", "--json", timeout=60)
+            status_json = (st["json"] or {}).get("job") or {}
+            if (seen_gpu or self.args.no_gpu) and self.hs_files("sf_data_stop") >= 32:
+                break
+            if status_json.get("state") not in ("running", "starting", None):
+                break
+            time.sleep(0.5)
+        files_at_stop = self.hs_files("sf_data_stop")
+        server_at_stop = status_json.get("server") if status_json else None
+        stop = self.ro("stop", "gpu-sf-stop", "--json", timeout=240)
+        after, t_gpu = self.gpu_apps(), time.monotonic()
+        while after and time.monotonic() - t_gpu < 15:
+            time.sleep(1)
+            after = self.gpu_apps()
+        job_id = ((launch["json"] or {}).get("job") or {}).get("job_id")
+        marker_left = marker_pids(job_id)
+        st = self.ro("status", "gpu-sf-stop", "--json", timeout=60)
+        job = (st["json"] or {}).get("job") or {}
+        self.files_after_stop = self.hs_files("sf_data_stop")
+        self.run.step("f_stop_leaves_no_gpu_process",
+                      ok=launch["rc"] == 0 and bool(seen_gpu) and stop["rc"] == 0 and not after and not marker_left
+                      and port_free(self.args.port + 1) and job.get("state") == "stopped"
+                      and (server_at_stop or {}).get("state") == "healthy"
+                      and 0 < files_at_stop < self.stop_samples,
+                      launch_rc=launch["rc"], gpu_processes_while_running=seen_gpu, files_at_stop=files_at_stop,
+                      server_at_stop=server_at_stop,
+                      stop={"rc": stop["rc"], "clean": (stop["json"] or {}).get("clean"),
+                            "terminated": (stop["json"] or {}).get("terminated"),
+                            "killed": (stop["json"] or {}).get("killed"), "seconds": stop["seconds"]},
+                      gpu_processes_after=after, marker_processes_after=marker_left, job_id=job_id,
+                      port_free_after=port_free(self.args.port + 1),
+                      status_after={k: job.get(k) for k in ("state", "reason", "server")})
+
+    def step_g(self) -> None:
+        done = getattr(self, "files_after_stop", None)
+        if done is None:
+            done = self.hs_files("sf_data_stop")
+        target = min(self.stop_samples, done + 64)
+        inv = json.loads(self.inv.read_text())
+        inv["hosts"]["gpu-sf-stop"]["vars"]["max_samples"] = target
+        inv_path = self.work / "inventory-server-resume.yaml"
+        inv_path.write_text(json.dumps(inv, indent=2))
+        before = {p.name: p.stat().st_mtime_ns for p in (self.work / "sf_data_stop" / "hidden_states").glob("hs_*")}
+        r = self.ro("extract", "gpu-sf-stop", "--tail", "--json", timeout=self.args.job_timeout, inv=inv_path)
+        v = self.ro("verify", "gpu-sf-stop", "--all", "--json", timeout=300, inv=inv_path)
+        kept = sum(1 for p in (self.work / "sf_data_stop" / "hidden_states").glob("hs_*")
+                   if before.get(p.name) == p.stat().st_mtime_ns)
+        files = self.hs_files("sf_data_stop")
+        self.run.step("g_relaunch_resumes", ok=r["rc"] == 0 and files == target and kept == len(before)
+                      and v["rc"] == 0, rc=r["rc"], seconds=r["seconds"], files_before=len(before),
+                      max_samples=target, files_after=files, untouched=kept,
+                      verify={"rc": v["rc"], "ok": (v["json"] or {}).get("ok"), "files": (v["json"] or {}).get("files")},
+                      stderr_tail=r["stderr"][-1500:], gpu_processes_after=self.gpu_apps())
+
+    def verdict(self, steps: list[str]) -> None:
+        s = self.run.doc["steps"]
+        names = {"c": "c_extract_tail", "d": "d_verify", "e": "e_compare_with_transformers",
+                 "f": "f_stop_leaves_no_gpu_process", "g": "g_relaunch_resumes"}
+        verdict = dict(self.run.doc.get("verdict") or {})
+        verdict.update({k: bool((s.get(names[k]) or {}).get("ok")) for k in steps if names[k] in s
+                        or f"{k}_crashed" in s})
+        self.run.doc["verdict"] = verdict
+        self.run.doc["all_ok"] = bool(verdict) and all(verdict.values())
+        self.run.save()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work", default="/root/e2e")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--steps", default="c,d,e,f,g")
+    ap.add_argument("--port", type=int, default=8765, help="the server's port (the stop run uses the next one)")
+    ap.add_argument("--stop-rows", type=int, default=3000, help="rows of the dataset the stop run works through")
+    ap.add_argument("--server-transformers", choices=("4.57.6", "machine"), default="4.57.6")
+    ap.add_argument("--job-timeout", type=float, default=300, help="seconds for one extract --tail")
+    ap.add_argument("--budget", type=float, default=420, help="skip steps that would start after this many seconds "
+                                                           "(the device tool stops a command at 600 s)")
+    ap.add_argument("--base-python", default=None, help="the machine's python with torch (default: this one)")
+    ap.add_argument("--controller-python", default=None, help="python that runs remote-ops (default: --base-python)")
+    ap.add_argument("--compare-device", default="cuda")
+    ap.add_argument("--code-rev", default=None)
+    ap.add_argument("--append", action="store_true")
+    ap.add_argument("--fresh", action="store_true", help="remove outputs and host state of an earlier run")
+    ap.add_argument("--dry", action="store_true", help="no GPU: write the interpreters, data and inventory, "
+                                                       "print the plan")
+    ap.add_argument("--no-gpu", action="store_true", help="CPU rehearsal of the flow (the GPU steps' checks fail): "
+                                                          "preflight asks for no GPU")
+    args = ap.parse_args(argv)
+    steps = [s.strip() for s in args.steps.split(",") if s.strip()]
+    h = Harness(args)
+    if args.fresh:
+        for d in ("state-sf", "state-sf-stop"):
+            shutil.rmtree(h.work / d, ignore_errors=True)
+    h.setup()
+    h.build_model_and_data()
+    h.inventory()
+    if args.dry:
+        plan = {"steps": steps, "inventory": str(h.inv), "interpreters": h.paths(), "samples": h.samples,
+                "commands": [["remote-ops", "extract", "gpu-sf", "--tail", "--json"], ["remote-ops", "verify",
+                             "gpu-sf", "--all", "--json"], ["remote-ops", "extract", "gpu-sf-stop", "--json"],
+                             ["remote-ops", "stop", "gpu-sf-stop", "--json"]]}
+        h.run.step("dry", ok=True, plan=plan)
+        print(json.dumps(plan, indent=1))
+        return 0
+    order = {"c": h.step_c, "d": h.step_d, "e": h.step_e, "f": h.step_f, "g": h.step_g}
+    for s in steps:
+        if h.elapsed() > args.budget:
+            h.run.step(f"{s}_skipped", ok=False, reason=f"{h.elapsed():.0f}s elapsed > --budget {args.budget:.0f}s")
+            continue
+        try:
+            order[s]()
+        except Exception as exc:   # one broken step must not hide the others' results
+            h.run.step(f"{s}_crashed", ok=False, error=f"{type(exc).__name__}: {exc}")
+        h.verdict(steps)
+    h.verdict(steps)
+    print(json.dumps({"verdict": h.run.doc["verdict"], "all_ok": h.run.doc["all_ok"],
+                      "elapsed_s": h.run.doc["elapsed_s"]}))
+    return 0 if h.run.doc["all_ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,699 @@
+"""Extraction throughput on a GPU: the shipped job against the generator, vLLM's own prefill and the roofline.
+
+Runs ON the lent H200 (../shared/GPU-NOTES.md: offline, Python 3.12, torch 2.11; the bundle of
+benchmarks/gpu_bundle.py unpacked at --work with site/ and tf/, plus llm/ from
+benchmarks/gpu_wheels/llm.txt for vLLM's own `LLM`). Everything is built on the spot: a random
+Llama-shaped checkpoint of realistic width (default TinyLlama's shape: 22 layers, hidden 2048, 1.1B
+parameters, bf16 safetensors) and a seeded JSONL dataset of --samples prompts of uniformly 200-4,000
+tokens (cut to max_model_len - 1 by the script, as always). In ONE run, each part in its own
+subprocess with a timeout:
+
+  (a) `remote-ops extract --tail` with the shipped playbook and script over a `connection: local`
+      host (the agent and requests are the ones SSH carries), at the playbook's default settings;
+      AFTER = this checkout, BEFORE = the script and playbook of --before-rev (git show; without git,
+      this script with --batch-tokens 0 --write-queue-mb 0, which is the old loop). Tokens/s once the
+      engine is up: tokens of the files / (newest data_<N>.pt mtime - data_config.json mtime; the
+      script writes data_config.json right after the generator is ready, in both versions).
+  (b) the generator alone, no writes: the patched speculators VllmHiddenStatesGenerator driven with
+      AFTER's batches (the script's own pack_batches and engine_budget), generate() timed from the
+      first call to the last return; with a profile of where generate() spends its time
+      (executor RPCs: execute_model, sample_tokens, _get_captured_states; the scheduler; the rest);
+      then, if the budget leaves (c) its time, a second pass with BEFORE's batches (8 samples each).
+  (c) vLLM's own prefill: `LLM.generate(max_tokens=1)` on the same (cut) prompts, same
+      max_num_batched_tokens, max_model_len, gpu_memory_utilization, enforce_eager=True and prefix
+      caching off (as the generator); vLLM's defaults otherwise (chunked prefill on).
+  (d) the bf16 roofline: 2 x parameters x tokens / 989 TFLOP/s (H200 dense BF16: NVIDIA's H200
+      datasheet gives 1,979 TFLOPS BF16 Tensor Core "with sparsity"; dense is half). Parameters are
+      the decoder layers' (embedding lookups and the one-token lm_head are not prefill matmuls);
+      the causal attention term is reported beside it.
+  disk: sequential write speed of --work's filesystem (dd oflag=direct, and buffered + fsync as the
+      script writes), against the bytes/s (a) AFTER wrote.
+
+Prints the ratios (a)/(b), (b)/(c), (c)/(d) and (a)/(c), and writes --out JSON (after every part,
+so a timeout still leaves what was measured). `python benchmarks/gpu_results.py` renders it.
+
+    python3 benchmarks/gpu_throughput.py --work /root/e2e --out $OUT/gpu_throughput.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_common import HOST_ENV, VERSIONS, last_json  # noqa: E402  (one copy of each)
+
+PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
+SCRIPT = REPO / "playbooks" / "scripts" / "extract_hidden_states.py"
+BEFORE_REV = "34bb6acb5d14fb0bff1d42fead780d8f26dd0cce"   # main before issue 25 (script last changed in 5b07b57)
+H200_BF16_DENSE_FLOPS = 989e12
+FLOPS_SOURCE = ("NVIDIA H200 Tensor Core GPU datasheet: BF16 Tensor Core 1,979 TFLOPS with sparsity; "
+                "dense = half = 989 TFLOP/s")
+
+# TinyLlama-1.1B's shape (hidden 2048, 22 layers, GQA 32/4 heads, MLP 5632, vocab 32000)
+MODEL_SHAPES = {
+    "1.1b": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                 num_attention_heads=32, num_key_value_heads=4),
+    "tiny": dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                 num_attention_heads=4, num_key_value_heads=2),
+}
+
+MODEL_BUILDER = r'''
+import json, sys, torch
+from pathlib import Path
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+out, shape, device = Path(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+out.mkdir(parents=True, exist_ok=True)
+specials = ["<unk>", "<s>", "</s>", "<pad>"]
+vocab = {t: i for i, t in enumerate(specials)}
+for i in range(len(specials), shape["vocab_size"]):
+    vocab[f"w{i}"] = i
+tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                               unk_token="<unk>", pad_token="<pad>")
+fast.model_max_length = 8192
+fast.save_pretrained(out)
+torch.manual_seed(1234)
+cfg = LlamaConfig(max_position_embeddings=8192, rms_norm_eps=1e-5, initializer_range=0.02, bos_token_id=1,
+                  eos_token_id=2, pad_token_id=3, tie_word_embeddings=False, torch_dtype="bfloat16", **shape)
+torch.set_default_dtype(torch.bfloat16)
+with torch.device(device):           # random init on the GPU: seconds, not minutes, for 1.1B
+    model = LlamaForCausalLM(cfg)
+model.save_pretrained(out, safe_serialization=True)
+total = sum(p.numel() for p in model.parameters())
+emb = model.model.embed_tokens.weight.numel() + model.lm_head.weight.numel()
+print(json.dumps({"params": total, "decoder_params": total - emb, "layers": cfg.num_hidden_layers,
+                  "hidden": cfg.hidden_size, "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads,
+                  "intermediate": cfg.intermediate_size, "vocab": cfg.vocab_size,
+                  "bytes": sum(f.stat().st_size for f in out.glob("*.safetensors"))}))
+'''
+
+GEN_ALONE = r'''
+import importlib.util, json, sys, time
+from collections import defaultdict
+if __name__ == "__main__":
+    script, model, dataset, max_model_len, batch_size, util, out, count_deadline = sys.argv[1:9]
+    spec = importlib.util.spec_from_file_location("ehs", script)
+    ehs = importlib.util.module_from_spec(spec); spec.loader.exec_module(ehs)
+    max_model_len, batch_size, util = int(max_model_len), int(batch_size), float(util)
+    records = ehs.read_dataset(dataset)
+    ehs.truncate(records, max_model_len)
+    lengths = [len(r["input_ids"]) for r in records]
+    t0 = time.perf_counter()
+    gen = ehs._load_generator(model, None, max_model_len, util, 1)
+    ready = time.perf_counter() - t0
+    budget_tokens, budget_seqs = ehs.engine_budget(gen, max_model_len)
+    batches = list(ehs.pack_batches(list(range(len(records))), lengths, budget_tokens, batch_size))
+    prof, calls = defaultdict(float), defaultdict(int)
+    ex, sched = gen.executor, gen.scheduler
+    rpc, schedule = ex.collective_rpc, sched.schedule
+    def timed_rpc(method, *a, **kw):
+        t = time.perf_counter()
+        try:
+            return rpc(method, *a, **kw)
+        finally:
+            name = method if isinstance(method, str) else getattr(method, "__name__", "callable")
+            prof["rpc:" + name] += time.perf_counter() - t; calls["rpc:" + name] += 1
+    def timed_schedule(*a, **kw):
+        t = time.perf_counter()
+        try:
+            return schedule(*a, **kw)
+        finally:
+            prof["scheduler.schedule"] += time.perf_counter() - t; calls["scheduler.schedule"] += 1
+    ex.collective_rpc, sched.schedule = timed_rpc, timed_schedule
+    def one_pass(batches):
+        tokens, t1 = 0, time.perf_counter()
+        for b in batches:
+            res = gen.generate([records[i]["input_ids"] for i in b])
+            tokens += sum(int(r["input_ids"].numel()) for r in res)
+            del res
+        return tokens, time.perf_counter() - t1
+    tokens, secs = one_pass(batches)
+    prof = {k: round(v, 3) for k, v in prof.items()}
+    prof["other (generate's own work: slicing, clone().cpu(), empty_cache)"] = round(secs - sum(prof.values()), 3)
+    doc = {"tokens": tokens, "seconds": round(secs, 3), "tokens_per_s": round(tokens / secs, 1),
+           "engine_ready_s": round(ready, 1), "batches": len(batches),
+           "mean_tokens_per_batch": round(tokens / len(batches), 1), "engine_budget": [budget_tokens, budget_seqs],
+           "batch_size_cap": batch_size, "profile_s": prof, "profile_calls": dict(calls)}
+    with open(out, "w") as fh:
+        json.dump(doc, fh)
+    if time.time() + 1.3 * secs < float(count_deadline):   # BEFORE's batches: batch_size samples each
+        counted = [list(range(i, min(i + batch_size, len(records)))) for i in range(0, len(records), batch_size)]
+        t2, s2 = one_pass(counted)
+        doc["count_batches"] = {"tokens": t2, "seconds": round(s2, 3), "tokens_per_s": round(t2 / s2, 1),
+                                "batches": len(counted), "mean_tokens_per_batch": round(t2 / len(counted), 1)}
+    else:
+        doc["count_batches"] = {"skipped": "time budget"}
+    with open(out, "w") as fh:
+        json.dump(doc, fh)
+    try:
+        ex.shutdown()
+    except Exception as exc:
+        print("shutdown: %s" % exc, file=sys.stderr)
+    print(json.dumps(doc))
+'''
+
+LLM_PREFILL = r'''
+import importlib.util, json, sys, time
+if __name__ == "__main__":
+    script, model, dataset, max_model_len, budget, util, out = sys.argv[1:8]
+    spec = importlib.util.spec_from_file_location("ehs", script)
+    ehs = importlib.util.module_from_spec(spec); spec.loader.exec_module(ehs)
+    records = ehs.read_dataset(dataset)
+    ehs.truncate(records, int(max_model_len))
+    from vllm import LLM, SamplingParams
+    t0 = time.perf_counter()
+    llm = LLM(model=model, max_model_len=int(max_model_len), max_num_batched_tokens=int(budget),
+              gpu_memory_utilization=float(util), enforce_eager=True, enable_prefix_caching=False,
+              tensor_parallel_size=1, seed=0)
+    ready = time.perf_counter() - t0
+    sp = SamplingParams(max_tokens=1, temperature=0.0)
+    prompts = [{"prompt_token_ids": r["input_ids"]} for r in records]
+    t1 = time.perf_counter()
+    outs = llm.generate(prompts, sp, use_tqdm=False)
+    secs = time.perf_counter() - t1
+    tokens = sum(len(o.prompt_token_ids) for o in outs)
+    doc = {"tokens": tokens, "seconds": round(secs, 3), "tokens_per_s": round(tokens / secs, 1),
+           "engine_ready_s": round(ready, 1), "requests": len(outs), "max_num_batched_tokens": int(budget),
+           "enforce_eager": True, "enable_prefix_caching": False}
+    try:
+        sc = llm.llm_engine.vllm_config.scheduler_config
+        doc["scheduler"] = {k: getattr(sc, k, None) for k in ("max_num_batched_tokens", "max_num_seqs",
+                                                               "enable_chunked_prefill")}
+    except Exception as exc:   # the measurement stands without it
+        doc["scheduler"] = {"error": repr(exc)}
+    with open(out, "w") as fh:
+        json.dump(doc, fh)
+    print(json.dumps(doc))
+'''
+
+
+# ------------------------------------------------------------------ pure parts (tested on the CPU)
+def make_dataset(n: int, lo: int, hi: int, vocab: int, seed: int = 20261201) -> list[list[int]]:
+    """``n`` prompts of uniformly ``lo``..``hi`` tokens: BOS (1) then random ids >= 4 (no specials)."""
+    rng = random.Random(seed)
+    return [[1] + [rng.randrange(4, vocab) for _ in range(rng.randint(lo, hi) - 1)] for _ in range(n)]
+
+
+def cut_lengths(rows: list[list[int]], max_model_len: int) -> list[int]:
+    """Token counts after the script's cut to max_model_len - 1."""
+    return [min(len(r), max_model_len - 1) for r in rows]
+
+
+def roofline(decoder_params: int, lengths: list[int], layers: int, hidden: int,
+             peak: float = H200_BF16_DENSE_FLOPS) -> dict:
+    """(d): 2 x parameters x tokens / peak; and with the causal attention's matmuls (QK^T and AV,
+    2 x s^2 x hidden per layer for a prompt of s tokens, half of it masked)."""
+    tokens = sum(lengths)
+    linear = 2.0 * decoder_params * tokens
+    attention = sum(2.0 * s * s * hidden * layers for s in lengths)
+    return {"tokens": tokens, "peak_flops": peak, "peak_source": FLOPS_SOURCE,
+            "linear_flops": linear, "attention_flops": attention,
+            "tokens_per_s": round(tokens / (linear / peak), 1),
+            "tokens_per_s_with_attention": round(tokens / ((linear + attention) / peak), 1)}
+
+
+def ratio(a, b):
+    return round(a / b, 4) if a and b else None
+
+
+def ratios(doc: dict) -> dict:
+    """The ratios the issue asks for, from the parts' tokens/s (None where a part is missing)."""
+    tps = lambda key: (doc.get(key) or {}).get("tokens_per_s")   # noqa: E731
+    a, a0, b, c, d = tps("a_after"), tps("a_before"), tps("b_generator"), tps("c_vllm_prefill"), tps("d_roofline")
+    return {"a/b": ratio(a, b), "b/c": ratio(b, c), "c/d": ratio(c, d), "a/c": ratio(a, c),
+            "a_before/b": ratio(a0, b), "a_after/a_before": ratio(a, a0)}
+
+
+DD_RE = re.compile(r"(\d+) bytes .* copied, ([\d.]+) s")
+
+
+def parse_dd(stderr: str) -> dict | None:
+    """dd's summary line -> {bytes, seconds, bytes_per_s}."""
+    m = DD_RE.search(stderr)
+    if not m:
+        return None
+    n, s = int(m.group(1)), float(m.group(2))
+    return {"bytes": n, "seconds": s, "bytes_per_s": round(n / s) if s else None}
+
+
+def output_rate(out_dir: Path, lengths: list[int]) -> dict:
+    """(a)'s tokens/s once the engine is up, from the job's own files: tokens of the data_<N>.pt
+    present over (newest data_<N>.pt mtime - data_config.json mtime)."""
+    files = sorted(out_dir.glob("data_*.pt"))
+    cfg = out_dir / "data_config.json"
+    if not files or not cfg.exists():
+        return {"files": len(files), "tokens_per_s": None}
+    idx = [int(f.name[5:-3]) for f in files]
+    tokens = sum(lengths[i] for i in idx if i < len(lengths))
+    start = cfg.stat().st_mtime
+    end = max(f.stat().st_mtime for f in files)
+    size = sum(f.stat().st_size for f in files)
+    secs = end - start
+    return {"files": len(files), "tokens": tokens, "seconds": round(secs, 3), "bytes": size,
+            "tokens_per_s": round(tokens / secs, 1) if secs > 0 else None,
+            "bytes_per_s": round(size / secs) if secs > 0 else None,
+            "bytes_per_token": round(size / tokens, 1) if tokens else None}
+
+
+def job_lines(tail_stdout: str) -> list[str]:
+    """The job's log lines from `extract --tail --json` (its "line" events)."""
+    out = []
+    for raw in tail_stdout.splitlines():
+        try:
+            ev = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(ev, dict) and ev.get("event") == "line":
+            out.append(ev.get("text") or "")
+    return out
+
+
+def prepare_before(rev: str, dest: Path) -> str | None:
+    """Write the playbook and script of ``rev`` into ``dest`` (playbook + scripts/), by git show;
+    None when git cannot show them (no repository on the GPU machine)."""
+    texts = {}
+    for rel in ("playbooks/" + PLAYBOOK.name, "playbooks/scripts/" + SCRIPT.name):
+        try:
+            r = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:{rel}"], capture_output=True, text=True,
+                               timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if r.returncode != 0:
+            return None
+        texts[rel] = r.stdout
+    (dest / "scripts").mkdir(parents=True, exist_ok=True)
+    for rel, text in texts.items():
+        (dest / rel.removeprefix("playbooks/")).write_text(text)
+    return f"git show {rev}"
+
+
+GENERATOR_MODULES = ("vllm.v1.executor.multiproc_executor", "vllm.v1.core.sched.scheduler", "vllm.config",
+                     "vllm.v1.request", "vllm.v1.structured_output", "vllm.v1.core.kv_cache_utils",
+                     "vllm.sampling_params", "vllm.distributed", "vllm.model_executor.models.interfaces",
+                     "vllm.sequence", "vllm.v1.worker.gpu_worker")   # what the patched generator imports
+
+
+def module_level_imports(root: Path, start: list[str], top: str = "vllm") -> dict[str, str]:
+    """Outside packages imported at module level (not under TYPE_CHECKING, not in functions; a
+    try: body counts) by the modules ``start`` and every ``top`` module they import, transitively,
+    with their parent packages: {package: first module that imports it}. Static: nothing is imported."""
+    import ast
+    seen: set[str] = set()
+    found: dict[str, str] = {}
+
+    def modfile(name):
+        p = root.joinpath(*name.split("."))
+        if (p / "__init__.py").exists():
+            return p / "__init__.py", True
+        return (p.with_suffix(".py"), False) if p.with_suffix(".py").exists() else (None, False)
+
+    def imports(body, out):
+        for n in body:
+            if isinstance(n, ast.If):
+                if "TYPE_CHECKING" not in ast.unparse(n.test):
+                    imports(n.body, out)
+                imports(n.orelse, out)
+            elif isinstance(n, ast.Try):
+                imports(n.body, out)
+            elif isinstance(n, (ast.Import, ast.ImportFrom)):
+                out.append(n)
+        return out
+
+    def walk(name):
+        if name in seen:
+            return
+        seen.add(name)
+        parts = name.split(".")
+        for i in range(1, len(parts)):
+            walk(".".join(parts[:i]))
+        path, is_pkg = modfile(name)
+        if path is None:
+            return
+        for n in imports(ast.parse(path.read_text()).body, []):
+            if isinstance(n, ast.Import):
+                names = [a.name for a in n.names]
+            elif n.level:
+                base = parts if is_pkg else parts[:-1]
+                mod = ".".join(base[:len(base) - (n.level - 1)] + ([n.module] if n.module else []))
+                names = [mod] + [f"{mod}.{a.name}" for a in n.names]
+            else:
+                names = [n.module] + [f"{n.module}.{a.name}" for a in n.names]
+            for m in names:
+                if m.split(".")[0] == top:
+                    if modfile(m)[0] is not None:
+                        walk(m)
+                elif m.split(".")[0] not in sys.stdlib_module_names:
+                    found.setdefault(m.split(".")[0], name)
+    for s in start:
+        walk(s)
+    return found
+
+
+def llm_only_imports(vllm_root: Path) -> dict[str, str]:
+    """What `from vllm import LLM` (vllm/entrypoints/llm.py) imports beyond the generator's path."""
+    gen = module_level_imports(vllm_root, list(GENERATOR_MODULES))
+    return {k: v for k, v in module_level_imports(vllm_root, ["vllm.entrypoints.llm"]).items() if k not in gen}
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work", default="/root/e2e", help="bundle dir (site/, tf/, llm/); scratch goes under it")
+    ap.add_argument("--out", default=None, help="result JSON (required unless --prepare-before)")
+    ap.add_argument("--bundle", default=None, help="bundle.tar.gz to unpack into --work when site/ is missing")
+    ap.add_argument("--samples", type=int, default=300)
+    ap.add_argument("--min-tokens", type=int, default=200)
+    ap.add_argument("--max-tokens", type=int, default=4000)
+    ap.add_argument("--model", choices=sorted(MODEL_SHAPES), default="1.1b")
+    ap.add_argument("--parts", default="disk,a_after,a_before,b,c",
+                    help="comma list of disk, a_after, a_before, b, c (d is computed)")
+    ap.add_argument("--before-rev", default=BEFORE_REV, help="git revision of the BEFORE script and playbook")
+    ap.add_argument("--before-dir", default=str(REPO / "benchmarks" / "gpu_before"),
+                    help="where --prepare-before puts them for a GPU machine without git (travels untracked)")
+    ap.add_argument("--prepare-before", action="store_true",
+                    help="only write --before-rev's playbook and script into --before-dir, then exit")
+    ap.add_argument("--budget-s", type=float, default=510, help="skip parts that would start after this")
+    ap.add_argument("--base-python", default=None, help="the machine's python with torch (default: this one)")
+    ap.add_argument("--code-rev", default=None, help="this checkout's commit (recorded)")
+    ap.add_argument("--dd-mib", type=int, default=2048, help="MiB written by the disk test")
+    ap.add_argument("--standin", action="store_true",
+                    help="CPU rehearsal of the harness: (a) runs the sandbox's STAND-IN job (torch CPU, no vLLM) "
+                         "through the same remote-ops extract; no model build, no patch, no (b)/(c); figures "
+                         "are NOT GPU figures")
+    args = ap.parse_args(argv)
+    unknown = set(p.strip() for p in args.parts.split(",") if p.strip()) - {"disk", "a_after", "a_before", "b", "c"}
+    if unknown:
+        ap.error(f"unknown part(s) {', '.join(sorted(unknown))}")
+    if not args.out and not args.prepare_before:
+        ap.error("--out is required")
+    if not 1 <= args.min_tokens <= args.max_tokens:
+        ap.error("--min-tokens must be >= 1 and <= --max-tokens")
+    return args
+
+
+# ------------------------------------------------------------------ the run
+def run_cmd(cmd, *, timeout, env=None, cwd=None) -> dict:
+    """One subprocess in its own session, killed with its whole group at the timeout."""
+    started = time.monotonic()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+                         env={**os.environ, **(env or {})}, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+        rc = p.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        rc, err = 124, (err or "") + f"\n[timed out after {timeout}s]"
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)    # vLLM workers left behind by the part
+        except ProcessLookupError:
+            pass
+    return {"rc": rc, "stdout": out, "stderr": err, "seconds": round(time.monotonic() - started, 2)}
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.work = Path(args.work).resolve()
+        self.scratch = self.work / "throughput"
+        self.base_python = args.base_python or sys.executable
+        self.t0 = time.monotonic()
+        self.doc: dict = {"check": "gpu_throughput", "code_rev": args.code_rev,
+                          "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                          "settings": {"samples": args.samples, "tokens": [args.min_tokens, args.max_tokens],
+                                       "model": args.model, "before_rev": args.before_rev}}
+        self.out = Path(args.out)
+
+    def save(self):
+        self.doc["elapsed_s"] = round(time.monotonic() - self.t0, 1)
+        self.doc["ratios"] = ratios(self.doc)
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.doc, indent=2, default=str))
+        os.replace(tmp, self.out)
+
+    def left(self) -> float:
+        return self.args.budget_s - (time.monotonic() - self.t0)
+
+    def timeout(self, cap: float) -> float:
+        """A part's timeout: at most ``cap``, and never past the budget by more than 20 s."""
+        return max(10.0, min(cap, self.left() + 20))
+
+    def part(self, name, fn, need_s):
+        t = time.monotonic() - self.t0
+        if self.left() < need_s:
+            self.doc[name] = {"skipped": f"time budget: {self.left():.0f}s left, the part needs ~{need_s}s"}
+        else:
+            print(f"[{t:5.0f}s] {name} ...", file=sys.stderr, flush=True)
+            try:
+                fn()
+            except Exception as exc:   # one broken part must not hide the others
+                self.doc[name] = {**(self.doc.get(name) or {}), "error": f"{type(exc).__name__}: {exc}"}
+        got = self.doc.get(name) or {}
+        print(f"[{time.monotonic() - self.t0:5.0f}s] {name}: " + (
+            f"{got['tokens_per_s']} tokens/s" if got.get("tokens_per_s") else
+            str(got.get("skipped") or got.get("error") or f"exit {got.get('rc')}")), file=sys.stderr, flush=True)
+        self.save()
+
+    # ---------------------------------------------------------------- setup
+    def setup(self):
+        w = self.work
+        missing = [d for d in ("site", "tf", "llm") if not (w / d).is_dir()]
+        if missing and not self.args.standin:
+            if not self.args.bundle:
+                raise SystemExit(f"{w}: {', '.join(missing)} missing: give --bundle (see GPU-NOTES.md)")
+            import tarfile
+            with tarfile.open(self.args.bundle, "r:*") as tf:   # only what is missing (llm/ is newer)
+                tf.extractall(w, members=[m for m in tf if m.name.split("/")[0] in missing], filter="data")
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        (self.scratch / "bin").mkdir(parents=True)
+        for name, path in (("python", f"{w}/tf:{w}/site"), ("python-llm", f"{w}/tf:{w}/site:{w}/llm")):
+            f = self.scratch / "bin" / name
+            f.write_text(f"#!/bin/sh\nPYTHONPATH={path} exec {self.base_python} \"$@\"\n")
+            f.chmod(0o755)
+        if self.args.standin:
+            for name in ("python", "python-llm"):
+                (self.scratch / "bin" / name).write_text(f"#!/bin/sh\nexec {self.base_python} \"$@\"\n")
+            self.doc["standin"] = "STAND-IN rehearsal on the CPU: not GPU figures"
+            return
+        smi = run_cmd(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                      timeout=30)
+        self.doc["gpus"] = [l.strip() for l in smi["stdout"].splitlines() if l.strip()]
+        self.doc["llm_wheels_present"] = (w / "llm").is_dir()
+        self.doc["versions"] = last_json(run_cmd([str(self.scratch / "bin" / "python"), "-c", VERSIONS],
+                                                 timeout=120)["stdout"])
+        for name, text in (("gen_alone.py", GEN_ALONE), ("llm_prefill.py", LLM_PREFILL)):
+            (self.scratch / name).write_text(text)
+
+    def build(self):
+        s = self.scratch
+        t = time.monotonic()
+        if self.args.standin:   # the stand-in's own defaults (8 layers, hidden 64, vocab 1000)
+            r = {"rc": 0, "stdout": json.dumps({"params": 0, "decoder_params": 8 * 2 * 64 * 64, "layers": 8,
+                                                "hidden": 64, "vocab": 1000, "standin": True})}
+        else:
+            r = run_cmd([str(s / "bin" / "python"), "-c", MODEL_BUILDER, str(s / "model"),
+                         json.dumps(MODEL_SHAPES[self.args.model]), "cuda"], timeout=240)
+        if r["rc"] != 0:
+            self.doc["model"] = {"ok": False, "rc": r["rc"], "stderr": r["stderr"][-3000:]}
+            self.save()
+            raise SystemExit("model build failed")
+        self.model = last_json(r["stdout"])
+        self.model["build_s"] = round(time.monotonic() - t, 1)
+        rows = make_dataset(self.args.samples, self.args.min_tokens, self.args.max_tokens, self.model["vocab"])
+        with open(s / "dataset.jsonl", "w") as fh:
+            for ids in rows:
+                fh.write(json.dumps({"input_ids": ids}) + "\n")
+        self.max_model_len = 2048           # the playbook's default
+        self.lengths = cut_lengths(rows, self.max_model_len)
+        self.doc["model"] = self.model
+        self.doc["dataset"] = {"samples": len(rows), "tokens_before_cut": sum(map(len, rows)),
+                               "tokens": sum(self.lengths), "max_model_len": self.max_model_len,
+                               "cut": sum(1 for r in rows if len(r) > self.max_model_len - 1)}
+        self.doc["d_roofline"] = roofline(self.model["decoder_params"], self.lengths, self.model["layers"],
+                                          self.model["hidden"])
+        self.save()
+
+    def inventory(self):
+        s = self.scratch
+
+        def host(name, playbook, extra=None):
+            (s / f"wd-{name}").mkdir(exist_ok=True)      # each uploads its own script there
+            return {"connection": "local", "python": str(s / "bin" / "python"), "workdir": str(s / f"wd-{name}"),
+                    "playbook": str(playbook), "env": {**HOST_ENV, "REMOTE_OPS_STATE_DIR": str(s / f"state-{name}")},
+                    "vars": {"target_model": str(s / "model"), "dataset": str(s / "dataset.jsonl"),
+                             "output_dir": str(s / f"out-{name}"), "max_samples": self.args.samples,
+                             "gpus": 1, **self.standin_vars(name), **(extra or {})}}
+        hosts = {"after": host("after", PLAYBOOK)}
+        before = self.before_files()
+        if before["source"] == "git":
+            hosts["before"] = host("before", before["playbook"])
+        else:   # the old loop, by flags of the new script
+            hosts["before"] = host("before", PLAYBOOK, {"batch_tokens": 0, "write_queue_mb": 0})
+        self.doc["before_source"] = before
+        self.inv = s / "inventory.yaml"
+        self.inv.write_text(json.dumps({"hosts": hosts, "default": "after"}, indent=2))
+
+    def standin_vars(self, name) -> dict:
+        """--standin: the sandbox's stand-in job in place of the real generator (it drives the script
+        uploaded beside it, so BEFORE drives BEFORE's script)."""
+        if not self.args.standin:
+            return {}
+        wd = self.scratch / f"wd-{name}"
+        shutil.copy(REPO / "remote_ops" / "sandbox_assets" / "extract_standin.py", wd / "extract_standin.py")
+        return {"extract_script": str(wd / "extract_standin.py"), "gpus": 0, "import_check": ["torch", "tqdm"],
+                "target_model": "tiny-standin"}
+
+    def before_files(self) -> dict:
+        """main's script and playbook at --before-rev, beside each other as the playbook expects:
+        from git, else from --before-dir (written by --prepare-before where git is), else None."""
+        d = self.scratch / "before"
+        got = prepare_before(self.args.before_rev, d)
+        if got is None and (Path(self.args.before_dir) / PLAYBOOK.name).exists():
+            shutil.copytree(self.args.before_dir, d, dirs_exist_ok=True)
+            got = "copy of " + str(self.args.before_dir)
+        if got is None:
+            return {"source": "flags", "why": f"git cannot show {self.args.before_rev} here and no {self.args.before_dir}",
+                    "flags": "--batch-tokens 0 --write-queue-mb 0 (count batches, writes in the main thread)"}
+        return {"source": "git", "rev": self.args.before_rev, "from": got, "playbook": str(d / PLAYBOOK.name)}
+
+    def ro(self, *args, timeout=300) -> dict:
+        cmd = [self.base_python, "-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+               "from remote_ops.cli import main; sys.exit(main(sys.argv[1:]))", str(REPO), "-i", str(self.inv), *args]
+        return run_cmd(cmd, timeout=timeout, env={"PYTHONPATH": str(self.work / "site"), "COLUMNS": "200"})
+
+    def wait_gpu_free(self, limit=30.0):
+        if self.args.standin:
+            return 0.0
+        t = time.monotonic()
+        while time.monotonic() - t < limit:
+            r = run_cmd(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"], timeout=30)
+            if r["rc"] != 0 or not r["stdout"].strip():
+                return round(time.monotonic() - t, 1)
+            time.sleep(1)
+        return None
+
+    # ---------------------------------------------------------------- parts
+    def part_disk(self):
+        target = self.scratch / "ddtest"
+        n = self.args.dd_mib
+        r = run_cmd(["dd", "if=/dev/zero", f"of={target}", "bs=16M", f"count={n // 16}", "oflag=direct",
+                     "conv=fsync"], timeout=120)
+        direct = parse_dd(r["stderr"])
+        target.unlink(missing_ok=True)
+        chunk = os.urandom(64 << 20)
+        t = time.perf_counter()
+        with open(target, "wb") as fh:         # what save_atomic does: buffered writes, then fsync
+            for _ in range(n // 64):
+                fh.write(chunk)
+            fh.flush()
+            os.fsync(fh.fileno())
+        secs = time.perf_counter() - t
+        target.unlink(missing_ok=True)
+        self.doc["disk"] = {"path": str(self.scratch), "dd_direct": direct, "dd_rc": r["rc"],
+                            "buffered_fsync": {"bytes": (n // 64) * (64 << 20), "seconds": round(secs, 3),
+                                               "bytes_per_s": round((n // 64) * (64 << 20) / secs)}}
+
+    def part_patch(self):
+        r = self.ro("patch", "after", "--yes", "--json", timeout=180)
+        self.doc["patch"] = {"rc": r["rc"], "seconds": r["seconds"], "stderr": r["stderr"][-800:]}
+        if r["rc"] != 0:
+            raise RuntimeError(f"patch failed (exit {r['rc']}): {r['stderr'][-300:]}")
+
+    def part_a(self, which):
+        name = f"a_{which}"
+        shutil.rmtree(self.scratch / f"out-{which}", ignore_errors=True)
+        free = self.wait_gpu_free()
+        r = self.ro("extract", which, "--skip-check", "--tail", "--json", timeout=self.timeout(300))
+        lines = job_lines(r["stdout"])
+        rate = output_rate(self.scratch / f"out-{which}", self.lengths)
+        ready = next((l for l in lines if l.startswith("generator ready in")), None)
+        progress = [l for l in lines if l.startswith("extract-progress ")]
+        self.doc[name] = {"rc": r["rc"], "wall_s": r["seconds"], "gpu_free_after_s": free, **rate,
+                          "complete": rate.get("files") == self.args.samples,
+                          "generator_ready_line": ready, "last_progress": progress[-1] if progress else None,
+                          "stderr_tail": r["stderr"][-1500:] if r["rc"] else "",
+                          "log_tail": lines[-8:]}
+
+    def part_b(self):
+        self.wait_gpu_free()
+        s = self.scratch
+        r = run_cmd([str(s / "bin" / "python"), str(s / "gen_alone.py"), str(SCRIPT), str(s / "model"),
+                     str(s / "dataset.jsonl"), str(self.max_model_len), "8", "0.8", str(s / "b.json"),
+                     # a second pass with BEFORE's count batches only if (c) keeps ~70 s after it
+                     str(time.time() + self.left() - 70)],
+                    timeout=self.timeout(300), env=HOST_ENV | {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"})
+        got = json.loads((s / "b.json").read_text()) if (s / "b.json").exists() else {}
+        self.doc["b_generator"] = {"rc": r["rc"], "wall_s": r["seconds"], **got,
+                                   "stderr_tail": r["stderr"][-1500:] if r["rc"] or not got else ""}
+
+    def part_c(self):
+        self.wait_gpu_free()
+        s = self.scratch
+        budget = ((self.doc.get("b_generator") or {}).get("engine_budget") or [max(8192, self.max_model_len)])[0]
+        r = run_cmd([str(s / "bin" / "python-llm"), str(s / "llm_prefill.py"), str(SCRIPT), str(s / "model"),
+                     str(s / "dataset.jsonl"), str(self.max_model_len), str(budget), "0.8", str(s / "c.json")],
+                    timeout=self.timeout(240), env=HOST_ENV | {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"})
+        got = json.loads((s / "c.json").read_text()) if (s / "c.json").exists() else {}
+        self.doc["c_vllm_prefill"] = {"rc": r["rc"], "wall_s": r["seconds"], **got,
+                                      "stderr_tail": r["stderr"][-1500:] if r["rc"] or not got else ""}
+
+    def finish(self):
+        a, a0, disk = self.doc.get("a_after") or {}, self.doc.get("a_before") or {}, self.doc.get("disk") or {}
+        dd = (disk.get("dd_direct") or {}).get("bytes_per_s")
+        for which in ("after", "before"):      # ~8 GB each: leave the disk to the session's other checks
+            shutil.rmtree(self.scratch / f"out-{which}", ignore_errors=True)
+        self.doc["disk_use"] = {"a_after_bytes_per_s": a.get("bytes_per_s"), "a_before_bytes_per_s": a0.get("bytes_per_s"),
+                                "dd_direct_bytes_per_s": dd, "fraction_of_dd": ratio(a.get("bytes_per_s"), dd),
+                                "bytes_per_token": a.get("bytes_per_token"),
+                                # the most any extraction can write: the disk's speed over a token's bytes
+                                "disk_bound_tokens_per_s": round(dd / a["bytes_per_token"], 1)
+                                if dd and a.get("bytes_per_token") else None}
+        self.save()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.prepare_before:
+        got = prepare_before(args.before_rev, Path(args.before_dir))
+        print(f"{args.before_dir}: {got}" if got else f"cannot git show {args.before_rev}", file=sys.stderr)
+        return 0 if got else 1
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    b = Bench(args)
+    b.setup()
+    b.build()
+    b.inventory()
+    if args.standin:
+        parts = [p for p in parts if p in ("disk", "a_after", "a_before")]
+    else:
+        b.part("patch", b.part_patch, 20)
+    plan = {"disk": (b.part_disk, 15), "a_after": (lambda: b.part_a("after"), 75),
+            "a_before": (lambda: b.part_a("before"), 90), "b": (b.part_b, 75), "c": (b.part_c, 50)}
+    for p in parts:
+        fn, need = plan[p]
+        b.part({"a_after": "a_after", "a_before": "a_before", "b": "b_generator", "c": "c_vllm_prefill",
+                "disk": "disk"}[p], fn, need)
+    b.finish()
+    tps = {k: (b.doc.get(k) or {}).get("tokens_per_s") for k in ("a_before", "a_after", "b_generator",
+                                                                  "c_vllm_prefill", "d_roofline")}
+    print(json.dumps({"tokens_per_s": tps, "ratios": b.doc["ratios"], "disk_use": b.doc["disk_use"],
+                      "elapsed_s": b.doc["elapsed_s"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

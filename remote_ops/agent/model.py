@@ -1,0 +1,648 @@
+"""The model preflight (stdlib only): will the package's worker extension work with the class the
+installed vLLM picks for this checkpoint? Static, before any engine starts.
+
+From the checkpoint's ``config.json`` (``architectures``, ``text_config``, ``num_hidden_layers``) and the
+installed library's own model registry (``vllm/model_executor/models/registry.py``, read as a literal,
+never imported), the class the engine would build is resolved with the static resolver, then checked
+against what the playbook says the worker needs (``check.model`` of the playbook):
+
+- ``protocol``: every member of that protocol class (e.g. ``SupportsEagle3``: the worker asks
+  ``supports_eagle3(model)``, an ``isinstance`` on a runtime-checkable protocol), through the MRO;
+- ``text_model``: the attribute paths the worker reaches the text model by (``model``,
+  ``language_model.model``), each counted only if the installed worker module names its first
+  attribute (so a path added by a patch counts only once the patch is there); the class of each
+  step comes from its assignment in ``__init__`` (a constructor call, or
+  ``init_vllm_registered_model(architectures=[...] | hf_config=config.text_config)``);
+- ``text_model_members`` on that class; its decoder layer's ``forward`` accepting
+  ``layer_forward_keywords`` by keyword;
+- the layer ids (given, or the package's default formula of ``n``): distinct and in range.
+
+Every finding names the library file and line, like a binding finding; what cannot be decided (an HF
+id not on disk, a class built by an expression) is listed under ``unknown``, never passed silently.
+"""
+
+import ast
+import json
+import os
+import sys
+import time
+
+from .protocol import AgentFailure
+from .reads import Reads
+from .resolve_base import dotted
+from .sigmodel import Signature, bind
+from .signatures import StaticResolver
+
+REGISTRY = "model_executor.models.registry"
+MODELS = "model_executor.models"
+REGISTERED_FACTORY = "init_vllm_registered_model"
+
+
+def op_check(args):
+    t0 = time.perf_counter()
+    from . import memo
+    out = memo.cached("model", args, lambda reads: check(args, reads))
+    return dict(out, elapsed_s=round(time.perf_counter() - t0, 4))
+
+
+# ------------------------------------------------------------------ the checkpoint
+def _hf_cache_config(model, reads):
+    """config.json of an HF id in the local hub cache, or None (the env decides where: not kept)."""
+    reads.not_replayable("an HF id is looked up in the hub cache")
+    roots = [os.environ.get("HF_HUB_CACHE"),
+             os.path.join(os.environ["HF_HOME"], "hub") if os.environ.get("HF_HOME") else None,
+             os.path.expanduser("~/.cache/huggingface/hub")]
+    for root in filter(None, roots):
+        base = os.path.join(root, "models--" + model.replace("/", "--"))
+        try:
+            ref = reads.text(os.path.join(base, "refs", "main")).strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        path = os.path.join(base, "snapshots", ref, "config.json")
+        if reads.exists(path):
+            return path
+    return None
+
+
+def read_config(model, reads, workdir=None):
+    """(config path, config dict, problem): a problem is a finding; (None, None, None) is unknown (an
+    HF id not in the local hub cache). A relative path is the job's: relative to its workdir."""
+    if workdir and not os.path.isabs(os.path.expanduser(model)) and \
+            reads.exists(os.path.join(os.path.expanduser(workdir), model)):
+        model = os.path.join(os.path.expanduser(workdir), model)
+    if os.path.isabs(model) or model.startswith((".", "~")) or reads.exists(model):
+        path = os.path.join(os.path.expanduser(model), "config.json")
+        if not reads.exists(os.path.expanduser(model)):
+            return None, None, "the model directory %s does not exist" % model
+        if not reads.exists(path):
+            return None, None, "%s has no config.json: not a checkpoint directory" % model
+    else:
+        path = _hf_cache_config(model, reads)
+        if path is None:
+            return None, None, None        # an HF id not downloaded here: unknown, not a finding
+    try:
+        cfg = json.loads(reads.text(path))
+    except (OSError, UnicodeDecodeError) as exc:
+        return path, None, "cannot read %s: %s" % (path, getattr(exc, "strerror", None) or exc)
+    except ValueError as exc:
+        return path, None, "%s is not valid JSON: %s" % (path, exc)
+    if not isinstance(cfg, dict):
+        return path, None, "%s is not a JSON object" % path
+    return path, cfg, None
+
+
+def num_layers(cfg):
+    """The generator's own rule: num_hidden_layers, else text_config.num_hidden_layers."""
+    n = cfg.get("num_hidden_layers")
+    if n is None and isinstance(cfg.get("text_config"), dict):
+        n = cfg["text_config"].get("num_hidden_layers")
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
+def _formula(expr, n):
+    """An element of the default layer-ids formula: an int, or an expression of ``n`` (+ - * //)."""
+    if isinstance(expr, int):
+        return expr
+    node = ast.parse(str(expr), mode="eval").body
+
+    def ev(x):
+        if isinstance(x, ast.Constant) and isinstance(x.value, int):
+            return x.value
+        if isinstance(x, ast.Name) and x.id == "n":
+            return n
+        if isinstance(x, ast.UnaryOp) and isinstance(x.op, ast.USub):
+            return -ev(x.operand)
+        if isinstance(x, ast.BinOp):
+            a, b = ev(x.left), ev(x.right)
+            ops = {ast.Add: lambda: a + b, ast.Sub: lambda: a - b, ast.Mult: lambda: a * b,
+                   ast.FloorDiv: lambda: a // b}
+            if type(x.op) in ops:
+                return ops[type(x.op)]()
+        raise ValueError("layer-ids formula %r: only integers, n, + - * // are allowed" % expr)
+    return ev(node)
+
+
+def default_layer_ids(formula, n):
+    return [_formula(e, n) for e in formula]
+
+
+# ------------------------------------------------------------------ the library's registry
+def registry(static, library, reads):
+    """(path, {architecture: (module, class, line)}, {previously supported architecture: why}) from
+    the registry module's literal dicts (``**`` merges followed); None when it is not there."""
+    spec = static.find_spec("%s.%s" % (library, REGISTRY))
+    if spec is None or not spec.origin:
+        return None
+    tree = ast.parse(reads.text(spec.origin))
+    tables = {}
+    for st in tree.body:
+        target = st.targets[0] if isinstance(st, ast.Assign) and len(st.targets) == 1 else \
+            (st.target if isinstance(st, ast.AnnAssign) else None)
+        if isinstance(target, ast.Name) and isinstance(getattr(st, "value", None), ast.Dict):
+            tables[target.id] = st.value
+
+    def entries(name, seen=()):
+        out = {}
+        d = tables.get(name)
+        if d is None or name in seen:
+            return out
+        for k, v in zip(d.keys, d.values):
+            if k is None and isinstance(v, ast.Name):
+                out.update(entries(v.id, seen + (name,)))
+            elif isinstance(k, ast.Constant) and isinstance(k.value, str) and isinstance(v, ast.Tuple) and \
+                    len(v.elts) >= 2 and all(isinstance(e, ast.Constant) and isinstance(e.value, str)
+                                             for e in v.elts[:2]):
+                out[k.value] = (v.elts[0].value, v.elts[1].value, k.lineno)
+        return out
+
+    models = entries("_VLLM_MODELS")
+    if not models:      # an older or newer layout: every literal table of (module, class)
+        for name in tables:
+            if name.endswith("_MODELS") and "PREVIOUSLY" not in name:
+                models.update(entries(name))
+    previously = {}
+    d = tables.get("_PREVIOUSLY_SUPPORTED_MODELS")
+    if d is not None:
+        for k, v in zip(d.keys, d.values):
+            if isinstance(k, ast.Constant) and isinstance(k.value, str):
+                previously[k.value] = (ast.unparse(v), k.lineno)
+    top = tables.get("_VLLM_MODELS")
+    previously[None] = ("", top.lineno if top is not None else 1)   # where the registry's table starts
+    return spec.origin, models, previously
+
+
+# ------------------------------------------------------------------ the checks
+class _Model:
+    def __init__(self, static, library, reg_path, models, cfg, findings, unknown):
+        self.static, self.library = static, library
+        self.reg_path, self.models = reg_path, models
+        self.cfg, self.findings, self.unknown = cfg, findings, unknown
+
+    def finding(self, kind, ent, name, message, suggestion, path=None, line=None):
+        where = ent.where if ent is not None else None
+        p, _, ln = (where or "").rpartition(":")
+        self.findings.append({"path": path or p or None, "line": line or (int(ln) if ln.isdigit() else None),
+                              "symbol": ent.qual and _symbol(ent) if ent is not None else None,
+                              "kind": kind, "name": name, "message": message, "suggestion": suggestion})
+
+    def note_unknown(self, what, reason):
+        self.unknown.append({"what": what, "reason": reason})
+
+    def class_of_arch(self, arch):
+        hit = self.models.get(arch)
+        if hit is None:
+            return None
+        module, cls, _ = hit
+        e = self.static.lookup("%s.%s.%s" % (self.library, MODELS, module), cls)
+        return e
+
+    # --- what an instance attribute is built from
+    def attr_class(self, cls, name):
+        """The class Ent an instance attribute is built as, a 'missing' Ent, or an 'unknown' Ent."""
+        present = has_member(self.static, cls, name)
+        if present == "no":
+            return _ent("missing", "%s has no attribute %r" % (cls.qual, name))
+        if isinstance(present, tuple):
+            return _ent("unknown", present[1])
+        classes, reasons = [], []
+        for c in self.static.mro(cls):
+            if c.kind != "class":
+                continue
+            for value, fn, owner in _self_assignments(c, name):
+                e = self._built_by(cls, owner, value)
+                (classes if e.kind == "class" else reasons).append(e)
+        if not classes and not reasons:
+            return _ent("unknown", "%s.%s is not assigned from a constructor call" % (cls.qual, name))
+        if reasons:
+            return reasons[0]
+        first = classes[0]
+        if any(_symbol(c) != _symbol(first) for c in classes[1:]):
+            return _ent("unknown", "%s.%s is one of %s" % (cls.qual, name, ", ".join(sorted({_symbol(c) for c in classes}))))
+        return first
+
+    def _built_by(self, top, cls, value, depth=0):
+        """The class ``value`` (an expression in a method of ``cls``; ``top`` is the instance's class)
+        builds: ``X(...)``, ``self.model_cls(...)`` (a class attribute, looked up on ``top``),
+        ``self._init_model(...)`` (a method's returned call), ``init_vllm_registered_model(...)``."""
+        if not isinstance(value, ast.Call) or depth > 4:
+            return _ent("unknown", "%s: %s is not a call" % (cls.qual, ast.unparse(value)[:80]))
+        d = dotted(value.func)
+        if d and d.split(".")[-1] == REGISTERED_FACTORY:
+            return self._registered(cls, value)
+        if d is None:
+            return _ent("unknown", "%s: %s is built by an expression" % (cls.qual, ast.unparse(value.func)[:80]))
+        if d.startswith("self.") and d.count(".") == 1:
+            a = self.static.class_attr(top, d[5:], True)
+            if a.kind == "function":
+                built = [self._built_by(top, a.owner or cls, r.value, depth + 1) for r in ast.walk(a.node)
+                         if isinstance(r, ast.Return) and r.value is not None]
+                hit = [b for b in built if b.kind == "class"]
+                if hit and len(hit) == len(built) and len({_symbol(b) for b in hit}) == 1:
+                    return hit[0]
+                return _ent("unknown", "%s.%s returns %s" % (top.qual, d[5:], "several classes" if hit else
+                                                          "something not recognised"))
+            if a.kind == "value" and a.node is not None and a.owner is not None:
+                v = getattr(a.node, "value", None)
+                if v is not None and dotted(v):
+                    e = self.static.resolve_dotted(a.owner.mod, dotted(v))
+                    if e.kind == "class":
+                        return e
+            return _ent("unknown", "%s: %s(...) is not resolved (%s)" % (top.qual, d, a.reason or a.kind))
+        e = self.static.resolve_dotted(cls.mod, d)
+        if e.kind == "class":
+            return e
+        return _ent("unknown", "%s: %s(...) is not a class (%s)" % (cls.qual, d, e.reason or e.kind))
+
+    def _registered(self, cls, call):
+        """``init_vllm_registered_model(..., architectures=[...])`` or ``hf_config=config.text_config``."""
+        kw = {k.arg: k.value for k in call.keywords if k.arg}
+        archs = kw.get("architectures")
+        names = None
+        if isinstance(archs, (ast.List, ast.Tuple)) and all(isinstance(x, ast.Constant) and isinstance(x.value, str)
+                                                            for x in archs.elts):
+            names = [x.value for x in archs.elts]
+        elif archs is None and "hf_config" in kw and dotted(kw["hf_config"] or ast.Pass()) and \
+                dotted(kw["hf_config"]).endswith("text_config"):
+            tc = self.cfg.get("text_config") if isinstance(self.cfg.get("text_config"), dict) else {}
+            names = [a for a in tc.get("architectures") or [] if isinstance(a, str)] or None
+        if not names:
+            return _ent("unknown", "%s: the text model's class is chosen at run time (%s)"
+                        % (cls.qual, ast.unparse(call)[:100]))
+        for n in names:
+            e = self.class_of_arch(n)
+            if e is not None and e.kind == "class":
+                return e
+        return _ent("unknown", "%s: none of %s is in the registry" % (cls.qual, names))
+
+    def decoder_layer(self, text_cls):
+        """The class of the text model's decoder layers (from ``make_layers(..., lambda prefix: X(...))``
+        or ``nn.ModuleList([X(...) ...])``), or an unknown Ent."""
+        for c in self.static.mro(text_cls):
+            if c.kind != "class":
+                continue
+            for value, fn, owner in _self_assignments(c, "layers"):
+                call = value
+                if isinstance(call, ast.Call):
+                    for arg in list(call.args) + [k.value for k in call.keywords]:
+                        if isinstance(arg, ast.Lambda) and isinstance(arg.body, ast.Call):
+                            return self._layer_class(text_cls, owner, fn, arg.body.func)
+                        if isinstance(arg, (ast.ListComp, ast.GeneratorExp)) and isinstance(arg.elt, ast.Call):
+                            return self._layer_class(text_cls, owner, fn, arg.elt.func)
+        return _ent("unknown", "%s: how its layers are built is not recognised" % text_cls.qual)
+
+    def _layer_class(self, text_cls, owner, fn, func):
+        d = dotted(func)
+        if d is None:
+            return _ent("unknown", "%s: its layer class is an expression" % owner.qual)
+        head = d.split(".")[0]
+        params = {a.arg: dflt for a, dflt in _arg_defaults(fn)}
+        if head in params:      # a parameter (layer_type=LlamaDecoderLayer): a subclass may pass another
+            chosen = _super_init_keyword(self.static, text_cls, owner, head)
+            if chosen is not None:
+                d, mod = chosen
+                e = self.static.resolve_dotted(mod, d)
+            elif params[head] is not None and dotted(params[head]):
+                e = self.static.resolve_dotted(owner.mod, dotted(params[head]))
+            else:
+                return _ent("unknown", "%s: the layer class is the parameter %r" % (owner.qual, head))
+        else:
+            e = self.static.resolve_dotted(owner.mod, d)
+        return e if e.kind == "class" else _ent("unknown", "%s: layer class %s: %s" % (owner.qual, d, e.reason or e.kind))
+
+
+def _is_torch(e):
+    """torch's nn.Module (or anything of torch) in an MRO: resolved, or unresolvable because torch is
+    absent where the sources are read. Its ``__getattr__`` only serves the submodules, parameters and
+    buffers a class assigns itself (``instance_names``), so it adds no member the worker asks for."""
+    if e.kind == "class":
+        return (getattr(e.mod, "name", "") or "").split(".")[0] == "torch"
+    text = (e.special or "") + " " + (e.reason or "") + " " + (e.qual or "")
+    return "torch" in text
+
+
+def has_member(static, cls, name):
+    """'yes', 'no' or ('unknown', reason): does an instance of ``cls`` have ``name`` (class bodies and
+    instance assignments through the MRO; torch's Module adds nothing)."""
+    from .resolve_classes import _class_body_binding
+    mro = static.mro(cls)
+    for c in mro:
+        if c.kind != "class":
+            if _is_torch(c) or (c.special or "") in ("object", "builtins.object", "typing.Protocol",
+                                                     "typing.Generic", "abc.ABC"):
+                continue
+            return ("unknown", "%s: base %s cannot be read (%s)" % (cls.qual, c.special or c.qual, c.reason))
+        if _is_torch(c):
+            continue
+        if any(_class_body_binding(st, name) is not None for st in c.node.body):
+            return "yes"
+        inst = static.instance_names(c)
+        if name in inst:
+            return "yes"
+        if "*" in inst:
+            return ("unknown", "%s sets attributes with setattr" % c.qual)
+    return "no"
+
+
+def _ent(kind, reason):
+    from .resolve_base import Ent
+    return Ent(kind, reason=reason)
+
+
+def _symbol(e):
+    mod = getattr(e.mod, "name", None)
+    return "%s.%s" % (mod, e.qual) if mod and e.qual and not e.qual.startswith(mod + ".") else e.qual
+
+
+def _arg_defaults(fn):
+    a = fn.args
+    pos = a.posonlyargs + a.args
+    defaults = [None] * (len(pos) - len(a.defaults)) + list(a.defaults)
+    return list(zip(pos, defaults)) + list(zip(a.kwonlyargs, a.kw_defaults))
+
+
+def _self_assignments(c, name):
+    """(value, method node, class Ent) of every ``self.<name> = value`` (also tuple targets) in c's methods."""
+    out = []
+    for st in c.node.body:
+        if not isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        first = (st.args.posonlyargs + st.args.args)[:1]
+        if not first:
+            continue
+        me = first[0].arg
+        for sub in ast.walk(st):
+            if isinstance(sub, ast.Assign):
+                targets, value = sub.targets, sub.value
+            elif isinstance(sub, ast.AnnAssign) and sub.value is not None:
+                targets, value = [sub.target], sub.value
+            else:
+                continue
+            for t in targets:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == me and t.attr == name:
+                    out.append((value, st, c))
+                elif isinstance(t, ast.Tuple):
+                    for x in t.elts:
+                        if isinstance(x, ast.Attribute) and isinstance(x.value, ast.Name) and x.value.id == me \
+                                and x.attr == name:
+                            out.append((value, st, c))
+    return out
+
+
+def _super_init_keyword(static, cls, owner, param):
+    """A subclass between ``cls`` and ``owner`` passing ``param=X`` to ``super().__init__``: (X, its module)."""
+    for c in static.mro(cls):
+        if c.kind != "class" or c is owner or getattr(c, "node", None) is owner.node:
+            return None
+        for st in c.node.body:
+            if isinstance(st, ast.FunctionDef) and st.name == "__init__":
+                for sub in ast.walk(st):
+                    if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and \
+                            sub.func.attr == "__init__":
+                        for k in sub.keywords:
+                            if k.arg == param and dotted(k.value):
+                                return dotted(k.value), c.mod
+    return None
+
+
+def protocol_members(static, proto):
+    """Names a runtime-checkable protocol checks: what its (protocol) classes' bodies define."""
+    names = set()
+    for c in static.mro(proto):
+        if c.kind != "class":
+            continue
+        for st in c.node.body:
+            if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef)) and not st.name.startswith("__"):
+                names.add(st.name)
+            elif isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name):
+                names.add(st.target.id)
+            elif isinstance(st, ast.Assign):
+                names.update(t.id for t in st.targets if isinstance(t, ast.Name) and not t.id.startswith("__"))
+    return sorted(names)
+
+
+def _named_attrs(text):
+    """Attribute names a module's source uses: ``x.NAME`` and string constants (``getattr(x, "NAME")``)."""
+    out = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Attribute):
+            out.add(node.attr)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
+            out.add(node.value)
+    return out
+
+
+def worker_needs(text):
+    """What the worker's functions bound onto the text model use of it (``drift_record.bound_functions``):
+    ({attribute: line}, [(positional count, keywords, line)] of its calls of the decoder layers, i.e.
+    calls of a loop variable over ``self.layers``)."""
+    from .drift_record import bound_functions
+    tree = ast.parse(text)
+    uses, calls = {}, []
+    for _node, fn, _obj, _how, used, _assigned in bound_functions(tree):
+        for k, v in used.items():
+            uses.setdefault(k, v)
+        me = (fn.args.posonlyargs + fn.args.args)[0].arg
+        layer_vars = set()
+        for sub in ast.walk(fn):
+            if isinstance(sub, (ast.For, ast.comprehension)) and any(
+                    isinstance(x, ast.Attribute) and x.attr == "layers" and isinstance(x.value, ast.Name)
+                    and x.value.id == me for x in ast.walk(sub.iter)):
+                layer_vars.update(x.id for x in ast.walk(sub.target) if isinstance(x, ast.Name))
+        for sub in ast.walk(fn):
+            if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id in layer_vars:
+                calls.append((len(sub.args), [k.arg for k in sub.keywords if k.arg], sub.lineno))
+    return uses, calls
+
+
+def check(args, reads=None):
+    reads = reads or Reads()
+    library = args.get("library") or "vllm"
+    model = args.get("model")
+    if not model:
+        raise AgentFailure("bad-args", "model.check needs a model path or HF id")
+    static = StaticResolver(args.get("sys_path") or sys.path, reads=reads)
+    findings, unknown, checked = [], [], []
+    out = {"model": model, "library": library, "findings": findings, "unknown": unknown, "checked": checked}
+    cfg_path, cfg, problem = read_config(model, reads, args.get("workdir"))
+    out["config"] = cfg_path
+    if problem:
+        findings.append({"path": cfg_path, "line": None, "symbol": None, "kind": "model-config", "name": None,
+                         "message": problem, "suggestion": "point target_model (--model) at the checkpoint "
+                                                           "directory the job loads"})
+        return out
+    if cfg is None:
+        unknown.append({"what": "model", "reason": "%s is not a directory here and not in the local HF hub cache: "
+                                                   "its architecture and layers are not checked" % model})
+        return out
+    archs = [a for a in cfg.get("architectures") or [] if isinstance(a, str)]
+    out["architectures"] = archs
+    out["model_type"] = cfg.get("model_type")
+    n = num_layers(cfg)
+    out["num_layers"] = n
+
+    # layer ids: given, or the package's default formula
+    given = args.get("layer_ids")
+    if given:
+        ids, source = [int(x) for x in given], "given"
+    elif args.get("default_layer_ids") and n is not None:
+        ids, source = default_layer_ids(args["default_layer_ids"], n), "default"
+    else:
+        ids, source = None, None
+    out["layer_ids"], out["layer_ids_source"] = ids, source
+    if n is None:
+        unknown.append({"what": "layer ids", "reason": "%s has no num_hidden_layers (nor text_config's)" % cfg_path})
+    elif ids is not None:
+        checked.append("layer ids")
+        bad = [i for i in ids if i < 0 or i >= n]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        how = "the package's default for %d layers" % n if source == "default" else "given"
+        if bad or dup:
+            why = []
+            if bad:
+                why.append("%s out of range 0..%d" % (", ".join(map(str, bad)), n - 1))
+            if dup:
+                why.append("%s repeated (the generator captures each layer once, then expects %d tensors)"
+                           % (", ".join(map(str, dup)), len(ids)))
+            findings.append({"path": cfg_path, "line": None, "symbol": None, "kind": "layer-ids", "name": None,
+                             "message": "layer ids %s (%s): %s" % (ids, how, "; ".join(why)),
+                             "suggestion": "set the playbook var layer_ids to %d distinct layers in 0..%d, e.g. %s"
+                                           % (len(ids), n - 1, _spread(len(ids), n))})
+
+    reg = registry(static, library, reads)
+    if reg is None:
+        unknown.append({"what": "architecture", "reason": "%s has no %s.%s here" % (library, library, REGISTRY)})
+        return out
+    reg_path, models, previously = reg
+    if not archs:
+        findings.append({"path": cfg_path, "line": None, "symbol": None, "kind": "model-config", "name": "architectures",
+                         "message": "%s names no architectures: %s cannot pick a model class" % (cfg_path, library),
+                         "suggestion": "use the checkpoint's own config.json"})
+        return out
+    m = _Model(static, library, reg_path, models, cfg, findings, unknown)
+    arch = next((a for a in archs if a in models), None)
+    if arch is None:
+        gone = [a for a in archs if a in previously]
+        msg = ("%s no longer supports %s (%s)" % (library, gone[0], previously[gone[0]][0])) if gone else \
+            ("none of %s is in the installed %s's model registry: it would try its Transformers backend, "
+             "which speculators' worker does not support" % (archs, library))
+        findings.append({"path": reg_path, "line": previously[gone[0] if gone else None][1], "symbol": None,
+                         "kind": "architecture-not-registered", "name": archs[0], "message": msg,
+                         "suggestion": "use a %s release that registers %s" % (library, archs[0])})
+        return out
+    cls = m.class_of_arch(arch)
+    out["architecture"] = arch
+    if cls is None or cls.kind != "class":
+        unknown.append({"what": arch, "reason": "its class %s.%s cannot be resolved (%s)"
+                        % (models[arch][0], models[arch][1], getattr(cls, "reason", None))})
+        return out
+    out["class"] = {"symbol": _symbol(cls), "where": cls.where}
+
+    # the protocol the worker asks for
+    proto_name = args.get("protocol")
+    if proto_name:
+        mod, _, name = proto_name.rpartition(".")
+        proto = static.lookup(mod, name)
+        if proto.kind != "class":
+            unknown.append({"what": proto_name, "reason": proto.reason or "not a class here"})
+        else:
+            checked.append(name)
+            members = protocol_members(static, proto)
+            seen = {x: has_member(static, cls, x) for x in members}
+            absent = [x for x in members if seen[x] == "no"]
+            for x in members:
+                if isinstance(seen[x], tuple):
+                    unknown.append({"what": "%s.%s" % (cls.qual, x), "reason": seen[x][1]})
+            if absent:
+                m.finding("protocol-missing", cls, absent[0],
+                          "%s does not implement %s (no %s): the worker's %s check fails at engine start "
+                          "(\"does not support hidden state extraction\")"
+                          % (cls.qual, name, ", ".join(absent), _snake(name)),
+                          "the installed %s cannot serve this model to the package's worker: use a %s "
+                          "release whose %s implements %s" % (library, library, cls.qual, name))
+
+    # the text model, through the paths the installed worker names
+    worker = args.get("worker")
+    paths = list(args.get("text_model") or [])
+    if worker and paths:
+        spec = static.find_spec(worker)
+        if spec is None or not spec.origin:
+            unknown.append({"what": worker, "reason": "not installed for this interpreter"})
+            return out
+        worker_text = reads.text(spec.origin)
+        named = _named_attrs(worker_text)
+        uses, layer_calls = worker_needs(worker_text)
+        out["worker"] = {"module": worker, "path": spec.origin, "uses": sorted(uses),
+                         "layer_calls": [{"positional": n, "keywords": k, "line": ln} for n, k, ln in layer_calls]}
+        usable = [p for p in paths if p.split(".")[0] in named]
+        out["text_model_paths"] = usable
+        text_cls, tried = None, []
+        for p in usable:
+            cur = cls
+            for part in p.split("."):
+                nxt = m.attr_class(cur, part)
+                if nxt.kind != "class":
+                    tried.append((p, nxt))
+                    cur = None
+                    break
+                cur = nxt
+            if cur is not None:
+                text_cls = cur
+                out["text_model"] = {"path": p, "symbol": _symbol(cur), "where": cur.where}
+                break
+        if text_cls is None:
+            if any(e.kind == "unknown" for _, e in tried):
+                unknown.append({"what": "text model of %s" % cls.qual,
+                                "reason": "; ".join("%s: %s" % (p, e.reason) for p, e in tried)})
+            else:
+                other = [p for p in paths if p not in usable]
+                m.finding("text-model-missing", cls, usable[0] if usable else None,
+                          "%s has no %s: the worker (%s) finds no text model (AttributeError at worker setup)"
+                          % (cls.qual, " and no ".join(usable) or "path the worker names", worker),
+                          ("patch the worker so it also tries %s (remote-ops patch)" % ", ".join(other)) if other
+                          else "this class is not supported by the package's worker")
+            return out
+        checked.append("text model")
+        for member in args.get("text_model_members") or sorted(uses):
+            a = has_member(static, text_cls, member)
+            if a == "no":
+                m.finding("text-model-member-missing", text_cls, member,
+                          "%s (the text model at %s.%s) has no %r, which the worker's forward uses"
+                          % (text_cls.qual, cls.qual, out["text_model"]["path"], member),
+                          "a playbook edit must rename or replace the worker's use of %r" % member)
+            elif isinstance(a, tuple):
+                unknown.append({"what": "%s.%s" % (text_cls.qual, member), "reason": a[1]})
+        if args.get("layer_forward_keywords"):
+            layer_calls = [(0, list(args["layer_forward_keywords"]), None)]
+        if layer_calls:
+            layer = m.decoder_layer(text_cls)
+            if layer.kind != "class":
+                unknown.append({"what": "decoder layer of %s" % text_cls.qual, "reason": layer.reason})
+                return out
+            out["decoder_layer"] = {"symbol": _symbol(layer), "where": layer.where}
+            fwd = static.class_attr(layer, "forward", True)
+            sig = static.signature(fwd) if fwd.kind == "function" else None
+            if not isinstance(sig, Signature):
+                unknown.append({"what": "%s.forward" % layer.qual,
+                                "reason": getattr(sig, "reason", None) or fwd.reason or "no forward found"})
+                return out
+            checked.append("decoder layer forward")
+            for npos, kws, line in layer_calls:
+                for kind, name, msg in bind(sig, npos, False, kws, False):
+                    m.finding("layer-forward-" + kind, fwd, name,
+                              "%s.forward%s %s (the worker calls layer(%s)%s)"
+                              % (layer.qual, sig.render(), msg, ", ".join("%s=..." % k for k in kws),
+                                 " at %s:%d" % (worker, line) if line else ""),
+                              "a playbook edit must change how the worker calls the decoder layers")
+    return out
+
+
+def _snake(name):
+    out = "".join("_" + ch.lower() if ch.isupper() else ch for ch in name).lstrip("_")
+    return out.replace("eagle_3", "eagle3")
+
+
+def _spread(k, n):
+    """k distinct layer ids spread over 0..n-1 (a suggestion only)."""
+    if k >= n:
+        return list(range(n))
+    return sorted({round(i * (n - 1) / max(1, k - 1)) for i in range(k)}) if k > 1 else [n - 1]

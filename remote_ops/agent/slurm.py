@@ -1,0 +1,259 @@
+"""The extraction job as a Slurm job array, on a cluster's login node (stdlib only).
+
+``slurm.submit`` writes the job's record and a batch script (Python, ``#SBATCH`` lines first) into
+``$REMOTE_OPS_STATE_DIR/slurm/<job-id>/`` and runs ``sbatch --parsable``; array task k runs the
+job's command with ``--shard k/N`` into ``<output_dir>/shard-k-of-N`` (the token ``@SHARD_DIR@`` in
+the command), its log is ``task-k.log`` and its exit status ``task-k.exit.json`` (written by the
+batch script, so a task's end is known after Slurm forgot the job). ``slurm.status`` reads
+``squeue`` for pending and running tasks and those files for ended ones; ``slurm.stop`` runs
+``scancel``; ``slurm.logs`` the tasks' logs. Every command is an argv list, never a shell line.
+"""
+
+import os
+import subprocess
+import time
+
+from . import statedir
+from . import supervisor as sup
+from .protocol import AgentFailure
+
+TOKEN = "@SHARD_DIR@"
+
+BATCH = '''#!%(python)s
+%(sbatch)s
+# remote-ops: array task k runs the job's command with --shard k/N (written by agent/slurm.py)
+import json, os, subprocess, sys, time
+JOBDIR = %(jobdir)r
+with open(os.path.join(JOBDIR, "job.json")) as fh:
+    job = json.load(fh)
+k, n = int(os.environ["SLURM_ARRAY_TASK_ID"]), int(job["tasks"])
+shard = "%%d/%%d" %% (k, n)
+argv = [a.replace(%(token)r, "shard-%%d-of-%%d" %% (k, n)) for a in job["command"]] + ["--shard", shard]
+env = dict(os.environ, REMOTE_OPS_SHARD=shard, **job["env"])
+print("[remote-ops] task %%d of %%d on %%s: %%s" %% (k, n, os.uname().nodename, " ".join(argv)), flush=True)
+try:
+    rc = subprocess.call(argv, cwd=job["workdir"], env=env)
+except OSError as exc:
+    print("[remote-ops] cannot start the job: %%s" %% exc, flush=True)
+    rc = 127
+tmp = os.path.join(JOBDIR, "task-%%d.exit.json.tmp" %% k)
+with open(tmp, "w") as fh:
+    json.dump({"exit_code": rc, "ended_at": time.time()}, fh)
+os.replace(tmp, os.path.join(JOBDIR, "task-%%d.exit.json" %% k))
+sys.exit(rc)
+'''
+
+
+def _root():
+    return statedir.private_dir("slurm")
+
+
+def _run(argv, timeout=60):
+    try:
+        p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=timeout)
+    except FileNotFoundError:
+        raise AgentFailure("no-slurm", "%s is not on the login node's PATH" % argv[0],
+                           "is this host a Slurm login node? (inventory vars: scheduler: slurm)")
+    except subprocess.TimeoutExpired:
+        raise AgentFailure("slurm-failed", "%s did not answer in %ds" % (argv[0], timeout))
+    return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+
+
+def _jobdir(job_id):
+    if not isinstance(job_id, str) or not job_id.replace("-", "").replace(".", "").replace("_", "").isalnum():
+        raise AgentFailure("bad-args", "invalid job id %r" % (job_id,))
+    return os.path.join(_root(), job_id)
+
+
+def _resolve(args):
+    if args.get("job_id"):
+        return args["job_id"]
+    from .jobstatus import safe_key
+    cur = sup.read_json(os.path.join(_root(), safe_key(args.get("key")) + ".current")) or {}
+    if not cur.get("job_id"):
+        raise AgentFailure("no-job", "no Slurm job of %s on this host" % safe_key(args.get("key")),
+                           "submit one with: remote-ops extract HOST")
+    return cur["job_id"]
+
+
+def _squeue(slurm_id):
+    """Array task id -> (state, reason) of the tasks Slurm still lists (pending, running, ...)."""
+    rc, out, err = _run(["squeue", "-h", "-r", "-j", str(slurm_id), "-o", "%K|%T|%r"])
+    tasks = {}
+    if rc != 0:
+        if "Invalid job id" in err:
+            return tasks
+        raise AgentFailure("slurm-failed", "squeue failed: %s" % (err.strip() or "exit %d" % rc))
+    for line in out.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 3 and parts[0].isdigit():
+            tasks[int(parts[0])] = (parts[1], parts[2])
+    return tasks
+
+
+def job_status(job_id):
+    jobdir = _jobdir(job_id)
+    job = sup.read_json(os.path.join(jobdir, "job.json"))
+    if job is None:
+        raise AgentFailure("no-job", "no Slurm job %s on this host" % job_id)
+    n = int(job["tasks"])
+    live = _squeue(job["slurm_id"])
+    stop = sup.read_json(os.path.join(jobdir, "stop.json"))
+    tasks, done, expected = [], 0, 0
+    for k in range(n):
+        ext = sup.read_json(os.path.join(jobdir, "task-%d.exit.json" % k))
+        if k in live:
+            state = {"PENDING": "pending", "RUNNING": "running", "CONFIGURING": "running",
+                     "COMPLETING": "running"}.get(live[k][0], live[k][0].lower())
+        elif ext is not None:
+            state = "succeeded" if ext.get("exit_code") == 0 else ("stopped" if stop else "failed")
+        else:
+            state = "stopped" if stop else "lost"
+        out_dir = os.path.join(job["output_dir"], "shard-%d-of-%d" % (k, n)) if job.get("output_dir") else None
+        count = sup.count_samples(out_dir)[0] if out_dir else 0
+        done += count
+        total = job.get("expected_samples")
+        if out_dir:
+            from .verify import read_data_config
+            asked = (read_data_config(out_dir) or {}).get("num_samples")
+            total = asked if isinstance(asked, int) and not isinstance(asked, bool) else total
+        share = len(range(k, total, n)) if isinstance(total, int) else None
+        expected += share or 0
+        tasks.append({"task": k, "state": state, "reason": live[k][1] if k in live else None,
+                      "exit_code": (ext or {}).get("exit_code"), "samples": count, "expected": share,
+                      "log": os.path.join(jobdir, "task-%d.log" % k)})
+    states = {t["state"] for t in tasks}
+    if states & {"pending", "running"}:
+        state = "running" if "running" in states else "starting"
+    elif states == {"succeeded"}:
+        state = "succeeded"
+    elif stop:
+        state = "stopped"
+    elif "failed" in states:
+        state = "failed"
+    else:
+        state = "lost"
+    bad = [t for t in tasks if t["state"] in ("failed", "lost")]
+    reason = None
+    if state == "succeeded":
+        reason = "all %d array tasks exit code 0" % n
+    elif bad:
+        reason = "; ".join("task %d %s%s" % (t["task"], t["state"], " (exit code %s)" % t["exit_code"]
+                                             if t["exit_code"] is not None else "") for t in bad[:5])
+    elif state == "stopped":
+        reason = "stopped by remote-ops stop (scancel)"
+    t = time.time()
+    ends = [sup.read_json(os.path.join(jobdir, "task-%d.exit.json" % k), {}).get("ended_at") for k in range(n)]
+    end = t if state in ("running", "starting") else max([e for e in ends if e] or [t])
+    elapsed = end - job["created_at"]
+    return {"job_id": job_id, "key": job["key"], "scheduler": "slurm", "slurm_id": job["slurm_id"],
+            "state": state, "reason": reason, "tasks": tasks, "command": job["command"],
+            "output_dir": job.get("output_dir"), "log": os.path.join(jobdir, "task-%a.log"),
+            "label": job.get("label"), "created_at": job["created_at"], "elapsed_s": round(elapsed, 1),
+            "samples": {"done": done, "expected": expected or job.get("expected_samples")},
+            "rate_per_s": round(done / elapsed, 3) if done and elapsed > 0 else None,
+            "exit_code": None, "signal_name": None, "error_lines": [], "warnings": [], "pid": None}
+
+
+def op_status(args):
+    return job_status(_resolve(args))
+
+
+def op_submit(args):
+    import secrets as _secrets
+    from .jobstatus import safe_key, standin_label
+    key = safe_key(args.get("key"))
+    command = args.get("command")
+    if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
+        raise AgentFailure("bad-args", "command must be a non-empty list of strings")
+    tasks = args.get("tasks")
+    if isinstance(tasks, bool) or not isinstance(tasks, int) or tasks < 1:
+        raise AgentFailure("bad-args", "tasks must be a whole number >= 1")
+    sbatch = args.get("sbatch") or []
+    if not all(isinstance(s, str) and s.startswith("--") and "\n" not in s for s in sbatch):
+        raise AgentFailure("bad-args", "sbatch options are --name=value strings")
+    root = _root()
+    cur = sup.read_json(os.path.join(root, key + ".current")) or {}
+    if cur.get("job_id") and os.path.isdir(os.path.join(root, cur["job_id"])):
+        st = job_status(cur["job_id"])
+        if st["state"] in ("running", "starting"):
+            return {"attached": True, "job": st}
+    workdir = os.path.expanduser(args.get("workdir") or "~")
+    if not os.path.isdir(workdir):
+        raise AgentFailure("no-workdir", "workdir %s does not exist on the host" % workdir)
+    output_dir = os.path.expanduser(args["output_dir"]) if args.get("output_dir") else None
+    if output_dir:
+        os.makedirs(output_dir, exist_ok=True)
+    job_id = "%s-%s-%s" % (key, time.strftime("%Y%m%d-%H%M%S"), _secrets.token_hex(3))
+    jobdir = os.path.join(root, job_id)
+    os.mkdir(jobdir, 0o700)
+    command = [os.path.expanduser(c) if c.startswith("~") else c for c in command]
+    record = {"job_id": job_id, "key": key, "command": command, "workdir": workdir,
+              "env": args.get("env") or {}, "output_dir": output_dir, "tasks": tasks,
+              "expected_samples": args.get("expected_samples"), "created_at": time.time(),
+              "label": standin_label(command, workdir), "sbatch": sbatch}
+    sup.write_json(os.path.join(jobdir, "job.json"), record)
+    lines = ["#SBATCH --job-name=%s" % key, "#SBATCH --array=0-%d" % (tasks - 1),
+             "#SBATCH --output=%s" % os.path.join(jobdir, "task-%a.log")] + ["#SBATCH %s" % s for s in sbatch]
+    script = os.path.join(jobdir, "batch.py")
+    with open(script, "w") as fh:
+        fh.write(BATCH % {"python": args.get("python") or "/usr/bin/env python3", "sbatch": "\n".join(lines),
+                          "jobdir": jobdir, "token": TOKEN})
+    os.chmod(script, 0o700)
+    rc, out, err = _run(["sbatch", "--parsable", script])
+    if rc != 0:
+        raise AgentFailure("slurm-failed", "sbatch refused the job: %s" % (err.strip() or out.strip()),
+                           "check the playbook's extract.slurm options (partition, gres, time)")
+    record["slurm_id"] = out.strip().split(";")[0]
+    sup.write_json(os.path.join(jobdir, "job.json"), record)
+    sup.write_json(os.path.join(root, key + ".current"), {"job_id": job_id})
+    return {"attached": False, "job": job_status(job_id)}
+
+
+def op_stop(args):
+    job_id = _resolve(args)
+    st = job_status(job_id)
+    was = st["state"]
+    if was in ("running", "starting"):
+        sup.write_json(os.path.join(_jobdir(job_id), "stop.json"), {"at": time.time()})
+        rc, out, err = _run(["scancel", str(st["slurm_id"])])
+        if rc != 0:
+            raise AgentFailure("slurm-failed", "scancel failed: %s" % (err.strip() or "exit %d" % rc))
+        deadline = time.time() + float(args.get("grace") or 30) + 10
+        while time.time() < deadline and _squeue(st["slurm_id"]):
+            time.sleep(0.5)
+    remaining = sorted(_squeue(st["slurm_id"]))
+    return {"job_id": job_id, "was": was, "terminated": [], "killed": [], "remaining": remaining,
+            "job": job_status(job_id)}
+
+
+def op_logs(args):
+    job_id = _resolve(args)
+    st = job_status(job_id)
+    offsets = args.get("offsets")
+    if isinstance(offsets, list):     # follow: each task's log from its offset on (at most 1 MiB each)
+        chunks = []
+        for t in st["tasks"]:
+            start = offsets[t["task"]] if t["task"] < len(offsets) and isinstance(offsets[t["task"]], int) else 0
+            try:
+                with open(t["log"], "rb") as fh:
+                    fh.seek(start)
+                    data = fh.read(1 << 20)
+            except OSError:
+                data = b""
+            cut = data.rfind(b"\n") + 1 if len(data) == 1 << 20 else len(data)   # whole lines when cut short
+            chunks.append({"task": t["task"], "text": data[:cut].decode("utf-8", "replace"), "next": start + cut})
+        return {"job": st, "chunks": chunks}
+    lines = int(args.get("lines", 50))
+    parts = []
+    for t in st["tasks"]:
+        try:
+            with open(t["log"], "rb") as fh:
+                text = fh.read().decode("utf-8", "replace")
+        except OSError:
+            text = ""
+        tail = text.replace("\r", "\n").splitlines()[-lines:] if lines else []
+        parts.append("== task %d (%s) ==\n%s" % (t["task"], t["state"], "\n".join(tail)))
+    text = "\n".join(parts) + "\n"
+    return {"job": st, "text": text, "size": len(text), "next": len(text)}

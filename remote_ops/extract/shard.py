@@ -1,0 +1,533 @@
+"""One dataset over a group of hosts (controller side): the shard assignment, the group's progress,
+the union's verification and gathering the union to one directory. docs/SCALE-OUT.md is the guide.
+
+- Assignment (``assign``): the target's hosts sorted by host name; host k of N (0-based) writes the
+  samples i with i % N == k (``agent/shards.py`` states the rule; the job gets ``--shard K/N``).
+  Sorting by name makes the assignment independent of how the target is written (a group, or the
+  same hosts as a comma list in any order). Each host's data_config.json records (k, N), and a
+  launch into a directory that records another shard is refused (``assignment_changed``).
+- A share moved to another host (``--shard K/N`` given explicitly) is a job of its own on that
+  host: key ``<playbook>.shard-K-of-N``, output ``<output_dir>/shard-K-of-N``, so it never mixes
+  with the host's own share and can run beside it.
+- ``progress``: totals, rate and ETA over the hosts' status records.
+- ``verify_part`` / ``union``: each host's directories (its own, and moved shares in
+  ``shard-K-of-N`` subdirectories) checked on the host, then the union checked here: complete over
+  range(total), no index twice, the same layer ids / hidden size / package versions everywhere.
+- ``list_part`` / ``plan`` / ``copy_part`` / ``finish``: gather, every file read over SFTP into a
+  temporary beside its destination, its sha256 compared with the host's, then renamed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+
+from remote_ops.agent import shards as rule
+from remote_ops.connect import agent_requests as rq
+from remote_ops.errors import AgentError, RefusedError, UsageError
+from remote_ops.records import Record
+
+
+# ------------------------------------------------------------------ assignment
+def parse(text: str) -> tuple[int, int]:
+    try:
+        return rule.parse(text)
+    except ValueError as exc:
+        raise UsageError(f"--shard: {exc}", "e.g. --shard 1/3 runs the second of three shares") from None
+
+
+def assign(hosts) -> dict[str, tuple[int, int]]:
+    """Host name -> (k, n): the hosts sorted by name, host k of n."""
+    names = sorted(h.name for h in hosts)
+    return {name: (k, len(names)) for k, name in enumerate(names)}
+
+
+def for_shard(spec, k: int, n: int, *, key: str | None = None):
+    """The host's ExtractSpec for shard k of n: the command gets ``--shard K/N`` (and the job's
+    environment REMOTE_OPS_SHARD=K/N), the expected count is the share's; ``key``: a moved share's."""
+    text = f"{k}/{n}"
+    return dataclasses.replace(spec, command=[*spec.command, "--shard", text], key=key or spec.key,
+                               env={**spec.env, "REMOTE_OPS_SHARD": text}, shard=(k, n),
+                               expected_samples=(rule.share_count(spec.expected_samples, k, n)
+                                                 if spec.expected_samples else None))
+
+
+def moved(pb, host, spec, k: int, n: int):
+    """Shard k of n as a moved share on ``host``: its own job key ``<playbook>.shard-K-of-N`` and the
+    ``shard-K-of-N`` subdirectory of the output directory (the playbook re-read with it, so that
+    ``{output_dir}`` in the command names the subdirectory)."""
+    from remote_ops.extract.extract_spec import parse_spec
+    if not spec.output_dir:
+        raise UsageError("--shard K/N needs the playbook's extract.output_dir")
+    return for_shard(parse_spec(pb, host, subdir=rule.dir_name(k, n)), k, n,
+                     key=f"{spec.key}.{rule.dir_name(k, n)}")
+
+
+def apply(hosts, specs: dict, shard) -> dict:
+    """Each host's (playbook, spec) with its shard: ``shard`` True (``--shard``) or None with every
+    host's playbook saying ``extract.shard: true`` assigns shares over ``hosts``; a "K/N" string
+    gives every named host that share as a moved share; False or None otherwise: unchanged."""
+    if isinstance(shard, str):
+        k, n = parse(shard)
+        by_name = {h.name: h for h in hosts}
+        return {name: (pb, moved(pb, by_name[name], spec, k, n)) for name, (pb, spec) in specs.items()}
+    if shard is None:
+        shard = bool(specs) and all(spec.sharded for _, spec in specs.values())
+    if not shard:
+        return specs
+    where = assign(hosts)
+    return {name: (pb, for_shard(spec, *where[name])) for name, (pb, spec) in specs.items()}
+
+
+def assignment_changed(spec, recorded) -> str:
+    """The preflight problem when the output directory holds another shard's samples."""
+    k, n = recorded
+    now = f"shard {spec.shard[0]}/{spec.shard[1]}" if spec.shard else "an unsharded run"
+    return (f"{spec.output_dir} holds shard {k}/{n} of a sharded run, this run is {now}: the group "
+            f"changed (hosts are assigned sorted by name); run the same hosts with --shard, or move "
+            f"that share to a host with: remote-ops extract HOST --shard {k}/{n}")
+
+
+# ------------------------------------------------------------------ status over the group
+@dataclass(eq=False)
+class GroupProgress(Record):
+    """``status GROUP``'s ``group``: samples done / expected over the hosts, their summed rate, and
+    the ETA of the slowest running host; ``idle_left``: samples left on hosts not running."""
+
+    hosts: int = 0
+    reachable: int = 0
+    running: int = 0
+    done: int = 0
+    expected: int | None = None
+    rate_per_s: float | None = None
+    eta_s: float | None = None
+    idle_left: int = 0
+    states: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+
+
+def progress(results) -> GroupProgress:
+    g = GroupProgress(hosts=len(results))
+    expected, etas, rate = 0, [], 0.0
+    known = True
+    for r in results:
+        if not r.ok:
+            continue
+        st = r.value.job
+        g.reachable += 1
+        g.states[st["state"]] = g.states.get(st["state"], 0) + 1
+        s = st.get("samples") or {}
+        done = int(s.get("done") or 0)
+        g.done += done
+        if s.get("expected") is None:
+            known = False
+            continue
+        expected += int(s["expected"])
+        left = max(0, int(s["expected"]) - done)
+        if st["state"] in ("running", "starting"):
+            g.running += 1
+            if st.get("rate_per_s"):
+                rate += st["rate_per_s"]
+                etas.append(left / st["rate_per_s"])
+            elif left:
+                etas.append(None)
+        else:
+            g.idle_left += left
+    g.expected = expected if known and g.reachable else None
+    g.rate_per_s = round(rate, 3) if rate else None
+    g.eta_s = round(max(etas), 1) if etas and None not in etas else None
+    return g
+
+
+def progress_line(g: GroupProgress) -> str:
+    from remote_ops.extract.jobs import fmt_duration
+    states = ", ".join(f"{v} {k}" for k, v in sorted(g.states.items()))
+    line = f"group: {g.done}" + (f"/{g.expected}" if g.expected is not None else "") + " samples"
+    line += f" over {g.reachable}/{g.hosts} host(s) ({states or 'none reachable'})"
+    if g.rate_per_s:
+        line += f", {g.rate_per_s:.2f} samples/s"
+    if g.running:
+        line += f", ETA {fmt_duration(g.eta_s)}" if g.eta_s is not None else ", ETA unknown"
+    if g.idle_left:
+        line += f"; {g.idle_left} sample(s) left on hosts not running (extract GROUP --shard resumes them)"
+    return line
+
+
+# ------------------------------------------------------------------ verify: the union
+def _files(session, output_dir: str, *, digest: bool = False, on_progress=None) -> dict:
+    res = None
+    for msg in session.stream(*rq.shards_files(output_dir=output_dir, digest=digest), timeout=3600):
+        if "event" in msg and on_progress is not None:
+            on_progress(msg["event"].get("hashed"), msg["event"].get("of"))
+        elif "result" in msg:
+            res = msg["result"]
+    if res is None:
+        raise AgentError("listing the outputs ended without an answer", "rerun it", host=session.label)
+    return res
+
+
+def _config(text: str | None) -> dict:
+    try:
+        doc = json.loads(text) if text else None
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _facts(doc: dict) -> dict:
+    """What must agree over the shards: total, layer ids, hidden size, package versions, shard."""
+    def get(*keys):
+        v = doc
+        for k in keys:
+            v = v.get(k) if isinstance(v, dict) else None
+        return v
+    return {"total": get("data", "num_samples"), "layer_ids": get("hidden_states", "layer_ids"),
+            "hidden_size": get("model", "hidden_size"),
+            "package_versions": get("reproducibility", "package_versions"),
+            "shard": list(rule.from_config(doc.get("shard")) or ()) or None}
+
+
+def _part(host: str, v, listing: dict) -> dict:
+    """One directory of the union: where, what its config says, which indexes, its bad files."""
+    bad = [{"file": u["file"], "problem": f"does not load: {u['error']}"} for u in v.get("unloadable") or []]
+    bad += [{"file": f"data_{i['index']}.pt", "problem": i["problem"]} for i in v.get("inconsistent") or []]
+    bad += [{"file": f"data_{i['index']}.pt", "problem": i["problem"]} for i in v.get("non_finite") or []]
+    bad += [{"file": f"data_{i}.pt", "problem": "empty file"} for i in v.get("empty_files") or []]
+    bad += [{"file": "data_config.json", "problem": p} for p in v.get("config_problems") or []]
+    return {"host": host, "output_dir": listing["output_dir"], **_facts(_config(listing.get("config_text"))),
+            "files": len(listing["files"]), "indexes": rule.runs(f["index"] for f in listing["files"]),
+            "checked": v.get("checked"), "bad": bad}
+
+
+def verify_part(session, host, *, shard: bool = False, **kwargs):
+    """``verify.verify`` on the host's output directory; when that directory is a shard (or
+    ``shard``), the record's ``shard_parts`` lists it and each moved share's subdirectory, with
+    their indexes, for ``union``."""
+    from remote_ops.extract import verify as verify_mod
+
+    from remote_ops.extract.slurm import is_slurm
+    r = verify_mod.verify(session, host, **kwargs)
+    if not (shard or is_slurm(host) or ((r.extra.get("config") or {}).get("shard"))):
+        return r
+    listing = _files(session, r.output_dir)
+    parts = [_part(host.name, r, listing)] if listing["files"] or listing["config_text"] else []
+    for sub in listing["shard_dirs"]:
+        path = r.output_dir.rstrip("/") + "/" + sub
+        v = verify_mod.verify(session, host, **{**kwargs, "output_dir": path})
+        parts.append(_part(host.name, v, _files(session, path)))
+    r.extra["shard_parts"] = parts
+    if not listing["files"] and not listing["config_text"] and parts:
+        # only shard-K-of-N subdirectories (a Slurm array's tasks, moved shares): the host's verdict is theirs
+        r.ok, r.files, r.expected = not any(p["bad"] for p in parts), sum(p["files"] for p in parts), None
+        r.extra.update(gaps=[], gap_count=0, missing_after_last=0,
+                       shard_dirs=[p["output_dir"].rsplit("/", 1)[-1] for p in parts])
+    return r
+
+
+@dataclass(eq=False)
+class ShardUnion(Record):
+    """``verify GROUP``'s ``group``: the union of the hosts' shards as one dataset. ``missing`` and
+    ``parts[].indexes`` are runs ``[start, count, step]``; ``problems`` one line each, naming hosts."""
+
+    ok: bool = False
+    total: int | None = None
+    shards: int | None = None
+    files: int = 0
+    missing_count: int = 0
+    missing: list = field(default_factory=list)
+    missing_by_shard: list = field(default_factory=list)
+    duplicates: list = field(default_factory=list)
+    bad_files: list = field(default_factory=list)
+    mismatches: list = field(default_factory=list)
+    unreachable: list = field(default_factory=list)
+    problems: list = field(default_factory=list)
+    parts: list = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+
+
+def _where(p: dict) -> str:
+    return f"{p['host']}:{p['output_dir']}"
+
+
+def union(parts: list[dict], unreachable: list[str] = ()) -> ShardUnion:
+    """The union of ``parts`` (``verify_part``'s, every host's) checked as one dataset."""
+    u = ShardUnion(parts=parts, unreachable=list(unreachable))
+    problems = u.problems
+    for h in u.unreachable:
+        problems.append(f"{h}: unreachable, its files are not counted")
+    for key, label in (("total", "num_samples"), ("shard", "shard count"), ("layer_ids", "layer ids"),
+                       ("hidden_size", "hidden size"), ("package_versions", "package versions")):
+        values: dict[str, list[str]] = {}
+        for p in parts:
+            if key == "shard" and not p[key]:
+                continue          # reported below: no shard at all
+            v = p[key][1] if key == "shard" else p[key]
+            values.setdefault(json.dumps(v, sort_keys=True), []).append(_where(p))
+        if len(values) > 1:
+            u.mismatches.append({"what": label, "values": values})
+            problems.append(f"{label} differ: " + "; ".join(f"{v} on {', '.join(w)}" for v, w in values.items()))
+    for p in parts:
+        if not p["shard"]:
+            problems.append(f"{_where(p)}: data_config.json records no shard (not written by a --shard run)")
+    totals = [p["total"] for p in parts if isinstance(p["total"], int)]
+    counts = [p["shard"][1] for p in parts if p["shard"]]
+    u.total = max(totals) if totals else None
+    u.shards = max(counts) if counts else None
+    owners: dict[int, list[dict]] = {}
+    for p in parts:
+        for i in rule.expand(p["indexes"]):
+            owners.setdefault(i, []).append(p)
+    u.files = len(owners)
+    for i in sorted(owners):
+        if len(owners[i]) > 1:
+            u.duplicates.append({"index": i, "where": [_where(p) for p in owners[i]]})
+    if u.duplicates:
+        d = u.duplicates[0]
+        problems.append(f"{len(u.duplicates)} index(es) written more than once, e.g. data_{d['index']}.pt on "
+                        f"{' and '.join(d['where'])} (delete one copy)")
+        u.duplicates = u.duplicates[:50]
+    if u.total is not None:
+        beyond = [i for i in owners if i >= u.total]
+        if beyond:
+            problems.append(f"{len(beyond)} file(s) beyond the dataset's {u.total} samples, e.g. "
+                            f"data_{min(beyond)}.pt on {_where(owners[min(beyond)][0])}")
+        missing = [i for i in range(u.total) if i not in owners]
+        u.missing_count, u.missing = len(missing), rule.runs(missing)
+        if missing:
+            n = u.shards or 1
+            by: dict[int, int] = {}
+            for i in missing:
+                by[i % n] = by.get(i % n, 0) + 1
+            for k, c in sorted(by.items()):
+                held = [_where(p) for p in parts if p["shard"] and p["shard"][0] == k]
+                u.missing_by_shard.append({"shard": [k, n], "missing": c, "held_by": held})
+                problems.append(f"shard {k}/{n}: {c} sample(s) missing" + (
+                    f" on {', '.join(held)} (resume: remote-ops extract GROUP --shard)" if held else
+                    f"; no reachable host holds it (move it: remote-ops extract HOST --shard {k}/{n})"))
+    else:
+        problems.append("no data_config.json gives the dataset's size: completeness not checked")
+    for p in parts:
+        for b in p["bad"]:
+            u.bad_files.append({"host": p["host"], "output_dir": p["output_dir"], **b})
+            problems.append(f"{p['host']}: {p['output_dir']}/{b['file']}: {b['problem']}")
+    u.ok = not problems
+    return u
+
+
+def union_of(results) -> ShardUnion:
+    parts = sorted((p for r in results if r.ok for p in r.value.extra.get("shard_parts") or []),
+                   key=lambda p: (p["host"], p["output_dir"]))
+    return union(parts, results.failed_hosts)
+
+
+def union_lines(u: ShardUnion) -> list[str]:
+    head = (f"union: {u.files}" + (f"/{u.total}" if u.total is not None else "") + " samples in "
+            f"{len(u.parts)} output dir(s), {u.shards or '?'} shard(s): " + ("complete and consistent" if u.ok
+                                                                            else "PROBLEMS"))
+    return [head] + [f"  {p}" for p in u.problems[:40]] + (
+        [f"  ... and {len(u.problems) - 40} more (--json lists them)"] if len(u.problems) > 40 else [])
+
+
+# ------------------------------------------------------------------ gather
+@dataclass(eq=False)
+class GatherPart(Record):
+    """One host's part of ``gather``: files copied (sha256 checked) or already there."""
+
+    host: str
+    copied: int = 0
+    skipped: int = 0
+    bytes: int = 0
+    files: int = 0
+    failed: list = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class GatherResult(Record):
+    """``gather``'s ``group``: the destination, the dataset's size, what is there now."""
+
+    to: str = ""
+    ok: bool = False
+    total: int | None = None
+    present: int = 0
+    copied: int = 0
+    skipped: int = 0
+    bytes: int = 0
+    missing_count: int = 0
+    missing: list = field(default_factory=list)
+    conflicts: list = field(default_factory=list)
+    problems: list = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+
+
+def list_part(session, host, *, playbook: str | None = None, job: str | None = None,
+              output_dir: str | None = None, on_progress=None) -> list[dict]:
+    """The host's directories (its own and moved shares), each file with its sha256 (hashed on the host)."""
+    from remote_ops.extract import verify as verify_mod
+    base = output_dir or verify_mod.output_dir_for(session, host, playbook=playbook, job=job)[0]
+    first = _files(session, base, digest=True, on_progress=on_progress)
+    out = [first]
+    for sub in first["shard_dirs"]:
+        out.append(_files(session, base.rstrip("/") + "/" + sub, digest=True, on_progress=on_progress))
+    for d in out:
+        d["host"] = host.name
+    return out
+
+
+def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, GatherResult]:
+    """Which host each index is read from (the first host by name holding it; copies with another
+    sha256 are conflicts, which refuse the gather), the union's data_config.json, and the result's
+    skeleton. ``listings``: host -> list_part."""
+    chosen: dict[int, dict] = {}
+    conflicts = []
+    configs = []
+    for host in sorted(listings):
+        for d in listings[host]:
+            if d.get("config_text"):
+                configs.append((host, d))
+            for f in d["files"]:
+                item = {**f, "host": host, "path": d["output_dir"].rstrip("/") + "/" + f["name"]}
+                prev = chosen.get(f["index"])
+                if prev is None:
+                    chosen[f["index"]] = item
+                elif prev["sha256"] != item["sha256"]:
+                    conflicts.append({"index": f["index"], "where": [f"{prev['host']}:{prev['path']}",
+                                                                     f"{host}:{item['path']}"]})
+    facts = [(h, _facts(_config(d["config_text"])), d) for h, d in configs]
+    totals = {f["total"] for _, f, _ in facts if isinstance(f["total"], int)}
+    g = GatherResult(conflicts=conflicts[:50])
+    if conflicts:
+        c = conflicts[0]
+        g.problems.append(f"{len(conflicts)} index(es) differ between hosts, e.g. data_{c['index']}.pt on "
+                          f"{' and '.join(c['where'])}: delete the wrong copy (remote-ops verify GROUP)")
+    if len(totals) > 1:
+        g.problems.append(f"the hosts' data_config.json disagree on num_samples: {sorted(totals)}")
+    for key in ("layer_ids", "hidden_size", "package_versions"):
+        if len({json.dumps(f[key], sort_keys=True) for _, f, _ in facts}) > 1:
+            g.problems.append(f"the hosts' data_config.json disagree on {key.replace('_', ' ')}: run remote-ops "
+                              "verify GROUP")
+    if not facts:
+        g.problems.append("no host has a data_config.json")
+    g.total = totals.pop() if len(totals) == 1 else None
+    union_doc = None
+    if facts and not g.problems:
+        facts.sort(key=lambda t: (t[1]["shard"] or [0])[0])
+        union_doc = _config(facts[0][2]["config_text"])
+        union_doc.pop("shard", None)
+        union_doc["gathered_from"] = [{"host": h, "output_dir": d["output_dir"], "shard": f["shard"]}
+                                      for h, f, d in facts]
+    per_host: dict[str, list[dict]] = {h: [] for h in listings}
+    for item in chosen.values():
+        per_host[item["host"]].append(item)
+    for items in per_host.values():
+        items.sort(key=lambda it: it["index"])
+    g.extra["config"] = union_doc
+    return per_host, union_doc, g
+
+
+def _sha256_file(path: str) -> str | None:
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def copy_part(session, host, items: list[dict], to: str, *, on_file=None) -> GatherPart:
+    """Copy ``items`` (plan's, this host's) into ``to``: a file already there with the host's sha256
+    is kept; else it is read over SFTP into ``.data_<N>.pt.<pid>.tmp`` beside its destination, hashed
+    while it arrives, fsynced and renamed only when its sha256 is the host's."""
+    part = GatherPart(host.name, files=len(items))
+    for it in items:
+        dest = os.path.join(to, it["name"])
+        if os.path.exists(dest) and os.path.getsize(dest) == it["size"] and _sha256_file(dest) == it["sha256"]:
+            part.skipped += 1
+            continue
+        tmp = os.path.join(to, f".{it['name']}.{os.getpid()}.tmp")
+        h = hashlib.sha256()
+        try:
+            with session.open_file(it["path"]) as src, open(tmp, "wb") as dst:
+                for chunk in iter(lambda: src.read(1 << 20), b""):
+                    h.update(chunk)
+                    dst.write(chunk)
+                dst.flush()
+                os.fsync(dst.fileno())
+            if h.hexdigest() != it["sha256"]:
+                raise OSError(f"sha256 {h.hexdigest()[:12]} of the copy differs from the host's {it['sha256'][:12]} "
+                              "(changed while copying?)")
+            os.replace(tmp, dest)
+        except OSError as exc:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            part.failed.append({"file": it["path"], "error": str(exc)})
+            continue
+        part.copied += 1
+        part.bytes += it["size"]
+        if on_file is not None:
+            on_file(host.name, it)
+    if part.copied:
+        _fsync_dir(to)
+    if part.failed:
+        f = part.failed[0]
+        raise RefusedError(f"{len(part.failed)} file(s) not copied, e.g. {f['file']}: {f['error']}",
+                           "rerun gather: files already copied are kept", host=host.name)
+    return part
+
+
+def finish(results, g: GatherResult, union_doc: dict | None, to: str) -> GatherResult:
+    """After the copies: data_config.json of the union (tmp + rename), and what the directory holds."""
+    import re
+    for r in results:
+        if r.ok:
+            g.copied += r.value.copied
+            g.skipped += r.value.skipped
+            g.bytes += r.value.bytes
+        else:
+            g.problems.append(f"{r.host}: {r.error.one_line() if r.error else 'failed'}")
+    if union_doc is not None:
+        tmp = os.path.join(to, f".data_config.json.{os.getpid()}.tmp")
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(union_doc, fh, indent=2)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, os.path.join(to, "data_config.json"))
+        _fsync_dir(to)
+    present = {int(m.group(1)) for m in (re.match(r"^data_(\d+)\.pt$", n) for n in os.listdir(to)) if m}
+    g.present = len(present)
+    if g.total is not None:
+        missing = [i for i in range(g.total) if i not in present]
+        g.missing_count, g.missing = len(missing), rule.runs(missing)
+        if missing:
+            g.problems.append(f"{len(missing)} of {g.total} samples are on no reachable host, e.g. "
+                              f"data_{missing[0]}.pt (remote-ops verify GROUP says whose)")
+    g.to = to
+    g.ok = not g.problems
+    return g
+
+
+def check_destination(to: str) -> str:
+    """The local destination, created; a UsageError when it cannot be."""
+    path = os.path.abspath(os.path.expanduser(to))
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create {path}: {exc.strerror or exc}", "give --to a writable directory") from None
+    if not os.access(path, os.W_OK):
+        raise UsageError(f"{path} is not writable", "give --to a writable directory")
+    return path

@@ -1,0 +1,146 @@
+"""Slurm as a target (controller side): a host whose inventory vars say ``scheduler: slurm`` is a
+cluster's login node reached over SSH; ``extract`` submits the playbook's job there as a job array
+(``agent/slurm.py``), and ``status`` / ``logs`` / ``stop`` read ``squeue`` and the tasks' files or
+run ``scancel``. Array task k of N runs shard k/N (extract/shard.py's rule) into
+``<output_dir>/shard-k-of-N``, so ``verify HOST`` checks the tasks' union and ``gather`` collects
+it. The playbook's ``extract.slurm``: ``tasks`` (N, default 1), ``time`` (--time), ``partition``,
+``gres`` (default ``gpu:<gpus.count>`` when the job asks for GPUs), ``sbatch`` (more --options).
+
+Preflight runs on the login node (shipped files, the call-site check, the import probe with the
+job's interpreter): that is right when the login node shares the compute nodes' environment, the
+usual set-up; GPUs are Slurm's to give (--gres), so the login node's are not checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from remote_ops.connect import agent_requests as rq
+from remote_ops.errors import RefusedError, UsageError
+
+SLURM_KEYS = {"tasks", "time", "partition", "gres", "sbatch"}
+
+
+def is_slurm(host) -> bool:
+    return str((getattr(host, "vars", None) or {}).get("scheduler", "")).lower() == "slurm"
+
+
+def options(pb, spec) -> tuple[int, list[str]]:
+    """(tasks, sbatch options) from the playbook's extract.slurm (file:line errors)."""
+    raw = (pb.extract or {}).get("slurm") or {}
+
+    def err(key, problem):
+        return pb.error(("extract", "slurm") + ((key,) if key else ()), problem)
+    if not isinstance(raw, dict):
+        raise err(None, "extract.slurm must be a mapping {tasks, time, partition, gres, sbatch}")
+    unknown = set(raw) - SLURM_KEYS
+    if unknown:
+        raise err(sorted(unknown)[0], f"unknown key in extract.slurm (known: {', '.join(sorted(SLURM_KEYS))})")
+    tasks = raw.get("tasks", 1)
+    if isinstance(tasks, bool) or not isinstance(tasks, int) or tasks < 1:
+        raise err("tasks", f"tasks must be a whole number >= 1, got {tasks!r}")
+    out = []
+    for key, flag in (("time", "--time"), ("partition", "--partition")):
+        if raw.get(key) is not None:
+            if not isinstance(raw[key], (str, int)) or "\n" in str(raw[key]):
+                raise err(key, f"{key} must be a string")
+            out.append(f"{flag}={raw[key]}")
+    gres = raw.get("gres") or (f"gpu:{spec.gpu_count}" if spec.gpu_count else None)
+    if gres:
+        out.append(f"--gres={gres}")
+    extra = raw.get("sbatch") or []
+    if not isinstance(extra, list) or not all(isinstance(s, str) and s.startswith("--") and "\n" not in s
+                                              for s in extra):
+        raise err("sbatch", "sbatch must be a list of --option=value strings")
+    return tasks, out + list(extra)
+
+
+def extract(session, host, pb, spec, *, skip_check: bool = False, dry_run: bool = False,
+            strict_drift: bool = False):
+    from remote_ops.agent.slurm import TOKEN
+    from remote_ops.extract import jobs
+    from remote_ops.extract.extract_spec import parse_spec
+
+    if spec.secrets:
+        raise UsageError("secrets are not passed to Slurm jobs yet", "set them in the cluster's environment")
+    if not spec.output_dir:
+        raise UsageError("a Slurm job needs extract.output_dir (each array task writes shard-K-of-N in it)")
+    tasks, sbatch = options(pb, spec)
+    pf = jobs.preflight(session, dataclasses.replace(spec, gpu_count=0, gpus_free=False), pb,
+                        skip_check=skip_check, dry_run=dry_run, strict_drift=strict_drift, host=host)
+    pf.running = None        # a plain job of the same playbook on the login node is not this one
+    pf.notes.append(f"slurm: {tasks} array task(s), sbatch {' '.join(sbatch) or '(no options)'}")
+    if pf.problems:
+        raise jobs.refusal(spec, pf, host.name)
+    if dry_run:
+        return jobs.ExtractResult(host.name, started=False, dry_run=True, spec=spec.to_json(), preflight=pf.to_json())
+    per_task = parse_spec(pb, host, subdir=TOKEN)     # {output_dir} in the command: the task's directory
+    res = session.call(*rq.slurm_submit(key=spec.key, command=per_task.command, workdir=spec.workdir, env=spec.env,
+                                        output_dir=spec.output_dir, tasks=tasks, sbatch=sbatch,
+                                        python=host.python, expected_samples=spec.expected_samples), timeout=120)
+    return jobs.ExtractResult(host.name, attached=res["attached"], job=res["job"], preflight=pf.to_json())
+
+
+def _ref(host, playbook, job) -> dict:
+    from remote_ops.extract import jobs
+    ref = jobs.ref_for(host, playbook=playbook, job=job)
+    if not ref:
+        raise UsageError("which Slurm job?", "give --playbook or --job (or set the host's playbook)")
+    return ref
+
+
+def status(session, host, *, playbook=None, job=None):
+    from remote_ops.extract import jobs
+    return jobs.JobStatus(host.name, session.call(*rq.slurm_status(**_ref(host, playbook, job))))
+
+
+def stop(session, host, *, playbook=None, job=None, grace=None, on_stopping=None):
+    from remote_ops.extract import jobs
+    ref = _ref(host, playbook, job)
+    if on_stopping is not None:
+        st = session.call(*rq.slurm_status(**ref))
+        if st["state"] in ("running", "starting"):
+            on_stopping(st, grace or 30.0)
+    rep = session.call(*rq.slurm_stop(**ref, grace=30.0 if grace is None else grace), timeout=(grace or 30) + 120)
+    if rep["remaining"]:
+        raise RefusedError(f"Slurm still lists task(s) {rep['remaining']} of job {rep['job']['slurm_id']}",
+                           "run remote-ops stop again, or ask the cluster's admins", host=host.name)
+    return jobs.StopResult.from_json(rep, host=host.name, clean=True)
+
+
+def logs(session, host, *, playbook=None, job=None, lines=50):
+    from remote_ops.extract import jobs
+    r = session.call(*rq.slurm_logs(**_ref(host, playbook, job), lines=lines))
+    return jobs.LogsResult(host.name, r["job"]["job_id"], r["job"]["state"], r["text"], r["size"], r["next"])
+
+
+def follow(session, job_id: str, on_text, *, poll: float = 1.0, clock=None) -> dict:
+    """Follow a Slurm job's task logs until every task ended: ``on_text(task, text)`` for each new
+    piece (whole lines), polling every ``poll`` seconds; returns the final status record."""
+    import time
+    offsets: list[int] = []
+    while True:
+        r = session.call(*rq.slurm_logs(job_id=job_id, offsets=offsets))
+        for c in r["chunks"]:
+            while len(offsets) <= c["task"]:
+                offsets.append(0)
+            offsets[c["task"]] = c["next"]
+            if c["text"]:
+                on_text(c["task"], c["text"])
+        if r["job"]["state"] not in ("running", "starting"):
+            if not any(c["text"] for c in r["chunks"]):
+                return r["job"]
+            continue          # one more read: what the tasks wrote before they ended
+        time.sleep(poll)
+
+
+def print_task_text(ctx, task: int, text: str) -> None:
+    """A followed task's new log text: ``[task k] line`` for people, JSON Lines events with --json."""
+    import json
+    import sys
+    for line in text.replace("\r", "\n").splitlines():
+        if not line.strip():
+            continue
+        sys.stdout.write(json.dumps({"event": "log", "task": task, "line": line}) + "\n" if ctx.json
+                         else f"[task {task}] {line}\n")
+    sys.stdout.flush()

@@ -1,0 +1,218 @@
+"""benchmarks/gpu_throughput.py on the CPU: its pure parts, the wheel list its (c) part needs
+(against the REAL vLLM 0.20.0 sources from PyPI), and a STAND-IN rehearsal of its (a) part: the
+harness drives `remote-ops extract` over a `connection: local` host for AFTER (this checkout) and
+BEFORE (git show of main's script and playbook), with the sandbox's torch-CPU stand-in generator in
+place of vLLM, and measures from the job's own files; then benchmarks/gpu_results.py renders it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from remote_ops import pkgsource
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import gpu_results  # noqa: E402
+import gpu_throughput as gt  # noqa: E402
+
+
+def test_arguments():
+    a = gt.parse_args(["--out", "x.json"])
+    assert (a.samples, a.min_tokens, a.max_tokens, a.model, a.budget_s) == (300, 200, 4000, "1.1b", 510)
+    assert a.parts == "disk,a_after,a_before,b,c" and a.before_rev == gt.BEFORE_REV
+    for argv in (["--out", "x", "--parts", "a,zz"], ["--out", "x", "--min-tokens", "9", "--max-tokens", "3"], []):
+        with pytest.raises(SystemExit):
+            gt.parse_args(argv)
+    assert gt.parse_args(["--prepare-before"]).out is None
+
+
+def test_the_before_revision_is_mains_script_without_the_writer_thread(tmp_path):
+    got = gt.prepare_before(gt.BEFORE_REV, tmp_path)
+    assert got == f"git show {gt.BEFORE_REV}"
+    old = (tmp_path / "scripts" / "extract_hidden_states.py").read_text()
+    assert "class Writer" not in old and 'p.add_argument("--batch-size", type=int, default=8' in old
+    assert "batch_tokens" not in (tmp_path / "eagle3-speculators-0.3.0.yaml").read_text()
+    assert gt.prepare_before("0" * 40, tmp_path / "none") is None
+
+
+def test_dataset_lengths_cut_and_roofline():
+    rows = gt.make_dataset(300, 200, 4000, 32000)
+    assert rows == gt.make_dataset(300, 200, 4000, 32000)               # seeded
+    assert all(200 <= len(r) <= 4000 and r[0] == 1 and min(r[1:]) >= 4 and max(r) < 32000 for r in rows)
+    lengths = gt.cut_lengths(rows, 2048)
+    assert max(lengths) == 2047 and sum(1 for r in rows if len(r) > 2047) > 100
+    r = gt.roofline(10**9, [1000, 3000], layers=2, hidden=8)
+    assert r["tokens"] == 4000 and r["tokens_per_s"] == pytest.approx(989e12 / 2e9, rel=1e-6)
+    assert r["attention_flops"] == 2 * (1000**2 + 3000**2) * 8 * 2 and "datasheet" in r["peak_source"]
+    doc = {"a_after": {"tokens_per_s": 90.0}, "a_before": {"tokens_per_s": 45.0}, "b_generator": {"tokens_per_s": 100.0},
+           "c_vllm_prefill": {"tokens_per_s": 200.0}, "d_roofline": {"tokens_per_s": 400.0}}
+    assert gt.ratios(doc) == {"a/b": 0.9, "b/c": 0.5, "c/d": 0.5, "a/c": 0.45, "a_before/b": 0.45,
+                              "a_after/a_before": 2.0}
+    assert gt.ratios({})["a/c"] is None
+
+
+def test_dd_output_is_parsed(tmp_path):
+    r = subprocess.run(["dd", "if=/dev/zero", f"of={tmp_path / 'f'}", "bs=1M", "count=4", "conv=fsync"],
+                       capture_output=True, text=True)
+    got = gt.parse_dd(r.stderr)
+    assert got["bytes"] == 4 << 20 and got["seconds"] > 0 and got["bytes_per_s"] > 0
+    assert gt.parse_dd("dd: error writing") is None
+
+
+def test_output_rate_from_the_jobs_files(tmp_path):
+    for i in range(3):
+        torch.save({"x": torch.zeros(10)}, tmp_path / f"data_{i}.pt")
+        os.utime(tmp_path / f"data_{i}.pt", (1000 + 2 * i, 1000 + 2 * i))
+    (tmp_path / "data_config.json").write_text("{}")
+    os.utime(tmp_path / "data_config.json", (996, 996))
+    r = gt.output_rate(tmp_path, [100, 200, 300, 400])
+    assert (r["files"], r["tokens"], r["seconds"], r["tokens_per_s"]) == (3, 600, 8.0, 75.0)
+    assert r["bytes"] == sum((tmp_path / f"data_{i}.pt").stat().st_size for i in range(3))
+    assert gt.output_rate(tmp_path / "missing", [1])["tokens_per_s"] is None
+    lines = gt.job_lines('{"event": "line", "text": "generator ready in 1.0s"}\nnot json\n{"event": "progress"}\n')
+    assert lines == ["generator ready in 1.0s"]
+
+
+def test_llm_wheels_cover_what_from_vllm_import_llm_adds():
+    """The REAL vLLM 0.20.0 sources: what vllm/entrypoints/llm.py imports at module level beyond the
+    generator's modules is in benchmarks/gpu_wheels/llm.txt or on the GPU machine (GPU-NOTES.md)."""
+    root = pkgsource.unpacked("vllm", "0.20.0")
+    extra = gt.llm_only_imports(root)
+    assert {"fastapi", "starlette", "partial_json_parser"} <= set(extra)
+    wheels = [l.strip() for l in (REPO / "benchmarks" / "gpu_wheels" / "llm.txt").read_text().splitlines() if l.strip()]
+    names = {w.split("==")[0].lower() for w in wheels}
+    assert all(w.count("==") == 1 for w in wheels)
+    on_machine = {"jinja2", "tokenizers"}        # torch needs jinja2; transformers needs tokenizers
+    assert set(extra) - on_machine <= names
+    assert {"anyio", "annotated_doc", "idna"} <= names    # what fastapi 0.128 / starlette 0.50 import
+
+
+def test_standin_rehearsal_of_part_a_and_its_rendering(tmp_path):
+    """The harness end to end on the CPU with the STAND-IN generator: BEFORE from git, AFTER this
+    checkout, both through remote-ops extract; tokens/s from the files; the section renders it."""
+    out = tmp_path / "r.json"
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_throughput.py"), "--standin",
+                        "--work", str(tmp_path / "w"), "--out", str(out), "--samples", "6", "--min-tokens", "5",
+                        "--max-tokens", "30", "--dd-mib", "64"], capture_output=True, text=True, timeout=400,
+                       cwd=REPO)
+    assert r.returncode == 0, r.stderr[-2000:]
+    d = json.loads(out.read_text())
+    assert d["before_source"]["source"] == "git" and d["standin"]
+    lengths = [min(len(json.loads(l)["input_ids"]), 2047)
+               for l in (tmp_path / "w" / "throughput" / "dataset.jsonl").read_text().splitlines()]
+    for k in ("a_after", "a_before"):
+        assert d[k]["rc"] == 0 and d[k]["complete"] and d[k]["tokens"] == sum(lengths) and d[k]["tokens_per_s"] > 0
+    assert "batches of up to" in d["a_after"]["generator_ready_line"]          # this checkout's script
+    assert "batches of up to" not in d["a_before"]["generator_ready_line"]     # main's
+    assert d["ratios"]["a_after/a_before"] == round(d["a_after"]["tokens_per_s"] / d["a_before"]["tokens_per_s"], 4)
+    assert d["disk"]["dd_direct"]["bytes"] == 64 << 20
+    use = d["disk_use"]
+    assert use["disk_bound_tokens_per_s"] == round(use["dd_direct_bytes_per_s"] / use["bytes_per_token"], 1)
+    text = "\n".join(gpu_results.throughput_section("r.json", d))
+    assert "STAND-IN rehearsal on the CPU: not GPU figures" in text
+    assert f"{d['a_after']['files']} files, {d['a_after']['tokens']} tokens in {d['a_after']['seconds']} s" in text
+    assert "(b) the generator alone, no writes | - | None generate() calls" in text and "(not run)" in text
+
+
+FAKE_GENERATOR = '''
+"""TEST FAKE of speculators' VllmHiddenStatesGenerator: its constructor, generate() driving an
+executor's collective_rpc and a scheduler's schedule() as the real one does, and shutdown()."""
+import torch
+
+class Sched:
+    max_num_scheduled_tokens, max_num_running_reqs = 50, 32
+    def schedule(self):
+        return None
+
+class Executor:
+    def collective_rpc(self, method, *a, **kw):
+        return [torch.zeros(1)] if method == "_get_captured_states" else None
+    def shutdown(self):
+        pass
+
+class VllmHiddenStatesGenerator:
+    def __init__(self, model_path, layer_ids, max_model_len, gpu_memory_utilization, tensor_parallel_size):
+        self.layer_ids, self.scheduler, self.executor = [0, 1], Sched(), Executor()
+    def generate(self, token_ids):
+        self.executor.collective_rpc("_reset_capture")
+        self.scheduler.schedule()
+        self.executor.collective_rpc("execute_model")
+        self.executor.collective_rpc("_get_captured_states", unique_reply_rank=0)
+        return [{"input_ids": torch.tensor(ids), "hidden_states": [], "loss_mask": None} for ids in token_ids]
+'''
+
+FAKE_VLLM = '''
+"""TEST FAKE of vllm's LLM / SamplingParams: records its arguments, answers one output per prompt."""
+import json, os
+class SamplingParams:
+    def __init__(self, **kw):
+        self.kw = kw
+class _Out:
+    def __init__(self, ids):
+        self.prompt_token_ids = ids
+class LLM:
+    def __init__(self, **kw):
+        with open(os.environ["FAKE_LLM_ARGS"], "w") as fh:
+            json.dump(kw, fh)
+        sc = type("SC", (), {"max_num_batched_tokens": kw["max_num_batched_tokens"], "max_num_seqs": 256,
+                             "enable_chunked_prefill": True})()
+        self.llm_engine = type("E", (), {"vllm_config": type("V", (), {"scheduler_config": sc})()})()
+    def generate(self, prompts, sp, use_tqdm=True):
+        assert sp.kw == {"max_tokens": 1, "temperature": 0.0}
+        return [_Out(p["prompt_token_ids"]) for p in prompts]
+'''
+
+
+def test_the_generator_and_llm_parts_run_their_scripts(tmp_path):
+    """GEN_ALONE and LLM_PREFILL as the harness runs them (files, argv, the shipped script's own
+    dataset reading, packing and budget), against TEST FAKE speculators / vllm packages."""
+    import time
+    fake = tmp_path / "fake"
+    mod = fake / "speculators" / "data_generation"
+    mod.mkdir(parents=True)
+    for d in (fake / "speculators", mod):
+        (d / "__init__.py").write_text("")
+    (mod / "vllm_hidden_states_generator.py").write_text(FAKE_GENERATOR)
+    (fake / "vllm").mkdir()
+    (fake / "vllm" / "__init__.py").write_text(FAKE_VLLM)
+    rows = gt.make_dataset(20, 5, 30, 100)
+    ds = tmp_path / "ds.jsonl"
+    ds.write_text("".join(json.dumps({"input_ids": r}) + "\n" for r in rows))
+    env = {**os.environ, "PYTHONPATH": str(fake), "FAKE_LLM_ARGS": str(tmp_path / "llm_args.json")}
+    (tmp_path / "gen.py").write_text(gt.GEN_ALONE)
+    r = subprocess.run([sys.executable, str(tmp_path / "gen.py"), str(gt.SCRIPT), "m", str(ds), "2048", "8", "0.8",
+                        str(tmp_path / "b.json"), str(time.time() + 60)], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    b = json.loads((tmp_path / "b.json").read_text())
+    assert b["tokens"] == sum(map(len, rows)) and b["engine_budget"] == [50, 32] and b["batch_size_cap"] == 8
+    assert b["count_batches"]["batches"] == 3 and b["count_batches"]["tokens"] == b["tokens"]
+    assert b["batches"] == b["profile_calls"]["rpc:execute_model"] == b["profile_calls"]["scheduler.schedule"]
+    assert set(b["profile_s"]) >= {"rpc:_get_captured_states", "rpc:execute_model", "rpc:_reset_capture"}
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("ehs_gt", gt.SCRIPT)
+    ehs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ehs)
+    want = list(ehs.pack_batches(list(range(20)), [len(r) for r in rows], 50, 8))   # the (fake) engine's budget
+    assert b["batches"] == len(want) > 3
+    r = subprocess.run([sys.executable, str(tmp_path / "gen.py"), str(gt.SCRIPT), "m", str(ds), "2048", "8", "0.8",
+                        str(tmp_path / "b2.json"), str(time.time() - 1)], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert json.loads((tmp_path / "b2.json").read_text())["count_batches"] == {"skipped": "time budget"}
+    (tmp_path / "llm.py").write_text(gt.LLM_PREFILL)
+    r = subprocess.run([sys.executable, str(tmp_path / "llm.py"), str(gt.SCRIPT), "m", str(ds), "16", "8192", "0.8",
+                        str(tmp_path / "c.json")], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    c = json.loads((tmp_path / "c.json").read_text())
+    assert c["tokens"] == sum(min(len(x), 15) for x in rows) and c["requests"] == 20     # cut like the script
+    assert c["scheduler"] == {"max_num_batched_tokens": 8192, "max_num_seqs": 256, "enable_chunked_prefill": True}
+    args = json.loads((tmp_path / "llm_args.json").read_text())
+    assert args == {"model": "m", "max_model_len": 16, "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.8,
+                    "enforce_eager": True, "enable_prefix_caching": False, "tensor_parallel_size": 1, "seed": 0}

@@ -1,0 +1,130 @@
+"""extract.server (a two-process job) in the playbook schema, the shipped speculators 0.9.0 playbook, and
+verify's hs_<N>.safetensors layout checks (pure: no host)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from remote_ops.connect.inventory import Host
+from remote_ops.errors import ConfigError
+from remote_ops.extract import jobs
+from remote_ops.patch import playbook
+from tests.conftest import REPO
+
+SHIPPED = REPO / "playbooks" / "eagle3-speculators-0.9.0.yaml"
+
+
+def test_shipped_playbook_is_speculators_launch_vllm_plus_generate_offline_data():
+    pb = playbook.load(str(SHIPPED))
+    assert pb.requires == {"speculators": "==0.9.0", "vllm": ">=0.17,<0.22"}
+    host = Host(name="gpu", hostname="gpu01", python="/opt/venv/bin/python", workdir="/data/eagle3",
+                vars={"layer_ids": [2, 4, 5, 8], "port": 8123, "tensor_parallel_size": 2, "gpus": 2})
+    spec = jobs.parse_spec(pb, host)
+    srv = spec.server
+    assert srv.command[:5] == ["/opt/venv/bin/python", "-m", "vllm.entrypoints.cli.main", "serve", "/data/models/target"]
+    assert srv.port == 8123 and srv.health_path == "/health" and srv.health_timeout == 1800
+    assert srv.python == "/opt/venv/bin/python"     # server_python defaults to the host's: "{python}" in a var
+    spec_cfg = json.loads(srv.command[srv.command.index("--speculative_config") + 1])
+    assert spec_cfg == {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [2, 4, 5, 8]}}}
+    kv = json.loads(srv.command[srv.command.index("--kv_transfer_config") + 1])
+    assert kv == {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
+                  "kv_connector_extra_config": {"shared_storage_path": "/data/eagle3/preprocessed/.hs_staging"}}
+    assert srv.command[srv.command.index("--tensor-parallel-size") + 1] == "2" and spec.gpu_count == 2
+    assert spec.command[:4] == ["/opt/venv/bin/python", "-m", "speculators", "generate-offline-data"]
+    assert spec.command[spec.command.index("--endpoint") + 1] == "http://127.0.0.1:8123/v1"
+    assert spec.command[spec.command.index("--output") + 1] == spec.output_dir == \
+        "/data/eagle3/preprocessed/hidden_states"
+    assert spec.layout == "hs_safetensors" and spec.expected_samples == 5000
+    assert spec.import_check == ["speculators.cli.generate_offline_data"]
+    assert "vllm.entrypoints.openai.api_server" in srv.import_check
+    # another interpreter for the server (a host var), found by the import probe as a python
+    spec2 = jobs.parse_spec(pb, Host(name="gpu", hostname="gpu01", python="/opt/client/bin/python",
+                                     vars={"server_python": "/opt/server/bin/python"}))
+    assert spec2.server.python == "/opt/server/bin/python" and spec2.job_python == "/opt/client/bin/python"
+
+
+def _pb(tmp_path, extract):
+    p = tmp_path / "pb.yaml"
+    p.write_text(yaml.safe_dump({"name": "x", "extract": extract}, sort_keys=False))
+    return playbook.load(str(p))
+
+
+BASE = {"command": ["{python}", "client.py", "--url", "http://127.0.0.1:{port}/v1"], "output_dir": "/out",
+        "server": {"command": ["{python}", "server.py", "--port", "{port}"], "port": 8001}}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"server": {"command": ["s"]}}, "server.port must be a port number (1-65535), got None"),
+    ({"server": {"command": ["s"], "port": 70000}}, "server.port must be a port number"),
+    ({"server": {"port": 8000}}, "extract.server needs a 'command'"),
+    ({"server": {"command": ["s"], "port": 8000, "helth": {}}}, "helth"),
+    ({"server": {"command": ["s"], "port": 8000, "health": {"path": "health"}}}, "health.path must be a URL path"),
+    ({"server": {"command": ["s"], "port": 8000, "health": {"timeout_seconds": 0}}}, "timeout_seconds must be a number >= 1"),
+    ({"output_layout": "npz"}, "output_layout must be one of data_pt, hs_safetensors"),
+    ({"server": None, "command": ["{python}", "c.py", "{port}"]}, "unknown template {port}"),
+])
+def test_server_schema_errors_name_file_and_line(tmp_path, change, message):
+    ex = {**BASE, **change}
+    if ex.get("server") is None:
+        ex.pop("server")
+    pb = _pb(tmp_path, ex)
+    with pytest.raises(ConfigError) as e:
+        jobs.parse_spec(pb, Host(name="h", hostname="h"))
+    assert message in str(e.value) and "pb.yaml:" in str(e.value)
+
+
+def test_port_template_fills_both_commands(tmp_path):
+    spec = jobs.parse_spec(_pb(tmp_path, BASE), Host(name="h", hostname="h", python="/p/python"))
+    assert spec.command[-1] == "http://127.0.0.1:8001/v1" and spec.server.command[-1] == "8001"
+    assert spec.server.to_wire() == {"command": ["/p/python", "server.py", "--port", "8001"], "port": 8001,
+                                     "env": {}, "health_path": "/health", "health_timeout": 600.0}
+    assert spec.layout is None      # data_pt, the default
+
+
+# ------------------------------------------------------------------ verify's hs_safetensors layout
+def _write(path, hidden_states, token_ids):
+    torch = pytest.importorskip("torch")
+    from remote_ops.sandbox_assets.server_standin import save_safetensors, tensor_bytes
+    hs = hidden_states.to(torch.bfloat16)
+    save_safetensors(str(path), {"hidden_states": ("BF16", hs.shape, tensor_bytes(torch, hs)),
+                                 "token_ids": ("I64", token_ids.shape, tensor_bytes(torch, token_ids))})
+
+
+def _verify(out, expected):
+    from remote_ops.agent import verify
+    gen = verify.op_verify({"output_dir": str(out), "expected": expected, "all": True, "layout": "hs_safetensors"})
+    try:
+        while True:
+            next(gen)
+    except StopIteration as stop:
+        return stop.value
+
+
+def test_verify_finds_every_kind_of_broken_sample(tmp_path):
+    torch = pytest.importorskip("torch")
+    for i in range(6):
+        _write(tmp_path / f"hs_{i}.safetensors", torch.randn(5 + i, 4, 8), torch.arange(5 + i))
+    res = _verify(tmp_path, 6)
+    assert res["ok"] and res["files"] == 6 and res["layers_hidden"] == [[4, 8]] and res["dtypes"] == ["BF16"]
+    bad = torch.randn(7, 4, 8)
+    bad[3, 1, 2] = float("nan")
+    _write(tmp_path / "hs_1.safetensors", bad, torch.arange(7))                          # NaN
+    _write(tmp_path / "hs_2.safetensors", torch.randn(6, 4, 8), torch.arange(5))         # rows != tokens
+    _write(tmp_path / "hs_3.safetensors", torch.randn(5, 1, 8), torch.arange(5))         # no last layer
+    _write(tmp_path / "hs_4.safetensors", torch.randn(5, 4, 16), torch.arange(5))        # another hidden size
+    data = (tmp_path / "hs_5.safetensors").read_bytes()
+    (tmp_path / "hs_5.safetensors").write_bytes(data[:-10])                              # truncated copy
+    (tmp_path / "cmpl-1-0.safetensors.lock").write_text("")
+    res = _verify(tmp_path, 8)
+    assert not res["ok"]
+    assert [b["index"] for b in res["unloadable"]] == [5] and "truncated" in res["unloadable"][0]["error"]
+    assert res["non_finite"] == [{"index": 1, "problem": "hidden_states has 1 NaN/inf values"}]
+    problems = {(p["index"], p["problem"]) for p in res["inconsistent"]}
+    assert (2, "hidden_states has 6 rows for 5 tokens") in problems
+    assert any(i == 3 and "at least 2" in p for i, p in problems)
+    assert any(i == 4 and "hidden size 16" in p for i, p in problems)
+    assert res["missing_after_last"] == 2 and res["temporaries"] == ["cmpl-1-0.safetensors.lock"]

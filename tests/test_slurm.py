@@ -1,0 +1,190 @@
+"""Slurm as a target (issue 26, item 2), with a REAL Slurm: slurmctld + slurmd from the distribution's
+packages (Debian's slurm-wlm: ``apt-get install slurm-wlm``) started by the fixture on this machine
+as one node, reached as a login node over the real sshd. The stand-in job runs as a 3-task array:
+submit, status (squeue + the tasks' exit files), logs, verify of the tasks' union, stop (scancel).
+Skipped when slurmctld/slurmd are not installed or the tests do not run as root."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from remote_ops.agent import shards as rule
+from remote_ops.sshd import free_port
+from tests.conftest import REPO, write_inventory
+
+STANDIN = REPO / "remote_ops" / "sandbox_assets" / "extract_standin.py"
+
+pytestmark = pytest.mark.skipif(not (shutil.which("slurmctld") and shutil.which("slurmd") and shutil.which("sbatch"))
+                                or os.geteuid() != 0,
+                                reason="needs Debian's slurm-wlm (slurmctld, slurmd, sbatch) and root")
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """A one-node Slurm cluster: slurmctld and slurmd in the foreground, auth/none, state in a tmp dir."""
+    root = tmp_path_factory.mktemp("slurm")
+    for d in ("state", "spool", "log"):
+        (root / d).mkdir()
+    node = socket.gethostname().split(".")[0]
+    conf = root / "slurm.conf"
+    conf.write_text(f"""\
+ClusterName=remoteops
+SlurmctldHost={node}(127.0.0.1)
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
+AuthType=auth/none
+CredType=cred/none
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd.pid
+SlurmctldLogFile={root}/log/slurmctld.log
+SlurmdLogFile={root}/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ReturnToService=2
+MpiDefault=none
+SwitchType=switch/none
+MinJobAge=600
+NodeName={node} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} RealMemory=1000 State=UNKNOWN
+PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+""")
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    procs = [subprocess.Popen(["slurmctld", "-D", "-f", str(conf)], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)]
+    time.sleep(1)
+    procs.append(subprocess.Popen(["slurmd", "-D", "-f", str(conf), "-N", node], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    deadline = time.time() + 60
+    try:
+        while True:
+            out = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True).stdout
+            if out.strip() in ("idle", "mixed", "allocated"):
+                break
+            if time.time() > deadline or any(p.poll() is not None for p in procs):
+                logs = "".join(p.read_text()[-1500:] for p in (root / "log").glob("*.log"))
+                pytest.fail(f"Slurm did not come up (sinfo: {out.strip()!r}): {logs}")
+            time.sleep(0.5)
+        yield {"conf": str(conf), "env": env}
+    finally:
+        subprocess.run(["scancel", "--user", "root"], env=env, capture_output=True)
+        for p in reversed(procs):
+            p.terminate()
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+PLAYBOOK = f"""\
+name: slurm-extract
+extract:
+  command: ["{{python}}", "{STANDIN}", "--output-dir", "{{output_dir}}", "--max-samples", "{{vars.n}}",
+            "--batch-size", "1", "--sleep", "{{vars.sleep}}", "--num-layers", "4", "--hidden-size", "16"]
+  output_dir: "{{vars.out}}"
+  expected_samples: "{{vars.n}}"
+  gpus: 0
+  slurm: {{tasks: 3, time: "00:10:00"}}
+"""
+
+
+def _inventory(sshd, slurm, tmp_path, *, n, sleep):
+    pb = tmp_path / "slurm.yaml"
+    pb.write_text(PLAYBOOK)
+    host = sshd.host_entry(python=sys.executable, workdir=str(tmp_path),
+                           env={"REMOTE_OPS_STATE_DIR": str(tmp_path / "state"), "SLURM_CONF": slurm["conf"]},
+                           vars={"scheduler": "slurm", "n": n, "sleep": sleep, "out": str(tmp_path / "out")},
+                           playbook=str(pb))
+    return write_inventory(tmp_path / "inv.yaml", {"cluster": host})
+
+
+def _status(cli, inv):
+    status, out, err = cli("status", "cluster", "--json", "-i", str(inv))
+    assert status in (0, 1), err
+    return json.loads(out)["job"]
+
+
+def _wait(cli, inv, states, timeout=180):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        job = _status(cli, inv)
+        if job["state"] in states:
+            return job
+        time.sleep(0.5)
+    raise AssertionError(f"the Slurm job did not reach {states}: {job}")
+
+
+def test_slurm_array_status_logs_verify(slurm, sshd, tmp_path, cli):
+    inv = _inventory(sshd, slurm, tmp_path, n=10, sleep=0)
+    t0 = time.time()
+    status, out, err = cli("extract", "cluster", "--skip-check", "--json", "-i", str(inv))
+    assert status == 0, err
+    job = json.loads(out)["job"]
+    assert job["scheduler"] == "slurm" and job["slurm_id"] and len(job["tasks"]) == 3
+    job = _wait(cli, inv, ("succeeded", "failed", "lost"))
+    elapsed = time.time() - t0
+    assert job["state"] == "succeeded", job
+    assert [t["exit_code"] for t in job["tasks"]] == [0, 0, 0]
+    assert job["samples"] == {"done": 10, "expected": 10}
+    for k in range(3):           # array task k wrote shard k of 3, global file names
+        d = tmp_path / "out" / f"shard-{k}-of-3"
+        assert sorted(int(m.group(1)) for m in map(rule.SAMPLE_RE.match, os.listdir(d)) if m) == list(range(k, 10, 3))
+        assert json.loads((d / "data_config.json").read_text())["shard"]["index"] == k
+
+    status, out, err = cli("status", "cluster", "-i", str(inv))
+    assert status == 0 and "succeeded" in out and "task 2: succeeded, 3/3 samples, exit 0" in out
+    status, out, err = cli("logs", "cluster", "-i", str(inv))
+    assert status == 0 and "== task 0 (succeeded) ==" in out and "shard 1/3: 3 of 10 samples" in out
+    status, out, err = cli("verify", "cluster", "--all", "--json", "-i", str(inv))
+    union = json.loads(out)["union"]
+    assert status == 0 and union["ok"] and union["files"] == 10 and union["shards"] == 3, out
+    status, out, err = cli("verify", "cluster", "-i", str(inv))
+    assert status == 0 and f"cluster: 10 data_<N>.pt files in 3 shard dir(s) of {tmp_path}/out" in out
+    assert "union: 10/10 samples in 3 output dir(s), 3 shard(s): complete and consistent" in out
+    status, out, err = cli("gather", "cluster", "--to", str(tmp_path / "gathered"), "--json", "-i", str(inv))
+    g = json.loads(out)["gathered"]
+    assert status == 0 and g["ok"] and g["present"] == g["copied"] == 10, out
+    assert "shard" not in json.loads((tmp_path / "gathered" / "data_config.json").read_text())
+    sys.__stdout__.write(f"\n[timing] 3-task Slurm array of the stand-in, extract to succeeded: {elapsed:.1f} s\n")
+
+
+def test_slurm_tail_follows_every_task(slurm, sshd, tmp_path, cli):
+    inv = _inventory(sshd, slurm, tmp_path, n=6, sleep=0.5)
+    status, out, err = cli("extract", "cluster", "--skip-check", "--tail", "-i", str(inv))
+    assert status == 0, err
+    for k in range(3):
+        assert f"[task {k}] shard {k}/3: 2 of 6 samples (i % 3 == {k})" in out
+        assert f"[task {k}] wrote 2 sample(s) to {tmp_path}/out/shard-{k}-of-3" in out
+    assert "succeeded" in out.splitlines()[-1]
+
+
+def test_slurm_stop_cancels_the_array(slurm, sshd, tmp_path, cli):
+    inv = _inventory(sshd, slurm, tmp_path, n=30, sleep=3)
+    status, out, err = cli("extract", "cluster", "--skip-check", "-i", str(inv))
+    assert status == 0, err
+    job = _wait(cli, inv, ("running",), timeout=60)
+    t0 = time.time()
+    status, out, err = cli("stop", "cluster", "--grace", "5", "--json", "-i", str(inv))
+    assert status == 0, err
+    rep = json.loads(out)
+    assert rep["clean"] and rep["remaining"] == [] and rep["was"] == "running"
+    job = _status(cli, inv)
+    assert job["state"] == "stopped" and job["reason"] == "stopped by remote-ops stop (scancel)"
+    sq = subprocess.run(["squeue", "-h", "-j", str(job["slurm_id"])], env=slurm["env"], capture_output=True, text=True)
+    assert sq.stdout.strip() == ""
+    sys.__stdout__.write(f"\n[timing] stop (scancel) to no task left: {time.time() - t0:.1f} s\n")
