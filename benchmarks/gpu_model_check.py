@@ -326,8 +326,8 @@ class ModelCheck:
             res = (d.get("compare") or {}).get("result") or {}
             data_ok = bool(res.get("ok")) and bool(res.get("negative_control_fails"))
             ran = ex.get("rc") == 0 and ex.get("files") == self.samples
-            refused = (ex.get("rc") in (8, 9) and "KimiK25ForConditionalGeneration" in json.dumps(
-                [ex.get("error"), ex.get("message"), ex.get("preflight")], default=str))
+            said = [ex.get("message")] + list((ex.get("preflight") or {}).get("problems") or [])
+            refused = ex.get("rc") in (8, 9) and any("KimiK25ForConditionalGeneration" in str(x) for x in said)
             if self.args.dry:
                 outcome = "works" if data_ok else "failed"
             elif ran and data_ok:

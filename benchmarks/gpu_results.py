@@ -147,9 +147,17 @@ def _check_line(c: dict | None) -> str:
     if not c:
         return "not run"
     model = c.get("model")
-    text = json.dumps(model, default=str) if model is not None else "no model object in its JSON"
-    if len(text) > 300:
-        text = text[:300] + " ..."
+    if isinstance(model, dict):
+        found = model.get("findings") or []
+        text = (f"{model.get('architecture') or model.get('architectures')}: {len(found)} model findings"
+                + (f" ({'; '.join(str(f.get('kind')) + ' ' + str(f.get('name')) for f in found)})" if found else "")
+                + f", text model {(model.get('text_model') or {}).get('path') or '-'}"
+                + f", layer ids {model.get('layer_ids')} ({model.get('layer_ids_source')})"
+                + f", unknown {len(model.get('unknown') or [])}, checked {model.get('checked')}")
+    else:
+        text = json.dumps(model, default=str) if model is not None else "no model object in its JSON"
+        if len(text) > 300:
+            text = text[:300] + " ..."
     opt = f"; {c['model_option']}" if c.get("model_option") else ""
     return (f"`{' '.join(c.get('argv') or [])}`: exit {c.get('rc')}, {len(c.get('findings') or [])} findings"
             f"{opt}; model: {text}")
@@ -215,7 +223,7 @@ def render_models(files: list[Path]) -> list[str]:
             moe = bool(res.get("moe_layers"))
             out.append(f"| {m.get('family', name)} | {arch} | {m.get('outcome', '?')} | {extract} | {verify} | "
                        f"{_num(o.get('tokens_compared'))} | {_pct(o.get('within_tolerance_share'))} | "
-                       f"{_num(o.get('min_cosine'))} | {_pct(o.get('moe_layer_routing_clear_share')) if moe else 'dense'} | "
+                       f"{_num(o.get('min_cosine'))} | {_pct(o.get('moe_layer_routing_clear_share')) if moe else ('dense' if res else '-')} | "
                        f"{_pct(o.get('routing_clear_within_tolerance_share')) if moe else '-'} | "
                        f"{_num(o.get('min_cosine_routing_clear')) if moe else '-'} | "
                        f"{_num(o.get('min_cosine_dense_layers'))} | "

@@ -194,3 +194,26 @@ def test_gpu_results_renders_the_model_section(tmp_path):
     text = "\n".join(gpu_results.render_models([f]))
     assert "| DeepSeek-V3 | 1 | 0.20.0 | works | gpu_models_tp1.json |" in text
     assert "36044" in text and "98.50 %" in text and "0.9993" in text and "fails on ids, cosine" in text
+
+
+def _verdict(extract, compare=None, name="kimi_k25"):
+    import types
+    doc = {"models": {name: {"extract": extract, "compare": {"result": compare} if compare else {}}}}
+    h = mc.ModelCheck.__new__(mc.ModelCheck)
+    h.args, h.samples = types.SimpleNamespace(models=[name], dry=False), 24
+    h.run = types.SimpleNamespace(doc=doc, save=lambda: None)
+    h.verdict()
+    return doc["models"][name]["outcome"], doc["verdict"][name]
+
+
+def test_verdict_outcomes():
+    ok = {"ok": True, "negative_control_fails": True}
+    assert _verdict({"rc": 0, "files": 24}, ok) == ("works", True)
+    assert _verdict({"rc": 0, "files": 24}, {"ok": True, "negative_control_fails": False}) == ("failed", False)
+    assert _verdict({"rc": 0, "files": 23}, ok) == ("failed", False)
+    refusal = {"rc": 8, "files": 0, "message": "preflight refused: KimiK25ForConditionalGeneration has no model"}
+    assert _verdict(refusal) == ("refused before the engine started", True)
+    assert _verdict(refusal, name="deepseek_v3") == ("failed", False)
+    gpu = {"rc": 8, "files": 0, "message": "the job needs 1 GPU(s)",   # the class named elsewhere only
+           "preflight": {"problems": ["the job needs 1 GPU(s)"], "model": "KimiK25ForConditionalGeneration"}}
+    assert _verdict(gpu) == ("failed", False)
