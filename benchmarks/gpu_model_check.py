@@ -5,7 +5,8 @@ Runs ON a lent GPU machine (offline; ../shared/GPU-NOTES.md) against the carried
 ``connection: local`` host, as benchmarks/gpu_extract_check.py does. Everything lives under
 ``WORK/models-check`` and its own interpreter ``WORK/bin/python-models``: transformers 4.57.6 first, then a
 copy of site/speculators (so this check's `patch` starts from the package as installed and does not touch
-site/), then site/.
+site/), then site/, then WORK/model/ (benchmarks/gpu_wheels/model.txt: compressed-tensors for kimi_k25.py).
+docs/GPU_MODEL_CHECK.md explains the comparison.
 
 Steps (each one's commands, exit statuses, timings and evidence go into --out, rewritten after every step):
   setup      bundle, interpreter, versions, GPUs; whether the speculators copy is as installed (its RECORD)
@@ -22,8 +23,10 @@ Steps (each one's commands, exit statuses, timings and evidence go into --out, r
 Each subprocess has a timeout and is killed by process group; a job whose `extract --tail` times out is
 stopped with `remote-ops stop`. A model is skipped when the time left (--budget) is too short for it.
 
-    # on the GPU machine (bundle unpacked at /root/e2e: site/ and tf/), from the checkout:
-    python3 benchmarks/gpu_model_check.py --work /root/e2e --out /root/e2e/gpu_models_tp1.json
+    # on the GPU machine: bash benchmarks/gpu_session.sh run model --copy-logs "$OUT/model-logs", or, with the
+    # bundle unpacked at /root/e2e (site/, tf/, model/, rocache/), from the checkout:
+    python3 benchmarks/gpu_model_check.py --work /root/e2e --out "$OUT/gpu_models_tp1.json" \
+        --controller-cache /root/e2e/rocache --code-rev REV --copy-logs "$OUT/model-logs"
     # here, after copying the file back:
     python benchmarks/gpu_results.py > benchmarks/GPU_RESULTS.md
 
