@@ -43,7 +43,7 @@ case "${1:-}" in
   run)
     name="${2:?which harness}"; shift 2
     stash; unpack
-    rev="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    rev="${REV:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)}"   # REV: the commit here (the device copy may lack .git)
     export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_HOST_IP=127.0.0.1 NCCL_NVLS_ENABLE=0
     common=(--work "$E2E" --code-rev "$rev")
     case "$name" in
