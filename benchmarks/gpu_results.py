@@ -1,6 +1,7 @@
 """Summarise the committed GPU results as markdown: benchmarks/results/gpu_extract_*.json (the shipped
 playbook end to end, benchmarks/gpu_extract_check.py), gpu_models_*.json (the model families,
-benchmarks/gpu_model_check.py) and gpu_throughput*.json (benchmarks/gpu_throughput.py).
+benchmarks/gpu_model_check.py), gpu_throughput*.json (benchmarks/gpu_throughput.py) and gpu_server_*.json
+(the server flow, benchmarks/gpu_server_check.py, rendered by gpu_server_results.py).
 
     python benchmarks/gpu_results.py > benchmarks/GPU_RESULTS.md
 
@@ -135,6 +136,10 @@ def throughput_section(name: str, d: dict) -> list[str]:
         calls = b.get("profile_calls") or {}
         for k, secs in sorted(prof.items(), key=lambda kv: -kv[1]):
             out.append(f"| {k} | {secs} | {secs / b['seconds']:.0%} | {calls.get(k, '')} |")
+        out.append("")
+    return out
+
+
 def _pct(v) -> str:
     return "-" if v is None else f"{100 * v:.2f} %"
 
@@ -313,6 +318,11 @@ def main() -> int:
         print("\n".join(throughput_section(name, d)))
     if model_files:
         print("\n".join(render_models(model_files)))
+    server_files = sorted(RESULTS.glob("gpu_server_*.json"))
+    if server_files:      # the server flow (speculators >= 0.5): benchmarks/gpu_server_check.py
+        import gpu_server_results
+        for f in server_files:
+            print(gpu_server_results.render(f) + "\n")
     return 0
 
 
