@@ -3,6 +3,7 @@ supervisor on the host (or attach to the one already running), optionally follow
 
 NAME = "extract"
 HELP = "start the playbook's extraction job on a host (detached, supervised); --tail follows it"
+CHANGES_HOSTS = True    # a Ctrl-C says what changed on each host (remote_ops/interrupts.py)
 
 
 def add_arguments(p):

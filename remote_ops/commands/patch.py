@@ -2,6 +2,7 @@
 
 NAME = "patch"
 HELP = "apply a playbook's edits: diff, validate locally, then one atomic, journaled transaction per host"
+CHANGES_HOSTS = True    # a Ctrl-C says what changed on each host (remote_ops/interrupts.py)
 
 
 def add_arguments(p):

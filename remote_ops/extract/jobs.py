@@ -136,7 +136,14 @@ def extract(session, host, pb, spec: ExtractSpec, *, skip_check: bool = False, d
         raise refusal(spec, pf, host.name)
     if dry_run:
         return ExtractResult(host.name, started=False, dry_run=True, spec=spec.to_json(), preflight=pf.to_json())
-    res = launch(session, spec)
+    from remote_ops import interrupts
+    with interrupts.committing(host.name, "the job's launch", f"remote-ops status {host.name} --all"):
+        res = launch(session, spec)
+        if not res["attached"]:
+            jid = res["job"]["job_id"]
+            interrupts.changed(host.name, f"the job was started ({jid}): it keeps running; follow it with "
+                                          f"remote-ops logs {host.name} --job {jid}, stop it with "
+                                          f"remote-ops stop {host.name} --job {jid}")
     return ExtractResult(host.name, attached=res["attached"], job=res["job"], preflight=pf.to_json())
 
 
