@@ -135,6 +135,10 @@ def verdict(op: str, rc: int, out: str, err: str, before: dict, after: dict) -> 
         changed_word = "the job was started"
     changed = bool(ids)
     if "Traceback" in err:
+        # Python's own start (runpy, importlib) before any remote-ops code: it says nothing of the host
+        early = err.strip().endswith("KeyboardInterrupt") and "remote_ops" not in err
+        if early and not changed and not out:
+            return True, "killed while Python started"
         return False, "traceback"
     if rc == 0:
         if not changed:
@@ -149,7 +153,8 @@ def verdict(op: str, rc: int, out: str, err: str, before: dict, after: dict) -> 
     if changed:
         ok = f"interrupted after {changed_word}" in err and all(i in err for i in ids)
         return ok, "interrupted after the change" if ok else "interrupted, change not reported"
-    ok = f"interrupted before anything changed on {HOST}" in err
+    # (before the command line was read, no host is named: nothing was contacted)
+    ok = re.search(rf"interrupted before anything changed( on {HOST})?$", err.strip()) is not None
     return ok, "interrupted before any change" if ok else "interrupted, unclear message"
 
 

@@ -135,13 +135,14 @@ def main(argv: list[str] | None = None) -> int:
 def _changing_hosts(args, ctx) -> list[str] | None:
     """The hosts a command that changes hosts (its module's CHANGES_HOSTS) was given, for the line
     after a Ctrl-C ("interrupted before anything changed on HOST"); None for other commands."""
-    mod = getattr(args, "_module", None) if args is not None else None
-    if not getattr(mod, "CHANGES_HOSTS", False):
+    if args is None:       # still reading the command line: no host was contacted
+        return []
+    if not getattr(getattr(args, "_module", None), "CHANGES_HOSTS", False):
         return None
     try:
         return ctx.fleet.hosts(args.host)
     except Exception:  # the target could not be resolved: name what was typed
-        return [args.host] if getattr(args, "host", None) else ["any host"]
+        return [args.host] if getattr(args, "host", None) else []
 
 
 def _finished(status: int, as_program: bool) -> int:

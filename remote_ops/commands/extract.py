@@ -28,7 +28,8 @@ def run(args, ctx) -> int:
                          "start them with: remote-ops extract GROUP; follow one with: remote-ops extract HOST "
                          "--tail; watch all with: remote-ops status GROUP")
     results = ctx.fleet.extract(args.host, playbook=args.playbook, skip_check=args.skip_check,
-                                dry_run=args.dry_run, strict=args.strict)
+                                dry_run=args.dry_run, strict=args.strict,
+                                early_death_s=0 if args.tail else None)   # --tail shows an early death itself
 
     def refused(r):   # every problem of a refused preflight, then the error's one line
         for p in ((r.error.details or {}).get("preflight") or {}).get("problems") or []:
@@ -77,6 +78,10 @@ def render(c, name, v) -> None:
     job = v.job
     verb = "already running, not started again" if v.attached else "started"
     c.print(f"{name}: job {job['job_id']} {verb} (pid {job.get('pid')}, state {job['state']})", markup=False)
+    if job["state"] not in ("starting", "running", "succeeded"):   # died within its first seconds
+        c.print(f"  {job['job_id']} {job['state']}: {job.get('reason')}", style="red", markup=False)
+        for line in job.get("error_lines") or []:
+            c.print(f"  {line}", markup=False)
     if job.get("label"):
         c.print(f"  {job['label']}", markup=False)
     for n in v.preflight.get("notes") or []:
