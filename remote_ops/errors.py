@@ -117,11 +117,16 @@ def agent_error(err: dict, host: str | None = None, what: str | None = None) -> 
     kind = err.get("kind")
     message = err.get("message") or f"{what or 'remote operation'} failed"
     spec = KINDS.get(kind or "")
+    hint = err.get("hint")
+    if kind == "no-job":   # the agent cannot name the host as the user does; the list of its jobs can
+        name = host or "HOST"
+        listing = f"list the jobs on {name} with: remote-ops status {name} --all"
+        hint = f"{hint.replace('HOST', name)}; {listing}" if hint else listing
     if spec is not None and spec.refusal:
-        exc: RemoteOpsError = RefusedError(message, err.get("hint"), host=host, exit_status=Exit[spec.exit])
+        exc: RemoteOpsError = RefusedError(message, hint, host=host, exit_status=Exit[spec.exit])
         exc.kind = kind
         return exc
-    exc = AgentError(message, err.get("hint"), remote_traceback=err.get("traceback"), host=host, kind=kind)
+    exc = AgentError(message, hint, remote_traceback=err.get("traceback"), host=host, kind=kind)
     if spec is not None:
         exc.exit_status = Exit[spec.exit]
     return exc
