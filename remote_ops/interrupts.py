@@ -50,10 +50,24 @@ def changed(host: str, line: str) -> None:
         _changed.setdefault(host, []).append(line)
 
 
+class StopWaiting(KeyboardInterrupt):
+    """A second Ctrl-C inside a window: the host's answer was not waited for."""
+
+
+def before_sending() -> None:
+    """Called before a window sends a further change: a Ctrl-C already held stops the command here,
+    with nothing of that change sent."""
+    if _held["signals"] and threading.current_thread() is threading.main_thread():
+        _held["signals"] = 0
+        raise KeyboardInterrupt
+    if _cancelled.is_set():
+        raise KeyboardInterrupt
+
+
 def _on_sigint(signum, frame) -> None:
     _held["signals"] += 1
     if _held["signals"] > 1:
-        raise KeyboardInterrupt
+        raise StopWaiting
     sys.stderr.write(f"remote-ops: Ctrl-C: waiting for {_held['what']} to answer, to say what happened "
                      "(Ctrl-C again stops waiting)\n")
     sys.stderr.flush()
@@ -73,7 +87,7 @@ def committing(host: str, what: str, look: str):
         _held["depth"] += 1
     try:
         yield
-    except KeyboardInterrupt:      # a second Ctrl-C: the answer was not waited for
+    except StopWaiting:      # a second Ctrl-C: the answer was not waited for
         with _lock:
             if host not in _changed:
                 _unknown[host] = (f"{host}: interrupted while {what} was being sent or answered; whether it "

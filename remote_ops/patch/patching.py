@@ -360,7 +360,9 @@ def run_host(session, host, pb: Playbook, *, dry_run: bool = False, import_check
         held: list = []
 
         def hold() -> None:        # once, from the apply's sending on
-            if not held:
+            if held:                # a second apply (the first one's only_if did not hold): not after a Ctrl-C
+                interrupts.before_sending()
+            else:
                 held.append(stack.enter_context(interrupts.committing(host.name, "the patch",
                                                                       f"remote-ops history {host.name}")))
         return _run_host(session, host, pb, dry_run=dry_run, import_check=import_check,
