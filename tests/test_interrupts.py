@@ -127,3 +127,34 @@ def test_sigint_trials(request):
 
 
 test_sigint_trials = pytest.mark.slow(test_sigint_trials)
+
+
+def test_ctrl_c_in_a_fleet_says_what_each_host_did(sshd, tmp_path, cli, monkeypatch):
+    """Two hosts in parallel: a Ctrl-C while the first apply is on its way lets that host finish (the
+    main thread waits for the workers), keeps hosts that have not sent theirs from sending it, and
+    one line per host says which."""
+    from remote_ops import pkgsource
+    from tests.conftest import SPECULATORS, VLLM_NEW, write_inventory
+
+    hosts, states = {}, {}
+    for name in ("a", "b"):
+        states[name] = tmp_path / f"state-{name}"
+        states[name].mkdir()
+        py = pkgsource.make_env(tmp_path / f"venv-{name}", [SPECULATORS, VLLM_NEW])
+        hosts[name] = sshd.host_entry(str(py), env={"REMOTE_OPS_STATE_DIR": str(states[name])},
+                                      playbook=str(SHIPPED))
+    inv = write_inventory(tmp_path / "inv.yaml", hosts, groups={"both": ["a", "b"]})
+    fired = sigint_around(monkeypatch, "patching.apply", "before")
+    status, out, err = cli("-i", str(inv), "patch", "both", "--yes", "--parallel", "2")
+    assert fired and status == 130, err
+    lines = [l for l in err.strip().splitlines() if "interrupted" in l]
+    assert len(lines) == 2, err
+    for name in ("a", "b"):
+        entries = journal(states[name])
+        line = next(l for l in lines if f" {name}" in l or l.startswith(f"remote-ops: {name}:"))
+        if entries:
+            assert line == (f"remote-ops: {name}: interrupted after the patch was applied (journal "
+                            f"{entries[0]['txid']}): undo with remote-ops rollback {name}"), err
+        else:
+            assert line == f"remote-ops: interrupted before anything changed on {name}", err
+    assert any(journal(states[n]) for n in ("a", "b"))     # the host whose apply was sent finished it
