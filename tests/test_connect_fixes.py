@@ -119,3 +119,12 @@ def test_passphrase_protected_identity_file_and_its_printed_fix(sshd, tmp_path, 
     finally:
         agent.terminate()
         agent.wait()
+
+
+def test_refused_key_is_named(sshd, tmp_path, cli):
+    key = tmp_path / "stranger"
+    _keygen(key)
+    status, out, err = _facts(cli, sshd, tmp_path, key)
+    assert status == Exit.AUTH, err
+    assert f"authentication refused by {sshd.user}@127.0.0.1:{sshd.port} with identity_file {key} (" in err, err
+    assert f".ssh/authorized_keys on the host" in err

@@ -334,10 +334,16 @@ def open_verified(conn: _Conn, s: dict, label: str) -> None:
         from remote_ops.connect.hostkeys import changed_key_error
         raise changed_key_error(exc, s["known_hosts"], label, int(s["port"])) from None
     except paramiko.AuthenticationException as exc:
-        # a key file paramiko could not use (passphrase, wrong type) is named with why
-        raise identity_error(s, label) or AuthError(f"authentication refused by {where} ({exc})",
-                        "check user and identity_file in the inventory, or load the key into ssh-agent",
-                        host=label) from None
+        # a key file paramiko could not use (passphrase, wrong type) is named with why; a key the
+        # server refused is named too
+        keys = s.get("identity_files") or []
+        offered = f" with identity_file {', '.join(keys)}" if keys else ""
+        raise identity_error(s, label) or AuthError(
+            f"authentication refused by {where}{offered} ({exc})",
+            f"check that the key's .pub line is in ~{s['user']}/.ssh/authorized_keys on the host, or fix "
+            "user and identity_file in the inventory, or load the right key into ssh-agent" if keys else
+            "check user and identity_file in the inventory, or load the key into ssh-agent",
+            host=label) from None
     except (socket.timeout, TimeoutError):
         raise TimeoutError_(f"connection to {where} timed out after {s['timeout']:g}s",
                             "check that the host is up and reachable, or raise connect_timeout",
