@@ -136,7 +136,7 @@ def verdict(op: str, rc: int, out: str, err: str, before: dict, after: dict) -> 
     changed = bool(ids)
     if "Traceback" in err:
         # Python's own start (runpy, importlib) before any remote-ops code: it says nothing of the host
-        early = err.strip().endswith("KeyboardInterrupt") and "remote_ops" not in err
+        early = err.strip().endswith("KeyboardInterrupt") and f"{REPO}/remote_ops/" not in err
         if early and not changed and not out:
             return True, "killed while Python started"
         return False, "traceback"

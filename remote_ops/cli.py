@@ -88,6 +88,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     as_program = argv is None            # the console script / python -m remote_ops
+    try:
+        return _main(argv, as_program)
+    except KeyboardInterrupt:
+        # a Ctrl-C outside the command's own handling: while it set up (imports), or while it wrote
+        # the line of an earlier Ctrl-C; what was recorded as changed is still said
+        rec = sys.modules.get("remote_ops.interrupts")
+        for line in (rec.message([]) if rec else "interrupted before anything changed").splitlines():
+            sys.stderr.write(f"remote-ops: {line}\n")
+        return _finished(130, as_program)
+
+
+def _main(argv: list[str] | None, as_program: bool) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["__complete"]:          # called by the bash/zsh completion scripts
         from remote_ops.commands.completion import complete
