@@ -64,7 +64,10 @@ class Rig:
                         REMOTE_OPS_PLAN_CACHE=str(root / "plans"), REMOTE_OPS_MUX_DIR=str(root / "mux"))
 
     def close(self) -> None:
-        self.server.stop()
+        try:
+            self.stop_jobs()          # no sleeper left behind, even when the trials were interrupted
+        finally:
+            self.server.stop()
 
     # ---------------------------------------------------------------- the host's own record
     def journal(self) -> list[dict]:
@@ -197,7 +200,6 @@ def main(argv=None) -> int:
                     if not ok:
                         print(f"MISMATCH {op} #{i} delay {delay:.2f}s rc {rc} ({case}): {err.strip()[-300:]!r}",
                               file=sys.stderr)
-            rig.stop_jobs()
         finally:
             rig.close()
     print(f"SIGINT trials over a real sshd (seed {a.seed}):")
