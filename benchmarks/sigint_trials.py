@@ -2,8 +2,10 @@
 real sshd on loopback; after each, the host's own record (the patch journal, the job directory) is
 compared with what the command said.
 
-    .venv/bin/python benchmarks/sigint_trials.py --trials 30          # prints the tally
+    .venv/bin/python benchmarks/sigint_trials.py --trials 30          # prints the tally (~15 min)
     .venv/bin/python benchmarks/sigint_trials.py --trials 30 --json out.json
+    .venv/bin/python benchmarks/sigint_trials.py --from-json benchmarks/results/sigint_trials.json \
+        --md benchmarks/SIGINT_TRIALS.md                                # the recorded run, tallied again
 
 A trial matches when the command's words agree with the host:
   exit 0      the command's own success output names what changed (journal id / job id), and it did;
@@ -165,22 +167,61 @@ def state(rig: Rig) -> dict:
     return {"open": rig.open_patches(), "jobs": rig.jobs()}
 
 
+def tally(rows: list[dict], ops: list[str], seed) -> list[str]:
+    out = [f"SIGINT trials over a real sshd (seed {seed}):"]
+    for op in ops:
+        mine = [r for r in rows if r["op"] == op]
+        cases: dict = {}
+        for r in mine:
+            cases[r["case"]] = cases.get(r["case"], 0) + 1
+        out.append(f"  {op:9s} {sum(r['match'] for r in mine)}/{len(mine)} messages match the host  "
+                   + ", ".join(f"{k}: {v}" for k, v in sorted(cases.items())))
+    out.append(f"  total     {sum(r['match'] for r in rows)}/{len(rows)} match")
+    return out
+
+
+def markdown(lines: list[str], argv: list[str]) -> str:
+    return ("# Ctrl-C trials (issue 28)\n\n"
+            "Written by `python benchmarks/sigint_trials.py " + " ".join(argv) + "` from the trials it recorded "
+            "(`benchmarks/results/sigint_trials.json`; rerun with `--trials 30 --json FILE`).\n\n"
+            "SIGINT to the command's process group (as a terminal's Ctrl-C) at a uniformly random moment in "
+            "[0, 1.2 x the command's median uninterrupted time], over a real OpenSSH sshd on 127.0.0.1; after each "
+            "trial the host's own record (patch journal, job directory) is compared with what the command said "
+            "(see the module docstring for the cases).\n\n```\n" + "\n".join(lines) + "\n```\n")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=30, help="trials per operation (default 30)")
     ap.add_argument("--ops", default="patch,rollback,extract")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", metavar="FILE", help="write every trial here")
+    ap.add_argument("--from-json", metavar="FILE", help="tally the trials recorded in FILE instead of running")
+    ap.add_argument("--md", metavar="FILE", help="also write the tally as Markdown")
     a = ap.parse_args(argv)
-    rng = random.Random(a.seed)
     ops = [o for o in a.ops.split(",") if o]
+    if a.from_json:
+        doc = json.loads(Path(a.from_json).read_text())
+        rows, seed = doc["trials"], doc["seed"]
+    else:
+        rows, seed = run(a.trials, ops, a.seed), a.seed
+    lines = tally(rows, ops, seed)
+    print("\n".join(lines))
+    if a.json:
+        Path(a.json).write_text(json.dumps({"seed": seed, "trials": rows}, indent=1))
+    if a.md:
+        Path(a.md).write_text(markdown(lines, sys.argv[1:] if argv is None else list(argv)))
+    return 0 if all(r["match"] for r in rows) else 1
+
+
+def run(trials: int, ops: list[str], seed: int) -> list[dict]:
+    rng = random.Random(seed)
     rows = []
     with tempfile.TemporaryDirectory(prefix="sigint-trials-") as tmp:
         rig = Rig(Path(tmp))
         try:
             rig.ro("hosts")
             for op in ops:
-                # how long the command takes uninterrupted: the signal lands anywhere in [0, 1.2 x that]
                 spans = []
                 for _ in range(3):     # the first run may compute and cache a plan: the median of 3
                     rig.set_state(op)
@@ -188,7 +229,7 @@ def main(argv=None) -> int:
                     rig.ro(*rig.command(op))
                     spans.append(time.monotonic() - t0)
                 span = sorted(spans)[1]
-                for i in range(a.trials):
+                for i in range(trials):
                     rig.set_state(op)
                     before = state(rig)
                     delay = rng.uniform(0.0, span * 1.2)
@@ -202,19 +243,7 @@ def main(argv=None) -> int:
                               file=sys.stderr)
         finally:
             rig.close()
-    print(f"SIGINT trials over a real sshd (seed {a.seed}):")
-    for op in ops:
-        mine = [r for r in rows if r["op"] == op]
-        cases: dict = {}
-        for r in mine:
-            cases[r["case"]] = cases.get(r["case"], 0) + 1
-        print(f"  {op:9s} {sum(r['match'] for r in mine)}/{len(mine)} messages match the host  "
-              + ", ".join(f"{k}: {v}" for k, v in sorted(cases.items())))
-    total = sum(r["match"] for r in rows)
-    print(f"  total     {total}/{len(rows)} match")
-    if a.json:
-        Path(a.json).write_text(json.dumps(rows, indent=1))
-    return 0 if total == len(rows) else 1
+    return rows
 
 
 if __name__ == "__main__":
