@@ -118,10 +118,8 @@ def agent_error(err: dict, host: str | None = None, what: str | None = None) -> 
     message = err.get("message") or f"{what or 'remote operation'} failed"
     spec = KINDS.get(kind or "")
     hint = err.get("hint")
-    if kind == "no-job":   # the agent cannot name the host as the user does; the list of its jobs can
-        name = host or "HOST"
-        listing = f"list the jobs on {name} with: remote-ops status {name} --all"
-        hint = f"{hint.replace('HOST', name)}; {listing}" if hint else listing
+    if kind == "no-job" and host:   # the agent cannot name the host as the user does
+        hint = hint.replace("HOST", host) if hint else f"list the jobs on {host} with: remote-ops status {host} --all"
     if spec is not None and spec.refusal:
         exc: RemoteOpsError = RefusedError(message, hint, host=host, exit_status=Exit[spec.exit])
         exc.kind = kind
