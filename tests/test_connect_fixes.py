@@ -73,10 +73,13 @@ def test_unreadable_identity_file(sshd, tmp_path, cli):
     assert status == Exit.AUTH and f"cannot use identity_file {key}: cannot be read" in err, err
 
 
-@pytest.mark.parametrize("kind", ["public", "garbage"])
+@pytest.mark.parametrize("kind", ["public", "garbage", "directory"])
 def test_wrong_type_identity_file(sshd, tmp_path, cli, kind):
     key = tmp_path / "key"
-    if kind == "public":
+    if kind == "directory":
+        key.mkdir()
+        why = "it is a directory, not a key file"
+    elif kind == "public":
         shutil.copy(str(sshd.identity_file) + ".pub", key)
         why = "it is a public key; name the private key (the file without .pub)"
     else:

@@ -119,7 +119,7 @@ def test_a_command_that_changes_nothing_still_says_interrupted(patch_host, cli, 
 def test_sigint_trials(request):
     """>= 30 random-moment trials per operation over a real sshd: every line matches the host."""
     if "slow" not in (request.config.option.markexpr or ""):
-        pytest.skip("slow (about 5 minutes): run with -m slow")
+        pytest.skip("slow (about 15 minutes on 2 loaded CPUs): run with -m slow")
     p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "sigint_trials.py"), "--trials", "30"],
                        cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert p.returncode == 0, p.stdout + p.stderr
