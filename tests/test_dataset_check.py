@@ -160,3 +160,11 @@ def test_a_job_dying_at_once_is_reported_by_extract(tmp_path, sshd, cli):
     status, out, err = job.run(cli)
     assert status == Exit.FINDINGS, out + err
     assert "failed: exit code 1: error: no such model /data/m" in out, out
+
+
+def test_watch_0_returns_at_launch(tmp_path, sshd, cli):
+    job = Job(tmp_path, sshd, "import sys; sys.exit('error: no such model /data/m')", '{"input_ids": [1]}\n')
+    status, out, err = job.run(cli, "--watch", "0", "--json")
+    state = json.loads(out)["job"]["state"]   # as launched: nobody watched it (it may have ended already)
+    assert (status, state) in {(0, "starting"), (0, "running"), (1, "failed")}, (status, state, err)
+    assert cli("-i", str(job.inventory), "extract", "testhost", "--watch", "-1")[0] == Exit.USAGE

@@ -14,6 +14,8 @@ def add_arguments(p):
     p.add_argument("--strict", action="store_true",
                    help="refuse the job when the checked calls drifted from the package's baseline version")
     p.add_argument("--dry-run", action="store_true", help="preflight only: show what would start")
+    p.add_argument("--watch", type=float, default=None, metavar="S",
+                   help="watch a new job S seconds for dying at once (default 3; 0: return at launch)")
 
 
 def run(args, ctx) -> int:
@@ -23,13 +25,16 @@ def run(args, ctx) -> int:
     from remote_ops.errors import Exit, UsageError
     from remote_ops.extract.tail import follow_job, report_end
 
+    if args.watch is not None and not 0 <= args.watch <= 60:
+        raise UsageError(f"--watch must be 0-60 seconds, got {args.watch:g}")
+
     if args.tail and len(ctx.hosts(args.host)) > 1:
         raise UsageError(f"--tail follows one host; {args.host!r} names {len(ctx.hosts(args.host))}",
                          "start them with: remote-ops extract GROUP; follow one with: remote-ops extract HOST "
                          "--tail; watch all with: remote-ops status GROUP")
     results = ctx.fleet.extract(args.host, playbook=args.playbook, skip_check=args.skip_check,
                                 dry_run=args.dry_run, strict=args.strict,
-                                early_death_s=0 if args.tail else None)   # --tail shows an early death itself
+                                early_death_s=0 if args.tail else args.watch)   # --tail shows an early death itself
 
     def refused(r):   # every problem of a refused preflight, then the error's one line
         for p in ((r.error.details or {}).get("preflight") or {}).get("problems") or []:
