@@ -107,19 +107,24 @@ class Inventory(Fleet):
 
     # ------------------------------------------------------------------ the job
     def extract(self, target: str | None = None, *, playbook: str | None = None, skip_check: bool = False,
-                dry_run: bool = False, strict: bool = False, shard: bool | str | None = None) -> Results:
+                dry_run: bool = False, strict: bool = False, shard: bool | str | None = None,
+                early_death_s: float | None = None) -> Results:
         """Preflight, then launch the detached job (or attach to the one already running);
         ``jobs.ExtractResult``. Each host's playbook vars fill the templates. A host whose preflight
         refuses is ``ok=False`` with a RefusedError whose ``details["preflight"]`` is the preflight.
         ``shard``: True splits the samples over the target's hosts (sorted by name, host k of N writes
         i % N == k; None: as the playbook's ``extract.shard``); "K/N" runs that share on each named
-        host as a moved share (``extract/shard.py``, docs/SCALE-OUT.md)."""
+        host as a moved share (``extract/shard.py``, docs/SCALE-OUT.md).
+        A new job is watched for ``early_death_s`` (default ``jobs.EARLY_DEATH_S``; 0: not at all):
+        one that dies at once comes back in its failed state."""
         from remote_ops.extract import jobs
         from remote_ops.extract import shard as shard_mod
         hosts = self.resolve(target)
         specs = shard_mod.apply(hosts, jobs.load_for_hosts(hosts, playbook), shard)
+        wait = jobs.EARLY_DEATH_S if early_death_s is None else early_death_s
         return self.run(target, lambda h, s: jobs.extract(s, h, *specs[h.name], skip_check=skip_check,
-                                                          dry_run=dry_run, strict_drift=strict))
+                                                          dry_run=dry_run, strict_drift=strict,
+                                                          early_death_s=wait))
 
     def status(self, target: str | None = None, *, playbook: str | None = None, job: str | None = None) -> Results:
         """The playbook's job on each host (``jobs.JobStatus``: state, samples, rate, exit); for a

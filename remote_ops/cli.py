@@ -87,33 +87,53 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    as_program = argv is None            # the console script / python -m remote_ops
+    try:
+        return _main(argv, as_program)
+    except KeyboardInterrupt:
+        # a Ctrl-C outside the command's own handling: while it set up (imports), or while it wrote
+        # the line of an earlier Ctrl-C; what was recorded as changed is still said
+        rec = sys.modules.get("remote_ops.interrupts")
+        for line in (rec.message([]) if rec else "interrupted before anything changed").splitlines():
+            sys.stderr.write(f"remote-ops: {line}\n")
+        return _finished(130, as_program)
+
+
+def _main(argv: list[str] | None, as_program: bool) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["__complete"]:          # called by the bash/zsh completion scripts
         from remote_ops.commands.completion import complete
         return complete(argv[1:])
     debug = "--debug" in argv
     json_mode = "--json" in argv
+    from remote_ops import interrupts
     from remote_ops.errors import Exit, RemoteOpsError
-    ctx = None
+    ctx = args = None
+    interrupts.reset()
     try:
-        parser = build_parser()
-        args = parser.parse_args(argv)
-        if not getattr(args, "_module", None):
-            parser.print_help()
-            return int(Exit.USAGE)
-        from remote_ops.commands.context import Context
-        ctx = Context(json=bool(args.json), debug=bool(args.debug), verbose=args.verbose or 0,
-                      accept_new=bool(args.accept_new), inventory_file=args.inventory,
-                      parallel=args.parallel or 16, connect_timeout=args.connect_timeout,
-                      python=args.python, workdir=args.workdir, persist=args.persist)
-        ctx.fleet   # checks --parallel / --connect-timeout / --persist and $REMOTE_OPS_PERSIST before any work
-        return int(args._module.run(args, ctx) or 0)
+        try:
+            parser = build_parser()
+            args = parser.parse_args(argv)
+            if not getattr(args, "_module", None):
+                parser.print_help()
+                return int(Exit.USAGE)
+            from remote_ops.commands.context import Context
+            ctx = Context(json=bool(args.json), debug=bool(args.debug), verbose=args.verbose or 0,
+                          accept_new=bool(args.accept_new), inventory_file=args.inventory,
+                          parallel=args.parallel or 16, connect_timeout=args.connect_timeout,
+                          python=args.python, workdir=args.workdir, persist=args.persist)
+            ctx.fleet   # checks --parallel / --connect-timeout / --persist and $REMOTE_OPS_PERSIST before any work
+            return _finished(int(args._module.run(args, ctx) or 0), as_program)
+        finally:
+            if ctx is not None:
+                ctx.close()
     except RemoteOpsError as exc:
         _report(exc, debug, json_mode)
-        return int(exc.exit_status)
+        return _finished(int(exc.exit_status), as_program)
     except KeyboardInterrupt:
-        sys.stderr.write("remote-ops: interrupted\n")
-        return int(Exit.INTERRUPTED)
+        for line in interrupts.message(_changing_hosts(args, ctx)).splitlines():
+            sys.stderr.write(f"remote-ops: {line}\n")
+        return _finished(int(Exit.INTERRUPTED), as_program)
     except BrokenPipeError:
         return int(Exit.OK)
     except Exception as exc:  # a bug: one line unless --debug
@@ -122,10 +142,34 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"remote-ops: internal error: {type(exc).__name__}: {exc} "
                          "(rerun with --debug for the traceback)\n")
         return int(Exit.REMOTE)
-    finally:
-        if ctx is not None:
-            ctx.close()
 
+
+def _changing_hosts(args, ctx) -> list[str] | None:
+    """The hosts a command that changes hosts (its module's CHANGES_HOSTS) was given, for the line
+    after a Ctrl-C ("interrupted before anything changed on HOST"); None for other commands."""
+    if args is None:       # still reading the command line: no host was contacted
+        return []
+    if not getattr(getattr(args, "_module", None), "CHANGES_HOSTS", False):
+        return None
+    try:
+        return ctx.fleet.hosts(args.host)
+    except Exception:  # the target could not be resolved: name what was typed
+        return [args.host] if getattr(args, "host", None) else []
+
+
+def _finished(status: int, as_program: bool) -> int:
+    """The command's output is written and its outcome decided: as the program (not called from
+    Python), a Ctrl-C from now until the process is gone would only kill it with that output
+    already printed (shells show exit 130 with no word of why), so it is ignored. Python keeps an
+    ignored SIGINT ignored through interpreter shutdown."""
+    if as_program:
+        import signal
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return status
 
 
 def _report(exc, debug: bool, json_mode: bool) -> None:

@@ -117,11 +117,14 @@ def agent_error(err: dict, host: str | None = None, what: str | None = None) -> 
     kind = err.get("kind")
     message = err.get("message") or f"{what or 'remote operation'} failed"
     spec = KINDS.get(kind or "")
+    hint = err.get("hint")
+    if kind == "no-job" and host:   # the agent cannot name the host as the user does
+        hint = hint.replace("HOST", host) if hint else f"list the jobs on {host} with: remote-ops status {host} --all"
     if spec is not None and spec.refusal:
-        exc: RemoteOpsError = RefusedError(message, err.get("hint"), host=host, exit_status=Exit[spec.exit])
+        exc: RemoteOpsError = RefusedError(message, hint, host=host, exit_status=Exit[spec.exit])
         exc.kind = kind
         return exc
-    exc = AgentError(message, err.get("hint"), remote_traceback=err.get("traceback"), host=host, kind=kind)
+    exc = AgentError(message, hint, remote_traceback=err.get("traceback"), host=host, kind=kind)
     if spec is not None:
         exc.exit_status = Exit[spec.exit]
     return exc

@@ -227,6 +227,13 @@ class Fleet:
         else:
             from concurrent.futures import ThreadPoolExecutor   # only fleets need it (~10 ms to import)
             with ThreadPoolExecutor(max_workers=max(1, min(self.parallel, len(hosts)))) as pool:
-                out = Results(pool.map(one, hosts))
+                try:
+                    out = Results(pool.map(one, hosts))
+                except KeyboardInterrupt:
+                    # hosts that have not sent their change send none; leaving the pool waits for those
+                    # that have, so the Ctrl-C line can say what each host did (interrupts.py)
+                    from remote_ops import interrupts
+                    interrupts.cancel()
+                    raise
         out.single = self.names_one_host(target)
         return out

@@ -180,15 +180,41 @@ def _block(entry: dict) -> str:
     return f"{BEGIN}\n{indented}{END}\n"
 
 
+def _includes_local(path: Path) -> bool:
+    """Whether the inventory at ``path`` includes its git-ignored ``.local`` companion."""
+    from remote_ops.connect import inventory
+    from remote_ops.yamlsrc import load_file
+
+    data = load_file(path).data
+    inc = data.get("include") if isinstance(data, dict) else None
+    names = [inc] if isinstance(inc, str) else inc if isinstance(inc, list) else []
+    local = inventory.local_path(path)
+    return any(isinstance(n, str) and (path.parent / n).resolve() == local.resolve() for n in names)
+
+
 def write_inventory_entry(inventory_path: str, entry: dict) -> None:
-    """Insert or refresh the managed ``sandbox`` block inside ``hosts:``, keeping everything else."""
+    """Write the ``sandbox`` host. An inventory that includes its ``.local`` companion (the
+    repository's does; a new one is written so) is left as it is, and the host goes into that
+    git-ignored file, rewritten each time. Another inventory gets a managed block inside ``hosts:``
+    (inserted or refreshed, everything else kept)."""
     from remote_ops.connect import inventory
 
     path = Path(inventory_path).expanduser()
+    local = inventory.local_path(path)
     block = _block(entry)
     if not path.exists():
-        text = ("# remote-ops inventory (see README). `default` is used when a command names no host.\n"
-                f"default: {HOST_NAME}\nhosts:\n{block}")
+        _replace(path, "# remote-ops inventory (see README). `default` is used when a command names no host.\n"
+                       f"# `remote-ops sandbox up` writes its host into {local.name} (included below).\n"
+                       f"default: {HOST_NAME}\ninclude: [{local.name}]\nhosts: {{}}\n", check=False)
+    if _includes_local(path):
+        _replace(local, f"# written by `remote-ops sandbox up`, rewritten each time (git-ignored): put your own\n"
+                        f"# hosts in {path.name}, which includes this file\nhosts:\n{block}", check=False)
+        text = path.read_text()
+        pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", re.S)
+        if pattern.search(text):      # a block written by an older `sandbox up`: the host lives in local now
+            _replace(path, pattern.sub("", text, count=1), check=False)
+        inventory.load(str(path))     # the two files read together
+        return
     else:
         text = path.read_text()
         pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", re.S)
@@ -205,10 +231,18 @@ def write_inventory_entry(inventory_path: str, entry: dict) -> None:
                 text = text[: m.end()] + block + text[m.end():]
         if not re.search(r"^default:", text, re.M):
             text = f"default: {HOST_NAME}\n" + text
+    _replace(path, text)
+
+
+def _replace(path: Path, text: str, check: bool = True) -> None:
+    """``text`` into ``path`` through a temporary beside it (checked as an inventory first)."""
+    from remote_ops.connect import inventory
+
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_text(text)
     try:
-        inventory.parse(__import__("remote_ops.yamlsrc", fromlist=["x"]).load_file(tmp))
+        if check:
+            inventory.parse(__import__("remote_ops.yamlsrc", fromlist=["x"]).load_file(tmp))
     except Exception:
         tmp.unlink(missing_ok=True)
         raise

@@ -59,7 +59,8 @@ def test_no_default_with_many_hosts_is_a_usage_error():
 
 @pytest.mark.parametrize("text,line,fragment", [
     ("hosts:\n  a:\n    hostnme: x\n", 3, "unknown key 'hostnme'"),
-    ("hosts:\n  a:\n    port: '22'\n", 3, "port of host 'a' must be a integer"),
+    # (a quoted number is that number: tests/test_newcomer.py)
+    ("hosts:\n  a:\n    port: 'ssh'\n", 3, "port of host 'a' must be an integer, got string 'ssh'"),
     ("hosts:\n  a:\n    port: 70000\n", 3, "1-65535"),
     ("hosts:\n  a:\n    env: [1]\n", 3, "env of host 'a' must be a mapping"),
     ("hosts: [a, b]\n", 1, "'hosts' must be a mapping"),

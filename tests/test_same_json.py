@@ -111,7 +111,10 @@ def _wait_state(cli, target, extra, states=("succeeded", "failed", "stopped", "l
         status, out, err = cli("status", target, "--json", *extra)
         assert status in (0, 1), err
         rec = json.loads(out)
-        if rec["job"]["state"] in states:
+        # a job that just ended records its cleanup a moment after its exit (supervisor.py writes
+        # exit.json twice): wait for that too, so both transports' records have the same shape
+        if rec["job"]["state"] in states and (rec["job"]["state"] == "running" or "cleanup" not in rec["job"]
+                                              or rec["job"]["cleanup"] is not None):
             return status, rec
         time.sleep(0.2)
     raise AssertionError(f"{target}: job never reached {states}")

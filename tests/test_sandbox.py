@@ -106,6 +106,8 @@ def test_demo_script_runs_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setenv("REMOTE_OPS_SANDBOX_DIR", str(tmp_path / "sandbox"))
     env = dict(os.environ)
     repo_inventory = _sha(REPO / "inventory.yaml")
+    # a fresh clone's inventory (it includes inventory.local.yaml, where sandbox up writes its host)
+    (tmp_path / "inventory.yaml").write_bytes((REPO / "inventory.yaml").read_bytes())
     try:
         proc = subprocess.run(["bash", str(REPO / "scripts" / "demo.sh")], env=env, cwd=tmp_path,
                               capture_output=True, text=True, timeout=900)
@@ -130,3 +132,5 @@ def test_demo_script_runs_end_to_end(tmp_path, monkeypatch):
         down = sandbox.down(env["REMOTE_OPS_INVENTORY"], purge=True)
     assert down["stopped"] and down["root"] == str(tmp_path / "sandbox"), down   # no sshd left behind
     assert _sha(REPO / "inventory.yaml") == repo_inventory, "the demo touched the repository's inventory"
+    assert _sha(tmp_path / "inventory.yaml") == repo_inventory, "sandbox up rewrote the (tracked) inventory"
+    assert "sandbox:" in (tmp_path / "inventory.local.yaml").read_text()

@@ -109,6 +109,8 @@ OPS = {o.name: o for o in (
        "ship files into the job's workdir"),
     Op("imports.probe", ("python", "modules", "env", "workdir", "timeout", "packages", "unless_running"),
        "can the job's interpreter import the job's modules"),
+    Op("dataset.check", ("path", "workdir", "max_samples", "budget"),
+       "the job's dataset read as the job reads it (bounded in time)", resident=True),
     Op("jobs.probe", ("key", "output_dir", "need", "port", "layout"),
        "running job, free disk, the job's disk need (and a server's port) before a launch", resident=True),
     Op("jobs.launch", ("key", "command", "workdir", "env", "secrets", "output_dir", "expected_samples",

@@ -150,12 +150,19 @@ def render_drift(console, result: dict, verbose: int = 0) -> None:
     elif result.get("drift_notes"):
         console.print(f"[dim]{len(result['drift_notes'])} difference(s) not reported as drift (-v lists them)[/dim]")
     accepted = result.get("drift_accepted") or []
+    unmatched = result.get("accepted_unmatched") or []
+    # one statement of the playbook's accepted_drift entries: how many matched (and so were
+    # accepted) and which others matched nothing here, said as the other entries, not as a contradiction
+    matched = len({(d.get("kind"), d.get("symbol"), d.get("name")) for d in accepted})
     if accepted:
-        console.print(f"{len(accepted)} drift item(s) accepted by the playbook (check.accepted_drift)"
+        console.print(f"check.accepted_drift: {matched} of {matched + len(unmatched)} entries matched drift on "
+                      f"this host; {len(accepted)} drift item(s) accepted"
                       + ("" if verbose else " [dim](-v lists them with the reasons)[/dim]"))
         if verbose:
             for d in accepted:
                 console.print(escape(f"  accepted: {d['path']}:{d['line']}: {d['kind']} {d['name']}: {d['accepted']}"))
-    for a in result.get("accepted_unmatched") or []:
-        stale = f"check.accepted_drift entry {a['kind']} {a['symbol']} {a['name']} matched no drift item on this host (stale, or not for this version)"
-        console.print(f"[yellow]{escape(stale)}[/yellow]")
+    if unmatched:
+        which = ", ".join(f"{a['kind']} {a['symbol']}.{a['name']}" for a in unmatched)
+        lead = (f"the other {len(unmatched)} entr{'y' if len(unmatched) == 1 else 'ies'}" if accepted
+                else f"check.accepted_drift: none of the {len(unmatched)} entries")
+        console.print(f"[yellow]{escape(f'{lead} matched no drift on this host (written for another version, or stale): {which}')}[/yellow]")

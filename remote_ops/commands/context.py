@@ -100,7 +100,9 @@ class Context:
     def err(self):
         if self._err is None:
             from rich.console import Console
-            self._err = Console(stderr=True, highlight=False)
+            # redirected (a log file, CI): no wrapping at all, a job id or pid must stay on its line;
+            # at a terminal rich uses its real width
+            self._err = Console(stderr=True, highlight=False, soft_wrap=not sys.stderr.isatty())
         return self._err
 
     def emit(self, data: Any, human: Callable[[Any], None] | None = None) -> None:

@@ -3,6 +3,7 @@ supervisor on the host (or attach to the one already running), optionally follow
 
 NAME = "extract"
 HELP = "start the playbook's extraction job on a host (detached, supervised); --tail follows it"
+CHANGES_HOSTS = True    # a Ctrl-C says what changed on each host (remote_ops/interrupts.py)
 
 
 def add_arguments(p):
@@ -18,6 +19,8 @@ def add_arguments(p):
                         "with K/N: run that share on the named host(s), e.g. one moved from a dead host")
     p.add_argument("--no-shard", dest="shard", action="store_false",
                    help="run the whole dataset on every host even if the playbook says extract.shard: true")
+    p.add_argument("--watch", type=float, default=None, metavar="S",
+                   help="watch a new job S seconds for dying at once (default 3; 0: return at launch)")
 
 
 def run(args, ctx) -> int:
@@ -27,12 +30,16 @@ def run(args, ctx) -> int:
     from remote_ops.errors import Exit, UsageError
     from remote_ops.extract.tail import follow_job, report_end
 
+    if args.watch is not None and not 0 <= args.watch <= 60:
+        raise UsageError(f"--watch must be 0-60 seconds, got {args.watch:g}")
+
     if args.tail and len(ctx.hosts(args.host)) > 1:
         raise UsageError(f"--tail follows one host; {args.host!r} names {len(ctx.hosts(args.host))}",
                          "start them with: remote-ops extract GROUP; follow one with: remote-ops extract HOST "
                          "--tail; watch all with: remote-ops status GROUP")
     results = ctx.fleet.extract(args.host, playbook=args.playbook, skip_check=args.skip_check,
-                                dry_run=args.dry_run, strict=args.strict, shard=args.shard)
+                                dry_run=args.dry_run, strict=args.strict, shard=args.shard,
+                                early_death_s=0 if args.tail else args.watch)   # --tail shows an early death itself
 
     def refused(r):   # every problem of a refused preflight, then the error's one line
         for p in ((r.error.details or {}).get("preflight") or {}).get("problems") or []:
@@ -90,6 +97,10 @@ def render(c, name, v) -> None:
     c.print(f"{name}: job {job['job_id']} {verb} (pid {job.get('pid')}, state {job['state']})", markup=False)
     if "--shard" in (job.get("command") or [])[-2:]:
         c.print(f"  shard {job['command'][-1]} into {job.get('output_dir')}", markup=False)
+    if job["state"] not in ("starting", "running", "succeeded"):   # died within its first seconds
+        c.print(f"  {job['job_id']} {job['state']}: {job.get('reason')}", style="red", markup=False)
+        for line in job.get("error_lines") or []:
+            c.print(f"  {line}", markup=False)
     if job.get("label"):
         c.print(f"  {job['label']}", markup=False)
     for n in v.preflight.get("notes") or []:

@@ -2,6 +2,7 @@
 
 NAME = "patch"
 HELP = "apply a playbook's edits: diff, validate locally, then one atomic, journaled transaction per host"
+CHANGES_HOSTS = True    # a Ctrl-C says what changed on each host (remote_ops/interrupts.py)
 
 
 def add_arguments(p):
@@ -39,12 +40,13 @@ def run(args, ctx) -> int:
     from remote_ops.errors import UsageError
 
     interactive = sys.stdin.isatty() and not ctx.json
-    if not (args.yes or args.dry_run or interactive):
-        raise UsageError("patch changes files on the host; pass --yes to apply without a prompt, "
-                         "or --dry-run to only see the diff")
     ask_lock = threading.Lock()
 
     def confirm(plan):
+        if not interactive:    # no one to ask: a host with nothing to change never gets here
+            raise UsageError(f"patch would change {sum(t.changed for t in plan.targets)} file(s) on {plan.host} "
+                             "and there is no terminal to ask; pass --yes to apply without a prompt, "
+                             "or --dry-run to only see the diff")
         with ask_lock:
             _render_diff(ctx.console, plan.diff())
             answer = input(f"apply {plan.playbook.name} to {plan.host}? [y/N] ")

@@ -2,6 +2,7 @@
 
 NAME = "rollback"
 HELP = "undo the latest patch on a host (or every patch back to --to JOURNAL_ID), byte for byte"
+CHANGES_HOSTS = True    # a Ctrl-C says what changed on each host (remote_ops/interrupts.py)
 
 
 def add_arguments(p):

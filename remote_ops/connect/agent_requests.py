@@ -79,6 +79,12 @@ def imports_probe(*, python: str, modules: list[str], env: dict = _UNSET, workdi
                 packages=packages, unless_running=unless_running)
 
 
+# dataset.py
+def dataset_check(*, path: str, workdir: str | None = _UNSET, max_samples: int | None = _UNSET,
+                  budget: float = _UNSET) -> Request:
+    return _req("dataset.check", path=path, workdir=workdir, max_samples=max_samples, budget=budget)
+
+
 # jobs.py
 def jobs_probe(*, key: str, output_dir: str | None, need: dict | None = None, port: int | None = _UNSET,
                layout: str | None = _UNSET) -> Request:

@@ -22,6 +22,20 @@ def host_entry_name(hostname: str, port: int) -> str:
     return hostname if port == 22 else f"[{hostname}]:{port}"
 
 
+def where(entry_name: str) -> str:
+    """``host:port`` for people, from a known_hosts name (``[host]:port`` or ``host``, port 22)."""
+    if entry_name.startswith("[") and "]:" in entry_name:
+        host, _, port = entry_name[1:].rpartition("]:")
+        return f"{host}:{port}"
+    return f"{entry_name}:22"
+
+
+def remove_command(entry_name: str, known_hosts: str) -> str:
+    """The ssh-keygen line that removes the host's entry, quoted to paste into a shell as printed."""
+    import shlex
+    return f"ssh-keygen -R {shlex.quote(entry_name)} -f {shlex.quote(str(known_hosts))}"
+
+
 # known_hosts files parsed in this process: path -> (the file's bytes, paramiko.HostKeys). A fleet
 # connects to N hosts through one file; paramiko would parse all of it (a key object per line,
 # and a lookup per line) for every host. The file is still read for every connection and the
@@ -80,7 +94,7 @@ class VerifyPolicy(paramiko.MissingHostKeyPolicy):
         fp = fingerprint(key)
         if not self.accept_new:
             raise HostKeyError(
-                f"unknown host key for {hostname} ({key.get_name()} {fp}); not in {self.known_hosts}",
+                f"unknown host key for {where(hostname)} ({key.get_name()} {fp}); not in {self.known_hosts}",
                 "check the fingerprint with the host's admin, then rerun with --accept-new to record it",
                 host=self.host_label)
         path = Path(self.known_hosts)
@@ -98,11 +112,14 @@ class VerifyPolicy(paramiko.MissingHostKeyPolicy):
         self.recorded = fp
 
 
-def changed_key_error(exc: paramiko.BadHostKeyException, known_hosts: str, host_label: str) -> HostKeyError:
-    name = exc.hostname
+def changed_key_error(exc: paramiko.BadHostKeyException, known_hosts: str, host_label: str,
+                      port: int = 22) -> HostKeyError:
+    """paramiko names the host without its port; known_hosts stores ``[host]:port`` for port != 22,
+    which is what ``ssh-keygen -R`` must be given."""
+    name = host_entry_name(exc.hostname, port)
     return HostKeyError(
-        f"HOST KEY CHANGED for {name}: server offers {exc.key.get_name()} {fingerprint(exc.key)}, "
+        f"HOST KEY CHANGED for {where(name)}: server offers {exc.key.get_name()} {fingerprint(exc.key)}, "
         f"{known_hosts} has {fingerprint(exc.expected_key)}; refusing to connect",
         f"if the host was really reinstalled, remove the old entry with "
-        f"ssh-keygen -R '{name}' -f {known_hosts} and reconnect with --accept-new",
+        f"{remove_command(name, known_hosts)} and reconnect with --accept-new",
         host=host_label)

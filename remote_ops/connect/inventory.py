@@ -30,7 +30,7 @@ HOST_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "connection": ((str,), "string: ssh or local"),
 }
 CONNECTIONS = ("ssh", "local")
-TOP_KEYS = {"hosts", "groups", "default"}
+TOP_KEYS = {"hosts", "groups", "default", "include"}
 
 
 @dataclass(frozen=True)
@@ -127,6 +127,22 @@ def _str_list(doc: YamlDoc, keys: tuple, value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _number(value: Any, types: tuple) -> Any:
+    """A quoted number for a numeric setting (``port: "36267"``, as YAML written by other tools
+    has it) is that number; anything else is left for the type check to name."""
+    if isinstance(value, str) and int in types:
+        text = value.strip()
+        try:
+            return int(text)
+        except ValueError:
+            if float in types:
+                try:
+                    return float(text)
+                except ValueError:
+                    pass
+    return value
+
+
 def _parse_host(doc: YamlDoc, name: str, entry: Any) -> Host:
     where = ("hosts", name)
     if entry is None:
@@ -134,10 +150,13 @@ def _parse_host(doc: YamlDoc, name: str, entry: Any) -> Host:
     if not isinstance(entry, dict):
         raise doc.error(where, f"host {name!r} must be a mapping, got {type_name(entry)}")
     doc.check_keys(where, entry, HOST_KEYS, f"in host {name!r}")
+    entry = {k: _number(v, HOST_KEYS[k][0]) for k, v in entry.items()}
     for key, value in entry.items():
         types, desc = HOST_KEYS[key]
         if isinstance(value, bool) or not isinstance(value, types):
-            raise doc.error(where + (key,), f"{key} of host {name!r} must be a {desc}, got {type_name(value)}")
+            article = "an" if desc[0] in "aeiou" else "a"
+            raise doc.error(where + (key,), f"{key} of host {name!r} must be {article} {desc}, got {type_name(value)}"
+                            + (f" {value!r}" if isinstance(value, str) else ""))
     for key in ("env", "vars"):
         for k, v in (entry.get(key) or {}).items():
             if key == "env" and (not isinstance(k, str) or not k.replace("_", "a").isalnum() or k[0].isdigit()):
@@ -198,12 +217,15 @@ def parse(doc: YamlDoc) -> Inventory:
     hosts_raw = data.get("hosts") or {}
     if not isinstance(hosts_raw, dict):
         raise doc.error(("hosts",), f"'hosts' must be a mapping of name -> settings, got {type_name(hosts_raw)}")
-    hosts = {}
+    hosts, included_groups, included_default = _included(doc, data.get("include"))
     for name, entry in hosts_raw.items():
         if not isinstance(name, str) or not name or "," in name or name != name.strip() or \
                 any(ord(c) < 32 or ord(c) == 127 for c in name):
             raise doc.error(("hosts", name), f"invalid host name {name!r}",
                             "no commas, control characters or surrounding spaces: it is typed on the command line")
+        if name in hosts:
+            raise doc.error(("hosts", name), f"host {name!r} is also defined in {hosts[name].inventory_path}",
+                            "define each host once")
         hosts[name] = _parse_host(doc, name, entry)
     groups_raw = data.get("groups") or {}
     if not isinstance(groups_raw, dict):
@@ -229,11 +251,48 @@ def parse(doc: YamlDoc) -> Inventory:
             else:
                 raise doc.error(("groups", gname, i), f"group {gname!r} names unknown host {member!r}")
         groups[gname] = list(dict.fromkeys(names))
-    default = data.get("default")
+    for gname, members in included_groups.items():
+        groups.setdefault(gname, members)
+    default = data.get("default", included_default)
     if default is not None and not isinstance(default, str):
         raise doc.error(("default",), f"default must be a host or group name, got {type_name(default)}")
     inv = Inventory(doc.path, hosts, groups, default, doc)
     return inv
+
+
+def local_path(path: str | Path) -> Path:
+    """The git-ignored companion of an inventory (``inventory.yaml`` -> ``inventory.local.yaml``):
+    where ``sandbox up`` writes its host, so the tracked inventory is never rewritten."""
+    p = Path(path).expanduser()
+    return p.with_name(f"{p.stem}.local{p.suffix or '.yaml'}")
+
+
+def _included(doc: YamlDoc, include: Any) -> tuple[dict[str, Host], dict[str, list[str]], str | None]:
+    """Hosts, groups and default of the files ``include`` names (relative to this inventory; a
+    missing one is skipped: e.g. inventory.local.yaml before ``remote-ops sandbox up``)."""
+    if include is None:
+        return {}, {}, None
+    names = [include] if isinstance(include, str) else include
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise doc.error(("include",), f"include must be a file name or a list of them, got {type_name(include)}")
+    hosts: dict[str, Host] = {}
+    groups: dict[str, list[str]] = {}
+    default = None
+    for n in names:
+        p = Path(doc.path).expanduser().parent / Path(n).expanduser()
+        if not p.exists():
+            continue
+        sub = load_file(p)
+        if isinstance(sub.data, dict) and "include" in sub.data:
+            raise sub.error(("include",), "an included inventory cannot include others", "list them all in one file")
+        inv = parse(sub)
+        for name, host in inv.hosts.items():
+            if name in hosts:
+                raise sub.error(("hosts", name), f"host {name!r} is also defined in {hosts[name].inventory_path}")
+            hosts[name] = host
+        groups.update(inv.groups)
+        default = default or inv.default
+    return hosts, groups, default
 
 
 def load(path: str | None = None, *, missing_ok: bool = False) -> Inventory:

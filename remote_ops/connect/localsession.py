@@ -43,7 +43,10 @@ class LocalSession(Session):
         import subprocess
 
         proc = subprocess.Popen(["/bin/sh", "-c", bundle.agent_command(self._python())],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                # a terminal's Ctrl-C reaches the controller only (as over SSH): the
+                                # agent finishes the change it has begun, and the controller says what it was
+                                start_new_session=True)
         stderr_chunks: list[bytes] = []
 
         def feed() -> None:

@@ -212,6 +212,60 @@ def identity_key(path: str):
     return key
 
 
+def identity_problem(path: str) -> str | None:
+    """Why ``path`` cannot serve as an SSH identity (missing, unreadable, a public key, not a key
+    paramiko reads, protected by a passphrase), or None when it loads."""
+    import os
+
+    import paramiko
+
+    if not os.path.exists(path):
+        return "no such file"
+    if os.path.isdir(path):
+        return "it is a directory, not a key file"
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    head = data.lstrip()[:40]
+    if head.startswith((b"ssh-", b"ecdsa-", b"sk-")):
+        return "it is a public key; name the private key (the file without .pub)"
+    if b"PRIVATE KEY-----" not in data[:200]:
+        return "it is not a private key file"
+    if identity_key(path) is not None:     # loads (the process's cache of keys): usable
+        return None
+    encrypted = False
+    for klass in _key_classes(data, paramiko):
+        try:
+            klass.from_private_key_file(path, None)
+            return None
+        except paramiko.PasswordRequiredException:
+            encrypted = True
+        except Exception:  # not this class (or a format paramiko does not read): try the next
+            continue
+    if encrypted:
+        return "it is protected by a passphrase, which remote-ops cannot ask for"
+    return f"paramiko cannot read this key type (it reads RSA, ECDSA and Ed25519 keys{_declared(data)})"
+
+
+def _declared(data: bytes) -> str:
+    kind = _key_type(data)
+    return f"; this one says {kind}" if kind else ""
+
+
+def identity_error(s: dict, label: str, path: str | None = None) -> AuthError | None:
+    """The one-line error for the first unusable identity file of ``s`` (or ``path``), or None."""
+    for p in ([path] if path else s.get("identity_files") or []):
+        why = identity_problem(p)
+        if why is not None:
+            hint = "fix identity_file for this host in the inventory (or IdentityFile in ~/.ssh/config)"
+            if "passphrase" in why:
+                hint = f"load it into ssh-agent (ssh-add {p}) and rerun; remote-ops uses the agent's keys"
+            return AuthError(f"cannot use identity_file {p}: {why}", hint, host=label)
+    return None
+
+
 class _Conn:
     """One SSH client connection, optionally through a gateway connection (a ProxyJump hop)."""
 
@@ -278,11 +332,18 @@ def open_verified(conn: _Conn, s: dict, label: str) -> None:
         raise
     except paramiko.BadHostKeyException as exc:
         from remote_ops.connect.hostkeys import changed_key_error
-        raise changed_key_error(exc, s["known_hosts"], label) from None
+        raise changed_key_error(exc, s["known_hosts"], label, int(s["port"])) from None
     except paramiko.AuthenticationException as exc:
-        raise AuthError(f"authentication refused by {where} ({exc})",
-                        "check user and identity_file in the inventory, or load the key into ssh-agent",
-                        host=label) from None
+        # a key file paramiko could not use (passphrase, wrong type) is named with why; a key the
+        # server refused is named too
+        keys = s.get("identity_files") or []
+        offered = f" with identity_file {', '.join(keys)}" if keys else ""
+        raise identity_error(s, label) or AuthError(
+            f"authentication refused by {where}{offered} ({exc})",
+            f"check that the key's .pub line is in ~{s['user']}/.ssh/authorized_keys on the host, or fix "
+            "user and identity_file in the inventory, or load the right key into ssh-agent" if keys else
+            "check user and identity_file in the inventory, or load the key into ssh-agent",
+            host=label) from None
     except (socket.timeout, TimeoutError):
         raise TimeoutError_(f"connection to {where} timed out after {s['timeout']:g}s",
                             "check that the host is up and reachable, or raise connect_timeout",
@@ -294,6 +355,10 @@ def open_verified(conn: _Conn, s: dict, label: str) -> None:
         raise UnreachableError(f"cannot resolve host name {s['hostname']!r} ({exc.strerror})",
                                "check hostname in the inventory", host=label) from None
     except (ConnectionError, OSError) as exc:
+        if getattr(exc, "filename", None):   # a file, not the network: paramiko opening a key file
+            raise (identity_error(s, label, exc.filename) or
+                   AuthError(f"cannot use identity_file {exc.filename}: {exc.strerror or exc}",
+                             "fix identity_file for this host in the inventory", host=label)) from None
         raise UnreachableError(f"cannot reach {where}: {exc.strerror or exc}",
                                "check the address and the network path", host=label) from None
     except EOFError:
@@ -311,6 +376,9 @@ def open_verified(conn: _Conn, s: dict, label: str) -> None:
             msg = str(saved) if saved is not None else "handshake failed"
             if time.monotonic() - started >= 0.9 * s["timeout"]:
                 msg += " (timeout)"
+        bad_key = identity_error(s, label)
+        if bad_key is not None and "key" in msg.lower():     # e.g. "not a valid RSA private key file"
+            raise bad_key from None
         if "authentication" in msg.lower():
             raise AuthError(f"authentication refused by {where} ({msg})",
                             "check user and identity_file in the inventory, or load the key into ssh-agent",

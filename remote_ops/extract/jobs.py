@@ -124,8 +124,11 @@ def check_grace(grace: float | None) -> None:
         raise UsageError("--grace must be >= 0")
 
 
+EARLY_DEATH_S = 3.0     # how long extract (without --tail) watches a new job for dying at once
+
+
 def extract(session, host, pb, spec: ExtractSpec, *, skip_check: bool = False, dry_run: bool = False,
-            strict_drift: bool = False) -> ExtractResult:
+            strict_drift: bool = False, early_death_s: float = EARLY_DEATH_S) -> ExtractResult:
     """The extract operation on one host: preflight (one round trip), then launch the detached job or
     attach to the running one. A preflight with problems raises its refusal (``refusal``), whose
     ``details["preflight"]`` is the whole preflight record."""
@@ -141,8 +144,35 @@ def extract(session, host, pb, spec: ExtractSpec, *, skip_check: bool = False, d
         raise refusal(spec, pf, host.name)
     if dry_run:
         return ExtractResult(host.name, started=False, dry_run=True, spec=spec.to_json(), preflight=pf.to_json())
-    res = launch(session, spec)
-    return ExtractResult(host.name, attached=res["attached"], job=res["job"], preflight=pf.to_json())
+    expected = (pf.dataset or {}).get("expected")
+    if expected and spec.expected_samples and expected < spec.expected_samples:
+        from dataclasses import replace    # the dataset holds fewer samples than max_samples
+        spec = replace(spec, expected_samples=expected)
+    from remote_ops import interrupts
+    with interrupts.committing(host.name, "the job's launch", f"remote-ops status {host.name} --all"):
+        res = launch(session, spec)
+        if not res["attached"]:
+            jid = res["job"]["job_id"]
+            interrupts.changed(host.name, f"the job was started ({jid}): it keeps running; follow it with "
+                                          f"remote-ops logs {host.name} --job {jid}, stop it with "
+                                          f"remote-ops stop {host.name} --job {jid}")
+    job = res["job"] if res["attached"] or not early_death_s else early_end(session, res["job"], early_death_s)
+    return ExtractResult(host.name, attached=res["attached"], job=job, preflight=pf.to_json())
+
+
+def early_end(session, job: dict, wait_s: float) -> dict:
+    """The job's record after up to ``wait_s`` seconds (one round trip, ended early when the job
+    ends): a job that dies at once (a bad argument, a missing file) is reported by ``extract``
+    itself, with its error line and a non-zero exit, not as "started"."""
+    req = rq.jobs_tail(job_id=job["job_id"], offset=int(job.get("log_size") or 0), budget=wait_s, poll=0.1,
+                       snapshot_every=3600, gpu_every=3600)
+    try:
+        for msg in session.stream(*req, timeout=wait_s + 60):
+            if "result" in msg:
+                return (msg["result"] or {}).get("status") or job
+    except RemoteOpsError:   # the job was started: a failed look at it must not turn that into an error
+        return job
+    return job
 
 
 def status(session, host, *, playbook: str | None = None, job: str | None = None) -> JobStatus:
@@ -220,6 +250,7 @@ class Preflight:
     model: dict | None = None              # the model preflight (playbook check.model)
     files: list[dict] = field(default_factory=list)      # shipped files: written / unchanged / would-write
     imports: dict | None = None            # the import probe's result or failure
+    dataset: dict | None = None            # the dataset check (extract/dataset.py): samples, expected, problem
     exit_status: int | None = None         # a refusal's exit status when a problem has its own
     hint: str | None = None                # what to do about the deciding problem
     server: dict | None = None             # a two-process job's server: its port, its import probe
@@ -229,6 +260,7 @@ class Preflight:
         return {**extra, "running": self.running, "problems": self.problems, "notes": self.notes,
                 "gpu": self.gpu, "disk": self.disk, "files": self.files, "imports": self.imports,
                 "model": self.model,
+                "dataset": self.dataset,
                 "check": None if self.check is None else {
                     "findings": len(self.check.get("findings") or []),
                     "unknown": len(self.check.get("unknown") or []),
@@ -309,6 +341,9 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
         ops["imports"] = (rq.imports_probe(python=spec.job_python, modules=spec.import_check, env=spec.env,
                                     workdir=spec.workdir, timeout=spec.import_timeout, packages=spec.requires,
                                     unless_running=spec.key))
+    from remote_ops.extract import dataset
+    if (ds := dataset.request(spec)) is not None:
+        ops["dataset"] = ds
     if server is not None and server.import_check:
         # the server's modules, by the server's interpreter with its environment (a second probe)
         ops["server_imports"] = (rq.imports_probe(
@@ -402,6 +437,8 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
         if not port.get("free"):
             pf.problems.append(f"port {server.port} is not free on the host ({port.get('error')}): another "
                                "server holds it (a job left running? remote-ops status --all) or set extract.server.port")
+    if "dataset" in raw:
+        pf.dataset = dataset.preflight(pf, raw["dataset"], spec)
     # imports last: when the environment cannot import the job's modules, that is the deciding problem
     for key, modules, who in (("server_imports", server.import_check if server else [], "server"),
                               ("imports", spec.import_check, "job")):

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from remote_ops import interrupts
 from remote_ops.connect import agent_requests as rq
 from remote_ops.patch import edits as edits_mod
 from remote_ops.patch import plancache
@@ -351,7 +352,25 @@ def read_then_apply(session, pb: Playbook, host, apply_req: dict, *, omit_data: 
 def run_host(session, host, pb: Playbook, *, dry_run: bool = False, import_check: bool = False,
              allow_findings: bool = False, confirm=None) -> dict:
     """read -> compute -> (verify for a dry run | confirm -> apply) on one host; returns a JSON-able
-    outcome whose ``verification.line`` says what was verified or why nothing was."""
+    outcome whose ``verification.line`` says what was verified or why nothing was. A Ctrl-C from the
+    apply's sending to its answer is held until the answer says what the host did (interrupts.py)."""
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+        held: list = []
+
+        def hold() -> None:        # once, from the apply's sending on
+            if held:                # a second apply (the first one's only_if did not hold): not after a Ctrl-C
+                interrupts.before_sending()
+            else:
+                held.append(stack.enter_context(interrupts.committing(host.name, "the patch",
+                                                                      f"remote-ops history {host.name}")))
+        return _run_host(session, host, pb, dry_run=dry_run, import_check=import_check,
+                         allow_findings=allow_findings, confirm=confirm, hold=hold)
+
+
+def _run_host(session, host, pb: Playbook, *, dry_run: bool, import_check: bool, allow_findings: bool,
+              confirm, hold) -> dict:
     from remote_ops.patch import hoststate
 
     t0 = time.perf_counter()
@@ -363,6 +382,7 @@ def run_host(session, host, pb: Playbook, *, dry_run: bool = False, import_check
         prefetch_libcst(pb)
         raw, first = read(session, pb, host), None
     else:
+        hold()
         raw, first = read_then_apply(session, pb, host, early["args"], omit_data=early["plan"] is not None)
     ran_early = first is not None and not (first.get("ok") and "skipped" in (first.get("result") or {}))
     if raw.get("data_omitted") and not ran_early:
@@ -398,8 +418,12 @@ def run_host(session, host, pb: Playbook, *, dry_run: bool = False, import_check
                 # the host was in the remembered state: the apply in the read's exec was this plan's
                 res = applied(plan, first, host, plan.verify_request(allow_findings)[1])
             else:   # the host differs from what was remembered (it said what): apply as planned now
+                hold()
                 res = apply(session, plan, host, import_check=import_check, allow_findings=allow_findings)
             entry = res.get("entry")
+            if entry:
+                interrupts.changed(host.name, f"the patch was applied (journal {entry['txid']}): "
+                                              f"undo with remote-ops rollback {host.name}")
             out.update(changed=bool(res.get("changed")), txid=entry and entry["txid"],
                        journal=entry, lock_wait_s=res.get("lock_wait_s"), verification=res["verification"],
                        import_check=res.get("import_check"), recovered=plan.recovered + (res.get("recovered") or []),
@@ -482,8 +506,14 @@ class HistoryResult(Record):
 
 def rollback(session, host, *, to: str | None = None, force: bool = False) -> RollbackResult:
     """The rollback operation on one host: the exact bytes from before the last (or ``to``) patch."""
-    (res,) = session.call_many([rq.patching_rollback(to=to, force=force, who=who())])
-    return RollbackResult.from_json(unwrap(res, host.name, "rollback"), host=host.name)
+    with interrupts.committing(host.name, "the rollback", f"remote-ops history {host.name}"):
+        (res,) = session.call_many([rq.patching_rollback(to=to, force=force, who=who())])
+        out = unwrap(res, host.name, "rollback")
+        for d in out.get("rolled_back") or []:
+            if d.get("entry"):
+                interrupts.changed(host.name, f"the rollback was done ({d['of']} undone by journal "
+                                              f"{d['entry']['txid']}): redo with remote-ops patch {host.name}")
+    return RollbackResult.from_json(out, host=host.name)
 
 
 def history(session, host, *, limit: int | None = None) -> HistoryResult:

@@ -1,0 +1,170 @@
+"""The dataset preflight (issue 28): the agent's check (agent/dataset.py) and the job's own
+reader (playbooks/scripts/extract_hidden_states.py read_dataset) give the same verdict on the same
+files; extract over a real sshd refuses a bad dataset with one line before anything is launched,
+notes a dataset smaller than max_samples (and expects that many), and reports a job that dies at
+once with its error line and a non-zero exit."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from remote_ops.agent import dataset as dataset_check
+from remote_ops.errors import Exit
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "playbooks" / "scripts" / "extract_hidden_states.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("extract_hidden_states_under_test", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+GOOD = '{"input_ids": [1, 2, 3]}\n{"text": "hello", "loss_mask": null}\n\n{"input_ids": [4], "loss_mask": [1]}\n'
+CASES = {
+    "good": (GOOD, None),
+    "good-limited": (GOOD, 2),
+    "malformed-json": ('{"input_ids": [1]}\n{"input_ids": [1,\n', None),
+    "empty": ("", None),
+    "blank-only": ("\n   \n", None),
+    "both-keys": ('{"input_ids": [1], "text": "a"}\n', None),
+    "neither-key": ('{"ids": [1]}\n', None),
+    "not-an-object": ("[1, 2]\n", None),
+    "negative-id": ('{"input_ids": [1, -2]}\n', None),
+    "bool-id": ('{"input_ids": [true]}\n', None),
+    "empty-ids": ('{"input_ids": []}\n', None),
+    "empty-text": ('{"text": ""}\n', None),
+    "mask-not-binary": ('{"input_ids": [1, 2], "loss_mask": [0, 2]}\n', None),
+    "mask-length": ('{"input_ids": [1, 2], "loss_mask": [1]}\n', None),
+    "bad-after-the-limit": ('{"input_ids": [1]}\n{"input_ids": [2]}\nnot json\n', 2),   # the job never reads it
+    "bad-before-the-limit": ('{"input_ids": [1]}\nnot json\n{"input_ids": [2]}\n', 2),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES) + ["missing", "directory"])
+def test_agent_check_and_the_jobs_reader_agree(tmp_path, case):
+    script = _script()
+    path = tmp_path / "data.jsonl"
+    limit = None
+    if case == "directory":
+        path.mkdir()
+    elif case != "missing":
+        text, limit = CASES[case]
+        path.write_text(text)
+    try:
+        records = script.read_dataset(str(path), limit)
+        job = ("ok", len(records))
+    except script.InputError as exc:
+        job = ("refused", str(exc))
+    mine = dataset_check.check(str(path), str(path), limit)
+    agent = ("refused", mine["problem"]) if mine["problem"] else ("ok", min(mine["samples"], limit or 10**9))
+    assert agent == job
+    if case.startswith("good"):
+        assert mine["exact"] and mine["samples"] == (limit or 3)
+
+
+def test_huge_file_is_checked_in_bounded_time(tmp_path):
+    path = tmp_path / "big.jsonl"
+    line = json.dumps({"input_ids": list(range(40))}) + "\n"
+    with open(path, "w") as fh:
+        for _ in range(20):
+            fh.write(line * 10000)          # 200,000 samples, about 30 MB
+    t0 = time.monotonic()
+    out = dataset_check.check(str(path), str(path), None, budget=0.05)
+    took = time.monotonic() - t0
+    assert took < 1.0, took
+    assert out["problem"] is None and 0 < out["parsed"] < 200_000
+    # the rest counted by blocks: exact if the count finished in time, else a lower bound
+    assert out["samples"] == 200_000 if out["exact"] else out["parsed"] < out["samples"] < 200_000
+    # with max_samples the job stops there, and so does the check
+    out = dataset_check.check(str(path), str(path), 5000, budget=5)
+    assert out["exact"] and out["samples"] == 5000 and out["parsed"] == 5000
+
+
+# ------------------------------------------------------------------ over the real sshd
+class Job:
+    def __init__(self, tmp_path, sshd, command, data: str | None = "", max_samples=24):
+        self.tmp = tmp_path
+        self.state = tmp_path / "state"
+        self.state.mkdir()
+        self.work = tmp_path / "work"
+        self.work.mkdir()
+        if data is not None:
+            (self.work / "data.jsonl").write_text(data)
+        entry = sshd.host_entry(sys.executable, env={"REMOTE_OPS_STATE_DIR": str(self.state)},
+                                workdir=str(self.work))
+        self.inventory = tmp_path / "inv.yaml"
+        self.inventory.write_text(yaml.safe_dump({"hosts": {"testhost": entry}}))
+        self.playbook = tmp_path / "pb.yaml"
+        self.playbook.write_text(yaml.safe_dump({"name": "ds", "extract": {
+            "command": ["{python}", "-c", command, "--dataset", "data.jsonl", "--max-samples", str(max_samples)],
+            "output_dir": str(tmp_path / "out"), "expected_samples": max_samples, "stop_grace_seconds": 1}}))
+
+    def run(self, cli, *extra):
+        return cli("-i", str(self.inventory), "extract", "testhost", "--playbook", str(self.playbook), *extra)
+
+    def jobs(self):
+        root = self.state / "jobs"
+        return [p for p in root.iterdir() if p.is_dir()] if root.exists() else []
+
+    def stop(self, cli):
+        cli("-i", str(self.inventory), "stop", "testhost", "--playbook", str(self.playbook), "--grace", "1")
+
+
+SLEEP = "import time; time.sleep(30)"
+
+
+@pytest.mark.parametrize("data,problem", [
+    (None, "cannot read dataset data.jsonl: No such file or directory"),
+    ('{"input_ids": [1]}\n{"input_ids": [2]\n', "dataset data.jsonl:2: not valid JSON ("),
+    ("", "dataset data.jsonl has no samples"),
+    ('{"input_ids": [1]}\n\n{"input_ids": [1], "text": "x"}\n', "dataset data.jsonl:3: give exactly one of input_ids or text"),
+])
+def test_bad_dataset_is_refused_before_launch(tmp_path, sshd, cli, data, problem):
+    job = Job(tmp_path, sshd, SLEEP, data)
+    status, out, err = job.run(cli)
+    assert status == Exit.REFUSED, err
+    assert job.jobs() == []                  # nothing launched
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith(f"remote-ops: testhost: preflight refused to start ds: {problem}"), err
+    assert "fix the dataset (one JSON object per line" in lines[-1]
+
+
+def test_fewer_samples_than_max_samples_is_a_note_and_the_expected_count(tmp_path, sshd, cli):
+    data = "".join(json.dumps({"input_ids": [i + 1]}) + "\n" for i in range(5))
+    job = Job(tmp_path, sshd, SLEEP, data, max_samples=24)
+    try:
+        status, out, err = job.run(cli, "--json")
+        assert status == 0, err
+        res = json.loads(out)
+        assert "dataset: 5 samples, fewer than max_samples 24: the job will write 5 (expected count 5)" \
+            in res["preflight"]["notes"]
+        assert res["preflight"]["dataset"]["samples"] == 5 and res["preflight"]["dataset"]["expected"] == 5
+        assert res["job"]["samples"]["expected"] == 5
+    finally:
+        job.stop(cli)
+
+
+def test_a_job_dying_at_once_is_reported_by_extract(tmp_path, sshd, cli):
+    job = Job(tmp_path, sshd, "import sys; print('loading'); sys.exit('error: no such model /data/m')",
+              '{"input_ids": [1]}\n')
+    status, out, err = job.run(cli)
+    assert status == Exit.FINDINGS, out + err
+    assert "failed: exit code 1: error: no such model /data/m" in out, out
+
+
+def test_watch_0_returns_at_launch(tmp_path, sshd, cli):
+    job = Job(tmp_path, sshd, "import sys; sys.exit('error: no such model /data/m')", '{"input_ids": [1]}\n')
+    status, out, err = job.run(cli, "--watch", "0", "--json")
+    state = json.loads(out)["job"]["state"]   # as launched: nobody watched it (it may have ended already)
+    assert (status, state) in {(0, "starting"), (0, "running"), (1, "failed")}, (status, state, err)
+    assert cli("-i", str(job.inventory), "extract", "testhost", "--watch", "-1")[0] == Exit.USAGE
