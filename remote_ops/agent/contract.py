@@ -113,9 +113,10 @@ OPS = {o.name: o for o in (
     Op("jobs.tail", _JOB + ("offset", "budget", "poll", "snapshot_every", "gpu_every"),
        "stream a job's log and snapshots", resident=True),
     Op("jobs.stop", _JOB + ("grace",), "stop a job (TERM, then KILL after grace)"),
-    Op("patching.read", ("targets", "packages", "workdir", "lock_timeout", "data_unless"),
+    Op("patching.read", ("targets", "packages", "workdir", "lock_timeout", "data_unless", "present"),
        "the files a patch edits, resolved on the host (data_unless: not their bytes when the host is "
-       "in that state)", resident=True),
+       "in that state; present: whether the findings of edits with when: {finding: present} are there)",
+       resident=True),
     Op("patching.apply", ("targets", "playbook", "edit_ids", "workdir", "import_check", "import_timeout",
                           "lock_timeout", "who", "verify", "only_if"),
        "one atomic patch transaction (only_if: skipped, nothing changed, unless the host is in that state)",

@@ -110,11 +110,14 @@ def jobs_stop(*, job_id: str, grace: float) -> Request:
 
 # patching.py
 def patching_read(*, targets: list[dict], packages: list[str] = _UNSET, workdir: str | None = _UNSET,
-                  lock_timeout: float = _UNSET, data_unless: dict | None = _UNSET) -> Request:
+                  lock_timeout: float = _UNSET, data_unless: dict | None = _UNSET,
+                  present: dict | None = _UNSET) -> Request:
     """data_unless: an ``only_if`` state; when the host is in it, the targets' bytes are left out
-    (``data`` null, ``data_omitted`` true): the controller planned from them already."""
+    (``data`` null, ``data_omitted`` true): the controller planned from them already.
+    present: {"args": check arguments, "fixes": [{edit, kind, symbol, name}]}: the answer's
+    ``present`` says per edit whether one of its fixes matches a finding of the unpatched modules."""
     return _req("patching.read", targets=targets, packages=packages, workdir=workdir, lock_timeout=lock_timeout,
-                data_unless=data_unless)
+                data_unless=data_unless, present=present)
 
 
 def patching_apply(**args) -> Request:

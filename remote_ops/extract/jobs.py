@@ -351,7 +351,21 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
             pf.problems.append(err.get("message") or "import check failed")
             pf.hint = err.get("hint")
             pf.exit_status = int(exit_for_kind(err.get("kind")))
+    _coverage_preflight(pf, playbook, session.label)
     return pf
+
+
+def _coverage_preflight(pf: Preflight, playbook, host: str) -> None:
+    """A host the playbook's ``requires`` does not cover (the check's versions): the deciding problem,
+    the same line as ``patch`` gives (patch/coverage.py), before any GPU time."""
+    if pf.check is None or not playbook.requires:
+        return
+    from remote_ops.patch import coverage
+
+    out = coverage.refusal(playbook, pf.check.get("versions") or {}, pf.check.get("findings") or [], host)
+    if out is not None:
+        pf.problems.append(out[0])
+        pf.hint, pf.exit_status = out[1], None
 
 
 def refusal(spec: ExtractSpec, pf: Preflight, host: str) -> RefusedError:
