@@ -43,7 +43,7 @@ extract:
 
 def test_shipped_playbook_loads():
     pb = playbook.load(SHIPPED)
-    assert pb.requires == {"speculators": "==0.3.0", "vllm": ">=0.17,<0.21"}
+    assert pb.requires == {"speculators": "==0.3.0", "vllm": ">=0.16,<0.33"}
     assert pb.check["against"] == ["vllm"]
     ids = pb.edit_ids
     assert {"request-drop-eos-token-id", "kv-cache-config-drop-kv-cache-specs", "scheduler-add-block-size",

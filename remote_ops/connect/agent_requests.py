@@ -46,6 +46,11 @@ def gpu_query(*, driver: bool = _UNSET, timeout: float = _UNSET) -> Request:
 
 
 # compat.py
+def candidates_check(*, sources: list[dict], package: str = _UNSET, against: list[str] = _UNSET) -> Request:
+    """sources: [{"version", "key", "data"?}] (agent/candidates.py); ``data`` only for keys the host needs."""
+    return _req("candidates.check", sources=sources, package=package, against=against)
+
+
 def compat_check(*, against: list[str], targets: list[str] = _UNSET, package: str = _UNSET, mode: str = _UNSET,
                  drift: bool = _UNSET, override_sources: dict = _UNSET, sys_path: list[str] = _UNSET,
                  only_symbols: list = _UNSET, trace: bool = _UNSET) -> Request:
