@@ -51,8 +51,12 @@ class When:
         """This (a group's) condition and an edit's own: both must hold."""
         if inner is None:
             return self
-        return When(self.versions + tuple(v for v in inner.versions if v not in self.versions),
-                    self.finding or inner.finding, self.anchor or inner.anchor)
+        specs: dict[str, list[str]] = {}
+        for name, spec in self.versions + inner.versions:
+            if spec not in specs.setdefault(name, []):
+                specs[name].append(spec)
+        return When(tuple((n, ",".join(s)) for n, s in specs.items()), self.finding or inner.finding,
+                    self.anchor or inner.anchor)
 
     def to_json(self) -> dict:
         out: dict = {name: spec for name, spec in self.versions}
