@@ -24,6 +24,7 @@ says which it needs).
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import io
 import time
@@ -51,28 +52,73 @@ class CandidatesResult(Record):
     extra: dict = field(default_factory=dict)
 
 
-_zips: dict[tuple[str, str], tuple[str, bytes]] = {}
+_keys: dict[tuple[str, str], tuple[str, str | None]] = {}
 
 
-def release_sources(name: str, version: str) -> tuple[str, bytes, str | None]:
-    """(key, zip bytes, flow) of a release's unpacked sources; the key is a digest of its files
-    (what the host stages them under), the zip is deterministic. Computed once per process."""
+def release_key(name: str, version: str) -> tuple[str, str | None]:
+    """(key, flow) of a release's unpacked sources: the key names them on the host (a digest of every
+    file's path and bytes), the flow is read from which files it has. Computed once per process."""
+    from remote_ops import pkgsource
+
+    hit = _keys.get((name, version))
+    if hit is None:
+        root, files = pkgsource.source_files(name, version)
+        h = hashlib.sha256()
+        for rel in files:
+            h.update(rel.encode() + b"\0" + hashlib.sha256((root / rel).read_bytes()).digest())
+        hit = _keys[(name, version)] = (f"{pkgsource._norm(name)}-{version}-{h.hexdigest()[:16]}",
+                                        flow_of(root, files))
+    return hit
+
+
+def release_zip(name: str, version: str) -> bytes:
+    """A release's unpacked sources as a deterministic zip (built only for a host that needs it)."""
     from remote_ops import pkgsource
 
     root, files = pkgsource.source_files(name, version)
-    hit = _zips.get((name, version))
-    if hit is None:
-        h = hashlib.sha256()
-        buf = io.BytesIO()
-        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-            for rel in files:
-                data = (root / rel).read_bytes()
-                h.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
-                info = zipfile.ZipInfo(rel, date_time=(1980, 1, 1, 0, 0, 0))
-                info.compress_type = zipfile.ZIP_DEFLATED
-                zf.writestr(info, data)
-        hit = _zips[(name, version)] = (f"{pkgsource._norm(name)}-{version}-{h.hexdigest()[:16]}", buf.getvalue())
-    return hit[0], hit[1], flow_of(root, files)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for rel in files:
+            info = zipfile.ZipInfo(rel, date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, (root / rel).read_bytes())
+    return buf.getvalue()
+
+
+@functools.lru_cache(maxsize=1)
+def _code_fingerprint() -> str:
+    """What computes a release's drift (the controller's drift code and the resolver)."""
+    here = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for p in sorted([here / "check" / "drift.py", here / "check" / "candidates.py"]
+                    + list((here / "agent").glob("drift*.py")) + list((here / "agent").glob("resolve_*.py"))
+                    + [here / "agent" / "signatures.py", here / "agent" / "sigmodel.py"]):
+        h.update(p.name.encode() + p.read_bytes())
+    return h.hexdigest()
+
+
+def drift_of(raw: dict, lib: str, base: str) -> dict:
+    """``check/drift.analyse`` of one release's answer against ``base``, kept on disk under
+    ``<cache>/candidates/`` by the digest of everything it is computed from (the host's touches and
+    declared requirements, the baseline version, this code): a repeated call does not parse the
+    baseline again."""
+    import json
+
+    from remote_ops.cachedir import cache_dir
+    from remote_ops.check import drift as drift_mod
+
+    ident = json.dumps([_code_fingerprint(), lib, base, raw.get("touches"), raw.get("declared"),
+                        raw.get("versions")], sort_keys=True, default=str)
+    path = cache_dir() / "candidates" / f"{hashlib.sha256(ident.encode()).hexdigest()[:32]}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        pass
+    d = drift_mod.analyse(dict(raw, findings=[]), [lib], base)
+    out = {"drift": d.get("drift") or [], "baseline": d.get("baseline") or {}}
+    from remote_ops.patch.plancache import write_private
+    write_private(path, out)
+    return out
 
 
 def flow_of(root: Path, files: list[str]) -> str | None:
@@ -150,7 +196,6 @@ def _baseline_for(declared: dict, lib: str) -> str | None:
 def candidates(session, host, *, package: str | None = None, against: list[str] | None = None) -> CandidatesResult:
     """The candidates operation on one host (see the module docstring)."""
     from remote_ops.agent.contract import DEFAULT_AGAINST, DEFAULT_PACKAGE
-    from remote_ops.check import drift as drift_mod
     from remote_ops.connect.transport import unwrap
 
     t0 = time.perf_counter()
@@ -162,16 +207,16 @@ def candidates(session, host, *, package: str | None = None, against: list[str] 
     installed = unwrap(facts, host.name)["versions"]
     versions = releases_from(top, installed.get(top))
     t_list = time.perf_counter()
-    srcs = {v: release_sources(top, v) for v in versions}
+    srcs = {v: release_key(top, v) for v in versions}
     t_src = time.perf_counter()
-    wire = [{"version": v, "key": k} for v, (k, _z, _f) in srcs.items()]
+    wire = [{"version": v, "key": k} for v, (k, _f) in srcs.items()]
     (res,) = session.call_many([rq.candidates_check(sources=wire, package=package, against=against)])
     answer = unwrap(res, host.name)
     round_trips = 2
     need = {c["version"] for c in answer["candidates"] if c.get("need")}
     if need:
-        ship = [dict(w, data=base64.b64encode(srcs[w["version"]][1]).decode()) if w["version"] in need else w
-                for w in wire]
+        ship = [dict(w, data=base64.b64encode(release_zip(top, w["version"])).decode()) if w["version"] in need
+                else w for w in wire]
         (res,) = session.call_many([rq.candidates_check(sources=ship, package=package, against=against)])
         answer = unwrap(res, host.name)
         round_trips += 1
@@ -180,7 +225,7 @@ def candidates(session, host, *, package: str | None = None, against: list[str] 
     rows = []
     for c in answer["candidates"]:
         v = c["version"]
-        row = {"release": v, "installed": v == installed.get(top), "flow": srcs[v][2],
+        row = {"release": v, "installed": v == installed.get(top), "flow": srcs[v][1],
                "playbooks": covering(books, top, {top: v, lib: installed.get(lib)})}
         if "check" not in c:
             err = c.get("error") or {"message": "the host did not analyse it"}
@@ -190,7 +235,7 @@ def candidates(session, host, *, package: str | None = None, against: list[str] 
         raw = c["check"]
         declared = raw.get("declared") or {}
         base = _baseline_for(declared, lib)
-        d = drift_mod.analyse(raw, [lib], base) if base else {
+        d = drift_of(raw, lib, base) if base else {
             "drift": [], "baseline": {"unavailable": f"{top} {v} declares no {lib} version"}}
         baseline = d.get("baseline") or {}
         rows.append(dict(row, declared=_declared_text(declared, lib),
@@ -203,7 +248,7 @@ def candidates(session, host, *, package: str | None = None, against: list[str] 
     t_end = time.perf_counter()
     return CandidatesResult(host.name, package=top, library=lib,
                             installed={top: installed.get(top), lib: installed.get(lib)}, rows=rows,
-                            timing={"total_s": round(t_end - t0, 3), "releases_s": round(t_list - t0, 3),
+                            timing={"total_s": round(t_end - t0, 3), "first_s": round(t_list - t0, 3),
                                     "sources_s": round(t_src - t_list, 3), "host_s": round(t_host - t_src, 3),
                                     "drift_s": round(t_end - t_host, 3), "round_trips": round_trips,
                                     "shipped": len(need)})
