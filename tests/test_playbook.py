@@ -49,9 +49,10 @@ def test_shipped_playbook_loads():
     assert {"request-drop-eos-token-id", "kv-cache-config-drop-kv-cache-specs", "scheduler-add-block-size",
             "scheduler-config-add-is-encoder-decoder", "execute-model-then-sample-tokens",
             "scheduler-config-chunked-prefill-off", "cache-config-prefix-caching-off",
-            "collective-rpc-unique-reply-is-the-reply", "embed-input-ids-rename"} == set(ids)
+            "collective-rpc-unique-reply-is-the-reply", "embed-input-ids-rename", "pydantic-rebuild-knows-torch"} == set(ids)
     assert [p.module for p in pb.patches] == ["speculators.data_generation.vllm_hidden_states_generator",
-                                              "speculators.data_generation.custom_worker"]
+                                              "speculators.data_generation.custom_worker",
+                                              "speculators.utils.pydantic_utils"]
 
 
 def test_good_playbook(tmp_path):

@@ -101,10 +101,15 @@ def test_vllm_016_patches_and_checks_clean(sshd, tmp_path, inventory_file, cli):
     eos = states["request-drop-eos-token-id"]
     assert eos["state"] == "not-applicable" and eos["why"] == \
         "not for this version: vllm 0.16.0 does not satisfy vllm>=0.17" and eos["when"] == {"vllm": ">=0.17"}
-    assert all(e["state"] == "pending" for k, e in states.items() if k != "request-drop-eos-token-id")
+    # the transformers-5 edit: this host's environment holds no transformers at all (sources only)
+    assert states["pydantic-rebuild-knows-torch"]["why"] == \
+        "not for this version: transformers is not installed (when: transformers>=5)"
+    assert all(e["state"] == "pending" for k, e in states.items()
+               if k not in ("request-drop-eos-token-id", "pydantic-rebuild-knows-torch"))
     # verification counts only the edits that applied: the three findings that 0.16.0 has
     assert dry["verification"]["verified"] and dry["verification"]["targeted_gone"] == 3, dry["verification"]
-    assert "1 edit(s) not for this host: request-drop-eos-token-id" in dry["verification"]["line"]
+    assert "2 edit(s) not for this host: request-drop-eos-token-id, pydantic-rebuild-knows-torch" in \
+        dry["verification"]["line"]
     assert target.read_bytes() == original
 
     status, out, err = cli("-i", str(inv), "patch", "testhost", "--dry-run")
