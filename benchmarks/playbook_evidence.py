@@ -8,7 +8,7 @@ drift against the package's declared baseline, minus the playbook's accepted dri
 
     python benchmarks/playbook_evidence.py --playbook playbooks/eagle3-speculators-0.3.0.yaml \\
         --vllm 0.16.0,0.17.0,0.17.1,0.18.0,0.18.1,0.19.0,0.19.1,0.20.0,0.20.1,0.20.2,0.21.0,0.22.0,0.22.1,0.23.0,0.24.0,0.25.0,0.25.1,0.26.0,0.27.0,0.27.1,0.28.0,0.29.0,0.30.0,0.31.0,0.32.0,0.33.0 \\
-        --runtime benchmarks/results/runtime_sample.json \\
+        --runtime benchmarks/results/runtime_sample_0.32.0.json,benchmarks/results/runtime_sample_0.16.0_0.25.0.json \\
         --json benchmarks/results/playbook_evidence.json > benchmarks/PLAYBOOK_EVIDENCE.md
 
 (``--vllm all`` is every final release from the playbook's lowest covered one to the first past its range.)
@@ -104,7 +104,8 @@ def main(argv=None) -> int:
     ap.add_argument("--vllm", required=True, help="comma list of vLLM releases")
     ap.add_argument("--speculators", default="0.3.0")
     ap.add_argument("--json", help="write the records here")
-    ap.add_argument("--runtime", help="append the runtime sample from this JSON (benchmarks/runtime_sample.py)")
+    ap.add_argument("--runtime", help="append the runtime sample from these JSON files, comma-separated "
+                                      "(benchmarks/runtime_sample.py)")
     args = ap.parse_args(argv)
     pb_path = Path(args.playbook).resolve()
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
@@ -142,21 +143,30 @@ def main(argv=None) -> int:
     clean = [r["vllm"] for r in records if r.get("clean")]
     print(f"\nClean after the patch: {', '.join(clean) if clean else 'none'}.")
     if args.runtime:
-        runtime_section(Path(args.runtime))
+        runtime_section([Path(x) for x in args.runtime.split(",")])
     return 0
 
 
-def runtime_section(path: Path) -> None:
-    """The runtime sample (benchmarks/runtime_sample.py's JSON): per release, whether a real install
+def runtime_section(paths: list[Path]) -> None:
+    """The runtime sample (benchmarks/runtime_sample.py's JSON files): per release, whether a real install
     was possible here and, where it was, the patched generator's import and `check --runtime`."""
-    doc = json.loads(path.read_text())
-    print(f"\n## Runtime sample\n\nFrom `{doc.get('command')}` ({path.name}, remote-ops commit "
-          f"{doc.get('code_rev')}): {doc.get('summary')}\n")
-    print("| vLLM | installed | patched generator imports | check --runtime | detail |")
-    print("|---|---|---|---|---|")
-    for r in doc.get("records") or []:
-        print(f"| {r['vllm']} | {r.get('installed')} | {r.get('imports', '-')} | {r.get('runtime_check', '-')} | "
-              f"{str(r.get('detail') or '').replace('|', '/')[:300]} |")
+    docs = [json.loads(p.read_text()) for p in paths]
+    print("\n## Runtime sample\n")
+    for p, doc in zip(paths, docs):
+        print(f"- `{doc.get('command')}` ({p.name}, remote-ops commit {doc.get('code_rev')}, {doc.get('when')}): "
+              f"{doc.get('summary')}")
+    print("\n| vLLM | installed | patch --import-check | patched generator imports | check --runtime --strict | detail |")
+    print("|---|---|---|---|---|---|")
+    for doc in docs:
+        for r in doc.get("records") or []:
+            p = r.get("patch") or {}
+            states = list((p.get("edits") or {}).values())
+            patch = (f"exit {p.get('rc')}: {sum(s == 'pending' for s in states)} applied, "
+                     f"{states.count('not-applicable')} not for this version" if p else "-")
+            if p.get("error"):
+                patch += f" ({p['error']})"
+            print(f"| {r['vllm']} | {r.get('installed')} | {patch} | {r.get('imports', '-')} | "
+                  f"{r.get('runtime_check', '-')} | {str(r.get('detail') or '').replace('|', '/')[:300]} |")
 
 
 if __name__ == "__main__":

@@ -63,8 +63,9 @@ def requirements(vllm: str) -> tuple[str, list[str], list[str]]:
         if req.marker is not None and ("extra" in str(req.marker) or not req.marker.evaluate({"extra": ""})):
             continue
         name = re.sub(r"[-_.]+", "-", req.name).lower()
-        if name == "torch":
+        if name == "torch":    # installed on its own, at vLLM's pin
             torch = str(req.specifier)
+            continue
         if name in GPU_ONLY or name.startswith("nvidia-"):
             left.append(str(req))
             continue
