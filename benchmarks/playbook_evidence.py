@@ -11,7 +11,8 @@ drift against the package's declared baseline, minus the playbook's accepted dri
         --runtime benchmarks/results/runtime_sample_0.32.0.json,benchmarks/results/runtime_sample_0.16.0_0.25.0.json \\
         --json benchmarks/results/playbook_evidence.json > benchmarks/PLAYBOOK_EVIDENCE.md
 
-(``--vllm all`` is every final release from the playbook's lowest covered one to the first past its range.)
+(``--vllm all`` is every final release from the playbook's lowest covered one to the first past its range;
+``--records FILE`` prints the report of an earlier run's --json again, e.g. once the runtime sample is in.)
 
 This is the static half of the evidence (what binds, what drifted); what only a GPU shows is in
 benchmarks/GPU_RESULTS.md (benchmarks/gpu_extract_check.py).
@@ -101,7 +102,8 @@ def in_range(pb) -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--playbook", default=str(REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"))
-    ap.add_argument("--vllm", required=True, help="comma list of vLLM releases")
+    ap.add_argument("--vllm", help="comma list of vLLM releases, or all (the playbook's range + the first past it)")
+    ap.add_argument("--records", help="instead of running: the records of an earlier run (its --json)")
     ap.add_argument("--speculators", default="0.3.0")
     ap.add_argument("--json", help="write the records here")
     ap.add_argument("--runtime", help="append the runtime sample from these JSON files, comma-separated "
@@ -112,12 +114,16 @@ def main(argv=None) -> int:
     code_rev = rev.stdout.strip() if rev.returncode == 0 else None
     pb = playbook.load(pb_path)
     records = []
-    wanted = in_range(pb) if args.vllm == "all" else [x.strip() for x in args.vllm.split(",") if x.strip()]
-    with tempfile.TemporaryDirectory(prefix="ro-evidence-") as tmp:
-        for v in wanted:
-            records.append(one(v, pb_path, args.speculators, Path(tmp)))
-            print(f"{v}: {'clean' if records[-1].get('clean') else 'NOT clean'}", file=sys.stderr)
-    if args.json:
+    if args.records:   # print the report of an earlier run (its --json) again, e.g. with --runtime added
+        saved = json.loads(Path(args.records).read_text())
+        records, code_rev = saved["records"], saved["code_rev"]
+    else:
+        wanted = in_range(pb) if args.vllm == "all" else [x.strip() for x in args.vllm.split(",") if x.strip()]
+        with tempfile.TemporaryDirectory(prefix="ro-evidence-") as tmp:
+            for v in wanted:
+                records.append(one(v, pb_path, args.speculators, Path(tmp)))
+                print(f"{v}: {'clean' if records[-1].get('clean') else 'NOT clean'}", file=sys.stderr)
+    if args.json and not args.records:
         Path(args.json).write_text(json.dumps({"playbook": pb_path.name, "requires": pb.requires, "code_rev": code_rev,
                                                "records": records}, indent=2) + "\n")
     print(f"# Static evidence for {pb_path.name}\n")
