@@ -86,7 +86,7 @@ def ro(inv: Path, *args: str, timeout=900) -> tuple[int, dict | None, str]:
     return p.returncode, doc, p.stderr
 
 
-def one(vllm: str, work: Path, playbook: Path) -> dict:
+def one(vllm: str, work: Path, playbook: Path, pins: list[str] = ()) -> dict:
     t0 = time.monotonic()
     rec: dict = {"vllm": vllm}
     torch, deps, left = requirements(vllm)
@@ -97,7 +97,8 @@ def one(vllm: str, work: Path, playbook: Path) -> dict:
     run([pkgsource.base_python(), "-m", "venv", str(env)])
     py = env / "bin" / "python"
     pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    p = run(pip + [f"torch{torch}"] + deps + SPECULATORS_DEPS)
+    rec["pins"] = list(pins)
+    p = run(pip + [f"torch{torch}"] + deps + SPECULATORS_DEPS + list(pins))
     if p.returncode != 0:
         rec.update(installed=f"no: {last(p.stderr)}", seconds=round(time.monotonic() - t0))
         return rec
@@ -140,19 +141,22 @@ def main(argv=None) -> int:
     ap.add_argument("--playbook", default=str(REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"))
     ap.add_argument("--json", default=str(REPO / "benchmarks" / "results" / "runtime_sample.json"))
     ap.add_argument("--workdir", help="where the venvs are built (default: a temporary directory)")
+    ap.add_argument("--pin", action="append", default=[], metavar="REQ",
+                    help="an extra requirement for every install, e.g. 'transformers<5.24' (recorded)")
     args = ap.parse_args(argv)
     rev = run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO).stdout.strip()
     records = []
     with tempfile.TemporaryDirectory(prefix="ro-runtime-", dir=args.workdir) as t:
         for v in [x.strip() for x in args.vllm.split(",") if x.strip()]:
-            records.append(one(v, Path(t), Path(args.playbook).resolve()))
+            records.append(one(v, Path(t), Path(args.playbook).resolve(), args.pin))
             print(json.dumps(records[-1])[:600], file=sys.stderr)
     ok = [r["vllm"] for r in records if r.get("imports") == "yes" and str(r.get("runtime_check", "")).startswith("exit 0")]
     doc = {"command": "python benchmarks/runtime_sample.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "code_rev": rev, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "python": sys.version.split()[0],
-           "summary": (f"a CPU machine, Python {sys.version.split()[0]}, no GPU; patched generator imports and "
-                       f"check --runtime --strict exits 0 on: {', '.join(ok) or 'none'}"),
+           "summary": (f"a CPU machine, Python {sys.version.split()[0]}, no GPU"
+                       + (f", pinned {', '.join(args.pin)}" if args.pin else "")
+                       + f"; patched generator imports and check --runtime --strict exits 0 on: {', '.join(ok) or 'none'}"),
            "records": records}
     Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
     return 0
