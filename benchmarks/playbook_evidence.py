@@ -8,7 +8,7 @@ drift against the package's declared baseline, minus the playbook's accepted dri
 
     python benchmarks/playbook_evidence.py --playbook playbooks/eagle3-speculators-0.3.0.yaml \\
         --vllm 0.16.0,0.17.0,0.17.1,0.18.0,0.18.1,0.19.0,0.19.1,0.20.0,0.20.1,0.20.2,0.21.0,0.22.0,0.22.1,0.23.0,0.24.0,0.25.0,0.25.1,0.26.0,0.27.0,0.27.1,0.28.0,0.29.0,0.30.0,0.31.0,0.32.0,0.33.0 \\
-        --runtime benchmarks/results/runtime_sample_0.32.0.json,benchmarks/results/runtime_sample_0.16.0_0.25.0.json \\
+        --runtime benchmarks/results/runtime_sample_0.32.0.json,benchmarks/results/runtime_sample_0.16.0_0.25.0.json,benchmarks/results/runtime_sample_0.25.0_pinned.json \\
         --json benchmarks/results/playbook_evidence.json > benchmarks/PLAYBOOK_EVIDENCE.md
 
 (``--vllm all`` is every final release from the playbook's lowest covered one to the first past its range;
