@@ -171,6 +171,8 @@ def render_candidates(console, result) -> None:
             continue
         drift = "n/a" if r.get("drift") is None else str(r["drift"])
         findings = str(r["findings"]) + (f" (+{r['unknown']} unknown)" if r.get("unknown") else "")
+        if not r.get("modules"):   # a server-flow release: nothing of it calls into the library
+            findings = f"- (no module imports {lib})"
         mark = " (installed)" if r.get("installed") else ""
         table.add_row(escape(r["release"] + mark), escape(r.get("declared") or "none"), findings, drift,
                       escape(r.get("flow") or "-"), escape(", ".join(r.get("playbooks") or []) or "-"))
