@@ -6,10 +6,11 @@ remote-ops itself over a local connection: `patch --yes`, `check --strict` (bind
 drift against the package's declared baseline, minus the playbook's accepted drift), and a second
 `patch` (must change nothing). Writes a JSON record per release and a markdown table.
 
-    python benchmarks/playbook_evidence.py --playbook playbooks/eagle3-speculators-0.3.0.yaml \\
-        --vllm 0.16.0,0.17.0,0.17.1,0.18.0,0.18.1,0.19.0,0.19.1,0.20.0,0.20.1,0.20.2,0.21.0,0.22.0,0.22.1,0.23.0,0.24.0,0.25.0,0.25.1,0.26.0,0.27.0,0.27.1,0.28.0,0.29.0,0.30.0,0.31.0,0.32.0,0.33.0 \\
-        --runtime benchmarks/results/runtime_sample_0.32.0.json,benchmarks/results/runtime_sample_0.16.0_0.25.0.json,benchmarks/results/runtime_sample_0.25.0_pinned.json \\
-        --json benchmarks/results/playbook_evidence.json > benchmarks/PLAYBOOK_EVIDENCE.md
+    python benchmarks/playbook_evidence.py --playbook playbooks/eagle3-speculators-0.3.0.yaml --vllm all \\
+        --json benchmarks/results/playbook_evidence.json
+    python benchmarks/playbook_evidence.py --records benchmarks/results/playbook_evidence.json \\
+        --runtime benchmarks/results/runtime_sample_0.16.0_0.25.0.json,benchmarks/results/runtime_sample_0.25.0_pinned.json,benchmarks/results/runtime_sample_0.32.0.json \\
+        > benchmarks/PLAYBOOK_EVIDENCE.md
 
 (``--vllm all`` is every final release from the playbook's lowest covered one to the first past its range;
 ``--records FILE`` prints the report of an earlier run's --json again, e.g. once the runtime sample is in.)
