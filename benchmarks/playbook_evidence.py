@@ -6,9 +6,14 @@ remote-ops itself over a local connection: `patch --yes`, `check --strict` (bind
 drift against the package's declared baseline, minus the playbook's accepted drift), and a second
 `patch` (must change nothing). Writes a JSON record per release and a markdown table.
 
-    python benchmarks/playbook_evidence.py --playbook playbooks/eagle3-speculators-0.3.0.yaml \\
-        --vllm 0.17.0,0.17.1,0.18.0,0.18.1,0.19.0,0.19.1,0.20.0,0.20.1,0.20.2,0.21.0 \\
-        --json benchmarks/results/playbook_evidence.json > benchmarks/PLAYBOOK_EVIDENCE.md
+    python benchmarks/playbook_evidence.py --playbook playbooks/eagle3-speculators-0.3.0.yaml --vllm all \\
+        --json benchmarks/results/playbook_evidence.json
+    python benchmarks/playbook_evidence.py --records benchmarks/results/playbook_evidence.json \\
+        --runtime benchmarks/results/runtime_sample_0.16.0_0.25.0.json,benchmarks/results/runtime_sample_0.25.0_pinned.json,benchmarks/results/runtime_sample_0.32.0.json \\
+        > benchmarks/PLAYBOOK_EVIDENCE.md
+
+(``--vllm all`` is every final release from the playbook's lowest covered one to the first past its range;
+``--records FILE`` prints the report of an earlier run's --json again, e.g. once the runtime sample is in.)
 
 This is the static half of the evidence (what binds, what drifted); what only a GPU shows is in
 benchmarks/GPU_RESULTS.md (benchmarks/gpu_extract_check.py).
@@ -63,7 +68,7 @@ def one(version: str, pb_path: Path, speculators: str, tmp: Path) -> dict:
         "patch": {"rc": patch_rc, "changed": (patch or {}).get("changed"),
                   "edits": {e.get("edit"): e.get("state") for e in (patch or {}).get("edits") or []},
                   "verification": ((patch or {}).get("verification") or {}).get("line"),
-                  "error": None if patch_rc == 0 else patch_err.splitlines()[-1:]},
+                  "error": None if patch_rc == 0 else [ln.removeprefix("remote-ops: ") for ln in patch_err.splitlines()[-1:]]},
         "after": {"rc": check_rc,
                   "findings": [f"{f['kind']} {f.get('symbol')} {f.get('name')}" for f in (check or {}).get("findings") or []],
                   "drift": [f"{d['kind']} {d.get('symbol')} {d.get('name')}" for d in (check or {}).get("drift") or []],
@@ -80,43 +85,98 @@ def one(version: str, pb_path: Path, speculators: str, tmp: Path) -> dict:
     return rec
 
 
+def in_range(pb) -> list[str]:
+    """Every final vLLM release the playbook's requires covers, plus the first one past it."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    spec = SpecifierSet(pb.requires["vllm"])
+    out, past = [], None
+    for v in pkgsource.releases("vllm"):
+        if Version(v) in spec:
+            out.append(v)
+        elif out and past is None:
+            past = v
+    return out + ([past] if past else [])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--playbook", default=str(REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"))
-    ap.add_argument("--vllm", required=True, help="comma list of vLLM releases")
+    ap.add_argument("--vllm", help="comma list of vLLM releases, or all (the playbook's range + the first past it)")
+    ap.add_argument("--records", help="instead of running: the records of an earlier run (its --json)")
     ap.add_argument("--speculators", default="0.3.0")
     ap.add_argument("--json", help="write the records here")
+    ap.add_argument("--runtime", help="append the runtime sample from these JSON files, comma-separated "
+                                      "(benchmarks/runtime_sample.py)")
     args = ap.parse_args(argv)
     pb_path = Path(args.playbook).resolve()
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
     code_rev = rev.stdout.strip() if rev.returncode == 0 else None
     pb = playbook.load(pb_path)
     records = []
-    with tempfile.TemporaryDirectory(prefix="ro-evidence-") as tmp:
-        for v in [x.strip() for x in args.vllm.split(",") if x.strip()]:
-            records.append(one(v, pb_path, args.speculators, Path(tmp)))
-            print(f"{v}: {'clean' if records[-1].get('clean') else 'NOT clean'}", file=sys.stderr)
-    if args.json:
+    if args.records:   # print the report of an earlier run (its --json) again, e.g. with --runtime added
+        saved = json.loads(Path(args.records).read_text())
+        records, code_rev = saved["records"], saved["code_rev"]
+    else:
+        wanted = in_range(pb) if args.vllm == "all" else [x.strip() for x in args.vllm.split(",") if x.strip()]
+        with tempfile.TemporaryDirectory(prefix="ro-evidence-") as tmp:
+            for v in wanted:
+                records.append(one(v, pb_path, args.speculators, Path(tmp)))
+                print(f"{v}: {'clean' if records[-1].get('clean') else 'NOT clean'}", file=sys.stderr)
+    if args.json and not args.records:
         Path(args.json).write_text(json.dumps({"playbook": pb_path.name, "requires": pb.requires, "code_rev": code_rev,
                                                "records": records}, indent=2) + "\n")
     print(f"# Static evidence for {pb_path.name}\n")
     print(f"Generated by `python benchmarks/playbook_evidence.py` (see its docstring for the exact command). "
           f"The playbook's requires: `{json.dumps(pb.requires)}`. Per release: the real wheels, `patch --yes`, "
-          f"`check --strict` over a local connection, then `patch` again. remote-ops commit {code_rev}.\n")
-    print("| vLLM | before: findings / drift | patch | after: findings | after: drift | accepted drift | "
-          "rerun changed | clean |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"`check --strict` over a local connection, then `patch` again. remote-ops commit {code_rev}. "
+          f"These hosts hold only the speculators and vLLM sources (nothing imported, no transformers): an edit "
+          f"conditioned on another distribution (`when: {{transformers: ...}}`) is not for them; the runtime "
+          f"sample below, on real installs, exercises it.\n")
+    print("| vLLM | before: findings / drift | patch | edits applied / not for this version | after: findings | "
+          "after: drift | accepted drift | rerun changed | clean |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in records:
         if "error" in r:
-            print(f"| {r['vllm']} | wheel not available: {r['error'][:80]} | | | | | | no |")
+            print(f"| {r['vllm']} | wheel not available: {r['error'][:80]} | | | | | | | no |")
             continue
-        b, a = r["before"], r["after"]
-        print(f"| {r['vllm']} | {b['findings']} / {len(b['drift'])} | exit {r['patch']['rc']} | "
+        b, a, p = r["before"], r["after"], r["patch"]
+        states = list(p["edits"].values())
+        skipped = [e for e, st in p["edits"].items() if st == "not-applicable"]
+        edits = f"{sum(st in ('pending', 'applied') for st in states)} / {len(skipped)}" + (
+            f" ({', '.join(skipped)})" if skipped else "") if states else "-"
+        outcome = f"exit {p['rc']}" + (f": {' '.join(p['error'])}" if p.get("error") else "")
+        print(f"| {r['vllm']} | {b['findings']} / {len(b['drift'])} | {outcome} | {edits} | "
               f"{len(a['findings'])} {'; '.join(a['findings'])} | {len(a['drift'])} {'; '.join(a['drift'])} | "
               f"{len(a['accepted'])} | {r['rerun_changed']} | {'yes' if r['clean'] else 'no'} |")
     clean = [r["vllm"] for r in records if r.get("clean")]
     print(f"\nClean after the patch: {', '.join(clean) if clean else 'none'}.")
+    if args.runtime:
+        runtime_section([Path(x) for x in args.runtime.split(",")])
     return 0
+
+
+def runtime_section(paths: list[Path]) -> None:
+    """The runtime sample (benchmarks/runtime_sample.py's JSON files): per release, whether a real install
+    was possible here and, where it was, the patched generator's import and `check --runtime`."""
+    docs = [json.loads(p.read_text()) for p in paths]
+    print("\n## Runtime sample\n")
+    for p, doc in zip(paths, docs):
+        print(f"- `{doc.get('command')}` ({p.name}, remote-ops commit {doc.get('code_rev')}, {doc.get('when')}): "
+              f"{doc.get('summary')}")
+    print("\n| vLLM | installed | patch --import-check | patched generator imports | check --runtime --strict | detail |")
+    print("|---|---|---|---|---|---|")
+    for doc in docs:
+        for r in doc.get("records") or []:
+            p = r.get("patch") or {}
+            states = list((p.get("edits") or {}).values())
+            patch = (f"exit {p.get('rc')}: {sum(s == 'pending' for s in states)} applied, "
+                     f"{states.count('not-applicable')} not for this version" if p else "-")
+            if p.get("error"):
+                patch += f" ({p['error']})"
+            print(f"| {r['vllm']} | {r.get('installed')} | {patch} | {r.get('imports', '-')} | "
+                  f"{r.get('runtime_check', '-')} | {str(r.get('detail') or '').replace('|', '/')[:300]} |")
 
 
 if __name__ == "__main__":

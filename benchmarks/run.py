@@ -863,7 +863,18 @@ def build_report(b: Bench, rtts: list[float], argv: list[str], started: float) -
         lines.append(f"Cold start `remote-ops --help`: median {median(w):.3f}s, min {min(w):.3f}s over {len(w)} runs.")
     lines += ["", "## Targets", ""] + targets(b, rtts)
     lines += ["", "## Why a target is missed (from this run's own figures)", ""] + why(b, rtts)
+    lines += candidates_section()
     return "\n".join(lines) + "\n"
+
+
+def candidates_section() -> list[str]:
+    """check --candidates' cold/warm timings, measured by benchmarks/candidates_timing.py (its own run,
+    kept in its JSON; that script also replaces this section of RESULTS.md in place)."""
+    path = Path(__file__).resolve().parent / "results" / "candidates_timing.json"
+    if not path.exists():
+        return []
+    import candidates_timing
+    return [""] + candidates_timing.section(json.loads(path.read_text()))
 
 
 def ratio(b: Bench, name: str, rtt: float):

@@ -75,6 +75,13 @@ class Inventory(Fleet):
             return check_mod.check(s, h, req if named else check_mod.for_host(req, h, accepted_of), model_req)
         return self.run(target, one)
 
+    def candidates(self, target: str | None = None, *, package: str | None = None,
+                   against: list[str] | None = None) -> Results:
+        """The package's releases (from the installed one on) checked against the host's library:
+        declared range, findings, drift, flow, covering playbooks (``candidates.CandidatesResult``)."""
+        from remote_ops.check import candidates as cand
+        return self.run(target, lambda h, s: cand.candidates(s, h, package=package, against=against))
+
     def inspect(self, target: str | None, symbols: list[str], *, runtime: bool = False,
                 baseline: str | None = None) -> Results:
         """Parameters of ``module:qualname`` symbols as the host defines them (``check.InspectResult``)."""

@@ -154,3 +154,53 @@ def make_env(dest: str | Path, packages: list[tuple[str, str]], *, copy: set[str
     if with_torch:
         (site / "_remote_ops_torch.pth").write_text(str(torch_site()) + "\n")
     return python
+
+
+RELEASES_TTL_S = 24 * 3600
+
+
+def releases(name: str, *, max_age_s: float = RELEASES_TTL_S) -> list[str]:
+    """The final releases of ``name`` on the package index, oldest first (``pip index versions``),
+    cached for ``max_age_s`` in ``<cache>/index/<name>.json`` (a list asked again within a day is
+    not asked of the index)."""
+    import json
+    import time
+
+    from packaging.version import InvalidVersion, Version
+
+    path = cache_dir() / "index" / f"{_norm(name)}.json"
+    try:
+        entry = json.loads(path.read_text())
+        if time.time() - float(entry["at"]) < max_age_s and isinstance(entry["versions"], list):
+            return list(entry["versions"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    cmd = [sys.executable, "-m", "pip", "index", "versions", "--disable-pip-version-check", name]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.strip().startswith("Available versions:")), None)
+    if proc.returncode != 0 or line is None:
+        last = (proc.stderr.strip().splitlines() or ["no versions listed"])[-1]
+        raise RemoteOpsError(f"cannot list the releases of {name} on the package index: {last}",
+                             "check network access to PyPI")
+    found = []
+    for v in line.split(":", 1)[1].split(","):
+        try:
+            ver = Version(v.strip())
+        except InvalidVersion:
+            continue
+        if not ver.is_prerelease and not ver.is_devrelease:
+            found.append(ver)
+    versions = [str(v) for v in sorted(set(found))]
+    path.parent.mkdir(exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"at": time.time(), "versions": versions}))
+    os.replace(tmp, path)
+    return versions
+
+
+def source_files(name: str, version: str) -> tuple[Path, list[str]]:
+    """(root, sorted relative paths) of the unpacked ``.py`` and ``.dist-info`` files of a release."""
+    root = unpacked(name, version)
+    files = sorted(str(p.relative_to(root)) for p in root.rglob("*")
+                   if p.is_file() and p.name != ".complete")
+    return root, files

@@ -28,7 +28,8 @@ pytestmark = pytest.mark.timeout(600)
 
 # every command, with what it needs to run (the target is inserted after the command)
 COMMANDS = [
-    ("facts",), ("inspect", "vllm.v1.request:Request"), ("check",), ("patch", "--yes"), ("history",),
+    ("facts",), ("inspect", "vllm.v1.request:Request"), ("check",), ("check", "--candidates"), ("patch", "--yes"),
+    ("history",),
     ("rollback",), ("extract", "--dry-run"), ("status",), ("status", "--all"), ("logs",),
     ("stop", "--grace", "0"), ("verify", "--output-dir", "/nonexistent-output"),
 ]

@@ -203,7 +203,8 @@ def test_a_host_that_leaves_the_state_between_read_and_apply_is_read_again(one, 
         # the read left the bytes out, the apply skipped: the bytes are read, then applied as planned
         assert sess.stats.op_log == [[READ, APPLY], [READ], [APPLY]]
     assert out["changed"] and target.read_bytes() == patched and out["round_trips"] == 3
-    assert {t["sha256_before"] for t in out["targets"]} == {t["before"] for t in journal(h.state)[-1]["targets"]}
+    assert {t["sha256_before"] for t in out["targets"] if t["changed"]} == \
+        {t["before"] for t in journal(h.state)[-1]["targets"]}
 
 
 def test_a_package_version_that_differs_falls_back(one, fresh_env017):

@@ -90,7 +90,10 @@ def test_sandbox_round_trip(sshd, fresh_env017, state_dir, inventory_file, cli):
     status, out, err = cli("-i", str(inv), "patch", "testhost", "--yes", "--json")
     again = json.loads(out)
     assert status == 0 and not again["changed"] and again["diff"] == "" and again["round_trips"] == 1
-    assert {e["state"] for e in again["edits"]} == {"applied"}
+    states = {e["edit"]: e["state"] for e in again["edits"]}
+    # (the transformers-5 edit: this host's environment has no transformers: not for it)
+    assert states.pop("pydantic-rebuild-knows-torch") == "not-applicable"
+    assert set(states.values()) == {"applied"}
     assert target.read_bytes() == patched and target.stat().st_mtime_ns == mtime
     entries = journal(state_dir)
     assert [e["action"] for e in entries] == ["patch"]

@@ -43,16 +43,17 @@ extract:
 
 def test_shipped_playbook_loads():
     pb = playbook.load(SHIPPED)
-    assert pb.requires == {"speculators": "==0.3.0", "vllm": ">=0.17,<0.21"}
+    assert pb.requires == {"speculators": "==0.3.0", "vllm": ">=0.16,<0.33"}
     assert pb.check["against"] == ["vllm"]
     ids = pb.edit_ids
     assert {"request-drop-eos-token-id", "kv-cache-config-drop-kv-cache-specs", "scheduler-add-block-size",
             "scheduler-config-add-is-encoder-decoder", "execute-model-then-sample-tokens",
             "scheduler-config-chunked-prefill-off", "cache-config-prefix-caching-off",
             "collective-rpc-unique-reply-is-the-reply", "embed-input-ids-rename",
-            "worker-text-model-of-multimodal-wrappers"} == set(ids)
+            "worker-text-model-of-multimodal-wrappers", "pydantic-rebuild-knows-torch"} == set(ids)
     assert [p.module for p in pb.patches] == ["speculators.data_generation.vllm_hidden_states_generator",
-                                              "speculators.data_generation.custom_worker"]
+                                              "speculators.data_generation.custom_worker",
+                                              "speculators.utils.pydantic_utils"]
 
 
 def test_good_playbook(tmp_path):

@@ -55,13 +55,9 @@ def _verified(verify, overrides, reads):
     before = compat.check(dict(vargs), reads)
     after = compat.check(dict(vargs, override_sources=overrides), reads)
     fixes = verify.get("fixes") or []
-    matcher = SymbolMatcher(StaticResolver(vargs.get("sys_path") or sys.path, reads=reads),
-                            [f.get("symbol") for f in fixes])
-
-    def hits(fix, findings):
-        return [f for f in findings if f.get("kind") == fix.get("kind")
-                and (fix.get("name") is None or str(f.get("name")) == str(fix.get("name")))
-                and matcher.matches(fix.get("symbol"), f.get("symbol"), f.get("defined"))]
+    hits = _hits_with(SymbolMatcher(StaticResolver(vargs.get("sys_path") or sys.path, reads=reads),
+                                    [f.get("symbol") for f in fixes]))
+    matcher = hits.matcher
 
     gone, left = {}, {}
     for fix in fixes:
@@ -99,6 +95,42 @@ def _verified(verify, overrides, reads):
             "fixes": len(fixes), "targeted_gone": len(gone), "calls_rechecked": after.get("calls_checked") or 0,
             "findings_before": len(before["findings"]), "remaining": [_brief(f) for f in remaining],
             "unknown": len(after.get("unknown") or [])}
+
+
+def _hits_with(matcher):
+    """``hits(fix, findings)``: the findings a ``fixes`` entry names (kind, name, and the symbol
+    through ``matcher``, so any spelling of the same definition matches)."""
+    def hits(fix, findings):
+        return [f for f in findings if f.get("kind") == fix.get("kind")
+                and (fix.get("name") is None or str(f.get("name")) == str(fix.get("name")))
+                and matcher.matches(fix.get("symbol"), f.get("symbol"), f.get("defined"))]
+    hits.matcher = matcher
+    return hits
+
+
+def present(spec):
+    """For ``patching.read``'s ``present`` (edits with ``when: {finding: present}``): the unpatched
+    modules checked as the verification checks them; returns {edit id: whether one of its fixes
+    entries matches a finding}. ``spec``: {"args": compat.check arguments, "fixes": [{"edit",
+    "kind", "symbol", "name"}]}. Reused from the host's check memo while its reads are unchanged."""
+    from . import memo
+
+    def compute(reads):
+        from . import compat
+        from .signatures import StaticResolver
+        from .symbols import SymbolMatcher
+
+        vargs = dict(spec.get("args") or {})
+        fixes = spec.get("fixes") or []
+        found = compat.check(dict(vargs), reads)["findings"]
+        hits = _hits_with(SymbolMatcher(StaticResolver(vargs.get("sys_path") or sys.path, reads=reads),
+                                        [f.get("symbol") for f in fixes]))
+        out = {}
+        for fix in fixes:
+            out[fix["edit"]] = out.get(fix["edit"], False) or bool(hits(fix, found))
+        return out
+
+    return memo.cached("present", spec, compute)
 
 
 def _verify_skip_reason(targets):

@@ -2,7 +2,9 @@
 
 Ops:
   patching.read     facts (python, package versions) + each target's bytes, sha256, mode, owner; with
-                    ``data_unless`` (an ``only_if`` state) the bytes are left out when the host is in it.
+                    ``data_unless`` (an ``only_if`` state) the bytes are left out when the host is in it;
+                    with ``present`` (edits with ``when: {finding: present}``), whether each one's
+                    finding is on the host's unpatched modules (the verification's check and matcher).
   patching.apply    one transaction over all targets of a playbook (lock, CAS, verify, backup, atomic write);
                     with ``only_if`` (the host state it was planned for) it first compares that state with
                     the host's and, when anything differs, changes nothing: ``{"skipped": "<what differs>"}``.
@@ -42,7 +44,7 @@ from .facts import package_info
 from .journal import _journal_entries, _journal_path, _pending_intents, _read_journal
 from .patch_targets import _describe, _resolve
 from .patch_tx import _Lock, _recover, _transact
-from .patch_verify import _verify, _verify_skip_reason
+from .patch_verify import _verify, _verify_skip_reason, present as _present
 from .protocol import AgentFailure
 from .statedir import root as _state_dir
 
@@ -82,6 +84,9 @@ def op_read(args):
     out = {"python": list(sys.version_info[:3]), "executable": sys.executable,
            "packages": packages, "targets": targets, "recovered": recovered,
            "euid": os.geteuid(), "state_dir": _state_dir()}
+    if args.get("present"):
+        # edits with when: {finding: present}: is their finding on this host (unpatched modules)?
+        out["present"] = _present(args["present"])
     cond = args.get("data_unless")
     if cond is not None and _differs(cond, args.get("workdir")) is None:
         # the controller already knows these bytes (the state it planned for, compared as apply's

@@ -28,6 +28,9 @@ def add_arguments(p):
     p.add_argument("--model", metavar="PATH|HF_ID",
                    help="check this checkpoint's model class against what the package's worker needs "
                         "(default: the playbook var target_model; needs the playbook's check.model section)")
+    p.add_argument("--candidates", action="store_true",
+                   help="check the package's releases (from the installed one on, sources from PyPI) against the "
+                        "host's library: declared range, findings, drift, flow, covering playbook")
     p.add_argument("--package", metavar="PKG", default=None,
                    help="default targets: modules of this package (default speculators.data_generation)")
 
@@ -35,6 +38,12 @@ def add_arguments(p):
 def run(args, ctx) -> int:
     from remote_ops.errors import Exit
 
+    if args.candidates:
+        results = ctx.fleet.candidates(args.host, package=args.package, against=args.against)
+        return ctx.show(results, lambda c, name, v: render_candidates(c, v),
+                        summary=lambda v: ", ".join(f"{r['release']}: {r['findings']}" for r in v.rows
+                                                    if r.get("findings") == 0) or "no release binds cleanly",
+                        exit_for=lambda v: int(Exit.OK))
     results = ctx.fleet.check(args.host, playbook=args.playbook, runtime=args.runtime, targets=args.targets,
                               against=args.against, package=args.package, baseline=args.baseline,
                               drift=not args.no_drift, model=args.model)
@@ -166,3 +175,32 @@ def render_drift(console, result: dict, verbose: int = 0) -> None:
         lead = (f"the other {len(unmatched)} entr{'y' if len(unmatched) == 1 else 'ies'}" if accepted
                 else f"check.accepted_drift: none of the {len(unmatched)} entries")
         console.print(f"[yellow]{escape(f'{lead} matched no drift on this host (written for another version, or stale): {which}')}[/yellow]")
+
+
+def render_candidates(console, result) -> None:
+    """The candidates table: one row per release of the package."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    pkg, lib = result["package"], result["library"]
+    inst = result["installed"]
+    t = result.get("timing") or {}
+    console.print(f"[bold]{escape(result['host'])}[/bold]: {escape(pkg)} releases against the host's "
+                  f"{escape(lib)} {escape(str(inst.get(lib)))} (installed {escape(pkg)} {escape(str(inst.get(pkg)))}; "
+                  f"{t.get('total_s')}s, {t.get('round_trips')} round trips)")
+    table = Table(show_edge=False, pad_edge=False)
+    for col in (pkg, f"declares {lib}", "findings", "drift", "flow", "playbook"):
+        table.add_column(col)
+    for r in result["rows"]:
+        if r.get("error"):
+            table.add_row(escape(r["release"]), "-", "-", "-", escape(r.get("flow") or "-"),
+                          escape(f"not analysed: {r['error']}"))
+            continue
+        drift = "n/a" if r.get("drift") is None else str(r["drift"])
+        findings = str(r["findings"]) + (f" (+{r['unknown']} unknown)" if r.get("unknown") else "")
+        if not r.get("modules"):   # a server-flow release: nothing of it calls into the library
+            findings = f"- (no module imports {lib})"
+        mark = " (installed)" if r.get("installed") else ""
+        table.add_row(escape(r["release"] + mark), escape(r.get("declared") or "none"), findings, drift,
+                      escape(r.get("flow") or "-"), escape(", ".join(r.get("playbooks") or []) or "-"))
+    console.print(table)

@@ -33,6 +33,16 @@ def _render_diff(console, diff: str) -> None:
         console.print(Text(line, style=style), soft_wrap=True)
 
 
+def edit_line(e: dict) -> str:
+    """One edit's state for people: applies / already applied / not for this host (why)."""
+    lines = ", ".join(map(str, e.get("lines") or []))
+    if e["state"] == "pending":
+        return f"applies (line {lines})" if lines else "applies"
+    if e["state"] == "applied":
+        return f"already applied (line {lines})" if lines else "already applied"
+    return e.get("why") or "not for this host"
+
+
 def run(args, ctx) -> int:
     import sys
     import threading
@@ -55,6 +65,11 @@ def run(args, ctx) -> int:
     def render_one(c, name, v):
         if v["diff"] and (args.yes or args.dry_run):
             _render_diff(c, v["diff"])
+        for e in v.get("edits") or []:
+            # a dry run says what each edit does here; a real run names only the edits left out
+            if args.dry_run or e["state"] == "not-applicable":
+                c.print(f"  edit {e['edit']}: {edit_line(e)}", soft_wrap=True, markup=False,
+                        style="dim" if e["state"] == "not-applicable" else None)
         if v.get("recovered"):
             c.print(f"{name}: recovered an interrupted transaction: {v['recovered']}", soft_wrap=True)
         if args.dry_run:

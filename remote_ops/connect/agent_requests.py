@@ -46,6 +46,11 @@ def gpu_query(*, driver: bool = _UNSET, timeout: float = _UNSET) -> Request:
 
 
 # compat.py
+def candidates_check(*, sources: list[dict], package: str = _UNSET, against: list[str] = _UNSET) -> Request:
+    """sources: [{"version", "key", "data"?}] (agent/candidates.py); ``data`` only for keys the host needs."""
+    return _req("candidates.check", sources=sources, package=package, against=against)
+
+
 def compat_check(*, against: list[str], targets: list[str] = _UNSET, package: str = _UNSET, mode: str = _UNSET,
                  drift: bool = _UNSET, override_sources: dict = _UNSET, sys_path: list[str] = _UNSET,
                  only_symbols: list = _UNSET, trace: bool = _UNSET) -> Request:
@@ -127,11 +132,14 @@ def jobs_stop(*, job_id: str, grace: float) -> Request:
 
 # patching.py
 def patching_read(*, targets: list[dict], packages: list[str] = _UNSET, workdir: str | None = _UNSET,
-                  lock_timeout: float = _UNSET, data_unless: dict | None = _UNSET) -> Request:
+                  lock_timeout: float = _UNSET, data_unless: dict | None = _UNSET,
+                  present: dict | None = _UNSET) -> Request:
     """data_unless: an ``only_if`` state; when the host is in it, the targets' bytes are left out
-    (``data`` null, ``data_omitted`` true): the controller planned from them already."""
+    (``data`` null, ``data_omitted`` true): the controller planned from them already.
+    present: {"args": check arguments, "fixes": [{edit, kind, symbol, name}]}: the answer's
+    ``present`` says per edit whether one of its fixes matches a finding of the unpatched modules."""
     return _req("patching.read", targets=targets, packages=packages, workdir=workdir, lock_timeout=lock_timeout,
-                data_unless=data_unless)
+                data_unless=data_unless, present=present)
 
 
 def patching_apply(**args) -> Request:

@@ -470,6 +470,7 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
             pf.exit_status = int(exit_for_kind(err.get("kind")))
     if server is not None and playbook.requires:
         _requires_preflight(pf, playbook, raw, (("server_imports", server.import_check), ("imports", spec.import_check)))
+    _coverage_preflight(pf, playbook, session.label)
     return pf
 
 
@@ -493,6 +494,19 @@ def _requires_preflight(pf: Preflight, playbook, raw: dict, probes) -> None:
         pf.notes.append("requires: " + ", ".join(f"{n} {v}" for n, v in sorted(seen.items())) + " (import probes)")
     for name in sorted(set(playbook.requires) - set(seen)):
         pf.notes.append(f"requires: {name} not checked (no import probe imports it)")
+
+
+def _coverage_preflight(pf: Preflight, playbook, host: str) -> None:
+    """A host the playbook's ``requires`` does not cover (the check's versions): the deciding problem,
+    the same line as ``patch`` gives (patch/coverage.py), before any GPU time."""
+    if pf.check is None or not playbook.requires:
+        return
+    from remote_ops.patch import coverage
+
+    out = coverage.refusal(playbook, pf.check.get("versions") or {}, pf.check.get("findings") or [], host)
+    if out is not None:
+        pf.problems.append(out[0])
+        pf.hint, pf.exit_status = out[1], None
 
 
 def refusal(spec: ExtractSpec, pf: Preflight, host: str) -> RefusedError:

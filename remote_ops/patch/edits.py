@@ -55,6 +55,7 @@ class CallEdit:
     expect: int | None = 1           # number of matching calls expected; None: any number >= 1
     fixes: list[dict] = field(default_factory=list)          # findings this edit targets (optional)
     line: int | None = None          # line in the playbook
+    when: Any = None                 # conditions.When: where the edit applies (None: everywhere)
 
     kind = "call"
 
@@ -74,6 +75,7 @@ class TextEdit:
     new: str
     fixes: list[dict] = field(default_factory=list)
     line: int | None = None
+    when: Any = None                 # conditions.When: where the edit applies (None: everywhere)
 
     kind = "text"
 

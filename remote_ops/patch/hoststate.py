@@ -25,7 +25,7 @@ from typing import Any
 
 from remote_ops.patch import plancache
 
-FORMAT = 1
+FORMAT = 2
 _SHA = re.compile(r"[0-9a-f]{64}\Z")
 
 
@@ -53,11 +53,17 @@ def _path(pb, host) -> Path | None:
     return None if d is None else d / f"host-{host_key(host)[:32]}.state"
 
 
-def state_of(pb, raw: dict) -> dict:
-    """The part of a read result (``patching.read``) that a plan depends on."""
-    return {"python": list(raw.get("python") or [])[:3], "packages": dict(raw.get("packages") or {}),
-            "targets": [{"label": p.label, "real": t["real"], "sha256": t["sha256"]}
-                        for p, t in zip(pb.patches, raw["targets"])]}
+def state_of(pb, raw: dict, plan=None) -> dict:
+    """The part of a read result (``patching.read``) that a plan depends on; with the ``plan``, which
+    edits applied to each target (``active``) and which were not for this host (``skipped``: the
+    playbook's ``when:`` conditions, conditions.py), so a repeated patch selects the same."""
+    out = {"python": list(raw.get("python") or [])[:3], "packages": dict(raw.get("packages") or {}),
+           "targets": [{"label": p.label, "real": t["real"], "sha256": t["sha256"]}
+                       for p, t in zip(pb.patches, raw["targets"])]}
+    if plan is not None:
+        out["active"] = [[r.edit_id for r in t.result.results] for t in plan.targets]
+        out["skipped"] = [list(t.skipped) for t in plan.targets]
+    return out
 
 
 def same_state(pb, raw: dict, seen: dict) -> bool:
@@ -86,6 +92,15 @@ def _valid(entry: Any, pb, host, packages: list[str]) -> bool:
         if not isinstance(t, dict) or t.get("label") != p.label or not isinstance(t.get("real"), str) \
                 or not t["real"].startswith("/") or not isinstance(t.get("sha256"), str) or not _SHA.match(t["sha256"]):
             return False
+    active, skipped = entry.get("active"), entry.get("skipped")
+    if not isinstance(active, list) or len(active) != len(pb.patches) or not isinstance(skipped, list) \
+            or len(skipped) != len(pb.patches):
+        return False
+    for p, ids, sk in zip(pb.patches, active, skipped):
+        known = {e.id for e in p.edits}
+        if not isinstance(ids, list) or not all(isinstance(i, str) and i in known for i in ids) \
+                or not isinstance(sk, list) or not all(isinstance(x, dict) and x.get("edit") in known for x in sk):
+            return False
     return True
 
 
@@ -103,10 +118,10 @@ def recall(pb, host, packages: list[str]) -> dict | None:
     return entry if _valid(entry, pb, host, packages) else None
 
 
-def remember(pb, host, raw: dict, seen: dict | None = None) -> None:
-    """Store the state of ``raw`` (a read result whose plan changed something) for this host;
+def remember(pb, host, raw: dict, seen: dict | None = None, plan=None) -> None:
+    """Store the state of ``raw`` (a read result whose ``plan`` changed something) for this host;
     nothing is written when it is the state already remembered (``seen``)."""
-    state = state_of(pb, raw)
+    state = state_of(pb, raw, plan)
     if seen is not None and all(seen.get(k) == v for k, v in state.items()):
         return   # (a fleet's repeated patch: no write per host)
     path = _path(pb, host)

@@ -67,6 +67,7 @@ class TargetPlan:
     result: edits_mod.FileResult
     new_bytes: bytes
     plan_source: str = "computed"     # "cached": plancache had it (no libcst, no validation)
+    skipped: list = field(default_factory=list)   # edits not for this host: {"edit", "why", "when"}
 
     @property
     def changed(self) -> bool:
@@ -94,8 +95,24 @@ class PatchPlan:
         return "".join(t.diff() for t in self.targets if t.changed)
 
     def edit_states(self) -> list[dict]:
-        return [{"target": t.label, "edit": r.edit_id, "state": r.state, "lines": r.sites}
-                for t in self.targets for r in t.result.results]
+        """Every edit of the playbook in its order: ``pending`` (applies now), ``applied`` (already in
+        place) or ``not-applicable`` (its ``when`` does not hold here; ``why`` says what)."""
+        out = []
+        for p, t in zip(self.playbook.patches, self.targets):
+            states = {r.edit_id: r for r in t.result.results}
+            skipped = {s["edit"]: s for s in t.skipped}
+            for e in p.edits:
+                if e.id in states:
+                    out.append({"target": t.label, "edit": e.id, "state": states[e.id].state,
+                                "lines": states[e.id].sites})
+                elif e.id in skipped:
+                    out.append({"target": t.label, "edit": e.id, "state": "not-applicable", "lines": [],
+                                "why": skipped[e.id]["why"], "when": skipped[e.id]["when"]})
+        return out
+
+    @property
+    def skipped(self) -> list[dict]:
+        return [dict(s, target=t.label) for t in self.targets for s in t.skipped]
 
     def pending_edits(self) -> list:
         """(target, edit) of every edit this plan applies now."""
@@ -140,7 +157,64 @@ def packages_to_query(pb: Playbook) -> list[str]:
     for p in pb.patches:
         if p.module and p.module.split(".")[0] not in names:
             names.append(p.module.split(".")[0])
+    from remote_ops.patch import conditions
+    for n in conditions.packages(pb):
+        if n not in names:
+            names.append(n)
     return names
+
+
+def present_request(pb: Playbook) -> dict | None:
+    """``patching.read``'s ``present``: the fixes of every edit with ``when: {finding: present}``
+    (None when no edit has one, or the playbook has no check: section to check them with)."""
+    from remote_ops.patch import conditions
+
+    edits = [e for p in pb.patches for e in conditions.finding_edits(p.edits)]
+    if not edits or not pb.check:
+        return None
+    targets = sorted({p.module for p in pb.patches if p.module and conditions.finding_edits(p.edits)})
+    args = dict(check_args(pb), targets=targets)
+    return {"args": args, "fixes": [{"edit": e.id, "kind": f["kind"], "symbol": f["symbol"], "name": f.get("name")}
+                                    for e in edits for f in e.fixes]}
+
+
+_subs: dict[tuple, Any] = {}
+
+
+def sub_target(patch, active: list):
+    """``patch`` with only the edits that apply on this host (the same object for the same choice,
+    so plancache's fingerprint of it is computed once)."""
+    if len(active) == len(patch.edits):
+        return patch
+    from dataclasses import replace
+
+    k = (id(patch), tuple(e.id for e in active))
+    hit = _subs.get(k)
+    if hit is not None and hit[0] is patch:
+        return hit[1]
+    sub = replace(patch, edits=list(active))
+    if len(_subs) >= 1024:
+        _subs.clear()
+    _subs[k] = (patch, sub)   # (holds patch: its id is not reused while the entry is here)
+    return sub
+
+
+def select(pb: Playbook, patch, packages: dict, text: str | None, present: dict | None,
+           states_of=None):
+    """The edits of ``patch`` that apply on this host (conditions.py): versions, then anchors (on the
+    file's text), then findings (``states_of(sub_target) -> {edit id: state}`` decides which of
+    them are still pending)."""
+    from remote_ops.patch import conditions
+
+    sel = conditions.by_version(patch.edits, packages)
+    if text is not None and any(getattr(e, "when", None) is not None and e.when.anchor for e in sel.active):
+        sel = conditions.by_anchor(sel, text)
+    if conditions.finding_edits(sel.active):
+        if present is None:
+            raise RefusedError(f"playbook {pb.name}: edits with when: {{finding: present}} need the host's check, "
+                               "which the read did not return", f"give the playbook a check: section ({pb.path})")
+        sel = conditions.by_finding(sel, states_of(sub_target(patch, sel.active)), present)
+    return sel
 
 
 def check_args(pb: Playbook) -> dict | None:
@@ -153,14 +227,22 @@ def check_args(pb: Playbook) -> dict | None:
 def read(session, pb: Playbook, host) -> dict:
     """Round trip 1: facts + targets. No check here: the edits' own ``fixes`` say which findings
     must be gone, and apply verifies that against the new text."""
-    (res,) = session.call_many([rq.patching_read(targets=[p.to_wire() for p in pb.patches],
-                                                 packages=packages_to_query(pb), workdir=host.workdir)])
+    (res,) = session.call_many([read_request(pb, host)])
     return unwrap(res, host.name, "reading the patch targets")
+
+
+def read_request(pb: Playbook, host, **extra):
+    present = present_request(pb)
+    if present is not None:
+        extra["present"] = present
+    return rq.patching_read(targets=[p.to_wire() for p in pb.patches], packages=packages_to_query(pb),
+                            workdir=host.workdir, **extra)
 
 
 def compute(pb: Playbook, raw: dict, host_name: str) -> PatchPlan:
     """Pure: requires, edits, validation. Raises RefusedError / ConfigError; nothing was changed."""
     pb.require_met(raw.get("packages") or {}, host=host_name)
+    packages = raw.get("packages") or {}
     python = raw.get("python") or [3, 10]
     targets: list[TargetPlan] = []
     notes: list[str] = []
@@ -173,43 +255,52 @@ def compute(pb: Playbook, raw: dict, host_name: str) -> PatchPlan:
             raise RefusedError(f"{t['real']}: {exc}", "only Python source files can be patched",
                                host=host_name) from None
 
-        def fresh(key: str, patch=patch, t=t, text=text, encoding=encoding) -> dict:
-            from remote_ops.patch import validate
-            try:
-                result = edits_mod.apply_edits(text, patch.edits, t["real"])
-            except edits_mod.UnknownCallee as exc:
-                raise ConfigError(pb.path, pb.edit_line(exc.edit_id),
-                                  f"unknown callee in edit {exc.edit_id!r}: {exc.problem} in {patch.label} "
-                                  f"({t['real']})") from None
-            except edits_mod.EditError as exc:
-                raise RefusedError(f"{exc} (playbook {pb.path}:{pb.edit_line(exc.edit_id)})",
-                                   "nothing was changed on the host", host=host_name) from None
-            problems = []
-            skipped = []
-            if result.changed:
-                p = validate.check_syntax(result.new_text, t["real"], python)
-                if p:
-                    problems.append(p)
-                else:
-                    introduced = {r.edit_id: r.introduced for r in result.results if r.state == "pending"}
-                    names = validate.undefined_names(text, result.new_text, t["real"], introduced)
-                    problems += names
-                    if names.skipped:
-                        skipped.append(names.skipped)
-            if problems:
-                raise RefusedError("patched text is invalid: " + "; ".join(map(str, problems)),
-                                   "nothing was changed on the host; fix the playbook", host=host_name)
-            return plancache.entry_for(key, result, encoding, edits_mod.encode_source(result.new_text, encoding),
-                                       notes=skipped, path=t["real"])
+        def fresh(sub, t=t, text=text, encoding=encoding):
+            def compute_one(key: str) -> dict:
+                from remote_ops.patch import validate
+                try:
+                    result = edits_mod.apply_edits(text, sub.edits, t["real"])
+                except edits_mod.UnknownCallee as exc:
+                    raise ConfigError(pb.path, pb.edit_line(exc.edit_id),
+                                      f"unknown callee in edit {exc.edit_id!r}: {exc.problem} in {sub.label} "
+                                      f"({t['real']})") from None
+                except edits_mod.EditError as exc:
+                    raise RefusedError(f"{exc} (playbook {pb.path}:{pb.edit_line(exc.edit_id)})",
+                                       "nothing was changed on the host", host=host_name) from None
+                problems = []
+                skipped = []
+                if result.changed:
+                    p = validate.check_syntax(result.new_text, t["real"], python)
+                    if p:
+                        problems.append(p)
+                    else:
+                        introduced = {r.edit_id: r.introduced for r in result.results if r.state == "pending"}
+                        names = validate.undefined_names(text, result.new_text, t["real"], introduced)
+                        problems += names
+                        if names.skipped:
+                            skipped.append(names.skipped)
+                if problems:
+                    raise RefusedError("patched text is invalid: " + "; ".join(map(str, problems)),
+                                       "nothing was changed on the host; fix the playbook", host=host_name)
+                return plancache.entry_for(key, result, encoding, edits_mod.encode_source(result.new_text, encoding),
+                                           notes=skipped, path=t["real"])
+            return compute_one
 
-        # the same edits on the same bytes for the same Python: computed once (this run, or before)
-        entry, computed = plancache.plan(pb, patch, data, python, fresh)
+        def states_of(sub, data=data):
+            entry, _computed = plancache.plan(pb, sub, data, python, fresh(sub))
+            return {r["edit_id"]: r["state"] for r in entry["results"]}
+
+        # the edits whose when: holds on this host; then the same edits on the same bytes for the same
+        # Python: computed once (this run, or before)
+        sel = select(pb, patch, packages, text, raw.get("present"), states_of)
+        sub = sub_target(patch, sel.active)
+        entry, computed = plancache.plan(pb, sub, data, python, fresh(sub))
         result = plancache.file_result(entry, t["real"], text)
         notes += plancache.notes(entry, t["real"])
         new_bytes = edits_mod.encode_source(result.new_text, encoding) if result.changed else data
         targets.append(TargetPlan(label, patch.module, t["path"], t["real"], t.get("is_link", False),
                                   t["sha256"], t["mode"], encoding, result, new_bytes,
-                                  "computed" if computed else "cached"))
+                                  "computed" if computed else "cached", sel.skipped))
     return PatchPlan(host_name, pb, list(python), raw.get("packages") or {}, targets,
                      raw.get("recovered") or [], notes)
 
@@ -229,6 +320,8 @@ def verification(plan: PatchPlan, agent_record: dict | None, reason: str | None)
         extra.append(f"{len(v['remaining'])} finding(s) remain in the patched module(s) (--allow-findings)")
     if v.get("unknown"):
         extra.append(f"{v['unknown']} call(s) could not be decided")
+    if plan.skipped:
+        extra.append(f"{len(plan.skipped)} edit(s) not for this host: {', '.join(s['edit'] for s in plan.skipped)}")
     tail = f" ({'; '.join(extra)})" if extra else ""
     if not v.get("fixes"):
         why = (f"no edit applied declares fixes; {v.get('calls_rechecked', 0)} calls re-checked, "
@@ -302,8 +395,10 @@ def planned_for_seen(pb: Playbook, host, *, import_check: bool = False,
     python = seen["python"]
     targets = []
     notes: list[str] = []
-    for patch, t in zip(pb.patches, seen["targets"]):
-        entry = plancache.cached(pb, patch, t["sha256"], python)
+    for patch, t, ids, skipped in zip(pb.patches, seen["targets"], seen["active"], seen["skipped"]):
+        # the edits that applied in that state (the playbook's when: conditions decided it then)
+        sub = sub_target(patch, [e for e in patch.edits if e.id in set(ids)])
+        entry = plancache.cached(pb, sub, t["sha256"], python)
         if entry is None:
             return None
         notes += plancache.notes(entry, t["real"])
@@ -313,7 +408,7 @@ def planned_for_seen(pb: Playbook, host, *, import_check: bool = False,
         encoding = entry["encoding"]
         new_bytes = b"" if entry.get("same") else edits_mod.encode_source(entry["new_text"], encoding)
         targets.append(TargetPlan(patch.label, patch.module, t["real"], t["real"], False, t["sha256"], 0,
-                                  encoding, result, new_bytes, "cached"))
+                                  encoding, result, new_bytes, "cached", list(skipped)))
     plan = PatchPlan(host.name, pb, list(python), dict(seen["packages"]), targets, notes=notes)
     if not plan.changed:
         return None
@@ -343,10 +438,24 @@ def read_then_apply(session, pb: Playbook, host, apply_req: dict, *, omit_data: 
     failed). Returns (the read's result, the apply's raw answer). ``omit_data``: the read leaves
     the targets' bytes out when the host is in the apply's ``only_if`` state."""
     extra = {"data_unless": apply_req["only_if"]} if omit_data else {}
-    read_req = rq.patching_read(targets=[p.to_wire() for p in pb.patches], packages=packages_to_query(pb),
-                                workdir=host.workdir, **extra)
+    read_req = read_request(pb, host, **extra)
     res = session.call_many([read_req, rq.patching_apply(**apply_req)], stop_on_error=True)
     return unwrap(res[0], host.name, "reading the patch targets"), (res[1] if len(res) > 1 else None)
+
+
+def not_covered(session, pb: Playbook, host, packages: dict) -> RefusedError:
+    """The refusal of a host whose versions the playbook's ``requires`` does not cover: one line
+    naming what changed there (the host's findings no edit fixes: one more round trip, the check) and
+    what to do (coverage.py)."""
+    from remote_ops.patch import coverage
+
+    findings = None
+    if pb.check:
+        (res,) = session.call_many([rq.compat_check(**check_args(pb))])
+        if res.get("ok"):
+            findings = (res.get("result") or {}).get("findings") or []
+    message, hint = coverage.refusal(pb, packages, findings, host.name)
+    return RefusedError(message, hint, host=host.name)
 
 
 def run_host(session, host, pb: Playbook, *, dry_run: bool = False, import_check: bool = False,
@@ -395,10 +504,12 @@ def _run_host(session, host, pb: Playbook, *, dry_run: bool, import_check: bool,
         raise RemoteOpsError("the host's targets changed between the read and the apply of this patch "
                              "(another controller?); the apply ran for the state it checked",
                              "run `remote-ops history` to see what is on the host", host=host.name)
+    if pb.check_requires(raw.get("packages") or {}):
+        raise not_covered(session, pb, host, raw.get("packages") or {})
     # the read left the bytes out only for the state the early plan was built for: no need to compute it again
     plan = plan_for_read(early, raw) if raw.get("data_omitted") else compute(pb, raw, host.name)
     if plan.changed:
-        hoststate.remember(pb, host, raw, early and early["seen"])
+        hoststate.remember(pb, host, raw, early and early["seen"], plan)
     out = {"host": host.name, "playbook": pb.name, "playbook_path": pb.path, "python": plan.python,
            "packages": plan.packages, "changed": False, "dry_run": dry_run,
            "targets": [{"label": t.label, "path": t.path, "real": t.real, "is_link": t.is_link,

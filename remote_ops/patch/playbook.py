@@ -18,6 +18,8 @@
             add: {block_size: VLLM_BLOCK_SIZE}
             rename: {old_kw: new_kw}
             expect: 1                       # matching calls expected (default 1; "any" for one or more)
+            when: {vllm: ">=0.17"}          # where it applies (conditions.py): version specifiers,
+                                            # finding: present, anchor: present; also on a patch group
             fixes: [{kind: unexpected-keyword, symbol: vllm.v1.request.Request, name: eos_token_id}]
           - id: execute-then-sample
             replace:
@@ -44,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from remote_ops.patch import conditions
 from remote_ops.patch.edits import CallEdit, TextEdit
 from remote_ops.errors import ConfigError, RefusedError
 from remote_ops.yamlsrc import YamlDoc, load_file, load_text, type_name
@@ -51,9 +54,9 @@ from remote_ops.yamlsrc import YamlDoc, load_file, load_text, type_name
 PLACEHOLDER_RE = re.compile(r"FILL[-_ ]?ME|<\s*FILL[^>]*>", re.I)
 PLACEHOLDER = "FILL-ME"
 TOP_KEYS = {"name", "description", "requires", "check", "patches", "extract", "allow_outside", "vars"}
-PATCH_KEYS = {"module", "path", "edits", "allow_outside"}
-CALL_KEYS = {"id", "call", "drop", "add", "rename", "expect", "fixes", "note"}
-TEXT_KEYS = {"id", "replace", "fixes", "note"}
+PATCH_KEYS = {"module", "path", "edits", "allow_outside", "when"}
+CALL_KEYS = {"id", "call", "drop", "add", "rename", "expect", "fixes", "note", "when"}
+TEXT_KEYS = {"id", "replace", "fixes", "note", "when"}
 FIX_KEYS = {"kind", "symbol", "name"}
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -225,7 +228,7 @@ def _parse_fixes(doc: YamlDoc, keys: tuple, raw: Any, eid: str) -> list[dict]:
     return out
 
 
-def _parse_edit(doc: YamlDoc, keys: tuple, raw: Any, seen: set[str]):
+def _parse_edit(doc: YamlDoc, keys: tuple, raw: Any, seen: set[str], group_when=None):
     if not isinstance(raw, dict):
         raise doc.error(keys, f"an edit must be a mapping, got {type_name(raw)}")
     eid = raw.get("id")
@@ -237,6 +240,12 @@ def _parse_edit(doc: YamlDoc, keys: tuple, raw: Any, seen: set[str]):
     seen.add(eid)
     line = doc.line(*keys)
     fixes = _parse_fixes(doc, keys + ("fixes",), raw.get("fixes"), eid)
+    when = conditions.parse(doc, keys + ("when",), raw.get("when"), f"edit {eid!r}", has_fixes=bool(fixes))
+    if group_when is not None:
+        if group_when.finding and not fixes:
+            raise doc.error(keys, f"edit {eid!r} declares no fixes, but its group's when asks for its finding "
+                            "(finding: present)", "add fixes, or move the condition to the edits that have them")
+        when = group_when.merged(when)
     if "call" in raw and "replace" in raw:
         raise doc.error(keys, f"edit {eid!r} has both 'call' and 'replace'; use one edit for each")
     if "call" in raw:
@@ -273,7 +282,8 @@ def _parse_edit(doc: YamlDoc, keys: tuple, raw: Any, seen: set[str]):
         elif isinstance(expect, bool) or not isinstance(expect, int) or expect < 1:
             raise doc.error(keys + ("expect",), "expect must be a positive integer or \"any\"")
         return CallEdit(id=eid, callee=callee, drop=drop, add=add_src,
-                        rename={k: str(v) for k, v in rename.items()}, expect=expect, fixes=fixes, line=line)
+                        rename={k: str(v) for k, v in rename.items()}, expect=expect, fixes=fixes, line=line,
+                        when=when)
     if "replace" in raw:
         doc.check_keys(keys, raw, TEXT_KEYS, f"in text edit {eid!r}")
         rep = raw["replace"]
@@ -285,7 +295,7 @@ def _parse_edit(doc: YamlDoc, keys: tuple, raw: Any, seen: set[str]):
             raise doc.error(keys + ("replace", "old"), f"old text of edit {eid!r} is empty")
         if rep["old"] == rep["new"]:
             raise doc.error(keys + ("replace",), f"edit {eid!r} replaces a text with itself")
-        return TextEdit(id=eid, old=rep["old"], new=rep["new"], fixes=fixes, line=line)
+        return TextEdit(id=eid, old=rep["old"], new=rep["new"], fixes=fixes, line=line, when=when)
     raise doc.error(keys, f"edit {eid!r} needs 'call' (structured call edit) or 'replace' (exact text)")
 
 
@@ -358,7 +368,8 @@ def parse(doc: YamlDoc) -> Playbook:
         edits_raw = p.get("edits")
         if not isinstance(edits_raw, list) or not edits_raw:
             raise doc.error(keys + ("edits",) if "edits" in p else keys, f"patch of {label} needs a non-empty list of edits")
-        edits = [_parse_edit(doc, keys + ("edits", j), e, seen) for j, e in enumerate(edits_raw)]
+        group_when = conditions.parse(doc, keys + ("when",), p.get("when"), f"the patch of {label}", has_fixes=None)
+        edits = [_parse_edit(doc, keys + ("edits", j), e, seen, group_when) for j, e in enumerate(edits_raw)]
         allow = _bool(doc, keys + ("allow_outside",), p.get("allow_outside", allow_outside))
         patches.append(PatchTarget(module, path, edits, allow, doc.line(*keys)))
     extract = data.get("extract")
