@@ -18,9 +18,9 @@ def add_arguments(p):
 def run(args, ctx) -> int:
     import sys
 
+    from remote_ops.commands.follow import print_follow
     from remote_ops.extract import jobs
     from remote_ops.errors import Exit, UsageError
-    from remote_ops.extract.tail import follow_job, report_end
 
     if args.tail and len(ctx.hosts(args.host)) > 1:
         raise UsageError(f"--tail follows one host; {args.host!r} names {len(ctx.hosts(args.host))}",
@@ -51,13 +51,10 @@ def run(args, ctx) -> int:
         if job.get("label"):
             ctx.err.print(f"  {job['label']}", markup=False, highlight=False)
     if v.attached and job.get("log_size", 0) > 8192:
-        r = jobs.logs(ctx.session(host), host, job=job["job_id"], lines=20)
+        r = ctx.fleet.logs(args.host, job=job["job_id"], lines=20).raise_for_failures()[0].value
         sys.stdout.write(r.text.replace("\r", "\n") if not ctx.json else "")
         offset = r.next
-    final = follow_job(ctx, host, job, offset=offset)
-    if final is None:
-        return int(Exit.INTERRUPTED)
-    return report_end(ctx, final)
+    return print_follow(ctx, args.host, job["job_id"], offset=offset)
 
 
 def summary(v) -> str:
