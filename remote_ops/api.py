@@ -142,7 +142,7 @@ class Inventory(Fleet):
 
         hosts = self.resolve(target)
         if len(hosts) != 1:
-            raise UsageError(f"follow takes one host; {target!r} names {len(hosts)}",
+            raise UsageError(f"follow takes one host; {target or 'the default'!r} names {len(hosts)}",
                              "follow one of them: " + ", ".join(h.name for h in hosts))
         host = hosts[0]
         ref = jobs.ref_for(host, playbook=playbook, job=job)
