@@ -24,10 +24,13 @@ The CLI (``remote_ops/commands/``) calls these same methods and only renders the
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from remote_ops.errors import RemoteOpsError
 from remote_ops.fleet import Fleet, HostResult, Results
+
+if TYPE_CHECKING:
+    from remote_ops.extract.follow import FollowEvent
 
 __all__ = ["open_inventory", "Inventory", "Results", "HostResult", "RemoteOpsError"]
 
@@ -154,6 +157,26 @@ class Inventory(Fleet):
         from remote_ops.extract import jobs
         jobs.check_lines(lines)
         return self.run(target, lambda h, s: jobs.logs(s, h, playbook=playbook, job=job, lines=lines))
+
+    def follow(self, target: str | None = None, job: str | None = None, *, playbook: str | None = None,
+               offset: int = 0) -> Iterator[FollowEvent]:
+        """Follow the job on the one host ``target`` names (``job``, else the playbook's, else the
+        host's newest) from byte ``offset`` of its log until it ends: the events ``extract --tail``
+        prints (``follow.Line``, ``Progress``, ``Snapshot``, ``Reconnecting``, ...), the last one
+        ``follow.End`` with the job's final status record. Reconnects when the connection drops;
+        a target naming several hosts is a UsageError at once."""
+        from remote_ops.errors import UsageError
+        from remote_ops.extract import follow as follow_mod
+        from remote_ops.extract import jobs
+
+        hosts = self.resolve(target)
+        if len(hosts) != 1:
+            raise UsageError(f"follow takes one host; {target or 'the default'!r} names {len(hosts)}",
+                             "follow one of them: " + ", ".join(h.name for h in hosts))
+        host = hosts[0]
+        ref = jobs.ref_for(host, playbook=playbook, job=job)
+        return follow_mod.follow(lambda: self.session(host), lambda: self.drop_session(host), ref,
+                                 offset=offset)
 
     def stop(self, target: str | None = None, *, playbook: str | None = None, job: str | None = None,
              grace: float | None = None, on_stopping: Callable[[Any, dict, float], None] | None = None) -> Results:

@@ -9,6 +9,8 @@ import argparse
 import importlib
 import sys
 
+from remote_ops.commands.completion import complete
+
 COMMANDS = (
     "hosts", "facts", "sandbox",
     "inspect", "check",
@@ -102,8 +104,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None, as_program: bool) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["__complete"]:          # called by the bash/zsh completion scripts
-        from remote_ops.commands.completion import complete
-        return complete(argv[1:])
+        return complete(argv[1:], build_parser())
     debug = "--debug" in argv
     json_mode = "--json" in argv
     from remote_ops import interrupts

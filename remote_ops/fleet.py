@@ -159,7 +159,8 @@ class Fleet:
     # ------------------------------------------------------------------ sessions
     def session(self, host):
         """The host's session, opened on first use and kept until ``close``."""
-        from remote_ops.connect.transport import ConnectOptions, session_for
+        from remote_ops.connect.sessions import session_for
+        from remote_ops.connect.transport import ConnectOptions
 
         with self._lock:
             sess = self._sessions.get(host.name)

@@ -48,6 +48,7 @@ class SshdServer:
         self.root = Path(root)
         self.log_level = log_level
         self.address = address
+        self.port_chosen = port is None      # ours to change if another process takes it first
         self.port = port or free_port(address)
         self.extra_config = extra_config
         self.user = getpass.getuser()
@@ -114,7 +115,28 @@ AcceptEnv LANG LC_*
 """)
 
     def start(self, *, foreground: bool = True, timeout: float = 10.0) -> "SshdServer":
-        """Start sshd. ``foreground``: a child process of ours (tests); else daemonised (sandbox)."""
+        """Start sshd. ``foreground``: a child process of ours (tests); else daemonised (sandbox).
+
+        A port picked here (none given) is only free when picked: another process (a parallel test
+        worker's sshd, a client's ephemeral port) can bind it before sshd does. Then sshd exits at
+        once and the next free port is tried, up to 5 times."""
+        for attempt in range(5):
+            try:
+                return self._start(foreground=foreground, timeout=timeout)
+            except RemoteOpsError:
+                if not self.port_chosen or attempt == 4 or not self._port_taken():
+                    raise
+                self.port = free_port(self.address)
+
+    def _port_taken(self) -> bool:
+        try:
+            with socket.socket() as s:
+                s.bind((self.address, self.port))
+            return False
+        except OSError:
+            return True
+
+    def _start(self, *, foreground: bool, timeout: float) -> "SshdServer":
         sshd = find_sshd()
         self.prepare()
         check = subprocess.run([sshd, "-t", "-f", str(self.config_path)], capture_output=True, text=True)

@@ -27,6 +27,19 @@ VLLM_NEW = ("vllm", "0.17.0")
 VLLM_PINNED = ("vllm", "0.11.0")
 
 
+def pytest_collection_modifyitems(config, items):
+    """In a parallel run (pytest-xdist, scripts/test.sh) the tests marked ``long`` go first: the
+    workers take them at the start, so the run does not end with one of them running alone. Each
+    worker computes the same order; a run in one process keeps file order."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    long = [i for i in items if i.get_closest_marker("long")]
+    rest = [i for i in items if not i.get_closest_marker("long")]
+    # each beside a short one: xdist's --dist load first hands every worker two tests, and two long
+    # ones on one worker would run one after the other
+    items[:] = [i for pair in zip(long, rest) for i in pair] + rest[len(long):]
+
+
 @pytest.fixture(autouse=True)
 def _keep_the_checkout_clean(tmp_path, monkeypatch):
     """No test may read or rewrite the repository's own inventory or sandbox: the default
@@ -86,6 +99,8 @@ class SshdFixture:
 
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory):
+    """One sshd per test process: in a parallel run each worker has its own, on a port picked free
+    (SshdServer.start moves to another one if a process beside it took that port first)."""
     server = SshdServer(tmp_path_factory.mktemp("sshd")).start()
     yield SshdFixture(server)
     server.stop()

@@ -543,9 +543,11 @@ elif "--query-compute-apps=" in a:
     for pid in os.listdir("/proc"):
         try:
             cmd = open("/proc/" + pid + "/cmdline", "rb").read()
+            cwd = os.readlink("/proc/" + pid + "/cwd")
         except OSError:
             continue
-        if b"extract_standin.py\\0--worker" in cmd:
+        # this test's workers (their cwd is its workdir), not those of a test running beside it
+        if b"extract_standin.py\\0--worker" in cmd and cwd.startswith({str(tmp_path)!r}):
             print(pid + ", VLLM::Worker_TP0, 1000, GPU-aaaa")
     print("{foreign.pid}, python3, 1386, GPU-aaaa")
 """)

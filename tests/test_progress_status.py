@@ -68,15 +68,19 @@ def test_status_line_and_tail_snapshot_show_tokens_per_s_and_eta():
 
 def test_the_live_renderer_keeps_progress_lines_out_of_the_scrolling_log():
     from rich.console import Console
+
+    from remote_ops.commands.follow import LivePrinter, PlainPrinter
+    from remote_ops.extract.follow import Line, Snapshot
     buf = io.StringIO()
-    r = tail.LiveRenderer(Console(file=buf, force_terminal=True, width=120))
-    r("log", 'generator ready in 1.0s\nextract-progress {"tokens_done": 5}\nwrote 3 sample(s)\n')
-    r("snapshot", {"state": "running", "tokens": {"done": 5, "total": 9}, "tokens_per_s": 2.5, "eta_s": 2})
+    r = LivePrinter(Console(file=buf, force_terminal=True, width=120))
+    for text in ("generator ready in 1.0s", 'extract-progress {"tokens_done": 5}', "wrote 3 sample(s)"):
+        r(Line(text))
+    r(Snapshot({"state": "running", "tokens": {"done": 5, "total": 9}, "tokens_per_s": 2.5, "eta_s": 2}))
     r.close()
     text = buf.getvalue()
     assert "generator ready in 1.0s" in text and "wrote 3 sample(s)" in text
     assert "extract-progress" not in text and "tokens 5/9" in text and "ETA 2s" in text
     plain = io.StringIO()
-    p = tail.PlainRenderer(out=plain)
-    p("log", 'extract-progress {"tokens_done": 5}\n')
+    p = PlainPrinter(out=plain)
+    p(Line('extract-progress {"tokens_done": 5}'))
     assert plain.getvalue() == 'extract-progress {"tokens_done": 5}\n'      # logs keep the record

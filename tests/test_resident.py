@@ -274,7 +274,9 @@ def test_the_kept_connection_starts_the_resident_agent_before_the_next_command(s
     log = Path(muxdir) / "mux.log"
     assert wait_until(lambda: list(cache.glob("*")) != [], 30)   # its agent cache is used (filled or hit)
     pids = mux_pids(muxdir)
-    agents = lambda: [p for p in Path("/proc").iterdir() if p.name.isdigit() and _is_resident(p)]  # noqa: E731
+    listener = sshd_log.server.proc.pid      # this worker's sshd: not a resident agent of a test beside this one
+    agents = lambda: [p for p in Path("/proc").iterdir()  # noqa: E731
+                      if p.name.isdigit() and _is_resident(p) and _descends_from(p, listener)]
     assert wait_until(agents, 30), log.read_text()
     before = {p.name for p in agents()}
     status, out, err = facts(cli, inv)
@@ -282,6 +284,20 @@ def test_the_kept_connection_starts_the_resident_agent_before_the_next_command(s
     st = last_stats(tmp_path)["h"]
     assert st["agent_cache"] == ["resident"] and st["connects"] == 0
     assert {p.name for p in agents()} == before and mux_pids(muxdir) == pids   # the one started ahead
+
+
+def _descends_from(proc: Path, ancestor: int) -> bool:
+    pid = int(proc.name)
+    for _ in range(16):
+        try:
+            pid = int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+    return False
 
 
 def _is_resident(proc: Path) -> bool:

@@ -161,6 +161,7 @@ def _every_command(cli, target: str, extra: list[str], fresh_py: str, data: Path
     return runs
 
 
+@pytest.mark.long
 def test_every_command_same_json_over_localhost_and_sshd(sshd, fresh_env017, tmp_path, monkeypatch, cli):
     ssh_state, local_state = tmp_path / "state-ssh", tmp_path / "state-local"
     ssh_data, local_data = tmp_path / "ssh", tmp_path / "local"

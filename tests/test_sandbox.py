@@ -9,6 +9,8 @@ import json
 import os
 import subprocess
 
+import pytest
+
 from remote_ops import sandbox
 from tests.conftest import REPO
 
@@ -98,6 +100,7 @@ def _sha(p):
     return hashlib.sha256(p.read_bytes()).hexdigest() if p.exists() else None
 
 
+@pytest.mark.long
 def test_demo_script_runs_end_to_end(tmp_path, monkeypatch):
     """The README's first command, as written, on a sandbox under tmp: sandbox up -> facts -> check
     (findings) -> patch (verified) -> check (clean) -> extract --tail -> verify -> status."""

@@ -239,7 +239,7 @@ def test_racing_sessions_in_one_controller(sshd, tmp_path):
 def test_local_connection_keeps_the_self_contained_form(tmp_path):
     """LocalSession writes stdin in one go: it must not get the probe form."""
     from remote_ops.connect.inventory import Host
-    from remote_ops.connect.transport import LocalSession
+    from remote_ops.connect.localsession import LocalSession
 
     sess = LocalSession(Host(name="me", hostname="localhost", python=sys.executable, proxy_jump=()))
     assert sess.call("ping.ping", {"echo": "l"})["echo"] == "l"

@@ -34,6 +34,7 @@ def sandbox_host(tmp_path, sshd):
     return paths, entry, inv
 
 
+@pytest.mark.long
 def test_standin_through_extract_tail_status_verify(sandbox_host, cli):
     paths, entry, inv = sandbox_host
     status, out, err = cli("-i", str(inv), "extract", "--tail", "--skip-check")

@@ -99,13 +99,11 @@ def run(args, ctx) -> int:
 
 
 # ------------------------------------------------------------------------------ __complete
-def candidates(words: list[str]) -> list[str]:
-    """Completions for the last word of ``words`` (the command line after the program name)."""
-    from remote_ops.cli import build_parser
-
+def candidates(words: list[str], parser) -> list[str]:
+    """Completions for the last word of ``words`` (the command line after the program name), from
+    ``parser`` (cli.build_parser's, which loads this module as one of the commands)."""
     current = words[-1] if words else ""
     before = words[:-1]
-    parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
     command = None
     inventory_file = None
@@ -155,7 +153,7 @@ def _host_names(inventory_file: str | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def complete(argv: list[str]) -> int:
+def complete(argv: list[str], parser) -> int:
     """``remote-ops __complete CWORD PROG WORD...``: one candidate per line on stdout."""
     try:
         cword = int(argv[0])
@@ -164,6 +162,6 @@ def complete(argv: list[str]) -> int:
     comp_words = argv[1:]              # the shell's words, the program name first
     words = comp_words[1:cword + 1]    # after the program name, up to the word being completed
     words += [""] * (cword - len(words))
-    out = candidates(words)
+    out = candidates(words, parser)
     sys.stdout.write("\n".join(out) + ("\n" if out else ""))
     return 0

@@ -26,9 +26,9 @@ def add_arguments(p):
 def run(args, ctx) -> int:
     import sys
 
+    from remote_ops.commands.follow import print_follow
     from remote_ops.extract import jobs
     from remote_ops.errors import Exit, UsageError
-    from remote_ops.extract.tail import follow_job, report_end
 
     if args.watch is not None and not 0 <= args.watch <= 60:
         raise UsageError(f"--watch must be 0-60 seconds, got {args.watch:g}")
@@ -63,6 +63,7 @@ def run(args, ctx) -> int:
         if job.get("label"):
             ctx.err.print(f"  {job['label']}", markup=False, highlight=False)
     if job.get("scheduler") == "slurm":      # a job array: its tasks' logs, each line "[task k] ..."
+        from remote_ops.commands.follow import report_end
         from remote_ops.extract.slurm import follow, print_task_text
         try:
             final = follow(ctx.session(host), job["job_id"], lambda k, text: print_task_text(ctx, k, text))
@@ -70,13 +71,10 @@ def run(args, ctx) -> int:
             return int(Exit.INTERRUPTED)
         return report_end(ctx, final)
     if v.attached and job.get("log_size", 0) > 8192:
-        r = jobs.logs(ctx.session(host), host, job=job["job_id"], lines=20)
+        r = ctx.fleet.logs(args.host, job=job["job_id"], lines=20).raise_for_failures()[0].value
         sys.stdout.write(r.text.replace("\r", "\n") if not ctx.json else "")
         offset = r.next
-    final = follow_job(ctx, host, job, offset=offset)
-    if final is None:
-        return int(Exit.INTERRUPTED)
-    return report_end(ctx, final)
+    return print_follow(ctx, args.host, job["job_id"], offset=offset)
 
 
 def summary(v) -> str:

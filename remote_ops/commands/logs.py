@@ -24,9 +24,9 @@ def collapse(text: str) -> str:
 def run(args, ctx) -> int:
     import sys
 
+    from remote_ops.commands.follow import print_follow
     from remote_ops.extract import jobs
     from remote_ops.errors import Exit, UsageError
-    from remote_ops.extract.tail import follow_job, report_end
 
     if args.follow:
         hosts = ctx.hosts(args.host)
@@ -46,6 +46,7 @@ def run(args, ctx) -> int:
     r = results[0].value
     from remote_ops.extract.slurm import is_slurm
     if is_slurm(ctx.hosts(args.host)[0]) and r.state not in jobs.TERMINAL:   # a job array: every task's log
+        from remote_ops.commands.follow import report_end
         from remote_ops.extract.slurm import follow, print_task_text
         try:
             final = follow(ctx.session(ctx.hosts(args.host)[0]), r.job_id, lambda k, t: print_task_text(ctx, k, t))
@@ -59,8 +60,4 @@ def run(args, ctx) -> int:
         if ctx.json:
             ctx.emit(r)
         return int(Exit.OK)
-    host = ctx.hosts(args.host)[0]
-    final = follow_job(ctx, host, {"job_id": r.job_id}, offset=r.next)
-    if final is None:
-        return int(Exit.INTERRUPTED)
-    return report_end(ctx, final)
+    return print_follow(ctx, args.host, r.job_id, offset=r.next)

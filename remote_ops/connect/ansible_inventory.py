@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from remote_ops.errors import ConfigError
-from remote_ops.connect.inventory import Host, Inventory
+from remote_ops.connect.hosts import Host, Inventory
 
 GROUP_KEYS = {"hosts", "children", "vars"}
 SSH_KINDS = {"ssh", "paramiko", "smart"}

@@ -449,22 +449,6 @@ def resident_ok(ops: list[dict]) -> bool:
     return True
 
 
-def session_for(host: Host, options: ConnectOptions | None = None,
-                inventory_hosts: dict[str, Host] | None = None) -> Session:
-    """The session kind the host's ``connection`` names (ssh, or local: localsession.py)."""
-    if getattr(host, "connection", "ssh") == "local":
-        from remote_ops.connect.localsession import LocalSession
-        return LocalSession(host, options, inventory_hosts)
-    return Session(host, options, inventory_hosts)
-
-
-def __getattr__(name: str):
-    if name == "LocalSession":        # moved to localsession.py; the old import keeps working
-        from remote_ops.connect.localsession import LocalSession
-        return LocalSession
-    raise AttributeError(name)
-
-
 def unwrap(res: dict, label: str | None = None) -> Any:
     """The op's result, or its failure raised as the error its kind declares (errors.agent_error)."""
     if res.get("ok"):
@@ -480,9 +464,3 @@ def sshconfig_lookup(ssh_cfg, hostname: str) -> dict:
 def _policy(known_hosts: str, accept_new: bool, label: str):
     from remote_ops.connect.hostkeys import VerifyPolicy
     return VerifyPolicy(known_hosts, accept_new, label)
-
-
-def connect(host: Host, *, accept_new: bool = False, inventory_hosts: dict | None = None,
-            connect_timeout: float | None = None) -> Session:
-    return session_for(host, ConnectOptions(accept_new=accept_new, connect_timeout=connect_timeout),
-                       inventory_hosts).open()

@@ -1,4 +1,4 @@
-"""Following a job's log: tqdm-aware rendering, and a follower that survives dropped connections.
+"""Following a job's log: tqdm-aware line splitting, and a follower that survives dropped connections.
 
 The host streams raw log bytes from a byte offset (op ``jobs.tail``). ``LineSplitter`` turns them
 into permanent lines (ended by ``\\n``) and progress updates (tqdm's ``\\r`` rewrites), so a tqdm
@@ -10,7 +10,6 @@ reached a terminal state: a closed stream is never taken for the end of the job.
 from __future__ import annotations
 
 import re
-import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -124,14 +123,15 @@ class LineSplitter:
 class Follower:
     """Streams ``jobs.tail`` from ``offset`` until the job ends; reconnects on connection loss.
 
-    ``on_event(kind, payload)`` receives ("log", text), ("snapshot", dict), ("reconnecting",
-    message), ("reconnected", offset). ``run()`` returns the final status record.
+    ``events()`` yields ("log", text), ("snapshot", dict), ("reconnecting", message) and returns the
+    final status record; ``run()`` hands them to ``on_event(kind, payload)`` instead (follow.py
+    turns them into the typed events of ``--tail``).
     """
 
     def __init__(self, open_session: Callable, drop_session: Callable, ref: dict, *, offset: int = 0,
-                 on_event: Callable[[str, object], None], budget: float = 120.0, read_timeout: float = 30.0,
-                 snapshot_every: float = 5.0, reconnect_for: float = 900.0, poll: float = 0.05,
-                 sleep: Callable[[float], None] = time.sleep):
+                 on_event: Callable[[str, object], None] | None = None, budget: float = 120.0,
+                 read_timeout: float = 30.0, snapshot_every: float = 5.0, reconnect_for: float = 900.0,
+                 poll: float = 0.05, sleep: Callable[[float], None] = time.sleep):
         self.open_session = open_session
         self.drop_session = drop_session
         self.ref = dict(ref)
@@ -145,7 +145,7 @@ class Follower:
         self.sleep = sleep
         self.reconnects = 0
 
-    def _one_stream(self) -> dict | None:
+    def _one_stream(self) -> Iterator[tuple[str, object]]:
         session = self.open_session()
         req = rq.jobs_tail(**self.ref, offset=self.offset, budget=self.budget, poll=self.poll,
                            snapshot_every=self.snapshot_every)
@@ -155,22 +155,24 @@ class Follower:
                 ev = msg["event"]
                 if ev.get("type") == "log":
                     start, data = int(ev["offset"]), ev["data"]
-                    if start < self.offset:   # overlap after a reconnect: skip what we printed
+                    if start < self.offset:   # overlap after a reconnect: skip what was received
                         data = data[len(data.encode()[:self.offset - start].decode("utf-8", "ignore")):]
                     if data:
-                        self.on_event("log", data)
+                        yield "log", data
                     self.offset = max(self.offset, int(ev["next"]))
                 elif ev.get("type") == "snapshot":
-                    self.on_event("snapshot", ev)
+                    yield "snapshot", ev
             elif "result" in msg:
                 result = msg["result"]
         return result
 
-    def run(self) -> dict:
+    def events(self) -> Iterator[tuple[str, object]]:
+        """("log", text), ("snapshot", dict), ("reconnecting", message) until the job ends; the
+        generator's return value (``StopIteration.value``) is the job's final status record."""
         backoff, down_since = 0.5, None
         while True:
             try:
-                result = self._one_stream()
+                result = yield from self._one_stream()
             except (UnreachableError, TimeoutError_, AgentError, OSError, EOFError) as exc:
                 if isinstance(exc, AgentError) and exc.kind not in (None, "agent-exit"):
                     raise   # a real answer from the agent (e.g. no such job), not a dropped link
@@ -191,7 +193,7 @@ class Follower:
                 raise UnreachableError(f"lost the connection for {int(now - down_since)}s while following "
                                        "the job; it keeps running on the host",
                                        "reattach later with: remote-ops extract HOST --tail")
-            self.on_event("reconnecting", f"{reason}; reconnecting in {backoff:g}s (the job keeps running)")
+            yield "reconnecting", f"{reason}; reconnecting in {backoff:g}s (the job keeps running)"
             try:
                 self.drop_session()
             except Exception:  # the old connection is already broken; closing it may fail too
@@ -200,138 +202,16 @@ class Follower:
             backoff = min(backoff * 2, 15.0)
             self.reconnects += 1
 
-
-# ------------------------------------------------------------------ rendering
-class PlainRenderer:
-    """For pipes and logs: finished lines at once, bar updates at most every ``progress_every`` s."""
-
-    def __init__(self, out=None, progress_every: float = 10.0, snapshot_every: float = 60.0):
-        self.out = out or sys.stdout
-        self.split = LineSplitter()
-        self.progress_every = progress_every
-        self.snapshot_every = snapshot_every
-        self._last_prog = 0.0
-        self._last_snap = 0.0
-        self._last_desc = None
-
-    def write(self, text: str) -> None:
-        self.out.write(text)
-        self.out.flush()
-
-    def __call__(self, kind, payload) -> None:
-        if kind == "log":
-            for k, v in self.split.feed(payload):
-                self._piece(k, v)
-        elif kind == "snapshot":
-            now = time.monotonic()
-            if now - self._last_snap >= self.snapshot_every:
-                self._last_snap = now
-                self.write(f"[remote-ops] {snapshot_text(payload)}\n")
-        elif kind == "reconnecting":
-            self.write(f"[remote-ops] connection lost: {payload}\n")
-
-    def _piece(self, k, v):
-        now = time.monotonic()
-        if k == "line":
-            self.write(v + "\n")
-        elif k == "bar-done":
-            self.write(v.text + "\n")
-            self._last_desc = None
-        elif k == "progress":
-            if v.desc != self._last_desc or now - self._last_prog >= self.progress_every:
-                self._last_desc, self._last_prog = v.desc, now
-                self.write(v.text + "\n")
-
-    def close(self):
-        for k, v in self.split.flush():
-            self._piece(k, v)
-
-
-class LiveRenderer:
-    """For a terminal: log lines scroll above one rich progress bar and a GPU / output status line."""
-
-    def __init__(self, console):
-        from rich.live import Live
-        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-        from rich.text import Text
-
-        self.console = console
-        self.split = LineSplitter()
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
-                                 TextColumn("{task.completed:.0f}/{task.fields[total_text]}"),
-                                 TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
-                                 console=console, auto_refresh=False)
-        self.status = Text("", style="dim")
-        self.tasks: dict[str, int] = {}
-        from rich.console import Group
-        self.live = Live(Group(self.progress, self.status), console=console, refresh_per_second=8,
-                         transient=False, redirect_stdout=False)
-        self.live.start()
-
-    def __call__(self, kind, payload) -> None:
-        if kind == "log":
-            for k, v in self.split.feed(payload):
-                self._piece(k, v)
-        elif kind == "snapshot":
-            self.status.plain = snapshot_text(payload)
-        elif kind == "reconnecting":
-            self.console.print(f"[yellow]connection lost: {payload}[/]", highlight=False)
-        self.live.refresh()
-
-    def _task(self, st: TqdmState) -> int:
-        key = st.desc or "progress"
-        if key not in self.tasks:
-            self.tasks[key] = self.progress.add_task(key, total=st.total, total_text="?", rate="")
-        return self.tasks[key]
-
-    def _piece(self, k, v):
-        from rich.text import Text
-        if k == "line" and v.startswith(PROGRESS_PREFIX):
-            return    # the job's machine-readable progress: the status line shows it (snapshot_text)
-        if k == "line":
-            self.console.print(Text(v), highlight=False, markup=False, soft_wrap=True)
-        elif k in ("progress", "bar-done"):
-            tid = self._task(v)
-            self.progress.update(tid, completed=v.n, total=v.total,
-                                 total_text=f"{v.total:.0f}" if v.total else "?", rate=v.rate or "")
-        elif k == "transient":
-            self.status.plain = v[-200:]
-
-    def close(self):
-        for k, v in self.split.flush():
-            self._piece(k, v)
-        self.live.refresh()
-        self.live.stop()
-
-
-class JsonRenderer:
-    """--json --tail: one JSON object per line (log lines, progress, snapshots)."""
-
-    def __init__(self, out=None):
-        self.out = out or sys.stdout
-        self.split = LineSplitter()
-
-    def emit(self, obj):
-        import json
-        self.out.write(json.dumps(obj, default=str) + "\n")
-        self.out.flush()
-
-    def __call__(self, kind, payload):
-        if kind == "log":
-            for k, v in self.split.feed(payload):
-                if k == "line":
-                    self.emit({"event": "line", "text": v})
-                elif k in ("progress", "bar-done"):
-                    self.emit({"event": "progress", "done": k == "bar-done", **v.to_json()})
-        elif kind == "snapshot":
-            self.emit({"event": "snapshot", **{k: v for k, v in payload.items() if k != "type"}})
-        elif kind == "reconnecting":
-            self.emit({"event": "reconnecting", "message": payload})
-
-    def close(self):
-        for k, v in self.split.flush():
-            if k == "line":
-                self.emit({"event": "line", "text": v})
+    def run(self) -> dict:
+        """``events()`` handed to ``on_event(kind, payload)``; returns the final status record."""
+        gen = self.events()
+        while True:
+            try:
+                kind, payload = next(gen)
+            except StopIteration as done:
+                return done.value
+            if self.on_event is not None:
+                self.on_event(kind, payload)
 
 
 def token_text(st: dict, lead: str = "") -> str:
@@ -372,55 +252,3 @@ def snapshot_text(snap: dict) -> str:
     if wd and wd.get("stalled"):
         parts.append(f"WATCHDOG: no progress for {int(wd.get('stalled_for_s') or 0)}s")
     return " | ".join(parts) or snap.get("state", "")
-
-
-def follow_job(ctx, host, job: dict, *, offset: int = 0, budget: float = 120.0) -> dict | None:
-    """Follow ``job`` on ``host`` to its end with the renderer that fits the output; returns the
-    final status record, or None when the user pressed Ctrl-C (the job keeps running)."""
-    if ctx.json:
-        renderer = JsonRenderer()
-    elif ctx.console.is_terminal:
-        renderer = LiveRenderer(ctx.console)
-    else:
-        renderer = PlainRenderer()
-    follower = Follower(lambda: ctx.session(host), lambda: ctx.drop_session(host),
-                        {"job_id": job["job_id"]}, offset=offset, on_event=renderer, budget=budget)
-    closed = False
-    try:
-        status = follower.run()
-        renderer.close()
-        closed = True
-        return status
-    except KeyboardInterrupt:
-        renderer.close()
-        closed = True
-        msg = (f"job {job['job_id']} still running; reattach with: remote-ops extract {host.name} --tail")
-        if ctx.json:
-            renderer.emit({"event": "detached", "job_id": job["job_id"], "message": msg})
-        sys.stderr.write(f"\n{msg}\n")
-        return None
-    finally:
-        if not closed:
-            try:
-                renderer.close()
-            except Exception:  # never hide the real error behind a rendering problem
-                pass
-
-
-def report_end(ctx, st) -> int:
-    """Print how a followed job ended (one JSON event, or its summary and error lines); its exit status."""
-    import sys
-
-    from remote_ops.extract import jobs
-    if ctx.json:
-        import json
-        sys.stdout.write(json.dumps({"event": "end", "status": st}, default=str) + "\n")
-        sys.stdout.flush()
-    else:
-        from rich.text import Text
-        style = "green" if st["state"] == "succeeded" else "red"
-        ctx.console.print(Text(jobs.summary_line(st), style=style), highlight=False)
-        if st["state"] != "succeeded":
-            for line in st.get("error_lines") or []:
-                ctx.console.print(f"  {line}", markup=False, highlight=False)
-    return jobs.exit_for(st)
