@@ -35,6 +35,14 @@ if TYPE_CHECKING:
 __all__ = ["open_inventory", "Inventory", "Results", "HostResult", "RemoteOpsError"]
 
 
+def _job_ops(host):
+    """The module that runs ``host``'s jobs, both with the same per-host functions: a Slurm login node's
+    job arrays (extract/slurm.py, inventory var ``scheduler: slurm``), else the detached supervised
+    job (extract/jobs.py)."""
+    from remote_ops.extract import jobs, slurm
+    return slurm if slurm.is_slurm(host) else jobs
+
+
 class Inventory(Fleet):
     """An open inventory: hosts, groups, one SSH session per host, and the operations."""
 
@@ -75,7 +83,8 @@ class Inventory(Fleet):
         def one(h, s):
             pb = named or (pb_mod.load(pb_mod.find(None, h)) if getattr(h, "playbook", None) else None)
             model_req = model_mod.request(pb, h, model=model) if (pb is not None or model) else None
-            return check_mod.check(s, h, req if named else check_mod.for_host(req, h, accepted_of), model_req)
+            return check_mod.check(s, h, req if named else check_mod.for_host(req, h, accepted_of), model_req,
+                                   model_from_vars=not model)
         return self.run(target, one)
 
     def candidates(self, target: str | None = None, *, package: str | None = None,
@@ -132,7 +141,7 @@ class Inventory(Fleet):
         hosts = self.resolve(target)
         specs = shard_mod.apply(hosts, jobs.load_for_hosts(hosts, playbook), shard)
         wait = jobs.EARLY_DEATH_S if early_death_s is None else early_death_s
-        return self.run(target, lambda h, s: jobs.extract(s, h, *specs[h.name], skip_check=skip_check,
+        return self.run(target, lambda h, s: _job_ops(h).extract(s, h, *specs[h.name], skip_check=skip_check,
                                                           dry_run=dry_run, strict_drift=strict,
                                                           early_death_s=wait))
 
@@ -141,7 +150,7 @@ class Inventory(Fleet):
         group, ``Results.group`` is ``shard.GroupProgress`` (totals, summed rate, ETA)."""
         from remote_ops.extract import jobs
         from remote_ops.extract import shard as shard_mod
-        results = self.run(target, lambda h, s: jobs.status(s, h, playbook=playbook, job=job))
+        results = self.run(target, lambda h, s: _job_ops(h).status(s, h, playbook=playbook, job=job))
         if not results.single:
             results.group = shard_mod.progress(results)
         return results
@@ -156,7 +165,7 @@ class Inventory(Fleet):
         """The last ``lines`` lines of the job's log (``jobs.LogsResult``)."""
         from remote_ops.extract import jobs
         jobs.check_lines(lines)
-        return self.run(target, lambda h, s: jobs.logs(s, h, playbook=playbook, job=job, lines=lines))
+        return self.run(target, lambda h, s: _job_ops(h).logs(s, h, playbook=playbook, job=job, lines=lines))
 
     def follow(self, target: str | None = None, job: str | None = None, *, playbook: str | None = None,
                offset: int = 0) -> Iterator[FollowEvent]:
@@ -184,7 +193,7 @@ class Inventory(Fleet):
         ``clean`` when nothing of the job is left). ``on_stopping(host, status, grace)`` before signals."""
         from remote_ops.extract import jobs
         jobs.check_grace(grace)
-        return self.run(target, lambda h, s: jobs.stop(
+        return self.run(target, lambda h, s: _job_ops(h).stop(
             s, h, playbook=playbook, job=job, grace=grace,
             on_stopping=None if on_stopping is None else (lambda st, g: on_stopping(h, st, g))))
 

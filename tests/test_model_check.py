@@ -189,6 +189,18 @@ def test_check_model_over_ssh_then_patch_then_clean(sshd, inventory_file, env020
     assert status == 1 and kinds(json.loads(out)["model"]) == {("layer-ids", None)}
 
 
+def test_check_lists_a_missing_model_var_as_not_checked_and_a_missing_model_flag_as_a_finding(
+        sshd, inventory_file, env020, cli, tmp_path):
+    pb = pb_mod.find("eagle3-speculators-0.3.0")
+    inv = inventory_file(python=str(env020), playbook=str(pb))          # the playbook's /data/models/target
+    assert cli("patch", "testhost", "--yes", "-i", str(inv))[0] == 0
+    status, out, err = cli("check", "testhost", "--json", "-i", str(inv))
+    m = json.loads(out)["model"]
+    assert status == 0 and m["findings"] == [] and "set the var target_model" in m["unknown"][0]["reason"]
+    status, out, err = cli("check", "testhost", "--json", "--model", str(tmp_path / "nope"), "-i", str(inv))
+    assert status == 1 and kinds(json.loads(out)["model"]) == {("model-missing", None)}
+
+
 def test_extract_preflight_refuses_a_model_the_worker_cannot_serve(sshd, inventory_file, env020, cli, checkpoints,
                                                                   tmp_path):
     pb = pb_mod.find("eagle3-speculators-0.3.0")

@@ -466,7 +466,8 @@ def check(args, reads=None):
     cfg_path, cfg, problem = read_config(model, reads, args.get("workdir"))
     out["config"] = cfg_path
     if problem:
-        findings.append({"path": cfg_path, "line": None, "symbol": None, "kind": "model-config", "name": None,
+        kind = "model-missing" if cfg_path is None and "does not exist" in problem else "model-config"
+        findings.append({"path": cfg_path, "line": None, "symbol": None, "kind": kind, "name": None,
                          "message": problem, "suggestion": "point target_model (--model) at the checkpoint "
                                                            "directory the job loads"})
         return out

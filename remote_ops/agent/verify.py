@@ -19,17 +19,7 @@ from .protocol import AgentFailure
 
 SAMPLE_RE = re.compile(r"^data_(\d+)\.pt$")
 TEMP_RE = re.compile(r"^\.data_\d+\.pt\..*tmp$")   # extract_hidden_states.py's unfinished writes
-MAX_LISTED = 50
-
-
-def _import_torch():
-    try:
-        import torch
-    except ImportError as exc:
-        raise AgentFailure("no-torch", "torch cannot be imported by the host's interpreter (%s)" % exc,
-                           "verify runs with the host's python; set 'python' in the inventory to the "
-                           "environment that ran the job")
-    return torch
+from .outputs import MAX_LISTED, _import_torch  # noqa: F401  (shared with verify_hs.py)
 
 
 def _describe(torch, obj):

@@ -22,7 +22,7 @@ import re
 import struct
 import time
 
-from .verify import MAX_LISTED, _import_torch
+from .outputs import MAX_LISTED, _import_torch
 
 SAMPLE_RE = re.compile(r"^hs_(\d+)\.safetensors$")
 DTYPES = {"F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2), "BF16": ("bfloat16", 2),

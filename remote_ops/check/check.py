@@ -118,10 +118,17 @@ class CheckResult(Record):
         return bool(self.findings or (strict and self.drift) or (self.model or {}).get("findings"))
 
 
-def check(session, host, req: CheckRequest, model_req=None) -> CheckResult:
+def check(session, host, req: CheckRequest, model_req=None, model_from_vars: bool = False) -> CheckResult:
     """The check operation on one host: one exec round trip (the call sites, and the model preflight
-    when ``model_req``: ``check.model.request``), then drift on the controller."""
-    return CheckResult.from_json(run(session, req, model_req))
+    when ``model_req``: ``check.model.request``), then drift on the controller. ``model_from_vars``:
+    the model is the playbook's var, not ``--model``: a directory that is not there is not checked
+    (an unknown naming the var) rather than a finding, since ``check`` is about the code; the extract
+    preflight still refuses it."""
+    out = run(session, req, model_req)
+    if model_from_vars and out.get("model"):
+        from remote_ops.check.model import missing_as_unknown
+        missing_as_unknown(out["model"])
+    return CheckResult.from_json(out)
 
 
 def run(session, req: CheckRequest, model_req=None) -> dict:

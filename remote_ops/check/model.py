@@ -78,7 +78,7 @@ def request(playbook, host, *, model: str | None = None, layer_ids: Any = None):
             raise UsageError("--model needs a playbook with a check.model section (what the worker needs)",
                              "pass --playbook eagle3-speculators-0.3.0, or give the host a playbook")
         return None
-    from remote_ops.extract.extract_spec import fill_for_host
+    from remote_ops.templates import fill_for_host
     path = model or fill_for_host(playbook, host, section.get("path"), ("check", "model", "path"))
     if not path:
         return None
@@ -90,6 +90,17 @@ def request(playbook, host, *, model: str | None = None, layer_ids: Any = None):
                           protocol=section.get("protocol") or rq._UNSET, worker=section.get("worker") or rq._UNSET,
                           text_model=list(section.get("text_model") or []),
                           workdir=host.workdir or rq._UNSET)
+
+
+def missing_as_unknown(m: dict) -> None:
+    """``check`` of a playbook's model var: a model directory that is not on the host is listed as not
+    checked (what to set), not as a finding; ``extract`` refuses it."""
+    gone = [f for f in m.get("findings") or [] if f.get("kind") == "model-missing"]
+    if gone:
+        m["findings"] = [f for f in m["findings"] if f.get("kind") != "model-missing"]
+        m.setdefault("unknown", []).extend(
+            {"what": "model", "reason": f"{f['message']}: set the var target_model to the checkpoint the job "
+                                        "loads (or pass --model)"} for f in gone)
 
 
 def explain(f: dict) -> str:

@@ -91,3 +91,8 @@ class Inventory:
         if not out:
             raise UsageError(f"{self.path}: {spec!r} names no hosts")
         return out
+
+
+def is_slurm(host) -> bool:
+    """A cluster's login node: the inventory var ``scheduler: slurm`` (extract/slurm.py runs its jobs)."""
+    return str((getattr(host, "vars", None) or {}).get("scheduler", "")).lower() == "slurm"

@@ -46,9 +46,10 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
 
 from remote_ops.errors import ConfigError
+from remote_ops.templates import _TEMPLATE, _WHOLE_VAR, _fill, fill_for_host, template_context  # noqa: F401
 from remote_ops.yamlsrc import type_name
 
 EXTRACT_KEYS = {"command", "workdir", "output_dir", "expected_samples", "disk", "env",
@@ -58,8 +59,6 @@ SERVER_KEYS = {"command", "port", "health", "env", "import_check"}
 LAYOUTS = ("data_pt", "hs_safetensors")     # agent/supervisor.py LAYOUTS: the file name of one sample
 MAX_FILE_BYTES = 4 << 20
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_WHOLE_VAR = re.compile(r"^\{(vars\.[A-Za-z_][A-Za-z0-9_]*)\}$")
-_TEMPLATE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.]*)\}")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -156,51 +155,6 @@ class ExtractSpec:
 
 
 # ------------------------------------------------------------------ schema
-_BUILTINS = ("python", "host", "workdir", "output_dir", "port")
-
-
-def _fill(value: str, ctx: dict, err) -> str:
-    def sub(m):
-        name = m.group(1)
-        if name in ctx:
-            found = str(ctx[name])
-            if name.startswith("vars.") and "{" in found:
-                # a var's value may use the built-in templates ({python}: a server's interpreter that
-                # defaults to the host's), once; vars inside vars are not expanded
-                found = _TEMPLATE.sub(lambda v: str(ctx[v.group(1)]) if v.group(1) in _BUILTINS
-                                      and v.group(1) in ctx else v.group(0), found)
-            return found
-        if name.startswith("vars."):
-            known = sorted(k[5:] for k in ctx if k.startswith("vars."))
-            raise err(f"{{{name}}} is not a var of this host or playbook",
-                      f"known vars: {', '.join(known) or 'none'} (set them under the host's 'vars:')")
-        raise err(f"unknown template {{{name}}}",
-                  "known: {vars.NAME}, {output_dir}, {workdir}, {python}, {host}, {port} (with extract.server)")
-    return _TEMPLATE.sub(sub, value)
-
-
-def template_context(playbook, host) -> dict[str, Any]:
-    """What templates are filled from on ``host``: ``vars.NAME`` (host vars over playbook vars),
-    ``python``, ``host``."""
-    pb_vars = (playbook.doc.data or {}).get("vars") if playbook.doc else None
-    variables = dict(pb_vars or {}) if isinstance(pb_vars, dict) else {}
-    variables.update(host.vars or {})
-    ctx: dict[str, Any] = {f"vars.{k}": v for k, v in variables.items()}
-    ctx["python"] = host.python or "python3"   # unset: the agent runs with the login shell's PATH
-    ctx["host"] = host.name
-    return ctx
-
-
-def fill_for_host(playbook, host, value, keys: tuple):
-    """A playbook value outside ``extract:`` filled for ``host``: exactly ``{vars.NAME}`` is the var's
-    value as it is; other strings have their templates filled (errors name ``keys``' line)."""
-    if not isinstance(value, str):
-        return value
-    ctx = template_context(playbook, host)
-    m = _WHOLE_VAR.match(value)
-    if m and m.group(1) in ctx:
-        return ctx[m.group(1)]
-    return _fill(value, ctx, lambda problem, hint=None: playbook.error(keys, problem, hint))
 
 
 def parse_spec(playbook, host, *, subdir: str | None = None) -> ExtractSpec:
@@ -508,3 +462,12 @@ def resolve_secrets(spec: ExtractSpec) -> dict[str, str]:
                 raise ConfigError(spec.playbook_path or "playbook", s.line, f"secret {s.name}: {path} is empty")
         out[s.name] = value
     return out
+
+
+def assignment_changed(spec, recorded) -> str:
+    """The preflight problem when the output directory holds another shard's samples."""
+    k, n = recorded
+    now = f"shard {spec.shard[0]}/{spec.shard[1]}" if spec.shard else "an unsharded run"
+    return (f"{spec.output_dir} holds shard {k}/{n} of a sharded run, this run is {now}: the group "
+            f"changed (hosts are assigned sorted by name); run the same hosts with --shard, or move "
+            f"that share to a host with: remote-ops extract HOST --shard {k}/{n}")

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from remote_ops.connect import agent_requests as rq
 from remote_ops.errors import Exit, RefusedError, RemoteOpsError, UsageError
 from remote_ops.extract.extract_spec import (EXTRACT_KEYS, MAX_FILE_BYTES, ExtractSpec, SecretRef,  # noqa: F401
-                                     ShippedFile, parse_spec, resolve_secrets)
+                                     ShippedFile, assignment_changed, parse_spec, resolve_secrets)
 from remote_ops.records import Record, optional
-from remote_ops.units import human_bytes
+from remote_ops.units import fmt_duration, human_bytes
 
 TERMINAL = ("succeeded", "failed", "stopped", "lost")
 
@@ -132,10 +132,6 @@ def extract(session, host, pb, spec: ExtractSpec, *, skip_check: bool = False, d
     """The extract operation on one host: preflight (one round trip), then launch the detached job or
     attach to the running one. A preflight with problems raises its refusal (``refusal``), whose
     ``details["preflight"]`` is the whole preflight record."""
-    from remote_ops.extract import slurm
-    if slurm.is_slurm(host):      # a cluster's login node: a Slurm job array (extract/slurm.py)
-        return slurm.extract(session, host, pb, spec, skip_check=skip_check, dry_run=dry_run,
-                             strict_drift=strict_drift)
     pf = preflight(session, spec, pb, skip_check=skip_check, dry_run=dry_run, strict_drift=strict_drift,
                    host=host)
     if pf.running:
@@ -177,9 +173,6 @@ def early_end(session, job: dict, wait_s: float) -> dict:
 
 def status(session, host, *, playbook: str | None = None, job: str | None = None) -> JobStatus:
     """The status operation on one host: the job ``ref_for`` names (default: the host's playbook's)."""
-    from remote_ops.extract import slurm
-    if slurm.is_slurm(host):
-        return slurm.status(session, host, playbook=playbook, job=job)
     return JobStatus(host.name, resolve_job(session, ref_for(host, playbook=playbook, job=job)))
 
 
@@ -191,9 +184,6 @@ def list_jobs(session, host) -> JobList:
 def logs(session, host, *, playbook: str | None = None, job: str | None = None, lines: int = 50) -> LogsResult:
     """The logs operation on one host: the last ``lines`` lines of the job's log (also after it ended)."""
     check_lines(lines)
-    from remote_ops.extract import slurm
-    if slurm.is_slurm(host):
-        return slurm.logs(session, host, playbook=playbook, job=job, lines=lines)
     ref = ref_for(host, playbook=playbook, job=job)
     if not ref:     # the newest job on the host: only jobs.list knows it
         ref = {"job_id": resolve_job(session, ref)["job_id"]}
@@ -209,9 +199,6 @@ def stop(session, host, *, playbook: str | None = None, job: str | None = None, 
     seconds (default: the playbook's stop_grace_seconds, else 30), then what is left. ``on_stopping(status,
     grace)`` is called before a live job is signalled."""
     check_grace(grace)
-    from remote_ops.extract import slurm
-    if slurm.is_slurm(host):
-        return slurm.stop(session, host, playbook=playbook, job=job, grace=grace, on_stopping=on_stopping)
     st = resolve_job(session, ref_for(host, playbook=playbook, job=job))
     if grace is None:
         grace = 30.0
@@ -428,7 +415,6 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
         elif left:
             pf.notes.append("disk need unknown: " + (n.get("unknown") or "give the playbook an extract.disk section"))
     if d.get("shard") and list(d["shard"]) != list(spec.shard or ()):   # extract/shard.py
-        from remote_ops.extract.shard import assignment_changed
         pf.problems.append(assignment_changed(spec, d["shard"]))
     # the server's port: free on the host (a server left from an earlier run holds it)
     port = probe.get("port")
@@ -536,15 +522,6 @@ def launch(session, spec: ExtractSpec) -> dict:
 
 
 # ------------------------------------------------------------------ presenting a status record
-def fmt_duration(s: float | None) -> str:
-    if s is None:
-        return "?"
-    s = int(s)
-    h, rem = divmod(s, 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}h{m:02d}m{sec:02d}s" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
-
-
 def summary_line(st: dict) -> str:
     s = st.get("samples") or {}
     prog = f"{s.get('done', 0)}" + (f"/{s['expected']}" if s.get("expected") else "") + " samples"

@@ -82,13 +82,7 @@ def apply(hosts, specs: dict, shard) -> dict:
     return {name: (pb, for_shard(spec, *where[name])) for name, (pb, spec) in specs.items()}
 
 
-def assignment_changed(spec, recorded) -> str:
-    """The preflight problem when the output directory holds another shard's samples."""
-    k, n = recorded
-    now = f"shard {spec.shard[0]}/{spec.shard[1]}" if spec.shard else "an unsharded run"
-    return (f"{spec.output_dir} holds shard {k}/{n} of a sharded run, this run is {now}: the group "
-            f"changed (hosts are assigned sorted by name); run the same hosts with --shard, or move "
-            f"that share to a host with: remote-ops extract HOST --shard {k}/{n}")
+from remote_ops.extract.extract_spec import assignment_changed  # noqa: E402,F401  (the preflight's line)
 
 
 # ------------------------------------------------------------------ status over the group
@@ -143,7 +137,7 @@ def progress(results) -> GroupProgress:
 
 
 def progress_line(g: GroupProgress) -> str:
-    from remote_ops.extract.jobs import fmt_duration
+    from remote_ops.units import fmt_duration
     states = ", ".join(f"{v} {k}" for k, v in sorted(g.states.items()))
     line = f"group: {g.done}" + (f"/{g.expected}" if g.expected is not None else "") + " samples"
     line += f" over {g.reachable}/{g.hosts} host(s) ({states or 'none reachable'})"
@@ -208,7 +202,7 @@ def verify_part(session, host, *, shard: bool = False, **kwargs):
     their indexes, for ``union``."""
     from remote_ops.extract import verify as verify_mod
 
-    from remote_ops.extract.slurm import is_slurm
+    from remote_ops.connect.hosts import is_slurm
     r = verify_mod.verify(session, host, **kwargs)
     if not (shard or is_slurm(host) or ((r.extra.get("config") or {}).get("shard"))):
         return r

@@ -21,8 +21,7 @@ from remote_ops.errors import RefusedError, UsageError
 SLURM_KEYS = {"tasks", "time", "partition", "gres", "sbatch"}
 
 
-def is_slurm(host) -> bool:
-    return str((getattr(host, "vars", None) or {}).get("scheduler", "")).lower() == "slurm"
+from remote_ops.connect.hosts import is_slurm  # noqa: E402,F401  (the one test of a login node)
 
 
 def options(pb, spec) -> tuple[int, list[str]]:
@@ -56,7 +55,9 @@ def options(pb, spec) -> tuple[int, list[str]]:
 
 
 def extract(session, host, pb, spec, *, skip_check: bool = False, dry_run: bool = False,
-            strict_drift: bool = False):
+            strict_drift: bool = False, early_death_s: float = 0.0):
+    """jobs.extract's twin for a login node (``early_death_s`` does not apply: sbatch queues the array,
+    and status shows a task that failed)."""
     from remote_ops.agent.slurm import TOKEN
     from remote_ops.extract import jobs
     from remote_ops.extract.extract_spec import parse_spec

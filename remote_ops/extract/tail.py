@@ -217,7 +217,7 @@ class Follower:
 def token_text(st: dict, lead: str = "") -> str:
     """"14.2k tok/s, ETA 5m10s" from a status record's (or snapshot's) token fields, which come from
     the job's ``extract-progress`` lines (agent/jobstatus.py last_progress); "" when it has none."""
-    from remote_ops.extract.jobs import fmt_duration
+    from remote_ops.units import fmt_duration
     parts = []
     rate = st.get("tokens_per_s")
     if rate:

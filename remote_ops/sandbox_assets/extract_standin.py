@@ -214,7 +214,8 @@ def main(argv=None):
     def loaders(args):
         def make(model_path, layer_ids, max_model_len, gpu_memory_utilization, tensor_parallel_size):
             records = script.read_dataset(args.dataset, args.max_samples)
-            todo = script.pending_indexes(args.output_dir, len(records), getattr(args, "shard", None))
+            shard = getattr(args, "shard", None)      # (a script without --shard, e.g. an older one, takes 2 arguments)
+            todo = script.pending_indexes(args.output_dir, len(records), *([shard] if shard else []))
             holder["gen"] = StandinGenerator(model_path, layer_ids, max_model_len, gpu_memory_utilization,
                                              tensor_parallel_size, opts=args, indexes=todo)
             return holder["gen"]
