@@ -12,6 +12,7 @@ import difflib
 
 from .callsite_records import Findings
 from .contract import FINDING_KINDS  # noqa: F401  (every kind of finding the analysis reports)
+from .resolve_base import self_assignments
 from .signatures import Signature, Unknown, bind, dotted
 from .symbols import canonical
 
@@ -150,28 +151,18 @@ class Analysis(Findings):
             for fn in cls.body:
                 if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     continue
-                args = fn.args.posonlyargs + fn.args.args
-                if not args:
+                if not (fn.args.posonlyargs + fn.args.args):
                     continue
-                selfname = args[0].arg
                 local = self._locals(fn, {})
-                for sub in ast.walk(fn):
-                    if isinstance(sub, ast.Assign):
-                        targets, value = sub.targets, sub.value
-                    elif isinstance(sub, ast.AnnAssign) and sub.value is not None:
-                        targets, value = [sub.target], sub.value
-                    else:
+                for attr, value in self_assignments(fn):
+                    key = (cls.name, attr)
+                    if isinstance(value, ast.Constant) and value.value is None:
                         continue
-                    for t in targets:
-                        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == selfname:
-                            key = (cls.name, t.attr)
-                            if isinstance(value, ast.Constant) and value.value is None:
-                                continue
-                            v = self._eval(value, local, None)
-                            v = v if (v is not None and v.instance) else None
-                            if key in self.class_attrs and not _same_val(self.class_attrs[key], v):
-                                v = None
-                            self.class_attrs[key] = v
+                    v = self._eval(value, local, None)
+                    v = v if (v is not None and v.instance) else None
+                    if key in self.class_attrs and not _same_val(self.class_attrs[key], v):
+                        v = None
+                    self.class_attrs[key] = v
 
     def _locals(self, fn, outer):
         """Names local to ``fn``: an instance Val where assigned from a library constructor,

@@ -361,31 +361,10 @@ def _arg_defaults(fn):
 
 
 def _self_assignments(c, name):
-    """(value, method node, class Ent) of every ``self.<name> = value`` (also tuple targets) in c's methods."""
-    out = []
-    for st in c.node.body:
-        if not isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        first = (st.args.posonlyargs + st.args.args)[:1]
-        if not first:
-            continue
-        me = first[0].arg
-        for sub in ast.walk(st):
-            if isinstance(sub, ast.Assign):
-                targets, value = sub.targets, sub.value
-            elif isinstance(sub, ast.AnnAssign) and sub.value is not None:
-                targets, value = [sub.target], sub.value
-            else:
-                continue
-            for t in targets:
-                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == me and t.attr == name:
-                    out.append((value, st, c))
-                elif isinstance(t, ast.Tuple):
-                    for x in t.elts:
-                        if isinstance(x, ast.Attribute) and isinstance(x.value, ast.Name) and x.value.id == me \
-                                and x.attr == name:
-                            out.append((value, st, c))
-    return out
+    """(value, method node, class Ent) of every ``self.<name> = value`` (also in a tuple target) in c's methods."""
+    from .resolve_base import self_assignments
+    return [(value, st, c) for st in c.node.body if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for attr, value in self_assignments(st, tuples=True) if attr == name]
 
 
 def _super_init_keyword(static, cls, owner, param):

@@ -165,3 +165,24 @@ def _outside_special(modname):
     top = modname.split(".")[0]
     return top in ("typing", "typing_extensions", "dataclasses", "enum", "abc", "functools",
                    "msgspec", "pydantic", "contextlib", "warnings", "builtins", "collections")
+
+
+def self_assignments(fn, tuples=False):
+    """(attribute, value node) of every ``self.X = value`` (or annotated ``self.X: T = value``) in the
+    method ``fn``, ``self`` being its first parameter; ``tuples``: also each ``self.X`` of a tuple
+    target (``self.a, self.b = value``: both get the whole value)."""
+    args = fn.args.posonlyargs + fn.args.args
+    if not args:
+        return
+    me = args[0].arg
+    for sub in ast.walk(fn):
+        if isinstance(sub, ast.Assign):
+            targets, value = sub.targets, sub.value
+        elif isinstance(sub, ast.AnnAssign) and sub.value is not None:
+            targets, value = [sub.target], sub.value
+        else:
+            continue
+        for t in targets:
+            for x in (t.elts if tuples and isinstance(t, ast.Tuple) else [t]):
+                if isinstance(x, ast.Attribute) and isinstance(x.value, ast.Name) and x.value.id == me:
+                    yield x.attr, value

@@ -19,7 +19,7 @@ from .protocol import AgentFailure
 
 SAMPLE_RE = re.compile(r"^data_(\d+)\.pt$")
 TEMP_RE = re.compile(r"^\.data_\d+\.pt\..*tmp$")   # extract_hidden_states.py's unfinished writes
-from .outputs import MAX_LISTED, _import_torch  # noqa: F401  (shared with verify_hs.py)
+from .outputs import MAX_LISTED, _import_torch, scan  # noqa: F401  (shared with verify_hs.py)
 
 
 def _describe(torch, obj):
@@ -162,21 +162,7 @@ def op_verify(args):
     check_finite = args.get("finite", True)
     torch = _import_torch()
 
-    indexes = {}
-    empty = []
-    temporaries = []
-    with os.scandir(out_dir) as it:
-        for entry in it:
-            if TEMP_RE.match(entry.name):
-                temporaries.append(entry.name)
-            m = SAMPLE_RE.match(entry.name)
-            if m:
-                indexes[int(m.group(1))] = entry.name
-                try:
-                    if entry.stat().st_size == 0:
-                        empty.append(int(m.group(1)))
-                except OSError:
-                    pass
+    indexes, empty, temporaries = scan(out_dir, SAMPLE_RE, TEMP_RE.match)
     top = max(indexes) if indexes else -1
     config = read_data_config(out_dir)
     # what the job was asked to write: its data_config.json's num_samples (min(max_samples, dataset

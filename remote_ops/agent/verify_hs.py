@@ -22,7 +22,7 @@ import re
 import struct
 import time
 
-from .outputs import MAX_LISTED, _import_torch
+from .outputs import MAX_LISTED, _import_torch, scan
 
 SAMPLE_RE = re.compile(r"^hs_(\d+)\.safetensors$")
 DTYPES = {"F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2), "BF16": ("bfloat16", 2),
@@ -131,19 +131,7 @@ def verify(args):
     sample_n = int(args.get("sample", 32))
     check_finite = args.get("finite", True)
     torch = _import_torch()
-    indexes, empty, locks = {}, [], []
-    with os.scandir(out_dir) as it:
-        for entry in it:
-            if entry.name.endswith(".safetensors.lock"):
-                locks.append(entry.name)
-            m = SAMPLE_RE.match(entry.name)
-            if m:
-                indexes[int(m.group(1))] = entry.name
-                try:
-                    if entry.stat().st_size == 0:
-                        empty.append(int(m.group(1)))
-                except OSError:
-                    pass
+    indexes, empty, locks = scan(out_dir, SAMPLE_RE, lambda name: name.endswith(".safetensors.lock"))
     top = max(indexes) if indexes else -1
     upper = max(top + 1, int(expected) if expected else 0)
     missing = [i for i in range(upper) if i not in indexes]
