@@ -559,7 +559,9 @@ def test_progress_lines_count_tokens_and_give_rate_and_eta(tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
     torch.save({}, out / "data_0.pt")                     # an earlier run's file counts as done
-    assert run(tmp_path, rows, "--batch-size", "1", "--progress-seconds", "0") == 0
+    # progress lines are printed by the main thread after each batch (never by the writer thread, whose
+    # writes would splice into other lines of the log): with sequential writes, one line per file
+    assert run(tmp_path, rows, "--batch-size", "1", "--progress-seconds", "0", "--write-queue-mb", "0") == 0
     lines = progress_lines(capsys.readouterr().out)
     first, last = lines[0], lines[-1]
     assert (first["samples_done"], first["samples_total"], first["tokens_done"], first["tokens_total"]) == (1, 4, 3, 24)

@@ -29,7 +29,9 @@ def test_the_last_progress_line_is_found_among_tqdm_rewrites_and_other_output(tm
     p = ehs.Progress(buf, [1000, 3000, 2000], [0], every=0, clock=lambda: now[0])
     p.start()                              # t=100: 1 of 3 samples, 1000 of 6000 tokens, no rate yet
     now[0] = 110.0
-    p.written(1)                           # t=110: 4000 tokens, 3000 in 10 s
+    p.written(1)                           # t=110: 4000 tokens, 3000 in 10 s (the writer thread counts)
+    assert len(buf.getvalue().splitlines()) == 1      # ... and prints nothing: the main thread does
+    p.poll()
     lines = buf.getvalue().splitlines()
     assert len(lines) == 2 and all(l.startswith("extract-progress {") for l in lines)
     log = tmp_path / "log"

@@ -462,7 +462,9 @@ class Writer:
 
 
 class Progress:
-    """Counts written samples and tokens; prints ``extract-progress {json}`` lines."""
+    """Counts written samples and tokens; prints ``extract-progress {json}`` lines. The writer thread
+    only counts (``written``); the main thread prints (``poll``, ``emit``), so a progress line never
+    lands inside another line of the log (two threads printing to one stream interleave their writes)."""
 
     def __init__(self, out, lengths, done_indexes, every, bar=None, clock=time.time, indexes=None):
         """``indexes``: the samples this run is for (its shard), default all of ``lengths``."""
@@ -473,6 +475,7 @@ class Progress:
         self.tokens_done = sum(lengths[i] for i in done_indexes)
         self.tokens_run = 0
         self.t0 = self.last = None
+        self._bar_pending = 0
         self._lock = threading.Lock()
 
     def start(self):
@@ -480,14 +483,21 @@ class Progress:
         self.emit()
 
     def written(self, index):
+        """A sample's file is complete (the writer thread): counted, printed by the next ``poll``."""
         with self._lock:
             self.samples_done += 1
             self.tokens_done += self.lengths[index]
             self.tokens_run += self.lengths[index]
-            if self.bar is not None:
-                self.bar.update(1)
-            if self.clock() - self.last >= self.every:
-                self.emit()
+            self._bar_pending += 1
+
+    def poll(self):
+        """The main thread: the bar moved by what was written since, a progress line when one is due."""
+        with self._lock:
+            n, self._bar_pending = self._bar_pending, 0
+        if n and self.bar is not None:
+            self.bar.update(n)
+        if self.last is None or self.clock() - self.last >= self.every:
+            self.emit()
 
     def record(self):
         now = self.clock()
@@ -502,7 +512,10 @@ class Progress:
 
     def emit(self):
         self.last = self.clock()
-        print(PROGRESS_PREFIX + json.dumps(self.record(), separators=(",", ":")), file=self.out, flush=True)
+        with self._lock:
+            line = PROGRESS_PREFIX + json.dumps(self.record(), separators=(",", ":")) + "\n"
+        self.out.write(line)
+        self.out.flush()
 
 
 def _version(dist):
@@ -708,7 +721,9 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
             for i, sample in zip(batch, samples):
                 writer.put(i, sample)
             writer.batch_done()
+            progress.poll()
         writer.close()
+        progress.poll()
         progress.emit()
     except BaseException as exc:
         if writer is not None and writer.error is None:
