@@ -15,3 +15,12 @@ except ImportError:   # a build without the builtin module
 
 def sha256_hex(data):
     return _H(data).hexdigest()
+
+
+def file_sha256(path):
+    """sha256 hex of a file's bytes, read 1 MiB at a time (OSError as ``open`` raises it)."""
+    h = _H()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

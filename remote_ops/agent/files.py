@@ -11,18 +11,15 @@ import hashlib
 import os
 
 from . import atomic
+from .digest import file_sha256
 from .protocol import AgentFailure
 
 
 def _sha256(path):
-    h = hashlib.sha256()
     try:
-        with open(path, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
+        return file_sha256(path)
     except FileNotFoundError:
         return None
-    return h.hexdigest()
 
 
 def _dest(workdir, name):

@@ -26,6 +26,7 @@ import os
 from dataclasses import dataclass, field
 
 from remote_ops.agent import shards as rule
+from remote_ops.agent.digest import file_sha256
 from remote_ops.connect import agent_requests as rq
 from remote_ops.errors import AgentError, RefusedError, UsageError
 from remote_ops.records import Record
@@ -423,14 +424,10 @@ def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, 
 
 
 def _sha256_file(path: str) -> str | None:
-    h = hashlib.sha256()
     try:
-        with open(path, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
+        return file_sha256(path)
     except OSError:
         return None
-    return h.hexdigest()
 
 
 def _fsync_dir(path: str) -> None:
