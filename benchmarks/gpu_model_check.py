@@ -259,10 +259,12 @@ class ModelCheck:
             s = self.ro("stop", name, "--json", timeout=120)
             extract["stopped_after_timeout"] = {"rc": s["rc"], "json": s["json"]}
         self.save_model(name, extract=extract)
+        logs = self.ro("logs", name, "--json", timeout=60)
+        lines = ((logs["json"] or {}).get("text") or "").splitlines()
+        # how the captured states reached the script (the shared-memory hand-off or vLLM's RPC), as it said
+        extract["handoff_line"] = next((l for l in lines if l.startswith("captured states ")), None)
+        self.save_model(name, extract=extract)
         if r["rc"] != 0:
-            logs = self.ro("logs", name, "--json", timeout=60)
-            text = (logs["json"] or {}).get("text") or ""
-            lines = text.splitlines()
             self.save_model(name, job_log={"error_lines": [l for l in lines if "Error" in l or "error" in l][-8:],
                                            "tail": lines[-30:]})
         v = self.ro("verify", name, "--json", timeout=min(120, max(10, self.left())))

@@ -106,6 +106,11 @@ def throughput_section(name: str, d: dict) -> list[str]:
     out.append(f"| (a) AFTER: remote-ops extract, shipped script | {_rate(a.get('tokens_per_s'))} | "
                f"{a.get('files')} files, {a.get('tokens')} tokens in {a.get('seconds')} s after the engine was up; "
                f"{_mb(a.get('bytes_per_s'))} written {why(a)} |")
+    t = d.get("a_tmpfs") or {}
+    if t:
+        out.append(f"| (a) AFTER, files on a tmpfs (no disk) | {_rate(t.get('tokens_per_s'))} | "
+                   f"{t.get('files')} files, {t.get('tokens')} tokens in {t.get('seconds')} s; "
+                   f"{_mb(t.get('bytes_per_s'))} written {why(t)} |")
     out.append(f"| (a) BEFORE: the same, main's script | {_rate(a0.get('tokens_per_s'))} | "
                f"{a0.get('files')} files, {a0.get('tokens')} tokens in {a0.get('seconds')} s; "
                f"{_mb(a0.get('bytes_per_s'))} written {why(a0)} |")
@@ -123,13 +128,22 @@ def throughput_section(name: str, d: dict) -> list[str]:
                f"{_rate(r.get('tokens_per_s_with_attention'))} with causal attention; {r.get('peak_source')} |\n")
     q = d.get("ratios") or {}
     out.append(f"Ratios: (a)/(b) {q.get('a/b')}, (b)/(c) {q.get('b/c')}, (c)/(d) {q.get('c/d')}; "
-               f"(a)/(c) {q.get('a/c')} (goal 0.9); AFTER/BEFORE {q.get('a_after/a_before')}.\n")
+               f"(a)/(c) {q.get('a/c')} (goal 0.9); AFTER/BEFORE {q.get('a_after/a_before')}"
+               + (f"; on a tmpfs (a)/(b) {q.get('a_tmpfs/b')}, (a)/(c) {q.get('a_tmpfs/c')}" if t else "")
+               + ".\n")
+    hand = [f"{k}: {x.get('handoff_line')}" for k, x in (("AFTER", a), ("tmpfs", t)) if x.get("handoff_line")]
+    if b.get("handoff"):
+        hand.append(f"(b): {b['handoff']}")
+    if hand:
+        out.append("Captured states' hand-off, as the runs said: " + "; ".join(hand) + ".\n")
     disk, use = d.get("disk") or {}, d.get("disk_use") or {}
     out.append(f"Disk: dd oflag=direct {_mb((disk.get('dd_direct') or {}).get('bytes_per_s'))}, buffered + fsync "
                f"{_mb((disk.get('buffered_fsync') or {}).get('bytes_per_s'))}; AFTER wrote "
                f"{_mb(use.get('a_after_bytes_per_s'))} ({use.get('fraction_of_dd')} of dd), "
                f"{use.get('bytes_per_token')} bytes per token, so the disk alone bounds any extraction at "
-               f"{_rate(use.get('disk_bound_tokens_per_s'))} tokens/s.\n")
+               f"{_rate(use.get('disk_bound_tokens_per_s'))} tokens/s"
+               + (f"; AFTER reached {use['a_after/disk_bound']} of that" if use.get("a_after/disk_bound") else "")
+               + ".\n")
     prof = b.get("profile_s") or {}
     if prof and b.get("seconds"):
         out.append("Where the generator's time goes (b):\n\n| in generate() | seconds | share | calls |\n|---|---|---|---|")
@@ -220,7 +234,9 @@ def render_models(files: list[Path]) -> list[str]:
             ex = m.get("extract") or {}
             arch = ", ".join((m.get("checkpoint") or {}).get("architectures") or []) or name
             extract = ("-" if not ex else f"exit {ex.get('rc')}, {ex.get('files')}/{ex.get('expected')} files, "
-                       f"{ex.get('seconds')} s")
+                       f"{ex.get('seconds')} s" + (", states through shared memory"
+                                                   if (ex.get("handoff_line") or "").startswith(
+                                                       "captured states came through shared memory") else ""))
             ver = m.get("verify") or {}
             verify = "-" if not ver else f"exit {ver.get('rc')}"
             negc = ("-" if not neg else ("fails" if not neg.get("ok") else "PASSES (bad)")

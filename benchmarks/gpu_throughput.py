@@ -55,8 +55,11 @@ from gpu_common import HOST_ENV, VERSIONS, last_json  # noqa: E402  (one copy of
 
 PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
 SCRIPT = REPO / "playbooks" / "scripts" / "extract_hidden_states.py"
-BEFORE_REV = "34bb6acb5d14fb0bff1d42fead780d8f26dd0cce"   # main before issue 25 (script last changed in 5b07b57)
+BEFORE_REV = "efd360d"   # main before the shared-memory hand-off (the second part of issue 25)
 H200_BF16_DENSE_FLOPS = 989e12
+PARTS = {"disk": "disk", "a_before": "a_before", "a_after": "a_after", "a_tmpfs": "a_tmpfs", "b": "b_generator",
+         "c": "c_vllm_prefill"}       # --parts name: the result's key
+TMPFS_OUT = "/dev/shm/remote-ops-throughput-out"   # a_tmpfs: AFTER with its files in RAM (no disk)
 FLOPS_SOURCE = ("NVIDIA H200 Tensor Core GPU datasheet: BF16 Tensor Core 1,979 TFLOPS with sparsity; "
                 "dense = half = 989 TFLOP/s")
 
@@ -113,6 +116,7 @@ if __name__ == "__main__":
     ehs.truncate(records, max_model_len)
     lengths = [len(r["input_ids"]) for r in records]
     t0 = time.perf_counter()
+    handoff = ehs.open_handoff("auto", sys.stderr)      # as the script does: the patched worker's hand-off
     gen = ehs._load_generator(model, None, max_model_len, util, 1)
     ready = time.perf_counter() - t0
     budget_tokens, budget_seqs = ehs.engine_budget(gen, max_model_len)
@@ -142,12 +146,14 @@ if __name__ == "__main__":
             del res
         return tokens, time.perf_counter() - t1
     tokens, secs = one_pass(batches)
+    shm = getattr(gen, "_remote_ops_shm_mapped", None)
     prof = {k: round(v, 3) for k, v in prof.items()}
     prof["other (generate's own work: slicing, clone().cpu(), empty_cache)"] = round(secs - sum(prof.values()), 3)
     doc = {"tokens": tokens, "seconds": round(secs, 3), "tokens_per_s": round(tokens / secs, 1),
            "engine_ready_s": round(ready, 1), "batches": len(batches),
            "mean_tokens_per_batch": round(tokens / len(batches), 1), "engine_budget": [budget_tokens, budget_seqs],
-           "batch_size_cap": batch_size, "profile_s": prof, "profile_calls": dict(calls)}
+           "batch_size_cap": batch_size, "profile_s": prof, "profile_calls": dict(calls),
+           "handoff": "shared memory: %s" % shm[0] if shm else "vLLM's RPC (handoff dir %s)" % handoff}
     with open(out, "w") as fh:
         json.dump(doc, fh)
     if time.time() + 1.3 * secs < float(count_deadline):   # BEFORE's batches: batch_size samples each
@@ -163,6 +169,7 @@ if __name__ == "__main__":
         ex.shutdown()
     except Exception as exc:
         print("shutdown: %s" % exc, file=sys.stderr)
+    ehs.close_handoff(handoff)
     print(json.dumps(doc))
 '''
 
@@ -234,8 +241,10 @@ def ratios(doc: dict) -> dict:
     """The ratios the issue asks for, from the parts' tokens/s (None where a part is missing)."""
     tps = lambda key: (doc.get(key) or {}).get("tokens_per_s")   # noqa: E731
     a, a0, b, c, d = tps("a_after"), tps("a_before"), tps("b_generator"), tps("c_vllm_prefill"), tps("d_roofline")
+    t = tps("a_tmpfs")
     return {"a/b": ratio(a, b), "b/c": ratio(b, c), "c/d": ratio(c, d), "a/c": ratio(a, c),
-            "a_before/b": ratio(a0, b), "a_after/a_before": ratio(a, a0)}
+            "a_before/b": ratio(a0, b), "a_after/a_before": ratio(a, a0),
+            "a_tmpfs/b": ratio(t, b), "a_tmpfs/c": ratio(t, c), "a_before/c": ratio(a0, c)}
 
 
 DD_RE = re.compile(r"(\d+) bytes .* copied, ([\d.]+) s")
@@ -378,8 +387,9 @@ def parse_args(argv=None):
     ap.add_argument("--min-tokens", type=int, default=200)
     ap.add_argument("--max-tokens", type=int, default=4000)
     ap.add_argument("--model", choices=sorted(MODEL_SHAPES), default="1.1b")
-    ap.add_argument("--parts", default="disk,a_after,a_before,b,c",
-                    help="comma list of disk, a_after, a_before, b, c (d is computed)")
+    ap.add_argument("--parts", default="disk,a_before,a_after,a_tmpfs,b,c",
+                    help="comma list of disk, a_before, a_after, a_tmpfs, b, c (d is computed); BEFORE's "
+                         "playbook patches the install before a_before, AFTER's on top before the others")
     ap.add_argument("--before-rev", default=BEFORE_REV, help="git revision of the BEFORE script and playbook")
     ap.add_argument("--before-dir", default=str(REPO / "benchmarks" / "gpu_before"),
                     help="where --prepare-before puts them for a GPU machine without git (travels untracked)")
@@ -394,7 +404,10 @@ def parse_args(argv=None):
                          "through the same remote-ops extract; no model build, no patch, no (b)/(c); figures "
                          "are NOT GPU figures")
     args = ap.parse_args(argv)
-    unknown = set(p.strip() for p in args.parts.split(",") if p.strip()) - {"disk", "a_after", "a_before", "b", "c"}
+    order = [p.strip() for p in args.parts.split(",") if p.strip() not in ("", "disk")]
+    if "a_before" in order and order[0] != "a_before":
+        ap.error("a_before must come before the other GPU parts: AFTER's patch is made on top of BEFORE's")
+    unknown = set(p.strip() for p in args.parts.split(",") if p.strip()) - set(PARTS)
     if unknown:
         ap.error(f"unknown part(s) {', '.join(sorted(unknown))}")
     if not args.out and not args.prepare_before:
@@ -538,15 +551,23 @@ class Bench:
                     "vars": {"target_model": str(s / "model"), "dataset": str(s / "dataset.jsonl"),
                              "output_dir": str(s / f"out-{name}"), "max_samples": self.args.samples,
                              "gpus": 1, **self.standin_vars(name), **(extra or {})}}
-        hosts = {"after": host("after", PLAYBOOK)}
+        hosts = {"after": host("after", PLAYBOOK),
+                 # AFTER with its files on a tmpfs: what the job does when the disk is not the limit
+                 "tmpfs": host("tmpfs", PLAYBOOK, {"output_dir": str(self.out_dir("tmpfs"))})}
         before = self.before_files()
         if before["source"] == "git":
             hosts["before"] = host("before", before["playbook"])
         else:   # the old loop, by flags of the new script
-            hosts["before"] = host("before", PLAYBOOK, {"batch_tokens": 0, "write_queue_mb": 0})
+            hosts["before"] = host("before", PLAYBOOK, {"batch_tokens": 0, "write_queue_mb": 0,
+                                                        "handoff_dir": "off"})
         self.doc["before_source"] = before
         self.inv = s / "inventory.yaml"
         self.inv.write_text(json.dumps({"hosts": hosts, "default": "after"}, indent=2))
+
+    def out_dir(self, which) -> Path:
+        if which == "tmpfs" and not self.args.standin:   # the rehearsal keeps to its own scratch
+            return Path(TMPFS_OUT)
+        return self.scratch / f"out-{which}"
 
     def standin_vars(self, name) -> dict:
         """--standin: the sandbox's stand-in job in place of the real generator (it drives the script
@@ -608,24 +629,28 @@ class Bench:
                             "buffered_fsync": {"bytes": (n // 64) * (64 << 20), "seconds": round(secs, 3),
                                                "bytes_per_s": round((n // 64) * (64 << 20) / secs)}}
 
-    def part_patch(self):
-        r = self.ro("patch", "after", "--yes", "--json", timeout=180)
-        self.doc["patch"] = {"rc": r["rc"], "seconds": r["seconds"], "stderr": r["stderr"][-800:]}
+    def part_patch(self, which="after"):
+        """Patch the bundle's speculators with ``which``'s playbook (BEFORE's first, for a_before; then
+        AFTER's on top: its edits that BEFORE already made are found applied, the rest are made)."""
+        r = self.ro("patch", which, "--yes", "--json", timeout=180)
+        key = "patch" if which == "after" else f"patch_{which}"
+        self.doc[key] = {"rc": r["rc"], "seconds": r["seconds"], "stderr": r["stderr"][-800:]}
         if r["rc"] != 0:
-            raise RuntimeError(f"patch failed (exit {r['rc']}): {r['stderr'][-300:]}")
+            raise RuntimeError(f"patch {which} failed (exit {r['rc']}): {r['stderr'][-300:]}")
 
     def part_a(self, which):
         name = f"a_{which}"
-        shutil.rmtree(self.scratch / f"out-{which}", ignore_errors=True)
+        shutil.rmtree(self.out_dir(which), ignore_errors=True)
         free = self.wait_gpu_free()
         r = self.ro("extract", which, "--skip-check", "--tail", "--json", timeout=self.timeout(300))
         lines = job_lines(r["stdout"])
-        rate = output_rate(self.scratch / f"out-{which}", self.lengths)
+        rate = output_rate(self.out_dir(which), self.lengths)
         ready = next((l for l in lines if l.startswith("generator ready in")), None)
         progress = [l for l in lines if l.startswith("extract-progress ")]
         self.doc[name] = {"rc": r["rc"], "wall_s": r["seconds"], "gpu_free_after_s": free, **rate,
                           "complete": rate.get("files") == self.args.samples,
                           "generator_ready_line": ready, "last_progress": progress[-1] if progress else None,
+                          "handoff_line": next((l for l in lines if l.startswith("captured states ")), None),
                           "stderr_tail": r["stderr"][-1500:] if r["rc"] else "",
                           "log_tail": lines[-8:]}
 
@@ -655,14 +680,16 @@ class Bench:
     def finish(self):
         a, a0, disk = self.doc.get("a_after") or {}, self.doc.get("a_before") or {}, self.doc.get("disk") or {}
         dd = (disk.get("dd_direct") or {}).get("bytes_per_s")
-        for which in ("after", "before"):      # ~8 GB each: leave the disk to the session's other checks
-            shutil.rmtree(self.scratch / f"out-{which}", ignore_errors=True)
+        for which in ("after", "before", "tmpfs"):   # ~8 GB each: leave disk and RAM to the other checks
+            shutil.rmtree(self.out_dir(which), ignore_errors=True)
         self.doc["disk_use"] = {"a_after_bytes_per_s": a.get("bytes_per_s"), "a_before_bytes_per_s": a0.get("bytes_per_s"),
                                 "dd_direct_bytes_per_s": dd, "fraction_of_dd": ratio(a.get("bytes_per_s"), dd),
                                 "bytes_per_token": a.get("bytes_per_token"),
                                 # the most any extraction can write: the disk's speed over a token's bytes
                                 "disk_bound_tokens_per_s": round(dd / a["bytes_per_token"], 1)
                                 if dd and a.get("bytes_per_token") else None}
+        self.doc["disk_use"]["a_after/disk_bound"] = ratio(a.get("tokens_per_s"),
+                                                           self.doc["disk_use"]["disk_bound_tokens_per_s"])
         self.save()
 
 
@@ -678,17 +705,22 @@ def main(argv=None) -> int:
     b.build()
     b.inventory()
     if args.standin:
-        parts = [p for p in parts if p in ("disk", "a_after", "a_before")]
-    else:
-        b.part("patch", b.part_patch, 20)
+        parts = [p for p in parts if p in ("disk", "a_after", "a_before", "a_tmpfs")]
     plan = {"disk": (b.part_disk, 15), "a_after": (lambda: b.part_a("after"), 75),
-            "a_before": (lambda: b.part_a("before"), 90), "b": (b.part_b, 75), "c": (b.part_c, 50)}
+            "a_before": (lambda: b.part_a("before"), 90), "a_tmpfs": (lambda: b.part_a("tmpfs"), 70),
+            "b": (b.part_b, 75), "c": (b.part_c, 50)}
+    patched = []
     for p in parts:
+        # the install is patched by BEFORE's playbook for a_before, by AFTER's for everything else
+        want = None if p == "disk" or args.standin else (
+            "before" if p == "a_before" and b.doc["before_source"]["source"] == "git" else "after")
+        if want and want not in patched:
+            patched.append(want)
+            b.part("patch" if want == "after" else "patch_before", lambda w=want: b.part_patch(w), 20)
         fn, need = plan[p]
-        b.part({"a_after": "a_after", "a_before": "a_before", "b": "b_generator", "c": "c_vllm_prefill",
-                "disk": "disk"}[p], fn, need)
+        b.part(PARTS[p], fn, need)
     b.finish()
-    tps = {k: (b.doc.get(k) or {}).get("tokens_per_s") for k in ("a_before", "a_after", "b_generator",
+    tps = {k: (b.doc.get(k) or {}).get("tokens_per_s") for k in ("a_before", "a_after", "a_tmpfs", "b_generator",
                                                                   "c_vllm_prefill", "d_roofline")}
     print(json.dumps({"tokens_per_s": tps, "ratios": b.doc["ratios"], "disk_use": b.doc["disk_use"],
                       "elapsed_s": b.doc["elapsed_s"]}))

@@ -26,19 +26,20 @@ import gpu_throughput as gt  # noqa: E402
 def test_arguments():
     a = gt.parse_args(["--out", "x.json"])
     assert (a.samples, a.min_tokens, a.max_tokens, a.model, a.budget_s) == (300, 200, 4000, "1.1b", 510)
-    assert a.parts == "disk,a_after,a_before,b,c" and a.before_rev == gt.BEFORE_REV
-    for argv in (["--out", "x", "--parts", "a,zz"], ["--out", "x", "--min-tokens", "9", "--max-tokens", "3"], []):
+    assert a.parts == "disk,a_before,a_after,a_tmpfs,b,c" and a.before_rev == gt.BEFORE_REV
+    for argv in (["--out", "x", "--parts", "a,zz"], ["--out", "x", "--min-tokens", "9", "--max-tokens", "3"], [],
+                 ["--out", "x", "--parts", "disk,a_after,a_before"]):    # BEFORE's patch cannot follow AFTER's
         with pytest.raises(SystemExit):
             gt.parse_args(argv)
     assert gt.parse_args(["--prepare-before"]).out is None
 
 
-def test_the_before_revision_is_mains_script_without_the_writer_thread(tmp_path):
+def test_the_before_revision_is_mains_script_without_the_shared_memory_handoff(tmp_path):
     got = gt.prepare_before(gt.BEFORE_REV, tmp_path)
     assert got == f"git show {gt.BEFORE_REV}"
     old = (tmp_path / "scripts" / "extract_hidden_states.py").read_text()
-    assert "class Writer" not in old and 'p.add_argument("--batch-size", type=int, default=8' in old
-    assert "batch_tokens" not in (tmp_path / "eagle3-speculators-0.3.0.yaml").read_text()
+    assert "class Writer" in old and "--handoff-dir" not in old
+    assert "captured-states-through-shared-memory" not in (tmp_path / "eagle3-speculators-0.3.0.yaml").read_text()
     assert gt.prepare_before("0" * 40, tmp_path / "none") is None
 
 
@@ -53,8 +54,9 @@ def test_dataset_lengths_cut_and_roofline():
     assert r["attention_flops"] == 2 * (1000**2 + 3000**2) * 8 * 2 and "datasheet" in r["peak_source"]
     doc = {"a_after": {"tokens_per_s": 90.0}, "a_before": {"tokens_per_s": 45.0}, "b_generator": {"tokens_per_s": 100.0},
            "c_vllm_prefill": {"tokens_per_s": 200.0}, "d_roofline": {"tokens_per_s": 400.0}}
+    doc["a_tmpfs"] = {"tokens_per_s": 95.0}
     assert gt.ratios(doc) == {"a/b": 0.9, "b/c": 0.5, "c/d": 0.5, "a/c": 0.45, "a_before/b": 0.45,
-                              "a_after/a_before": 2.0}
+                              "a_after/a_before": 2.0, "a_tmpfs/b": 0.95, "a_tmpfs/c": 0.475, "a_before/c": 0.225}
     assert gt.ratios({})["a/c"] is None
 
 
@@ -107,10 +109,12 @@ def test_standin_rehearsal_of_part_a_and_its_rendering(tmp_path):
     assert d["before_source"]["source"] == "git" and d["standin"]
     lengths = [min(len(json.loads(l)["input_ids"]), 2047)
                for l in (tmp_path / "w" / "throughput" / "dataset.jsonl").read_text().splitlines()]
-    for k in ("a_after", "a_before"):
+    for k in ("a_after", "a_before", "a_tmpfs"):
         assert d[k]["rc"] == 0 and d[k]["complete"] and d[k]["tokens"] == sum(lengths) and d[k]["tokens_per_s"] > 0
-    assert "batches of up to" in d["a_after"]["generator_ready_line"]          # this checkout's script
-    assert "batches of up to" not in d["a_before"]["generator_ready_line"]     # main's
+    # this checkout's script says how the states came (the stand-in has no vLLM worker); main's cannot
+    assert d["a_after"]["handoff_line"] == ("captured states did not come through shared memory: the vLLM "
+                                            "worker is not patched for it, or fell back (its warning says why)")
+    assert d["a_before"]["handoff_line"] is None
     assert d["ratios"]["a_after/a_before"] == round(d["a_after"]["tokens_per_s"] / d["a_before"]["tokens_per_s"], 4)
     assert d["disk"]["dd_direct"]["bytes"] == 64 << 20
     use = d["disk_use"]

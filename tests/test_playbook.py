@@ -50,7 +50,8 @@ def test_shipped_playbook_loads():
             "scheduler-config-add-is-encoder-decoder", "execute-model-then-sample-tokens",
             "scheduler-config-chunked-prefill-off", "cache-config-prefix-caching-off",
             "collective-rpc-unique-reply-is-the-reply", "embed-input-ids-rename",
-            "worker-text-model-of-multimodal-wrappers", "pydantic-rebuild-knows-torch"} == set(ids)
+            "worker-text-model-of-multimodal-wrappers", "pydantic-rebuild-knows-torch",
+            "captured-states-from-shared-memory", "captured-states-through-shared-memory"} == set(ids)
     assert [p.module for p in pb.patches] == ["speculators.data_generation.vllm_hidden_states_generator",
                                               "speculators.data_generation.custom_worker",
                                               "speculators.utils.pydantic_utils"]

@@ -53,6 +53,14 @@ exist, so the next run redoes exactly them); a failed write stops the run with t
 in the main thread at the next batch or at the end; on any other error the samples already checked
 are written before the run stops. ``--write-queue-mb 0`` writes in the main thread (the old way).
 
+Hand-off: with the playbook's edits captured-states-through-shared-memory and
+captured-states-from-shared-memory, vLLM's rank-0 worker hands each batch's captured layers to this
+process through one file in a tmpfs directory instead of pickling CUDA tensors through the executor's
+RPC (which took 88 % of the generator's time on an H200: benchmarks/GPU_RESULTS.md). ``--handoff-dir``
+(default 'auto': /dev/shm) is where this run makes that directory; it is removed at the end (and a
+directory left by a killed run is removed by the next run); 'off' keeps the RPC. After the first batch
+one line says which way the states came.
+
 Progress: besides the tqdm bar (samples), a line ``extract-progress {json}`` every
 ``--progress-seconds`` (default 10), once when the generator is ready and once at the end, with
 ``samples_done``/``samples_total``, ``tokens_done``/``tokens_total`` (written files, after
@@ -83,7 +91,9 @@ import argparse
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -97,6 +107,11 @@ PROGRESS_PREFIX = "extract-progress "
 # generator does not expose its scheduler)
 DEFAULT_MIN_BATCH_TOKENS = 8192
 DEFAULT_MAX_NUM_SEQS = 32
+# The patched worker hands rank 0's captured states to the generator through a file in this directory
+# (playbook edits captured-states-through-shared-memory / captured-states-from-shared-memory)
+HANDOFF_ENV = "REMOTE_OPS_HS_SHM_DIR"
+HANDOFF_PREFIX = "remote-ops-hs-"
+HANDOFF_RE = re.compile(r"^remote-ops-hs-(\d+)-")
 
 
 class InputError(Exception):
@@ -158,6 +173,10 @@ def build_parser(required=True):
                    help="comma list of layers to capture (default: the generator's choice)")
     p.add_argument("--max-model-len", type=int, default=2048, help="vLLM max_model_len (default 2048)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.8, help="vLLM setting (default 0.8)")
+    p.add_argument("--handoff-dir", default="auto",
+                   help="tmpfs directory through which the patched vLLM worker hands captured states to this "
+                        "process (a fresh subdirectory is made and removed); 'auto' (default): /dev/shm when "
+                        "writable; 'off': the executor's RPC, as unpatched")
     p.add_argument("--shard", default=None, metavar="K/N",
                    help="write only samples i with i %% N == K (files keep their global index; default: all)")
     return p
@@ -341,6 +360,48 @@ def write_json_atomic(path, obj):
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------ captured states' hand-off
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:     # another user's process: alive
+        return True
+    return True
+
+
+def open_handoff(setting, out):
+    """Make this run's hand-off directory and name it to the engine's workers ($REMOTE_OPS_HS_SHM_DIR,
+    inherited when vLLM starts them): a fresh subdirectory of ``setting`` ('auto': /dev/shm when it is
+    a writable directory, else none). Directories left by runs whose process is gone (a SIGKILL) are
+    removed first. None, and the variable unset, for 'off'. The path, or None."""
+    os.environ.pop(HANDOFF_ENV, None)
+    if setting in ("", "off", "none"):
+        return None
+    base = "/dev/shm" if setting == "auto" else setting
+    if not (os.path.isdir(base) and os.access(base, os.W_OK | os.X_OK)):
+        if setting == "auto":
+            print("note: /dev/shm is not a writable directory: captured states go over vLLM's RPC (slower)",
+                  file=out, flush=True)
+            return None
+        raise InputError("--handoff-dir %s is not a writable directory (give a tmpfs directory, or 'off')" % base)
+    for name in os.listdir(base):
+        m = HANDOFF_RE.match(name)
+        if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+    path = tempfile.mkdtemp(prefix="%s%d-" % (HANDOFF_PREFIX, os.getpid()), dir=base)
+    os.environ[HANDOFF_ENV] = path
+    return path
+
+
+def close_handoff(path):
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
+        if os.environ.get(HANDOFF_ENV) == path:
+            del os.environ[HANDOFF_ENV]
 
 
 # ------------------------------------------------------------------ batches
@@ -682,8 +743,13 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
     hidden = hidden_size_of(args.target_model_path)      # before the engine starts: a bad model fails fast
     lengths = [len(r["input_ids"]) for r in records]
     t0 = time.time()
-    generator = make_generator(args.target_model_path, args.layer_ids, args.max_model_len,
-                               args.gpu_memory_utilization, args.tensor_parallel_size)
+    handoff = open_handoff(getattr(args, "handoff_dir", "off"), out)
+    try:
+        generator = make_generator(args.target_model_path, args.layer_ids, args.max_model_len,
+                                   args.gpu_memory_utilization, args.tensor_parallel_size)
+    except BaseException:
+        close_handoff(handoff)
+        raise
     bar = writer = None
     written = [0]
     try:
@@ -711,6 +777,7 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
             progress.written(index)
         writer = Writer(torch, args.output_dir, int(args.write_queue_mb * (1 << 20)), on_written)
         progress.start()
+        said_handoff = False
         for batch in pack_batches(todo, lengths, max_tokens, max_samples):
             results = generator.generate([records[i]["input_ids"] for i in batch])
             if not isinstance(results, list) or len(results) != len(batch):
@@ -718,6 +785,13 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
                                   % (len(results) if isinstance(results, list) else type(results).__name__,
                                      len(batch), batch[0]))
             samples = [build_sample(torch, i, records[i], r, len(layer_ids)) for i, r in zip(batch, results)]
+            if not said_handoff:
+                said_handoff = True
+                shm = getattr(generator, "_remote_ops_shm_mapped", None)
+                print("captured states came through shared memory (%s)" % shm[0] if shm else
+                      "captured states did not come through shared memory: %s" % (
+                          "the vLLM worker is not patched for it, or fell back (its warning says why)"
+                          if handoff else "no hand-off directory (--handoff-dir)"), file=out, flush=True)
             for i, sample in zip(batch, samples):
                 writer.put(i, sample)
             writer.batch_done()
@@ -745,6 +819,7 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
                 shutdown()
             except Exception as exc:   # reported; an error already on its way out must not be hidden
                 print("warning: engine shutdown failed: %s: %s" % (type(exc).__name__, exc), file=sys.stderr)
+        close_handoff(handoff)
     print("wrote %d sample(s) to %s in %.1fs (%d of %d present)"
           % (written[0], args.output_dir, time.time() - t0, done + written[0], share), file=out, flush=True)
     return 0
