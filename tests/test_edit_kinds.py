@@ -107,19 +107,19 @@ def test_a_playbook_key_of_a_kind_that_is_not_registered_is_refused(append_kind)
     with pytest.raises(ConfigError) as info:
         playbook.loads(_book({"id": "a", "append": "DONE = 1"}))
     assert info.value.message == ("<playbook>:5: edit 'a' needs 'call' (structured call edit) or "
-                                  "'replace' (exact text) ('append' is no edit kind's key)")
+                                  "'replace' (exact text) ('append': no edit kind has such a key)")
 
 
 MIXED = [
     ({"id": "e", "call": "f", "drop": ["b"], "replace": {"old": "a", "new": "b"}}, 5,
      "edit 'e' has both 'call' and 'replace'; use one edit for each"),
     ({"id": "e", "replace": {"old": "a", "new": "b"}, "drop": ["b"]}, 9,
-     "text edit 'e' ('replace') has 'drop', a key of a call edit ('call'); use one edit for each"),
-    ({"id": "e", "drop": ["b"]}, 6, "edit 'e' has 'drop' of a call edit but no 'call'"),
+     "text edit 'e' ('replace') has 'drop', a key of call edits ('call'); use one edit for each"),
+    ({"id": "e", "drop": ["b"]}, 6, "edit 'e' has 'drop', a key of call edits, but no 'call'"),
     ({"id": "e", "append": "X = 1", "replace": {"old": "a", "new": "b"}}, 5,
      "edit 'e' has both 'replace' and 'append'; use one edit for each"),
     ({"id": "e", "bogus": 1}, 5, "edit 'e' needs 'call' (structured call edit), 'replace' (exact text) or "
-     "'append' (one line at the end) ('bogus' is no edit kind's key)"),
+     "'append' (one line at the end) ('bogus': no edit kind has such a key)"),
 ]
 
 
@@ -142,8 +142,8 @@ def test_mixed_keys_via_the_cli_is_one_line_and_exit_2(tmp_path, cli):
     status, out, err = cli("patch", "h", "-i", str(inv), "--playbook", str(p), "--yes")
     assert status == 2
     assert [ln for ln in err.splitlines() if ln.strip()] == [
-        f"remote-ops: {p}:9: text edit 'e' ('replace') has 'drop', a key of a call edit ('call'); use one "
-        "edit for each (a text edit takes fixes, id, note, replace, when)"]
+        f"remote-ops: {p}:9: text edit 'e' ('replace') has 'drop', a key of call edits ('call'); use one "
+        "edit for each (text edits take fixes, id, note, replace, when)"]
 
 
 def test_registering_a_clashing_kind_is_refused():

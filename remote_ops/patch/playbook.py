@@ -261,10 +261,10 @@ def _edit_kind(doc: YamlDoc, keys: tuple, raw: dict, eid: str) -> type[edits.Edi
         hinted = [(k, c[0]) for k, c in owners.items() if len(c) == 1]
         if hinted:
             key, kind = hinted[0]
-            raise doc.error(keys + (key,), f"edit {eid!r} has {key!r} of a {kind.label} but no {kind.selector!r}",
-                            f"a {kind.label} names what it changes with {kind.selector!r}")
+            raise doc.error(keys + (key,), f"edit {eid!r} has {key!r}, a key of {kind.label}s, but no "
+                            f"{kind.selector!r}", f"{kind.label}s name what they change with {kind.selector!r}")
         unknown = [k for k, c in owners.items() if not c]
-        extra = f" ({', '.join(map(repr, unknown))} is no edit kind's key)" if unknown else ""
+        extra = f" ({', '.join(map(repr, unknown))}: no edit kind has such a key)" if unknown else ""
         raise doc.error(keys, f"edit {eid!r} needs {_kinds_list()}{extra}")
     kind = chosen[0]
     for key in raw:
@@ -273,8 +273,8 @@ def _edit_kind(doc: YamlDoc, keys: tuple, raw: dict, eid: str) -> type[edits.Edi
         other = [c for c in edits.KINDS.values() if key in c.keys]
         if other:
             raise doc.error(keys + (key,), f"{kind.label} {eid!r} ({kind.selector!r}) has {key!r}, a key of "
-                            f"a {other[0].label} ({other[0].selector!r}); use one edit for each",
-                            f"a {kind.label} takes {', '.join(sorted(kind.playbook_keys()))}")
+                            f"{other[0].label}s ({other[0].selector!r}); use one edit for each",
+                            f"{kind.label}s take {', '.join(sorted(kind.playbook_keys()))}")
     return kind
 
 
