@@ -187,7 +187,8 @@ def test_a_registered_kind_is_patched_over_ssh(append_kind, sshd, env_vllm017, t
     wd.mkdir()
     (wd / "mod.py").write_text("A = 1\n# append here\n")
     pb = tmp_path / "pb.yaml"
-    pb.write_text(_book({"id": "a", "append": "DONE = A + 1"}, {"id": "t", "replace": {"old": "A = 1", "new": "A = 2"}}))
+    pb.write_text(_book({"id": "a", "append": "DONE = A + 1"},
+                        {"id": "t", "replace": {"old": "A = 1", "new": "A = 2"}}))
     inv = write_inventory(tmp_path / "inv.yaml", {"h": sshd.host_entry(
         str(env_vllm017), workdir=str(wd), env={"REMOTE_OPS_STATE_DIR": str(tmp_path / "state")})})
 

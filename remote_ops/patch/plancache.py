@@ -19,7 +19,8 @@ The same directory holds, per host, the state the host was in when a plan of thi
 changed something (``host-<key>.state``, hoststate.py): what a repeated patch sends its apply for.
 
 Keys cover the code that computes plans (edits.py, validate.py, patching.py, this file, the module of
-every registered edit kind, the installed libcst, the controller's Python minor version), so an upgrade never reuses an old plan.
+every registered edit kind, the installed libcst, the controller's Python minor version), so an
+upgrade never reuses an old plan.
 Failures (a refused or invalid edit) are never cached: they are recomputed and reported per host.
 """
 
