@@ -33,16 +33,16 @@ def optional():
 
 
 class Record(Mapping):
-    """Base of the operation records (subclasses are dataclasses ending in ``extra: dict``)."""
+    """Base of the operation records (subclasses are dataclasses with ``extra: dict``; a per-host
+    operation's record is a ``HostRecord``)."""
 
     def to_json(self) -> dict:
         out: dict = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if f.name == "extra":
-                out.update(v)
-            elif v is not ABSENT:
+            if f.name != "extra" and v is not ABSENT:
                 out[f.name] = v.to_json() if isinstance(v, Record) else v
+        out.update(getattr(self, "extra", None) or {})    # the unnamed keys last
         return out
 
     @classmethod
@@ -62,6 +62,15 @@ class Record(Mapping):
 
     def __len__(self) -> int:
         return len(self.to_json())
+
+
+@dataclasses.dataclass(eq=False)
+class HostRecord(Record):
+    """The record of a per-host operation: ``host``, then the subclass's own fields (each with a
+    default), and ``extra`` (keyword only)."""
+
+    host: str
+    extra: dict = dataclasses.field(default_factory=dict, kw_only=True)
 
 
 def to_json(value: Any) -> Any:

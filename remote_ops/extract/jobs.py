@@ -11,7 +11,7 @@ from remote_ops.connect import agent_requests as rq
 from remote_ops.errors import Exit, RefusedError, RemoteOpsError, UsageError
 from remote_ops.extract.extract_spec import (EXTRACT_KEYS, MAX_FILE_BYTES, ExtractSpec, SecretRef,  # noqa: F401
                                      ShippedFile, assignment_changed, parse_spec, resolve_secrets)
-from remote_ops.records import Record, optional
+from remote_ops.records import HostRecord, optional
 from remote_ops.units import fmt_duration, human_bytes
 
 TERMINAL = ("succeeded", "failed", "stopped", "lost")
@@ -50,55 +50,46 @@ def load_for_hosts(hosts, playbook_arg: str | None) -> dict:
 
 # ------------------------------------------------------------------ records
 @dataclass(eq=False)
-class ExtractResult(Record):
+class ExtractResult(HostRecord):
     """The record of ``extract``: the job started (or attached to), or a dry run's spec; the preflight."""
 
-    host: str
     attached: bool = optional()
     started: bool = optional()
     dry_run: bool = optional()
     job: dict = optional()
     spec: dict = optional()
     preflight: dict = field(default_factory=dict)
-    extra: dict = field(default_factory=dict)
 
 
 @dataclass(eq=False)
-class JobStatus(Record):
+class JobStatus(HostRecord):
     """The record of ``status``: one job's status record (state, samples, rate, exit, reason)."""
 
-    host: str
     job: dict = field(default_factory=dict)
-    extra: dict = field(default_factory=dict)
 
 
 @dataclass(eq=False)
-class JobList(Record):
+class JobList(HostRecord):
     """The record of ``status --all``: every job recorded on the host, oldest first."""
 
-    host: str
     jobs: list = field(default_factory=list)
-    extra: dict = field(default_factory=dict)
 
 
 @dataclass(eq=False)
-class LogsResult(Record):
+class LogsResult(HostRecord):
     """The record of ``logs``: the last lines of a job's log; ``next`` is the offset to follow from."""
 
-    host: str
     job_id: str = ""
     state: str = ""
     text: str = ""
     size: int = 0
     next: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 @dataclass(eq=False)
-class StopResult(Record):
+class StopResult(HostRecord):
     """The record of ``stop``: signals sent, what is left (``clean``), GPU holders."""
 
-    host: str
     clean: bool = False
     job_id: str = ""
     was: str = ""
@@ -108,7 +99,6 @@ class StopResult(Record):
     gpu_killed: list = optional()
     gpu_holders: list = optional()
     job: dict = field(default_factory=dict)
-    extra: dict = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------ the operations

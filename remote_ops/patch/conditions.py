@@ -21,8 +21,9 @@ Three kinds of key, all of which must hold:
   read's exec, the same check and symbol matcher as the verification) and the edit applies only where
   one of its ``fixes`` entries matches a finding. An edit already in place stays "applied" (its finding
   is gone because of it).
-- ``anchor: present``: the edit applies only where its anchor is in the file: a text edit's old (or new)
-  text, a call edit's callee. Without it a missing anchor stops the whole patch, as before.
+- ``anchor: present``: the edit applies only where its anchor is in the file (its kind's ``anchor_in``,
+  edits.py): a text edit's old (or new) text, a call edit's callee. Without it a missing anchor stops
+  the whole patch, as before.
 
 An edit whose condition does not hold is *not for this host*: it is left out of the plan (it changes
 nothing, its ``fixes`` are not verified) and ``patch`` reports it with the reason. The verification
@@ -149,46 +150,14 @@ def by_version(edits: list, packages: dict[str, str | None]) -> Selection:
     return sel
 
 
-def anchor_present(edit, text: str) -> bool:
-    """Whether an edit's anchor is in ``text``: a text edit's old or new text (line endings as the
-    file has them), a call edit's callee called at least once (matched as the edit matches it)."""
-    import ast
-
-    if getattr(edit, "kind", "") == "text":
-        norm = text.replace("\r\n", "\n")
-        return edit.old.replace("\r\n", "\n") in norm or edit.new.replace("\r\n", "\n") in norm
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
-        return True     # the edit itself reports the file that does not parse
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            dotted = _dotted(node.func)
-            if dotted is not None and (dotted == edit.callee or dotted.endswith("." + edit.callee)):
-                return True
-    return False
-
-
-def _dotted(node) -> str | None:
-    import ast
-
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _dotted(node.value)
-        return f"{base}.{node.attr}" if base else None
-    return None
-
-
 def by_anchor(sel: Selection, text: str) -> Selection:
     """Step 2: edits with ``anchor: present`` whose anchor is not in the file are skipped."""
     out = Selection(skipped=list(sel.skipped))
     for e in sel.active:
         w = getattr(e, "when", None)
-        if w is not None and w.anchor and not anchor_present(e, text):
-            what = "its old text" if getattr(e, "kind", "") == "text" else f"a call to {e.callee}"
-            out.skipped.append({"edit": e.id, "why": f"not for this file: {what} is not in it (anchor: present)",
-                                "when": w.to_json()})
+        if w is not None and w.anchor and not e.anchor_in(text):
+            why = f"not for this file: {e.anchor_what()} is not in it (anchor: present)"
+            out.skipped.append({"edit": e.id, "why": why, "when": w.to_json()})
         else:
             out.active.append(e)
     return out

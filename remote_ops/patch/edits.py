@@ -1,10 +1,13 @@
 """Playbook edits -> new file text. Pure functions, no SSH, no I/O.
 
-Two kinds of edit:
-- ``CallEdit``: on calls to a callee (``Request`` or ``self.executor.execute_model``; matched on the
-  dotted name as written, or on its trailing components), drop / add / rename keyword arguments.
-  Done with libcst, so formatting, comments and line endings are preserved.
-- ``TextEdit``: an exact ``old`` -> ``new`` replacement that must match exactly once.
+Every kind of edit is one class registered in ``KINDS`` (``@register``); the playbook loader, the
+planner (``apply_edits``), the ``when: {anchor: present}`` condition and patch's prefetch of what an
+apply imports read the registry, never a list of kinds. Two kinds are built in:
+
+- ``CallEdit`` (``call:``): on calls to a callee (``Request`` or ``self.executor.execute_model``;
+  matched on the dotted name as written, or on its trailing components), drop / add / rename keyword
+  arguments. Done with libcst, so formatting, comments and line endings are preserved.
+- ``TextEdit`` (``replace:``): an exact ``old`` -> ``new`` replacement that must match exactly once.
 
 Every edit knows its own state on a given text: ``pending`` (it would change the text), ``applied``
 (already in place: a no-op) or it raises ``EditError`` (anchor missing, ambiguous, conflicting),
@@ -15,10 +18,14 @@ from __future__ import annotations
 
 import ast
 import io
+import re
 import textwrap
 import tokenize
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
+
+DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class EditError(Exception):
@@ -45,42 +52,119 @@ class EditResult:
     introduced: set[str] = field(default_factory=set)  # names the edit brings into the code
 
 
-@dataclass
-class CallEdit:
-    id: str
-    callee: str
-    drop: list[str] = field(default_factory=list)
-    add: dict[str, str] = field(default_factory=dict)        # keyword -> value expression (source)
-    rename: dict[str, str] = field(default_factory=dict)     # old keyword -> new keyword
-    expect: int | None = 1           # number of matching calls expected; None: any number >= 1
-    fixes: list[dict] = field(default_factory=list)          # findings this edit targets (optional)
-    line: int | None = None          # line in the playbook
-    when: Any = None                 # conditions.When: where the edit applies (None: everywhere)
-
-    kind = "call"
-
-    def introduced_names(self) -> set[str]:
-        names: set[str] = set()
-        for expr in self.add.values():
-            for node in ast.walk(ast.parse(expr, mode="eval")):
-                if isinstance(node, ast.Name):
-                    names.add(node.id)
-        return names
+# ------------------------------------------------------------------------------ the kinds of edit
+COMMON_KEYS = frozenset({"id", "fixes", "note", "when"})   # every kind's playbook keys (the loader reads them)
 
 
 @dataclass
-class TextEdit:
-    id: str
-    old: str
-    new: str
-    fixes: list[dict] = field(default_factory=list)
-    line: int | None = None
-    when: Any = None                 # conditions.When: where the edit applies (None: everywhere)
+class EditKind:
+    """One kind of playbook edit: a dataclass of the edit's own fields (after ``id``; ``fixes``,
+    ``line`` and ``when`` are every kind's), registered with ``@register``. A kind declares:
 
-    kind = "text"
+    - ``kind``: its name (plan cache, messages); ``selector``: the playbook key that makes an edit
+      this kind (one per kind); ``keys``: its other playbook keys (``COMMON_KEYS`` are everyone's);
+      ``label`` ("call edit") and ``summary`` ("structured call edit"): how messages name it;
+      ``needs``: modules its apply imports (patch imports them while the read is on the wire).
+    - ``parse(raw, bad, **common)``: the edit from its playbook mapping, whose keys the loader has
+      checked; ``bad(subkeys, problem, hint=None)`` is the error (file:line of the sub-key) to raise.
+    - ``apply(text, edits, path)``: consecutive edits of this kind, in playbook order -> (new text,
+      one ``EditResult`` each: ``pending`` or ``applied``); raises ``EditError``. The default applies
+      ``apply_one`` edit after edit.
+    - ``state(text, path)``: whether it is already applied (``applied``) or would change the text
+      (``pending``); the apply's own test.
+    - ``anchor_in(text)`` and ``anchor_what()``: for ``when: {anchor: present}``.
+    - ``introduced_names()``: the names it brings into the code (validated on the new text).
+    """
+
+    id: str
+    fixes: list[dict] = field(default_factory=list, kw_only=True)   # findings this edit targets (optional)
+    line: int | None = field(default=None, kw_only=True)             # line in the playbook
+    when: Any = field(default=None, kw_only=True)   # conditions.When: where the edit applies (None: everywhere)
+
+    kind: ClassVar[str] = ""
+    selector: ClassVar[str] = ""
+    keys: ClassVar[frozenset[str]] = frozenset()
+    label: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    needs: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def playbook_keys(cls) -> frozenset[str]:
+        return COMMON_KEYS | {cls.selector} | cls.keys
+
+    @classmethod
+    def parse(cls, raw: dict, bad, **common) -> "EditKind":
+        raise NotImplementedError
+
+    @classmethod
+    def apply(cls, text: str, edits: list, path: str) -> tuple[str, list[EditResult]]:
+        results = []
+        for edit in edits:
+            text, result = edit.apply_one(text, path)
+            results.append(result)
+        return text, results
+
+    def apply_one(self, text: str, path: str) -> tuple[str, EditResult]:
+        raise NotImplementedError
+
+    def state(self, text: str, path: str) -> str:
+        return type(self).apply(text, [self], path)[1][0].state
+
+    def anchor_in(self, text: str) -> bool:
+        raise NotImplementedError
+
+    def anchor_what(self) -> str:
+        raise NotImplementedError
 
     def introduced_names(self) -> set[str]:
-        return _names_in(self.new) - _names_in(self.old)
+        return set()
+
+
+KINDS: dict[str, type[EditKind]] = {}   # kind name -> class, in registration order
+
+
+def register(cls: type[EditKind]) -> type[EditKind]:
+    """Class decorator: add an edit kind to ``KINDS`` (its name and its selector key must be new)."""
+    if not (cls.kind and cls.selector and cls.label and cls.summary):
+        raise TypeError(f"{cls.__name__} must set kind, selector, label and summary")
+    if cls.selector in COMMON_KEYS:
+        raise TypeError(f"{cls.__name__}: selector {cls.selector!r} is a key of every edit")
+    for other in KINDS.values():
+        if other is not cls and (other.kind == cls.kind or other.selector == cls.selector):
+            raise TypeError(f"{cls.__name__} clashes with {other.__name__} (kind {other.kind!r}, "
+                            f"selector {other.selector!r})")
+    KINDS[cls.kind] = cls
+    return cls
+
+
+def unregister(kind: str) -> None:
+    KINDS.pop(kind, None)
+
+
+def needs(edits) -> list[str]:
+    """The modules the apply of these edits imports (each once, in the order first needed)."""
+    out: list[str] = []
+    for e in edits:
+        out += [m for m in type(e).needs if m not in out]
+    return out
+
+
+def dotted_name(node) -> str | None:
+    """``a.b.c`` of a chain of names and attributes, from an ``ast`` node or a libcst node alike (a call
+    edit matches its callee on both); None for anything else (a call's result, a subscript)."""
+    parts: list[str] = []
+    while type(node).__name__ == "Attribute":
+        attr = node.attr                                   # ast: a str; libcst: a Name
+        parts.append(attr if isinstance(attr, str) else attr.value)
+        node = node.value
+    if type(node).__name__ != "Name":
+        return None
+    parts.append(node.id if isinstance(node, ast.AST) else node.value)
+    return ".".join(reversed(parts))
+
+
+def _matches(callee: str, dotted: str | None) -> bool:
+    return dotted is not None and (dotted == callee or dotted.endswith("." + callee))
 
 
 def _names_in(snippet: str) -> set[str]:
@@ -105,7 +189,134 @@ def _names_in(snippet: str) -> set[str]:
     return out
 
 
-Edit = CallEdit | TextEdit
+@register
+@dataclass
+class CallEdit(EditKind):
+    """``call:``: drop / add / rename keyword arguments of the calls to a callee (libcst)."""
+
+    callee: str
+    drop: list[str] = field(default_factory=list)
+    add: dict[str, str] = field(default_factory=dict)        # keyword -> value expression (source)
+    rename: dict[str, str] = field(default_factory=dict)     # old keyword -> new keyword
+    expect: int | None = 1           # number of matching calls expected; None: any number >= 1
+
+    kind = "call"
+    selector = "call"
+    keys = frozenset({"drop", "add", "rename", "expect"})
+    label = "call edit"
+    summary = "structured call edit"
+    needs = ("libcst",)
+
+    @classmethod
+    def parse(cls, raw: dict, bad, **common) -> "CallEdit":
+        from remote_ops.yamlsrc import type_name
+
+        eid = common["id"]
+        callee = raw["call"]
+        if not isinstance(callee, str) or not DOTTED.match(callee):
+            raise bad(("call",), f"unknown callee {callee!r} in edit {eid!r}: "
+                      "must be a dotted name such as Request or self.executor.execute_model")
+        drop = raw.get("drop") or []
+        if isinstance(drop, str):
+            drop = [drop]
+        if not isinstance(drop, list) or not all(isinstance(v, str) for v in drop):
+            raise bad(("drop",), f"drop must be a list of strings, got {type_name(drop)}")
+        add = raw.get("add") or {}
+        rename = raw.get("rename") or {}
+        for what, mapping in (("add", add), ("rename", rename)):
+            if not isinstance(mapping, dict):
+                raise bad((what,), f"{what} must be a mapping, got {type_name(mapping)}")
+        for name in drop + list(add) + list(rename) + [str(v) for v in rename.values()]:
+            if not isinstance(name, str) or not IDENT.match(name):
+                raise bad((), f"{name!r} is not a keyword argument name (edit {eid!r})")
+        add_src: dict[str, str] = {}
+        for name, value in add.items():
+            src = value if isinstance(value, str) else repr(value)
+            if isinstance(value, bool) or value is None:
+                src = repr(value)
+            try:
+                ast.parse(src.strip(), mode="eval")
+            except SyntaxError as exc:
+                raise bad(("add", name), f"value of {name} is not a Python expression: {src!r} ({exc.msg})",
+                          "quote a string literal like '\"text\"'") from None
+            add_src[name] = src.strip()
+        if not (drop or add_src or rename):
+            raise bad((), f"call edit {eid!r} changes nothing: give drop, add or rename")
+        expect = raw.get("expect", 1)
+        if expect == "any":
+            expect = None
+        elif isinstance(expect, bool) or not isinstance(expect, int) or expect < 1:
+            raise bad(("expect",), "expect must be a positive integer or \"any\"")
+        return cls(callee=callee, drop=list(drop), add=add_src, rename={k: str(v) for k, v in rename.items()},
+                   expect=expect, **common)
+
+    @classmethod
+    def apply(cls, text: str, edits: list, path: str) -> tuple[str, list[EditResult]]:
+        return apply_call_edits(text, edits, path)
+
+    def apply_one(self, text: str, path: str) -> tuple[str, EditResult]:
+        return apply_call_edit(text, self, path)
+
+    def anchor_in(self, text: str) -> bool:
+        """The callee is called at least once (matched as the edit matches it); ast, not libcst."""
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            return True     # the edit itself reports the file that does not parse
+        return any(isinstance(node, ast.Call) and _matches(self.callee, dotted_name(node.func))
+                   for node in ast.walk(tree))
+
+    def anchor_what(self) -> str:
+        return f"a call to {self.callee}"
+
+    def introduced_names(self) -> set[str]:
+        names: set[str] = set()
+        for expr in self.add.values():
+            for node in ast.walk(ast.parse(expr, mode="eval")):
+                if isinstance(node, ast.Name):
+                    names.add(node.id)
+        return names
+
+
+@register
+@dataclass
+class TextEdit(EditKind):
+    """``replace: {old, new}``: an exact replacement that must match exactly once."""
+
+    old: str
+    new: str
+
+    kind = "text"
+    selector = "replace"
+    label = "text edit"
+    summary = "exact text"
+
+    @classmethod
+    def parse(cls, raw: dict, bad, **common) -> "TextEdit":
+        eid = common["id"]
+        rep = raw["replace"]
+        if not isinstance(rep, dict) or set(rep) != {"old", "new"} or \
+                not all(isinstance(v, str) for v in rep.values()):
+            raise bad(("replace",), f"replace of edit {eid!r} must be a mapping with string 'old' and 'new'")
+        if not rep["old"]:
+            raise bad(("replace", "old"), f"old text of edit {eid!r} is empty")
+        if rep["old"] == rep["new"]:
+            raise bad(("replace",), f"edit {eid!r} replaces a text with itself")
+        return cls(old=rep["old"], new=rep["new"], **common)
+
+    def apply_one(self, text: str, path: str) -> tuple[str, EditResult]:
+        return apply_text_edit(text, self, path)
+
+    def anchor_in(self, text: str) -> bool:
+        """Its old or its new text is in ``text`` (line endings as the file has them)."""
+        norm = text.replace("\r\n", "\n")
+        return self.old.replace("\r\n", "\n") in norm or self.new.replace("\r\n", "\n") in norm
+
+    def anchor_what(self) -> str:
+        return "its old text"
+
+    def introduced_names(self) -> set[str]:
+        return _names_in(self.new) - _names_in(self.old)
 
 
 # ------------------------------------------------------------------------------ decoding
@@ -133,21 +344,6 @@ def newline_of(text: str) -> str:
 
 
 # ------------------------------------------------------------------------------ call edits
-def _dotted(node) -> str | None:
-    import libcst as cst
-
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        base = _dotted(node.value)
-        return f"{base}.{node.attr.value}" if base else None
-    return None
-
-
-def _matches(callee: str, dotted: str | None) -> bool:
-    return dotted is not None and (dotted == callee or dotted.endswith("." + callee))
-
-
 def _expr_key(src: str) -> str:
     return ast.dump(ast.parse(src.strip(), mode="eval"))
 
@@ -260,7 +456,7 @@ def apply_call_edits(text: str, edits: list[CallEdit], path: str) -> tuple[str, 
 
     class Finder(cst.CSTVisitor):
         def visit_Call(self, node):
-            dotted = _dotted(node.func)
+            dotted = dotted_name(node.func)
             for i, edit in enumerate(edits):
                 if _matches(edit.callee, dotted):
                     matches[i].append(node)
@@ -399,20 +595,17 @@ class FileResult:
 
 
 def apply_edits(text: str, edits: list[Any], path: str) -> FileResult:
-    """Apply the edits in order; raises ``EditError`` on the first one that cannot apply."""
+    """Apply the edits in order, each run of consecutive edits of one kind by its kind's ``apply``;
+    raises ``EditError`` on the first one that cannot apply."""
     current = text
     results: list[EditResult] = []
     i = 0
     while i < len(edits):
-        if isinstance(edits[i], CallEdit):
-            j = i
-            while j < len(edits) and isinstance(edits[j], CallEdit):
-                j += 1
-            current, res = apply_call_edits(current, list(edits[i:j]), path)
-            results.extend(res)
-            i = j
-        else:
-            current, one = apply_text_edit(current, edits[i], path)
-            results.append(one)
-            i += 1
+        kind = type(edits[i])
+        j = i + 1
+        while j < len(edits) and type(edits[j]) is kind:
+            j += 1
+        current, res = kind.apply(current, list(edits[i:j]), path)
+        results.extend(res)
+        i = j
     return FileResult(path, text, current, results)

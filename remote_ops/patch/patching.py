@@ -28,7 +28,7 @@ from remote_ops.patch import edits as edits_mod
 from remote_ops.patch import plancache
 from remote_ops.errors import ConfigError, RefusedError, RemoteOpsError, agent_error
 from remote_ops.patch.playbook import Playbook
-from remote_ops.records import Record, optional
+from remote_ops.records import HostRecord, optional
 
 
 def who() -> str:
@@ -488,7 +488,7 @@ def _run_host(session, host, pb: Playbook, *, dry_run: bool, import_check: bool,
     early = None if dry_run or confirm is not None else planned_for_seen(
         pb, host, import_check=import_check, allow_findings=allow_findings)
     if early is None:
-        prefetch_libcst(pb)
+        prefetch(pb)
         raw, first = read(session, pb, host), None
     else:
         hold()
@@ -546,22 +546,26 @@ def _run_host(session, host, pb: Playbook, *, dry_run: bool, import_check: bool,
     return out
 
 
-def prefetch_libcst(pb: Playbook) -> None:
-    """Import libcst (about 0.2 s) in a thread while the read round trip is on the wire, unless
-    plans of this playbook are cached (then an edit is likely never computed: no libcst at all)."""
+def prefetch(pb: Playbook) -> None:
+    """Import what the applies of the playbook's edit kinds need (``needs``: libcst for call edits,
+    about 0.2 s) in a thread while the read round trip is on the wire, unless plans of this playbook
+    are cached (then an edit is likely never computed: nothing imported at all)."""
     import sys
     import threading
 
-    if "libcst" not in sys.modules and any(isinstance(e, edits_mod.CallEdit) for p in pb.patches
-                                           for e in p.edits) and not plancache.seen(pb):
-        threading.Thread(target=__import__, args=("libcst",), daemon=True).start()
+    wanted = [m for m in edits_mod.needs(e for p in pb.patches for e in p.edits) if m not in sys.modules]
+    if wanted and not plancache.seen(pb):
+        for name in wanted:
+            threading.Thread(target=__import__, args=(name,), daemon=True).start()
+
+
+prefetch_libcst = prefetch   # the name api.py calls (another change edits api.py)
 
 
 @dataclass(eq=False)
-class PatchResult(Record):
+class PatchResult(HostRecord):
     """The record of ``patch``: what was planned, changed, verified (``verification.line``)."""
 
-    host: str
     playbook: str | None = None
     playbook_path: str | None = None
     python: Any = None
@@ -582,7 +586,6 @@ class PatchResult(Record):
     note: str | None = None
     round_trips: int = 0
     wall_s: float = 0.0
-    extra: dict = field(default_factory=dict)
 
 
 def patch(session, host, pb: Playbook, *, dry_run: bool = False, import_check: bool = False,
@@ -596,23 +599,19 @@ def patch(session, host, pb: Playbook, *, dry_run: bool = False, import_check: b
 
 
 @dataclass(eq=False)
-class RollbackResult(Record):
+class RollbackResult(HostRecord):
     """The record of ``rollback``: the transactions undone (each with its journal entry)."""
 
-    host: str
     changed: bool = False
     rolled_back: list = field(default_factory=list)
     message: str = optional()
-    extra: dict = field(default_factory=dict)
 
 
 @dataclass(eq=False)
-class HistoryResult(Record):
+class HistoryResult(HostRecord):
     """The record of ``history``: journal entries, corrupt lines, interrupted transactions."""
 
-    host: str
     entries: list = field(default_factory=list)
-    extra: dict = field(default_factory=dict)
 
 
 def rollback(session, host, *, to: str | None = None, force: bool = False) -> RollbackResult:

@@ -18,8 +18,9 @@ Two levels:
 The same directory holds, per host, the state the host was in when a plan of this playbook last
 changed something (``host-<key>.state``, hoststate.py): what a repeated patch sends its apply for.
 
-Keys cover the code that computes plans (edits.py, validate.py, patching.py, this file, the
-installed libcst, the controller's Python minor version), so an upgrade never reuses an old plan.
+Keys cover the code that computes plans (edits.py, validate.py, patching.py, this file, the module of
+every registered edit kind, the installed libcst, the controller's Python minor version), so an
+upgrade never reuses an old plan.
 Failures (a refused or invalid edit) are never cached: they are recomputed and reported per host.
 """
 
@@ -51,15 +52,24 @@ def _jsonable(o: Any):
     return sorted(o) if isinstance(o, (set, frozenset)) else str(o)
 
 
-@functools.lru_cache(maxsize=1)
 def code_fingerprint() -> str:
-    """What computes a plan: this package's edit/validate code, libcst's install, the Python."""
+    """What computes a plan: this package's edit/validate code, the module of every registered edit
+    kind (one registered outside edits.py included), libcst's install, the Python."""
+    from remote_ops.patch.edits import KINDS
+
+    files = {getattr(sys.modules.get(k.__module__), "__file__", None) for k in KINDS.values()}
+    return _code_fingerprint(tuple(sorted(f for f in files if f)))
+
+
+@functools.lru_cache(maxsize=8)
+def _code_fingerprint(kind_files: tuple[str, ...]) -> str:
     import importlib.util
 
     h = hashlib.sha256(f"{FORMAT} {sys.version_info[0]}.{sys.version_info[1]}".encode())
     here = Path(__file__).parent
-    for name in ("edits.py", "validate.py", "patching.py", "plancache.py"):
-        h.update((here / name).read_bytes())
+    paths = [here / name for name in ("edits.py", "validate.py", "patching.py", "plancache.py")]
+    for path in paths + [p for p in map(Path, kind_files) if p not in paths]:
+        h.update(path.read_bytes())
     spec = importlib.util.find_spec("libcst")   # located, not imported
     if spec is not None and spec.origin:
         st = os.stat(spec.origin)

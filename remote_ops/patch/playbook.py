@@ -39,7 +39,6 @@ the loader refuses the playbook until a person replaces it.
 
 from __future__ import annotations
 
-import ast
 import functools
 import re
 from dataclasses import dataclass, field
@@ -47,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from remote_ops.patch import conditions
-from remote_ops.patch.edits import CallEdit, TextEdit
+from remote_ops.patch import edits
 from remote_ops.errors import ConfigError, RefusedError
 from remote_ops.yamlsrc import YamlDoc, load_file, load_text, type_name
 
@@ -55,11 +54,8 @@ PLACEHOLDER_RE = re.compile(r"FILL[-_ ]?ME|<\s*FILL[^>]*>", re.I)
 PLACEHOLDER = "FILL-ME"
 TOP_KEYS = {"name", "description", "requires", "check", "patches", "extract", "allow_outside", "vars"}
 PATCH_KEYS = {"module", "path", "edits", "allow_outside", "when"}
-CALL_KEYS = {"id", "call", "drop", "add", "rename", "expect", "fixes", "note", "when"}
-TEXT_KEYS = {"id", "replace", "fixes", "note", "when"}
 FIX_KEYS = {"kind", "symbol", "name"}
-_DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DOTTED = edits.DOTTED
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -246,57 +242,46 @@ def _parse_edit(doc: YamlDoc, keys: tuple, raw: Any, seen: set[str], group_when=
             raise doc.error(keys, f"edit {eid!r} declares no fixes, but its group's when asks for its finding "
                             "(finding: present)", "add fixes, or move the condition to the edits that have them")
         when = group_when.merged(when)
-    if "call" in raw and "replace" in raw:
-        raise doc.error(keys, f"edit {eid!r} has both 'call' and 'replace'; use one edit for each")
-    if "call" in raw:
-        doc.check_keys(keys, raw, CALL_KEYS, f"in call edit {eid!r}")
-        callee = raw["call"]
-        if not isinstance(callee, str) or not _DOTTED.match(callee):
-            raise doc.error(keys + ("call",), f"unknown callee {callee!r} in edit {eid!r}: "
-                            "must be a dotted name such as Request or self.executor.execute_model")
-        drop = _str_list(doc, keys + ("drop",), raw.get("drop") or [], "drop")
-        add = raw.get("add") or {}
-        rename = raw.get("rename") or {}
-        for what, mapping in (("add", add), ("rename", rename)):
-            if not isinstance(mapping, dict):
-                raise doc.error(keys + (what,), f"{what} must be a mapping, got {type_name(mapping)}")
-        for name in drop + list(add) + list(rename) + [str(v) for v in rename.values()]:
-            if not isinstance(name, str) or not _IDENT.match(name):
-                raise doc.error(keys, f"{name!r} is not a keyword argument name (edit {eid!r})")
-        add_src: dict[str, str] = {}
-        for name, value in add.items():
-            src = value if isinstance(value, str) else repr(value)
-            if isinstance(value, bool) or value is None:
-                src = repr(value)
-            try:
-                ast.parse(src.strip(), mode="eval")
-            except SyntaxError as exc:
-                raise doc.error(keys + ("add", name), f"value of {name} is not a Python expression: "
-                                f"{src!r} ({exc.msg})", "quote a string literal like '\"text\"'") from None
-            add_src[name] = src.strip()
-        if not (drop or add_src or rename):
-            raise doc.error(keys, f"call edit {eid!r} changes nothing: give drop, add or rename")
-        expect = raw.get("expect", 1)
-        if expect == "any":
-            expect = None
-        elif isinstance(expect, bool) or not isinstance(expect, int) or expect < 1:
-            raise doc.error(keys + ("expect",), "expect must be a positive integer or \"any\"")
-        return CallEdit(id=eid, callee=callee, drop=drop, add=add_src,
-                        rename={k: str(v) for k, v in rename.items()}, expect=expect, fixes=fixes, line=line,
-                        when=when)
-    if "replace" in raw:
-        doc.check_keys(keys, raw, TEXT_KEYS, f"in text edit {eid!r}")
-        rep = raw["replace"]
-        if not isinstance(rep, dict) or set(rep) != {"old", "new"} or \
-                not all(isinstance(v, str) for v in rep.values()):
-            raise doc.error(keys + ("replace",), f"replace of edit {eid!r} must be a mapping with "
-                            "string 'old' and 'new'")
-        if not rep["old"]:
-            raise doc.error(keys + ("replace", "old"), f"old text of edit {eid!r} is empty")
-        if rep["old"] == rep["new"]:
-            raise doc.error(keys + ("replace",), f"edit {eid!r} replaces a text with itself")
-        return TextEdit(id=eid, old=rep["old"], new=rep["new"], fixes=fixes, line=line, when=when)
-    raise doc.error(keys, f"edit {eid!r} needs 'call' (structured call edit) or 'replace' (exact text)")
+    kind = _edit_kind(doc, keys, raw, eid)
+    doc.check_keys(keys, raw, kind.playbook_keys(), f"in {kind.label} {eid!r}")
+    return kind.parse(raw, lambda sub, problem, hint=None: doc.error(keys + sub, problem, hint),
+                      id=eid, fixes=fixes, line=line, when=when)
+
+
+def _edit_kind(doc: YamlDoc, keys: tuple, raw: dict, eid: str) -> type[edits.EditKind]:
+    """The registered kind an edit's keys name (edits.KINDS), or one line saying why none does:
+    no kind's key, two kinds' keys, or a key of another kind than the one it names."""
+    chosen = [k for k in edits.KINDS.values() if k.selector in raw]
+    if len(chosen) > 1:
+        names = " and ".join(repr(k.selector) for k in chosen)
+        raise doc.error(keys, f"edit {eid!r} has both {names}; use one edit for each",
+                        "an edit is of one kind: " + _kinds_list())
+    if not chosen:
+        owners = {k: [c for c in edits.KINDS.values() if k in c.keys] for k in raw if k not in edits.COMMON_KEYS}
+        hinted = [(k, c[0]) for k, c in owners.items() if len(c) == 1]
+        if hinted:
+            key, kind = hinted[0]
+            raise doc.error(keys + (key,), f"edit {eid!r} has {key!r}, a key of {kind.label}s, but no "
+                            f"{kind.selector!r}", f"{kind.label}s name what they change with {kind.selector!r}")
+        unknown = [k for k, c in owners.items() if not c]
+        extra = f" ({', '.join(map(repr, unknown))}: no edit kind has such a key)" if unknown else ""
+        raise doc.error(keys, f"edit {eid!r} needs {_kinds_list()}{extra}")
+    kind = chosen[0]
+    for key in raw:
+        if key in kind.playbook_keys():
+            continue
+        other = [c for c in edits.KINDS.values() if key in c.keys]
+        if other:
+            raise doc.error(keys + (key,), f"{kind.label} {eid!r} ({kind.selector!r}) has {key!r}, a key of "
+                            f"{other[0].label}s ({other[0].selector!r}); use one edit for each",
+                            f"{kind.label}s take {', '.join(sorted(kind.playbook_keys()))}")
+    return kind
+
+
+def _kinds_list() -> str:
+    """``'call' (structured call edit) or 'replace' (exact text)``: every registered kind."""
+    parts = [f"{k.selector!r} ({k.summary})" for k in edits.KINDS.values()]
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " or " + parts[-1]
 
 
 def parse(doc: YamlDoc) -> Playbook:
