@@ -6,7 +6,8 @@ import pytest
 
 from remote_ops.agent.drift_compare import _same_default
 from remote_ops.agent.drift_facts import norm_annotation
-from remote_ops.agent.drift_scan import _rel, class_table, dispatch_facts
+from remote_ops.agent.drift_classes import hierarchy_table
+from remote_ops.agent.drift_scan import _rel, dispatch_facts
 from tests.resolver_lib import lib  # noqa: F401  (fixture)
 
 
@@ -48,7 +49,7 @@ def test_class_table_and_dispatch_scan_class_bodies(lib):
         def execute_model():
             pass
     """})
-    table = class_table(r, "lib", ["model_runner", "execute_model", "load_model"], 3, roots=[str(r.sys_path[0])])
+    table = hierarchy_table(r, "lib", ["model_runner", "execute_model", "load_model"], 3, roots=[str(r.sys_path[0])])
     assert list(table) == ["lib.workers:GPUWorker"]
     row = table["lib.workers:GPUWorker"]
     assert row["where"] == "lib/workers.py:2" and row["methods"] == ["__init__", "execute_model", "load_model"]

@@ -37,4 +37,5 @@ version), ``drift_scan`` (class-body and dispatcher scans over a library's files
 from .drift_compare import _same_default, compare  # noqa: F401
 from .drift_facts import bound_facts_for, call_facts, norm_annotation, replay, replay_facts  # noqa: F401
 from .drift_record import collect_bound, record_call, result_use  # noqa: F401
-from .drift_scan import MAX_CLASSES, _rel, class_table, dispatch_facts  # noqa: F401
+from .drift_classes import class_record, hierarchy_table  # noqa: F401
+from .drift_scan import MAX_CLASSES, _rel, dispatch_facts  # noqa: F401
