@@ -19,6 +19,8 @@ def _rel(path, roots):
 
 _CLASS_RE = re.compile(rb"^class[ \t]+(\w+)[ \t]*[(:]", re.M)
 _TOP_RE = re.compile(rb"^[^\s#]", re.M)
+# the same over a package's blob, whose files are joined by a NUL byte: a file's first line too
+_BLOB_CLASS_RE = re.compile(rb"(?:^|(?<=\0))class[ \t]+(\w+)[ \t]*[(:]", re.M)
 _DEF_RE = re.compile(rb"^    (?:async[ \t]+)?def[ \t]+(\w+)[ \t]*\(", re.M)
 
 
@@ -117,7 +119,7 @@ def hierarchy_candidates(static, package, names, need):
     MRO to confirm. ``library bases?``: a base is named like a class of the package (else the MRO
     adds nothing of the library's and need not be resolved). In file order; at most MAX_CLASSES."""
     blob, starts, mods = static._package_files(package)
-    heads = [(m.start(), m.group(1).decode(), m.end()) for m in _CLASS_RE.finditer(blob)]
+    heads = [(m.start(), m.group(1).decode(), m.end()) for m in _BLOB_CLASS_RE.finditer(blob)]
     if not heads:
         return []
     cstarts = [h[0] for h in heads]
@@ -126,7 +128,8 @@ def hierarchy_candidates(static, package, names, need):
     def end_of(k):
         if k not in ends:
             nxt = _TOP_RE.search(blob, heads[k][2])
-            ends[k] = nxt.start() if nxt else len(blob)
+            eof = blob.find(b"\0", heads[k][2])
+            ends[k] = min(nxt.start() if nxt else len(blob), eof if eof >= 0 else len(blob))
         return ends[k]
 
     own = {}        # class index -> the needles in its body; each needle's hits visit a class once
