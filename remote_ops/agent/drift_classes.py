@@ -35,7 +35,12 @@ def _in_package(c, package):
 
 def _body_names(static, c):
     """[(name, line, header or None, is a method)] of what class ``c``'s own body binds: methods
-    (with their header), class-level names, then ``self.x`` assigned in its methods."""
+    (with their header), class-level names, then ``self.x`` assigned in its methods. Once per class
+    and resolver (many classes share their bases)."""
+    cache = static.__dict__.setdefault("_drift_body_names", {})
+    hit = cache.get(id(c.node))
+    if hit is not None and hit[0] is c.node:
+        return hit[1]
     out, seen = [], set()
     for st in c.node.body:
         if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -52,6 +57,7 @@ def _body_names(static, c):
                 out.append(h)
     for n in sorted(static.instance_names(c) - seen):
         out.append((n, c.node.lineno, None, False))
+    cache[id(c.node)] = (c.node, out)
     return out
 
 

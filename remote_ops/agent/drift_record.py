@@ -149,12 +149,23 @@ def _scope_of(parents, node):
     return scope
 
 
+def _own_nodes(scope):
+    """The nodes of a function's or module's body, not those of the functions and classes in it."""
+    stack = list(getattr(scope, "body", ()))
+    while stack:
+        node = stack.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            stack.extend(ast.iter_child_nodes(node))
+
+
 def bound_object(analysis, node, obj):
     """The Val of the library object that ``node`` binds a function onto: a class, or an instance
     made by a library constructor and kept in a name or an attribute (``m = lib.Model()``,
     ``self.m = lib.Model()``, ``holder.m = lib.Model()``) in the binding's scope (a function, with
-    its locals, or the module); None when not known."""
-    if not isinstance(obj, (ast.Name, ast.Attribute)):
+    its locals, or the module), or made right there (``MethodType(f, lib.Model())``); None when not
+    known."""
+    if not isinstance(obj, (ast.Name, ast.Attribute, ast.Call)):
         return None
     scope = _scope_of(analysis.parents, node)
     local, cls_ctx = {}, None
@@ -169,7 +180,7 @@ def bound_object(analysis, node, obj):
         return v
     # a name or attribute assigned in this scope from a library constructor (every assignment agrees)
     text, found = dotted(obj), []
-    for sub in ast.walk(scope) if scope is not None else ():
+    for sub in _own_nodes(scope):
         if isinstance(sub, ast.Assign) and any(dotted(t) == text for t in sub.targets):
             found.append(analysis._eval(sub.value, local, cls_ctx))
     if found and all(f is not None and f.instance and f.symbol == found[0].symbol for f in found):

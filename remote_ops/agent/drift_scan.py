@@ -19,8 +19,9 @@ def _rel(path, roots):
 
 _CLASS_RE = re.compile(rb"^class[ \t]+(\w+)[ \t]*[(:]", re.M)
 _TOP_RE = re.compile(rb"^[^\s#]", re.M)
-# the same over a package's blob, whose files are joined by a NUL byte: a file's first line too
-_BLOB_CLASS_RE = re.compile(rb"(?:^|(?<=\0))class[ \t]+(\w+)[ \t]*[(:]", re.M)
+# the same over a package's blob (its files joined by a NUL byte), after a newline or a file's start:
+# a literal first byte keeps the search fast (^ with re.M is not)
+_BLOB_CLASS_RES = (re.compile(rb"\n(class[ \t]+(\w+)[ \t]*[(:])"), re.compile(rb"\0(class[ \t]+(\w+)[ \t]*[(:])"))
 _DEF_RE = re.compile(rb"^    (?:async[ \t]+)?def[ \t]+(\w+)[ \t]*\(", re.M)
 
 
@@ -119,7 +120,9 @@ def hierarchy_candidates(static, package, names, need):
     MRO to confirm. ``library bases?``: a base is named like a class of the package (else the MRO
     adds nothing of the library's and need not be resolved). In file order; at most MAX_CLASSES."""
     blob, starts, mods = static._package_files(package)
-    heads = [(m.start(), m.group(1).decode(), m.end()) for m in _BLOB_CLASS_RE.finditer(blob)]
+    first = _CLASS_RE.match(blob)
+    heads = sorted([(m.start(1), m.group(2).decode(), m.end()) for rx in _BLOB_CLASS_RES for m in rx.finditer(blob)]
+                   + ([(0, first.group(1).decode(), first.end())] if first else []))
     if not heads:
         return []
     cstarts = [h[0] for h in heads]
