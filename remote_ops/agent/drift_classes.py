@@ -12,16 +12,8 @@ library's drift, and the controller does not have their sources.
 
 import ast
 
-from .drift_scan import MAX_CLASSES, _rel, class_row, hierarchy_candidates, row_headers
+from .drift_scan import MAX_CLASSES, _rel, ast_header, class_row, hierarchy_candidates, row_headers
 from .resolve_base import _target_names
-
-
-def ast_header(fn):
-    """(positional parameter names after self, kw-only names, *args, **kwargs) of a method: the
-    shape ``drift_scan._header`` reads from text, so the two compare equal."""
-    a = fn.args
-    return [[x.arg for x in a.posonlyargs + a.args][1:], [x.arg for x in a.kwonlyargs],
-            bool(a.vararg), bool(a.kwarg)]
 
 
 def _qual(c):

@@ -8,10 +8,19 @@ import ast
 from .drift_classes import class_record, hierarchy_table
 from .drift_facts import _attr_fact, call_facts, replay
 from .drift_scan import dispatch_facts
+from .resolve_base import own_nodes
 from .signatures import Signature, dotted
 
 
 # ----------------------------------------------------------------------------- recording
+def _scope_of(parents, node):
+    """The function (or module) whose body holds ``node``."""
+    scope = parents.get(node)
+    while scope is not None and not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        scope = parents.get(scope)
+    return scope
+
+
 def result_use(analysis, node):
     """How the value of call ``node`` is used: 'indexed', 'iterated', 'tested' (with the line),
     following one assignment to a local name; None when it is not used that way."""
@@ -27,9 +36,7 @@ def result_use(analysis, node):
         name = p.target.id
     if name is None:
         return None
-    scope = p
-    while scope is not None and not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
-        scope = parents.get(scope)
+    scope = _scope_of(parents, node)
     if scope is None:
         return None
     for sub in ast.walk(scope):
@@ -128,9 +135,7 @@ def bound_functions(tree, parents=None):
                 else:
                     assigned.add(sub.attr)
         objtext = dotted(obj)
-        scope = parents.get(node)
-        while scope is not None and not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
-            scope = parents.get(scope)
+        scope = _scope_of(parents, node)
         if objtext and scope is not None:
             for sub in ast.walk(scope):
                 tg = sub.targets if isinstance(sub, ast.Assign) else []
@@ -140,23 +145,6 @@ def bound_functions(tree, parents=None):
         used = {k: v for k, v in used.items() if k not in assigned and not k.startswith("__")}
         out.append((node, fn, obj, kind, used, assigned))
     return out
-
-
-def _scope_of(parents, node):
-    scope = parents.get(node)
-    while scope is not None and not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
-        scope = parents.get(scope)
-    return scope
-
-
-def _own_nodes(scope):
-    """The nodes of a function's or module's body, not those of the functions and classes in it."""
-    stack = list(getattr(scope, "body", ()))
-    while stack:
-        node = stack.pop()
-        yield node
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            stack.extend(ast.iter_child_nodes(node))
 
 
 def bound_object(analysis, node, obj):
@@ -180,7 +168,7 @@ def bound_object(analysis, node, obj):
         return v
     # a name or attribute assigned in this scope from a library constructor (every assignment agrees)
     text, found = dotted(obj), []
-    for sub in _own_nodes(scope):
+    for sub in own_nodes(scope) if scope is not None else ():
         if isinstance(sub, ast.Assign) and any(dotted(t) == text for t in sub.targets):
             found.append(analysis._eval(sub.value, local, cls_ctx))
     if found and all(f is not None and f.instance and f.symbol == found[0].symbol for f in found):

@@ -37,26 +37,37 @@ def _classes_in(data):
     return out
 
 
-def _header(block, name):
-    """(positional param names after self, kw-only names) of method ``name`` in a class block."""
-    m = re.search(rb"^    (?:async[ \t]+)?def[ \t]+" + re.escape(name.encode()) + rb"[ \t]*\(", block, re.M)
-    if m is None:
-        return None
-    i, depth = m.end(), 1
-    while i < len(block) and depth:
-        c = block[i:i + 1]
+def _closing(data, start, limit=None):
+    """The index just after the bracket that closes the one opened just before ``start``."""
+    i, depth = start, 1
+    end = len(data) if limit is None else min(len(data), start + limit)
+    while i < end and depth:
+        c = data[i:i + 1]
         if c in (b"(", b"[", b"{"):
             depth += 1
         elif c in (b")", b"]", b"}"):
             depth -= 1
         i += 1
+    return i
+
+
+def ast_header(fn):
+    """[positional parameter names after self, kw-only names, *args?, **kwargs?] of a method."""
+    a = fn.args
+    return [[x.arg for x in a.posonlyargs + a.args][1:], [x.arg for x in a.kwonlyargs],
+            bool(a.vararg), bool(a.kwarg)]
+
+
+def _header(block, name):
+    """``ast_header`` of method ``name`` in a class block, read from its ``def`` line(s) only."""
+    m = re.search(rb"^    (?:async[ \t]+)?def[ \t]+" + re.escape(name.encode()) + rb"[ \t]*\(", block, re.M)
+    if m is None:
+        return None
     try:
-        fn = ast.parse(b"def f(" + block[m.end():i] + b": pass").body[0]
+        fn = ast.parse(b"def f(" + block[m.end():_closing(block, m.end())] + b": pass").body[0]
     except (SyntaxError, ValueError):
         return None
-    a = fn.args
-    pos = [x.arg for x in a.posonlyargs + a.args][1:]
-    return [pos, [x.arg for x in a.kwonlyargs], bool(a.vararg), bool(a.kwarg)]
+    return ast_header(fn)
 
 
 def _assigns(block, name):
@@ -92,15 +103,7 @@ def _base_names(blob, start):
     m = _SIMPLE_BASES.match(blob, start)
     if m:
         return [p.strip().rsplit(b".", 1)[-1].decode() for p in m.group(1).split(b",") if p.strip()]
-    i, depth = start, 1
-    while i < len(blob) and depth and i - start < 4000:
-        c = blob[i:i + 1]
-        if c in (b"(", b"[", b"{"):
-            depth += 1
-        elif c in (b")", b"]", b"}"):
-            depth -= 1
-        i += 1
-    text = blob[start:i - 1]
+    text = blob[start:_closing(blob, start, 4000) - 1]
     prev = None
     while prev != text:
         prev, text = text, re.sub(rb"[\[(][^\[\]()]*[\])]", b"", text)
