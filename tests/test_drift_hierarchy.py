@@ -10,6 +10,10 @@ one fits.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -17,6 +21,8 @@ import pytest
 
 from remote_ops.agent.compat import op_check
 from remote_ops.check import drift
+
+ROOT = Path(__file__).resolve().parents[1]
 
 BASE = {
     "__init__.py": "",
@@ -178,7 +184,7 @@ def _line(text: str, source: str = CALLER) -> int:
 
 
 @pytest.fixture(scope="module")
-def result(tmp_path_factory):
+def libs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hier")
     base, inst, app = tmp / "base", tmp / "inst", tmp / "app"
     _write(base, BASE)
@@ -186,9 +192,18 @@ def result(tmp_path_factory):
     (app / "app_h").mkdir(parents=True)
     (app / "app_h" / "__init__.py").write_text("")
     (app / "app_h" / "main.py").write_text(textwrap.dedent(CALLER).lstrip("\n"))
-    raw = op_check({"sys_path": [str(inst), str(app)], "package": "app_h", "against": ["lib_h"], "drift": True})
-    out = drift.analyse(raw, ["lib_h"], str(base))
-    return raw, out
+    return base, inst, app
+
+
+def _args(inst, app):
+    return {"sys_path": [str(inst), str(app)], "package": "app_h", "against": ["lib_h"], "drift": True}
+
+
+@pytest.fixture(scope="module")
+def result(libs):
+    base, inst, app = libs
+    raw = op_check(_args(inst, app))
+    return raw, drift.analyse(raw, ["lib_h"], str(base))
 
 
 def _bound(raw, function):
@@ -199,12 +214,31 @@ def _gone(out):
     return {d["name"]: d for d in out["drift"] if d["kind"] == "attribute-gone"}
 
 
+EXPECTED = {(_line("self.get_input_embeddings(ids)"), "attribute-gone", "get_input_embeddings"),
+            (_line("self.compute_logits(h)"), "attribute-gone", "compute_logits")}
+
+
 def test_exactly_the_two_vanished_methods_are_drift(result):
     raw, out = result
     assert raw["findings"] == []
-    assert {(d["line"], d["kind"], d["name"]) for d in out["drift"]} == {
-        (_line("self.get_input_embeddings(ids)"), "attribute-gone", "get_input_embeddings"),
-        (_line("self.compute_logits(h)"), "attribute-gone", "compute_logits")}
+    assert {(d["line"], d["kind"], d["name"]) for d in out["drift"]} == EXPECTED
+
+
+def test_runtime_mode_finds_the_same(libs):
+    """--runtime on the host (the library imported): the bound objects' classes are replayed in the
+    static resolver, so the drift is the same."""
+    base, inst, app = libs
+    code = ("import json,sys; from remote_ops.agent.compat import op_check; "
+            "print(json.dumps(op_check(json.loads(sys.argv[1]))))")
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(dict(_args(inst, app), mode="runtime"))],
+                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=str(ROOT),
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    raw = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert raw["mode"] == "runtime"
+    out = drift.analyse(raw, ["lib_h"], str(base))
+    assert {(d["line"], d["kind"], d["name"]) for d in out["drift"]} == EXPECTED
+    assert _gone(out)["compute_logits"]["fix"]["to"] == "compute_logit_scores"
 
 
 def test_method_moved_to_a_base_in_another_module_is_not_gone(result):

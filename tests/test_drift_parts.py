@@ -62,3 +62,35 @@ def test_class_table_and_dispatch_scan_class_bodies(lib):
 def test_rel():
     assert _rel("/a/b/c.py", ["/x", "/a/"]) == "b/c.py"
     assert _rel("/elsewhere/c.py", ["/a"]) == "/elsewhere/c.py"
+
+
+def test_hierarchy_candidates_read_bases_by_name_across_files(lib):
+    """A class with none of the names in its own body is a candidate through its bases (written
+    dotted, generic, over several lines, beside keywords); a class on a file's first line counts."""
+    from remote_ops.agent.drift_scan import _base_names, hierarchy_candidates
+    r = lib({"lib/__init__.py": "", "lib/base.py": """class Base:
+    def load_model(self):
+        self.model_runner = None
+""", "lib/sub.py": """
+import typing
+from . import base
+
+
+class Sub(
+    base.Base,      # the library's
+    typing.Generic[int],
+    metaclass=type,
+):
+    pass
+
+
+class Plain:
+    pass
+"""})
+    got = [(m, c, line, lib_bases) for m, c, line, _, lib_bases in hierarchy_candidates(
+        r, "lib", ["model_runner", "load_model"], 2)]
+    assert got == [("lib.base", "Base", 1, False), ("lib.sub", "Sub", 6, True)]
+    assert _base_names(b"a.B, C[int], metaclass=M):", 0) == ["B", "C"]
+    table = hierarchy_table(r, "lib", ["model_runner", "load_model"], 2)
+    assert table["lib.sub:Sub"]["has"] == ["model_runner", "load_model"]
+    assert table["lib.sub:Sub"]["inherited"]["load_model"][0] == "lib.base:Base"
