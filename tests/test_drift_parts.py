@@ -6,7 +6,8 @@ import pytest
 
 from remote_ops.agent.drift_compare import _same_default
 from remote_ops.agent.drift_facts import norm_annotation
-from remote_ops.agent.drift_scan import _rel, class_table, dispatch_facts
+from remote_ops.agent.drift_classes import hierarchy_table
+from remote_ops.agent.drift_scan import _rel, dispatch_facts
 from tests.resolver_lib import lib  # noqa: F401  (fixture)
 
 
@@ -48,7 +49,7 @@ def test_class_table_and_dispatch_scan_class_bodies(lib):
         def execute_model():
             pass
     """})
-    table = class_table(r, "lib", ["model_runner", "execute_model", "load_model"], 3, roots=[str(r.sys_path[0])])
+    table = hierarchy_table(r, "lib", ["model_runner", "execute_model", "load_model"], 3, roots=[str(r.sys_path[0])])
     assert list(table) == ["lib.workers:GPUWorker"]
     row = table["lib.workers:GPUWorker"]
     assert row["where"] == "lib/workers.py:2" and row["methods"] == ["__init__", "execute_model", "load_model"]
@@ -61,3 +62,35 @@ def test_class_table_and_dispatch_scan_class_bodies(lib):
 def test_rel():
     assert _rel("/a/b/c.py", ["/x", "/a/"]) == "b/c.py"
     assert _rel("/elsewhere/c.py", ["/a"]) == "/elsewhere/c.py"
+
+
+def test_hierarchy_candidates_read_bases_by_name_across_files(lib):
+    """A class with none of the names in its own body is a candidate through its bases (written
+    dotted, generic, over several lines, beside keywords); a class on a file's first line counts."""
+    from remote_ops.agent.drift_scan import _base_names, hierarchy_candidates
+    r = lib({"lib/__init__.py": "", "lib/base.py": """class Base:
+    def load_model(self):
+        self.model_runner = None
+""", "lib/sub.py": """
+import typing
+from . import base
+
+
+class Sub(
+    base.Base,      # the library's
+    typing.Generic[int],
+    metaclass=type,
+):
+    pass
+
+
+class Plain:
+    pass
+"""})
+    got = [(m, c, line, lib_bases) for m, c, line, _, lib_bases in hierarchy_candidates(
+        r, "lib", ["model_runner", "load_model"], 2)]
+    assert got == [("lib.base", "Base", 1, False), ("lib.sub", "Sub", 6, True)]
+    assert _base_names(b"a.B, C[int], metaclass=M):", 0) == ["B", "C"]
+    table = hierarchy_table(r, "lib", ["model_runner", "load_model"], 2)
+    assert table["lib.sub:Sub"]["has"] == ["model_runner", "load_model"]
+    assert table["lib.sub:Sub"]["inherited"]["load_model"][0] == "lib.base:Base"

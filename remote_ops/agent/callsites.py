@@ -12,7 +12,7 @@ import difflib
 
 from .callsite_records import Findings
 from .contract import FINDING_KINDS  # noqa: F401  (every kind of finding the analysis reports)
-from .resolve_base import self_assignments
+from .resolve_base import own_nodes as _walk_own, self_assignments
 from .signatures import Signature, Unknown, bind, dotted
 from .symbols import canonical
 
@@ -442,17 +442,6 @@ def _names_in_target(t):
         if isinstance(sub, ast.Name):
             out.append(sub.id)
     return out
-
-
-def _walk_own(fn):
-    """Nodes of a function body, not descending into nested functions/classes."""
-    stack = list(fn.body)
-    while stack:
-        node = stack.pop()
-        yield node
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            continue
-        stack.extend(ast.iter_child_nodes(node))
 
 
 def imports_library(text, libs):

@@ -6,6 +6,7 @@ import ast
 import difflib
 import re
 
+from .drift_classes import where_of
 from .drift_facts import norm_annotation
 
 
@@ -166,21 +167,50 @@ def _compare_call(t, b, base_v, inst_v, notes):
     return out
 
 
+def _methods(cls):
+    """{method name: header} of a class record: its own body's, then what its library bases give
+    it (``inherited``, methods only)."""
+    out = {m: v[2] for m, v in (cls.get("inherited") or {}).items() if v[2] is not None}
+    out.update({m: (cls.get("headers") or {}).get(m) for m in cls["methods"]})
+    return out
+
+
+def _order(cls, name):
+    """(the class that defines ``name`` in a class record: "" for its own body, else the base's
+    "module:Class"; that body's methods in order)."""
+    if name in cls["methods"]:
+        return "", cls["methods"]
+    owner = ((cls.get("inherited") or {}).get(name) or [""])[0]
+    return owner, (cls.get("bases") or {}).get(owner) or []
+
+
 def _successor(bcls, icls, name):
-    """A method new in the installed class with the same parameters as ``name`` had, at the same
-    place or with a similar name; None unless exactly one fits."""
-    bh = (bcls.get("headers") or {}).get(name)
+    """A method new in the installed class (its own body or its library bases) with the same
+    parameters as ``name`` had, at the same place of the same class body (the class's own, or the
+    base that defined it) or with a similar name; None unless exactly one fits."""
+    old, now = _methods(bcls), _methods(icls)
+    bh = old.get(name)
     if bh is None:
         return None
-    new = [m for m in icls["methods"] if m not in bcls["methods"] and not m.startswith("__")]
-    same = [m for m in new if (icls.get("headers") or {}).get(m) == bh]
-    try:
-        pos = bcls["methods"].index(name)
-    except ValueError:
-        pos = -1
-    fits = [m for m in same if (pos >= 0 and pos < len(icls["methods"]) and icls["methods"][pos] == m)
+    new = [m for m in now if m not in old and not m.startswith("__")]
+    same = [m for m in new if now[m] == bh]
+    owner, border = _order(bcls, name)
+    iorder = icls["methods"] if not owner else (icls.get("bases") or {}).get(owner) or []
+    pos = border.index(name) if name in border else -1
+    fits = [m for m in same if (0 <= pos < len(iorder) and iorder[pos] == m)
             or difflib.SequenceMatcher(None, m, name).ratio() >= 0.6]
     return fits[0] if len(fits) == 1 else None
+
+
+def _rename(t, n, to, why):
+    """(suggestion, fix) renaming ``self.n`` to ``self.to`` in the bound function (with the line's
+    exact text when the use is on it)."""
+    sugg = "rename self.%s to self.%s (%s)" % (n, to, why)
+    fix = {"action": "rename-attribute", "attribute": n, "to": to, "function": t["function"]}
+    line_text = (t.get("use_lines") or {}).get(n)
+    if line_text and ("self." + n) in line_text:
+        fix.update(old=line_text.strip(), new=line_text.strip().replace("self." + n, "self." + to))
+    return sugg, fix
 
 
 def _compare_bound(t, b, base_v, inst_v, notes):
@@ -188,14 +218,28 @@ def _compare_bound(t, b, base_v, inst_v, notes):
     where = "%s:%d" % (t["path"], t["line"])
     if "access" in t:
         fb = (b or {}).get("facts") or {}
+        bcls, icls = (b or {}).get("class"), t.get("class")
+        onto = ("an instance of %s" if t.get("instance") else "%s") % (t.get("class_symbol") or t["object"])
         for n, f in (t.get("facts") or {}).items():
             bf = fb.get(n) or {}
             if f["status"] == "missing" and bf.get("status") == "ok":
+                succ = _successor(bcls, icls, n) if bcls and icls else None
+                if succ:
+                    sugg, fix = _rename(t, n, succ, "same parameters, same place or a similar name: the one new "
+                                        "method of %s and its bases that fits" % icls["class"].split(":")[1])
+                else:
+                    sugg, fix = "find what replaced %s in %s" % (n, inst_v), {"action": "placeholder"}
                 out.append(_rec(t, "attribute-gone", n, "self." + n,
-                                {"version": base_v, "where": bf.get("where")}, {"version": inst_v, "where": None},
-                                "%s uses self.%s (bound at %s); it existed in %s and is gone in %s"
-                                % (t["function"], n, where, base_v, inst_v),
-                                "find its successor", {"action": "placeholder"}, line=t["uses"][n]))
+                                {"version": base_v, "where": bf.get("where"),
+                                 **({"class": bcls["class"]} if bcls else {})},
+                                {"version": inst_v, "where": where_of(icls, succ) if succ else None,
+                                 "successor": succ},
+                                "%s() is bound onto %s (%s at %s) and uses self.%s; %s in %s, gone from "
+                                "the class and its bases in %s"
+                                % (t["function"], onto, t["how"], where, n,
+                                   "it is defined at %s" % bf["where"] if bf.get("where") else "it exists",
+                                   base_v, inst_v),
+                                sugg, fix, line=t["uses"][n]))
         return out
     if "classes" not in t:
         notes.append("%s: %s is bound onto %s but uses fewer than two attributes of it: its class "
@@ -224,23 +268,13 @@ def _compare_bound(t, b, base_v, inst_v, notes):
         if not gone or len(gone) <= len(kept):
             continue
         ex = gone[0]
-        bwhere = base[ex]["where"]
-        bline = base[ex].get("lines", {}).get(n)
-        if bline:
-            bwhere = bwhere.rsplit(":", 1)[0] + ":%d" % bline
+        bwhere = where_of(base[ex], n)
         best = max(succ.items(), key=lambda kv: kv[1]) if succ else None
         iex = inst[ex]
-        iwhere = iex["where"]
+        iwhere = where_of(iex, best[0]) if best else iex["where"]
         if best:
-            iline = iex.get("lines", {}).get(best[0])
-            if iline:
-                iwhere = iwhere.rsplit(":", 1)[0] + ":%d" % iline
-            sugg = "rename self.%s to self.%s (same parameters, same place in the class; %d of %d classes)" % (
-                n, best[0], best[1], len(gone))
-            fix = {"action": "rename-attribute", "attribute": n, "to": best[0], "function": t["function"]}
-            line_text = (t.get("use_lines") or {}).get(n)
-            if line_text and ("self." + n) in line_text:
-                fix.update(old=line_text.strip(), new=line_text.strip().replace("self." + n, "self." + best[0]))
+            sugg, fix = _rename(t, n, best[0], "same parameters, same place in the class; %d of %d classes"
+                                % (best[1], len(gone)))
         else:
             sugg = "find what replaced %s in %s" % (n, inst_v)
             fix = {"action": "placeholder"}

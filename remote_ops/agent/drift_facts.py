@@ -6,7 +6,8 @@ same way on the host (installed) and on the controller (baseline). Stdlib only.
 import ast
 import re
 
-from .drift_scan import _rel, class_table, dispatch_facts
+from .drift_classes import class_record, hierarchy_table
+from .drift_scan import _rel, dispatch_facts
 from .signatures import Unknown, _ann, dotted
 
 
@@ -187,12 +188,13 @@ def bound_facts_for(static, touch, roots=()):
     """Baseline facts of a bound touch, the same way the host computed the installed ones."""
     if "access" in touch:
         e, _ = replay(static, touch["access"])
-        if e is None or e.kind != "class":
+        if e is None or e.kind != "class" or getattr(e, "node", None) is None:
             return {"facts": None}
-        return {"facts": {n: _attr_fact(static, e, n) for n in touch["uses"]}}
+        return {"facts": {n: _attr_fact(static, e, n) for n in touch["uses"]},
+                "class": class_record(static, e, str(touch["access"][0][1]).split(".")[0], roots)}
     if "library" in touch:
-        return {"classes": class_table(static, touch["library"], sorted(touch["uses"]),
-                                       len(touch["uses"]), roots)}
+        return {"classes": hierarchy_table(static, touch["library"], sorted(touch["uses"]),
+                                           len(touch["uses"]), roots)}
     return {}
 
 def _dead_path(static, text, lib):

@@ -5,12 +5,22 @@ functions bound onto library objects. Stdlib only.
 
 import ast
 
+from .drift_classes import class_record, hierarchy_table
 from .drift_facts import _attr_fact, call_facts, replay
-from .drift_scan import class_table, dispatch_facts
+from .drift_scan import dispatch_facts
+from .resolve_base import own_nodes
 from .signatures import Signature, dotted
 
 
 # ----------------------------------------------------------------------------- recording
+def _scope_of(parents, node):
+    """The function (or module) whose body holds ``node``."""
+    scope = parents.get(node)
+    while scope is not None and not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        scope = parents.get(scope)
+    return scope
+
+
 def result_use(analysis, node):
     """How the value of call ``node`` is used: 'indexed', 'iterated', 'tested' (with the line),
     following one assignment to a local name; None when it is not used that way."""
@@ -26,9 +36,7 @@ def result_use(analysis, node):
         name = p.target.id
     if name is None:
         return None
-    scope = p
-    while scope is not None and not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
-        scope = parents.get(scope)
+    scope = _scope_of(parents, node)
     if scope is None:
         return None
     for sub in ast.walk(scope):
@@ -127,9 +135,7 @@ def bound_functions(tree, parents=None):
                 else:
                     assigned.add(sub.attr)
         objtext = dotted(obj)
-        scope = parents.get(node)
-        while scope is not None and not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
-            scope = parents.get(scope)
+        scope = _scope_of(parents, node)
         if objtext and scope is not None:
             for sub in ast.walk(scope):
                 tg = sub.targets if isinstance(sub, ast.Assign) else []
@@ -141,8 +147,42 @@ def bound_functions(tree, parents=None):
     return out
 
 
+def bound_object(analysis, node, obj):
+    """The Val of the library object that ``node`` binds a function onto: a class, or an instance
+    made by a library constructor and kept in a name or an attribute (``m = lib.Model()``,
+    ``self.m = lib.Model()``, ``holder.m = lib.Model()``) in the binding's scope (a function, with
+    its locals, or the module), or made right there (``MethodType(f, lib.Model())``); None when not
+    known."""
+    if not isinstance(obj, (ast.Name, ast.Attribute, ast.Call)):
+        return None
+    scope = _scope_of(analysis.parents, node)
+    local, cls_ctx = {}, None
+    if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        local = analysis._locals(scope, {})
+        owner = analysis.parents.get(scope)
+        args = scope.args.posonlyargs + scope.args.args
+        if isinstance(owner, ast.ClassDef) and args:
+            cls_ctx = (owner.name, args[0].arg, None)
+    v = analysis._eval(obj, local, cls_ctx)
+    if v is not None:
+        return v
+    # a name or attribute assigned in this scope from a library constructor (every assignment agrees)
+    text, found = dotted(obj), []
+    for sub in own_nodes(scope) if scope is not None else ():
+        if isinstance(sub, ast.Assign) and any(dotted(t) == text for t in sub.targets):
+            found.append(analysis._eval(sub.value, local, cls_ctx))
+    if found and all(f is not None and f.instance and f.symbol == found[0].symbol for f in found):
+        return found[0]
+    return None
+
+
 def collect_bound(analysis, tree):
-    """Functions of this module bound onto library objects, and what they use on ``self``."""
+    """Functions of this module bound onto library objects, and what they use on ``self``. When
+    the object is known (a library class, or an instance a library constructor made), its
+    attributes are looked up through its class's MRO (``facts``) and its class's record goes with
+    them (``class``: own methods and what its library bases give it, for a successor); else the
+    classes that have the attributes through their MRO stand for it (``classes``)."""
+    static = analysis.suggester
     for node, fn, obj, kind, used, assigned in bound_functions(tree, analysis.parents):
         fname, objtext = fn.name, dotted(obj)
         src_lines = analysis.text.splitlines() if isinstance(analysis.text, str) else []
@@ -150,12 +190,18 @@ def collect_bound(analysis, tree):
         t = {"kind": "bound", "path": analysis.path, "module": analysis.modname, "line": node.lineno,
              "function": fname, "function_line": fn.lineno, "how": kind, "object": objtext,
              "uses": used, "use_lines": use_lines, "own": sorted(assigned)}
-        known = analysis._eval(obj, {}, None) if isinstance(obj, (ast.Name, ast.Attribute)) else None
+        known = bound_object(analysis, node, obj)
+        ent = None
         if known is not None and known.ent.kind == "class":
+            ent = known.ent if getattr(analysis.r, "mode", "static") == "static" else replay(static, known.path)[0]
+        if ent is not None and ent.kind == "class" and getattr(ent, "node", None) is not None:
             t["access"] = [list(s) for s in known.path]
-            t["facts"] = {n: _attr_fact(analysis.suggester, known.ent, n) for n in used}
+            t["instance"] = bool(known.instance)
+            t["class_symbol"] = known.symbol
+            t["facts"] = {n: _attr_fact(static, ent, n) for n in used}
+            t["class"] = class_record(static, ent, known.path[0][1].split(".")[0])
         elif len(used) >= 2:
             lib = sorted(analysis.libs)[0]
             t["library"] = lib
-            t["classes"] = class_table(analysis.suggester, lib, sorted(used), len(used) - 1)
+            t["classes"] = hierarchy_table(static, lib, sorted(used), len(used) - 1)
         analysis.touches.append(t)

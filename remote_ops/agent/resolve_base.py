@@ -186,3 +186,15 @@ def self_assignments(fn, tuples=False):
             for x in (t.elts if tuples and isinstance(t, ast.Tuple) else [t]):
                 if isinstance(x, ast.Attribute) and isinstance(x.value, ast.Name) and x.value.id == me:
                     yield x.attr, value
+
+
+def own_nodes(scope):
+    """The nodes of a function's (or module's) body, not descending into the functions, classes and
+    lambdas in it (they are yielded, their insides are not)."""
+    stack = list(scope.body)
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        stack.extend(ast.iter_child_nodes(node))
