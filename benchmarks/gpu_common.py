@@ -1,13 +1,15 @@
 """What the GPU checks share: the result document, subprocess runs, the host environment, the carried
 bundle's interpreters and remote-ops itself in a fresh process.
 
-Used by benchmarks/gpu_extract_check.py and benchmarks/gpu_model_check.py, which run ON the lent GPU
+Used by benchmarks/gpu_extract_check.py, gpu_server_check.py, gpu_model_check.py and gpu_throughput.py,
+which run ON the lent GPU
 machines (offline; see ../shared/GPU-NOTES.md). Stdlib only: the machine's python runs it before
 anything of the bundle is on its path.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import platform
@@ -48,6 +50,32 @@ def drift_line(d: dict) -> str:
             + (f" [accepted: {d['accepted']}]" if d.get("accepted") else ""))
 
 
+def save_word_tokenizer(out, vocab_size: int, max_length: int, extra_specials=()) -> None:
+    """The tiny models' tokenizer, saved in ``out``: word level over ``<unk> <s> </s> <pad>`` (ids 0-3) and
+    the words w4, w5, ... to the end of the vocabulary, less ``extra_specials`` (added special tokens,
+    which take the last ids); ``<s>`` starts every text. Imports tokenizers and transformers itself (this
+    module stays stdlib-only); the model builders run in a fresh interpreter get its source (WORD_TOKENIZER)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+    specials = ["<unk>", "<s>", "</s>", "<pad>"]
+    vocab = {t: i for i, t in enumerate(specials)}
+    for i in range(len(specials), vocab_size - len(extra_specials)):
+        vocab[f"w{i}"] = i
+    for t in extra_specials:
+        vocab[t] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    added = {"additional_special_tokens": list(extra_specials)} if extra_specials else {}
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                   pad_token="<pad>", **added)
+    fast.model_max_length = max_length
+    fast.save_pretrained(out)
+
+
+WORD_TOKENIZER = inspect.getsource(save_word_tokenizer)   # for the builder scripts run with ``python -c``
+
+
 def utc_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -78,6 +106,69 @@ class Run:
     def save(self) -> None:
         self.doc["elapsed_s"] = round(self.prior_elapsed + time.monotonic() - self.t0, 1)
         write_json(self.out, self.doc)
+
+
+class Harness:
+    """What a GPU check's harness starts from: its arguments (--work, --out, --tp, --code-rev, --append,
+    --base-python, --controller-python), the work directory, the interpreters, the result document and
+    the log of the commands it runs."""
+
+    def __init__(self, args, check: str):
+        self.args = args
+        self.work = Path(args.work).resolve()
+        self.base_python = args.base_python or sys.executable
+        self.controller_python = args.controller_python or self.base_python
+        self.run = Run(Path(args.out), args.tp, args.code_rev, args.append, check=check)
+        self.log = self.work / "commands.log"
+
+
+def save_verdict(run: Run, names: dict[str, str], steps: list[str]) -> None:
+    """The verdict of ``steps`` (a step's key -> its result's name in ``names``): each is its result's
+    ``ok``, False while it has none (not run yet, skipped, crashed); earlier runs' keys are kept (--append)."""
+    s = run.doc["steps"]
+    verdict = dict(run.doc.get("verdict") or {})
+    verdict.update({k: bool((s.get(names[k]) or {}).get("ok")) for k in steps})
+    run.doc["verdict"] = verdict
+    run.doc["all_ok"] = bool(verdict) and all(verdict.values())
+    run.save()
+
+
+def run_steps(run: Run, steps: list[str], order: dict, names: dict[str, str], *, budget: float | None = None) -> int:
+    """Run ``steps`` (keys of ``order``, in the order given), the verdict saved after each. A step that
+    raises is recorded as ``<step>_crashed`` and the next one still runs (one broken step must not hide
+    the others' results); with ``budget``, a step that would start after that many seconds of this run is
+    recorded as ``<step>_skipped``. Prints the summary line; returns the exit status (0: all ok)."""
+    for s in steps:
+        elapsed = time.monotonic() - run.t0
+        if budget is not None and elapsed > budget:
+            run.step(f"{s}_skipped", ok=False, reason=f"{elapsed:.0f}s elapsed > --budget {budget:.0f}s")
+            continue
+        try:
+            order[s]()
+        except Exception as exc:   # one broken step must not hide the others' results
+            run.step(f"{s}_crashed", ok=False, error=f"{type(exc).__name__}: {exc}")
+        save_verdict(run, names, steps)
+    save_verdict(run, names, steps)
+    print(json.dumps({"verdict": run.doc["verdict"], "all_ok": run.doc["all_ok"], "elapsed_s": run.doc["elapsed_s"]}))
+    return 0 if run.doc["all_ok"] else 1
+
+
+def verify_detail(step: dict) -> str:
+    """The evidence of a verify step (``remote-ops verify --json`` in ``result``), for GPU_RESULTS.md."""
+    r = step.get("result") or {}
+    dtypes = f", dtypes {r['dtypes']}" if r.get("dtypes") else ""
+    return (f"exit {step.get('rc')}: {r.get('files')} files, {r.get('checked')} loaded, [layers, hidden] "
+            f"{r.get('layers_hidden')}{dtypes}, non-finite {r.get('non_finite_count')}, gaps {r.get('gap_count')}, "
+            f"unloadable {r.get('unloadable_count')}")
+
+
+def compare_detail(step: dict) -> str:
+    """The evidence of a comparison with transformers (gpu_extract_check.COMPARE's ``result``)."""
+    r = step.get("result") or {}
+    return (f"{r.get('samples')} samples x {len(r.get('layer_ids') or [])} layers (ids {r.get('layer_ids')}), "
+            f"{r.get('tokens_compared')} token vectors: min cosine {r.get('min_cosine')}, mean "
+            f"{r.get('mean_cosine')}, shape mismatches {r.get('shape_mismatches_count')}, below 0.999: "
+            f"{r.get('below_0_999_count')}")
 
 
 def write_json(path: Path, doc) -> None:

@@ -41,28 +41,19 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_common import (HOST_ENV, PLAYBOOK, Run, drift_line as _drift_line, gpu_names, last_json,  # noqa: E402
-                        remote_ops, sh, unpack_bundle, versions_of, write_interpreter)
+import gpu_common as common  # noqa: E402
+from gpu_common import (HOST_ENV, PLAYBOOK, drift_line as _drift_line, gpu_names, last_json,  # noqa: E402
+                        WORD_TOKENIZER, remote_ops, run_steps, sh, unpack_bundle, versions_of,
+                        write_interpreter)
 
 GEN_MODULE = "speculators/data_generation/vllm_hidden_states_generator.py"
 
-MODEL_BUILDER = r'''
+MODEL_BUILDER = WORD_TOKENIZER + r'''
 import json, sys, torch
 from pathlib import Path
-from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM
 out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
-specials = ["<unk>", "<s>", "</s>", "<pad>"]
-vocab = {t: i for i, t in enumerate(specials)}
-for i in range(len(specials), 1024):
-    vocab[f"w{i}"] = i
-tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                               unk_token="<unk>", pad_token="<pad>")
-fast.model_max_length = 4096
-fast.save_pretrained(out)
+save_word_tokenizer(out, 1024, 4096)
 torch.manual_seed(1234)
 cfg = LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=8,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
@@ -151,14 +142,9 @@ res["ok"] = bool(res["samples"]) and not res["shape_mismatches_count"] and not r
 print(json.dumps(res))
 '''
 
-class Harness:
+class Harness(common.Harness):
     def __init__(self, args):
-        self.args = args
-        self.work = Path(args.work).resolve()
-        self.base_python = args.base_python or sys.executable
-        self.controller_python = args.controller_python or self.base_python
-        self.run = Run(Path(args.out), args.tp, args.code_rev, args.append)
-        self.log = self.work / "commands.log"
+        super().__init__(args, "gpu_extract_check")
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -347,16 +333,9 @@ class Harness:
                       gpu_processes_after=after, marker_processes_after=marker_left,
                       status_after=st["json"])
 
-    def verdict(self, steps: list[str]) -> None:
-        s = self.run.doc["steps"]
-        names = {"a": "a_original_files", "b": "b_patch_then_check", "trap": "trap_transformers5",
-                 "c": "c_extract_tail", "d": "d_verify", "e": "e_compare_with_transformers",
-                 "f": "f_stop_leaves_no_gpu_process"}
-        verdict = dict(self.run.doc.get("verdict") or {})
-        verdict.update({k: bool((s.get(names[k]) or {}).get("ok")) for k in steps})
-        self.run.doc["verdict"] = verdict
-        self.run.doc["all_ok"] = all(self.run.doc["verdict"].values())
-        self.run.save()
+STEP_NAMES = {"a": "a_original_files", "b": "b_patch_then_check", "trap": "trap_transformers5",
+              "c": "c_extract_tail", "d": "d_verify", "e": "e_compare_with_transformers",
+              "f": "f_stop_leaves_no_gpu_process"}
 
 
 def main(argv=None) -> int:
@@ -388,16 +367,7 @@ def main(argv=None) -> int:
     h.inventory()
     order = {"a": h.step_a, "b": h.step_b, "trap": h.step_trap, "c": h.step_c, "d": h.step_d,
              "e": h.step_e, "f": h.step_f}
-    for s in steps:
-        try:
-            order[s]()
-        except Exception as exc:   # one broken step must not hide the others' results
-            h.run.step(f"{s}_crashed", ok=False, error=f"{type(exc).__name__}: {exc}")
-        h.verdict(steps)
-    h.verdict(steps)
-    print(json.dumps({"verdict": h.run.doc["verdict"], "all_ok": h.run.doc["all_ok"],
-                      "elapsed_s": h.run.doc["elapsed_s"]}))
-    return 0 if h.run.doc["all_ok"] else 1
+    return run_steps(h.run, steps, order, STEP_NAMES)
 
 
 if __name__ == "__main__":

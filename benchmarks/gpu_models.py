@@ -31,8 +31,10 @@ import shutil
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_common import save_word_tokenizer  # noqa: E402  (the tiny models' tokenizer, one copy)
+
 VOCAB = 1024
-SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
 MEDIA_PAD = "<|media_pad|>"
 MEDIA_PAD_ID = VOCAB - 1          # inside the vocabulary of the text model; never in the dataset
 WORDS = (4, 1000)                 # dataset token ids are drawn from this range
@@ -225,21 +227,9 @@ class KimiK25TinyImageProcessor(BaseImageProcessor):
 
 
 def build_tokenizer(out: Path) -> None:
-    """A word-level tokenizer over w4..w1022 plus the specials and <|media_pad|> (id 1023), built with
-    `tokenizers` as gpu_extract_check.py's MODEL_BUILDER does."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-    vocab = {t: i for i, t in enumerate(SPECIALS)}
-    for i in range(len(SPECIALS), MEDIA_PAD_ID):
-        vocab[f"w{i}"] = i
-    vocab[MEDIA_PAD] = MEDIA_PAD_ID
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-                                   pad_token="<pad>", additional_special_tokens=[MEDIA_PAD])
-    fast.model_max_length = 4096
-    fast.save_pretrained(out)
+    """A word-level tokenizer over w4..w1022 plus the specials and <|media_pad|> (id 1023): the tiny
+    models' tokenizer (gpu_common.save_word_tokenizer) with <|media_pad|> added."""
+    save_word_tokenizer(out, VOCAB, 4096, [MEDIA_PAD])
 
 
 def _params(model) -> int:

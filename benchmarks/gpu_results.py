@@ -15,6 +15,9 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_common import compare_detail, verify_detail  # noqa: E402  (shared with gpu_server_results.py)
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 STEP_NAMES = {
@@ -57,14 +60,9 @@ def _detail(name: str, step: dict) -> str:
         return (f"exit {step['rc']}, {step['files']}/{step['expected']} files, "
                 f"state {step['result'].get('state')}, {step['seconds']} s")
     if name == "d_verify":
-        r = step.get("result") or {}
-        return (f"exit {step['rc']}: {r.get('files')} files, {r.get('checked')} loaded, layers x hidden "
-                f"{r.get('layers_hidden')}, non-finite {r.get('non_finite_count')}, gaps {r.get('gap_count')}")
+        return verify_detail(step)
     if name == "e_compare_with_transformers":
-        r = step.get("result") or {}
-        return (f"{r.get('samples')} samples x {len(r.get('layer_ids') or [])} layers, {r.get('tokens_compared')} "
-                f"token vectors: min cosine {r.get('min_cosine')}, mean {r.get('mean_cosine')}, shape mismatches "
-                f"{r.get('shape_mismatches_count')}, below 0.999: {r.get('below_0_999_count')}")
+        return compare_detail(step)
     if name == "f_stop_leaves_no_gpu_process":
         return (f"GPU processes while running {len(step.get('gpu_processes_while_running') or [])}, after stop "
                 f"{len(step.get('gpu_processes_after') or [])}; marker processes after "

@@ -40,14 +40,17 @@ import json
 import os
 import random
 import shutil
-import socket
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
-import gpu_extract_check as base  # noqa: E402  (MODEL_BUILDER, COMPARE, HOST_ENV, Run, sh, last_json)
+sys.path.insert(0, str(REPO))
+import gpu_extract_check as base  # noqa: E402  (MODEL_BUILDER, COMPARE, HOST_ENV, sh, last_json)
+import gpu_common as common  # noqa: E402
+from gpu_common import run_steps  # noqa: E402
+from remote_ops.agent import jobs as agent_jobs  # noqa: E402  (stdlib-only: the host's agent)
 
 PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.9.0.yaml"
 KEY = "eagle3-speculators-0.9.0"
@@ -92,15 +95,8 @@ def rows_long(rng: random.Random, n: int) -> list[list[int]]:
 
 
 def port_free(port: int) -> bool:
-    s = socket.socket()
-    try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("0.0.0.0", port))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
+    """Whether a server could bind ``port`` on every address: the extract preflight's own test."""
+    return agent_jobs.port_free(port)["free"]
 
 
 def marker_pids(job_id: str | None = None) -> list[int]:
@@ -117,18 +113,11 @@ def marker_pids(job_id: str | None = None) -> list[int]:
     return found
 
 
-class Harness:
+class Harness(common.Harness):
     def __init__(self, args):
-        self.args = args
-        self.work = Path(args.work).resolve()
-        self.base_python = args.base_python or sys.executable
-        self.controller_python = args.controller_python or self.base_python
-        self.run = base.Run(Path(args.out), args.tp, args.code_rev, args.append)
-        self.run.doc["check"] = "gpu_server_check"
+        super().__init__(args, "gpu_server_check")
         if os.environ.get("REMOTE_OPS_REHEARSAL"):   # benchmarks/server_flow_rehearsal.py: not a GPU result
             self.run.doc["rehearsal"] = os.environ["REMOTE_OPS_REHEARSAL"]
-        self.log = self.work / "commands.log"
-        self.t0 = time.monotonic()
 
     # ------------------------------------------------------------------ setup
     def paths(self) -> dict[str, str]:
@@ -237,9 +226,6 @@ class Harness:
     def hs_files(self, data: str) -> int:
         return len(list((self.work / data / "hidden_states").glob("hs_*.safetensors")))
 
-    def elapsed(self) -> float:
-        return time.monotonic() - self.t0
-
     # ------------------------------------------------------------------ steps
     def step_c(self) -> None:
         r = self.ro("extract", "gpu-sf", "--tail", "--json", timeout=self.args.job_timeout)
@@ -340,16 +326,9 @@ class Harness:
                       verify={"rc": v["rc"], "ok": (v["json"] or {}).get("ok"), "files": (v["json"] or {}).get("files")},
                       stderr_tail=r["stderr"][-1500:], gpu_processes_after=self.gpu_apps())
 
-    def verdict(self, steps: list[str]) -> None:
-        s = self.run.doc["steps"]
-        names = {"c": "c_extract_tail", "d": "d_verify", "e": "e_compare_with_transformers",
-                 "f": "f_stop_leaves_no_gpu_process", "g": "g_relaunch_resumes"}
-        verdict = dict(self.run.doc.get("verdict") or {})
-        verdict.update({k: bool((s.get(names[k]) or {}).get("ok")) for k in steps if names[k] in s
-                        or f"{k}_crashed" in s})
-        self.run.doc["verdict"] = verdict
-        self.run.doc["all_ok"] = bool(verdict) and all(verdict.values())
-        self.run.save()
+
+STEP_NAMES = {"c": "c_extract_tail", "d": "d_verify", "e": "e_compare_with_transformers",
+              "f": "f_stop_leaves_no_gpu_process", "g": "g_relaunch_resumes"}
 
 
 def main(argv=None) -> int:
@@ -392,19 +371,7 @@ def main(argv=None) -> int:
         print(json.dumps(plan, indent=1))
         return 0
     order = {"c": h.step_c, "d": h.step_d, "e": h.step_e, "f": h.step_f, "g": h.step_g}
-    for s in steps:
-        if h.elapsed() > args.budget:
-            h.run.step(f"{s}_skipped", ok=False, reason=f"{h.elapsed():.0f}s elapsed > --budget {args.budget:.0f}s")
-            continue
-        try:
-            order[s]()
-        except Exception as exc:   # one broken step must not hide the others' results
-            h.run.step(f"{s}_crashed", ok=False, error=f"{type(exc).__name__}: {exc}")
-        h.verdict(steps)
-    h.verdict(steps)
-    print(json.dumps({"verdict": h.run.doc["verdict"], "all_ok": h.run.doc["all_ok"],
-                      "elapsed_s": h.run.doc["elapsed_s"]}))
-    return 0 if h.run.doc["all_ok"] else 1
+    return run_steps(h.run, steps, order, STEP_NAMES, budget=args.budget)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,9 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_common import compare_detail, verify_detail  # noqa: E402  (shared with gpu_results.py)
+
 RESULTS = Path(__file__).resolve().parent / "results"
 STEPS = {
     "c_extract_tail": "(c) extract --tail: vLLM server (extract_hidden_states + ExampleHiddenStatesConnector), "
@@ -33,16 +36,9 @@ def detail(name: str, s: dict) -> str:
                 f"server healthy after {srv.get('ready_after_s')} s then {srv.get('exit')}, "
                 f"{s.get('seconds')} s in all; GPU processes after the job: {len(s.get('gpu_processes_after_the_job') or [])}")
     if name == "d_verify":
-        r = s.get("result") or {}
-        return (f"exit {s.get('rc')}: {r.get('files')} files, {r.get('checked')} loaded, [layers, hidden] "
-                f"{r.get('layers_hidden')}, dtypes {r.get('dtypes')}, non-finite {r.get('non_finite_count')}, "
-                f"gaps {r.get('gap_count')}, unloadable {r.get('unloadable_count')}")
+        return verify_detail(s)
     if name == "e_compare_with_transformers":
-        r = s.get("result") or {}
-        return (f"{r.get('samples')} samples x {len(r.get('layer_ids') or [])} layers (ids {r.get('layer_ids')}), "
-                f"{r.get('tokens_compared')} token vectors: min cosine {r.get('min_cosine')}, mean "
-                f"{r.get('mean_cosine')}, shape mismatches {r.get('shape_mismatches_count')}, below 0.999: "
-                f"{r.get('below_0_999_count')}")
+        return compare_detail(s)
     if name == "f_stop_leaves_no_gpu_process":
         stop = s.get("stop") or {}
         return (f"{len(s.get('gpu_processes_while_running') or [])} GPU process(es) while running, "

@@ -51,7 +51,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_common import HOST_ENV, VERSIONS, last_json  # noqa: E402  (one copy of each)
+from gpu_common import HOST_ENV, VERSIONS, WORD_TOKENIZER, last_json  # noqa: E402  (one copy of each)
 
 PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
 SCRIPT = REPO / "playbooks" / "scripts" / "extract_hidden_states.py"
@@ -71,24 +71,13 @@ MODEL_SHAPES = {
                  num_attention_heads=4, num_key_value_heads=2),
 }
 
-MODEL_BUILDER = r'''
+MODEL_BUILDER = WORD_TOKENIZER + r'''
 import json, sys, torch
 from pathlib import Path
-from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM
 out, shape, device = Path(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
 out.mkdir(parents=True, exist_ok=True)
-specials = ["<unk>", "<s>", "</s>", "<pad>"]
-vocab = {t: i for i, t in enumerate(specials)}
-for i in range(len(specials), shape["vocab_size"]):
-    vocab[f"w{i}"] = i
-tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                               unk_token="<unk>", pad_token="<pad>")
-fast.model_max_length = 8192
-fast.save_pretrained(out)
+save_word_tokenizer(out, shape["vocab_size"], 8192)
 torch.manual_seed(1234)
 cfg = LlamaConfig(max_position_embeddings=8192, rms_norm_eps=1e-5, initializer_range=0.02, bos_token_id=1,
                   eos_token_id=2, pad_token_id=3, tie_word_embeddings=False, torch_dtype="bfloat16", **shape)

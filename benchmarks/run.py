@@ -957,6 +957,14 @@ def memo_words(ss) -> str:
     return transport.memo_words([m for s in ss if s.ok for m in s.memo]) or "-"
 
 
+def cache_cpu(b: Bench, what: str):
+    """Host CPU per exec of ``what`` with the host cache off and on a hit: (off, hit) with the
+    interpreter's start, then (off, hit) from the agent's start; None while one of them is missing."""
+    off, hit = f"{what}, cache off", f"{what}, cache hit"
+    figures = (host_cpu(b, off), host_cpu(b, hit), host_cpu_agent(b, off), host_cpu_agent(b, hit))
+    return figures if all(figures) else None
+
+
 def host_cpu_cmd(b: Bench, label: str):
     """Median host CPU of one command (the agent's CPU summed over the command's execs)."""
     per_cmd = [sum(s.host_cpu) for s in b.host_cpu.get(label, []) if s.ok and s.host_cpu]
@@ -1037,9 +1045,9 @@ def targets(b: Bench, rtts: list[float]) -> list[str]:
         out.append(f"- controller CPU of patch on 16 hosts <= 1.5x one host: {many:.3f}s / {one:.3f}s = "
                    f"{many / one:.2f}x -> {mark(many / one <= 1.5)}")
     for what in ("facts", "patch (read + apply)"):
-        off, hit = host_cpu_agent(b, f"{what}, cache off"), host_cpu_agent(b, f"{what}, cache hit")
-        off_all, hit_all = host_cpu(b, f"{what}, cache off"), host_cpu(b, f"{what}, cache hit")
-        if off and hit and off_all and hit_all:
+        figures = cache_cpu(b, what)
+        if figures:
+            off_all, hit_all, off, hit = figures
             out.append(f"- host CPU per exec of {what}, agent start to reply, repeated call in a new process "
                        f"(cache hit) <= half of cache off: {hit:.3f}s / {off:.3f}s = {hit / off:.2f}x -> "
                        f"{mark(hit / off <= 0.5)} (with the interpreter's own start: {hit_all:.3f}s / "
@@ -1111,10 +1119,10 @@ def why(b: Bench, rtts: list[float]) -> list[str]:
                    f"opened ahead of time); what is left is the remote-ops process's {ctl:.2f} CPU-s "
                    f"(interpreter start and imports) and the agent's {hcpu:.2f} CPU-s on the host.")
     for what in ("facts", "patch (read + apply)"):
-        off, hit = host_cpu(b, f"{what}, cache off"), host_cpu(b, f"{what}, cache hit")
-        a_off, a_hit = host_cpu_agent(b, f"{what}, cache off"), host_cpu_agent(b, f"{what}, cache hit")
-        if not (off and hit and a_off and a_hit) or a_hit / a_off <= 0.5:
+        figures = cache_cpu(b, what)
+        if not figures or figures[3] / figures[2] <= 0.5:
             continue
+        off, hit, a_off, a_hit = figures
         parts = {}
         for label in (f"{what}, cache off", f"{what}, cache hit"):
             sp = [x for s in b.host_cpu.get(label, []) if s.ok for x in s.host_split if x and None not in x]

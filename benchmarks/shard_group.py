@@ -33,15 +33,9 @@ def cli(inv: Path, *args: str) -> tuple[int, str, str]:
 
 
 def wait(inv: Path, target: str, *extra: str, timeout: float = 900) -> dict:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        rc, out, err = cli(inv, "status", target, *extra, "--json")
-        doc = json.loads(out)
-        jobs = [h["result"]["job"] for h in doc["hosts"]] if "hosts" in doc else [doc["job"]]
-        if all(j["state"] in ("succeeded", "failed", "stopped", "lost") for j in jobs):
-            return doc
-        time.sleep(0.3)
-    raise SystemExit(f"jobs on {target} did not finish: {out}")
+    from remote_ops.extract import jobs
+    return jobs.wait_ended(lambda: json.loads(cli(inv, "status", target, *extra, "--json")[1]), timeout=timeout,
+                           every=0.3)
 
 
 def main(argv=None) -> int:

@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from remote_ops.agent.jobs import port_free   # the preflight's own test of the port
+
 REPO = Path(__file__).resolve().parent.parent
 ASSETS = REPO / "remote_ops" / "sandbox_assets"
 SERVER = ASSETS / "server_standin.py"
@@ -38,18 +40,6 @@ def free_port() -> int:
     port = s.getsockname()[1]
     s.close()
     return port
-
-
-def port_is_free(port: int) -> bool:
-    s = socket.socket()
-    try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("0.0.0.0", port))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
 
 
 def rows(n: int = 12) -> list[list[int]]:
@@ -191,7 +181,7 @@ def test_server_then_client_tail_status_logs_verify_then_resume(tmp_path, sshd, 
     s, text, _ = cli(*env.argv("logs", "testhost", "-n", "400"))
     assert "[server] INFO:     Started server process" in text and "Saved 12 new data points" in text
     # the server is gone: nothing of the job left, the port free again
-    assert marker_pids(tmp_path) == [] and port_is_free(env.port)
+    assert marker_pids(tmp_path) == [] and port_free(env.port)["free"]
     s, rec, _ = cli_json(cli, env, "verify", "testhost", "--all")
     assert s == 0 and rec["ok"] and rec["files"] == 12 and rec["checked"] == 12
     assert rec["layout"] == "hs_safetensors" and rec["layers_hidden"] == [[LAYERS, HIDDEN]]
@@ -228,7 +218,7 @@ def test_server_dying_under_the_client_fails_the_job_with_its_last_lines(tmp_pat
     assert job["reason"].startswith("the server exited (exit code 1) while the client ran: ")
     assert job["error_lines"][-1] == "RuntimeError: STAND-IN engine died after 5 requests (--exit-after)"
     assert 4 <= len(env.files()) <= 6
-    assert marker_pids(tmp_path) == [] and port_is_free(env.port)
+    assert marker_pids(tmp_path) == [] and port_free(env.port)["free"]
 
 
 def test_server_that_cannot_start_fails_before_the_client(tmp_path, sshd, cli):
@@ -250,7 +240,7 @@ def test_health_timeout_kills_the_server(tmp_path, sshd, cli):
     status, out, err = cli(*env.argv("extract", "testhost", "--tail"))
     assert status == 1
     assert f"the server did not answer http://127.0.0.1:{env.port}/health with 200 within 2s" in out
-    assert marker_pids(tmp_path) == [] and port_is_free(env.port)
+    assert marker_pids(tmp_path) == [] and port_free(env.port)["free"]
 
 
 def test_stop_mid_run_stops_both_trees_then_relaunch_resumes(tmp_path, sshd, cli):
@@ -269,7 +259,7 @@ def test_stop_mid_run_stops_both_trees_then_relaunch_resumes(tmp_path, sshd, cli
     assert rep["clean"] and rep["remaining"] == [] and rep["job"]["state"] == "stopped"
     # it ignores SIGTERM: SIGKILLed after the grace (by stop, or by the supervisor's own server stop)
     assert server_pid in [p["pid"] for p in rep["terminated"]] and not Path(f"/proc/{server_pid}").exists()
-    assert marker_pids(tmp_path) == [] and port_is_free(env.port)
+    assert marker_pids(tmp_path) == [] and port_free(env.port)["free"]
     done = len(env.files())
     assert 2 <= done < 12
     # relaunch: a new job, same output directory, only the rest is generated
@@ -295,7 +285,7 @@ def test_stop_while_the_server_starts(tmp_path, sshd, cli):
     assert status == 0 and rep["clean"], err
     assert rep["job"]["state"] == "stopped"
     assert rep["job"]["reason"] == "stopped by remote-ops stop while the server was starting"
-    assert marker_pids(tmp_path) == [] and port_is_free(env.port)
+    assert marker_pids(tmp_path) == [] and port_free(env.port)["free"]
 
 
 def test_preflight_refuses_a_busy_port_and_a_server_that_cannot_import(tmp_path, sshd, cli):

@@ -18,6 +18,7 @@ import time
 import pytest
 
 from remote_ops.agent import shards as rule
+from remote_ops.extract import jobs as jobs_mod
 from remote_ops.extract import shard as shard_mod
 from tests.conftest import REPO, write_inventory
 
@@ -55,15 +56,8 @@ def _indexes(path):
 
 
 def _wait(cli, inv, target, *extra, timeout=120):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        status, out, err = cli("status", target, *extra, "--json", "-i", str(inv))
-        doc = json.loads(out)
-        jobs = [h["result"]["job"] for h in doc["hosts"]] if "hosts" in doc else [doc["job"]]
-        if all(j["state"] in ("succeeded", "failed", "stopped", "lost") for j in jobs):
-            return doc
-        time.sleep(0.5)
-    raise AssertionError(f"jobs did not finish: {out}")
+    return jobs_mod.wait_ended(lambda: json.loads(cli("status", target, *extra, "--json", "-i", str(inv))[1]),
+                               timeout=timeout)
 
 
 def _sha(path):

@@ -433,6 +433,20 @@ class Session:
             elif "results" in msg:
                 yield {"result": unwrap(msg["results"][0], self.label)}
 
+    def stream_result(self, op: str, args: dict | None = None, *, timeout: float | None = None,
+                      on_event: Callable[[dict], None] | None = None, what: str | None = None) -> Any:
+        """A generator op's result, its events passed to ``on_event`` on the way; an AgentError saying
+        ``what`` (default: the op) ended without an answer when the stream ends with no result."""
+        res, answered = None, False
+        for msg in self.stream(op, args, timeout=timeout):
+            if "result" in msg:
+                res, answered = msg["result"], True
+            elif on_event is not None:
+                on_event(msg["event"])
+        if not answered:
+            raise AgentError(f"{what or op} ended without an answer", "rerun it", host=self.label)
+        return res
+
 
 def resident_ok(ops: list[dict]) -> bool:
     """Whether a host's resident agent may answer these ops (``--persist``): every one declared

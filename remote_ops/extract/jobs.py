@@ -5,10 +5,11 @@ attach), status, jobs, logs and stop, and their records. The playbook's ``extrac
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from remote_ops.connect import agent_requests as rq
-from remote_ops.errors import Exit, RefusedError, RemoteOpsError, UsageError
+from remote_ops.errors import Exit, RefusedError, RemoteOpsError, TimeoutError_, UsageError
 from remote_ops.extract.extract_spec import (EXTRACT_KEYS, MAX_FILE_BYTES, ExtractSpec, SecretRef,  # noqa: F401
                                      ShippedFile, assignment_changed, parse_spec, resolve_secrets)
 from remote_ops.records import HostRecord, optional
@@ -546,3 +547,20 @@ def exit_for(st: dict) -> int:
     """Exit status for a job record: 0 succeeded or still running, 1 (Exit.FINDINGS) otherwise."""
     return int(Exit.OK) if st.get("state") in ("succeeded", "running", "starting") else int(Exit.FINDINGS)
 
+
+
+# ------------------------------------------------------------------ waiting from a script
+def wait_ended(read_status, *, timeout: float, every: float = 0.5) -> dict:
+    """Call ``read_status()`` (the JSON of ``status TARGET --json``: one host's document, or a group's
+    ``hosts``) every ``every`` seconds until each job in it has ended; that last document. A
+    TimeoutError_ naming the jobs' states after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        doc = read_status()
+        found = [h["result"]["job"] for h in doc["hosts"]] if "hosts" in doc else [doc["job"]]
+        if all(j["state"] in TERMINAL for j in found):
+            return doc
+        if time.monotonic() > deadline:
+            raise TimeoutError_(f"jobs still not ended after {timeout:g}s: "
+                                + ", ".join(sorted({j["state"] for j in found})))
+        time.sleep(every)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from remote_ops.agent import shards as rule
 from remote_ops.agent.digest import file_sha256
 from remote_ops.connect import agent_requests as rq
-from remote_ops.errors import AgentError, RefusedError, UsageError
+from remote_ops.errors import RefusedError, UsageError
 from remote_ops.records import Record
 
 
@@ -153,15 +153,9 @@ def progress_line(g: GroupProgress) -> str:
 
 # ------------------------------------------------------------------ verify: the union
 def _files(session, output_dir: str, *, digest: bool = False, on_progress=None) -> dict:
-    res = None
-    for msg in session.stream(*rq.shards_files(output_dir=output_dir, digest=digest), timeout=3600):
-        if "event" in msg and on_progress is not None:
-            on_progress(msg["event"].get("hashed"), msg["event"].get("of"))
-        elif "result" in msg:
-            res = msg["result"]
-    if res is None:
-        raise AgentError("listing the outputs ended without an answer", "rerun it", host=session.label)
-    return res
+    progress = None if on_progress is None else lambda e: on_progress(e.get("hashed"), e.get("of"))
+    return session.stream_result(*rq.shards_files(output_dir=output_dir, digest=digest), timeout=3600,
+                                 on_event=progress, what="listing the outputs")
 
 
 def _config(text: str | None) -> dict:
@@ -223,22 +217,36 @@ def verify_part(session, host, *, shard: bool = False, **kwargs):
 
 
 @dataclass(eq=False)
-class ShardUnion(Record):
-    """``verify GROUP``'s ``group``: the union of the hosts' shards as one dataset. ``missing`` and
-    ``parts[].indexes`` are runs ``[start, count, step]``; ``problems`` one line each, naming hosts."""
+class Coverage(Record):
+    """What ``verify GROUP`` and ``gather`` both say of the dataset: its size (``total``, from
+    data_config.json), the indexes of range(total) that are not there (``missing``: runs
+    ``[start, count, step]``) and the problems, one line each; ``ok`` when there are none."""
 
     ok: bool = False
     total: int | None = None
-    shards: int | None = None
-    files: int = 0
     missing_count: int = 0
     missing: list = field(default_factory=list)
+    problems: list = field(default_factory=list)
+
+    def count_missing(self, present) -> list[int]:
+        """``missing`` from the indexes ``present`` (``total`` is known); the missing indexes."""
+        missing = [i for i in range(self.total) if i not in present]
+        self.missing_count, self.missing = len(missing), rule.runs(missing)
+        return missing
+
+
+@dataclass(eq=False)
+class ShardUnion(Coverage):
+    """``verify GROUP``'s ``group``: the union of the hosts' shards as one dataset. ``parts[].indexes``
+    are runs ``[start, count, step]`` too; the problems name hosts."""
+
+    shards: int | None = None
+    files: int = 0
     missing_by_shard: list = field(default_factory=list)
     duplicates: list = field(default_factory=list)
     bad_files: list = field(default_factory=list)
     mismatches: list = field(default_factory=list)
     unreachable: list = field(default_factory=list)
-    problems: list = field(default_factory=list)
     parts: list = field(default_factory=list)
     extra: dict = field(default_factory=dict)
 
@@ -289,8 +297,7 @@ def union(parts: list[dict], unreachable: list[str] = ()) -> ShardUnion:
         if beyond:
             problems.append(f"{len(beyond)} file(s) beyond the dataset's {u.total} samples, e.g. "
                             f"data_{min(beyond)}.pt on {_where(owners[min(beyond)][0])}")
-        missing = [i for i in range(u.total) if i not in owners]
-        u.missing_count, u.missing = len(missing), rule.runs(missing)
+        missing = u.count_missing(owners)
         if missing:
             n = u.shards or 1
             by: dict[int, int] = {}
@@ -327,34 +334,39 @@ def union_lines(u: ShardUnion) -> list[str]:
 
 
 # ------------------------------------------------------------------ gather
-@dataclass(eq=False)
-class GatherPart(Record):
-    """One host's part of ``gather``: files copied (sha256 checked) or already there."""
+@dataclass(eq=False, kw_only=True)
+class Copies(Record):
+    """What a gather did with files: ``copied`` (read over SFTP, sha256 checked; ``bytes`` of them) and
+    ``skipped`` (already at the destination with the host's sha256). One host's, or the group's sum."""
 
-    host: str
     copied: int = 0
     skipped: int = 0
     bytes: int = 0
+
+    def add(self, other: Copies) -> None:
+        self.copied += other.copied
+        self.skipped += other.skipped
+        self.bytes += other.bytes
+
+
+@dataclass(eq=False)
+class GatherPart(Copies):
+    """One host's part of ``gather``: of its ``files``, those copied or already there."""
+
+    host: str
     files: int = 0
     failed: list = field(default_factory=list)
     extra: dict = field(default_factory=dict)
 
 
 @dataclass(eq=False)
-class GatherResult(Record):
-    """``gather``'s ``group``: the destination, the dataset's size, what is there now."""
+class GatherResult(Coverage, Copies):
+    """``gather``'s ``group``: the destination, what is there now (``present`` samples of the
+    dataset's ``total``), what this run copied and kept (the hosts' parts summed)."""
 
     to: str = ""
-    ok: bool = False
-    total: int | None = None
     present: int = 0
-    copied: int = 0
-    skipped: int = 0
-    bytes: int = 0
-    missing_count: int = 0
-    missing: list = field(default_factory=list)
     conflicts: list = field(default_factory=list)
-    problems: list = field(default_factory=list)
     extra: dict = field(default_factory=dict)
 
 
@@ -486,9 +498,7 @@ def finish(results, g: GatherResult, union_doc: dict | None, to: str) -> GatherR
     import re
     for r in results:
         if r.ok:
-            g.copied += r.value.copied
-            g.skipped += r.value.skipped
-            g.bytes += r.value.bytes
+            g.add(r.value)
         else:
             g.problems.append(f"{r.host}: {r.error.one_line() if r.error else 'failed'}")
     if union_doc is not None:
@@ -502,8 +512,7 @@ def finish(results, g: GatherResult, union_doc: dict | None, to: str) -> GatherR
     present = {int(m.group(1)) for m in (re.match(r"^data_(\d+)\.pt$", n) for n in os.listdir(to)) if m}
     g.present = len(present)
     if g.total is not None:
-        missing = [i for i in range(g.total) if i not in present]
-        g.missing_count, g.missing = len(missing), rule.runs(missing)
+        missing = g.count_missing(present)
         if missing:
             g.problems.append(f"{len(missing)} of {g.total} samples are on no reachable host, e.g. "
                               f"data_{missing[0]}.pt (remote-ops verify GROUP says whose)")

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from remote_ops.connect import agent_requests as rq
-from remote_ops.errors import AgentError, RefusedError, RemoteOpsError, UsageError
+from remote_ops.errors import RefusedError, RemoteOpsError, UsageError
 from remote_ops.records import Record
 
 
@@ -63,15 +63,9 @@ def verify(session, host, *, output_dir: str | None = None, expected: int | None
             layout = jobs.load_for_host(host, playbook)[1].layout   # the playbook says which files to expect
         except RemoteOpsError:
             layout = None
-    res = None
     layout_arg = {"layout": layout} if layout else {}
-    for msg in session.stream(*rq.verify_verify(output_dir=output_dir, expected=expected, expected_default=default,
+    progress = None if on_progress is None else lambda e: on_progress(e.get("checked"), e.get("of"))
+    res = session.stream_result(*rq.verify_verify(output_dir=output_dir, expected=expected, expected_default=default,
                                                   all=all, sample=sample, **layout_arg),
-                              timeout=600):
-        if "event" in msg and on_progress is not None:
-            on_progress(msg["event"].get("checked"), msg["event"].get("of"))
-        elif "result" in msg:
-            res = msg["result"]
-    if res is None:
-        raise AgentError("verify ended without an answer", "rerun it", host=host.name)
+                                timeout=600, on_event=progress, what="verify")
     return VerifyResult.from_json(res, host=host.name)
