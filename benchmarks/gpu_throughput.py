@@ -108,6 +108,8 @@ if __name__ == "__main__":
     handoff = ehs.open_handoff("auto", sys.stderr)      # as the script does: the patched worker's hand-off
     gen = ehs._load_generator(model, None, max_model_len, util, 1)
     ready = time.perf_counter() - t0
+    import torch
+    threads = ehs.set_copy_threads(torch, None)          # as the script does once the engine is up
     budget_tokens, budget_seqs = ehs.engine_budget(gen, max_model_len)
     batches = list(ehs.pack_batches(list(range(len(records))), lengths, budget_tokens, batch_size))
     prof, calls = defaultdict(float), defaultdict(int)
@@ -141,7 +143,7 @@ if __name__ == "__main__":
     doc = {"tokens": tokens, "seconds": round(secs, 3), "tokens_per_s": round(tokens / secs, 1),
            "engine_ready_s": round(ready, 1), "batches": len(batches),
            "mean_tokens_per_batch": round(tokens / len(batches), 1), "engine_budget": [budget_tokens, budget_seqs],
-           "batch_size_cap": batch_size, "profile_s": prof, "profile_calls": dict(calls),
+           "batch_size_cap": batch_size, "profile_s": prof, "profile_calls": dict(calls), "copy_threads": threads,
            "handoff": "shared memory: %s" % shm[0] if shm else "vLLM's RPC (handoff dir %s)" % handoff}
     with open(out, "w") as fh:
         json.dump(doc, fh)

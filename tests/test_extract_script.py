@@ -435,6 +435,54 @@ def test_writes_overlap_the_next_generate(tmp_path, monkeypatch):
     assert sorted(p.name for p in (tmp_path / "out").glob("data_*.pt")) == [f"data_{i}.pt" for i in range(4)]
 
 
+def test_two_writer_threads_write_two_files_at_once_and_the_default_is_two(tmp_path, monkeypatch, capsys):
+    """The first file's save is held until a second save has started: only a second writer thread
+    lets that happen (with one, the first would wait for ever). Every file is whole at the end."""
+    import threading
+    second = threading.Event()
+    real_save = torch.save
+    calls = []
+
+    def save(obj, f, *a, **kw):
+        calls.append(1)
+        if len(calls) == 1:
+            assert second.wait(20), "no second file was written while the first one was"
+        else:
+            second.set()
+        return real_save(obj, f, *a, **kw)
+    monkeypatch.setattr(torch, "save", save)
+    rows = [{"input_ids": [i + 1, i + 2]} for i in range(6)]
+    assert run(tmp_path, rows, "--batch-size", "2") == 0
+    for i in range(6):
+        assert load(tmp_path, i)["input_ids"].tolist() == [i + 1, i + 2]
+    auto = max(1, min(8, (os.cpu_count() or 2) // 2))
+    assert f"; {auto} copy thread(s), 2 writer thread(s)" in capsys.readouterr().out
+
+
+def test_copy_threads_are_set_after_the_engine_starts(tmp_path, capsys):
+    """vLLM's executor sets torch's threads to 1 in the process that starts it; the script sets its own
+    count once the generator is up (generate() clones every batch's rows in this process)."""
+    before = torch.get_num_threads()
+    seen = []
+
+    class OneThreadEngine(FakeGenerator):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            torch.set_num_threads(1)             # what set_multiprocessing_worker_envs does
+
+        def generate(self, token_ids):
+            seen.append(torch.get_num_threads())
+            return super().generate(token_ids)
+    try:
+        ds = write_jsonl(tmp_path / "ds.jsonl", [{"input_ids": [1, 2]}])
+        argv = ["--target-model-path", "m", "--dataset", str(ds), "--output-dir", str(tmp_path / "out"),
+                "--copy-threads", "3", "--write-queue-mb", "0"]
+        assert ehs.main(argv, None, lambda a: {**loaders(), "make_generator": lambda *x: OneThreadEngine(*x)}) == 0
+        assert seen == [3] and "; 3 copy thread(s), 0 writer thread(s)" in capsys.readouterr().out
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_write_queue_0_writes_each_batch_before_the_next_generate(tmp_path, monkeypatch):
     order = []
     real_save = torch.save
@@ -523,22 +571,27 @@ sys.exit(ehs.main(sys.argv[3:], None, lambda a: {"make_generator": Gen, "load_to
 '''
 
 
-def test_a_hard_crash_mid_queue_loses_only_queued_samples_and_resume_is_exact(tmp_path):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_hard_crash_mid_queue_loses_only_queued_samples_and_resume_is_exact(tmp_path, threads):
     """The process dies (os._exit, no drain) while samples wait in the queue: every file present is
-    whole and right, the lost ones are exactly the absent ones, and the next run writes only those."""
+    whole and right, the lost ones are exactly the absent ones, and the next run writes only those.
+    One writer thread completes files in order; two may leave a gap, which resume fills exactly."""
     import subprocess
     import sys
     driver = tmp_path / "driver.py"
     driver.write_text(CRASH_DRIVER)
     ds = write_jsonl(tmp_path / "ds.jsonl", [{"input_ids": [i + 1] * 3} for i in range(40)])
     out = tmp_path / "out"
-    argv = ["--target-model-path", "m", "--dataset", str(ds), "--output-dir", str(out), "--batch-size", "2"]
+    argv = ["--target-model-path", "m", "--dataset", str(ds), "--output-dir", str(out), "--batch-size", "2",
+            "--writer-threads", str(threads)]
     r = subprocess.run([sys.executable, str(driver), str(SCRIPT), "12", *argv], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 137, r.stderr
     present = sorted(int(p.name[5:-3]) for p in out.glob("data_*.pt"))
     assert 0 < len(present) < 22            # 11 batches generated, some of them still queued
-    assert present == list(range(len(present)))     # one writer, in order
+    if threads == 1:
+        assert present == list(range(len(present)))     # one writer, in order
+    assert max(present) - len(present) < threads        # taken in order: at most threads - 1 gaps
     for i in present:
         s = torch.load(out / f"data_{i}.pt", weights_only=True)
         assert s["input_ids"].tolist() == [i + 1] * 3 and s["hidden_states"][1][0, 0].item() == i + 2

@@ -173,6 +173,11 @@ def build_parser(required=True):
                    help="comma list of layers to capture (default: the generator's choice)")
     p.add_argument("--max-model-len", type=int, default=2048, help="vLLM max_model_len (default 2048)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.8, help="vLLM setting (default 0.8)")
+    p.add_argument("--writer-threads", type=int, default=2,
+                   help="threads writing files (default 2: one file's fsync overlaps the next one's write)")
+    p.add_argument("--copy-threads", type=_auto_int, default=None,
+                   help="torch threads of this process, which copies each batch's rows out of the engine's "
+                        "hand-off (default or 'auto': half the CPUs, at most 8; vLLM sets 1 when it starts)")
     p.add_argument("--handoff-dir", default="auto",
                    help="tmpfs directory through which the patched vLLM worker hands captured states to this "
                         "process (a fresh subdirectory is made and removed); 'auto' (default): /dev/shm when "
@@ -185,7 +190,8 @@ def build_parser(required=True):
 def parse_args(argv=None, parser=None):
     p = parser or build_parser()
     args = p.parse_args(argv)
-    for name, low in (("batch_size", 1), ("batch_tokens", 0), ("tensor_parallel_size", 1), ("max_model_len", 2)):
+    for name, low in (("batch_size", 1), ("batch_tokens", 0), ("tensor_parallel_size", 1), ("max_model_len", 2),
+                      ("writer_threads", 1), ("copy_threads", 1)):
         if getattr(args, name) is not None and getattr(args, name) < low:
             raise InputError("--%s must be >= %d, got %d" % (name.replace("_", "-"), low, getattr(args, name)))
     for name in ("write_queue_mb", "progress_seconds"):
@@ -397,6 +403,15 @@ def open_handoff(setting, out):
     return path
 
 
+def set_copy_threads(torch, setting):
+    """torch's thread count in this process, set after the engine started: vLLM's executor sets it to
+    1 (set_multiprocessing_worker_envs, unless OMP_NUM_THREADS is set), and generate() copies every
+    batch's rows (clone) in this process. None: half the CPUs, at most 8. The count set."""
+    n = setting if setting else max(1, min(8, (os.cpu_count() or 2) // 2))
+    torch.set_num_threads(n)
+    return n
+
+
 def close_handoff(path):
     if path is not None:
         shutil.rmtree(path, ignore_errors=True)
@@ -436,20 +451,26 @@ def pack_batches(todo, lengths, max_tokens, max_samples):
 
 # ------------------------------------------------------------------ writing behind the GPU
 class Writer:
-    """Writes samples (save_atomic) in a thread, behind a queue bounded by ``max_bytes`` of tensor
-    data (one sample larger than that still goes, alone). ``max_bytes`` 0: put() writes at once in
-    the calling thread. ``on_written(index)`` is called after each file is in place. The first
-    write error stops the thread: nothing after it is written, and put()/close() raise it."""
+    """Writes samples (save_atomic) in ``threads`` threads, behind a queue bounded by ``max_bytes`` of
+    tensor data (one sample larger than that still goes, alone). ``max_bytes`` 0: put() writes at
+    once in the calling thread. Samples are taken in queue order; with several threads one file's
+    fsync overlaps the next file's serialisation, so files may be completed out of order (each is
+    still whole or absent, and resume redoes exactly the absent ones). ``on_written(index)`` is
+    called after each file is in place, one call at a time. The first write error stops every
+    thread: no sample is taken after it (one already being written by another thread may finish),
+    and put()/close() raise it."""
 
-    def __init__(self, torch, output_dir, max_bytes, on_written):
+    def __init__(self, torch, output_dir, max_bytes, on_written, threads=1):
         self.torch, self.output_dir, self.max_bytes, self.on_written = torch, output_dir, max_bytes, on_written
         self.error = None
-        self._items, self._bytes, self._closed = [], 0, False
+        self._items, self._bytes, self._busy, self._closed = [], 0, 0, False
         self._cond = threading.Condition()
-        self._thread = None
+        self._threads = []
         if max_bytes > 0:
-            self._thread = threading.Thread(target=self._loop, name="extract-writer", daemon=True)
-            self._thread.start()
+            for k in range(max(1, threads)):
+                t = threading.Thread(target=self._loop, name="extract-writer-%d" % k, daemon=True)
+                t.start()
+                self._threads.append(t)
 
     @staticmethod
     def nbytes(sample):
@@ -460,12 +481,13 @@ class Writer:
         raise self.error
 
     def put(self, index, sample):
-        if self._thread is None:
+        if not self._threads:
             self._write(index, sample)
+            self.on_written(index)
             return
         n = self.nbytes(sample)
         with self._cond:
-            while self.error is None and self._items and self._bytes + n > self.max_bytes:
+            while self.error is None and (self._items or self._busy) and self._bytes + n > self.max_bytes:
                 self._cond.wait()
             if self.error is not None:
                 self._raise()
@@ -475,48 +497,51 @@ class Writer:
 
     def _write(self, index, sample):
         save_atomic(self.torch, sample, sample_path(self.output_dir, index))
-        self.on_written(index)
 
     def _loop(self):
         while True:
             with self._cond:
-                while not self._items and not self._closed:
+                while not self._items and not self._closed and self.error is None:
                     self._cond.wait()
-                if not self._items:
+                if self.error is not None or not self._items:
                     return
-                index, sample, n = self._items[0]
+                index, sample, n = self._items.pop(0)
+                self._busy += 1
             try:
                 self._write(index, sample)
             except BaseException as exc:   # kept for the main thread: put()/close() raise it
                 with self._cond:
-                    self.error = exc
+                    if self.error is None:
+                        self.error = exc
                     self._items.clear()
+                    self._busy -= 1
                     self._bytes = 0
                     self._cond.notify_all()
                 return
             with self._cond:
-                self._items.pop(0)
+                self.on_written(index)     # the file is in place, whatever another thread met
+                self._busy -= 1
                 self._bytes -= n
                 self._cond.notify_all()
-                idle = not self._items
-            if idle:   # the renames of what was queued are durable before the thread waits again
+                idle = not self._items and not self._busy
+            if idle:   # the renames of what was queued are durable before the threads wait again
                 _fsync_dir(self.output_dir)
 
     def batch_done(self):
-        if self._thread is None:
+        if not self._threads:
             _fsync_dir(self.output_dir)
 
     def pending(self):
         with self._cond:
-            return len(self._items)
+            return len(self._items) + self._busy
 
     def close(self):
-        """Write everything queued, stop the thread, raise its error if it had one."""
-        if self._thread is not None:
-            with self._cond:
-                self._closed = True
-                self._cond.notify_all()
-            self._thread.join()
+        """Write everything queued, stop the threads, raise their error if one had one."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        for t in self._threads:
+            t.join()
         _fsync_dir(self.output_dir)
         if self.error is not None:
             self._raise()
@@ -757,10 +782,13 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
         budget_tokens, budget_seqs = engine_budget(generator, args.max_model_len)
         max_tokens = budget_tokens if args.batch_tokens is None else args.batch_tokens
         max_samples = budget_seqs if args.batch_size is None else args.batch_size
+        threads = set_copy_threads(torch, getattr(args, "copy_threads", None))
         print("generator ready in %.1fs: %s, layers %s, hidden size %d, tensor parallel %d; batches of up to "
-              "%s tokens and %d samples (engine step: %d tokens, %d samples)"
+              "%s tokens and %d samples (engine step: %d tokens, %d samples); %d copy thread(s), %d writer "
+              "thread(s)"
               % (time.time() - t0, args.target_model_path, layer_ids, hidden, args.tensor_parallel_size,
-                 max_tokens or "any", max_samples, budget_tokens, budget_seqs), file=out, flush=True)
+                 max_tokens or "any", max_samples, budget_tokens, budget_seqs, threads,
+                 getattr(args, "writer_threads", 1) if args.write_queue_mb else 0), file=out, flush=True)
         write_json_atomic(config_path, data_config(torch, args, layer_ids, hidden,
                                                    getattr(generator, "tensor_parallel_size",
                                                            args.tensor_parallel_size), len(records),
@@ -775,7 +803,8 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
         def on_written(index):
             written[0] += 1
             progress.written(index)
-        writer = Writer(torch, args.output_dir, int(args.write_queue_mb * (1 << 20)), on_written)
+        writer = Writer(torch, args.output_dir, int(args.write_queue_mb * (1 << 20)), on_written,
+                        threads=getattr(args, "writer_threads", 1))
         progress.start()
         said_handoff = False
         for batch in pack_batches(todo, lengths, max_tokens, max_samples):
