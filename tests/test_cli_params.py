@@ -23,13 +23,13 @@ def _subparsers(parser):
 
 
 def _derived_commands():
-    return [m for m in _load_commands() if getattr(m, "OPERATION", None)]
+    return [m for m in _load_commands() if params.operation(m) is not None]
 
 
 def test_every_operation_command_derives_its_flags():
     """Every command that runs one Inventory operation names it (and sandbox, hosts, completion
     are the only ones with flags of their own)."""
-    own = {m.NAME for m in _load_commands() if not getattr(m, "OPERATION", None)}
+    own = {m.NAME for m in _load_commands() if params.operation(m) is None}
     assert own == {"hosts", "sandbox", "completion"}
     for mod in _derived_commands():
         assert not hasattr(mod, "add_arguments"), f"{mod.NAME}: flags are derived; no add_arguments"
@@ -40,11 +40,11 @@ def test_each_flag_default_is_the_signatures(mod):
     """Walk the command's parser: every flag of a method parameter has the signature's default (and
     kind), every parameter has its flag, listed by --help; the rest are the command's own flags."""
     sp = _subparsers(build_parser())[mod.NAME]
-    method = getattr(api.Inventory, mod.OPERATION)
+    method = getattr(api.Inventory, mod.NAME)
     sig = {p.name: p for p in params.parameters(method)}
     sig.pop("self", None)
     api_only = set(getattr(mod, "API_ONLY", ()))
-    own = {name for name, e in getattr(mod, "FLAGS", {}).items() if e.cli is not None}
+    own = {name for name in mod.FLAGS if params.entry_for(mod.FLAGS, name).cli is not None}
     help_text = sp.format_help()
     seen = set()
     for action in sp._actions:
@@ -55,7 +55,7 @@ def test_each_flag_default_is_the_signatures(mod):
             assert dest not in sig, f"{mod.NAME}: {dest} is a parameter of the method, not a flag of its own"
             continue
         assert dest in sig, f"{mod.NAME}: flag {action.option_strings or dest} is no parameter of " \
-                            f"Inventory.{mod.OPERATION}"
+                            f"Inventory.{mod.NAME}"
         p = sig[dest]
         if p.default is inspect.Parameter.empty:
             assert action.required or not action.option_strings and action.nargs in (None, "+"), dest

@@ -7,17 +7,16 @@ from remote_ops.commands.params import cli_flag, flag
 NAME = "check"
 HELP = ("report every call/import of the library that cannot bind on the host (static, or --runtime), "
         "and drift from the baseline version")
-OPERATION = "check"      # flags: api.Inventory.check's parameters (commands/params.py) + this table
 FLAGS = {
-    "playbook": flag("take check targets from this playbook's check: section", "--playbook", "-p", metavar="P"),
-    "runtime": flag("import the library on the host and use inspect.signature (default: parse its sources)"),
+    "playbook": "take check targets from this playbook's check: section",
+    "runtime": "import the library on the host and use inspect.signature (default: parse its sources)",
     "targets": flag("caller module to analyse (repeatable; default: modules of --package importing the library)",
                     "--target", metavar="MODULE"),
     "against": flag("library package (repeatable; default: %s)" % ", ".join(DEFAULT_AGAINST), metavar="PKG"),
     "baseline": flag("library version (fetched from PyPI, sources only) or directory of sources that the "
                      "package was written for (default: the version the package pins in its metadata)",
                      metavar="VERSION|PATH"),
-    "drift": flag("binding check only (no baseline comparison)"),
+    "drift": "binding check only (no baseline comparison)",
     "strict": cli_flag("exit 1 on drift too (default: drift is shown, exit 0)", action="store_true"),
     "emit_playbook": cli_flag("write a draft playbook with mechanical fixes for the findings (placeholders where a "
                               "person must decide; the loader refuses it until they are filled in)", metavar="FILE"),

@@ -1,18 +1,17 @@
 """remote-ops extract: preflight, then start the playbook's extraction job under a detached
 supervisor on the host (or attach to the one already running), optionally following its log."""
 
-NAME = "extract"
-HELP = "start the playbook's extraction job on a host (detached, supervised); --tail follows it"
 from remote_ops.commands.params import cli_flag, flag
 
+NAME = "extract"
+HELP = "start the playbook's extraction job on a host (detached, supervised); --tail follows it"
 CHANGES_HOSTS = True    # a Ctrl-C says what changed on each host (remote_ops/interrupts.py)
-OPERATION = "extract"   # flags: api.Inventory.extract's parameters (commands/params.py) + this table
 FLAGS = {
-    "playbook": flag("playbook file or name (default: the host's)", "--playbook", "-p", metavar="P"),
+    "playbook": "playbook file or name (default: the host's)",
     "tail": cli_flag("follow the log until the job ends (Ctrl-C detaches)", action="store_true"),
-    "skip_check": flag("do not run the call-site check in preflight"),
-    "strict": flag("refuse the job when the checked calls drifted from the package's baseline version"),
-    "dry_run": flag("preflight only: show what would start"),
+    "skip_check": "do not run the call-site check in preflight",
+    "strict": "refuse the job when the checked calls drifted from the package's baseline version",
+    "dry_run": "preflight only: show what would start",
     "shard": flag("split the samples over the group's hosts (sorted by name: host k of N writes i %% N == k); "
                   "with K/N: run that share on the named host(s), e.g. one moved from a dead host", metavar="K/N",
                   no_help="run the whole dataset on every host even if the playbook says extract.shard: true"),

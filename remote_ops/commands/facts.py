@@ -2,7 +2,7 @@
 
 NAME = "facts"
 HELP = "show the remote Python, vllm/speculators/torch/transformers versions, GPUs and disk"
-OPERATION = "facts"     # flags: api.Inventory.facts's parameters (commands/params.py)
+FLAGS: dict = {}            # Inventory.facts's parameters are its flags (commands/params.py)
 API_ONLY = ("packages",)   # the packages to report: a script's choice, no flag
 
 

@@ -5,12 +5,11 @@ from remote_ops.commands.params import flag
 
 NAME = "gather"
 HELP = "copy the union of the hosts' outputs into one local directory (SFTP, sha256-checked, resumable)"
-OPERATION = "gather"    # flags: api.Inventory.gather's parameters (commands/params.py) + this table
 FLAGS = {
     "to": flag("local directory to gather into (created)", metavar="DIR"),
-    "playbook": flag("the playbook whose outputs to gather (default: the host's)", "--playbook", "-p", metavar="P"),
-    "job": flag("gather this job's outputs", metavar="ID"),
-    "output_dir": flag("gather this directory of each host instead", metavar="DIR"),
+    "playbook": "the playbook whose outputs to gather (default: the host's)",
+    "job": "gather this job's outputs",
+    "output_dir": "gather this directory of each host instead",
 }
 
 

@@ -4,8 +4,7 @@ from remote_ops.commands.params import flag
 
 NAME = "history"
 HELP = "list the patch journal of a host (patches, rollbacks, recoveries)"
-OPERATION = "history"   # flags: api.Inventory.history's parameters (commands/params.py) + this table
-FLAGS = {"limit": flag("only the last N entries", "--limit", "-n", metavar="N")}
+FLAGS = {"limit": flag("only the last N entries", "--limit", "-n")}
 
 
 def run(args, ctx) -> int:

@@ -4,11 +4,9 @@ from remote_ops.commands.params import flag
 
 NAME = "inspect"
 HELP = "print the parameters of module:qualname callables on the host (static, or --runtime)"
-OPERATION = "inspect"   # flags: api.Inventory.inspect's parameters (commands/params.py) + this table
 FLAGS = {
-    "symbols": flag("module:qualname, e.g. vllm.v1.request:Request or vllm.v1.core.sched.scheduler:Scheduler.add_request",
-                    metavar="SYMBOL"),
-    "runtime": flag("import the module on the host and use inspect.signature (default: parse the sources)"),
+    "symbols": "module:qualname, e.g. vllm.v1.request:Request or vllm.v1.core.sched.scheduler:Scheduler.add_request",
+    "runtime": "import the module on the host and use inspect.signature (default: parse the sources)",
     "baseline": flag("also show each symbol in this library version (fetched from PyPI, sources only) or "
                      "source directory, and what changed since (parameters, defaults, return annotation)",
                      metavar="VERSION|PATH"),

@@ -4,12 +4,11 @@ from remote_ops.commands.params import cli_flag, flag
 
 NAME = "logs"
 HELP = "print the last lines of the extraction job's log; --follow keeps printing until it ends"
-OPERATION = "logs"      # flags: api.Inventory.logs's parameters (commands/params.py) + this table
 FLAGS = {
-    "lines": flag("lines to show (default %(default)s)", "-n", "--lines", metavar="N"),
+    "lines": flag("lines to show (default %(default)s)", "-n", "--lines"),
     "follow": cli_flag("keep following until the job ends", "--follow", "-f", action="store_true"),
-    "playbook": flag("the playbook whose job to show (default: the host's)", "--playbook", "-p", metavar="P"),
-    "job": flag("a job id (see status --all)", metavar="ID"),
+    "playbook": "the playbook whose job to show (default: the host's)",
+    "job": "a job id (see status --all)",
 }
 
 

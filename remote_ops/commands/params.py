@@ -6,19 +6,22 @@ gives the kind:
 
     bool (default False)      --x                  store_true
     bool (default True)       --no-x               store_false into x
-    int / float / str         --x N                type=int / float (``| None``: the default is None)
+    int / float / str         --x V                type=int (metavar N) / float (``| None``: default None)
     list[str]                 --x V (repeatable)   append
     bool | str                --x [V], --no-x      no value: True; --no-x: False
     no default                required
 
 ``target`` (the method's first parameter) is the ``HOST|GROUP`` positional (``args.host``), other
-positional parameters are positionals (``list[str]``: one or more). Callbacks (``Callable``) are the
-command's to give, never flags. A command module names its method (``OPERATION``) and gives a help
-table ``FLAGS``: per parameter the help text, other option strings (short aliases, another name),
-metavar, choices; ``cli_flag`` entries are the command's own flags (``--yes``, ``--tail``: how it
-renders or asks, not the operation's), placed in the table's order. A parameter without an entry
-still gets its flag. ``call(method, args)`` passes the parsed values back, so a new keyword-only
-parameter of the method reaches it from the command line without touching ``commands/``.
+positional parameters are positionals (``list[str] symbols``: one or more ``SYMBOL``). Callbacks (``Callable``) are the
+command's to give, never flags. A command module whose ``NAME`` is an ``Inventory`` method gives a
+help table ``FLAGS`` (that is what makes it derived): per parameter its help text (a plain string),
+or ``flag(help, *option_strings, metavar=, choices=)`` for other option strings (short aliases,
+another name) and a metavar; ``playbook``, ``job`` and ``output_dir`` have the same option strings
+and metavar everywhere (``STANDARD``). ``cli_flag`` entries are the command's own flags (``--yes``,
+``--tail``: how it renders or asks, not the operation's), placed in the table's order; ``API_ONLY``
+names parameters left to scripts. A parameter without an entry still gets its flag.
+``call(method, args)`` passes the parsed values back, so a new keyword-only parameter of the method
+reaches it from the command line without touching ``commands/``.
 """
 
 from __future__ import annotations
@@ -56,13 +59,27 @@ def cli_flag(help: str, *names: str, **argparse_kwargs) -> Flag:
     return Flag(help, tuple(names), cli=argparse_kwargs)
 
 
+# the parameters every command spells the same (a command's table gives their help text)
+STANDARD = {"playbook": Flag(names=("--playbook", "-p"), metavar="P"), "job": Flag(metavar="ID"),
+            "output_dir": Flag(metavar="DIR")}
+
+
 def operation(mod) -> Callable | None:
-    """The ``api.Inventory`` method a command module names (``OPERATION``), or None."""
-    name = getattr(mod, "OPERATION", None)
-    if name is None:
+    """The ``api.Inventory`` method of a command module with a help table (``FLAGS``), or None."""
+    if not hasattr(mod, "FLAGS"):
         return None
     from remote_ops.api import Inventory
-    return getattr(Inventory, name)
+    return getattr(Inventory, mod.NAME)
+
+
+def entry_for(table: dict, name: str) -> Flag:
+    """A parameter's help entry: the table's (a string is the help text) over ``STANDARD``'s."""
+    e = table.get(name, Flag())
+    e = Flag(help=e) if isinstance(e, str) else e
+    std = STANDARD.get(name)
+    if std is not None and e.cli is None:
+        e = Flag(e.help, e.names or std.names, e.metavar or std.metavar, e.choices, e.no_help)
+    return e
 
 
 def _kinds(annotation) -> tuple[set[str], bool]:
@@ -90,8 +107,9 @@ def _positional(p: argparse.ArgumentParser, param: inspect.Parameter, entry: Fla
         return
     kinds, _ = _kinds(param.annotation)
     many = kinds == {"list[str]"}
+    one = param.name[:-1] if many and param.name.endswith("s") else param.name     # symbols: SYMBOL ...
     p.add_argument(param.name, nargs=("+" if required else "*") if many else (None if required else "?"),
-                   metavar=entry.metavar, help=entry.help, choices=entry.choices,
+                   metavar=entry.metavar or one.upper(), help=entry.help, choices=entry.choices,
                    **({} if required else {"default": param.default}))
 
 
@@ -125,7 +143,8 @@ def _option(p: argparse.ArgumentParser, param: inspect.Parameter, entry: Flag) -
         raise TypeError(f"{name}: no flag for a parameter annotated {param.annotation!r} "
                         "(bool, int, float, str, list[str], bool | str; give it a cli_flag entry)")
     kind = types[next(iter(kinds))]
-    p.add_argument(*(entry.names or (dashed,)), metavar=entry.metavar, choices=entry.choices,
+    metavar = entry.metavar or ("N" if kind is int else None)
+    p.add_argument(*(entry.names or (dashed,)), metavar=metavar, choices=entry.choices,
                    **({"type": kind} if kind else {}), **common)
 
 
@@ -136,18 +155,19 @@ def add_arguments(p: argparse.ArgumentParser, mod) -> None:
     if method is None:
         mod.add_arguments(p)
         return
-    table: dict[str, Flag] = getattr(mod, "FLAGS", {})
+    table: dict = mod.FLAGS
     skip = set(getattr(mod, "API_ONLY", ()))
     params = {q.name: q for q in parameters(method) if q.name not in skip}
-    unknown = [n for n, e in table.items() if e.cli is None and n not in params]
+    unknown = [n for n in table if entry_for(table, n).cli is None and n not in params]
     if unknown:
         raise TypeError(f"{mod.NAME}: FLAGS names {', '.join(unknown)}, not a parameter of "
-                        f"Inventory.{mod.OPERATION} (a flag of the command alone is a cli_flag)")
+                        f"Inventory.{mod.NAME} (a flag of the command alone is a cli_flag)")
     keyword = {n: q for n, q in params.items() if q.kind is inspect.Parameter.KEYWORD_ONLY}
     for q in params.values():
         if q.name not in keyword:
-            _positional(p, q, table.get(q.name, Flag()))
-    for name, entry in table.items():
+            _positional(p, q, entry_for(table, q.name))
+    for name in table:
+        entry = entry_for(table, name)
         if entry.cli is not None:
             p.add_argument(*(entry.names or ("--" + name.replace("_", "-"),)), dest=name, help=entry.help,
                            **entry.cli)
@@ -155,7 +175,7 @@ def add_arguments(p: argparse.ArgumentParser, mod) -> None:
             _option(p, keyword[name], entry)
     for name, q in keyword.items():
         if name not in table:       # a new parameter: its flag, with no help text yet
-            _option(p, q, Flag())
+            _option(p, q, entry_for(table, name))
 
 
 def call(method, args: argparse.Namespace, **overrides):

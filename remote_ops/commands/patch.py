@@ -1,18 +1,17 @@
 """remote-ops patch: apply a playbook's edits to a host (or group) in one atomic remote transaction."""
 
+from remote_ops.commands.params import cli_flag
+
 NAME = "patch"
 HELP = "apply a playbook's edits: diff, validate locally, then one atomic, journaled transaction per host"
-from remote_ops.commands.params import cli_flag, flag
-
 CHANGES_HOSTS = True    # a Ctrl-C says what changed on each host (remote_ops/interrupts.py)
-OPERATION = "patch"     # flags: api.Inventory.patch's parameters (commands/params.py) + this table
 FLAGS = {
-    "playbook": flag("playbook file or name (default: the host's 'playbook')", "--playbook", "-p", metavar="P"),
-    "dry_run": flag("show the diff and validate; change nothing"),
+    "playbook": "playbook file or name (default: the host's 'playbook')",
+    "dry_run": "show the diff and validate; change nothing",
     "yes": cli_flag("apply without asking", "--yes", "-y", action="store_true"),
-    "allow_findings": flag("apply even when the re-check of the patched modules still has findings "
-                           "(default: refuse, nothing written)"),
-    "import_check": flag("import the patched modules on the host afterwards; roll back automatically on failure"),
+    "allow_findings": ("apply even when the re-check of the patched modules still has findings "
+                       "(default: refuse, nothing written)"),
+    "import_check": "import the patched modules on the host afterwards; roll back automatically on failure",
 }
 
 

@@ -5,10 +5,9 @@ from remote_ops.commands.params import flag
 NAME = "rollback"
 HELP = "undo the latest patch on a host (or every patch back to --to JOURNAL_ID), byte for byte"
 CHANGES_HOSTS = True    # a Ctrl-C says what changed on each host (remote_ops/interrupts.py)
-OPERATION = "rollback"  # flags: api.Inventory.rollback's parameters (commands/params.py) + this table
 FLAGS = {
     "to": flag("undo this patch and every later one (see remote-ops history)", metavar="JOURNAL_ID"),
-    "force": flag("restore even when the file changed since the patch"),
+    "force": "restore even when the file changed since the patch",
 }
 
 

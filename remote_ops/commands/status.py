@@ -1,13 +1,12 @@
 """remote-ops status: running / succeeded / failed / stopped / lost, progress, elapsed and rate."""
 
-from remote_ops.commands.params import cli_flag, flag
+from remote_ops.commands.params import cli_flag
 
 NAME = "status"
 HELP = "state of the extraction job on a host: progress, elapsed time, rate, exit code and reason"
-OPERATION = "status"    # flags: api.Inventory.status's parameters (commands/params.py) + this table
 FLAGS = {
-    "playbook": flag("the playbook whose job to show (default: the host's)", "--playbook", "-p", metavar="P"),
-    "job": flag("a job id (see --all)", metavar="ID"),
+    "playbook": "the playbook whose job to show (default: the host's)",
+    "job": "a job id (see --all)",
     "all": cli_flag("list every job recorded on the host", action="store_true"),
 }
 

@@ -5,11 +5,11 @@ from remote_ops.commands.params import flag
 
 NAME = "stop"
 HELP = "stop the extraction job: TERM, grace, KILL; confirm no process of it is left on CPU or GPU"
-OPERATION = "stop"      # flags: api.Inventory.stop's parameters (commands/params.py) + this table
 FLAGS = {
-    "grace": flag("seconds between SIGTERM and SIGKILL (default: the playbook's, else 30)", metavar="SECONDS"),
-    "playbook": flag("the playbook whose job to stop (default: the host's)", "--playbook", "-p", metavar="P"),
-    "job": flag("a job id (see status --all)", metavar="ID"),
+    "grace": flag("seconds between SIGTERM and SIGKILL (default: the playbook's, else 30)",
+                  metavar="SECONDS"),
+    "playbook": "the playbook whose job to stop (default: the host's)",
+    "job": "a job id (see status --all)",
 }
 
 

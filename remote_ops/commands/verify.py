@@ -1,19 +1,16 @@
 """remote-ops verify: check the job's outputs on the host with the host's own torch."""
 
-from remote_ops.commands.params import flag
-
 NAME = "verify"
 HELP = "check data_<N>.pt outputs on the host: count, gaps, unloadable files, layout, NaN/inf"
-OPERATION = "verify"    # flags: api.Inventory.verify's parameters (commands/params.py) + this table
 FLAGS = {
-    "all": flag("load every file (default: a sample)"),
-    "sample": flag("files to load when not --all (default %(default)s)", metavar="N"),
-    "playbook": flag("playbook (default: the host's)", "--playbook", "-p", metavar="P"),
-    "job": flag("verify the outputs of this job", metavar="ID"),
-    "output_dir": flag("verify this directory on the host instead", metavar="DIR"),
-    "expected": flag("expected number of samples", metavar="N"),
-    "shard": flag("check the hosts' outputs as shards of one dataset (automatic for a group whose "
-                  "data_config.json records a shard): complete, no duplicates, same layout everywhere"),
+    "all": "load every file (default: a sample)",
+    "sample": "files to load when not --all (default %(default)s)",
+    "playbook": "playbook (default: the host's)",
+    "job": "verify the outputs of this job",
+    "output_dir": "verify this directory on the host instead",
+    "expected": "expected number of samples",
+    "shard": ("check the hosts' outputs as shards of one dataset (automatic for a group whose "
+              "data_config.json records a shard): complete, no duplicates, same layout everywhere"),
 }
 
 
