@@ -71,7 +71,8 @@ class Inventory(Fleet):
         """Call sites vs the host's library signatures (one round trip), and drift against ``baseline``
         (default: the version the package pins); ``check.CheckResult``. Without ``playbook``, a host's
         own playbook's ``check.accepted_drift`` applies. A host with findings is ``ok`` (its record
-        holds them); ``ok=False`` means the check could not run."""
+        holds them); ``ok=False`` means the check could not run. ``Results.request`` is the
+        ``check.CheckRequest`` that ran (targets and libraries as asked or as the playbook says)."""
         from remote_ops.check import check as check_mod
         from remote_ops.check import model as model_mod
         named = Playbooks(playbook).named()      # a bad named playbook raises here, before any host
