@@ -62,7 +62,7 @@ class Inventory(Fleet):
     def facts(self, target: str | None = None, *, packages: list[str] | None = None) -> Results:
         """Interpreter, packages, GPUs, disk, jobs (``facts.HostFacts``); one round trip per host."""
         from remote_ops import facts as facts_mod
-        return self.run(target, lambda h, s: facts_mod.facts(s, h, packages=packages))
+        return self.run(target, lambda h, s: facts_mod.facts(s, packages=packages))
 
     def check(self, target: str | None = None, *, playbook: str | None = None, runtime: bool = False,
               targets: list[str] | None = None, against: list[str] | None = None,
@@ -71,35 +71,37 @@ class Inventory(Fleet):
         """Call sites vs the host's library signatures (one round trip), and drift against ``baseline``
         (default: the version the package pins); ``check.CheckResult``. Without ``playbook``, a host's
         own playbook's ``check.accepted_drift`` applies. A host with findings is ``ok`` (its record
-        holds them); ``ok=False`` means the check could not run."""
+        holds them); ``ok=False`` means the check could not run. ``Results.request`` is the
+        ``check.CheckRequest`` that ran (targets and libraries as asked or as the playbook says)."""
         from remote_ops.check import check as check_mod
-        req = check_mod.make_request(playbook=playbook, runtime=runtime, targets=targets, against=against,
-                                     package=package, baseline=baseline, drift=drift)
         from remote_ops.check import model as model_mod
-        from remote_ops.patch import playbook as pb_mod
-        named = pb_mod.load(pb_mod.find(playbook)) if playbook else None
-        accepted_of: dict = {}
+        named = Playbooks(playbook).named()      # a bad named playbook raises here, before any host
+        req = check_mod.make_request(pb=named, runtime=runtime, targets=targets, against=against,
+                                     package=package, baseline=baseline, drift=drift)
+        own = Playbooks(None)                    # else each host's own, loaded once per file
 
         def one(h, s):
-            pb = named or (pb_mod.load(pb_mod.find(None, h)) if getattr(h, "playbook", None) else None)
+            pb = named or own(h, required=False)
             model_req = model_mod.request(pb, h, model=model) if (pb is not None or model) else None
-            return check_mod.check(s, h, req if named else check_mod.for_host(req, h, accepted_of), model_req,
+            return check_mod.check(s, req if named else check_mod.for_host(req, pb), model_req,
                                    model_from_vars=not model)
-        return self.run(target, one)
+        results = self.run(target, one)
+        results.request = req     # the check as run (check --emit-playbook writes its targets)
+        return results
 
     def candidates(self, target: str | None = None, *, package: str | None = None,
                    against: list[str] | None = None) -> Results:
         """The package's releases (from the installed one on) checked against the host's library:
         declared range, findings, drift, flow, covering playbooks (``candidates.CandidatesResult``)."""
         from remote_ops.check import candidates as cand
-        return self.run(target, lambda h, s: cand.candidates(s, h, package=package, against=against))
+        return self.run(target, lambda h, s: cand.candidates(s, package=package, against=against))
 
     def inspect(self, target: str | None, symbols: list[str], *, runtime: bool = False,
                 baseline: str | None = None) -> Results:
         """Parameters of ``module:qualname`` symbols as the host defines them (``check.InspectResult``)."""
         from remote_ops.check import check as check_mod
         symbols = check_mod.parse_symbols(symbols)
-        return self.run(target, lambda h, s: check_mod.inspect(s, h, symbols, runtime=runtime, baseline=baseline))
+        return self.run(target, lambda h, s: check_mod.inspect(s, symbols, runtime=runtime, baseline=baseline))
 
     # ------------------------------------------------------------------ patch, rollback, history
     def patch(self, target: str | None = None, *, playbook: str | None = None, dry_run: bool = False,
@@ -110,19 +112,19 @@ class Inventory(Fleet):
         ``confirm(plan) -> bool`` is asked before a host is written (None: no question)."""
         from remote_ops.patch import patching
         books = self.playbooks(target, playbook)
-        return self.run(target, lambda h, s: patching.patch(s, h, books[h.name], dry_run=dry_run,
+        return self.run(target, lambda h, s: patching.patch(s, books[h.name], dry_run=dry_run,
                                                              import_check=import_check,
                                                              allow_findings=allow_findings, confirm=confirm))
 
     def rollback(self, target: str | None = None, *, to: str | None = None, force: bool = False) -> Results:
         """The exact bytes from before the last (or ``to``) patch (``patching.RollbackResult``)."""
         from remote_ops.patch import patching
-        return self.run(target, lambda h, s: patching.rollback(s, h, to=to, force=force))
+        return self.run(target, lambda h, s: patching.rollback(s, to=to, force=force))
 
     def history(self, target: str | None = None, *, limit: int | None = None) -> Results:
         """The patch journal (``patching.HistoryResult``)."""
         from remote_ops.patch import patching
-        return self.run(target, lambda h, s: patching.history(s, h, limit=limit))
+        return self.run(target, lambda h, s: patching.history(s, limit=limit))
 
     # ------------------------------------------------------------------ the job
     def extract(self, target: str | None = None, *, playbook: str | None = None, skip_check: bool = False,
@@ -139,18 +141,18 @@ class Inventory(Fleet):
         from remote_ops.extract import jobs
         from remote_ops.extract import shard as shard_mod
         hosts = self.resolve(target)
-        specs = shard_mod.apply(hosts, jobs.load_for_hosts(hosts, playbook), shard)
+        specs = shard_mod.apply(hosts, jobs.load_for_hosts(hosts, Playbooks(playbook)), shard)
         wait = jobs.EARLY_DEATH_S if early_death_s is None else early_death_s
-        return self.run(target, lambda h, s: _job_ops(h).extract(s, h, *specs[h.name], skip_check=skip_check,
+        return self.run(target, lambda h, s: _job_ops(h).extract(s, *specs[h.name], skip_check=skip_check,
                                                           dry_run=dry_run, strict_drift=strict,
                                                           early_death_s=wait))
 
     def status(self, target: str | None = None, *, playbook: str | None = None, job: str | None = None) -> Results:
         """The playbook's job on each host (``jobs.JobStatus``: state, samples, rate, exit); for a
         group, ``Results.group`` is ``shard.GroupProgress`` (totals, summed rate, ETA)."""
-        from remote_ops.extract import jobs
         from remote_ops.extract import shard as shard_mod
-        results = self.run(target, lambda h, s: _job_ops(h).status(s, h, playbook=playbook, job=job))
+        book = Playbooks(playbook)
+        results = self.run(target, lambda h, s: _job_ops(h).status(s, pb=book.for_job(h, job), job=job))
         if not results.single:
             results.group = shard_mod.progress(results)
         return results
@@ -158,14 +160,15 @@ class Inventory(Fleet):
     def jobs(self, target: str | None = None) -> Results:
         """Every job recorded on each host (``jobs.JobList``)."""
         from remote_ops.extract import jobs
-        return self.run(target, lambda h, s: jobs.list_jobs(s, h))
+        return self.run(target, lambda h, s: jobs.list_jobs(s))
 
     def logs(self, target: str | None = None, *, playbook: str | None = None, job: str | None = None,
              lines: int = 50) -> Results:
         """The last ``lines`` lines of the job's log (``jobs.LogsResult``)."""
         from remote_ops.extract import jobs
         jobs.check_lines(lines)
-        return self.run(target, lambda h, s: _job_ops(h).logs(s, h, playbook=playbook, job=job, lines=lines))
+        book = Playbooks(playbook)
+        return self.run(target, lambda h, s: _job_ops(h).logs(s, pb=book.for_job(h, job), job=job, lines=lines))
 
     def follow(self, target: str | None = None, job: str | None = None, *, playbook: str | None = None,
                offset: int = 0) -> Iterator[FollowEvent]:
@@ -183,7 +186,7 @@ class Inventory(Fleet):
             raise UsageError(f"follow takes one host; {target or 'the default'!r} names {len(hosts)}",
                              "follow one of them: " + ", ".join(h.name for h in hosts))
         host = hosts[0]
-        ref = jobs.ref_for(host, playbook=playbook, job=job)
+        ref = jobs.ref_for(Playbooks(playbook).for_job(host, job), job)
         return follow_mod.follow(lambda: self.session(host), lambda: self.drop_session(host), ref,
                                  offset=offset)
 
@@ -193,8 +196,9 @@ class Inventory(Fleet):
         ``clean`` when nothing of the job is left). ``on_stopping(host, status, grace)`` before signals."""
         from remote_ops.extract import jobs
         jobs.check_grace(grace)
+        book = Playbooks(playbook)
         return self.run(target, lambda h, s: _job_ops(h).stop(
-            s, h, playbook=playbook, job=job, grace=grace,
+            s, pb=book(h, required=False, quiet=bool(job)), job=job, grace=grace,
             on_stopping=None if on_stopping is None else (lambda st, g: on_stopping(h, st, g))))
 
     def verify(self, target: str | None = None, *, output_dir: str | None = None, expected: int | None = None,
@@ -208,9 +212,10 @@ class Inventory(Fleet):
         from remote_ops.extract import shard as shard_mod
         from remote_ops.extract import verify as verify_mod
         verify_mod.check_sample(sample)
+        book = Playbooks(playbook)
         results = self.run(target, lambda h, s: shard_mod.verify_part(
-            s, h, shard=shard, output_dir=output_dir, expected=expected, all=all, sample=sample, playbook=playbook,
-            job=job, on_progress=None if on_progress is None else (lambda done, of: on_progress(h, done, of))))
+            s, shard=shard, output_dir=output_dir, expected=expected, all=all, sample=sample,
+            pb=book(h, required=False, quiet=bool(job or output_dir)), job=job, on_progress=None if on_progress is None else (lambda done, of: on_progress(h, done, of))))
         from remote_ops.extract.slurm import is_slurm
         parts = any(r.ok and "shard_parts" in r.value.extra for r in results)
         if shard or (parts and (not results.single or any(is_slurm(h) for h in self.resolve(target)))):
@@ -229,8 +234,9 @@ class Inventory(Fleet):
         Copies of one index that differ between hosts refuse the gather before anything is copied."""
         from remote_ops.extract import shard as shard_mod
         dest = shard_mod.check_destination(to)
-        listed = self.run(target, lambda h, s: shard_mod.list_part(s, h, playbook=playbook, job=job,
-                                                                   output_dir=output_dir))
+        book = Playbooks(playbook)
+        listed = self.run(target, lambda h, s: shard_mod.list_part(
+            s, pb=None if output_dir else book(h, required=False, quiet=bool(job)), job=job, output_dir=output_dir))
         per_host, union_doc, g = shard_mod.plan({r.host: r.value for r in listed if r.ok})
         if g.problems:        # conflicting copies or configs: nothing copied
             g.to, g.problems = dest, [f"{r.host}: {r.error.one_line()}" for r in listed if not r.ok] + g.problems
@@ -239,7 +245,7 @@ class Inventory(Fleet):
                 if r.ok:
                     r.value = shard_mod.GatherPart(r.host, files=sum(len(d["files"]) for d in r.value))
             return listed
-        results = self.run(target, lambda h, s: shard_mod.copy_part(s, h, per_host.get(h.name, []), dest,
+        results = self.run(target, lambda h, s: shard_mod.copy_part(s, per_host.get(h.name, []), dest,
                                                                     on_file=on_file)
                            if h.name in per_host else _raise(listed[h.name].error))
         results.group = shard_mod.finish(results, g, union_doc, dest)
@@ -251,16 +257,49 @@ class Inventory(Fleet):
     def playbooks(self, target: str | None, playbook: str | None) -> dict:
         """Each host's playbook, loaded once per file (a bad playbook raises here, before any host)."""
         from remote_ops.patch import patching
-        from remote_ops.patch import playbook as pbmod
-        loaded: dict[str, Any] = {}
-        out = {}
-        for host in self.resolve(target):
-            path = str(pbmod.find(playbook, host))
-            if path not in loaded:
-                loaded[path] = pbmod.load(path)
-                patching.prefetch_libcst(loaded[path])   # overlaps the import with connecting
-            out[host.name] = loaded[path]
+        book = Playbooks(playbook)
+        out = {h.name: book(h) for h in self.resolve(target)}
+        for pb in {id(pb): pb for pb in out.values()}.values():
+            patching.prefetch(pb)      # what the edit kinds need, imported while connecting
         return out
+
+
+class Playbooks:
+    """The playbooks of one operation call: ``playbook`` (the one named: a path or a name in
+    playbooks/), else each host's own. Every file is found and loaded once per call, whichever
+    host asks first (a group's hosts share the load; the per-host functions get the loaded
+    ``Playbook``, never a name to load again); a file that fails to load fails each host that asks."""
+
+    def __init__(self, playbook: str | None):
+        import threading
+        self.playbook = playbook
+        self._loaded: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, host, *, required: bool = True, quiet: bool = False):
+        """``host``'s playbook; None when none is named and the host has none (``required=False``;
+        else the UsageError that says so), or when it fails to load and ``quiet``."""
+        from remote_ops.patch import playbook as pbmod
+        if not required and not (self.playbook or getattr(host, "playbook", None)):
+            return None
+        try:
+            path = str(pbmod.find(self.playbook, host))
+            with self._lock:
+                if path not in self._loaded:
+                    self._loaded[path] = pbmod.load(path)
+                return self._loaded[path]
+        except RemoteOpsError:
+            if quiet:
+                return None
+            raise
+
+    def named(self):
+        """The named playbook, loaded now (None when none was named)."""
+        return self(None) if self.playbook else None
+
+    def for_job(self, host, job: str | None):
+        """What names a job when ``job`` does not: the playbook (None: the host's newest job)."""
+        return None if job else self(host, required=False)
 
 
 def _raise(error):

@@ -10,6 +10,7 @@ import importlib
 import sys
 
 from remote_ops.commands.completion import complete
+from remote_ops.commands.params import add_arguments
 
 COMMANDS = (
     "hosts", "facts", "sandbox",
@@ -83,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     for mod in _load_commands():
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
         _global_flags(p, suppress=True)   # flags work before or after the command
-        mod.add_arguments(p)
+        add_arguments(p, mod)             # from its api.Inventory method + help table, or its own
         p.set_defaults(_module=mod)
     return parser
 

@@ -58,8 +58,8 @@ def facts_args(host, packages: list[str] | None = None) -> dict:
     return args
 
 
-def facts(session, host=None, *, packages: list[str] | None = None) -> HostFacts:
-    """The facts operation on one host: interpreter, packages, GPUs, disk, jobs; one exec round trip."""
+def facts(session, *, packages: list[str] | None) -> HostFacts:
+    """The facts operation on the session's host: interpreter, packages, GPUs, disk, jobs; one exec round trip."""
     return gather(session, packages)
 
 

@@ -368,8 +368,10 @@ def test_against_has_one_default():
     from remote_ops.commands import check as check_cmd
     assert check_mod.DEFAULT_AGAINST == list(compat.DEFAULT_AGAINST) == ["vllm"]
     import argparse
+
+    from remote_ops.commands.params import add_arguments
     p = argparse.ArgumentParser()
-    check_cmd.add_arguments(p)
+    add_arguments(p, check_cmd)
     assert "default: vllm" in p.format_help().replace("\n", " ").replace("  ", " ")
 
 

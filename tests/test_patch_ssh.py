@@ -219,7 +219,7 @@ def test_import_check_success_symlink_crlf(workhost, state_dir):
     assert real.stat().st_mode & 0o777 == 0o640
     backup = Path(out["journal"]["targets"][0]["backup"])
     assert backup.stat().st_mode & 0o777 == 0o600 & (0o640 | 0o200)
-    assert patching.rollback(sess, host)["changed"]
+    assert patching.rollback(sess, to=None, force=False)["changed"]
     assert real.read_bytes().endswith(b"VALUE = f(a=1, b=2)\r\n")
 
 
@@ -230,10 +230,10 @@ def test_rollback_refuses_when_file_changed(workhost, state_dir):
     patching.run_host(sess, host, pb)
     (work / "app" / "mod.py").write_text("edited by hand\n")
     with pytest.raises(RefusedError, match="changed since patch") as info:
-        patching.rollback(sess, host)
+        patching.rollback(sess, to=None, force=False)
     assert "--force" in info.value.one_line()
     assert (work / "app" / "mod.py").read_text() == "edited by hand\n"
-    assert patching.rollback(sess, host, force=True)["changed"]
+    assert patching.rollback(sess, to=None, force=True)["changed"]
     assert (work / "app" / "mod.py").read_bytes() == original
 
 

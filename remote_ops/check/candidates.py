@@ -193,11 +193,12 @@ def _baseline_for(declared: dict, lib: str) -> str | None:
     return inside[-1] if inside else None
 
 
-def candidates(session, host, *, package: str | None = None, against: list[str] | None = None) -> CandidatesResult:
-    """The candidates operation on one host (see the module docstring)."""
+def candidates(session, *, package: str | None, against: list[str] | None) -> CandidatesResult:
+    """The candidates operation on the session's host (see the module docstring)."""
     from remote_ops.agent.contract import DEFAULT_AGAINST, DEFAULT_PACKAGE
     from remote_ops.connect.transport import unwrap
 
+    host = session.host
     t0 = time.perf_counter()
     package = package or DEFAULT_PACKAGE
     against = list(against or DEFAULT_AGAINST)

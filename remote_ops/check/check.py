@@ -59,16 +59,12 @@ def request_from_playbook(pb, runtime: bool = False) -> CheckRequest:
                         accepted_drift=list(c.get("accepted_drift") or []))
 
 
-def make_request(*, playbook: str | None = None, runtime: bool = False, targets: list[str] | None = None,
+def make_request(*, pb=None, runtime: bool = False, targets: list[str] | None = None,
                  against: list[str] | None = None, package: str | None = None, baseline: str | None = None,
                  drift: bool = True) -> CheckRequest:
-    """The check to run, from the operation's parameters (a named playbook is loaded here, locally:
-    a bad one raises ConfigError before any host is contacted)."""
-    if playbook:
-        from remote_ops.patch import playbook as pb_mod
-        req = request_from_playbook(pb_mod.load(pb_mod.find(playbook)), runtime=runtime)
-    else:
-        req = CheckRequest(runtime=runtime)
+    """The check to run, from the operation's parameters; ``pb``: the named playbook (loaded once by
+    the caller), whose ``check:`` section gives the targets."""
+    req = request_from_playbook(pb, runtime=runtime) if pb is not None else CheckRequest(runtime=runtime)
     if targets:
         req.targets = list(targets)
     if against:
@@ -79,27 +75,28 @@ def make_request(*, playbook: str | None = None, runtime: bool = False, targets:
     return req
 
 
-def for_host(req: CheckRequest, host, accepted_of: dict) -> CheckRequest:
-    """``req`` with the host's own playbook's ``check.accepted_drift`` (when no playbook was named and
-    the host has one); ``accepted_of`` caches each playbook file's list (a fleet shares one file)."""
-    if not getattr(host, "playbook", None):
+def for_host(req: CheckRequest, pb) -> CheckRequest:
+    """``req`` with the host's own playbook's ``check.accepted_drift`` (``pb``, loaded once by the
+    caller; None: ``req`` unchanged)."""
+    if pb is None:
         return req
     from dataclasses import replace
-
-    from remote_ops.patch import playbook as pb_mod
-    path = str(pb_mod.find(None, host))
-    if path not in accepted_of:
-        accepted_of[path] = list((pb_mod.load(path).check or {}).get("accepted_drift") or [])
-    return replace(req, accepted_drift=accepted_of[path])
+    return replace(req, accepted_drift=list((pb.check or {}).get("accepted_drift") or []))
 
 
 @dataclass(eq=False)
-class CheckResult(Record):
-    """The record of ``check``: binding findings, what could not be decided, drift vs the baseline."""
+class LibraryAnswer(Record):
+    """What ``check`` and ``inspect`` records share: the host, the mode, the library versions."""
 
     host: str
     mode: str = "static"
     versions: dict = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class CheckResult(LibraryAnswer):
+    """The record of ``check``: binding findings, what could not be decided, drift vs the baseline."""
+
     findings: list = field(default_factory=list)
     unknown: list = field(default_factory=list)
     targets: list = field(default_factory=list)
@@ -118,8 +115,8 @@ class CheckResult(Record):
         return bool(self.findings or (strict and self.drift) or (self.model or {}).get("findings"))
 
 
-def check(session, host, req: CheckRequest, model_req=None, model_from_vars: bool = False) -> CheckResult:
-    """The check operation on one host: one exec round trip (the call sites, and the model preflight
+def check(session, req: CheckRequest, model_req=None, model_from_vars: bool = False) -> CheckResult:
+    """The check operation on the session's host: one exec round trip (the call sites, and the model preflight
     when ``model_req``: ``check.model.request``), then drift on the controller. ``model_from_vars``:
     the model is the playbook's var, not ``--model``: a directory that is not there is not checked
     (an unknown naming the var) rather than a finding, since ``check`` is about the code; the extract
@@ -182,12 +179,9 @@ def to_json(host: str, raw: dict, req: CheckRequest | None = None) -> dict:
 
 # ------------------------------------------------------------------ inspect
 @dataclass(eq=False)
-class InspectResult(Record):
+class InspectResult(LibraryAnswer):
     """The record of ``inspect``: each symbol's parameters as the host defines them (and in a baseline)."""
 
-    host: str
-    mode: str = "static"
-    versions: dict = field(default_factory=dict)
     symbols: list = field(default_factory=list)
     baselines: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
@@ -207,11 +201,11 @@ def parse_symbols(symbols: list[str]) -> list[str]:
     return list(symbols)
 
 
-def inspect(session, host, symbols: list[str], *, runtime: bool = False, baseline: str | None = None) -> InspectResult:
-    """The inspect operation on one host (one round trip; ``baseline`` adds the same symbols in that
+def inspect(session, symbols: list[str], *, runtime: bool, baseline: str | None) -> InspectResult:
+    """The inspect operation on the session's host (one round trip; ``baseline`` adds the same symbols in that
     library version and what changed since)."""
     raw = session.call(*rq.compat_inspect(symbols=list(symbols), mode="runtime" if runtime else "static"))
-    rec = InspectResult.from_json(raw, host=host.name, baselines={})
+    rec = InspectResult.from_json(raw, host=session.label, baselines={})
     if baseline:
         from remote_ops.check import drift
         rec.baselines = drift.inspect_diff(rec.to_json(), baseline)

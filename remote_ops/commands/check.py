@@ -2,68 +2,61 @@
 where the library's behaviour drifted from the version the package was written for."""
 
 from remote_ops.check.check import DEFAULT_AGAINST
+from remote_ops.commands.params import cli_flag, flag
 
 NAME = "check"
 HELP = ("report every call/import of the library that cannot bind on the host (static, or --runtime), "
         "and drift from the baseline version")
-
-
-def add_arguments(p):
-    p.add_argument("host", nargs="?", metavar="HOST|GROUP", help="host, group or comma list (default: the inventory's default)")
-    p.add_argument("--playbook", "-p", metavar="P", help="take check targets from this playbook's check: section")
-    p.add_argument("--runtime", action="store_true",
-                   help="import the library on the host and use inspect.signature (default: parse its sources)")
-    p.add_argument("--target", action="append", dest="targets", metavar="MODULE",
-                   help="caller module to analyse (repeatable; default: modules of --package importing the library)")
-    p.add_argument("--against", action="append", metavar="PKG",
-                   help="library package (repeatable; default: %s)" % ", ".join(DEFAULT_AGAINST))
-    p.add_argument("--baseline", metavar="VERSION|PATH",
-                   help="library version (fetched from PyPI, sources only) or directory of sources that the "
-                        "package was written for (default: the version the package pins in its metadata)")
-    p.add_argument("--no-drift", action="store_true", help="binding check only (no baseline comparison)")
-    p.add_argument("--strict", action="store_true", help="exit 1 on drift too (default: drift is shown, exit 0)")
-    p.add_argument("--emit-playbook", metavar="FILE",
-                   help="write a draft playbook with mechanical fixes for the findings (placeholders where a "
-                        "person must decide; the loader refuses it until they are filled in)")
-    p.add_argument("--model", metavar="PATH|HF_ID",
-                   help="check this checkpoint's model class against what the package's worker needs "
-                        "(default: the playbook var target_model; needs the playbook's check.model section)")
-    p.add_argument("--candidates", action="store_true",
-                   help="check the package's releases (from the installed one on, sources from PyPI) against the "
-                        "host's library: declared range, findings, drift, flow, covering playbook")
-    p.add_argument("--package", metavar="PKG", default=None,
-                   help="default targets: modules of this package (default speculators.data_generation)")
+FLAGS = {
+    "playbook": "take check targets from this playbook's check: section",
+    "runtime": "import the library on the host and use inspect.signature (default: parse its sources)",
+    "targets": flag("caller module to analyse (repeatable; default: modules of --package importing the library)",
+                    "--target", metavar="MODULE"),
+    "against": flag("library package (repeatable; default: %s)" % ", ".join(DEFAULT_AGAINST), metavar="PKG"),
+    "baseline": flag("library version (fetched from PyPI, sources only) or directory of sources that the "
+                     "package was written for (default: the version the package pins in its metadata)",
+                     metavar="VERSION|PATH"),
+    "drift": "binding check only (no baseline comparison)",
+    "strict": cli_flag("exit 1 on drift too (default: drift is shown, exit 0)", action="store_true"),
+    "emit_playbook": cli_flag("write a draft playbook with mechanical fixes for the findings (placeholders where a "
+                              "person must decide; the loader refuses it until they are filled in)", metavar="FILE"),
+    "model": flag("check this checkpoint's model class against what the package's worker needs "
+                  "(default: the playbook var target_model; needs the playbook's check.model section)",
+                  metavar="PATH|HF_ID"),
+    "candidates": cli_flag("check the package's releases (from the installed one on, sources from PyPI) against the "
+                           "host's library: declared range, findings, drift, flow, covering playbook",
+                           action="store_true"),
+    "package": flag("default targets: modules of this package (default speculators.data_generation)",
+                    metavar="PKG"),
+}
 
 
 def run(args, ctx) -> int:
+    from remote_ops.commands.params import call
     from remote_ops.errors import Exit
 
     if args.candidates:
-        results = ctx.fleet.candidates(args.host, package=args.package, against=args.against)
+        results = call(ctx.fleet.candidates, args)
         return ctx.show(results, lambda c, name, v: render_candidates(c, v),
                         summary=lambda v: ", ".join(f"{r['release']}: {r['findings']}" for r in v.rows
                                                     if r.get("findings") == 0) or "no release binds cleanly",
                         exit_for=lambda v: int(Exit.OK))
-    results = ctx.fleet.check(args.host, playbook=args.playbook, runtime=args.runtime, targets=args.targets,
-                              against=args.against, package=args.package, baseline=args.baseline,
-                              drift=not args.no_drift, model=args.model)
+    results = call(ctx.fleet.check, args)
     status = ctx.show(results, lambda c, name, v: render(c, v, ctx.verbose),
                       summary=lambda v: (f"{len(v.findings)} finding(s), {len(v.get('drift') or [])} drift, "
                                          f"{len(v.unknown)} unknown"),
                       exit_for=lambda v: int(Exit.FINDINGS) if v.has_findings(args.strict) else int(Exit.OK))
     found = [r.value.to_json() for r in results if r.ok]
     if args.emit_playbook and found:
-        _emit_playbook(args.emit_playbook, args, found)
+        _emit_playbook(args.emit_playbook, results.request, found)
     return status
 
 
-def _emit_playbook(path, args, values) -> None:
+def _emit_playbook(path, req, values) -> None:
     import sys
 
     from remote_ops.check import emit_playbook
-    from remote_ops.check.check import make_request
 
-    req = make_request(playbook=args.playbook, targets=args.targets, against=args.against)
     written, n = emit_playbook.write_for_hosts(path, values, targets=req.targets, against=req.against)
     sys.stderr.write(f"remote-ops: wrote a draft playbook with fixes for {n} finding(s) to {written}\n")
 

@@ -1,45 +1,42 @@
 """remote-ops extract: preflight, then start the playbook's extraction job under a detached
 supervisor on the host (or attach to the one already running), optionally following its log."""
 
+from remote_ops.commands.params import cli_flag, flag
+
 NAME = "extract"
 HELP = "start the playbook's extraction job on a host (detached, supervised); --tail follows it"
 CHANGES_HOSTS = True    # a Ctrl-C says what changed on each host (remote_ops/interrupts.py)
-
-
-def add_arguments(p):
-    p.add_argument("host", nargs="?", metavar="HOST|GROUP", help="host, group or comma list (default: the inventory's default)")
-    p.add_argument("--playbook", "-p", metavar="P", help="playbook file or name (default: the host's)")
-    p.add_argument("--tail", action="store_true", help="follow the log until the job ends (Ctrl-C detaches)")
-    p.add_argument("--skip-check", action="store_true", help="do not run the call-site check in preflight")
-    p.add_argument("--strict", action="store_true",
-                   help="refuse the job when the checked calls drifted from the package's baseline version")
-    p.add_argument("--dry-run", action="store_true", help="preflight only: show what would start")
-    p.add_argument("--shard", nargs="?", const=True, default=None, metavar="K/N",
-                   help="split the samples over the group's hosts (sorted by name: host k of N writes i %% N == k); "
-                        "with K/N: run that share on the named host(s), e.g. one moved from a dead host")
-    p.add_argument("--no-shard", dest="shard", action="store_false",
-                   help="run the whole dataset on every host even if the playbook says extract.shard: true")
-    p.add_argument("--watch", type=float, default=None, metavar="S",
-                   help="watch a new job S seconds for dying at once (default 3; 0: return at launch)")
+FLAGS = {
+    "playbook": "playbook file or name (default: the host's)",
+    "tail": cli_flag("follow the log until the job ends (Ctrl-C detaches)", action="store_true"),
+    "skip_check": "do not run the call-site check in preflight",
+    "strict": "refuse the job when the checked calls drifted from the package's baseline version",
+    "dry_run": "preflight only: show what would start",
+    "shard": flag("split the samples over the group's hosts (sorted by name: host k of N writes i %% N == k); "
+                  "with K/N: run that share on the named host(s), e.g. one moved from a dead host", metavar="K/N",
+                  no_help="run the whole dataset on every host even if the playbook says extract.shard: true"),
+    "early_death_s": flag("watch a new job S seconds for dying at once (default 3; 0: return at launch)",
+                          "--watch", metavar="S"),
+}
 
 
 def run(args, ctx) -> int:
     import sys
 
     from remote_ops.commands.follow import print_follow
+    from remote_ops.commands.params import call
     from remote_ops.extract import jobs
     from remote_ops.errors import Exit, UsageError
 
-    if args.watch is not None and not 0 <= args.watch <= 60:
-        raise UsageError(f"--watch must be 0-60 seconds, got {args.watch:g}")
+    if args.early_death_s is not None and not 0 <= args.early_death_s <= 60:
+        raise UsageError(f"--watch must be 0-60 seconds, got {args.early_death_s:g}")
 
     if args.tail and len(ctx.hosts(args.host)) > 1:
         raise UsageError(f"--tail follows one host; {args.host!r} names {len(ctx.hosts(args.host))}",
                          "start them with: remote-ops extract GROUP; follow one with: remote-ops extract HOST "
                          "--tail; watch all with: remote-ops status GROUP")
-    results = ctx.fleet.extract(args.host, playbook=args.playbook, skip_check=args.skip_check,
-                                dry_run=args.dry_run, strict=args.strict, shard=args.shard,
-                                early_death_s=0 if args.tail else args.watch)   # --tail shows an early death itself
+    results = call(ctx.fleet.extract, args,      # --tail shows an early death itself
+                   early_death_s=0 if args.tail else args.early_death_s)
 
     def refused(r):   # every problem of a refused preflight, then the error's one line
         for p in ((r.error.details or {}).get("preflight") or {}).get("problems") or []:

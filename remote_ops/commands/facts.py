@@ -2,14 +2,13 @@
 
 NAME = "facts"
 HELP = "show the remote Python, vllm/speculators/torch/transformers versions, GPUs and disk"
-
-
-def add_arguments(p):
-    p.add_argument("host", nargs="?", metavar="HOST|GROUP", help="host, group or comma list (default: the inventory's default)")
+FLAGS: dict = {}            # Inventory.facts's parameters are its flags (commands/params.py)
+API_ONLY = ("packages",)   # the packages to report: a script's choice, no flag
 
 
 def run(args, ctx) -> int:
-    return ctx.show(ctx.fleet.facts(args.host), lambda c, name, f: render(c, f), summary=summary)
+    from remote_ops.commands.params import call
+    return ctx.show(call(ctx.fleet.facts, args), lambda c, name, f: render(c, f), summary=summary)
 
 
 def summary(f) -> str:

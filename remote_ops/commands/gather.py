@@ -1,21 +1,22 @@
 """remote-ops gather: copy the outputs of a group's hosts (the shards of one dataset) to one local
 directory, every file checked against the sha256 its host computed."""
 
+from remote_ops.commands.params import flag
+
 NAME = "gather"
 HELP = "copy the union of the hosts' outputs into one local directory (SFTP, sha256-checked, resumable)"
-
-
-def add_arguments(p):
-    p.add_argument("host", nargs="?", metavar="HOST|GROUP", help="host, group or comma list (default: the inventory's default)")
-    p.add_argument("--to", required=True, metavar="DIR", help="local directory to gather into (created)")
-    p.add_argument("--playbook", "-p", metavar="P", help="the playbook whose outputs to gather (default: the host's)")
-    p.add_argument("--job", metavar="ID", help="gather this job's outputs")
-    p.add_argument("--output-dir", metavar="DIR", help="gather this directory of each host instead")
+FLAGS = {
+    "to": flag("local directory to gather into (created)", metavar="DIR"),
+    "playbook": "the playbook whose outputs to gather (default: the host's)",
+    "job": "gather this job's outputs",
+    "output_dir": "gather this directory of each host instead",
+}
 
 
 def run(args, ctx) -> int:
     import sys
 
+    from remote_ops.commands.params import call
     from remote_ops.errors import Exit
     from remote_ops.units import human_bytes
 
@@ -24,8 +25,7 @@ def run(args, ctx) -> int:
             sys.stderr.write(f"\r  {host}: {item['name']} ({human_bytes(item['size'])})          ")
             sys.stderr.flush()
 
-    results = ctx.fleet.gather(args.host, to=args.to, playbook=args.playbook, job=args.job,
-                               output_dir=args.output_dir, on_file=on_file)
+    results = call(ctx.fleet.gather, args, on_file=on_file)
     if not ctx.json:
         sys.stderr.write("\n")
 

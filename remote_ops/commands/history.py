@@ -1,12 +1,10 @@
 """remote-ops history: the patch journal of a host."""
 
+from remote_ops.commands.params import flag
+
 NAME = "history"
 HELP = "list the patch journal of a host (patches, rollbacks, recoveries)"
-
-
-def add_arguments(p):
-    p.add_argument("host", nargs="?", metavar="HOST|GROUP", help="host, group or comma list (default: the inventory's default)")
-    p.add_argument("--limit", "-n", type=int, metavar="N", help="only the last N entries")
+FLAGS = {"limit": flag("only the last N entries", "--limit", "-n")}
 
 
 def run(args, ctx) -> int:
@@ -38,5 +36,6 @@ def run(args, ctx) -> int:
             c.print(f"{name}: {v['pending']} interrupted transaction(s) will be "
                     "recovered by the next patch or rollback", soft_wrap=True)
 
-    return ctx.show(ctx.fleet.history(args.host, limit=args.limit), render_one,
+    from remote_ops.commands.params import call
+    return ctx.show(call(ctx.fleet.history, args), render_one,
                     summary=lambda v: f"{len(v.get('entries') or [])} journal entr(ies)")

@@ -1,24 +1,23 @@
 """remote-ops inspect: the parameters of library callables as installed on the host."""
 
+from remote_ops.commands.params import flag
+
 NAME = "inspect"
 HELP = "print the parameters of module:qualname callables on the host (static, or --runtime)"
-
-
-def add_arguments(p):
-    p.add_argument("host", metavar="HOST|GROUP", help="host, group or comma list from the inventory")
-    p.add_argument("symbols", nargs="+", metavar="SYMBOL",
-                   help="module:qualname, e.g. vllm.v1.request:Request or vllm.v1.core.sched.scheduler:Scheduler.add_request")
-    p.add_argument("--runtime", action="store_true",
-                   help="import the module on the host and use inspect.signature (default: parse the sources)")
-    p.add_argument("--baseline", metavar="VERSION|PATH",
-                   help="also show each symbol in this library version (fetched from PyPI, sources only) or "
-                        "source directory, and what changed since (parameters, defaults, return annotation)")
+FLAGS = {
+    "symbols": "module:qualname, e.g. vllm.v1.request:Request or vllm.v1.core.sched.scheduler:Scheduler.add_request",
+    "runtime": "import the module on the host and use inspect.signature (default: parse the sources)",
+    "baseline": flag("also show each symbol in this library version (fetched from PyPI, sources only) or "
+                     "source directory, and what changed since (parameters, defaults, return annotation)",
+                     metavar="VERSION|PATH"),
+}
 
 
 def run(args, ctx) -> int:
+    from remote_ops.commands.params import call
     from remote_ops.errors import Exit
 
-    results = ctx.fleet.inspect(args.host, args.symbols, runtime=args.runtime, baseline=args.baseline)
+    results = call(ctx.fleet.inspect, args)
     return ctx.show(results, lambda c, name, v: render(c, v), summary=lambda v: f"{len(v.symbols)} symbol(s)",
                     exit_for=lambda v: int(Exit.FINDINGS) if v.unresolved else int(Exit.OK))
 

@@ -1,15 +1,15 @@
 """remote-ops logs: the job's log (readable after the job ended), optionally followed."""
 
+from remote_ops.commands.params import cli_flag, flag
+
 NAME = "logs"
 HELP = "print the last lines of the extraction job's log; --follow keeps printing until it ends"
-
-
-def add_arguments(p):
-    p.add_argument("host", nargs="?", metavar="HOST|GROUP", help="host, group or comma list (default: the inventory's default)")
-    p.add_argument("-n", "--lines", type=int, default=50, metavar="N", help="lines to show (default 50)")
-    p.add_argument("--follow", "-f", action="store_true", help="keep following until the job ends")
-    p.add_argument("--playbook", "-p", metavar="P", help="the playbook whose job to show (default: the host's)")
-    p.add_argument("--job", metavar="ID", help="a job id (see status --all)")
+FLAGS = {
+    "lines": flag("lines to show (default %(default)s)", "-n", "--lines"),
+    "follow": cli_flag("keep following until the job ends", "--follow", "-f", action="store_true"),
+    "playbook": "the playbook whose job to show (default: the host's)",
+    "job": "a job id (see status --all)",
+}
 
 
 def collapse(text: str) -> str:
@@ -33,7 +33,8 @@ def run(args, ctx) -> int:
         if len(hosts) > 1:
             raise UsageError(f"--follow follows one host; {args.host!r} names {len(hosts)}",
                              "follow one with: remote-ops logs HOST --follow")
-    results = ctx.fleet.logs(args.host, playbook=args.playbook, job=args.job, lines=args.lines)
+    from remote_ops.commands.params import call
+    results = call(ctx.fleet.logs, args)
     if not (args.follow and results.ok):
         def render_one(c, name, v):
             if results.single:

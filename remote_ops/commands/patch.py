@@ -1,20 +1,18 @@
 """remote-ops patch: apply a playbook's edits to a host (or group) in one atomic remote transaction."""
 
+from remote_ops.commands.params import cli_flag
+
 NAME = "patch"
 HELP = "apply a playbook's edits: diff, validate locally, then one atomic, journaled transaction per host"
 CHANGES_HOSTS = True    # a Ctrl-C says what changed on each host (remote_ops/interrupts.py)
-
-
-def add_arguments(p):
-    p.add_argument("host", nargs="?", metavar="HOST|GROUP", help="host, group or comma list (default: the inventory's default)")
-    p.add_argument("--playbook", "-p", metavar="P", help="playbook file or name (default: the host's 'playbook')")
-    p.add_argument("--dry-run", action="store_true", help="show the diff and validate; change nothing")
-    p.add_argument("--yes", "-y", action="store_true", help="apply without asking")
-    p.add_argument("--allow-findings", action="store_true",
-                   help="apply even when the re-check of the patched modules still has findings "
-                        "(default: refuse, nothing written)")
-    p.add_argument("--import-check", action="store_true",
-                   help="import the patched modules on the host afterwards; roll back automatically on failure")
+FLAGS = {
+    "playbook": "playbook file or name (default: the host's 'playbook')",
+    "dry_run": "show the diff and validate; change nothing",
+    "yes": cli_flag("apply without asking", "--yes", "-y", action="store_true"),
+    "allow_findings": ("apply even when the re-check of the patched modules still has findings "
+                       "(default: refuse, nothing written)"),
+    "import_check": "import the patched modules on the host afterwards; roll back automatically on failure",
+}
 
 
 def _render_diff(console, diff: str) -> None:
@@ -105,7 +103,6 @@ def run(args, ctx) -> int:
             return f"patched {len(v['journal']['targets'])} file(s), journal {v['journal']['txid']}"
         return "no changes"
 
-    results = ctx.fleet.patch(args.host, playbook=args.playbook, dry_run=args.dry_run,
-                              import_check=args.import_check, allow_findings=args.allow_findings,
-                              confirm=None if args.yes or args.dry_run else confirm)
+    from remote_ops.commands.params import call
+    results = call(ctx.fleet.patch, args, confirm=None if args.yes or args.dry_run else confirm)
     return ctx.show(results, render_one, summary=summary)

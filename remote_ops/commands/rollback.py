@@ -1,14 +1,14 @@
 """remote-ops rollback: restore the exact original bytes of a patch from its journaled backup."""
 
+from remote_ops.commands.params import flag
+
 NAME = "rollback"
 HELP = "undo the latest patch on a host (or every patch back to --to JOURNAL_ID), byte for byte"
 CHANGES_HOSTS = True    # a Ctrl-C says what changed on each host (remote_ops/interrupts.py)
-
-
-def add_arguments(p):
-    p.add_argument("host", nargs="?", metavar="HOST|GROUP", help="host, group or comma list (default: the inventory's default)")
-    p.add_argument("--to", metavar="JOURNAL_ID", help="undo this patch and every later one (see remote-ops history)")
-    p.add_argument("--force", action="store_true", help="restore even when the file changed since the patch")
+FLAGS = {
+    "to": flag("undo this patch and every later one (see remote-ops history)", metavar="JOURNAL_ID"),
+    "force": "restore even when the file changed since the patch",
+}
 
 
 def run(args, ctx) -> int:
@@ -24,6 +24,7 @@ def run(args, ctx) -> int:
                 for n in e.get("notes") or []:     # e.g. stale bytecode that could not be removed
                     c.print(f"  note: {n}", style="yellow", soft_wrap=True, markup=False)
 
-    return ctx.show(ctx.fleet.rollback(args.host, to=args.to, force=args.force), render_one,
+    from remote_ops.commands.params import call
+    return ctx.show(call(ctx.fleet.rollback, args), render_one,
                     summary=lambda v: (f"rolled back {len(v.get('rolled_back') or [])} transaction(s)"
                                         if v.get("changed") else "nothing to roll back"))

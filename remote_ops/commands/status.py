@@ -1,17 +1,18 @@
 """remote-ops status: running / succeeded / failed / stopped / lost, progress, elapsed and rate."""
 
+from remote_ops.commands.params import cli_flag
+
 NAME = "status"
 HELP = "state of the extraction job on a host: progress, elapsed time, rate, exit code and reason"
-
-
-def add_arguments(p):
-    p.add_argument("host", nargs="?", metavar="HOST|GROUP", help="host, group or comma list (default: the inventory's default)")
-    p.add_argument("--playbook", "-p", metavar="P", help="the playbook whose job to show (default: the host's)")
-    p.add_argument("--job", metavar="ID", help="a job id (see --all)")
-    p.add_argument("--all", action="store_true", help="list every job recorded on the host")
+FLAGS = {
+    "playbook": "the playbook whose job to show (default: the host's)",
+    "job": "a job id (see --all)",
+    "all": cli_flag("list every job recorded on the host", action="store_true"),
+}
 
 
 def run(args, ctx) -> int:
+    from remote_ops.commands.params import call
     from remote_ops.extract import jobs
 
     if args.all:
@@ -20,8 +21,8 @@ def run(args, ctx) -> int:
                 c.print(f"{name}: " + jobs.summary_line(r), markup=False, highlight=False)
             if not v.jobs:
                 c.print(f"{name}: no jobs", markup=False)
-        return ctx.show(ctx.fleet.jobs(args.host), render_all, summary=lambda v: f"{len(v.jobs)} job(s)")
-    return ctx.show(ctx.fleet.status(args.host, playbook=args.playbook, job=args.job),
+        return ctx.show(call(ctx.fleet.jobs, args), render_all, summary=lambda v: f"{len(v.jobs)} job(s)")
+    return ctx.show(call(ctx.fleet.status, args),
                     lambda c, name, v: render(c, name, v.job), summary=lambda v: jobs.summary_line(v.job),
                     exit_for=lambda v: jobs.exit_for(v.job), render_group=render_group)
 

@@ -1,27 +1,27 @@
 """remote-ops stop: SIGTERM the job's process group, SIGKILL after the grace period, then make
 sure nothing of the job is left (marker scan and the GPU process list) and report GPU holders."""
 
+from remote_ops.commands.params import flag
+
 NAME = "stop"
 HELP = "stop the extraction job: TERM, grace, KILL; confirm no process of it is left on CPU or GPU"
-
-
-def add_arguments(p):
-    p.add_argument("host", nargs="?", metavar="HOST|GROUP", help="host, group or comma list (default: the inventory's default)")
-    p.add_argument("--grace", type=float, default=None, metavar="SECONDS",
-                   help="seconds between SIGTERM and SIGKILL (default: the playbook's, else 30)")
-    p.add_argument("--playbook", "-p", metavar="P", help="the playbook whose job to stop (default: the host's)")
-    p.add_argument("--job", metavar="ID", help="a job id (see status --all)")
+FLAGS = {
+    "grace": flag("seconds between SIGTERM and SIGKILL (default: the playbook's, else 30)",
+                  metavar="SECONDS"),
+    "playbook": "the playbook whose job to stop (default: the host's)",
+    "job": "a job id (see status --all)",
+}
 
 
 def run(args, ctx) -> int:
+    from remote_ops.commands.params import call
     from remote_ops.errors import Exit
 
     def say(host, st, grace):
         ctx.err.print(f"{host.name}: stopping {st['job_id']} (SIGTERM, SIGKILL after {grace:g}s)...",
                       markup=False, highlight=False)
 
-    results = ctx.fleet.stop(args.host, playbook=args.playbook, job=args.job, grace=args.grace,
-                             on_stopping=None if ctx.json else say)
+    results = call(ctx.fleet.stop, args, on_stopping=None if ctx.json else say)
     return ctx.show(results, lambda c, name, v: render(c, name, v, v.clean),
                     summary=lambda v: f"{v.job_id}: " + ("nothing left" if v.clean else "PROCESSES LEFT"),
                     exit_for=lambda v: int(Exit.OK) if v.clean else int(Exit.FINDINGS))

@@ -2,33 +2,30 @@
 
 NAME = "verify"
 HELP = "check data_<N>.pt outputs on the host: count, gaps, unloadable files, layout, NaN/inf"
-
-
-def add_arguments(p):
-    p.add_argument("host", nargs="?", metavar="HOST|GROUP", help="host, group or comma list (default: the inventory's default)")
-    p.add_argument("--all", action="store_true", help="load every file (default: a sample)")
-    p.add_argument("--sample", type=int, default=32, metavar="N", help="files to load when not --all (default 32)")
-    p.add_argument("--playbook", "-p", metavar="P", help="playbook (default: the host's)")
-    p.add_argument("--job", metavar="ID", help="verify the outputs of this job")
-    p.add_argument("--output-dir", metavar="DIR", help="verify this directory on the host instead")
-    p.add_argument("--expected", type=int, metavar="N", help="expected number of samples")
-    p.add_argument("--shard", action="store_true",
-                   help="check the hosts' outputs as shards of one dataset (automatic for a group whose "
-                        "data_config.json records a shard): complete, no duplicates, same layout everywhere")
+FLAGS = {
+    "all": "load every file (default: a sample)",
+    "sample": "files to load when not --all (default %(default)s)",
+    "playbook": "playbook (default: the host's)",
+    "job": "verify the outputs of this job",
+    "output_dir": "verify this directory on the host instead",
+    "expected": "expected number of samples",
+    "shard": ("check the hosts' outputs as shards of one dataset (automatic for a group whose "
+              "data_config.json records a shard): complete, no duplicates, same layout everywhere"),
+}
 
 
 def run(args, ctx) -> int:
     import sys
 
+    from remote_ops.commands.params import call
     from remote_ops.errors import Exit
 
     def progress(host, done, of):
         sys.stderr.write(f"\r  loaded {done}/{of} files")
         sys.stderr.flush()
 
-    results = ctx.fleet.verify(args.host, output_dir=args.output_dir, expected=args.expected, all=args.all,
-                               sample=args.sample, playbook=args.playbook, job=args.job, shard=args.shard,
-                               on_progress=progress if not ctx.json and ctx.fleet.names_one_host(args.host) else None)
+    results = call(ctx.fleet.verify, args,
+                   on_progress=progress if not ctx.json and ctx.fleet.names_one_host(args.host) else None)
     return ctx.show(results, render, summary=_summary,
                     exit_for=lambda v: int(Exit.OK) if v.ok else int(Exit.FINDINGS),
                     render_group=render_union, group_exit=lambda u: int(Exit.OK) if u.ok else int(Exit.FINDINGS))

@@ -19,31 +19,24 @@ TERMINAL = ("succeeded", "failed", "stopped", "lost")
 
 
 # ------------------------------------------------------------------ loading
-def load_for_host(host, playbook_arg: str | None):
-    from remote_ops.patch import playbook as pbmod
-
-    path = pbmod.find(playbook_arg, host)
-    pb = pbmod.load(path)
-    return pb, parse_spec(pb, host)
-
-
-def ref_for(host, *, playbook: str | None = None, job: str | None = None) -> dict:
-    """Which job a companion operation means: ``job``, else the playbook's (``playbook`` or the host's),
-    else the newest job on the host (empty dict)."""
+def ref_for(pb, job: str | None = None) -> dict:
+    """Which job a companion operation means: ``job``, else the playbook's (``pb``, loaded once by the
+    caller: the one named, else the host's; None when neither), else the newest job on the host ({})."""
     if job:
         return {"job_id": job}
-    if playbook or host.playbook:
-        from remote_ops.patch import playbook as pbmod
-        return {"key": pbmod.load(pbmod.find(playbook, host)).name}
+    if pb is not None:
+        return {"key": pb.name}
     return {}
 
 
-def load_for_hosts(hosts, playbook_arg: str | None) -> dict:
+def load_for_hosts(hosts, book) -> dict:
     """Each host's (playbook, ExtractSpec), secrets resolved: everything local that can refuse the
-    job (bad playbook, missing secret) fails here, before any host is contacted."""
+    job (bad playbook, missing secret) fails here, before any host is contacted. ``book(host)`` is
+    the host's playbook, loaded once per file (api.Inventory's loader)."""
     out = {}
     for h in hosts:
-        pb, spec = load_for_host(h, playbook_arg)
+        pb = book(h)
+        spec = parse_spec(pb, h)
         resolve_secrets(spec)
         out[h.name] = (pb, spec)
     return out
@@ -118,11 +111,12 @@ def check_grace(grace: float | None) -> None:
 EARLY_DEATH_S = 3.0     # how long extract (without --tail) watches a new job for dying at once
 
 
-def extract(session, host, pb, spec: ExtractSpec, *, skip_check: bool = False, dry_run: bool = False,
-            strict_drift: bool = False, early_death_s: float = EARLY_DEATH_S) -> ExtractResult:
-    """The extract operation on one host: preflight (one round trip), then launch the detached job or
-    attach to the running one. A preflight with problems raises its refusal (``refusal``), whose
-    ``details["preflight"]`` is the whole preflight record."""
+def extract(session, pb, spec: ExtractSpec, *, skip_check: bool, dry_run: bool, strict_drift: bool,
+            early_death_s: float) -> ExtractResult:
+    """The extract operation on the session's host: preflight (one round trip), then launch the
+    detached job or attach to the running one. A preflight with problems raises its refusal
+    (``refusal``), whose ``details["preflight"]`` is the whole preflight record."""
+    host = session.host
     pf = preflight(session, spec, pb, skip_check=skip_check, dry_run=dry_run, strict_drift=strict_drift,
                    host=host)
     if pf.running:
@@ -162,47 +156,47 @@ def early_end(session, job: dict, wait_s: float) -> dict:
     return job
 
 
-def status(session, host, *, playbook: str | None = None, job: str | None = None) -> JobStatus:
-    """The status operation on one host: the job ``ref_for`` names (default: the host's playbook's)."""
-    return JobStatus(host.name, resolve_job(session, ref_for(host, playbook=playbook, job=job)))
+def status(session, *, pb, job: str | None) -> JobStatus:
+    """The status operation on the session's host: the job ``ref_for(pb, job)`` names."""
+    return JobStatus(session.label, resolve_job(session, ref_for(pb, job)))
 
 
-def list_jobs(session, host) -> JobList:
-    """``status --all`` on one host."""
-    return JobList(host.name, session.call(*rq.jobs_list())["jobs"])
+def list_jobs(session) -> JobList:
+    """``status --all`` on the session's host."""
+    return JobList(session.label, session.call(*rq.jobs_list())["jobs"])
 
 
-def logs(session, host, *, playbook: str | None = None, job: str | None = None, lines: int = 50) -> LogsResult:
-    """The logs operation on one host: the last ``lines`` lines of the job's log (also after it ended)."""
+def logs(session, *, pb, job: str | None, lines: int) -> LogsResult:
+    """The logs operation on the session's host: the last ``lines`` lines of the job's log (also
+    after it ended)."""
     check_lines(lines)
-    ref = ref_for(host, playbook=playbook, job=job)
+    ref = ref_for(pb, job)
     if not ref:     # the newest job on the host: only jobs.list knows it
         ref = {"job_id": resolve_job(session, ref)["job_id"]}
     # the agent resolves a job id or a playbook key as jobs.status does (same refusal when there is
     # none) and answers with the job's status record: one round trip, not a status call first
     r = session.call(*rq.jobs_logs(**ref, lines=lines))
-    return LogsResult(host.name, r["job"]["job_id"], r["job"]["state"], r["text"], r["size"], r["next"])
+    return LogsResult(session.label, r["job"]["job_id"], r["job"]["state"], r["text"], r["size"], r["next"])
 
 
-def stop(session, host, *, playbook: str | None = None, job: str | None = None, grace: float | None = None,
-         on_stopping=None) -> StopResult:
-    """The stop operation on one host (``ref_for``): SIGTERM its process group, SIGKILL after ``grace``
-    seconds (default: the playbook's stop_grace_seconds, else 30), then what is left. ``on_stopping(status,
-    grace)`` is called before a live job is signalled."""
+def stop(session, *, pb, job: str | None, grace: float | None, on_stopping=None) -> StopResult:
+    """The stop operation on the session's host (the job ``ref_for(pb, job)`` names): SIGTERM its
+    process group, SIGKILL after ``grace`` seconds (None: the playbook's stop_grace_seconds, else 30),
+    then what is left. ``on_stopping(status, grace)`` is called before a live job is signalled."""
     check_grace(grace)
-    st = resolve_job(session, ref_for(host, playbook=playbook, job=job))
+    st = resolve_job(session, ref_for(pb, job))
     if grace is None:
         grace = 30.0
-        if playbook or host.playbook:
+        if pb is not None:
             try:
-                grace = load_for_host(host, playbook)[1].stop_grace
-            except RemoteOpsError:   # the playbook changed since: the default grace still stops it
+                grace = parse_spec(pb, session.host).stop_grace
+            except RemoteOpsError:   # a playbook without a usable extract section: the default grace still stops it
                 pass
     if on_stopping is not None and st["state"] in ("running", "starting"):
         on_stopping(st, grace)
     rep = session.call(*rq.jobs_stop(job_id=st["job_id"], grace=grace), timeout=grace + 120)
     clean = not rep["remaining"] and not any(h.get("job") for h in rep.get("gpu_holders") or [])
-    return StopResult.from_json(rep, host=host.name, clean=clean)
+    return StopResult.from_json(rep, host=session.label, clean=clean)
 
 
 def resolve_job(session, ref: dict) -> dict:

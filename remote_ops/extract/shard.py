@@ -191,21 +191,22 @@ def _part(host: str, v, listing: dict) -> dict:
             "checked": v.get("checked"), "bad": bad}
 
 
-def verify_part(session, host, *, shard: bool = False, **kwargs):
+def verify_part(session, *, shard: bool, **kwargs):
     """``verify.verify`` on the host's output directory; when that directory is a shard (or
     ``shard``), the record's ``shard_parts`` lists it and each moved share's subdirectory, with
     their indexes, for ``union``."""
     from remote_ops.extract import verify as verify_mod
 
     from remote_ops.connect.hosts import is_slurm
-    r = verify_mod.verify(session, host, **kwargs)
+    host = session.host
+    r = verify_mod.verify(session, **kwargs)
     if not (shard or is_slurm(host) or ((r.extra.get("config") or {}).get("shard"))):
         return r
     listing = _files(session, r.output_dir)
     parts = [_part(host.name, r, listing)] if listing["files"] or listing["config_text"] else []
     for sub in listing["shard_dirs"]:
         path = r.output_dir.rstrip("/") + "/" + sub
-        v = verify_mod.verify(session, host, **{**kwargs, "output_dir": path})
+        v = verify_mod.verify(session, **{**kwargs, "output_dir": path})
         parts.append(_part(host.name, v, _files(session, path)))
     r.extra["shard_parts"] = parts
     if not listing["files"] and not listing["config_text"] and parts:
@@ -370,17 +371,16 @@ class GatherResult(Coverage, Copies):
     extra: dict = field(default_factory=dict)
 
 
-def list_part(session, host, *, playbook: str | None = None, job: str | None = None,
-              output_dir: str | None = None, on_progress=None) -> list[dict]:
+def list_part(session, *, pb, job: str | None, output_dir: str | None, on_progress=None) -> list[dict]:
     """The host's directories (its own and moved shares), each file with its sha256 (hashed on the host)."""
     from remote_ops.extract import verify as verify_mod
-    base = output_dir or verify_mod.output_dir_for(session, host, playbook=playbook, job=job)[0]
+    base = output_dir or verify_mod.output_dir_for(session, pb=pb, job=job)[0]
     first = _files(session, base, digest=True, on_progress=on_progress)
     out = [first]
     for sub in first["shard_dirs"]:
         out.append(_files(session, base.rstrip("/") + "/" + sub, digest=True, on_progress=on_progress))
     for d in out:
-        d["host"] = host.name
+        d["host"] = session.label
     return out
 
 
@@ -450,10 +450,11 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def copy_part(session, host, items: list[dict], to: str, *, on_file=None) -> GatherPart:
+def copy_part(session, items: list[dict], to: str, *, on_file=None) -> GatherPart:
     """Copy ``items`` (plan's, this host's) into ``to``: a file already there with the host's sha256
     is kept; else it is read over SFTP into ``.data_<N>.pt.<pid>.tmp`` beside its destination, hashed
     while it arrives, fsynced and renamed only when its sha256 is the host's."""
+    host = session.host
     part = GatherPart(host.name, files=len(items))
     for it in items:
         dest = os.path.join(to, it["name"])

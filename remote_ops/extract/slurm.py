@@ -54,14 +54,14 @@ def options(pb, spec) -> tuple[int, list[str]]:
     return tasks, out + list(extra)
 
 
-def extract(session, host, pb, spec, *, skip_check: bool = False, dry_run: bool = False,
-            strict_drift: bool = False, early_death_s: float = 0.0):
+def extract(session, pb, spec, *, skip_check: bool, dry_run: bool, strict_drift: bool, early_death_s: float):
     """jobs.extract's twin for a login node (``early_death_s`` does not apply: sbatch queues the array,
     and status shows a task that failed)."""
     from remote_ops.agent.slurm import TOKEN
     from remote_ops.extract import jobs
     from remote_ops.extract.extract_spec import parse_spec
 
+    host = session.host
     if spec.secrets:
         raise UsageError("secrets are not passed to Slurm jobs yet", "set them in the cluster's environment")
     if not spec.output_dir:
@@ -82,22 +82,22 @@ def extract(session, host, pb, spec, *, skip_check: bool = False, dry_run: bool 
     return jobs.ExtractResult(host.name, attached=res["attached"], job=res["job"], preflight=pf.to_json())
 
 
-def _ref(host, playbook, job) -> dict:
+def _ref(pb, job) -> dict:
     from remote_ops.extract import jobs
-    ref = jobs.ref_for(host, playbook=playbook, job=job)
+    ref = jobs.ref_for(pb, job)
     if not ref:
         raise UsageError("which Slurm job?", "give --playbook or --job (or set the host's playbook)")
     return ref
 
 
-def status(session, host, *, playbook=None, job=None):
+def status(session, *, pb, job):
     from remote_ops.extract import jobs
-    return jobs.JobStatus(host.name, session.call(*rq.slurm_status(**_ref(host, playbook, job))))
+    return jobs.JobStatus(session.label, session.call(*rq.slurm_status(**_ref(pb, job))))
 
 
-def stop(session, host, *, playbook=None, job=None, grace=None, on_stopping=None):
+def stop(session, *, pb, job, grace, on_stopping=None):
     from remote_ops.extract import jobs
-    ref = _ref(host, playbook, job)
+    ref = _ref(pb, job)
     if on_stopping is not None:
         st = session.call(*rq.slurm_status(**ref))
         if st["state"] in ("running", "starting"):
@@ -105,14 +105,14 @@ def stop(session, host, *, playbook=None, job=None, grace=None, on_stopping=None
     rep = session.call(*rq.slurm_stop(**ref, grace=30.0 if grace is None else grace), timeout=(grace or 30) + 120)
     if rep["remaining"]:
         raise RefusedError(f"Slurm still lists task(s) {rep['remaining']} of job {rep['job']['slurm_id']}",
-                           "run remote-ops stop again, or ask the cluster's admins", host=host.name)
-    return jobs.StopResult.from_json(rep, host=host.name, clean=True)
+                           "run remote-ops stop again, or ask the cluster's admins", host=session.label)
+    return jobs.StopResult.from_json(rep, host=session.label, clean=True)
 
 
-def logs(session, host, *, playbook=None, job=None, lines=50):
+def logs(session, *, pb, job, lines):
     from remote_ops.extract import jobs
-    r = session.call(*rq.slurm_logs(**_ref(host, playbook, job), lines=lines))
-    return jobs.LogsResult(host.name, r["job"]["job_id"], r["job"]["state"], r["text"], r["size"], r["next"])
+    r = session.call(*rq.slurm_logs(**_ref(pb, job), lines=lines))
+    return jobs.LogsResult(session.label, r["job"]["job_id"], r["job"]["state"], r["text"], r["size"], r["next"])
 
 
 def follow(session, job_id: str, on_text, *, poll: float = 1.0, clock=None) -> dict:

@@ -30,37 +30,37 @@ def check_sample(sample: int) -> None:
         raise UsageError("--sample must be at least 1")
 
 
-def output_dir_for(session, host, *, playbook: str | None = None,
-                   job: str | None = None) -> tuple[str, int | None, str | None]:
-    """The output directory of the job ``jobs.ref_for`` names (else the playbook's output_dir when the
-    host has no such job), the number of samples the job expects and its file layout."""
+def output_dir_for(session, *, pb, job: str | None) -> tuple[str, int | None, str | None]:
+    """The output directory of the job ``jobs.ref_for(pb, job)`` names (else the playbook's output_dir
+    when the host has no such job), the number of samples the job expects and its file layout."""
     from remote_ops.extract import jobs
 
     try:
-        st = jobs.resolve_job(session, jobs.ref_for(host, playbook=playbook, job=job))
+        st = jobs.resolve_job(session, jobs.ref_for(pb, job))
         output_dir, default, layout = st.get("output_dir"), (st.get("samples") or {}).get("expected"), st.get("layout")
     except RefusedError:
-        _, spec = jobs.load_for_host(host, playbook)
+        if pb is None:     # no such job, and no playbook to say where its outputs would be
+            raise
+        spec = jobs.parse_spec(pb, session.host)
         output_dir, default, layout = spec.output_dir, spec.expected_samples, spec.layout
     if not output_dir:
         raise UsageError("no output directory known", "pass --output-dir or set extract.output_dir")
     return output_dir, default, layout
 
 
-def verify(session, host, *, output_dir: str | None = None, expected: int | None = None, all: bool = False,
-           sample: int = 32, playbook: str | None = None, job: str | None = None,
-           on_progress: Callable[[int, int], None] | None = None) -> VerifyResult:
-    """The verify operation on one host: the outputs of ``output_dir``, else of the job ``jobs.ref_for``
-    names (else the playbook's output_dir when the host has no such job); ``on_progress(done, of)``
-    while the host loads files."""
+def verify(session, *, pb, output_dir: str | None, expected: int | None, all: bool, sample: int,
+           job: str | None, on_progress: Callable[[int, int], None] | None = None) -> VerifyResult:
+    """The verify operation on the session's host: the outputs of ``output_dir``, else of the job
+    ``jobs.ref_for(pb, job)`` names (else the playbook's output_dir when the host has no such job);
+    ``on_progress(done, of)`` while the host loads files."""
     check_sample(sample)
     default = layout = None   # the job's count when none is given (the job's data_config.json overrides it)
     if not output_dir:
-        output_dir, default, layout = output_dir_for(session, host, playbook=playbook, job=job)
-    elif playbook or host.playbook:
+        output_dir, default, layout = output_dir_for(session, pb=pb, job=job)
+    elif pb is not None:
         from remote_ops.extract import jobs
         try:
-            layout = jobs.load_for_host(host, playbook)[1].layout   # the playbook says which files to expect
+            layout = jobs.parse_spec(pb, session.host).layout   # the playbook says which files to expect
         except RemoteOpsError:
             layout = None
     layout_arg = {"layout": layout} if layout else {}
@@ -68,4 +68,4 @@ def verify(session, host, *, output_dir: str | None = None, expected: int | None
     res = session.stream_result(*rq.verify_verify(output_dir=output_dir, expected=expected, expected_default=default,
                                                   all=all, sample=sample, **layout_arg),
                                 timeout=600, on_event=progress, what="verify")
-    return VerifyResult.from_json(res, host=host.name)
+    return VerifyResult.from_json(res, host=session.label)

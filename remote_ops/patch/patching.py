@@ -559,7 +559,6 @@ def prefetch(pb: Playbook) -> None:
             threading.Thread(target=__import__, args=(name,), daemon=True).start()
 
 
-prefetch_libcst = prefetch   # the name api.py calls (another change edits api.py)
 
 
 @dataclass(eq=False)
@@ -588,11 +587,12 @@ class PatchResult(HostRecord):
     wall_s: float = 0.0
 
 
-def patch(session, host, pb: Playbook, *, dry_run: bool = False, import_check: bool = False,
-          allow_findings: bool = False, confirm=None) -> PatchResult:
-    """The patch operation on one host: read -> compute -> validate -> (verify | confirm -> apply).
-    ``confirm(plan) -> bool`` is asked before writing (None: apply)."""
-    out = run_host(session, host, pb, dry_run=dry_run, import_check=import_check, allow_findings=allow_findings,
+def patch(session, pb: Playbook, *, dry_run: bool, import_check: bool, allow_findings: bool,
+          confirm=None) -> PatchResult:
+    """The patch operation on the session's host: read -> compute -> validate -> (verify | confirm ->
+    apply). ``pb``: the playbook, loaded once by the caller. ``confirm(plan) -> bool`` is asked before
+    writing (None: apply)."""
+    out = run_host(session, session.host, pb, dry_run=dry_run, import_check=import_check, allow_findings=allow_findings,
                    confirm=confirm)
     out.pop("plan", None)
     return PatchResult.from_json(out)
@@ -614,8 +614,9 @@ class HistoryResult(HostRecord):
     entries: list = field(default_factory=list)
 
 
-def rollback(session, host, *, to: str | None = None, force: bool = False) -> RollbackResult:
-    """The rollback operation on one host: the exact bytes from before the last (or ``to``) patch."""
+def rollback(session, *, to: str | None, force: bool) -> RollbackResult:
+    """The rollback operation on the session's host: the exact bytes from before the last (or ``to``) patch."""
+    host = session.host
     with interrupts.committing(host.name, "the rollback", f"remote-ops history {host.name}"):
         (res,) = session.call_many([rq.patching_rollback(to=to, force=force, who=who())])
         out = unwrap(res, host.name, "rollback")
@@ -626,7 +627,7 @@ def rollback(session, host, *, to: str | None = None, force: bool = False) -> Ro
     return RollbackResult.from_json(out, host=host.name)
 
 
-def history(session, host, *, limit: int | None = None) -> HistoryResult:
-    """The history operation on one host: its patch journal."""
+def history(session, *, limit: int | None) -> HistoryResult:
+    """The history operation on the session's host: its patch journal."""
     (res,) = session.call_many([rq.patching_history(limit=limit)])
-    return HistoryResult.from_json(unwrap(res, host.name, "reading the journal"), host=host.name)
+    return HistoryResult.from_json(unwrap(res, session.label, "reading the journal"), host=session.label)
