@@ -144,10 +144,18 @@ def throughput_section(name: str, d: dict) -> list[str]:
                + ".\n")
     prof = b.get("profile_s") or {}
     if prof and b.get("seconds"):
-        out.append("Where the generator's time goes (b):\n\n| in generate() | seconds | share | calls |\n|---|---|---|---|")
+        total = sum(prof.values())
+        # before the harness copied the first pass's profile, a second pass (BEFORE's batches) added
+        # its RPC times into the recorded dict: then the profile covers both passes, its "other" the
+        # first only, and the shares below are of the profile's own sum
+        both = cb.get("tokens_per_s") and total > 1.01 * b["seconds"]
+        out.append("Where the generator's time goes (b)" + (
+            " - this run's profile covers both of (b)'s passes (a harness bug, fixed after it: the second "
+            "pass added to the first pass's dict), and \"other\" the first pass only; shares are of the "
+            "profile's sum" if both else "") + ":\n\n| in generate() | seconds | share | calls |\n|---|---|---|---|")
         calls = b.get("profile_calls") or {}
         for k, secs in sorted(prof.items(), key=lambda kv: -kv[1]):
-            out.append(f"| {k} | {secs} | {secs / b['seconds']:.0%} | {calls.get(k, '')} |")
+            out.append(f"| {k} | {round(secs, 3)} | {secs / (total if both else b['seconds']):.0%} | {calls.get(k, '')} |")
         out.append("")
     return out
 
@@ -278,7 +286,11 @@ def render_models(files: list[Path]) -> list[str]:
             if res.get("negative_control_corruption"):
                 lines.append(f"negative control corruption: {res['negative_control_corruption']}")
             if "check_before_patch" in m:
-                lines.append("check before patch: " + _check_line(m.get("check_before_patch")))
+                copy = ((d.get("steps") or {}).get("setup") or {}).get("speculators_copy") or {}
+                lines.append("check before patch: " + _check_line(m.get("check_before_patch")) + (
+                    " (NOT a before: the bundle's speculators was already patched in place when this run copied it, "
+                    f"{', '.join(copy.get('differ_from_record') or [])} differing from its RECORD)"
+                    if copy.get("as_installed") is False else ""))
             if "check" in m:
                 lines.append("check after patch: " + _check_line(m.get("check")))
             ex = m.get("extract") or {}
@@ -287,8 +299,9 @@ def render_models(files: list[Path]) -> list[str]:
                 lines.append(f"extract refused or failed: {ex['error']}: {str(ex.get('message'))[:300]}"
                              + (f" (preflight: {'; '.join(p[:200] for p in problems)})" if problems else ""))
             err = (m.get("job_log") or {}).get("error_lines") or []
-            if err:
-                lines.append(f"job log: {err[-1][:300]}")
+            if err:   # the first "...Error: ..." line names the cause; the last may be pydantic's link
+                named = [l for l in err if "Error: " in l]
+                lines.append(f"job log: {(named or err)[0 if named else -1][:300]}")
             if m.get("skipped") or m.get("crashed"):
                 lines.append(f"{m.get('skipped') or m.get('crashed')}")
             if lines:

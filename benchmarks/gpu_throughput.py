@@ -138,12 +138,12 @@ if __name__ == "__main__":
         return tokens, time.perf_counter() - t1
     tokens, secs = one_pass(batches)
     shm = getattr(gen, "_remote_ops_shm_mapped", None)
-    prof = {k: round(v, 3) for k, v in prof.items()}
-    prof["other (generate's own work: slicing, clone().cpu(), empty_cache)"] = round(secs - sum(prof.values()), 3)
+    first = {k: round(v, 3) for k, v in prof.items()}   # a copy: the second pass below adds to prof
+    first["other (generate's own work: slicing, clone().cpu(), empty_cache)"] = round(secs - sum(first.values()), 3)
     doc = {"tokens": tokens, "seconds": round(secs, 3), "tokens_per_s": round(tokens / secs, 1),
            "engine_ready_s": round(ready, 1), "batches": len(batches),
            "mean_tokens_per_batch": round(tokens / len(batches), 1), "engine_budget": [budget_tokens, budget_seqs],
-           "batch_size_cap": batch_size, "profile_s": prof, "profile_calls": dict(calls), "copy_threads": threads,
+           "batch_size_cap": batch_size, "profile_s": first, "profile_calls": dict(calls), "copy_threads": threads,
            "handoff": "shared memory: %s" % shm[0] if shm else "vLLM's RPC (handoff dir %s)" % handoff}
     with open(out, "w") as fh:
         json.dump(doc, fh)
