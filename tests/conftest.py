@@ -188,3 +188,16 @@ def cli(monkeypatch, capsys):
         out, err = capsys.readouterr()
         return status, out, err
     return run
+
+
+
+@pytest.fixture
+def sigint_default():
+    """SIGINT as a terminal's Ctrl-C finds it, for the tests that send one: a run started in the
+    background of a shell without job control inherits SIGINT ignored (POSIX), and so does every
+    child it starts (Python keeps an inherited SIG_IGN): the signal would then change nothing."""
+    import signal
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)

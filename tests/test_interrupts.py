@@ -20,6 +20,7 @@ import yaml
 from remote_ops.connect import transport
 
 REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.usefixtures("sigint_default")
 SHIPPED = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
 
 

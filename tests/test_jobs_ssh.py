@@ -166,7 +166,7 @@ def test_crash_reports_exit_code_and_reason(tmp_path, sshd, cli):
     assert "RuntimeError" in rec["job"]["reason"]
 
 
-def test_ctrl_c_detaches_and_kill_mid_tail_reattaches(tmp_path, sshd, cli):
+def test_ctrl_c_detaches_and_kill_mid_tail_reattaches(tmp_path, sshd, cli, sigint_default):
     env = Env(tmp_path, sshd, ["--max-samples", "40", "--sleep", "0.3"])
     p = env.subprocess("extract", "testhost", "--tail")
     env.wait_log("Generating hidden states")

@@ -85,32 +85,50 @@ def load_patched(src_dir: str, module: str):
     return mod
 
 
-def worker_loop(src_dir, shm_dir, conn):
-    """vLLM's rank-0 worker, reduced to the extension: each message is one batch's captured layers
-    (lists of per-step chunks); the reply is what _get_captured_states returns."""
-    if shm_dir is None:
-        os.environ.pop(ENV, None)
-    else:
-        os.environ[ENV] = shm_dir
+def worker_loop(src_dir, conn):
+    """vLLM's rank-0 worker, reduced to the extension: a ("start", dir) message begins a new worker
+    life (a fresh extension; $REMOTE_OPS_HS_SHM_DIR set to dir, or unset for None), every other
+    message is one batch's captured layers (lists of per-step chunks) and the reply is what
+    _get_captured_states returns. One process serves every test (torch imports once)."""
     cw = load_patched(src_dir, "custom_worker")
-    ext = cw.HiddenStatesWorkerExtension()
-    ext._layer_ids = frozenset()
+    ext = None
     while True:
-        chunks = conn.recv()
-        if chunks is None:
+        msg = conn.recv()
+        if msg is None:
             return
-        ext._captured_states = chunks
+        if isinstance(msg, tuple) and msg[0] == "start":
+            if msg[1] is None:
+                os.environ.pop(ENV, None)
+            else:
+                os.environ[ENV] = msg[1]
+            ext = cw.HiddenStatesWorkerExtension()
+            ext._layer_ids = frozenset()
+            conn.send(os.getpid())
+            continue
+        ext._captured_states = msg
         conn.send(ext._get_captured_states())
+
+
+_WORKER = {}
+
+
+def _worker(src_dir: Path):
+    """The module's one worker process (spawned: its own address space, as vLLM's worker)."""
+    if "conn" not in _WORKER:
+        ctx = mp.get_context("spawn")
+        _WORKER["conn"], child = ctx.Pipe()
+        _WORKER["proc"] = ctx.Process(target=worker_loop, args=(str(src_dir), child), daemon=True)
+        _WORKER["proc"].start()
+    return _WORKER["conn"]
 
 
 class Side:
     """The generator (no __init__: no engine) over a child-process worker."""
 
     def __init__(self, src_dir: Path, shm_dir: str | None):
-        ctx = mp.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=worker_loop, args=(str(src_dir), shm_dir, child), daemon=True)
-        self.proc.start()
+        self.conn = _worker(src_dir)
+        self.conn.send(("start", shm_dir))
+        assert self.conn.recv() != os.getpid()           # another process
         gen_mod = load_patched(str(src_dir), "vllm_hidden_states_generator")
         self.replies = []
         self.batch = None
@@ -151,8 +169,7 @@ class Side:
         return results, full
 
     def close(self):
-        self.conn.send(None)
-        self.proc.join(20)
+        pass   # the worker process serves the next test; it ends with the module (fixture src)
 
 
 def check_results(results, full, lengths):
@@ -168,7 +185,10 @@ def check_results(results, full, lengths):
 
 @pytest.fixture(scope="module")
 def src(tmp_path_factory) -> Path:
-    return patched_sources(tmp_path_factory.mktemp("spec-hs"))
+    yield patched_sources(tmp_path_factory.mktemp("spec-hs"))
+    if "conn" in _WORKER:
+        _WORKER.pop("conn").send(None)
+        _WORKER.pop("proc").join(20)
 
 
 def test_the_states_come_through_one_file_bit_for_bit_and_the_file_regrows(src, tmp_path):
