@@ -24,6 +24,7 @@ import platform
 import statistics
 import sys
 import time
+import tempfile
 import traceback
 from pathlib import Path
 
@@ -90,6 +91,10 @@ def run_pair(spec: str, vllm: str, reps: int = 3) -> dict:
     })
     dtimes, out = [], None
     for _ in range(reps):
+        # every run computes the baseline's facts (no kept copy: remote_ops/check/baseline_memo.py),
+        # as a first `check` against a release does
+        kept = tempfile.TemporaryDirectory(prefix="cm-drift-")
+        os.environ["REMOTE_OPS_DRIFT_CACHE"] = kept.name
         t0 = time.perf_counter()
         try:
             raw = op_check({"sys_path": [str(sdir), str(vdir)], "drift": True})

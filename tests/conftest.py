@@ -48,6 +48,8 @@ def _keep_the_checkout_clean(tmp_path, monkeypatch):
     monkeypatch.setenv("REMOTE_OPS_SANDBOX_DIR", str(tmp_path / "default-sandbox"))
     # computed patch plans: each test starts with none (remote_ops/patch/plancache.py)
     monkeypatch.setenv("REMOTE_OPS_PLAN_CACHE", str(tmp_path / "plan-cache"))
+    # kept baseline drift facts (remote_ops/check/baseline_memo.py): none shared between tests
+    monkeypatch.setenv("REMOTE_OPS_DRIFT_CACHE", str(tmp_path / "drift-cache"))
     # kept connections (--persist) are off unless a test turns them on (tests/test_persist.py):
     # no test reuses another's connection, and none leaves a background process behind
     monkeypatch.setenv("REMOTE_OPS_PERSIST", "0")

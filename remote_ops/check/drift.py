@@ -10,11 +10,13 @@ cached) and the same static resolver (``agent/signatures.py``) computes the base
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
 
 from remote_ops.agent import drift as agent_drift
+from remote_ops.check import baseline_memo
 from remote_ops.agent.signatures import StaticResolver
 
 
@@ -87,9 +89,13 @@ def analyse(raw: dict, against: list[str], baseline_arg: str | None) -> dict:
         bases.append(b)
         if "unavailable" in b:
             continue
+        facts = baseline_memo.get(b, mine)
         with _PARSE_LOCK:
             static = StaticResolver([b["path"]])
-            facts = agent_drift.replay_facts(static, mine, [b["path"]])
+            if facts is None:
+                # as JSON, as the host's facts arrive and as a kept copy is read back: one shape
+                facts = json.loads(json.dumps(agent_drift.replay_facts(static, mine, [b["path"]]), default=str))
+                baseline_memo.put(b, mine, facts)
             _baseline_locations(static, raw, lib, b)
         d, n = agent_drift.compare(mine, facts, (b["version"], versions.get(lib) or "installed"))
         out_drift += d
