@@ -22,6 +22,18 @@ from remote_ops.sshd import SshdServer
 from remote_ops.connect.transport import ConnectOptions, Session
 
 REPO = Path(__file__).resolve().parent.parent
+EXTRACT_SCRIPT = REPO / "playbooks" / "scripts" / "extract_hidden_states.py"
+
+
+def load_extract_script(name: str = "extract_hidden_states_under_test"):
+    """A fresh module of the shipped extract script, loaded by path (it runs standalone on hosts and
+    is no package module); each call gives its own copy."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, EXTRACT_SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 SPECULATORS = ("speculators", "0.3.0")
 VLLM_NEW = ("vllm", "0.17.0")
 VLLM_PINNED = ("vllm", "0.11.0")

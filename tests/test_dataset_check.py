@@ -6,7 +6,6 @@ once with its error line and a non-zero exit."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import time
@@ -17,16 +16,14 @@ import yaml
 
 from remote_ops.agent import dataset as dataset_check
 from remote_ops.errors import Exit
+from tests.conftest import EXTRACT_SCRIPT, load_extract_script
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "playbooks" / "scripts" / "extract_hidden_states.py"
+SCRIPT = EXTRACT_SCRIPT
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("extract_hidden_states_under_test", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_extract_script("extract_hidden_states_under_test")
 
 
 GOOD = '{"input_ids": [1, 2, 3]}\n{"text": "hello", "loss_mask": null}\n\n{"input_ids": [4], "loss_mask": [1]}\n'

@@ -3,23 +3,19 @@ REAL files the shipped script writes (its own build_sample + save_atomic, torch 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 import torch
 
 from remote_ops.agent import diskneed
-from tests.conftest import REPO
+from tests.conftest import EXTRACT_SCRIPT, load_extract_script
 
-SCRIPT = REPO / "playbooks" / "scripts" / "extract_hidden_states.py"
+SCRIPT = EXTRACT_SCRIPT
 
 
 def script():
-    spec = importlib.util.spec_from_file_location("ehs_disk", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_extract_script("ehs_disk")
 
 
 @pytest.mark.parametrize("hidden, layers, lengths", [

@@ -7,7 +7,6 @@ check drives it). The layout and the generator's interface are compared with the
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -16,16 +15,13 @@ import pytest
 import torch
 
 from remote_ops import pkgsource
-from tests.conftest import REPO, SPECULATORS
+from tests.conftest import EXTRACT_SCRIPT, SPECULATORS, load_extract_script
 
-SCRIPT = REPO / "playbooks" / "scripts" / "extract_hidden_states.py"
+SCRIPT = EXTRACT_SCRIPT
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("extract_hidden_states_under_test", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_extract_script("extract_hidden_states_under_test")
 
 
 ehs = load_script()

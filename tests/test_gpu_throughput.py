@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from remote_ops import pkgsource
-from tests.conftest import REPO
+from tests.conftest import REPO, load_extract_script
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import gpu_results  # noqa: E402
@@ -200,10 +200,7 @@ def test_the_generator_and_llm_parts_run_their_scripts(tmp_path):
     assert b["count_batches"]["batches"] == 3 and b["count_batches"]["tokens"] == b["tokens"]
     assert b["batches"] == b["profile_calls"]["rpc:execute_model"] == b["profile_calls"]["scheduler.schedule"]
     assert set(b["profile_s"]) >= {"rpc:_get_captured_states", "rpc:execute_model", "rpc:_reset_capture"}
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("ehs_gt", gt.SCRIPT)
-    ehs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ehs)
+    ehs = load_extract_script("ehs_gt")
     want = list(ehs.pack_batches(list(range(20)), [len(r) for r in rows], 50, 8))   # the (fake) engine's budget
     assert b["batches"] == len(want) > 3
     r = subprocess.run([sys.executable, str(tmp_path / "gen.py"), str(gt.SCRIPT), "m", str(ds), "2048", "8", "0.8",

@@ -4,22 +4,18 @@ the ones the REAL shipped script prints (written here by its own Progress class)
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 
 from remote_ops.agent import jobstatus
 from remote_ops.extract import jobs, tail
-from tests.conftest import REPO
+from tests.conftest import EXTRACT_SCRIPT, load_extract_script
 
-SCRIPT = REPO / "playbooks" / "scripts" / "extract_hidden_states.py"
+SCRIPT = EXTRACT_SCRIPT
 
 
 def script():
-    spec = importlib.util.spec_from_file_location("ehs_progress", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_extract_script("ehs_progress")
 
 
 def test_the_last_progress_line_is_found_among_tqdm_rewrites_and_other_output(tmp_path):

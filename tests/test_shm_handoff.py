@@ -25,6 +25,7 @@ torch = pytest.importorskip("torch")
 from remote_ops import pkgsource  # noqa: E402
 from remote_ops.patch import edits as edits_mod  # noqa: E402
 from remote_ops.patch import playbook as pb_mod  # noqa: E402
+from tests.conftest import load_extract_script  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 PLAYBOOK = pb_mod.load(pb_mod.find("eagle3-speculators-0.3.0"))
@@ -244,10 +245,7 @@ def test_a_directory_that_fails_falls_back_to_the_rpc_for_good(src, tmp_path, ca
 
 # ------------------------------------------------------------------ the script's directory
 def load_script():
-    spec = importlib.util.spec_from_file_location("ehs_handoff", REPO / "playbooks/scripts/extract_hidden_states.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_extract_script("ehs_handoff")
 
 
 def test_the_script_makes_names_and_removes_its_directory(tmp_path, monkeypatch, capsys):
