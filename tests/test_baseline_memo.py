@@ -39,4 +39,4 @@ def test_a_baseline_directory_of_the_users_is_never_kept(tmp_path):
     out = drift.analyse(_raw(), ["vllm"], str(mine))
     assert out["baseline"]["path"] == str(mine) and out["drift"]
     assert not list(tmp_path.joinpath("drift-cache").glob("*.json"))
-    assert baseline_memo.get({"library": "vllm", "version": "x", "path": str(mine)}, []) is None
+    assert baseline_memo.entry({"library": "vllm", "version": "x", "path": str(mine)}, []) is None

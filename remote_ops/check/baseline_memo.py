@@ -48,28 +48,32 @@ def _kept(b: dict) -> bool:
     return True
 
 
-def _file(b: dict, touches: list) -> Path:
+def entry(b: dict, touches: list) -> Path | None:
+    """The file that keeps the facts of these touches against baseline ``b``; None when ``b`` is
+    not kept (a directory of the user's)."""
+    if not _kept(b):
+        return None
     key = json.dumps({"library": b.get("library"), "version": b.get("version"), "path": b.get("path"),
                       "touches": touches, "code": _code()}, sort_keys=True, default=str)
     return _dir() / (hashlib.sha256(key.encode()).hexdigest() + ".json")
 
 
-def get(b: dict, touches: list):
-    """The facts kept for these touches against baseline ``b``, else None."""
-    if not _kept(b):
+def get(f: Path | None):
+    """The facts kept in entry ``f``, else None."""
+    if f is None:
         return None
     try:
-        doc = json.loads(_file(b, touches).read_text())
+        doc = json.loads(f.read_text())
     except (OSError, ValueError):
         return None
     return doc.get("facts") if isinstance(doc, dict) and doc.get("format") == FORMAT else None
 
 
-def put(b: dict, touches: list, facts) -> None:
-    """Keep ``facts`` (written whole or not at all; a failure to write only costs the next run)."""
-    if not _kept(b):
+def put(f: Path | None, facts) -> None:
+    """Keep ``facts`` in entry ``f`` (written whole or not at all; a failure to write only costs the
+    next run)."""
+    if f is None:
         return
-    f = _file(b, touches)
     tmp = f.with_name(f".{f.name}.{os.getpid()}.tmp")
     try:
         f.parent.mkdir(parents=True, exist_ok=True)

@@ -89,13 +89,14 @@ def analyse(raw: dict, against: list[str], baseline_arg: str | None) -> dict:
         bases.append(b)
         if "unavailable" in b:
             continue
-        facts = baseline_memo.get(b, mine)
+        kept = baseline_memo.entry(b, mine)
+        facts = baseline_memo.get(kept)
         with _PARSE_LOCK:
             static = StaticResolver([b["path"]])
             if facts is None:
                 # as JSON, as the host's facts arrive and as a kept copy is read back: one shape
                 facts = json.loads(json.dumps(agent_drift.replay_facts(static, mine, [b["path"]]), default=str))
-                baseline_memo.put(b, mine, facts)
+                baseline_memo.put(kept, facts)
             _baseline_locations(static, raw, lib, b)
         d, n = agent_drift.compare(mine, facts, (b["version"], versions.get(lib) or "installed"))
         out_drift += d
