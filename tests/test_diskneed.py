@@ -92,11 +92,27 @@ def test_captured_layers_follow_the_generator():
     assert diskneed.captured_layers("2,4,5,7", 8) == 4 and diskneed.captured_layers([1, 1, 3], 8) == 2
 
 
-def test_preflight_counts_measures_and_refuses_in_one_line(tmp_path):
+def test_preflight_counts_measures_and_refuses_in_one_line(tmp_path, monkeypatch):
+    """Free space is read at the output directory's nearest existing parent (statvfs recorded and
+    answered here: the disk's real free space moves while other tests write, so comparing two reads
+    of it was flaky)."""
+    import os
+    import types
+    probed = []
+    real_statvfs = os.statvfs
+
+    def statvfs(path):
+        probed.append(path)
+        real_statvfs(path)                                          # the real call still has to succeed
+        return types.SimpleNamespace(f_bavail=1000, f_frsize=4096)
+    monkeypatch.setattr(diskneed.os, "statvfs", statvfs)
     ds = write(tmp_path / "ds.jsonl", [{"input_ids": [1] * 3000}] * 10)
     v = diskneed.preflight(2048, 4, str(ds), str(tmp_path / "not" / "made" / "yet"), max_model_len=2048)
     assert v["counts"]["pending_tokens"] == 10 * 2047 and v["counts"]["exact"]
-    assert v["free_bytes"] == diskneed.free_bytes(str(tmp_path)) and v["fits"]      # ~336 MB on this disk
+    assert probed == [str(tmp_path)] and v["free_bytes"] == 4096 * 1000
+    assert not v["fits"]                                            # ~336 MB do not fit in 4 MB
+    monkeypatch.setattr(diskneed.os, "statvfs", real_statvfs)
+    assert diskneed.preflight(2048, 4, str(ds), str(tmp_path), max_model_len=2048)["fits"]
     huge = diskneed.preflight(7168 * 10**6, 4, str(ds), str(tmp_path), max_model_len=2048)
     assert not huge["fits"] and huge["line"].startswith(f"not enough disk at {tmp_path}: 10 more samples")
 
