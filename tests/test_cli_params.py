@@ -171,3 +171,24 @@ def test_per_host_functions_take_the_session_and_no_second_default(method, modul
     api_params = {p.name for p in params.parameters(getattr(api.Inventory, method))}
     doubled = [p.name for p in ps if p.name in api_params and p.default is not inspect.Parameter.empty]
     assert not doubled, f"{module}.{fn} declares a default of its own for {doubled}"
+
+
+def test_completion_knows_every_flag_value_from_the_parsers(tmp_path):
+    """Shell completion reads which flags take a value from the parsers (no list of its own): a
+    command's own valued flag (logs --lines, extract --watch) is skipped with its value, so the host
+    is still offered after it; a local file is completed for -i/--playbook, nothing for a remote path."""
+    from remote_ops.commands import completion
+    parser = build_parser()
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("hosts:\n  gpu-host: {hostname: 127.0.0.1}\n")
+    for name, sub in _subparsers(parser).items():
+        takes = completion.value_flags(sub)
+        for a in sub._actions:
+            for o in a.option_strings:
+                assert (o in takes) == (a.nargs != 0), f"{name} {o}"
+    ask = lambda *w: completion.candidates(["-i", str(inv), *w], parser)   # noqa: E731
+    assert ask("logs", "--lines", "50", "gp") == ["gpu-host"]
+    assert ask("extract", "--watch", "5", "gp") == ["gpu-host"]
+    assert ask("extract", "--watch", "") == [] and ask("patch", "--workdir", "") == []
+    assert ask("extract", "--playbook", "") == [completion.FILES] and ask("check", "--emit-playbook", "") == [completion.FILES]
+    assert ask("logs", "gpu-host", "") == []           # the host is given: nothing more to offer

@@ -12,9 +12,9 @@ NAME = "completion"
 HELP = "print the bash/zsh completion script, or install it (remote-ops completion install)"
 
 FILES = "__files__"      # tells the script to complete file names itself
-# flags that take a value, and whether that value is a file
-VALUE_FLAGS = {"-i": True, "--inventory": True, "--playbook": True, "-p": True, "--emit-playbook": True,
-               "--parallel": False, "--connect-timeout": False, "--python": False, "--workdir": False}
+# metavars of values that are files on this machine (an inventory, a playbook name or file, a draft to
+# write); DIR and PATH name places on the host, which this machine cannot list
+LOCAL_FILE_METAVARS = {"FILE", "P"}
 
 BASH = r'''# bash completion for remote-ops (remote-ops completion bash)
 _remote_ops() {
@@ -107,33 +107,49 @@ def candidates(words: list[str], parser) -> list[str]:
     sub = next(a for a in parser._actions if a.dest == "command")
     command = None
     inventory_file = None
+    given: list[str] = []        # the command's positional words so far (flag values skipped)
     i = 0
     while i < len(before):
         w = before[i]
-        if w in VALUE_FLAGS:
+        takes = value_flags(sub.choices[command] if command else parser)
+        if w in takes:
             if w in ("-i", "--inventory") and i + 1 < len(before):
                 inventory_file = before[i + 1]
             i += 2
             continue
         if command is None and not w.startswith("-") and w in sub.choices:
             command = w
+        elif command is not None and not w.startswith("-"):
+            given.append(w)
         i += 1
-    if before and before[-1] in VALUE_FLAGS:
-        return [FILES] if VALUE_FLAGS[before[-1]] else []
     target = sub.choices[command] if command else parser
+    takes = value_flags(target)
+    if before and before[-1] in takes:
+        return [FILES] if takes[before[-1]] else []
     if current.startswith("-"):
         opts = sorted({o for a in target._actions for o in a.option_strings if o.startswith("--")})
         return [o for o in opts if o.startswith(current)]
     if command is None:
         return [c for c in sub.choices if c.startswith(current)]
     positionals = [a for a in target._actions if not a.option_strings and a.dest != "help"]
-    given = [w for w in before[before.index(command) + 1:] if not w.startswith("-")]
     pos = positionals[0] if positionals else None
     if pos is not None and pos.choices and not given:
         return [c for c in pos.choices if c.startswith(current)]
     if pos is not None and pos.dest == "host" and not given:
         return [n for n in _host_names(inventory_file) if n.startswith(current)]
     return []
+
+
+def value_flags(parser) -> dict[str, bool]:
+    """Every option string of ``parser`` that takes a value (its own and the global ones each
+    subcommand parser repeats), and whether that value is a local file: read from the parser, so a
+    flag added to a command completes right without a list to keep up."""
+    out: dict[str, bool] = {}
+    for a in parser._actions:
+        if a.option_strings and a.nargs != 0:
+            for o in a.option_strings:
+                out[o] = a.metavar in LOCAL_FILE_METAVARS
+    return out
 
 
 def _host_names(inventory_file: str | None) -> list[str]:
