@@ -138,8 +138,12 @@ class Inventory(Fleet):
         host as a moved share (``extract/shard.py``, docs/SCALE-OUT.md).
         A new job is watched for ``early_death_s`` (default ``jobs.EARLY_DEATH_S``; 0: not at all):
         one that dies at once comes back in its failed state."""
+        from remote_ops.errors import UsageError
         from remote_ops.extract import jobs
         from remote_ops.extract import shard as shard_mod
+        if early_death_s is not None and not 0 <= early_death_s <= jobs.EARLY_DEATH_MAX_S:
+            raise UsageError(f"early_death_s (--watch) must be 0-{jobs.EARLY_DEATH_MAX_S:g} seconds, "
+                             f"got {early_death_s:g}")
         hosts = self.resolve(target)
         specs = shard_mod.apply(hosts, jobs.load_for_hosts(hosts, Playbooks(playbook)), shard)
         wait = jobs.EARLY_DEATH_S if early_death_s is None else early_death_s

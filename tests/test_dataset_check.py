@@ -16,7 +16,7 @@ import yaml
 
 from remote_ops.agent import dataset as dataset_check
 from remote_ops.errors import Exit
-from tests.conftest import EXTRACT_SCRIPT, load_extract_script
+from tests.conftest import EXTRACT_SCRIPT, load_extract_script, write_inventory
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = EXTRACT_SCRIPT
@@ -164,4 +164,16 @@ def test_watch_0_returns_at_launch(tmp_path, sshd, cli):
     status, out, err = job.run(cli, "--watch", "0", "--json")
     state = json.loads(out)["job"]["state"]   # as launched: nobody watched it (it may have ended already)
     assert (status, state) in {(0, "starting"), (0, "running"), (1, "failed")}, (status, state, err)
-    assert cli("-i", str(job.inventory), "extract", "testhost", "--watch", "-1")[0] == Exit.USAGE
+    status, _, err = cli("-i", str(job.inventory), "extract", "testhost", "--watch", "-1")
+    assert status == Exit.USAGE and "must be 0-60 seconds, got -1" in err, err
+
+
+def test_watch_range_is_the_apis_too(tmp_path):
+    """The range is checked where the parameter lives (api.Inventory.extract), so a script gets the
+    same refusal as the CLI, before any host is resolved or contacted."""
+    from remote_ops import api
+    from remote_ops.errors import UsageError
+    inv = api.Inventory(str(write_inventory(tmp_path / "inv.yaml", {"h": {"hostname": "127.0.0.1", "port": 9}})))
+    for bad in (-1, 61):
+        with pytest.raises(UsageError, match=f"early_death_s \\(--watch\\) must be 0-60 seconds, got {bad}"):
+            inv.extract("h", early_death_s=bad)

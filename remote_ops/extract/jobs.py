@@ -109,6 +109,7 @@ def check_grace(grace: float | None) -> None:
 
 
 EARLY_DEATH_S = 3.0     # how long extract (without --tail) watches a new job for dying at once
+EARLY_DEATH_MAX_S = 60.0   # the longest watch asked for (a longer wait is what --tail is for)
 
 
 def extract(session, pb, spec: ExtractSpec, *, skip_check: bool, dry_run: bool, strict_drift: bool,
