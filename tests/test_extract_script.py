@@ -160,7 +160,7 @@ def test_a_failed_write_leaves_no_file_and_no_temporary(tmp_path, monkeypatch):
     def save(obj, f, *a, **kw):
         calls.append(1)
         if len(calls) == 2:
-            f.write(b"partial")
+            Path(f).write_bytes(b"partial")      # save_atomic hands torch.save the temporary's name
             raise OSError(28, "No space left on device")
         return real_save(obj, f, *a, **kw)
     monkeypatch.setattr(torch, "save", save)
@@ -503,7 +503,7 @@ def test_a_writer_failure_stops_the_run_with_its_error_and_resume_redoes_exactly
     def save(obj, f, *a, **kw):
         saves.append(1)
         if len(saves) == 3:
-            f.write(b"partial")
+            Path(f).write_bytes(b"partial")      # save_atomic hands torch.save the temporary's name
             raise OSError(28, "No space left on device")
         return real_save(obj, f, *a, **kw)
     monkeypatch.setattr(torch, "save", save)

@@ -342,14 +342,19 @@ def _fsync_dir(path):
 
 
 def save_atomic(torch, obj, path):
-    """torch.save to a temporary beside ``path``, fsync, rename: the file is whole or absent."""
+    """torch.save to a temporary beside ``path``, fsync, rename: the file is whole or absent.
+    torch.save gets the temporary's name, not an open file: it then writes from C++ without calling
+    back into Python for every record (a Python file object costs a GIL round trip per write, which
+    the writer threads and the main thread's copies contend for: benchmarks/writer_throughput.py)."""
     d, name = os.path.split(path)
     tmp = os.path.join(d, ".%s.%d.tmp" % (name, os.getpid()))
     try:
-        with open(tmp, "wb") as fh:
-            torch.save(obj, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
+        torch.save(obj, tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         try:
