@@ -17,8 +17,10 @@ Floors, measured in the same run on the same directory:
             without torch's serialiser (a reference rather than a bound: on a virtual disk whose
             fsync the host absorbs, the serialiser's smaller writes can come out ahead of it).
 
-Each variant (script x writer threads) is run ``--reps`` times, interleaved, and the median is kept;
-the figures are MB/s of sample bytes (tensor data) and ratios to the floors.
+Each variant (script x writer threads) is run ``--reps`` times, interleaved (each rep starting with
+another variant), and the median is kept; the figures are MB/s of sample bytes and ratios to the floors.
+A last part times save_atomic alone on a tmpfs, with and without another thread running pure Python:
+the GIL's share, which the disk runs (whose main thread mostly copies, with the GIL released) hide.
 
   python benchmarks/writer_throughput.py --before-rev 8b7077d --md benchmarks/WRITER_RESULTS.md
 """
@@ -42,6 +44,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = "playbooks/scripts/extract_hidden_states.py"
+
+
+def mod_nbytes(sample: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in [sample["input_ids"], sample["loss_mask"],
+                                                       *sample["hidden_states"]])
 
 
 def load_script(rev: str | None, scratch: Path):
@@ -148,6 +155,39 @@ def writer_run(mod, torch, d: Path, source, lengths: list[int], layers: int, thr
     return {"seconds": round(s, 3), "bytes": nbytes, "mb_per_s": round(nbytes / s / 1e6, 1)}
 
 
+def gil_part(scripts: dict, torch, sample: dict, where: Path, saves: int) -> dict:
+    """Milliseconds of the script's save_atomic for one sample into ``where`` (a tmpfs: no disk in the
+    figure), alone and while another thread runs pure Python, as the job's main thread does between
+    copies (vLLM's scheduler, request objects, the RPC's pickles): how much the serialiser waits for
+    the GIL. Medians of ``saves`` saves, the scripts interleaved."""
+    where.mkdir(parents=True, exist_ok=True)
+    stop = threading.Event()
+
+    def busy():
+        x = 0
+        while not stop.is_set():
+            x += 1
+    out: dict = {}
+    for contended in (False, True):
+        spinner = threading.Thread(target=busy, daemon=True)
+        if contended:
+            stop.clear()
+            spinner.start()
+        times: dict = {name: [] for name in scripts}
+        for k in range(saves):
+            for name, mod in scripts.items():
+                t0 = time.perf_counter()
+                mod.save_atomic(torch, sample, str(where / f"data_{k}.pt"))
+                times[name].append(time.perf_counter() - t0)
+        if contended:
+            stop.set()
+            spinner.join()
+        for name, ts in times.items():
+            out[f"{name}/{'python_thread' if contended else 'alone'}"] = round(1000 * statistics.median(ts), 1)
+    shutil.rmtree(where, ignore_errors=True)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default=None, help="directory on the disk to test (default: a fresh one in /var/tmp)")
@@ -157,6 +197,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--threads", default="1,2,4,8", help="writer thread counts")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--saves", type=int, default=15, help="saves per figure of the GIL part")
     ap.add_argument("--queue-mb", type=float, default=2048, help="the script's --write-queue-mb")
     ap.add_argument("--copy-threads", type=int, default=None, help="torch threads (default: the script's auto)")
     ap.add_argument("--before-rev", default=None, help="git revision whose script gives the BEFORE figures")
@@ -193,6 +234,11 @@ def main(argv=None) -> int:
                     runs[f"{name}/{t}"].append(mb)
                     print(f"rep {rep + 1}: {name} writer threads {t}: {mb} MB/s", flush=True)
         med = {k: statistics.median(v) for k, v in runs.items()}
+        n = lengths[0]
+        one = {"input_ids": torch.arange(n), "loss_mask": torch.ones(n, dtype=torch.long),
+               "hidden_states": [source[k, :n].clone() for k in range(args.layers)]}
+        shm = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else scratch
+        gil = gil_part(scripts, torch, one, Path(tempfile.mkdtemp(prefix="writer-bench-gil-", dir=shm)), args.saves)
         doc = {
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0],
                         "torch": torch.__version__, "dir": str(scratch),
@@ -204,6 +250,7 @@ def main(argv=None) -> int:
             "samples": args.samples, "tokens": sum(lengths), "layers": args.layers, "hidden": args.hidden,
             "bytes": sum(sizes), "copy_threads": copy_threads, "queue_mb": args.queue_mb, "reps": args.reps,
             "runs_mb_per_s": runs, "median_mb_per_s": med,
+            "save_ms": {"sample_bytes": mod_nbytes(one), "where": str(shm), "saves": args.saves, **gil},
             "ratios": {k: {"of_dd": round(v / med["dd"], 3), "of_raw": round(v / med[f"raw/{k.split('/')[1]}"], 3)}
                        for k, v in med.items() if k != "dd" and not k.startswith("raw/")},
         }
@@ -244,6 +291,19 @@ def render(doc: dict, source: str) -> str:
         cells = [f"{med[f'{n}/{t}']:.0f} ({doc['ratios'][f'{n}/{t}']['of_dd']:.2f}, "
                  f"{doc['ratios'][f'{n}/{t}']['of_raw']:.2f})" for n in names]
         lines.append(f"| {t} | {med[f'raw/{t}']:.0f} | " + " | ".join(cells) + " |")
+    g = doc["save_ms"]
+    lines += [
+        "",
+        f"One sample ({g['sample_bytes'] / 1e6:.1f} MB) through save_atomic into {g['where']} (no disk), "
+        f"median of {g['saves']} saves, alone and while another thread runs pure Python (the job's main "
+        "thread runs vLLM's scheduler and the RPC in Python between its copies):",
+        "",
+        "| script | alone, ms | with a Python thread, ms | slowdown |",
+        "|---|---|---|---|",
+    ]
+    for n in names:
+        a, c = g[f"{n}/alone"], g[f"{n}/python_thread"]
+        lines.append(f"| {n} | {a:.1f} | {c:.1f} | {c / a:.2f}x |")
     return "\n".join(lines) + "\n"
 
 

@@ -173,8 +173,8 @@ def build_parser(required=True):
                    help="comma list of layers to capture (default: the generator's choice)")
     p.add_argument("--max-model-len", type=int, default=2048, help="vLLM max_model_len (default 2048)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.8, help="vLLM setting (default 0.8)")
-    p.add_argument("--writer-threads", type=int, default=2,
-                   help="threads writing files (default 2: one file's fsync overlaps the next one's write)")
+    p.add_argument("--writer-threads", type=int, default=4,
+                   help="threads writing files (default 4: several files' writes and fsyncs in flight at once)")
     p.add_argument("--copy-threads", type=_auto_int, default=None,
                    help="torch threads of this process, which copies each batch's rows out of the engine's "
                         "hand-off (default or 'auto': half the CPUs, at most 8; vLLM sets 1 when it starts)")
