@@ -161,7 +161,7 @@ def test_a_failed_write_leaves_no_file_and_no_temporary(tmp_path, monkeypatch):
         calls.append(1)
         if len(calls) == 2:
             Path(f).write_bytes(b"partial")      # save_atomic hands torch.save the temporary's name
-            raise OSError(28, "No space left on device")
+            raise OSError(5, "Input/output error")   # ENOSPC: the full-disk tests below
         return real_save(obj, f, *a, **kw)
     monkeypatch.setattr(torch, "save", save)
     with pytest.raises(OSError):
@@ -504,10 +504,10 @@ def test_a_writer_failure_stops_the_run_with_its_error_and_resume_redoes_exactly
         saves.append(1)
         if len(saves) == 3:
             Path(f).write_bytes(b"partial")      # save_atomic hands torch.save the temporary's name
-            raise OSError(28, "No space left on device")
+            raise OSError(5, "Input/output error")   # ENOSPC: the full-disk tests below
         return real_save(obj, f, *a, **kw)
     monkeypatch.setattr(torch, "save", save)
-    with pytest.raises(OSError, match="No space left"):       # a queue of one sample at a time
+    with pytest.raises(OSError, match="Input/output error"):   # a queue of one sample at a time
         run(tmp_path, rows, "--batch-size", "2", "--write-queue-mb", "0.0001")
     assert len(FakeGenerator.made[0].calls) == 2     # stopped at the next put, not after generating everything
     out = tmp_path / "out"
@@ -654,7 +654,7 @@ def test_a_writer_error_is_never_dropped_when_the_generator_fails_too(tmp_path, 
             return real_save(obj, f, *a, **kw)     # data_0 is written; data_1 (queued with it) fails
         if not writer_first:
             _time.sleep(0.3)          # still writing when the generator fails
-        raise OSError(28, "No space left on device")
+        raise OSError(5, "Input/output error")   # ENOSPC: the full-disk tests below
     monkeypatch.setattr(torch, "save", failing_save)
 
     def boom_on_second(out):
@@ -666,6 +666,86 @@ def test_a_writer_error_is_never_dropped_when_the_generator_fails_too(tmp_path, 
         run(tmp_path, [{"input_ids": [i + 1]} for i in range(4)], "--batch-size", "2", "--writer-threads", "1",
             corrupt=boom_on_second)      # one writer: which save fails is the order of the samples
     err = capsys.readouterr().err
-    assert "No space left on device" in err and ("the writer had failed too" if writer_first
+    assert "Input/output error" in err and ("the writer had failed too" if writer_first
                                                   else "writing the queued samples failed too") in err
     assert [p.name for p in (tmp_path / "out").glob("data_*.pt")] == (["data_0.pt"] if writer_first else [])
+
+
+def test_a_full_disk_is_said_in_one_line_and_resume_writes_the_rest(tmp_path, monkeypatch, capsys):
+    """torch.save reports a full disk as a RuntimeError about stream positions; the script reads the
+    free space before removing its temporary and stops with one line that names the cause and what to
+    do (exit 1), leaving whole files only. An error while room is left stays the error it was."""
+    import types
+    rows = [{"input_ids": [i + 1] * 50} for i in range(6)]
+    real_save, real_statvfs = torch.save, os.statvfs
+    state = {"free_blocks": 10**9, "saves": 0}
+
+    def save(obj, f, *a, **kw):
+        state["saves"] += 1
+        if state["saves"] == 3:
+            Path(f).write_bytes(b"part of a file")
+            state["free_blocks"] = 0
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+        return real_save(obj, f, *a, **kw)
+
+    def statvfs(path):
+        st = real_statvfs(path)
+        return types.SimpleNamespace(f_bavail=state["free_blocks"], f_bfree=state["free_blocks"], f_frsize=st.f_frsize)
+    monkeypatch.setattr(torch, "save", save)
+    monkeypatch.setattr(ehs.os, "statvfs", statvfs)
+    assert run(tmp_path, rows, "--batch-size", "2", "--write-queue-mb", "0") == 1
+    (line,) = [l for l in errors(capsys) if "error" in l]
+    assert line == (f"extract_hidden_states: error: no space left on the device of {tmp_path / 'out'}: data_2.pt "
+                    f"needs 0.0 MB, 0.0 MB were free when its write failed (free space there and run extract "
+                    "again: it resumes with exactly the missing files)"), line
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["data_0.pt", "data_1.pt", "data_config.json"]
+    state.update(free_blocks=10**9, saves=10)                 # room again: an error there is not "disk full"
+    monkeypatch.setattr(torch, "save", lambda *a, **kw: (_ for _ in ()).throw(RuntimeError("another fault")))
+    with pytest.raises(RuntimeError, match="another fault"):
+        run(tmp_path, rows, "--batch-size", "2", "--write-queue-mb", "0")
+    monkeypatch.setattr(torch, "save", real_save)
+    assert run(tmp_path, rows, "--batch-size", "2") == 0
+    assert [load(tmp_path, i)["input_ids"].tolist() for i in range(6)] == [[i + 1] * 50 for i in range(6)]
+
+
+def test_a_real_full_filesystem_stops_the_job_with_the_cause(tmp_path):
+    """On a real 4 MiB tmpfs (root: mount; skipped where mounting is not allowed) eight samples of
+    0.6 MB do not fit: the run stops with the one line, every file left is whole, no temporary is left
+    (one writer thread, so the files that fit are the first ones)."""
+    import subprocess
+    import sys
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root and mount rights)")
+    try:
+        ds = write_jsonl(tmp_path / "ds.jsonl", [{"input_ids": [i + 1] * 300} for i in range(8)])
+        driver = tmp_path / "driver.py"
+        driver.write_text(
+            "import importlib.util, sys, torch\n"
+            "spec = importlib.util.spec_from_file_location('ehs', sys.argv[1]); ehs = importlib.util.module_from_spec(spec)\n"
+            "spec.loader.exec_module(ehs)\n"
+            "class Gen:\n"
+            "    def __init__(self, *a):\n"
+            "        self.layer_ids, self.tensor_parallel_size = [0, 1], 1\n"
+            "    def generate(self, batch):\n"
+            "        return [{'input_ids': torch.tensor(ids), 'hidden_states': [torch.full((len(ids), 512), float(ids[0] + l),\n"
+            "                 dtype=torch.bfloat16) for l in (0, 1)], 'loss_mask': None} for ids in batch]\n"
+            "sys.exit(ehs.main(sys.argv[2:], None, lambda a: {'make_generator': Gen, 'load_tokenizer': None,\n"
+            "                                                 'hidden_size_of': lambda p: 512}))\n")
+        r = subprocess.run([sys.executable, str(driver), str(SCRIPT), "--target-model-path", "m", "--dataset", str(ds),
+                            "--output-dir", str(mnt), "--batch-size", "2", "--writer-threads", "1"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1, r.stderr
+        last = [l for l in r.stderr.splitlines() if l.startswith("extract_hidden_states: error:")]
+        assert len(last) == 1 and f"no space left on the device of {mnt}: data_" in last[0] and \
+            "needs 0.6 MB" in last[0], r.stderr
+        present = sorted(int(p.name[5:-3]) for p in mnt.glob("data_*.pt"))
+        assert present == list(range(len(present))) and 0 < len(present) < 8
+        assert not [p for p in mnt.iterdir() if p.name.endswith(".tmp")]
+        for i in present:
+            assert torch.load(mnt / f"data_{i}.pt", weights_only=True)["input_ids"].tolist() == [i + 1] * 300
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)

@@ -88,6 +88,7 @@ their own traceback.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import re
@@ -120,6 +121,12 @@ class InputError(Exception):
 
 class ResultError(Exception):
     """The generator returned something that does not fit the sample: one line, exit status 1."""
+
+
+class DiskFullError(OSError):
+    """A sample's file did not fit on the output's filesystem: one line, exit status 1. torch.save
+    reports a full disk as a RuntimeError about stream positions ("unexpected pos ..."), which says
+    nothing of the cause; save_atomic reads the free space before removing its temporary and says it."""
 
 
 # ------------------------------------------------------------------ arguments
@@ -356,12 +363,48 @@ def save_atomic(torch, obj, path):
         finally:
             os.close(fd)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
+        full = _disk_full(exc, d, obj, torch)     # read while the temporary still holds its part
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if full:
+            raise DiskFullError(errno.ENOSPC, "no space left on the device of %s: %s needs %s, %s were free "
+                                "when its write failed (free space there and run extract again: it resumes "
+                                "with exactly the missing files)" % (d, name, _mb(full[0]), _mb(full[1]))) from exc
         raise
+
+
+def _mb(n):
+    return "%.1f MB" % (n / 1e6)
+
+
+def _tensor_bytes(obj, torch):
+    if torch.is_tensor(obj):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v, torch) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v, torch) for v in obj)
+    return 0
+
+
+def _disk_full(exc, directory, obj, torch):
+    """(bytes the object needs, bytes free) when ``exc`` is the write running out of room: ENOSPC/EDQUOT
+    itself, or any error while the filesystem has less room left than the object's tensor data
+    (torch.save turns ENOSPC into a RuntimeError). None otherwise, or when it cannot be told."""
+    if not isinstance(exc, Exception):
+        return None
+    need = _tensor_bytes(obj, torch)
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return None
+    free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize   # root may use the reserve
+    if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or free < need:
+        return need, free
+    return None
 
 
 def write_json_atomic(path, obj):
@@ -867,8 +910,9 @@ def main(argv=None, parser=None, loaders=None):
     except InputError as exc:
         print("%s: error: %s" % (PROG, exc), file=sys.stderr, flush=True)
         return 2
-    except ResultError as exc:
-        print("%s: error: %s" % (PROG, exc), file=sys.stderr, flush=True)
+    except (ResultError, DiskFullError) as exc:
+        print("%s: error: %s" % (PROG, exc.strerror if isinstance(exc, DiskFullError) else exc),
+              file=sys.stderr, flush=True)
         return 1
 
 
