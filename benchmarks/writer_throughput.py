@@ -203,7 +203,14 @@ def main(argv=None) -> int:
     ap.add_argument("--before-rev", default=None, help="git revision whose script gives the BEFORE figures")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "writer_throughput.json"))
     ap.add_argument("--md", default=None, help="also render the result as markdown here")
+    ap.add_argument("--from-json", default=None, help="render this earlier result instead of running")
     args = ap.parse_args(argv)
+    if args.from_json:
+        text = render(json.loads(Path(args.from_json).read_text()), os.path.relpath(args.from_json, REPO))
+        print(text)
+        if args.md:
+            Path(args.md).write_text(text)
+        return 0
 
     import torch
     scratch = Path(tempfile.mkdtemp(prefix="writer-bench-", dir=args.dir or "/var/tmp"))
@@ -282,14 +289,18 @@ def render(doc: dict, source: str) -> str:
         f"- data: {doc['samples']} samples, {doc['tokens']} tokens, {doc['layers']} layers x hidden "
         f"{doc['hidden']} bf16: {doc['bytes'] / 1e9:.2f} GB per run; write queue {doc['queue_mb']:g} MiB",
         f"- code: {doc['code_rev']}" + (f"; BEFORE: the script at {doc['before_rev']}" if doc["before_rev"] else ""),
-        f"- floor dd oflag=direct: {med['dd']:.0f} MB/s",
+        f"- floor dd oflag=direct: {med['dd']:.0f} MB/s [{min(doc['runs_mb_per_s']['dd']):.0f}-"
+        f"{max(doc['runs_mb_per_s']['dd']):.0f}]",
         "",
-        "| writer threads | raw files | " + " | ".join(f"{n} (of dd, of raw)" for n in names) + " |",
+        "| writer threads | raw files | " + " | ".join(f"{n} (of dd, of raw) [min-max of the reps]" for n in names)
+        + " |",
         "|---|---|" + "---|" * len(names),
     ]
     for t in threads:
+        runs = doc["runs_mb_per_s"]
         cells = [f"{med[f'{n}/{t}']:.0f} ({doc['ratios'][f'{n}/{t}']['of_dd']:.2f}, "
-                 f"{doc['ratios'][f'{n}/{t}']['of_raw']:.2f})" for n in names]
+                 f"{doc['ratios'][f'{n}/{t}']['of_raw']:.2f}) [{min(runs[f'{n}/{t}']):.0f}-{max(runs[f'{n}/{t}']):.0f}]"
+                 for n in names]
         lines.append(f"| {t} | {med[f'raw/{t}']:.0f} | " + " | ".join(cells) + " |")
     g = doc["save_ms"]
     lines += [

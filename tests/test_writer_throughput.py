@@ -29,3 +29,6 @@ def test_writer_benchmark_runs_both_scripts_and_renders(tmp_path):
     text = md.read_text()
     assert "| 2 | " in text and "| after | " in text and f"BEFORE: the script at {rev}" in text
     assert list(tmp_path.glob("writer-bench-*")) == []            # its scratch is removed
+    again = tmp_path / "again.md"
+    assert bench.main(["--from-json", str(out), "--md", str(again)]) == 0
+    assert again.read_text().splitlines()[3:] == text.splitlines()[3:]   # the same figures, rendered again
