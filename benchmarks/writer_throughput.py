@@ -46,11 +46,6 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPT = "playbooks/scripts/extract_hidden_states.py"
 
 
-def mod_nbytes(sample: dict) -> int:
-    return sum(t.numel() * t.element_size() for t in [sample["input_ids"], sample["loss_mask"],
-                                                       *sample["hidden_states"]])
-
-
 def load_script(rev: str | None, scratch: Path):
     """The shipped script's module, from this checkout or from ``rev`` (git show)."""
     if rev is None:
@@ -126,9 +121,10 @@ def raw_floor(d: Path, sizes: list[int], threads: int) -> float:
 
 
 def writer_run(mod, torch, d: Path, source, lengths: list[int], layers: int, threads: int,
-               queue_mb: float) -> dict:
+               queue_mb: float, size) -> dict:
     """The script's Writer with ``threads`` threads: samples made by cloning rows of ``source`` (as
-    generate() copies each sample out of the engine's hand-off), built and queued as run() does."""
+    generate() copies each sample out of the engine's hand-off), built and queued as run() does;
+    ``size(sample)``: its bytes (this checkout's script's tensor_bytes, whichever script writes)."""
     clear(d)
     done = []
     writer = mod.Writer(torch, str(d), int(queue_mb * (1 << 20)), done.append, threads=threads)
@@ -143,7 +139,7 @@ def writer_run(mod, torch, d: Path, source, lengths: list[int], layers: int, thr
         record = {"input_ids": ids, "loss_mask": None, "where": "bench"}
         sample = mod.build_sample(torch, i, record, {"input_ids": torch.as_tensor(ids), "hidden_states": hs},
                                   layers)
-        nbytes += mod.Writer.nbytes(sample)
+        nbytes += size(sample)
         writer.put(i, sample)
     writer.close()
     s = time.perf_counter() - t0
@@ -237,7 +233,7 @@ def main(argv=None) -> int:
                         mb = round(raw_floor(out_dir, sizes, t) / 1e6, 1)
                     else:
                         mb = writer_run(scripts[name], torch, out_dir, source, lengths, args.layers, t,
-                                        args.queue_mb)["mb_per_s"]
+                                        args.queue_mb, scripts["after"].tensor_bytes)["mb_per_s"]
                     runs[f"{name}/{t}"].append(mb)
                     print(f"rep {rep + 1}: {name} writer threads {t}: {mb} MB/s", flush=True)
         med = {k: statistics.median(v) for k, v in runs.items()}
@@ -257,7 +253,7 @@ def main(argv=None) -> int:
             "samples": args.samples, "tokens": sum(lengths), "layers": args.layers, "hidden": args.hidden,
             "bytes": sum(sizes), "copy_threads": copy_threads, "queue_mb": args.queue_mb, "reps": args.reps,
             "runs_mb_per_s": runs, "median_mb_per_s": med,
-            "save_ms": {"sample_bytes": mod_nbytes(one), "where": str(shm), "saves": args.saves, **gil},
+            "save_ms": {"sample_bytes": scripts["after"].tensor_bytes(one), "where": str(shm), "saves": args.saves, **gil},
             "ratios": {k: {"of_dd": round(v / med["dd"], 3), "of_raw": round(v / med[f"raw/{k.split('/')[1]}"], 3)}
                        for k, v in med.items() if k != "dd" and not k.startswith("raw/")},
         }

@@ -128,6 +128,9 @@ class DiskFullError(OSError):
     reports a full disk as a RuntimeError about stream positions ("unexpected pos ..."), which says
     nothing of the cause; save_atomic reads the free space before removing its temporary and says it."""
 
+    def __str__(self):
+        return self.strerror     # the line main() prints, without OSError's "[Errno 28] " prefix
+
 
 # ------------------------------------------------------------------ arguments
 def parse_layer_ids(text):
@@ -364,7 +367,7 @@ def save_atomic(torch, obj, path):
             os.close(fd)
         os.replace(tmp, path)
     except BaseException as exc:
-        full = _disk_full(exc, d, obj, torch)     # read while the temporary still holds its part
+        full = _disk_full(exc, d, obj)     # read while the temporary still holds its part
         try:
             os.unlink(tmp)
         except OSError:
@@ -380,23 +383,24 @@ def _mb(n):
     return "%.1f MB" % (n / 1e6)
 
 
-def _tensor_bytes(obj, torch):
-    if torch.is_tensor(obj):
+def tensor_bytes(obj):
+    """Bytes of tensor data in ``obj`` (tensors, and dicts/lists/tuples of them): a sample's size."""
+    if hasattr(obj, "element_size") and hasattr(obj, "numel"):
         return obj.numel() * obj.element_size()
     if isinstance(obj, dict):
-        return sum(_tensor_bytes(v, torch) for v in obj.values())
+        return sum(tensor_bytes(v) for v in obj.values())
     if isinstance(obj, (list, tuple)):
-        return sum(_tensor_bytes(v, torch) for v in obj)
+        return sum(tensor_bytes(v) for v in obj)
     return 0
 
 
-def _disk_full(exc, directory, obj, torch):
+def _disk_full(exc, directory, obj):
     """(bytes the object needs, bytes free) when ``exc`` is the write running out of room: ENOSPC/EDQUOT
     itself, or any error while the filesystem has less room left than the object's tensor data
     (torch.save turns ENOSPC into a RuntimeError). None otherwise, or when it cannot be told."""
     if not isinstance(exc, Exception):
         return None
-    need = _tensor_bytes(obj, torch)
+    need = tensor_bytes(obj)
     try:
         st = os.statvfs(directory)
     except OSError:
@@ -520,11 +524,6 @@ class Writer:
                 t.start()
                 self._threads.append(t)
 
-    @staticmethod
-    def nbytes(sample):
-        return sum(t.numel() * t.element_size() for t in
-                   [sample["input_ids"], sample["loss_mask"], *sample["hidden_states"]])
-
     def _raise(self):
         raise self.error
 
@@ -533,7 +532,7 @@ class Writer:
             self._write(index, sample)
             self.on_written(index)
             return
-        n = self.nbytes(sample)
+        n = tensor_bytes(sample)
         with self._cond:
             while self.error is None and (self._items or self._busy) and self._bytes + n > self.max_bytes:
                 self._cond.wait()
@@ -911,8 +910,7 @@ def main(argv=None, parser=None, loaders=None):
         print("%s: error: %s" % (PROG, exc), file=sys.stderr, flush=True)
         return 2
     except (ResultError, DiskFullError) as exc:
-        print("%s: error: %s" % (PROG, exc.strerror if isinstance(exc, DiskFullError) else exc),
-              file=sys.stderr, flush=True)
+        print("%s: error: %s" % (PROG, exc), file=sys.stderr, flush=True)
         return 1
 
 

@@ -108,10 +108,10 @@ def candidates(words: list[str], parser) -> list[str]:
     command = None
     inventory_file = None
     given: list[str] = []        # the command's positional words so far (flag values skipped)
+    takes = value_flags(parser)  # the valued flags of the parser in force (the command's once it is named)
     i = 0
     while i < len(before):
         w = before[i]
-        takes = value_flags(sub.choices[command] if command else parser)
         if w in takes:
             if w in ("-i", "--inventory") and i + 1 < len(before):
                 inventory_file = before[i + 1]
@@ -119,11 +119,11 @@ def candidates(words: list[str], parser) -> list[str]:
             continue
         if command is None and not w.startswith("-") and w in sub.choices:
             command = w
+            takes = value_flags(sub.choices[command])
         elif command is not None and not w.startswith("-"):
             given.append(w)
         i += 1
     target = sub.choices[command] if command else parser
-    takes = value_flags(target)
     if before and before[-1] in takes:
         return [FILES] if takes[before[-1]] else []
     if current.startswith("-"):
