@@ -13,6 +13,9 @@ what the committed GPU results used, from PyPI, with exact versions:
   cannot be imported under the machine's transformers 5.x);
 - `bundle.tar.gz` split into parts below the device tool's per-call limit, and SHA256SUMS.
 - `baseline.tar.gz`: vLLM 0.11.0's sources from the controller's wheel cache (drift's baseline offline).
+- with `--apart spec090/pyarrow,spec090/pandas`: those packages (and their .dist-info/.libs) go into
+  `apart.tar.gz`, split into `apart.NN`, instead of the bundle: the machine has its own pyarrow and
+  pandas, so they travel only when its versions do not fit (a look at the machine first costs nothing).
 
     python benchmarks/gpu_bundle.py --out .gpu      # then carry .gpu/part.NN one per call (see GPU-NOTES.md)
 """
@@ -55,7 +58,9 @@ def pip(*args: str) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".gpu", help="folder for the wheels, the bundle and its parts")
+    ap.add_argument("--apart", default="", help="comma list of DIR/package to pack into apart.tar.gz instead")
     args = ap.parse_args(argv)
+    apart = [a.strip() for a in args.apart.split(",") if a.strip()]
     out = Path(args.out)
     wheels, bundle = out / "wheels", out / "bundle"
     shutil.rmtree(bundle, ignore_errors=True)
@@ -82,28 +87,41 @@ def main(argv=None) -> int:
                 zf.extract(info, bundle / "site")
     for junk in list(bundle.rglob("libxgrammar.a")) + list(bundle.rglob("__pycache__")):
         shutil.rmtree(junk) if junk.is_dir() else junk.unlink()
+    def is_apart(rel: str) -> bool:   # "spec090/pyarrow" also takes pyarrow-24.0.0.dist-info and pyarrow.libs
+        return any(rel == a or rel.startswith((a + "/", a + "-", a + ".")) for a in apart)
     tar = out / "bundle.tar.gz"
     with tarfile.open(tar, "w:gz", compresslevel=6) as tf:
         for sub in lists:
-            tf.add(bundle / sub, sub)
-    for old in out.glob("part.*"):
-        old.unlink()
+            tf.add(bundle / sub, sub, filter=lambda ti: None if is_apart(ti.name) else ti)
+    tars = [(tar, "part")]
+    if apart:
+        atar = out / "apart.tar.gz"
+        with tarfile.open(atar, "w:gz", compresslevel=6) as tf:
+            for sub in lists:
+                for child in sorted((bundle / sub).iterdir()):
+                    if is_apart(f"{sub}/{child.name}"):
+                        tf.add(child, f"{sub}/{child.name}")
+        tars.append((atar, "apart"))
+    for old in list(out.glob("part.*")) + list(out.glob("apart.*")):
+        if old.name != "apart.tar.gz":
+            old.unlink()
     sums = []
-    with open(tar, "rb") as fh:
-        i = 0
-        while chunk := fh.read(PART_BYTES):
-            part = out / f"part.{i:02d}"
-            part.write_bytes(chunk)
-            sums.append(f"{hashlib.sha256(chunk).hexdigest()}  {part.name}")
-            i += 1
-    sums.insert(0, f"{hashlib.sha256(tar.read_bytes()).hexdigest()}  {tar.name}")
+    for t, prefix in tars:
+        with open(t, "rb") as fh:
+            i = 0
+            while chunk := fh.read(PART_BYTES):
+                part = out / f"{prefix}.{i:02d}"
+                part.write_bytes(chunk)
+                sums.append(f"{hashlib.sha256(chunk).hexdigest()}  {part.name}")
+                i += 1
+        sums.insert(0, f"{hashlib.sha256(t.read_bytes()).hexdigest()}  {t.name}")
     from remote_ops import pkgsource
     base = pkgsource.unpacked("vllm", "0.11.0")
     with tarfile.open(out / "baseline.tar.gz", "w:gz") as tf:
         tf.add(base, base.name)
     (out / "SHA256SUMS").write_text("\n".join(sums) + "\n")
     print("\n".join(sums))
-    print(f"{i} parts of at most {PART_BYTES >> 20} MiB; baseline.tar.gz: vLLM 0.11.0 sources for drift")
+    print(f"parts of at most {PART_BYTES >> 20} MiB; baseline.tar.gz: vLLM 0.11.0 sources for drift")
     return 0
 
 

@@ -321,6 +321,83 @@ def build_qwen3(out: Path, seed: int = 99) -> dict:
             "architectures": json.loads((out / "config.json").read_text()).get("architectures")}
 
 
+GATE_SCALE = 0.01          # --unambiguous-routing: every mlp.gate.weight times this
+BIAS_SPACING = 0.25        # ... and e_score_correction_bias a permutation of 0, 0.25, 0.5, ... per router
+
+
+def text_key(key: str) -> str:
+    """A checkpoint key without the wrapper's ``language_model.`` prefix: the DeepSeek-V3 checkpoint and the
+    Kimi-K2.5-shaped wrapper name the same text tensor by the same text key."""
+    return key[len("language_model."):] if key.startswith("language_model.") else key
+
+
+def _key_seed(key: str) -> int:
+    import hashlib
+    return int.from_bytes(hashlib.sha256(text_key(key).encode()).digest()[:8], "big")
+
+
+def routing_bias(key: str, experts: int):
+    """The correction bias of one router: 0, 0.25, ..., (experts - 1) * 0.25 in an order seeded by the text
+    key (so both checkpoints get the same values), float32 (exact in bf16)."""
+    import torch
+    perm = torch.randperm(experts, generator=torch.Generator().manual_seed(_key_seed(key)))
+    return perm.to(torch.float32) * BIAS_SPACING
+
+
+def make_routing_unambiguous(ckpt: Path) -> dict:
+    """Rewrite ``ckpt``'s model.safetensors so that bf16 and float32 pick the same experts for every token:
+    every ``mlp.gate.weight`` times GATE_SCALE (router logits near 0, sigmoid scores near 0.5) and every
+    ``mlp.gate.e_score_correction_bias`` set to distinct values BIAS_SPACING apart (routing_bias), which then
+    decide the choice with a margin far above bf16's rounding. Applied to each checkpoint from the same
+    built weights; keys are taken without ``language_model.``. Returns what was changed."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    f = ckpt / "model.safetensors"
+    w = load_file(str(f))
+    gates, biases = [], []
+    for k in sorted(w):
+        if k.endswith("mlp.gate.weight"):
+            w[k] = (w[k].float() * GATE_SCALE).to(w[k].dtype).contiguous()
+            gates.append(k)
+        elif k.endswith("mlp.gate.e_score_correction_bias"):
+            w[k] = routing_bias(k, w[k].numel()).to(w[k].dtype).contiguous()
+            biases.append(k)
+    if not gates or len(gates) != len(biases):
+        raise SystemExit(f"{ckpt}: {len(gates)} router weights and {len(biases)} correction biases: not a "
+                         "noaux_tc MoE checkpoint as built here")
+    save_file(w, str(f), metadata={"format": "pt"})
+    return {"dir": str(ckpt), "gate_weights_scaled": len(gates), "biases_set": len(biases),
+            "gate_scale": GATE_SCALE, "bias_spacing": BIAS_SPACING}
+
+
+def tensor_hashes(ckpt: Path, text_only: bool = True) -> dict[str, str]:
+    """{text key: sha256 of dtype, shape and bytes} of ``ckpt``'s tensors (the wrapper's vision tower and
+    projector left out with ``text_only``)."""
+    import hashlib
+    import torch
+    from safetensors.torch import load_file
+    out = {}
+    for k, t in load_file(str(ckpt / "model.safetensors")).items():
+        if text_only and k.startswith(("vision_tower.", "mm_projector.")):
+            continue
+        h = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        out[text_key(k)] = h.hexdigest()
+    return out
+
+
+def shared_tensors_check(plain: Path, wrapper: Path) -> dict:
+    """The text tensors of the plain checkpoint and the wrapper, compared by hash: every key on both sides,
+    every hash equal. ``ok`` False names what differs (a wrong fixture must fail before any run)."""
+    a, b = tensor_hashes(plain), tensor_hashes(wrapper)
+    only_a, only_b = sorted(set(a) - set(b)), sorted(set(b) - set(a))
+    differ = sorted(k for k in set(a) & set(b) if a[k] != b[k])
+    routers = [k for k in a if k.endswith(("mlp.gate.weight", "mlp.gate.e_score_correction_bias"))]
+    return {"ok": bool(a) and not only_a and not only_b and not differ, "tensors": len(a),
+            "equal": len(a) - len(differ) - len(only_a), "router_tensors": len(routers),
+            "differ": differ[:20], "only_plain": only_a[:20], "only_wrapper": only_b[:20]}
+
+
 def dataset_rows(samples: int, seed: int = 20261201, low: int = 50, high: int = 600) -> list[list[int]]:
     rng = random.Random(seed)
     return [[1] + [rng.randrange(*WORDS) for _ in range(rng.randrange(low, high))] for _ in range(samples)]
@@ -339,6 +416,8 @@ def main(argv=None) -> int:
     ap.add_argument("out_root")
     ap.add_argument("--which", default="deepseek_v3,kimi_k25,qwen3")
     ap.add_argument("--samples", type=int, default=24)
+    ap.add_argument("--unambiguous-routing", action="store_true",
+                    help="router weights x0.01 and correction biases 0.25 apart (make_routing_unambiguous)")
     args = ap.parse_args(argv)
     root = Path(args.out_root)
     root.mkdir(parents=True, exist_ok=True)
@@ -350,6 +429,16 @@ def main(argv=None) -> int:
         print(json.dumps(build_kimi_k25(root / "kimi_k25", root / "deepseek_v3")), flush=True)
     if "qwen3" in which:
         print(json.dumps(build_qwen3(root / "qwen3")), flush=True)
+    if args.unambiguous_routing:   # after the wrapper copied the built text weights: both from the same ones
+        for m in ("deepseek_v3", "kimi_k25"):
+            if (root / m).is_dir():
+                print(json.dumps({"routing": make_routing_unambiguous(root / m)}), flush=True)
+    if (root / "deepseek_v3").is_dir() and (root / "kimi_k25").is_dir():
+        check = shared_tensors_check(root / "deepseek_v3", root / "kimi_k25")
+        print(json.dumps({"shared_tensors": check}), flush=True)
+        if not check["ok"]:
+            print(f"the wrapper's text tensors differ from the plain checkpoint's: {check}", file=sys.stderr)
+            return 3
     return 0
 
 

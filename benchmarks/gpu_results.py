@@ -85,6 +85,7 @@ def throughput_section(name: str, d: dict) -> list[str]:
     if d.get("standin"):
         out.append(f"**{d['standin']}**\n")
     v, m, ds = d.get("versions") or {}, d.get("model") or {}, d.get("dataset") or {}
+    out.append("- written by `benchmarks/gpu_throughput.py`")
     out.append(f"- GPUs: {', '.join(d.get('gpus') or ['-'])}; remote-ops commit {d.get('code_rev')}; "
                f"vllm {v.get('vllm')}, speculators {v.get('speculators')}, torch {v.get('torch')}")
     out.append(f"- model: random Llama, {m.get('params')} parameters ({m.get('decoder_params')} in the decoder "
@@ -109,9 +110,19 @@ def throughput_section(name: str, d: dict) -> list[str]:
         out.append(f"| (a) AFTER, files on a tmpfs (no disk) | {_rate(t.get('tokens_per_s'))} | "
                    f"{t.get('files')} files, {t.get('tokens')} tokens in {t.get('seconds')} s; "
                    f"{_mb(t.get('bytes_per_s'))} written {why(t)} |")
-    out.append(f"| (a) BEFORE: the same, main's script | {_rate(a0.get('tokens_per_s'))} | "
-               f"{a0.get('files')} files, {a0.get('tokens')} tokens in {a0.get('seconds')} s; "
-               f"{_mb(a0.get('bytes_per_s'))} written {why(a0)} |")
+    srv = d.get("a_server") or {}
+    if srv:
+        ff = srv.get("from_first_file") or {}
+        out.append(f"| (a) server flow: remote-ops extract, eagle3-speculators-0.9.0 (vLLM server + speculators "
+                   f"0.9.0 client) | {_rate(srv.get('tokens_per_s'))} | {srv.get('files')} files, {srv.get('tokens')} "
+                   f"tokens in {srv.get('seconds')} s after the server answered its health check; "
+                   f"{_mb(srv.get('bytes_per_s'))} written; from the first file on {_rate(ff.get('tokens_per_s'))}; "
+                   f"layer ids {srv.get('layer_ids')}; the server was ready after {srv.get('server_ready_after_s')} s, "
+                   f"the whole job {srv.get('wall_s')} s {why(srv)} |")
+    if a0 or not srv:
+        out.append(f"| (a) BEFORE: the same, main's script | {_rate(a0.get('tokens_per_s'))} | "
+                   f"{a0.get('files')} files, {a0.get('tokens')} tokens in {a0.get('seconds')} s; "
+                   f"{_mb(a0.get('bytes_per_s'))} written {why(a0)} |")
     out.append(f"| (b) the generator alone, no writes | {_rate(b.get('tokens_per_s'))} | {b.get('batches')} "
                f"generate() calls of {b.get('mean_tokens_per_batch')} tokens on average (AFTER's batches) {why(b)} |")
     cb = b.get("count_batches") or {}
@@ -128,7 +139,15 @@ def throughput_section(name: str, d: dict) -> list[str]:
     out.append(f"Ratios: (a)/(b) {q.get('a/b')}, (b)/(c) {q.get('b/c')}, (c)/(d) {q.get('c/d')}; "
                f"(a)/(c) {q.get('a/c')} (goal 0.9); AFTER/BEFORE {q.get('a_after/a_before')}"
                + (f"; on a tmpfs (a)/(b) {q.get('a_tmpfs/b')}, (a)/(c) {q.get('a_tmpfs/c')}" if t else "")
+               + (f"; server flow (a)/(c) {q.get('a_server/c')}, server flow / 0.3.0 flow "
+                  f"{q.get('a_server/a_after')}" if srv else "")
                + ".\n")
+    if srv.get("tokens_per_s") and a.get("tokens_per_s"):
+        fast, slow = ("the server flow", "the 0.3.0 flow") if srv["tokens_per_s"] > a["tokens_per_s"] else \
+            ("the 0.3.0 flow", "the server flow")
+        out.append(f"Faster once the engine is up: {fast} ({_rate(max(srv['tokens_per_s'], a['tokens_per_s']))} "
+                   f"against {_rate(min(srv['tokens_per_s'], a['tokens_per_s']))} tokens/s for {slow}); whole jobs "
+                   f"with the engine's start: 0.3.0 flow {a.get('wall_s')} s, server flow {srv.get('wall_s')} s.\n")
     hand = [f"{k}: {x.get('handoff_line')}" for k, x in (("AFTER", a), ("tmpfs", t)) if x.get("handoff_line")]
     if b.get("handoff"):
         hand.append(f"(b): {b['handoff']}")
@@ -311,6 +330,127 @@ def render_models(files: list[Path]) -> list[str]:
     return out
 
 
+def _cos(v) -> str:
+    return "-" if v is None else f"{v:.6f}"
+
+
+def render_flows(files: list[Path]) -> list[str]:
+    """benchmarks/gpu_flows_check.py results (issue 34 item 6 and issue 32's resume): every figure read from
+    the files."""
+    out = []
+    for f in files:
+        d = json.loads(f.read_text())
+        st = d.get("steps") or {}
+        v = (d.get("versions") or {})
+        out.append(f"## Both flows, every token vector: {f.name}\n")
+        out.append(f"- written by `benchmarks/gpu_flows_check.py` (compare: `benchmarks/gpu_flows_compare.py`) on "
+                   f"remote-ops commit {d.get('code_rev')}; GPUs: {', '.join(d.get('gpus') or ['-'])}; wall time "
+                   f"{d.get('elapsed_s')} s")
+        for k in ("models", "server", "client"):
+            x = v.get(k) or {}
+            if x:
+                out.append(f"- {k} interpreter: vllm {x.get('vllm')}, speculators {x.get('speculators')}, torch "
+                           f"{x.get('torch')}, transformers {x.get('transformers')}")
+        b = st.get("build") or {}
+        sh = b.get("shared_tensors") or {}
+        r0 = (b.get("routing") or [{}])[0]
+        if b:
+            out.append(f"- fixtures (`gpu_models.py --unambiguous-routing`): every router weight x{r0.get('gate_scale')}, "
+                       f"correction biases {r0.get('bias_spacing')} apart ({r0.get('gate_weights_scaled')} routers per "
+                       f"checkpoint); text tensors of the DeepSeek-V3 checkpoint and the Kimi-K2.5-shaped wrapper by "
+                       f"hash: {sh.get('equal')}/{sh.get('tensors')} equal ({sh.get('router_tensors')} router tensors), "
+                       f"{'ok' if sh.get('ok') else 'DIFFER: ' + str(sh.get('differ'))}")
+        ds = b.get("dataset") or {}
+        if ds:
+            out.append(f"- dataset: {ds.get('samples')} rows, {ds.get('tokens')} tokens ({ds.get('min_tokens')}-"
+                       f"{ds.get('max_tokens')} per row)")
+        inv = st.get("inventory") or {}
+        if inv:
+            out.append(f"- layer ids: {inv.get('layer_ids')} (the same decoder layers), max_model_len "
+                       f"{inv.get('max_model_len')}")
+        out.append("")
+        runs = [(k, x) for k, x in st.items() if k.startswith("extract_")]
+        if runs:
+            out.append("| run | flow | ok | exit | files | seconds | server ready after | verify |\n"
+                       "|---|---|---|---|---|---|---|---|")
+            for k, x in runs:
+                if x.get("skipped"):
+                    out.append(f"| {k[8:]} | | NO | | | | | skipped: {x['skipped']} |")
+                    continue
+                srv = x.get("server") or {}
+                out.append(f"| {k[8:]} | {x.get('flow')} | {'yes' if x.get('ok') else 'NO'} | {x.get('rc')} | "
+                           f"{x.get('files')}/{x.get('expected')} | {x.get('seconds')} | "
+                           f"{srv.get('ready_after_s', '-') if srv else '-'} | exit {(x.get('verify') or {}).get('rc')} |")
+                if x.get("rc"):
+                    err = x.get("error_lines") or x.get("log_tail") or []
+                    out.append(f"| | | | | | | | {(err[-1] if err else x.get('stderr_tail', ''))[:200]} |")
+            out.append("")
+        c = st.get("compare") or {}
+        res = c.get("result") or {}
+        if res:
+            out.append(f"Against ONE float32 transformers forward of the DeepSeek-V3 checkpoint (every token vector of "
+                       f"every layer id; the wrapper's outputs against the same weights):\n")
+            out.append("| output | layout | layer ids | samples | n_total | n >= 0.999 | min cosine | mean cosine | ok |\n"
+                       "|---|---|---|---|---|---|---|---|---|")
+            for n, o in (res.get("outputs") or {}).items():
+                out.append(f"| {n} | {o.get('layout')} | {o.get('layer_ids')} | {o.get('samples')}/{o.get('expected_samples')} | "
+                           f"{o.get('n_total')} | {o.get('n_within_0_999')} | {_cos(o.get('min_cosine'))} | "
+                           f"{o.get('mean_cosine')} | {'yes' if o.get('ok') else 'NO'} |")
+            out.append("")
+            if res.get("pairs"):
+                out.append("Outputs against each other (same decoder layers):\n")
+                out.append("| pair | n_total | n >= 0.999 | n >= 0.9999 | bitwise equal | min cosine | ok |\n"
+                           "|---|---|---|---|---|---|---|")
+                for n, q in res["pairs"].items():
+                    out.append(f"| {n} | {q.get('n_total')} | {q.get('n_within_0_999')} | {q.get('n_within_0_9999')} | "
+                               f"{q.get('n_bitwise_equal')} | {_cos(q.get('min_cosine'))} | {'yes' if q.get('ok') else 'NO'} |")
+                out.append("")
+            neg = res.get("negative_control") or {}
+            if neg:
+                out.append(f"Negative control ({neg.get('what')}): {neg.get('n_below_0_999')} of {neg.get('n_total')} "
+                           f"vectors below 0.999, min cosine {_cos(neg.get('min_cosine'))}: the measure "
+                           f"{'fails, as it must' if neg.get('fails') else 'DID NOT FAIL'}.\n")
+            rt = res.get("routing") or {}
+            if rt:
+                mins = rt.get("float32_margin_per_layer") or {}
+                low = min((m.get("min_margin") for m in mins.values() if m.get("min_margin") is not None), default=None)
+                per = ", ".join(f"{k}: {m.get('min_margin')}" for k, m in mins.items())
+                out.append(f"Routing (MoE layers {rt.get('moe_layers')}): smallest float32 router margin {low} "
+                           f"(per layer: {per}); "
+                           f"a bf16 transformers forward chose the same experts as float32 for "
+                           f"{rt.get('bf16_same_choice_as_float32')} of {rt.get('router_tokens')} router decisions.\n")
+            out.append(f"Verdict of the comparison: {'all ok' if res.get('ok') else 'NOT ok'} "
+                       f"({res.get('seconds')} s).\n")
+        r = st.get("resume_after_stop") or {}
+        if r:
+            s0 = r.get("stopped") or {}
+            rl = r.get("relaunch") or {}
+            out.append(f"Resume after a stop (0.3.0 flow, DeepSeek-V3, one sample per generate() call): "
+                       f"{'ok' if r.get('ok') else 'NOT ok'}. Stopped with {s0.get('files_at_stop')} files written "
+                       f"(GPU processes while running {len(s0.get('gpu_processes_while_running') or [])}, after the stop "
+                       f"{len(s0.get('gpu_processes_after') or [])}); relaunch with max_samples {r.get('max_samples')}: "
+                       f"exit {rl.get('rc')}, {r.get('files_after')} files, {r.get('untouched_of_before')} of the "
+                       f"{s0.get('files_at_stop')} earlier files untouched, indexes 0..{r.get('max_samples', 0) - 1} "
+                       f"{'all present' if r.get('indexes_contiguous') else 'NOT contiguous'}; verify exit "
+                       f"{(r.get('verify') or {}).get('rc')}.\n")
+        lc = st.get("resume_layer_change_refused") or {}
+        if lc:
+            out.append("Resume with other layer ids: " + (lc["skipped"] if lc.get("skipped") else (
+                f"{'refused before the engine started' if lc.get('ok') else 'NOT refused as required'}: exit "
+                f"{lc.get('rc')} in {lc.get('seconds')} s, files changed or added {lc.get('files_changed_or_added')}; "
+                f"said: {(lc.get('message') or lc.get('stderr_tail') or '')[:300]}")) + "\n")
+        p = st.get("n_probe_server_default_ids") or {}
+        if p:
+            err = p.get("error_lines") or p.get("log_tail") or []
+            out.append(f"Server flow on DeepSeek-V3 with ids {p.get('layer_ids')} (the last id = the number of layers, "
+                       f"launch_vllm.py's form): exit {p.get('rc')}, {p.get('files')}/{p.get('expected')} files, state "
+                       f"{p.get('state')}" + (f"; log: {err[-1][:300]}" if err and p.get('rc') else "") + ".\n")
+        for k, x in st.items():
+            if k in ("crashed", "stopped"):
+                out.append(f"**{k}**: {x.get('error')}\n")
+    return out
+
+
 def main() -> int:
     throughput = [(f.name, json.loads(f.read_text())) for f in sorted(RESULTS.glob("gpu_throughput*.json"))]
     files = sorted(RESULTS.glob("gpu_extract_*.json"))
@@ -345,6 +485,9 @@ def main() -> int:
         print("\n".join(throughput_section(name, d)))
     if model_files:
         print("\n".join(render_models(model_files)))
+    flows_files = sorted(RESULTS.glob("gpu_flows_*.json"))
+    if flows_files:
+        print("\n".join(render_flows(flows_files)))
     server_files = sorted(RESULTS.glob("gpu_server_*.json"))
     if server_files:      # the server flow (speculators >= 0.5): benchmarks/gpu_server_check.py
         import gpu_server_results

@@ -11,6 +11,17 @@
 #       throughput   benchmarks/gpu_throughput.py     (issue 25)
 #       server       benchmarks/gpu_server_check.py   (issue 24)
 #   Results go to $OUT/<name>.json (the device tool brings $OUT back), logs to $OUT/<name>.log.
+#
+#   A whole session in the background, so that it outlasts one device call (10 min) and the parts of
+#   the bundle can travel first (the device copies the session's main checkout: this checkout travels as
+#   .gpu/code.tar.gz and runs from $E2E/code):
+#   bash benchmarks/gpu_session.sh batch PLAN        # unpack, then run PLAN's lines one after another
+#                                                     # (setsid: the call may return), log $E2E/batch/
+#   bash benchmarks/gpu_session.sh collect SECONDS    # wait until the batch ends or SECONDS pass, then
+#                                                     # pack $E2E/batch into $OUT/batch.tar.gz
+#   PLAN: benchmarks/gpu_plan.txt by default: one harness command a line, with DEADLINE (epoch seconds
+#   the batch must end by, from BATCH_SECONDS) and REV substituted; a line starting with "if-time N"
+#   runs only when N seconds are left before DEADLINE.
 set -euo pipefail
 E2E="${E2E:-/root/e2e}"
 OUT="${OUT:-$E2E/out}"
@@ -29,17 +40,66 @@ unpack() {
   [ -f "$E2E/.bundle-ok" ] && return 0
   cd "$E2E/parts"
   grep ' part\.' SHA256SUMS | sha256sum -c --quiet
+  ls apart.[0-9]* >/dev/null 2>&1 && { grep ' apart\.[0-9]' SHA256SUMS | sha256sum -c --quiet; }
   cat part.* > "$E2E/bundle.tar.gz"
   (cd "$E2E" && grep ' bundle.tar.gz' parts/SHA256SUMS | sha256sum -c --quiet)
   mkdir -p "$E2E/rocache/src"
   tar xzf "$E2E/parts/baseline.tar.gz" -C "$E2E/rocache/src"
   tar xzf "$E2E/bundle.tar.gz" -C "$E2E"      # site/, tf/ and the gpu_wheels folders
+  if ls "$E2E"/parts/apart.* >/dev/null 2>&1; then   # packages the machine's own versions do not cover
+    cat "$E2E"/parts/apart.[0-9]* > "$E2E/apart.tar.gz"
+    (cd "$E2E" && grep ' apart.tar.gz' parts/SHA256SUMS | sha256sum -c --quiet)
+    tar xzf "$E2E/apart.tar.gz" -C "$E2E"
+  fi
   touch "$E2E/.unpacked" "$E2E/.bundle-ok"
   cd - >/dev/null
 }
 
+batch_run() {   # the plan's lines, one after another; each one's exit status in $B/status
+  local plan="$1" B="$E2E/batch"
+  local deadline=$(( $(date +%s) + ${BATCH_SECONDS:-1200} ))
+  export DEADLINE=$deadline REV="${REV:-unknown}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+         VLLM_HOST_IP=127.0.0.1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+         PYTHONUNBUFFERED=1 ROOT E2E B
+  echo "start $(date +%s) deadline $deadline rev $REV" >> "$B/status"
+  local n=0 line need
+  while IFS= read -r line || [ -n "$line" ]; do
+    case "$line" in ''|'#'*) continue ;; esac
+    n=$((n + 1))
+    if [[ "$line" == if-time* ]]; then
+      need=$(echo "$line" | awk '{print $2}'); line="${line#if-time $need }"
+      if [ $(( deadline - $(date +%s) )) -lt "$need" ]; then
+        echo "step $n skipped: less than ${need}s left: $line" >> "$B/status"; continue
+      fi
+    fi
+    echo "step $n start $(date +%s): $line" >> "$B/status"
+    ( cd "$ROOT" && eval "$line" ) > "$B/step$n.log" 2>&1
+    echo "step $n rc $? at $(date +%s)" >> "$B/status"
+  done < "$plan"
+  echo "done $(date +%s)" >> "$B/status"
+}
+
+collect() {   # wait for the batch (or SECONDS), then everything under $B as one file in $OUT
+  local secs="${1:-480}" B="$E2E/batch" t0
+  t0=$(date +%s)
+  while [ $(( $(date +%s) - t0 )) -lt "$secs" ] && ! grep -q '^done' "$B/status" 2>/dev/null; do sleep 5; done
+  cat "$B/status" 2>/dev/null
+  for f in "$B"/step*.log; do [ -f "$f" ] && { echo "== $f"; tail -c 1500 "$f"; }; done
+  mkdir -p "$OUT"
+  tar czf "$OUT/batch.tar.gz" -C "$E2E" batch 2>/dev/null || true
+  ls -l "$OUT"
+}
+
 case "${1:-}" in
   stash) stash ;;
+  batch)
+    plan="${2:-$ROOT/benchmarks/gpu_plan.txt}"
+    unpack
+    mkdir -p "$E2E/batch/results"
+    setsid nohup bash "$0" batch-run "$plan" > "$E2E/batch/batch.log" 2>&1 < /dev/null &
+    echo "batch started: pid $!, plan $plan" ;;
+  batch-run) batch_run "$2" ;;
+  collect) collect "${2:-480}" ;;
   run)
     name="${2:?which harness}"; shift 2
     stash; unpack

@@ -14,6 +14,13 @@ subprocess with a timeout:
       this script with --batch-tokens 0 --write-queue-mb 0, which is the old loop). Tokens/s once the
       engine is up: tokens of the files / (newest data_<N>.pt mtime - data_config.json mtime; the
       script writes data_config.json right after the generator is ready, in both versions).
+  (a) server flow (--parts a_server): the same rows through playbooks/eagle3-speculators-0.9.0.yaml
+      (vLLM's OpenAI server with extract_hidden_states + ExampleHiddenStatesConnector, speculators
+      0.9.0's generate-offline-data as the client; the rows given as `speculators prepare-data` writes
+      them, cut like the script cuts them) at the playbook's defaults, layer ids [2, n//2, n-3, n]
+      (launch_vllm.py's: 4 layers, as the 0.3.0 flow's default). Tokens/s once the server answered
+      its health check (the supervisor's healthy_at) to the newest hs_<N>.safetensors; also from the
+      first file on, and the whole job's wall time with the server's start.
   (b) the generator alone, no writes: the patched speculators VllmHiddenStatesGenerator driven with
       AFTER's batches (the script's own pack_batches and engine_budget), generate() timed from the
       first call to the last return; with a profile of where generate() spends its time
@@ -57,8 +64,20 @@ PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
 SCRIPT = REPO / "playbooks" / "scripts" / "extract_hidden_states.py"
 BEFORE_REV = "efd360d"   # main before the shared-memory hand-off (the second part of issue 25)
 H200_BF16_DENSE_FLOPS = 989e12
-PARTS = {"disk": "disk", "a_before": "a_before", "a_after": "a_after", "a_tmpfs": "a_tmpfs", "b": "b_generator",
-         "c": "c_vllm_prefill"}       # --parts name: the result's key
+PARTS = {"disk": "disk", "a_before": "a_before", "a_after": "a_after", "a_tmpfs": "a_tmpfs",
+         "a_server": "a_server", "b": "b_generator", "c": "c_vllm_prefill"}       # --parts name: the result's key
+SERVER_PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.9.0.yaml"
+SERVER_PORT = 8810
+DATASET_BUILDER = r'''
+import json, sys
+from datasets import Dataset
+rows = [json.loads(l)["input_ids"] for l in open(sys.argv[1]) if l.strip()]
+ds = Dataset.from_dict({"input_ids": rows, "loss_mask": [[0] + [1] * (len(r) - 1) for r in rows],
+                        "seq_len": [len(r) for r in rows]})
+ds.set_format(type="torch")
+ds.save_to_disk(sys.argv[2])
+print(json.dumps({"rows": len(rows), "tokens": sum(map(len, rows))}))
+'''   # as benchmarks/gpu_server_check.py builds it (what `speculators prepare-data` writes)
 TMPFS_OUT = "/dev/shm/remote-ops-throughput-out"   # a_tmpfs: AFTER with its files in RAM (no disk)
 FLOPS_SOURCE = ("NVIDIA H200 Tensor Core GPU datasheet: BF16 Tensor Core 1,979 TFLOPS with sparsity; "
                 "dense = half = 989 TFLOP/s")
@@ -67,6 +86,9 @@ FLOPS_SOURCE = ("NVIDIA H200 Tensor Core GPU datasheet: BF16 Tensor Core 1,979 T
 MODEL_SHAPES = {
     "1.1b": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
                  num_attention_heads=32, num_key_value_heads=4),
+    # an 8B-class shape (Llama-3-8B's: hidden 4096, 32 layers, GQA 32/8, MLP 14336, vocab 128256)
+    "8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+               num_attention_heads=32, num_key_value_heads=8),
     "tiny": dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
                  num_attention_heads=4, num_key_value_heads=2),
 }
@@ -232,8 +254,9 @@ def ratios(doc: dict) -> dict:
     """The ratios the issue asks for, from the parts' tokens/s (None where a part is missing)."""
     tps = lambda key: (doc.get(key) or {}).get("tokens_per_s")   # noqa: E731
     a, a0, b, c, d = tps("a_after"), tps("a_before"), tps("b_generator"), tps("c_vllm_prefill"), tps("d_roofline")
-    t = tps("a_tmpfs")
+    t, srv = tps("a_tmpfs"), tps("a_server")
     return {"a/b": ratio(a, b), "b/c": ratio(b, c), "c/d": ratio(c, d), "a/c": ratio(a, c),
+            "a_server/c": ratio(srv, c), "a_server/a_after": ratio(srv, a), "a_server/b": ratio(srv, b),
             "a_before/b": ratio(a0, b), "a_after/a_before": ratio(a, a0),
             "a_tmpfs/b": ratio(t, b), "a_tmpfs/c": ratio(t, c), "a_before/c": ratio(a0, c)}
 
@@ -485,8 +508,13 @@ class Bench:
                 tf.extractall(w, members=[m for m in tf if m.name.split("/")[0] in missing], filter="data")
         shutil.rmtree(self.scratch, ignore_errors=True)
         (self.scratch / "bin").mkdir(parents=True)
-        for name, path in (("python", f"{w}/tf:{w}/site"), ("python-llm", f"{w}/tf:{w}/site:{w}/llm")):
+        for name, path in (("python", f"{w}/tf:{w}/site"), ("python-llm", f"{w}/tf:{w}/site:{w}/llm"),
+                           # the server flow (gpu_server_check.py's interpreters): vLLM's API server with
+                           # transformers 4.57.6, speculators 0.9.0's client with the machine's transformers
+                           ("server/python", f"{w}/tf:{w}/server:{w}/site"),
+                           ("client/python", f"{w}/spec090:{w}/server:{w}/site")):
             f = self.scratch / "bin" / name
+            f.parent.mkdir(parents=True, exist_ok=True)
             f.write_text(f"#!/bin/sh\nPYTHONPATH={path} exec {self.base_python} \"$@\"\n")
             f.chmod(0o755)
         if self.args.standin:
@@ -528,6 +556,17 @@ class Bench:
         self.doc["dataset"] = {"samples": len(rows), "tokens_before_cut": sum(map(len, rows)),
                                "tokens": sum(self.lengths), "max_model_len": self.max_model_len,
                                "cut": sum(1 for r in rows if len(r) > self.max_model_len - 1)}
+        if "a_server" in self.args.parts and not self.args.standin:
+            cut = s / "dataset-cut.jsonl"      # the rows as the 0.3.0 script cuts them: both flows get the same tokens
+            with open(cut, "w") as fh:
+                for ids in rows:
+                    fh.write(json.dumps({"input_ids": ids[:self.max_model_len - 1]}) + "\n")
+            t = time.monotonic()
+            r = run_cmd([str(s / "bin" / "client" / "python"), "-c", DATASET_BUILDER, str(cut), str(s / "srv-data")],
+                        timeout=300)
+            self.doc["server_dataset"] = {"rc": r["rc"], "seconds": round(time.monotonic() - t, 1),
+                                          "built": last_json(r["stdout"]),
+                                          "stderr": r["stderr"][-1500:] if r["rc"] else ""}
         self.doc["d_roofline"] = roofline(self.model["decoder_params"], self.lengths, self.model["layers"],
                                           self.model["hidden"])
         self.save()
@@ -545,6 +584,17 @@ class Bench:
         hosts = {"after": host("after", PLAYBOOK),
                  # AFTER with its files on a tmpfs: what the job does when the disk is not the limit
                  "tmpfs": host("tmpfs", PLAYBOOK, {"output_dir": str(self.out_dir("tmpfs"))})}
+        n = self.model["layers"]
+        (s / "wd-server").mkdir(exist_ok=True)
+        hosts["server"] = {
+            "connection": "local", "python": str(s / "bin" / "client" / "python"), "workdir": str(s / "wd-server"),
+            "playbook": str(SERVER_PLAYBOOK), "env": {**HOST_ENV, "REMOTE_OPS_STATE_DIR": str(s / "state-server")},
+            # the playbook's defaults (concurrency, gpu_memory_utilization) except the model's own layer ids and
+            # the 0.3.0 playbook's max_model_len (the same cut rows)
+            "vars": {"target_model": str(s / "model"), "preprocessed_data": str(s / "srv-data"),
+                     "max_samples": self.args.samples, "layer_ids": [2, n // 2, n - 3, n], "port": SERVER_PORT,
+                     "max_model_len": self.max_model_len, "server_python": str(s / "bin" / "server" / "python"),
+                     "server_ready_seconds": 600, "gpus": 1}}
         before = self.before_files()
         if before["source"] == "git":
             hosts["before"] = host("before", before["playbook"])
@@ -645,6 +695,47 @@ class Bench:
                           "stderr_tail": r["stderr"][-1500:] if r["rc"] else "",
                           "log_tail": lines[-8:]}
 
+    def part_a_server(self):
+        s = self.scratch
+        out = s / "srv-data" / "hidden_states"
+        shutil.rmtree(out, ignore_errors=True)
+        free = self.wait_gpu_free()
+        r = self.ro("extract", "server", "--skip-check", "--tail", "--json", timeout=self.timeout(480))
+        st = self.ro("status", "server", "--json", timeout=60)
+        job = (last_json(st["stdout"]) or {}).get("job") or {}
+        server = job.get("server") or {}
+        healthy_at = None
+        if server.get("log"):
+            rec = Path(server["log"]).parent / "server.json"
+            try:
+                healthy_at = json.loads(rec.read_text()).get("healthy_at")
+            except (OSError, ValueError):
+                pass
+        files = sorted(out.glob("hs_*.safetensors"))
+        idx = [int(f.name[3:].split(".")[0]) for f in files]
+        tokens = sum(self.lengths[i] for i in idx if i < len(self.lengths))
+        size = sum(f.stat().st_size for f in files)
+        mt = sorted(f.stat().st_mtime for f in files)
+        doc = {"rc": r["rc"], "wall_s": r["seconds"], "gpu_free_after_s": free, "files": len(files), "tokens": tokens,
+               "bytes": size, "complete": len(files) == self.args.samples, "layer_ids": [2, self.model["layers"] // 2,
+                                                                                    self.model["layers"] - 3,
+                                                                                    self.model["layers"]],
+               "server_ready_after_s": server.get("ready_after_s"), "healthy_at": healthy_at,
+               "state": job.get("state"), "reason": job.get("reason"),
+               "stderr_tail": r["stderr"][-1500:] if r["rc"] else "", "log_tail": job_lines(r["stdout"])[-8:]}
+        if files and healthy_at:
+            secs = mt[-1] - healthy_at
+            doc.update({"seconds": round(secs, 3), "tokens_per_s": round(tokens / secs, 1) if secs > 0 else None,
+                        "bytes_per_s": round(size / secs) if secs > 0 else None,
+                        "bytes_per_token": round(size / tokens, 1) if tokens else None})
+        if len(files) > 1:   # from the first file on: the client's start (imports, dataset load) left out
+            first = min(range(len(files)), key=lambda k: files[k].stat().st_mtime)
+            span = mt[-1] - mt[0]
+            rest = tokens - self.lengths[idx[first]]
+            doc["from_first_file"] = {"seconds": round(span, 3),
+                                      "tokens_per_s": round(rest / span, 1) if span > 0 else None}
+        self.doc["a_server"] = doc
+
     def part_b(self):
         self.wait_gpu_free()
         s = self.scratch
@@ -673,6 +764,7 @@ class Bench:
         dd = (disk.get("dd_direct") or {}).get("bytes_per_s")
         for which in ("after", "before", "tmpfs"):   # ~8 GB each: leave disk and RAM to the other checks
             shutil.rmtree(self.out_dir(which), ignore_errors=True)
+        shutil.rmtree(self.scratch / "srv-data" / "hidden_states", ignore_errors=True)
         self.doc["disk_use"] = {"a_after_bytes_per_s": a.get("bytes_per_s"), "a_before_bytes_per_s": a0.get("bytes_per_s"),
                                 "dd_direct_bytes_per_s": dd, "fraction_of_dd": ratio(a.get("bytes_per_s"), dd),
                                 "bytes_per_token": a.get("bytes_per_token"),
@@ -699,6 +791,7 @@ def main(argv=None) -> int:
         parts = [p for p in parts if p in ("disk", "a_after", "a_before", "a_tmpfs")]
     plan = {"disk": (b.part_disk, 15), "a_after": (lambda: b.part_a("after"), 75),
             "a_before": (lambda: b.part_a("before"), 90), "a_tmpfs": (lambda: b.part_a("tmpfs"), 70),
+            "a_server": (b.part_a_server, 150),
             "b": (b.part_b, 75), "c": (b.part_c, 50)}
     patched = []
     for p in parts:
@@ -711,7 +804,7 @@ def main(argv=None) -> int:
         fn, need = plan[p]
         b.part(PARTS[p], fn, need)
     b.finish()
-    tps = {k: (b.doc.get(k) or {}).get("tokens_per_s") for k in ("a_before", "a_after", "a_tmpfs", "b_generator",
+    tps = {k: (b.doc.get(k) or {}).get("tokens_per_s") for k in ("a_before", "a_after", "a_tmpfs", "a_server", "b_generator",
                                                                   "c_vllm_prefill", "d_roofline")}
     print(json.dumps({"tokens_per_s": tps, "ratios": b.doc["ratios"], "disk_use": b.doc["disk_use"],
                       "elapsed_s": b.doc["elapsed_s"]}))
