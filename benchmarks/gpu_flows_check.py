@@ -23,7 +23,11 @@ remote-ops itself over `connection: local` hosts, as gpu_model_check.py and gpu_
              once files are written, `extract --tail` again with more samples: only the missing files are
              written (the earlier ones untouched), `verify`; with --layer-change, a relaunch with other
              layer ids over that output must be refused before the engine starts (no file changes)
-  n_probe    (--n-probe) the server flow on DeepSeek-V3 with launch_vllm.py's default form of ids, the last
+  The server flow's Kimi-K2.5 run uses the shipped playbook with `--trust-remote-code` added to the server's
+  command (written beside the inventory): vLLM loads the wrapper's image processor (auto_map, custom code)
+  at start, and the shipped command has no way to pass that flag; speculators 0.3.0's generator passes
+  trust_remote_code=True itself. --probes runs the shipped command on Kimi too and records what happens.
+  n_probe    (--probes) the server flow on DeepSeek-V3 with launch_vllm.py's default form of ids, the last
              one = the number of layers ([2, 4, 5, 8]): what happens (vLLM's deepseek_v2.py gathers an aux
              state only before a layer, so id 8 of 8 layers is never gathered)
 
@@ -58,7 +62,18 @@ IDS_030 = "1,3,5,6"              # data_<i>.pt: the output of decoder layer i
 IDS_SRV = [2, 4, 6, 7]           # hs_<i>.safetensors: aux id k = the output of decoder layer k-1 (same layers)
 IDS_PROBE = [2, 4, 5, 8]         # launch_vllm.py's [2, n//2, n-3, n] for n = 8
 MAX_MODEL_LEN = 1024
-PORTS = {"deepseek_v3": 8801, "kimi_k25": 8802, "probe": 8803}
+PORTS = {"deepseek_v3": 8801, "kimi_k25": 8802, "probe": 8803, "kimi_shipped": 8804}
+TRUST = '"--disable-uvicorn-access-log", "--trust-remote-code"]'
+
+
+def trust_remote_code_playbook(dest: Path) -> Path:
+    """The shipped server-flow playbook with --trust-remote-code added to the server's command."""
+    text = PB090.read_text()
+    old = '"--disable-uvicorn-access-log"]'
+    if text.count(old) != 1:
+        raise SystemExit(f"{PB090}: the server command's last argument is not {old}: cannot add --trust-remote-code")
+    dest.write_text(text.replace(old, TRUST))
+    return dest
 
 
 def host_name(flow: str, model: str) -> str:
@@ -140,7 +155,9 @@ class FlowsCheck:
         self.resume_dataset.write_text("".join(json.dumps({"input_ids": x}) + "\n" for x in self.resume_rows))
         t = time.monotonic()
         arrow = {}
-        for m in list(MODELS) + (["probe"] if self.args.n_probe else []):
+        wanted = (list(MODELS) if "flows" in self.args.steps else []) + \
+            (["probe", "kimi_shipped"] if self.args.probes else [])
+        for m in wanted:
             d = self.root / f"srv-data-{m}"
             r = sh([str(self.py("client")), "-c", DATASET_BUILDER, str(self.dataset), str(d)], timeout=300,
                    log=self.log)
@@ -164,11 +181,12 @@ class FlowsCheck:
                          "batch_size": 8, "layer_ids": IDS_030, "max_model_len": MAX_MODEL_LEN,
                          "gpu_memory_utilization": self.args.gpu_memory_utilization, "gpus": 1,
                          "tensor_parallel_size": 1}}
-        for m in list(MODELS) + (["probe"] if self.args.n_probe else []):
-            target = ck / ("deepseek_v3" if m == "probe" else m)
+        trusted = trust_remote_code_playbook(self.root / "eagle3-speculators-0.9.0+trust-remote-code.yaml")
+        for m in list(MODELS) + (["probe", "kimi_shipped"] if self.args.probes else []):
+            target = ck / {"probe": "deepseek_v3", "kimi_shipped": "kimi_k25"}.get(m, m)
             hosts[host_name("srv", m)] = {
                 "connection": "local", "python": str(self.py("client")), "workdir": str(self.root / "wdsrv"),
-                "playbook": str(PB090), "env": env(host_name("srv", m)),
+                "playbook": str(trusted if m == "kimi_k25" else PB090), "env": env(host_name("srv", m)),
                 "vars": {"target_model": str(target), "preprocessed_data": str(self.root / f"srv-data-{m}"),
                          "max_samples": len(self.rows), "concurrency": 16,
                          "layer_ids": IDS_PROBE if m == "probe" else IDS_SRV, "port": PORTS[m],
@@ -187,6 +205,8 @@ class FlowsCheck:
         self.inv.write_text(json.dumps({"hosts": hosts, "default": host_name("030", "deepseek_v3")}, indent=2))
         self.hosts = hosts
         self.run.step("inventory", ok=True, path=str(self.inv), hosts=sorted(hosts),
+                      playbooks={h: Path(x["playbook"]).name for h, x in hosts.items()},
+                      server_kimi_flag="--trust-remote-code added to the shipped server command (see the docstring)",
                       layer_ids={"0.3.0": IDS_030, "server": IDS_SRV}, max_model_len=MAX_MODEL_LEN)
 
     def patch(self) -> None:
@@ -290,14 +310,19 @@ class FlowsCheck:
         out = self.out_dir(host)
         shutil.rmtree(out, ignore_errors=True)
         launch = self.ro("extract", host, "--json", timeout=300)
+        if launch["rc"] != 0:
+            self.run.step("resume_after_stop", ok=False, launch_rc=launch["rc"], launch=launch["json"],
+                          stderr_tail=launch["stderr"][-1500:])
+            return
         t0, seen, job, asked = time.monotonic(), [], {}, 0.0
         while time.monotonic() - t0 < 240:
             if len(self.files(host)) >= self.args.stop_after_files:
                 break
             if time.monotonic() - asked > 5:       # the job's state now and then; the files every 0.2 s
                 asked = time.monotonic()
-                job = ((self.ro("status", host, "--json", timeout=60)["json"] or {}).get("job") or {})
-                if job.get("state") not in ("running", "starting", None):
+                st = self.ro("status", host, "--json", timeout=60)
+                job = ((st["json"] or {}).get("job") or {})
+                if st["rc"] != 0 or job.get("state") not in ("running", "starting"):
                     break
             time.sleep(0.2)
         seen = self.gpu_apps()
@@ -348,11 +373,17 @@ class FlowsCheck:
                       message=(j.get("message") or j.get("error") or "")[:800] if isinstance(j, dict) else None,
                       stderr_tail=x["stderr"][-1500:], gpu_processes_after=self.wait_gpu_free())
 
-    def n_probe(self) -> None:
-        host = host_name("srv", "probe")
-        ex = self.extract(host, timeout=min(300, max(30, self.left())))
-        self.run.step("n_probe_server_default_ids", ok=True, layer_ids=IDS_PROBE, model="deepseek_v3", **ex,
-                      note="recorded, not judged: what the server flow does with the id n on DeepSeek-V3")
+    def probes(self) -> None:
+        """Recorded, not judged: the server flow with launch_vllm.py's id n on DeepSeek-V3, and the shipped
+        server command (no --trust-remote-code) on the Kimi-K2.5-shaped checkpoint."""
+        for m, step, extra in (("probe", "n_probe_server_default_ids", {"layer_ids": IDS_PROBE, "model": "deepseek_v3"}),
+                               ("kimi_shipped", "probe_kimi_shipped_server_command",
+                                {"model": "kimi_k25", "playbook": PB090.name})):
+            if self.left() < 60:
+                self.run.step(step, ok=True, skipped=f"{self.left():.0f} s left of --budget")
+                continue
+            ex = self.extract(host_name("srv", m), timeout=min(240, max(30, self.left())))
+            self.run.step(step, ok=True, **extra, **ex)
 
 
 VERSIONS = r'''
@@ -381,7 +412,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", default="flows,compare,resume")
     ap.add_argument("--layer-change", action="store_true", help="also check that other layer ids are refused "
                                                                 "on resume (needs issue 32's run identity)")
-    ap.add_argument("--n-probe", action="store_true", help="also run the server flow with ids [2, 4, 5, 8]")
+    ap.add_argument("--probes", action="store_true", help="also run the server flow with ids [2, 4, 5, 8] on "
+                                                           "DeepSeek-V3 and the shipped command on Kimi (recorded)")
     ap.add_argument("--base-python", default=None)
     ap.add_argument("--controller-cache", default=None)
     ap.add_argument("--code-rev", default=None)
@@ -403,8 +435,8 @@ def main(argv=None) -> int:
             if "flows" not in steps:
                 h.patch()
             h.resume()
-        if args.n_probe and h.left() > 120:
-            h.n_probe()
+        if args.probes:
+            h.probes()
     except Exception as exc:   # recorded: the steps done so far stand
         h.run.step("crashed", ok=False, error=f"{type(exc).__name__}: {exc}")
     except SystemExit as exc:

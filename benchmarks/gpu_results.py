@@ -445,6 +445,12 @@ def render_flows(files: list[Path]) -> list[str]:
             out.append(f"Server flow on DeepSeek-V3 with ids {p.get('layer_ids')} (the last id = the number of layers, "
                        f"launch_vllm.py's form): exit {p.get('rc')}, {p.get('files')}/{p.get('expected')} files, state "
                        f"{p.get('state')}" + (f"; log: {err[-1][:300]}" if err and p.get('rc') else "") + ".\n")
+        q = st.get("probe_kimi_shipped_server_command") or {}
+        if q and not q.get("skipped"):
+            err = q.get("error_lines") or q.get("log_tail") or []
+            out.append(f"The shipped server command (no --trust-remote-code) on the Kimi-K2.5-shaped checkpoint: exit "
+                       f"{q.get('rc')}, {q.get('files')}/{q.get('expected')} files, state {q.get('state')}"
+                       + (f"; log: {err[-1][:300]}" if err and q.get('rc') else "") + ".\n")
         for k, x in st.items():
             if k in ("crashed", "stopped"):
                 out.append(f"**{k}**: {x.get('error')}\n")

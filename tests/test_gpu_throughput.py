@@ -55,8 +55,10 @@ def test_dataset_lengths_cut_and_roofline():
     doc = {"a_after": {"tokens_per_s": 90.0}, "a_before": {"tokens_per_s": 45.0}, "b_generator": {"tokens_per_s": 100.0},
            "c_vllm_prefill": {"tokens_per_s": 200.0}, "d_roofline": {"tokens_per_s": 400.0}}
     doc["a_tmpfs"] = {"tokens_per_s": 95.0}
+    doc["a_server"] = {"tokens_per_s": 120.0}
     assert gt.ratios(doc) == {"a/b": 0.9, "b/c": 0.5, "c/d": 0.5, "a/c": 0.45, "a_before/b": 0.45,
-                              "a_after/a_before": 2.0, "a_tmpfs/b": 0.95, "a_tmpfs/c": 0.475, "a_before/c": 0.225}
+                              "a_after/a_before": 2.0, "a_tmpfs/b": 0.95, "a_tmpfs/c": 0.475, "a_before/c": 0.225,
+                              "a_server/c": 0.6, "a_server/a_after": 1.3333, "a_server/b": 1.2}
     assert gt.ratios({})["a/c"] is None
 
 
