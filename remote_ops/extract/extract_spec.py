@@ -11,7 +11,7 @@ side; ``jobs.py`` runs it: preflight, launch, the records status / logs / stop /
       disk:                              # refuse a job whose outputs cannot fit, from real sizes:
         dataset: "{vars.dataset}"        # hidden size x captured layers (the checkpoint's config.json)
         max_model_len: "{vars.max_model_len}"   # x tokens of the samples still to write x 2 bytes
-        # model / layer_ids: default check.model's path / layer_ids (agent/diskneed.py)
+        # model / layer_ids: default check.model's path / layer_ids (agent/job/diskneed.py)
       env: {CUDA_VISIBLE_DEVICES: "0,1,2,3,4,5,6,7", TQDM_MININTERVAL: "5"}
       secrets:                           # delivered on stdin, to a 0600 file the supervisor deletes
         HF_TOKEN: {from_env: HF_TOKEN}
@@ -49,14 +49,14 @@ from pathlib import Path
 
 
 from remote_ops.errors import ConfigError
-from remote_ops.templates import _TEMPLATE, _WHOLE_VAR, _fill, fill_for_host, template_context  # noqa: F401
+from remote_ops.playbook.templates import _TEMPLATE, _WHOLE_VAR, _fill, fill_for_host, template_context  # noqa: F401
 from remote_ops.yamlsrc import type_name
 
 EXTRACT_KEYS = {"command", "workdir", "output_dir", "expected_samples", "disk", "env",
                 "secrets", "gpus", "watchdog_seconds", "stop_grace_seconds", "files", "import_check",
                 "import_check_timeout_seconds", "shard", "slurm", "server", "output_layout"}
 SERVER_KEYS = {"command", "port", "health", "env", "import_check"}
-LAYOUTS = ("data_pt", "hs_safetensors")     # agent/supervisor.py LAYOUTS: the file name of one sample
+LAYOUTS = ("data_pt", "hs_safetensors")     # agent/job/supervisor.py LAYOUTS: the file name of one sample
 MAX_FILE_BYTES = 4 << 20
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -172,7 +172,7 @@ def parse_spec(playbook, host, *, subdir: str | None = None) -> ExtractSpec:
 
     from remote_ops.yamlsrc import unknown_key_check
     unknown_key_check(raw, EXTRACT_KEYS, "in extract", lambda k, problem, hint: err_at((k,))(problem, hint))
-    from remote_ops.patch.playbook import PLACEHOLDER_RE
+    from remote_ops.playbook.loader import PLACEHOLDER_RE
 
     def scan(value, keys):
         if isinstance(value, dict):
@@ -336,7 +336,7 @@ def _disk(playbook, host, raw, err_at) -> dict | None:
     if not isinstance(raw, dict) or set(raw) - set(DISK_KEYS) or "dataset" not in raw:
         raise err_at(("disk",))(f"disk must be a mapping with dataset (and max_model_len, model, layer_ids), "
                                 f"got {raw!r}")
-    from remote_ops.check.model import parse_layer_ids
+    from remote_ops.playbook.model_section import parse_layer_ids
     section = (getattr(playbook, "check", None) or {}).get("model") or {}
 
     def filled(key, fallback=None):
