@@ -336,11 +336,10 @@ class FlowsCheck:
                    "stop_rc": stop["rc"], "stop": {k: (stop["json"] or {}).get(k) for k in ("clean", "terminated", "killed")},
                    "gpu_processes_after": after, "marker_processes_after": marker_pids(job_id),
                    "state_after": ((self.ro("status", host, "--json", timeout=60)["json"] or {}).get("job") or {}).get("state")}
-        target = len(before) + 64
+        # the same command again (a run identity, issue 32, covers max_samples: the relaunch is the same run)
+        target = len(self.resume_rows)
         inv = json.loads(self.inv.read_text())
-        inv["hosts"][host]["vars"]["max_samples"] = target
-        inv_path = self.root / "inventory-resume.yaml"
-        inv_path.write_text(json.dumps(inv, indent=2))
+        inv_path = self.inv
         r = self.extract(host, timeout=min(self.args.job_timeout, max(30, self.left())), inv=inv_path)
         now_files = self.files(host)
         untouched = sum(1 for p in now_files if before.get(p.name) == p.stat().st_mtime_ns)
@@ -349,7 +348,9 @@ class FlowsCheck:
         ok = (launch["rc"] == 0 and 0 < len(before) < len(self.resume_rows) and stop["rc"] == 0 and not after
               and r["rc"] == 0 and len(now_files) == target and untouched == len(before)
               and indexes == list(range(target)) and v["rc"] == 0)
-        self.run.step("resume_after_stop", ok=ok, stopped=stopped, relaunch=r, max_samples=target,
+        logs = self.ro("logs", host, "-n", "400", "--json", timeout=60)
+        said = [l for l in ((logs["json"] or {}).get("text") or "").splitlines() if "resum" in l.lower()][-3:]
+        self.run.step("resume_after_stop", ok=ok, stopped=stopped, relaunch=r, max_samples=target, resume_lines=said,
                       files_after=len(now_files), untouched_of_before=untouched, indexes_contiguous=indexes == list(range(target)),
                       verify={"rc": v["rc"], "result": v["json"]})
         if not self.args.layer_change:
@@ -357,7 +358,6 @@ class FlowsCheck:
                           skipped="not run: this code has no run identity (issue 32 item 1 not merged)")
             return
         inv["hosts"][host]["vars"]["layer_ids"] = "1,3,5,7"   # other ids over the same output
-        inv["hosts"][host]["vars"]["max_samples"] = target + 16
         inv_path2 = self.root / "inventory-layer-change.yaml"
         inv_path2.write_text(json.dumps(inv, indent=2))
         mt = {p.name: p.stat().st_mtime_ns for p in self.files(host)}
@@ -404,7 +404,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--bundle", default=None)
     ap.add_argument("--samples", type=int, default=24)
-    ap.add_argument("--resume-rows", type=int, default=3000)
+    ap.add_argument("--resume-rows", type=int, default=600)
     ap.add_argument("--stop-after-files", type=int, default=48)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     ap.add_argument("--job-timeout", type=float, default=360)

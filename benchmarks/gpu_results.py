@@ -422,17 +422,20 @@ def render_flows(files: list[Path]) -> list[str]:
             out.append(f"Verdict of the comparison: {'all ok' if res.get('ok') else 'NOT ok'} "
                        f"({res.get('seconds')} s).\n")
         r = st.get("resume_after_stop") or {}
-        if r:
+        if r.get("launch_rc"):
+            out.append(f"Resume after a stop: the first launch was refused (exit {r['launch_rc']}): "
+                       f"{((r.get('launch') or {}).get('message') or r.get('stderr_tail') or '')[:300]}\n")
+        elif r:
             s0 = r.get("stopped") or {}
             rl = r.get("relaunch") or {}
             out.append(f"Resume after a stop (0.3.0 flow, DeepSeek-V3, one sample per generate() call): "
                        f"{'ok' if r.get('ok') else 'NOT ok'}. Stopped with {s0.get('files_at_stop')} files written "
                        f"(GPU processes while running {len(s0.get('gpu_processes_while_running') or [])}, after the stop "
-                       f"{len(s0.get('gpu_processes_after') or [])}); relaunch with max_samples {r.get('max_samples')}: "
+                       f"{len(s0.get('gpu_processes_after') or [])}); the same command again ({r.get('max_samples')} samples): "
                        f"exit {rl.get('rc')}, {r.get('files_after')} files, {r.get('untouched_of_before')} of the "
                        f"{s0.get('files_at_stop')} earlier files untouched, indexes 0..{r.get('max_samples', 0) - 1} "
                        f"{'all present' if r.get('indexes_contiguous') else 'NOT contiguous'}; verify exit "
-                       f"{(r.get('verify') or {}).get('rc')}.\n")
+                       f"{(r.get('verify') or {}).get('rc')}; the job said: {'; '.join(r.get('resume_lines') or []) or '-'}.\n")
         lc = st.get("resume_layer_change_refused") or {}
         if lc:
             out.append("Resume with other layer ids: " + (lc["skipped"] if lc.get("skipped") else (
