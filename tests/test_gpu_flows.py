@@ -1,0 +1,143 @@
+"""The both-flows GPU check's pieces that run without a GPU (benchmarks/gpu_flows_check.py,
+gpu_flows_compare.py, gpu_models.py --unambiguous-routing, and their GPU_RESULTS.md sections): the layer
+mapping of the two layouts, the counting of every vector, the routing biases shared by both checkpoints,
+the playbook with --trust-remote-code, and the renderers."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import gpu_flows_check as fc  # noqa: E402
+import gpu_flows_compare as cmp  # noqa: E402
+import gpu_models as gm  # noqa: E402
+import gpu_results  # noqa: E402
+
+
+def test_layouts_map_to_the_same_decoder_layers():
+    pt = cmp.parse_output("a=/x/out:pt:" + fc.IDS_030)
+    hs = cmp.parse_output("b=/x/y:z:hs:" + ",".join(map(str, fc.IDS_SRV)))
+    assert pt["decoder_layers"] == hs["decoder_layers"] == [1, 3, 5, 6]
+    assert hs["dir"] == Path("/x/y:z") and pt["layout"] == "pt" and hs["layout"] == "hs"
+    with pytest.raises(SystemExit):
+        cmp.parse_output("c=/x:hs:0,2")          # id 0 of the server flow is the embeddings
+    with pytest.raises(SystemExit):
+        cmp.parse_output("c=/x:npz:1")
+
+
+def test_count_counts_every_vector_and_the_worst():
+    c = cmp.Count()
+    c.add(torch.tensor([1.0, 0.9995, 0.998]), {"sample": 0})
+    c.add(torch.tensor([0.99999, 0.5]), {"sample": 3}, equal=torch.tensor([True, False]))
+    d = c.doc(with_equal=True)
+    assert (d["n_total"], d["n_within_0_999"], d["n_below_0_999"], d["n_within_0_9999"]) == (5, 3, 2, 2)
+    assert d["min_cosine"] == 0.5 and d["min_at"] == {"sample": 3, "token": 1} and d["n_bitwise_equal"] == 1
+
+
+def test_outputs_found_and_loaded_in_both_layouts(tmp_path):
+    safetensors = pytest.importorskip("safetensors.torch")
+    ids = [1, 5, 6, 7]
+    h = [torch.randn(4, 8, dtype=torch.bfloat16) for _ in range(2)]
+    (tmp_path / "pt").mkdir()
+    (tmp_path / "hs").mkdir()
+    torch.save({"input_ids": torch.tensor(ids), "hidden_states": h}, tmp_path / "pt" / "data_3.pt")
+    (tmp_path / "pt" / "data_config.json").write_text("{}")
+    safetensors.save_file({"token_ids": torch.tensor(ids), "hidden_states": torch.stack(h, 1).contiguous()},
+                          str(tmp_path / "hs" / "hs_3.safetensors"))
+    for layout in ("pt", "hs"):
+        out = cmp.parse_output(f"o={tmp_path / layout}:{layout}:2,3")
+        files = cmp.sample_files(out)
+        assert list(files) == [3]
+        got_ids, states = cmp.load_sample(torch, out, files[3])
+        assert got_ids == ids and all(torch.equal(a, b) for a, b in zip(states, h))
+
+
+def test_routing_biases_are_shared_by_both_checkpoints_and_spaced():
+    key = "model.layers.3.mlp.gate.e_score_correction_bias"
+    a, b = gm.routing_bias(key, 8), gm.routing_bias("language_model." + key, 8)
+    assert torch.equal(a, b)
+    assert sorted(a.tolist()) == [i * gm.BIAS_SPACING for i in range(8)]
+    assert not torch.equal(a, gm.routing_bias(key.replace("3", "4"), 8))     # each router its own order
+    assert torch.equal(a.to(torch.bfloat16).float(), a)                       # exact in bf16
+    assert gm.text_key("language_model.model.norm.weight") == "model.norm.weight"
+
+
+def test_the_hash_check_fails_on_a_wrong_fixture(tmp_path):
+    safetensors = pytest.importorskip("safetensors.torch")
+    g = torch.Generator().manual_seed(0)
+    w = {"model.layers.2.mlp.gate.weight": torch.randn(8, 16, generator=g).to(torch.bfloat16),
+         "model.layers.2.mlp.gate.e_score_correction_bias": torch.zeros(8, dtype=torch.bfloat16),
+         "model.norm.weight": torch.ones(16, dtype=torch.bfloat16)}
+    for name, prefix in (("plain", ""), ("wrapper", "language_model.")):
+        (tmp_path / name).mkdir()
+        safetensors.save_file({prefix + k: v for k, v in w.items()} |
+                              ({"vision_tower.x.weight": torch.ones(2)} if prefix else {}),
+                              str(tmp_path / name / "model.safetensors"))
+    ok = gm.shared_tensors_check(tmp_path / "plain", tmp_path / "wrapper")
+    assert ok["ok"] and ok["tensors"] == ok["equal"] == 3 and ok["router_tensors"] == 2
+    gm.make_routing_unambiguous(tmp_path / "plain")           # the routing made unambiguous in one only
+    bad = gm.shared_tensors_check(tmp_path / "plain", tmp_path / "wrapper")
+    assert not bad["ok"] and bad["differ"] == ["model.layers.2.mlp.gate.e_score_correction_bias",
+                                               "model.layers.2.mlp.gate.weight"]
+    gm.make_routing_unambiguous(tmp_path / "wrapper")
+    assert gm.shared_tensors_check(tmp_path / "plain", tmp_path / "wrapper")["ok"]
+
+
+def test_server_playbook_with_trust_remote_code(tmp_path):
+    f = fc.trust_remote_code_playbook(tmp_path / "p.yaml")
+    text, shipped = f.read_text(), fc.PB090.read_text()
+    assert text.count("--trust-remote-code") == 1 and "--trust-remote-code" not in shipped
+    assert text.replace(', "--trust-remote-code"', "") == shipped
+
+
+def flows_doc(ok=True):
+    out = {"n_total": 100, "n_within_0_999": 100 if ok else 97, "n_below_0_999": 0 if ok else 3,
+           "min_cosine": 0.99993 if ok else 0.97, "mean_cosine": 0.99999, "ok": ok, "layout": "pt",
+           "layer_ids": [1, 3, 5, 6], "samples": 24, "expected_samples": 24}
+    return {"code_rev": "abc1234", "gpus": ["NVIDIA H200"], "elapsed_s": 500,
+            "steps": {"build": {"ok": True, "shared_tensors": {"ok": True, "tensors": 255, "equal": 255,
+                                                               "router_tensors": 12},
+                                "routing": [{"gate_scale": 0.01, "bias_spacing": 0.25, "gate_weights_scaled": 6}]},
+                      "extract_030-deepseek_v3": {"ok": True, "flow": "0.3.0", "rc": 0, "files": 24, "expected": 24,
+                                                  "seconds": 80.1, "verify": {"rc": 0}},
+                      "compare": {"ok": ok, "result": {
+                          "ok": ok, "seconds": 30.0, "outputs": {"030-deepseek_v3": out},
+                          "pairs": {"030-kimi_k25 vs 030-deepseek_v3": {"n_total": 100, "n_within_0_999": 100,
+                                                                       "n_within_0_9999": 100, "n_bitwise_equal": 87,
+                                                                       "min_cosine": 0.99995, "ok": True}},
+                          "negative_control": {"what": "rows rolled", "n_total": 100, "n_below_0_999": 100,
+                                               "min_cosine": -0.1, "fails": True}}}}}
+
+
+def test_flows_section_reads_its_figures_from_the_file(tmp_path):
+    f = tmp_path / "gpu_flows_tp1.json"
+    f.write_text(json.dumps(flows_doc()))
+    md = "\n".join(gpu_results.render_flows([f]))
+    assert "commit abc1234" in md and "`benchmarks/gpu_flows_check.py`" in md
+    assert "255/255 equal (12 router tensors), ok" in md
+    assert "| 030-deepseek_v3 | pt | [1, 3, 5, 6] | 24/24 | 100 | 100 | 0.999930 |" in md
+    assert "| 030-kimi_k25 vs 030-deepseek_v3 | 100 | 100 | 100 | 87 | 0.999950 | yes |" in md
+    assert "fails, as it must" in md and "Verdict of the comparison: all ok" in md
+    f.write_text(json.dumps(flows_doc(ok=False)))
+    md = "\n".join(gpu_results.render_flows([f]))
+    assert "| 100 | 97 | 0.970000 |" in md and "NOT ok" in md
+
+
+def test_throughput_section_names_the_faster_flow():
+    d = {"code_rev": "abc", "a_after": {"tokens_per_s": 80000.0, "wall_s": 70}, "a_server": {
+        "tokens_per_s": 120000.0, "wall_s": 200, "files": 300, "tokens": 458061, "seconds": 3.8,
+        "from_first_file": {"tokens_per_s": 130000.0}, "layer_ids": [2, 11, 19, 22], "server_ready_after_s": 120},
+        "ratios": {"a_server/c": 0.5, "a_server/a_after": 1.5}}
+    md = "\n".join(gpu_results.throughput_section("x.json", d))
+    assert "Faster once the engine is up: the server flow (120.0k against 80.0k tokens/s for the 0.3.0 flow)" in md
+    assert "server flow (a)/(c) 0.5, server flow / 0.3.0 flow 1.5" in md and "130.0k" in md
+    d["a_server"]["tokens_per_s"] = 40000.0
+    assert "the 0.3.0 flow (80.0k against 40.0k" in "\n".join(gpu_results.throughput_section("x.json", d))
