@@ -73,8 +73,9 @@ batch_run() {   # the plan's lines, one after another; each one's exit status in
       fi
     fi
     echo "step $n start $(date +%s): $line" >> "$B/status"
-    ( cd "$ROOT" && eval "$line" ) > "$B/step$n.log" 2>&1
-    echo "step $n rc $? at $(date +%s)" >> "$B/status"
+    local rc=0
+    ( cd "$ROOT" && eval "$line" ) > "$B/step$n.log" 2>&1 || rc=$?    # a failed step does not end the batch
+    echo "step $n rc $rc at $(date +%s)" >> "$B/status"
   done < "$plan"
   echo "done $(date +%s)" >> "$B/status"
 }
