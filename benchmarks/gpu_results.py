@@ -145,8 +145,10 @@ def throughput_section(name: str, d: dict) -> list[str]:
     if srv.get("tokens_per_s") and a.get("tokens_per_s"):
         fast, slow = ("the server flow", "the 0.3.0 flow") if srv["tokens_per_s"] > a["tokens_per_s"] else \
             ("the 0.3.0 flow", "the server flow")
+        s1, a1 = (srv.get("from_first_file") or {}).get("tokens_per_s"), (a.get("from_first_file") or {}).get("tokens_per_s")
         out.append(f"Faster once the engine is up: {fast} ({_rate(max(srv['tokens_per_s'], a['tokens_per_s']))} "
-                   f"against {_rate(min(srv['tokens_per_s'], a['tokens_per_s']))} tokens/s for {slow}); whole jobs "
+                   f"against {_rate(min(srv['tokens_per_s'], a['tokens_per_s']))} tokens/s for {slow}); from each "
+                   f"flow's first file on: 0.3.0 flow {_rate(a1)}, server flow {_rate(s1)} tokens/s; whole jobs "
                    f"with the engine's start: 0.3.0 flow {a.get('wall_s')} s, server flow {srv.get('wall_s')} s.\n")
     hand = [f"{k}: {x.get('handoff_line')}" for k, x in (("AFTER", a), ("tmpfs", t)) if x.get("handoff_line")]
     if b.get("handoff"):

@@ -289,7 +289,22 @@ def output_rate(out_dir: Path, lengths: list[int]) -> dict:
     return {"files": len(files), "tokens": tokens, "seconds": round(secs, 3), "bytes": size,
             "tokens_per_s": round(tokens / secs, 1) if secs > 0 else None,
             "bytes_per_s": round(size / secs) if secs > 0 else None,
-            "bytes_per_token": round(size / tokens, 1) if tokens else None}
+            "bytes_per_token": round(size / tokens, 1) if tokens else None,
+            "from_first_file": from_first_file(files, lengths, lambda f: int(f.name[5:-3]))}
+
+
+def from_first_file(files: list[Path], lengths: list[int], index) -> dict:
+    """Tokens/s from the first output file on, the same for both flows: the tokens of the files written
+    after the first one (its mtime; files of that same instant left out too) over newest - oldest mtime.
+    Leaves out what comes before the first file (the 0.3.0 flow's first batch, the server flow's client
+    start); ``index(path)`` is the sample index a file holds."""
+    if len(files) < 2:
+        return {"tokens_per_s": None}
+    mt = {f: f.stat().st_mtime for f in files}
+    first, last = min(mt.values()), max(mt.values())
+    tokens = sum(lengths[index(f)] for f in files if mt[f] > first and index(f) < len(lengths))
+    span = last - first
+    return {"seconds": round(span, 3), "tokens": tokens, "tokens_per_s": round(tokens / span, 1) if span > 0 else None}
 
 
 def job_lines(tail_stdout: str) -> list[str]:
@@ -728,12 +743,8 @@ class Bench:
             doc.update({"seconds": round(secs, 3), "tokens_per_s": round(tokens / secs, 1) if secs > 0 else None,
                         "bytes_per_s": round(size / secs) if secs > 0 else None,
                         "bytes_per_token": round(size / tokens, 1) if tokens else None})
-        if len(files) > 1:   # from the first file on: the client's start (imports, dataset load) left out
-            first = min(range(len(files)), key=lambda k: files[k].stat().st_mtime)
-            span = mt[-1] - mt[0]
-            rest = tokens - self.lengths[idx[first]]
-            doc["from_first_file"] = {"seconds": round(span, 3),
-                                      "tokens_per_s": round(rest / span, 1) if span > 0 else None}
+        # from the first file on: the client's start (imports, dataset load) left out
+        doc["from_first_file"] = from_first_file(files, self.lengths, lambda f: int(f.name[3:].split(".")[0]))
         self.doc["a_server"] = doc
 
     def part_b(self):

@@ -141,3 +141,18 @@ def test_throughput_section_names_the_faster_flow():
     assert "server flow (a)/(c) 0.5, server flow / 0.3.0 flow 1.5" in md and "130.0k" in md
     d["a_server"]["tokens_per_s"] = 40000.0
     assert "the 0.3.0 flow (80.0k against 40.0k" in "\n".join(gpu_results.throughput_section("x.json", d))
+
+
+def test_rate_from_the_first_file_leaves_out_what_came_before_it(tmp_path):
+    import os
+    import gpu_throughput as gt
+    lengths = [100, 200, 300, 400]
+    files = []
+    for i, t in enumerate((1000.0, 1000.0, 1002.0, 1004.0)):    # two files of the first instant
+        f = tmp_path / f"hs_{i}.safetensors"
+        f.write_bytes(b"x")
+        os.utime(f, (t, t))
+        files.append(f)
+    r = gt.from_first_file(files, lengths, lambda f: int(f.name[3:].split(".")[0]))
+    assert r == {"seconds": 4.0, "tokens": 700, "tokens_per_s": 175.0}
+    assert gt.from_first_file(files[:1], lengths, lambda f: 0)["tokens_per_s"] is None
