@@ -191,7 +191,7 @@ class FlowsCheck:
                          "max_samples": len(self.rows), "concurrency": 16,
                          "layer_ids": IDS_PROBE if m == "probe" else IDS_SRV, "port": PORTS[m],
                          "max_model_len": MAX_MODEL_LEN, "gpu_memory_utilization": self.args.gpu_memory_utilization,
-                         "server_python": str(self.py("server")), "server_ready_seconds": 420,
+                         "server_python": str(self.py("server")), "server_ready_seconds": 300,
                          "tensor_parallel_size": 1, "gpus": 1}}
         resume = json.loads(json.dumps(hosts[host_name("030", "deepseek_v3")]))
         resume["env"] = env("resume")
@@ -272,7 +272,8 @@ class FlowsCheck:
                 if self.left() < need:
                     self.run.step(f"extract_{host}", ok=False, skipped=f"{self.left():.0f} s left of --budget")
                     continue
-                ex = self.extract(host, timeout=min(self.args.job_timeout, self.left()))
+                limit = self.args.job_timeout if flow == "030" else self.args.server_job_timeout
+                ex = self.extract(host, timeout=min(limit, max(30, self.left())))
                 v = self.ro("verify", host, *(["--all"] if flow == "srv" else []), "--json", timeout=180)
                 ex["verify"] = {"rc": v["rc"], "result": v["json"], "stderr_tail": v["stderr"][-600:]}
                 ok = ex["rc"] == 0 and ex["files"] == len(self.rows) and v["rc"] == 0
@@ -407,7 +408,8 @@ def main(argv=None) -> int:
     ap.add_argument("--resume-rows", type=int, default=600)
     ap.add_argument("--stop-after-files", type=int, default=48)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.3)
-    ap.add_argument("--job-timeout", type=float, default=360)
+    ap.add_argument("--job-timeout", type=float, default=240, help="seconds for one 0.3.0-flow extract --tail")
+    ap.add_argument("--server-job-timeout", type=float, default=360, help="seconds for one server-flow extract --tail")
     ap.add_argument("--budget", type=float, default=1200, help="seconds for the whole check")
     ap.add_argument("--steps", default="flows,compare,resume")
     ap.add_argument("--layer-change", action="store_true", help="also check that other layer ids are refused "

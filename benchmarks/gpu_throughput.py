@@ -609,7 +609,7 @@ class Bench:
             "vars": {"target_model": str(s / "model"), "preprocessed_data": str(s / "srv-data"),
                      "max_samples": self.args.samples, "layer_ids": [2, n // 2, n - 3, n], "port": SERVER_PORT,
                      "max_model_len": self.max_model_len, "server_python": str(s / "bin" / "server" / "python"),
-                     "server_ready_seconds": 600, "gpus": 1}}
+                     "server_ready_seconds": 420, "gpus": 1}}
         before = self.before_files()
         if before["source"] == "git":
             hosts["before"] = host("before", before["playbook"])
