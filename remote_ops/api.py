@@ -190,7 +190,7 @@ class Inventory(Fleet):
             raise UsageError(f"follow takes one host; {target or 'the default'!r} names {len(hosts)}",
                              "follow one of them: " + ", ".join(h.name for h in hosts))
         host = hosts[0]
-        ref = jobs.ref_for(Playbooks(playbook).for_job(host, job), job)
+        ref = jobs.ref_for(Playbooks(playbook).for_job(host, job), job, host)
         return follow_mod.follow(lambda: self.session(host), lambda: self.drop_session(host), ref,
                                  offset=offset)
 
