@@ -23,7 +23,7 @@ import shutil
 import sys
 import time
 
-from remote_ops.agent import outputlock
+from remote_ops.agent.job import outputlock
 from remote_ops.agent import shards as rule
 from remote_ops.extract import jobs as jobs_mod
 from tests.conftest import REPO, write_inventory

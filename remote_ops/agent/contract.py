@@ -92,7 +92,7 @@ KINDS = _kinds(
 )
 
 _JOB = ("key", "job_id")
-_JOB_AT = _JOB + ("output_dir",)   # a playbook's job: its key and the output directory it writes (agent/jobstatus.slot)
+_JOB_AT = _JOB + ("output_dir",)   # a playbook's job: its key and the output directory it writes (agent/job/status.slot)
 
 OPS = {o.name: o for o in (
     Op("ping.ping", ("echo",), "liveness and the interpreter", resident=True),

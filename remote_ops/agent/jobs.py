@@ -25,10 +25,10 @@ import sys
 import time
 
 from . import gpu
-from . import supervisor as sup
-from .filewait import FileWait
-from .jobstatus import (TERMINAL, _current_id, _jobdir, _jobs_in, _pid_alive, _read_tail, job_status, safe_key,
-                        slot, standin_label, state_dir)
+from .job import supervisor as sup
+from .job.filewait import FileWait
+from .job.status import (TERMINAL, _current_id, _jobdir, _jobs_in, _pid_alive, _read_tail, job_status, safe_key,
+                         slot, standin_label, state_dir)
 from .protocol import AgentFailure
 
 
@@ -123,9 +123,9 @@ def op_probe(args):
             out["disk"] = {"path": path, "measured_at": probe, "free_bytes": st.f_bavail * st.f_frsize,
                            "existing_samples": done, "max_index": top,
                            "mean_sample_bytes": int(sum(sizes) / len(sizes)) if sizes else None}
-            from .verify import read_data_config      # the shard its data_config.json records
+            from .outputs.data_config import read_data_config      # the shard its data_config.json records
             out["disk"]["shard"] = (read_data_config(path) or {}).get("shard")
-            from . import outputlock                  # a job writing there now (any state dir, any machine)
+            from .job import outputlock                  # a job writing there now (any state dir, any machine)
             held = outputlock.read(path)
             if held and held.get("job_id") != job_id:
                 state = outputlock.holder_state(held)
@@ -135,8 +135,8 @@ def op_probe(args):
                                               "hint": outputlock.clash(held, path).hint}
         except OSError as exc:
             out["disk"] = {"path": path, "error": str(exc)}
-        if args.get("need") and not out["disk"].get("error"):   # from real sizes: agent/diskneed.py
-            from . import diskneed
+        if args.get("need") and not out["disk"].get("error"):   # from real sizes: agent/job/diskneed.py
+            from .job import diskneed
             out["disk"]["need"] = diskneed.for_job(args["need"], path)
     return out
 
@@ -212,7 +212,7 @@ def op_launch(args):
             if st and st["state"] in ("starting", "running"):
                 # attach only to the job asked for: same output directory (the slot) and same share
                 if _shard_arg(st.get("shard")) != shard:
-                    from . import outputlock
+                    from .job import outputlock
                     raise AgentFailure(
                         "busy", "%s is being written by job %s (%s); this launch is %s" % (
                             output_dir, cur, outputlock.shard_text(_shard_arg(st.get("shard"))),
@@ -248,7 +248,7 @@ def _start(args, job_id, jobdir, key, name, command, workdir, env, secret_values
     lock_fd = os.open(os.path.join(jobdir, "run.lock"), os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(lock_fd, fcntl.LOCK_EX)
     if output_dir:   # one job per output directory: refused here when another job writes there
-        from . import outputlock
+        from .job import outputlock
         try:
             outputlock.claim(output_dir, {"job_id": job_id, "jobdir": jobdir, "key": key, "shard": shard,
                                           "pid": os.getpid(), "start_ticks": sup.proc_start_ticks(os.getpid())})

@@ -23,7 +23,7 @@ def ref_for(pb, job: str | None = None, host=None) -> dict:
     """Which job a companion operation means: ``job``, else the playbook's (``pb``, loaded once by the
     caller: the one named, else the host's; None when neither), else the newest job on the host ({}).
     With ``host``, the playbook's job is the one writing the host's output directory: a job is recorded
-    by what it is (playbook and output directory, agent/jobstatus.slot), so two inventory names of one
+    by what it is (playbook and output directory, agent/job/status.slot), so two inventory names of one
     machine each find their own."""
     if job:
         return {"job_id": job}
@@ -407,7 +407,7 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
                                f"({p.get('name')}) holds {p.get('used_memory_mib')} MiB")
         if procs:
             pf.problems.append("GPUs are not free: stop those processes (or set extract.gpus.free: false)")
-    # disk: from real sizes (extract.disk, agent/diskneed.py), else the mean size of the files already there
+    # disk: from real sizes (extract.disk, agent/job/diskneed.py), else the mean size of the files already there
     d = pf.disk or {}
     n = d.get("need") or {}
     if d.get("error"):

@@ -25,8 +25,8 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from remote_ops.agent import shards as rule
-from remote_ops.agent.digest import file_sha256
+from remote_ops.agent.outputs import shares as rule
+from remote_ops.agent.core.digest import file_sha256
 from remote_ops.connect import agent_requests as rq
 from remote_ops.errors import RefusedError, UsageError
 from remote_ops.records import Record
@@ -273,7 +273,7 @@ def _where(p: dict) -> str:
 
 def distinct_dirs(parts: list[dict]) -> tuple[list[dict], list[dict]]:
     """``parts`` with each directory once: one directory reached under two host names (one machine
-    listed twice, a shared file system) has one ``identity`` (agent/outputlock.py), or one host name
+    listed twice, a shared file system) has one ``identity`` (agent/job/outputlock.py), or one host name
     and path. The parts dropped, each with the part it is the same directory as."""
     out, same, seen = [], [], {}
     for p in parts:

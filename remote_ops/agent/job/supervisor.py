@@ -1,0 +1,650 @@
+"""Detached supervisor of one extraction job (runs on the host as its own script, stdlib only).
+
+``jobs.op_launch`` writes this file into the job directory and starts it as
+``PYTHON supervisor.py JOBDIR LOCKFD`` in a new session with stdin/stdout/stderr redirected, so a
+dropped SSH connection or a closed laptop never reaches it. It inherits the job directory's
+``run.lock`` already locked (``LOCKFD``): the lock is held exactly as long as the supervisor lives,
+which is how the agent tells "running" from "lost" without trusting pids.
+
+It starts the job in its own process group with ``REMOTE_OPS_JOB_ID=<id>`` in the environment
+(inherited by every descendant, also by workers that start new sessions), delivers secrets from a
+0600 file that it deletes before the job starts (never argv), records pid / pgid / start time in
+``run.json``, watches for a job that stops advancing (``watchdog.json``), records the real exit
+status in ``exit.json`` (tmp + rename), and finally kills anything of the job left behind.
+This file must not import anything outside the standard library: it runs outside the agent.
+The agent imports it too (``jobstatus``, on every ``facts``): json, re, signal and subprocess are
+imported by the functions that use them, so a ``facts`` on a host without jobs imports none of them.
+"""
+
+import os
+import sys
+import time
+
+MARKER = "REMOTE_OPS_JOB_ID"
+_SAMPLE_RE = []
+# The output layouts a job writes (the playbook's extract.output_layout): one file per sample.
+# data_pt: speculators 0.3.0's generator (data_<N>.pt + data_config.json); hs_safetensors: speculators
+# >= 0.5's server flow (hs_<N>.safetensors, moved in by its client from vLLM's hidden-states connector).
+LAYOUTS = {"data_pt": (r"^data_(\d+)\.pt$", "data_%d.pt"),
+           "hs_safetensors": (r"^hs_(\d+)\.safetensors$", "hs_%d.safetensors")}
+_LAYOUT_RE = {}
+
+
+def sample_re(layout=None):
+    """The file-name pattern of one sample (``^data_(\\d+)\\.pt$`` by default), compiled on first use."""
+    if layout and layout != "data_pt":
+        if layout not in _LAYOUT_RE:
+            import re
+            _LAYOUT_RE[layout] = re.compile(LAYOUTS[layout][0])
+        return _LAYOUT_RE[layout]
+    if not _SAMPLE_RE:
+        import re
+        _SAMPLE_RE.append(re.compile(r"^data_(\d+)\.pt$"))
+    return _SAMPLE_RE[0]
+
+
+def sample_name(layout, index):
+    """The file name of sample ``index`` in ``layout``."""
+    return LAYOUTS.get(layout or "data_pt", LAYOUTS["data_pt"])[1] % index
+
+
+def now():
+    return time.time()
+
+
+def write_json(path, data):
+    import json
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path, default=None):
+    import json
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return default
+
+
+def load_secrets(path, names):
+    """(secrets, problem): the job's secrets.json (removed once read), or why it cannot be used."""
+    if not names and not os.path.lexists(path):
+        return {}, None
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except FileNotFoundError:
+        return None, "its secrets file %s is missing (expected %s)" % (path, ", ".join(names))
+    except OSError as exc:
+        return None, "its secrets file %s cannot be read (%s)" % (path, exc.strerror or exc)
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    import json
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        return None, "its secrets file %s is corrupt (%s)" % (path, str(exc).split(":")[0])
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        return None, "its secrets file %s is not a mapping of names to strings" % path
+    absent = [n for n in names if n not in data]
+    if absent:
+        return None, "its secrets file %s lacks %s" % (path, ", ".join(absent))
+    return data, None
+
+
+def proc_start_ticks(pid):
+    """Start time of ``pid`` in clock ticks since boot (field 22 of /proc/PID/stat), or None."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as fh:
+            data = fh.read()
+        return int(data[data.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def boot_id():
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
+
+
+def count_samples(output_dir, layout=None):
+    """(number of sample files (data_<N>.pt by default), highest N or -1)."""
+    count, top = 0, -1
+    pattern = sample_re(layout)
+    try:
+        with os.scandir(output_dir) as it:
+            for entry in it:
+                m = pattern.match(entry.name)
+                if m:
+                    count += 1
+                    top = max(top, int(m.group(1)))
+    except OSError:
+        pass
+    return count, top
+
+
+def marker_pids(job_id, exclude=()):
+    """Live processes whose environment carries this job's marker, whatever their name or session."""
+    needle = ("%s=%s" % (MARKER, job_id)).encode() + b"\0"
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        if pid in exclude:
+            continue
+        try:
+            with open("/proc/%d/environ" % pid, "rb") as fh:
+                env = b"\0" + fh.read()
+            with open("/proc/%d/stat" % pid, "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        if b"\0" + needle in env or env.endswith(b"\0" + needle[:-1]):
+            state = stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3]
+            if state != b"Z":
+                found.append(pid)
+    return found
+
+
+def live_stats():
+    """(pid, stat fields after the command name) of every live, non-zombie process."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as fh:
+                stat = fh.read()
+            fields = stat[stat.rindex(b")") + 2:].split()
+        except (OSError, ValueError):
+            continue
+        if fields and fields[0] != b"Z":
+            yield int(name), fields
+
+
+def group_pids(pgid, exclude=()):
+    return [pid for pid, fields in live_stats() if pid not in exclude and int(fields[2]) == pgid]
+
+
+def process_table():
+    """{pid: (ppid, start_ticks)} of every live, non-zombie process."""
+    return {pid: (int(fields[1]), int(fields[19])) for pid, fields in live_stats()}
+
+
+def track_descendants(root_pid, known):
+    """Adds to ``known`` ({pid: start_ticks}) every live descendant of ``root_pid`` or of a known
+    process: workers re-parented later (to init) stay known even if they rename themselves and
+    their environment is overwritten (setproctitle), so the GPU list can be matched against them."""
+    table = process_table()
+    changed = False
+    grew = True
+    while grew:
+        grew = False
+        for pid, (ppid, ticks) in table.items():
+            if pid in known:
+                continue
+            parent = table.get(ppid)
+            if ppid == root_pid or (ppid in known and parent and known[ppid] == parent[1]):
+                known[pid] = ticks
+                grew = changed = True
+    return changed
+
+
+def known_alive(known):
+    """The pids of ``known`` ({pid: start_ticks}) still alive and not reused."""
+    return [pid for pid, ticks in known.items() if proc_start_ticks(pid) == ticks]
+
+
+def kill_all(pids, pgid, sig):
+    if pgid:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def log_line(log_fd, text):
+    try:
+        os.write(log_fd, ("\n[remote-ops] %s %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), text)).encode())
+    except OSError:
+        pass
+
+
+class Supervisor:
+    def __init__(self, jobdir, lock_fd):
+        self.jobdir = jobdir
+        self.lock_fd = lock_fd
+        self.job = read_json(os.path.join(jobdir, "job.json")) or {}
+        self.job_id = self.job.get("job_id") or os.path.basename(jobdir.rstrip("/"))
+        self.proc = None
+        self.pgid = None
+        self.server = None            # Server, when the playbook's extract has a server
+        self.server_failure = None    # why the server ended the job (exit.json "server_failure")
+
+    def path(self, name):
+        return os.path.join(self.jobdir, name)
+
+    def _forward(self, signum, frame):
+        # Someone signalled the supervisor itself: pass it on to the job (and its server), keep recording.
+        import signal
+        for pgid in (self.pgid, self.server.pgid if self.server else None):
+            if pgid:
+                try:
+                    os.killpg(pgid, signal.SIGTERM)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    def run(self):
+        import signal
+        import subprocess
+        os.umask(0o077)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, self._forward)
+        signal.signal(signal.SIGINT, self._forward)
+        job = self.job
+        log_path = job.get("log") or self.path("log")
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        secrets, problem = load_secrets(self.path("secrets.json"), job.get("secret_names") or [])
+        if problem:
+            # never start a job without the secrets it was launched with: it would run (and perhaps
+            # fail much later, or download the wrong thing) for reasons nobody could see
+            msg = "cannot start the job: %s" % problem
+            log_line(log_fd, msg)
+            write_json(self.path("exit.json"), {"exit_code": None, "signal": None, "ended_at": now(),
+                                                "start_error": msg, "cleanup": []})
+            return 0
+        env = dict(os.environ)
+        env.update({str(k): str(v) for k, v in (job.get("env") or {}).items()})
+        env.update({str(k): str(v) for k, v in secrets.items()})
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env[MARKER] = self.job_id
+        secrets = None
+        output_dir = job.get("output_dir")
+        layout = job.get("layout")
+        initial, _ = count_samples(output_dir, layout) if output_dir else (0, -1)
+        if job.get("server"):
+            # the server first (same marker, its own process group and log), healthy before the client
+            self.server = Server(self, job["server"], env, log_fd)
+            if not self.server.start_and_wait():
+                env = None
+                return 0
+        log_line(log_fd, "job %s starting: %s" % (self.job_id, " ".join(job.get("command") or [])))
+        try:
+            self.proc = subprocess.Popen(job["command"], cwd=job.get("workdir") or None, env=env,
+                                         stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
+                                         start_new_session=True, close_fds=True)
+        except (OSError, KeyError, TypeError, ValueError) as exc:
+            env = None
+            msg = "cannot start the job: %s" % (exc.strerror if isinstance(exc, OSError) and exc.strerror
+                                                else exc)
+            if isinstance(exc, OSError) and exc.filename:
+                msg += ": %s" % exc.filename
+            log_line(log_fd, msg)
+            if self.server:
+                self.server.stop()
+            write_json(self.path("exit.json"), {"exit_code": None, "signal": None, "ended_at": now(),
+                                                "start_error": msg, "cleanup": []})
+            return 0
+        env = None
+        self.pgid = self.proc.pid   # start_new_session: the job leads its own session and group
+        started = now()
+        write_json(self.path("run.json"), {
+            "job_id": self.job_id, "command": job.get("command"), "log": log_path,
+            "pid": self.proc.pid, "pgid": self.pgid, "supervisor_pid": os.getpid(),
+            "started_at": started, "start_ticks": proc_start_ticks(self.proc.pid),
+            "boot_id": boot_id(), "initial_samples": initial,
+            "server": self.server.record() if self.server else None,
+        })
+        rc = self._wait(log_fd, output_dir, started)
+        sig = -rc if rc < 0 else None
+        exit_rec = {"exit_code": rc if rc >= 0 else None, "signal": sig,
+                    "signal_name": signal.Signals(sig).name if sig else None,
+                    "ended_at": now(), "cleanup": None}
+        if self.server_failure:
+            exit_rec["server_failure"] = self.server_failure
+        if self.server:
+            # the job has ended when its server has: stopped before the exit is recorded, so a follower that
+            # returns on the recorded exit finds the server's GPU memory released
+            log_line(log_fd, "client %s" % describe_rc(rc))
+            exit_rec["server"] = self.server.stop()
+        write_json(self.path("exit.json"), exit_rec)
+        log_line(log_fd, "job %s ended: %s" % (
+            self.job_id, "exit code %d" % rc if rc >= 0 else "killed by %s" % exit_rec["signal_name"]))
+        exit_rec["cleanup"] = self._cleanup(log_fd)
+        write_json(self.path("exit.json"), exit_rec)
+        os.close(log_fd)
+        return 0
+
+    def _wait(self, log_fd, output_dir, started):
+        import subprocess
+        limit = float(self.job.get("watchdog_seconds") or 0)
+        poll = max(0.2, min(5.0, limit / 4)) if limit else 5.0
+
+        def progress():
+            try:
+                size = os.fstat(log_fd).st_size
+            except OSError:
+                size = None
+            if size is not None and self.server:
+                size -= self.server.relayed   # the server's lines copied into the log are not progress
+            return size, (count_samples(output_dir, self.job.get("layout")) if output_dir else None)
+
+        last, last_change, stalled = progress(), started, False
+        known = {self.proc.pid: proc_start_ticks(self.proc.pid)}
+        if self.server:
+            known.update(self.server.known)
+        poll = min(poll, 1.0)
+        while True:
+            try:
+                return self.proc.wait(timeout=poll)
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                grew = track_descendants(self.proc.pid, known)
+                if self.server and track_descendants(self.server.proc.pid, known):
+                    grew = True
+                if grew:
+                    write_json(self.path("pids.json"), {str(k): v for k, v in known.items()})
+            except OSError:
+                pass
+            if self.server:
+                self.server.relay()
+                died = self.server.proc.poll()
+                if died is not None and self.proc.poll() is None:
+                    self.server_failure = self.server.died_while_client_ran(died)
+                    return self._end_client()
+            if not limit:
+                continue
+            cur, t = progress(), now()
+            if cur != last:
+                last_change = t
+                if stalled:
+                    stalled = False
+                    write_json(self.path("watchdog.json"), {"stalled": False, "resumed_at": t,
+                                                            "limit_s": limit})
+                    log_line(log_fd, "watchdog: progress resumed")
+            elif not stalled and t - last_change >= limit:
+                stalled = True
+                write_json(self.path("watchdog.json"), {"stalled": True, "since": last_change,
+                                                        "flagged_at": t, "limit_s": limit})
+                log_line(log_fd, "watchdog: no new log output and no new output files for %ds "
+                                 "(a hung NCCL start looks like this)" % (t - last_change))
+            last = progress()   # our own log lines are not progress
+
+    def _end_client(self):
+        """The server is gone: TERM the client's group, KILL it after the cleanup grace; its status."""
+        import signal
+        import subprocess
+        kill_all([], self.pgid, signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=float(self.job.get("cleanup_grace") or 10))
+        except subprocess.TimeoutExpired:
+            kill_all([], self.pgid, signal.SIGKILL)
+            return self.proc.wait()
+
+    def _cleanup(self, log_fd):
+        """Nothing of the job may outlive it: TERM, grace, KILL whatever still carries the marker."""
+        import signal
+        me = {os.getpid()}
+        known = {int(k): v for k, v in (read_json(self.path("pids.json"), {}) or {}).items()}
+
+        def leftovers():
+            return sorted(set(marker_pids(self.job_id, me)) | set(group_pids(self.pgid, me))
+                          | (set(known_alive(known)) - me))
+        left = leftovers()
+        if not left:
+            return []
+        log_line(log_fd, "stopping %d leftover process(es) of the job: %s" % (
+            len(left), ", ".join(map(str, left))))
+        kill_all(left, self.pgid, signal.SIGTERM)
+        deadline = now() + float(self.job.get("cleanup_grace") or 10)
+        first = left
+        while now() < deadline:
+            time.sleep(0.1)
+            left = leftovers()
+            if not left:
+                break
+        if left:
+            kill_all(left, self.pgid, signal.SIGKILL)
+        return [{"pid": p, "signal": "SIGKILL" if p in left else "SIGTERM"} for p in first]
+
+
+class Server:
+    """The job's server (a two-process job: ``extract.server`` of the playbook): started by the
+    supervisor before the client, in its own process group, with the job's marker and environment plus
+    its own, its output in ``server.log`` (relayed into the job's log as ``[server] ...`` lines), ready
+    when ``GET http://127.0.0.1:PORT/PATH`` answers 200 (stdlib urllib, loopback). ``server.json``
+    records pid, group, port and state for status and stop."""
+
+    def __init__(self, sup, spec, env, log_fd):
+        self.sup, self.spec, self.log_fd = sup, spec, log_fd
+        self.env = dict(env)
+        self.env.update({str(k): str(v) for k, v in (spec.get("env") or {}).items()})
+        self.log = sup.path("server.log")
+        self.proc = self.pgid = None
+        self.offset = 0           # how far server.log has been relayed
+        self.relayed = 0          # bytes written into the job's log by the relay
+        self.partial = b""
+        self.known = {}
+        self.state = "starting"
+        self.started_at = self.healthy_at = None
+
+    def record(self):
+        return {"pid": self.proc.pid if self.proc else None, "pgid": self.pgid,
+                "start_ticks": proc_start_ticks(self.proc.pid) if self.proc else None,
+                "port": self.spec.get("port"), "health": self.url(), "log": self.log,
+                "command": self.spec.get("command"), "state": self.state,
+                "started_at": self.started_at, "healthy_at": self.healthy_at}
+
+    def save(self, **extra):
+        rec = self.record()
+        rec.update(extra)
+        write_json(self.sup.path("server.json"), rec)
+
+    def url(self):
+        path = self.spec.get("health_path") or "/health"
+        return "http://127.0.0.1:%d%s" % (int(self.spec.get("port") or 0), path if path.startswith("/") else "/" + path)
+
+    def relay(self, final=False):
+        """Copy server.log's new complete lines into the job's log as ``[server] LINE``."""
+        try:
+            with open(self.log, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read(1 << 20)
+        except OSError:
+            return
+        if not data and not (final and self.partial):
+            return
+        self.offset += len(data)
+        data = self.partial + data
+        lines = data.split(b"\n")
+        self.partial = b"" if final else lines.pop()
+        out = [b"[server] " + l.split(b"\r")[-1] + b"\n" for l in lines if l.split(b"\r")[-1].strip()]
+        if not out:
+            return
+        block = b"".join(out)
+        try:
+            with open(self.sup.job.get("log") or self.sup.path("log"), "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                if fh.tell():
+                    fh.seek(-1, os.SEEK_END)
+                    if fh.read(1) != b"\n":
+                        block = b"\n" + block   # after a client's unfinished (tqdm) line
+            os.write(self.log_fd, block)
+            self.relayed += len(block)
+        except OSError:
+            pass
+
+    def healthy(self):
+        import urllib.error
+        import urllib.request
+        try:
+            with urllib.request.urlopen(self.url(), timeout=2) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def start_and_wait(self):
+        """Start the server and wait for its health check; False when the job cannot go on (exit.json
+        written: the server exited, never became healthy, or the job was stopped meanwhile)."""
+        import subprocess
+        spec, sup = self.spec, self.sup
+        log_line(self.log_fd, "server starting: %s" % " ".join(spec.get("command") or []))
+        slog = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            self.proc = subprocess.Popen(spec["command"], cwd=sup.job.get("workdir") or None, env=self.env,
+                                         stdin=subprocess.DEVNULL, stdout=slog, stderr=slog,
+                                         start_new_session=True, close_fds=True)
+        except (OSError, KeyError, TypeError, ValueError) as exc:
+            msg = "cannot start the server: %s" % (exc.strerror if isinstance(exc, OSError) and exc.strerror
+                                                   else exc)
+            if isinstance(exc, OSError) and exc.filename:
+                msg += ": %s" % exc.filename
+            return self._fail(msg)
+        finally:
+            os.close(slog)
+            self.env = None
+        self.pgid = self.proc.pid
+        self.started_at = now()
+        self.known = {self.proc.pid: proc_start_ticks(self.proc.pid)}
+        self.save()
+        timeout = float(spec.get("health_timeout") or 600)
+        log_line(self.log_fd, "waiting for %s (up to %ds)" % (self.url(), timeout))
+        deadline = self.started_at + timeout
+        while True:
+            self.relay()
+            try:
+                if track_descendants(self.proc.pid, self.known):
+                    write_json(sup.path("pids.json"), {str(k): v for k, v in self.known.items()})
+            except OSError:
+                pass
+            rc = self.proc.poll()
+            if rc is not None:
+                self.relay(final=True)
+                if os.path.exists(sup.path("stop.json")):
+                    return self._stopped()
+                return self._fail("the server exited (%s) before it answered %s" % (describe_rc(rc), self.url()),
+                                  rc)
+            if os.path.exists(sup.path("stop.json")):
+                self.stop()
+                return self._stopped()
+            if self.healthy():
+                self.healthy_at = now()
+                self.state = "healthy"
+                self.save()
+                log_line(self.log_fd, "server healthy after %.1fs: %s" % (self.healthy_at - self.started_at,
+                                                                          self.url()))
+                return True
+            if now() >= deadline:
+                self.stop()
+                return self._fail("the server did not answer %s with 200 within %ds" % (self.url(), timeout))
+            time.sleep(0.5)
+
+    def died_while_client_ran(self, rc):
+        self.relay(final=True)
+        self.state = "exited"
+        self.save(exit=describe_rc(rc), ended_at=now())
+        msg = "the server exited (%s) while the client ran" % describe_rc(rc)
+        log_line(self.log_fd, msg + "; stopping the client")
+        return msg
+
+    def _fail(self, msg, rc=None):
+        self.state = "failed"
+        if self.proc is not None:
+            self.save(exit=describe_rc(rc) if rc is not None else None, ended_at=now())
+        log_line(self.log_fd, msg)
+        write_json(self.sup.path("exit.json"), {"exit_code": None, "signal": None, "ended_at": now(),
+                                                "start_error": msg, "failed_by": "server", "cleanup": []})
+        self.sup._cleanup(self.log_fd)
+        return False
+
+    def _stopped(self):
+        self.state = "stopped"
+        self.save(ended_at=now())
+        log_line(self.log_fd, "stopped before the client started")
+        write_json(self.sup.path("exit.json"), {"exit_code": None, "signal": None, "ended_at": now(),
+                                                "before_client": True, "cleanup": []})
+        self.sup._cleanup(self.log_fd)
+        return False
+
+    def stop(self):
+        """TERM the server's group, KILL it after the cleanup grace; what happened."""
+        import signal
+        import subprocess
+        if self.proc is None:
+            return None
+        rc = self.proc.poll()
+        how = "had exited (%s)" % describe_rc(rc) if rc is not None else None
+        if rc is None:
+            log_line(self.log_fd, "stopping the server (process group %d)" % self.pgid)
+            kill_all(known_alive(self.known), self.pgid, signal.SIGTERM)
+            try:
+                rc = self.proc.wait(timeout=float(self.sup.job.get("cleanup_grace") or 10))
+                how = "stopped with SIGTERM (%s)" % describe_rc(rc)
+            except subprocess.TimeoutExpired:
+                kill_all(known_alive(self.known), self.pgid, signal.SIGKILL)
+                rc = self.proc.wait()
+                how = "killed with SIGKILL"
+        self.relay(final=True)
+        if self.state not in ("failed", "exited", "stopped"):
+            self.state = "stopped"
+            self.save(exit=describe_rc(rc), ended_at=now())
+        return {"exit": describe_rc(rc), "how": how}
+
+
+def describe_rc(rc):
+    if rc is None:
+        return None
+    if rc >= 0:
+        return "exit code %d" % rc
+    import signal
+    try:
+        return "killed by %s" % signal.Signals(-rc).name
+    except ValueError:
+        return "killed by signal %d" % -rc
+
+
+OUTPUT_MARKER = ".remote-ops-job.json"   # held in the output directory while the job runs (agent/job/outputlock.py)
+
+
+def release_output(output_dir, job_id):
+    """Remove the output directory's marker when it is ``job_id``'s (the job has ended)."""
+    path = os.path.join(output_dir, OUTPUT_MARKER)
+    rec = read_json(path)
+    if isinstance(rec, dict) and rec.get("job_id") == job_id:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def main(argv):
+    jobdir = argv[1]
+    lock_fd = int(argv[2]) if len(argv) > 2 else None
+    try:
+        return Supervisor(jobdir, lock_fd).run()
+    finally:      # exit.json is written: the output directory is free for the next job
+        job = read_json(os.path.join(jobdir, "job.json")) or {}
+        if job.get("output_dir"):
+            release_output(job["output_dir"], job.get("job_id"))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
