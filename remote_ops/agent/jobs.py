@@ -3,19 +3,25 @@
 Layout (private: directories 0700, files 0600)::
 
     $REMOTE_OPS_STATE_DIR/jobs/           (default ~/.remote-ops/jobs/)
-        <key>.lock                        serialises launches of one playbook (flock)
-        <key>.current                     {"job_id": ...} of the playbook's latest job (tmp + rename)
-        <job-id>/job.json                 what to run (no secret values, only their names)
+        <slot>.lock                       serialises launches of one job slot (flock)
+        <slot>.current                    {"job_id": ...} of the slot's latest job (tmp + rename)
+        <job-id>/job.json                 what to run (no secret values, only their names), its shard
         <job-id>/run.json                 written by the supervisor: pid, pgid, start time
         <job-id>/run.lock                 flock held by the live supervisor, and only by it
         <job-id>/exit.json                real exit status, written by the supervisor
         <job-id>/stop.json, watchdog.json, log, supervisor.py, supervisor.log
+    <output_dir>/.remote-ops-job.json     the job writing there now (job/outputlock.py)
 
-A launch takes ``<key>.lock``, and if the current job's supervisor still holds its ``run.lock`` the
-launch attaches instead of starting a second copy. The new job's ``run.lock`` is locked *before*
-the supervisor starts and handed to it as an inherited descriptor, so there is no instant at which
-a started job looks unclaimed: a controller killed at any point of the launch leaves either no job,
-a job that never started (reported lost, replaced by the next launch) or one running job.
+A slot is what the job is (``job/status.slot``): the playbook's key and the real path of its output
+directory, ``<key>--<hash>``; not the inventory name, so one machine under two names with one state
+dir runs one job per output directory. A launch takes ``<slot>.lock``, and if the slot's current job's
+supervisor still holds its ``run.lock`` the launch attaches instead of starting a second copy, when
+that job is the one asked for (same shard), and is refused otherwise. The new job's ``run.lock`` is
+locked *before* the supervisor starts and handed to it as an inherited descriptor, so there is no
+instant at which a started job looks unclaimed: a controller killed at any point of the launch leaves
+either no job, a job that never started (reported lost, replaced by the next launch) or one running
+job. The output directory's marker is claimed under that lock, after ``run.lock``: a job of another
+slot, state dir or machine writing there refuses the launch.
 """
 
 import errno
