@@ -161,6 +161,16 @@ def test_status_group_counts_one_directory_reached_under_two_names_once(sshd, tm
     assert g["same_dir"][0]["host"] == "node-b" and g["same_dir"][0]["as"] == "node-a"
     status, out, err = cli("status", "gpus", "-i", str(inv))
     assert "group: 4/4 samples" in out and "counted once" in out
+    # verify and gather: one directory listed under two names is one set of files, never a duplicate
+    status, out, err = cli("verify", "gpus", "--shard", "--json", "-i", str(inv))
+    union = json.loads(out)["group"]
+    assert union["files"] == 4 and union["duplicates"] == [] and len(union["parts"]) == 1
+    assert union["same_dir"] == [{"where": f"node-b:{tmp_path / 'out'}", "same_as": f"node-a:{tmp_path / 'out'}"}]
+    assert not any("delete" in p or "more than once" in p for p in union["problems"])
+    dest = tmp_path / "gathered"
+    status, out, err = cli("gather", "gpus", "--to", str(dest), "--json", "-i", str(inv))
+    g = json.loads(out)["group"]
+    assert status == 0 and g["present"] == 4 and g["copied"] == 4 and g["dropped"] == [] and g["conflicts"] == []
 
 
 def _sha(path):

@@ -51,6 +51,10 @@ def op_files(args):
                         yield {"type": "progress", "hashed": done, "of": total}
             f["sha256"] = h.hexdigest()
     from .job import outputlock
+    try:      # a directory from before identities gets one now: one value whichever host name lists it
+        outputlock.ensure_identity(out_dir)
+    except OSError:
+        pass      # read-only: this boot's device and inode still tell a path listed twice on one machine
     return {"output_dir": out_dir, "files": files, "config_text": config_text, "shard_dirs": sorted(subdirs),
             "identity": outputlock.identity(out_dir), "run": run_identity(out_dir)}
 

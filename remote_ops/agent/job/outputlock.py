@@ -205,9 +205,10 @@ def ensure_identity(output_dir):
     have = _read_text(path)
     if have:
         return have
-    tmp = "%s.%d.tmp" % (path, os.getpid())
+    token = secrets.token_hex(16)
+    tmp = "%s.%s.tmp" % (path, token[:8])      # unique also between machines sharing the directory
     with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(secrets.token_hex(16) + "\n")
+        fh.write(token + "\n")
     try:
         os.link(tmp, path)
     except OSError:
