@@ -255,3 +255,51 @@ def test_gather_refuses_stale_files_and_keeps_the_runs_copy_of_a_returning_host(
     status, out, err = cli("gather", "gpus", "--to", str(dest), "-i", str(inv))
     assert status == 1 and f"node-b:{tmp_path}/out-b holds files of another run" in out
     assert not (dest / "data_4.pt").exists()
+
+
+def test_racing_claims_of_one_directory_have_one_winner(tmp_path):
+    """Eight launches claim one output directory at once (threads, each holding its own run.lock as
+    a launch does): exactly one gets it, the others are refused naming the winner; once the
+    winner's lock is free its marker is stale and the next claim takes it over."""
+    import fcntl
+    import threading
+
+    from remote_ops.agent.protocol import AgentFailure
+    out = tmp_path / "out"
+    out.mkdir()
+    fds, won, refused = [], [], []
+    start = threading.Barrier(8)
+
+    def launch(i):
+        jobdir = tmp_path / f"job-{i}"
+        jobdir.mkdir()
+        fd = os.open(jobdir / "run.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        fds.append(fd)
+        start.wait()
+        try:
+            outputlock.claim(str(out), {"job_id": f"job-{i}", "jobdir": str(jobdir), "shard": [i, 8], "pid": os.getpid()})
+            won.append(i)
+        except AgentFailure as exc:
+            refused.append(exc.message)
+
+    threads = [threading.Thread(target=launch, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1 and len(refused) == 7, (won, refused)
+    assert all(f"being written by job job-{won[0]} (shard {won[0]}/8" in m for m in refused)
+    assert json.loads((out / outputlock.MARKER).read_text())["job_id"] == f"job-{won[0]}"
+    for fd in fds:
+        os.close(fd)
+    holder = outputlock.read(str(out))
+    assert outputlock.holder_state(holder) == "stale"
+    (tmp_path / "job-next").mkdir()
+    rec = outputlock.claim(str(out), {"job_id": "job-next", "jobdir": str(tmp_path / "job-next"), "shard": None})
+    assert rec["job_id"] == "job-next" and outputlock.read(str(out))["job_id"] == "job-next"
+    assert not [n for n in os.listdir(out) if ".stale-" in n or n.endswith(".tmp")]
+    outputlock.release(str(out), "job-other")
+    assert (out / outputlock.MARKER).exists()                  # only its own job releases it
+    outputlock.release(str(out), "job-next")
+    assert not (out / outputlock.MARKER).exists()
