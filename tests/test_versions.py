@@ -88,6 +88,7 @@ def test_anchor_condition(tmp_path):
 
 
 # ------------------------------------------------------------------ over sshd, real releases
+@pytest.mark.long
 def test_vllm_016_patches_and_checks_clean(sshd, tmp_path, inventory_file, cli):
     python = env_with(tmp_path, "0.16.0")
     state = tmp_path / "state"
@@ -181,6 +182,7 @@ ONE_LINE = ("playbook eagle3-speculators-0.3.0 does not cover this host: vllm 0.
             "unify_hybrid_kv_cache_specs gone from vllm.v1.core.kv_cache_utils)")
 
 
+@pytest.mark.long
 def test_vllm_033_is_refused_in_one_line(sshd, tmp_path, inventory_file, cli):
     python = env_with(tmp_path, "0.33.0")
     inv = host_inv(inventory_file, python, tmp_path / "state")
@@ -201,6 +203,7 @@ def test_vllm_033_is_refused_in_one_line(sshd, tmp_path, inventory_file, cli):
         "`remote-ops check testhost --candidates`"), err
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("vllm", ["0.20.0", "0.33.0"])
 def test_candidates_lists_every_release(sshd, tmp_path, inventory_file, cli, vllm):
     python = env_with(tmp_path, vllm)
