@@ -83,9 +83,10 @@ def files_put(*, workdir: str | None, files: list[dict], dry_run: bool = _UNSET,
 
 
 def imports_probe(*, python: str, modules: list[str], env: dict = _UNSET, workdir: str | None = _UNSET,
-                  timeout: float = _UNSET, packages: list[str] = _UNSET, unless_running: str = _UNSET) -> Request:
+                  timeout: float = _UNSET, packages: list[str] = _UNSET, unless_running: str = _UNSET,
+                  model: str = _UNSET) -> Request:
     return _req("imports.probe", python=python, modules=modules, env=env, workdir=workdir, timeout=timeout,
-                packages=packages, unless_running=unless_running)
+                packages=packages, unless_running=unless_running, model=model)
 
 
 # dataset.py
