@@ -24,6 +24,7 @@ id not on disk, a class built by an expression) is listed under ``unknown``, nev
 import ast
 import json
 import os
+import re
 import sys
 import time
 
@@ -169,6 +170,101 @@ def registry(static, library, reads):
     top = tables.get("_VLLM_MODELS")
     previously[None] = ("", top.lineno if top is not None else 1)   # where the registry's table starts
     return spec.origin, models, previously
+
+
+# ------------------------------------------------------------------ quantization
+QUANT = "model_executor.layers.quantization"
+# one module name per part of a DeepSeek-V3-shaped decoder (Kimi-K2.5's text model), under the wrapper's
+# language_model prefix, matched against the checkpoint's quantization_config.ignore
+PARTS = (("routed experts", "language_model.model.layers.1.mlp.experts.0.gate_proj"),
+         ("shared experts", "language_model.model.layers.1.mlp.shared_experts.gate_proj"),
+         ("attention", "language_model.model.layers.1.self_attn.q_a_proj"),
+         ("dense MLP (first layers)", "language_model.model.layers.0.mlp.gate_proj"),
+         ("lm_head", "language_model.lm_head"))
+
+
+def _ignored(name, ignore):
+    for pat in ignore:
+        if not isinstance(pat, str):
+            continue
+        if pat.startswith("re:"):
+            try:
+                if re.match(pat[3:], name):
+                    return True
+            except re.error:
+                continue
+        elif name == pat or name.endswith("." + pat):
+            return True
+    return False
+
+
+def quantization(cfg, cfg_path, static, library, reads, findings):
+    """What the checkpoint's quantization_config quantizes (which parts of the decoder, how) and whether the
+    installed library has that method, its MoE kernel for those weights, and the package it imports for it.
+    None when the checkpoint is not quantized."""
+    qc = cfg.get("quantization_config") or (cfg.get("text_config") or {}).get("quantization_config")
+    if not isinstance(qc, dict):
+        return None
+    method = qc.get("quant_method")
+    groups = qc.get("config_groups") or {}
+    weights = [g.get("weights") or {} for g in groups.values() if isinstance(g, dict)]
+    w = weights[0] if weights else {}
+    ignore = list(qc.get("ignore") or [])
+    out = {"method": method, "format": qc.get("format"), "bits": w.get("num_bits"), "type": w.get("type"),
+           "strategy": w.get("strategy"), "group_size": w.get("group_size"), "symmetric": w.get("symmetric"),
+           "targets": sorted({t for g in groups.values() if isinstance(g, dict) for t in g.get("targets") or []}),
+           "quantized": [part for part, name in PARTS if not _ignored(name, ignore)],
+           "not_quantized": [part for part, name in PARTS if _ignored(name, ignore)]}
+    spec = static.find_spec("%s.%s" % (library, QUANT))
+    init = spec.origin if spec is not None and spec.origin else None
+    text = ""
+    if init:
+        try:
+            text = reads.text(init)
+        except (OSError, UnicodeDecodeError):
+            text = ""
+    known = bool(method) and ('"%s"' % method) in text
+    out["library_has_method"] = known
+    if init and not known:
+        findings.append({"path": init, "line": None, "symbol": None, "kind": "quantization-unsupported",
+                         "name": method, "message": "%s's quantization methods do not include %r (%s)"
+                         % (library, method, cfg_path),
+                         "suggestion": "use a %s release that supports %s" % (library, method)})
+    if method == "compressed-tensors":
+        pkg_dir = os.path.join(os.path.dirname(init), "compressed_tensors") if init else None
+        moe = None
+        if pkg_dir and reads.exists(pkg_dir):
+            for dirpath, _d, files in os.walk(pkg_dir):
+                for f in sorted(files):
+                    if f.endswith(".py"):
+                        path = os.path.join(dirpath, f)
+                        try:
+                            src = reads.text(path)
+                        except (OSError, UnicodeDecodeError):
+                            continue
+                        if "class CompressedTensorsWNA16MoEMethod" in src:
+                            moe = path
+                            break
+                if moe:
+                    break
+        # int weights with activations left alone (W4A16 here) run through the WNA16 MoE method
+        out["moe_method"] = {"class": "CompressedTensorsWNA16MoEMethod", "where": moe} if moe else None
+        if "routed experts" in out["quantized"] and not moe and init:
+            findings.append({"path": init, "line": None, "symbol": None, "kind": "quantization-unsupported",
+                             "name": "CompressedTensorsWNA16MoEMethod",
+                             "message": "the routed experts are int%s-quantized but %s has no "
+                                        "CompressedTensorsWNA16MoEMethod" % (w.get("num_bits"), library),
+                             "suggestion": "use a %s release with compressed-tensors MoE support" % library})
+        dep = static.find_spec("compressed_tensors")
+        out["needs_package"] = {"name": "compressed-tensors", "import": "compressed_tensors",
+                                "installed": dep is not None}
+        if dep is None:
+            findings.append({"path": cfg_path, "line": None, "symbol": None, "kind": "quantization-dependency",
+                             "name": "compressed_tensors",
+                             "message": "the checkpoint is %s-quantized and %s imports the compressed_tensors "
+                                        "package for it, which this interpreter does not have" % (method, library),
+                             "suggestion": "pip install compressed-tensors (the version %s requires)" % library})
+    return out
 
 
 # ------------------------------------------------------------------ the checks
@@ -516,6 +612,10 @@ def check(args, reads=None):
                         % (models[arch][0], models[arch][1], getattr(cls, "reason", None))})
         return out
     out["class"] = {"symbol": _symbol(cls), "where": cls.where}
+    q = quantization(cfg, cfg_path, static, library, reads, findings)
+    if q is not None:
+        out["quantization"] = q
+        checked.append("quantization")
 
     # the protocol the worker asks for
     proto_name = args.get("protocol")

@@ -137,6 +137,9 @@ def check(session, req: CheckRequest, model_req=None, model_from_vars: bool = Fa
     if model_from_vars and out.get("model"):
         from remote_ops.check.model import missing_as_unknown
         missing_as_unknown(out["model"])
+    if out.get("model"):
+        from remote_ops.check import known
+        out["model"]["warnings"] = known.warnings_for(out["model"], out.get("versions") or {})
     return CheckResult.from_json(out)
 
 

@@ -133,6 +133,8 @@ def render_model(console, m: dict | None) -> None:
             console.print(escape(f"    fix:     {f['suggestion']}"))
     for u in m.get("unknown") or []:
         console.print(f"[yellow]{escape('not checked: ' + u['what'] + ': ' + u['reason'])}[/yellow]")
+    for w in m.get("warnings") or []:
+        console.print(f"[yellow]{escape('warning: ' + w['message'] + ' (source: ' + w['source'] + ')')}[/yellow]")
 
 
 def render_server_flow(console, sf: dict | None, verbose: int = 0) -> None:
