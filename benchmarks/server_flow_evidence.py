@@ -66,7 +66,7 @@ def text(src: Path, rel: str) -> str | None:
 def server_command(path: Path) -> list[str]:
     from remote_ops.check import serverflow
     from remote_ops.connect.inventory import Host
-    from remote_ops.patch import playbook
+    from remote_ops.playbook import loader as playbook
     return serverflow.server_command(playbook.load(str(path)), Host(name="evidence", hostname="h", python="python3"))
 
 
@@ -165,7 +165,7 @@ def main(argv=None) -> int:
     t0 = time.time()
     from packaging.specifiers import SpecifierSet
 
-    from remote_ops.patch import playbook
+    from remote_ops.playbook import loader as playbook
     books = [playbook.load(str(p)) for p in PLAYBOOKS]
     commands = {pb.name: server_command(p) for pb, p in zip(books, PLAYBOOKS)}
     versions = vllm_releases() if args.vllm == "all" else [v for v in args.vllm.split(",") if v]

@@ -18,7 +18,7 @@ from remote_ops import pkgsource
 from remote_ops.agent import serverflow as agent_sf
 from remote_ops.check import serverflow
 from remote_ops.connect.inventory import Host
-from remote_ops.patch import playbook as pb_mod
+from remote_ops.playbook import loader as pb_mod
 
 MAIN = "eagle3-speculators-0.9.0"
 NOCP = "eagle3-speculators-0.9.0-no-chunked-prefill"

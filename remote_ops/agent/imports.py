@@ -135,9 +135,10 @@ def model_module(model, library="vllm", workdir=None, sys_path=None):
     """(module, note): the library module of the class its model registry picks for the checkpoint's
     config.json ``architectures`` (e.g. vllm.model_executor.models.kimi_k25 for Kimi-K2.5), read from
     the sources (nothing imported); module None with the reason when it cannot be told."""
-    from .model import read_config, registry
-    from .reads import Reads
-    from .signatures import StaticResolver
+    from .check.checkpoint import read_config
+    from .core.reads import Reads
+    from .model import registry
+    from .resolve.resolver import StaticResolver
     reads = Reads()
     path, cfg, problem = read_config(model, reads, workdir)
     if cfg is None:
@@ -170,7 +171,7 @@ def op_probe(args):
         return {"ok": True, "modules": [], "versions": {}, "skipped": "no modules to check"}
     key = args.get("unless_running")
     if key:
-        from . import jobstatus
+        from .job import status as jobstatus
         running = jobstatus.running_job(key)
         if running:
             return {"ok": True, "modules": modules, "versions": {},

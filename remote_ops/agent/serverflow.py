@@ -29,7 +29,8 @@ import sys
 import time
 
 from .protocol import AgentFailure
-from .signatures import StaticResolver, Unknown
+from .resolve.resolver import StaticResolver
+from .resolve.sigmodel import Unknown
 
 PROTOCOLS = ("vllm.entrypoints.openai.completion.protocol", "vllm.entrypoints.openai.protocol")
 ENGINE_ARGS = "vllm.engine.arg_utils:EngineArgs"

@@ -88,12 +88,16 @@ def release_zip(name: str, version: str) -> bytes:
 @functools.lru_cache(maxsize=1)
 def _code_fingerprint() -> str:
     """What computes a release's drift (the controller's drift code and the resolver)."""
+    from remote_ops.connect.bundle import agent_source_files
+
     here = Path(__file__).resolve().parent.parent
     h = hashlib.sha256()
-    for p in sorted([here / "check" / "drift.py", here / "check" / "candidates.py"]
-                    + list((here / "agent").glob("drift*.py")) + list((here / "agent").glob("resolve_*.py"))
-                    + [here / "agent" / "signatures.py", here / "agent" / "sigmodel.py"]):
-        h.update(p.name.encode() + p.read_bytes())
+    parts = [(f"check.{p.name}", p) for p in (here / "check" / "drift.py", here / "check" / "candidates.py")]
+    parts += [(k, p) for k, p in agent_source_files().items()
+              if k.split(".")[1] in ("drift", "resolve")]   # agent/drift/, agent/resolve/
+    assert len(parts) > 2, "the agent's drift and resolve subpackages are missing"
+    for key, p in sorted(parts):
+        h.update(key.encode() + p.read_bytes())
     return h.hexdigest()
 
 
@@ -116,7 +120,7 @@ def drift_of(raw: dict, lib: str, base: str) -> dict:
         pass
     d = drift_mod.analyse(dict(raw, findings=[]), [lib], base)
     out = {"drift": d.get("drift") or [], "baseline": d.get("baseline") or {}}
-    from remote_ops.patch.plancache import write_private
+    from remote_ops.cachedir import write_private
     write_private(path, out)
     return out
 
@@ -145,7 +149,7 @@ def releases_from(name: str, installed: str | None) -> list[str]:
 def shipped_playbooks() -> list:
     """Every playbook in the repository's playbooks/ that loads (a broken one is not a candidate)."""
     from remote_ops.errors import RemoteOpsError
-    from remote_ops.patch import playbook as pb_mod
+    from remote_ops.playbook import loader as pb_mod
 
     out = []
     for p in sorted((REPO / "playbooks").glob("*.yaml")):

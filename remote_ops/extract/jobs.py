@@ -285,7 +285,7 @@ def probe_model(spec: ExtractSpec, playbook, host) -> str | None:
     server command's ``serve MODEL`` (None when neither says)."""
     section = (getattr(playbook, "check", None) or {}).get("model")
     if section and host is not None and section.get("path"):
-        from remote_ops.templates import fill_for_host
+        from remote_ops.playbook.templates import fill_for_host
         path = fill_for_host(playbook, host, section.get("path"), ("check", "model", "path"))
         if isinstance(path, str) and path:
             return path
@@ -402,7 +402,7 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
                                f"({p.get('name')}) holds {p.get('used_memory_mib')} MiB")
         if procs:
             pf.problems.append("GPUs are not free: stop those processes (or set extract.gpus.free: false)")
-    # disk: from real sizes (extract.disk, agent/diskneed.py), else the mean size of the files already there
+    # disk: from real sizes (extract.disk, agent/job/diskneed.py), else the mean size of the files already there
     d = pf.disk or {}
     n = d.get("need") or {}
     if d.get("error"):
@@ -493,10 +493,10 @@ def _requires_preflight(pf: Preflight, playbook, raw: dict, probes) -> None:
 
 def _coverage_preflight(pf: Preflight, playbook, host: str) -> None:
     """A host the playbook's ``requires`` does not cover (the check's versions): the deciding problem,
-    the same line as ``patch`` gives (patch/coverage.py), before any GPU time."""
+    the same line as ``patch`` gives (playbook/coverage.py), before any GPU time."""
     if pf.check is None or not playbook.requires:
         return
-    from remote_ops.patch import coverage
+    from remote_ops.playbook import coverage
 
     out = coverage.refusal(playbook, pf.check.get("versions") or {}, pf.check.get("findings") or [], host)
     if out is not None:
