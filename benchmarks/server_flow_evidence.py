@@ -64,10 +64,10 @@ def text(src: Path, rel: str) -> str | None:
 
 
 def server_command(path: Path) -> list[str]:
-    from remote_ops.check import serverflow
     from remote_ops.connect.inventory import Host
+    from remote_ops.extract.extract_spec import server_command as filled
     from remote_ops.playbook import loader as playbook
-    return serverflow.server_command(playbook.load(str(path)), Host(name="evidence", hostname="h", python="python3"))
+    return filled(playbook.load(str(path)), Host(name="evidence", hostname="h", python="python3"))
 
 
 def server_flags(path: Path = PLAYBOOK) -> list[str]:

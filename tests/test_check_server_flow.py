@@ -18,6 +18,7 @@ from remote_ops import pkgsource
 from remote_ops.agent import serverflow as agent_sf
 from remote_ops.check import serverflow
 from remote_ops.connect.inventory import Host
+from remote_ops.extract.extract_spec import server_command
 from remote_ops.playbook import loader as pb_mod
 
 MAIN = "eagle3-speculators-0.9.0"
@@ -25,7 +26,7 @@ NOCP = "eagle3-speculators-0.9.0-no-chunked-prefill"
 
 
 def _command(name):
-    return serverflow.server_command(pb_mod.load(str(pb_mod.find(name))), Host(name="t", hostname="h", python="python3"))
+    return server_command(pb_mod.load(str(pb_mod.find(name))), Host(name="t", hostname="h", python="python3"))
 
 
 def _op(version, name=MAIN):

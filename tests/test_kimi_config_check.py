@@ -10,7 +10,7 @@ import pytest
 
 from remote_ops import pkgsource
 from remote_ops.agent import model as model_check
-from remote_ops.agent.reads import Reads
+from remote_ops.agent.core.reads import Reads
 from remote_ops.check import known
 from tests.conftest import REPO
 from tests.test_model_check import section_args

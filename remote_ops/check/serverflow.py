@@ -22,21 +22,12 @@ CLIENT_FIELDS = {
 }
 
 
-def server_command(pb, host) -> list[str] | None:
-    """The playbook's server command filled for ``host`` (None: the playbook has no extract.server)."""
-    if pb is None or not isinstance(getattr(pb, "extract", None), dict) or not pb.extract.get("server"):
-        return None
-    from remote_ops.extract.extract_spec import parse_spec
-    spec = parse_spec(pb, host)
-    return list(spec.server.command) if spec.server else None
-
-
-def request(pb, host):
-    """The ``serverflow.check`` request for ``host`` (None when the playbook has no server)."""
-    command = server_command(pb, host)
+def request(command: list[str] | None):
+    """The ``serverflow.check`` request for a server command as filled for the host
+    (``extract.extract_spec.server_command``); None when the playbook has no server."""
     if command is None:
         return None
-    return rq.serverflow_check(command=command, client={k: list(v) for k, v in CLIENT_FIELDS.items()})
+    return rq.serverflow_check(command=list(command), client={k: list(v) for k, v in CLIENT_FIELDS.items()})
 
 
 def summarize(raw: dict, playbook: str | None) -> dict:

@@ -79,9 +79,9 @@ def other_playbooks(pb, lib_versions: dict[str, str]) -> list:
     (``lib_versions``; their other packages, e.g. another speculators, are what the host would install)."""
     if not lib_versions:
         return []
-    from remote_ops.check.candidates import shipped_playbooks
+    from remote_ops.playbook.loader import shipped
     out = []
-    for o in shipped_playbooks():
+    for o in shipped():
         mine = {k: v for k, v in lib_versions.items() if k in o.requires}
         problems = [x for x in o.check_requires(mine) if x.split(" ", 1)[0] in mine]
         if o.name != pb.name and mine and not problems:
