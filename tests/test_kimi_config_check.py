@@ -91,3 +91,11 @@ def test_check_model_over_ssh_warns_on_the_release(sshd, inventory_file, env_vll
                            "-i", str(inv))
     assert "warning: vllm 0.17.0: Kimi-K2.5 fails SpeculativeConfig validation in this release (source: NVIDIA " \
            "Model-Optimizer" in " ".join(out.split()), out + err
+    # a warning is not a finding: the exit status is the findings' (0.17.0's Kimi class lacks SupportsEagle3)
+    assert status == 1
+    status, out, err = cli("--json", "check", "testhost", "--playbook", "eagle3-speculators-0.3.0", "--model",
+                           str(KIMI), "-i", str(inv))
+    import json
+    model = json.loads(out)["model"]
+    assert [w["version"] for w in model["warnings"]] == ["0.17.0"]
+    assert not [f for f in model["findings"] if "0.17.0" in f["message"] and "SpeculativeConfig" in f["message"]]
