@@ -112,3 +112,12 @@ def test_strict_fails_when_nothing_was_checked(sshd, inventory_file, envs, cli):
     assert status == 0 and "nothing was checked on this host" in out
     status, out, err = cli("check", "testhost", "--strict", "-i", str(inv))
     assert status == 1 and "nothing was checked on this host (check --strict exits 1)" in out
+
+
+def test_the_servers_own_interpreter_is_the_one_checked(sshd, inventory_file, envs, cli):
+    """A host whose server runs another interpreter (the var server_python): its vLLM is checked."""
+    inv = inventory_file(python=str(envs["0.33.0"]), vars={"server_python": str(envs["0.22.0"])})
+    status, out, err = cli("check", "testhost", "--playbook", MAIN, "--strict", "--json", "-i", str(inv))
+    sf = json.loads(out)["server_flow"]
+    assert status == 1 and sf["library"]["version"] == "0.22.0", out + err
+    assert [c["id"] for c in sf["findings"]] == ["chunked-prefill"]

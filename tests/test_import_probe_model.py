@@ -30,7 +30,8 @@ def _ckpt(tmp_path, name, cfg):
 
 
 def test_the_registry_picks_the_module_from_the_job_interpreters_vllm(tmp_path, env020):
-    sp = imports._sys_path_of(str(env020))
+    from remote_ops.agent.core.pythons import sys_path_of
+    sp = sys_path_of(str(env020))
     assert any("vllm-0.20.0" in p for p in sp)
     assert imports.model_module(_ckpt(tmp_path, "kimi", KIMI), sys_path=sp) == \
         ("vllm.model_executor.models.kimi_k25", None)

@@ -105,7 +105,7 @@ OPS = {o.name: o for o in (
                              "text_model", "text_model_members", "layer_forward_keywords", "workdir", "sys_path"),
        "the checkpoint's class in the library's registry against what the package's worker needs",
        resident=True),
-    Op("serverflow.check", ("command", "client", "sys_path"),
+    Op("serverflow.check", ("command", "client", "python", "sys_path"),
        "what a server-flow playbook's server command needs of the host's vLLM (method, connector, config "
        "keys, flags, chunked prefill, what the connector writes and returns, the client's fields)",
        resident=True),

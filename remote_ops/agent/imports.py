@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 
+from .core.pythons import sys_path_of
 from .protocol import AgentFailure
 
 # Runs in the job's interpreter: stdlib only, prints one JSON line.
@@ -117,20 +118,6 @@ def _fmt_versions(v):
     return ", ".join("%s %s" % (k, v[k]) for k in sorted(v))
 
 
-def _sys_path_of(python, env=None):
-    """``python``'s sys.path with the job's environment (this interpreter's when it is the same one)."""
-    if os.path.abspath(python) == os.path.abspath(sys.executable) and not env:   # a venv python is a link
-        return list(sys.path)
-    full = dict(os.environ)
-    full.update({str(k): str(v) for k, v in (env or {}).items()})
-    try:
-        out = subprocess.run([python, "-c", "import json, sys; print(json.dumps(sys.path))"], env=full,
-                             stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
-        return json.loads(out.stdout.decode().strip().splitlines()[-1])
-    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
-        return list(sys.path)
-
-
 def model_module(model, library="vllm", workdir=None, sys_path=None):
     """(module, note): the library module of the class its model registry picks for the checkpoint's
     config.json ``architectures`` (e.g. vllm.model_executor.models.kimi_k25 for Kimi-K2.5), read from
@@ -163,7 +150,7 @@ def op_probe(args):
     if args.get("model"):
         # the registry of the vLLM the job's interpreter imports (its sys.path, with the job's env)
         mod, note = model_module(args["model"], workdir=args.get("workdir"),
-                                 sys_path=_sys_path_of(args.get("python") or sys.executable, args.get("env")))
+                                 sys_path=sys_path_of(args.get("python") or sys.executable, args.get("env")))
         if mod and mod not in modules:
             modules.append(mod)
         extra = {"model_module": mod} if mod else {"model_note": "the model's module was not probed: %s" % note}

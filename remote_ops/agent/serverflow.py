@@ -14,7 +14,8 @@ and what to do) or null (could not be decided, with the reason).
     client: {class: [field, ...]}
                            request/response fields the flow's client uses, by class name in vLLM's
                            OpenAI protocol module (CompletionRequest, CompletionResponse, ...)
-    sys_path: [str, ...]   search path (default: this interpreter's sys.path)
+    python: str            the server's interpreter: its sys.path is read (default: this interpreter)
+    sys_path: [str, ...]   search path (default: ``python``'s sys.path)
     Returns {"python", "library": {"name", "version", "path"} | None, "checks": [{id, what, ok,
     detail, where, fix}], "elapsed_s"}.
 
@@ -28,6 +29,7 @@ import re
 import sys
 import time
 
+from .core.pythons import sys_path_of
 from .protocol import AgentFailure
 from .resolve.resolver import StaticResolver
 from .resolve.sigmodel import Unknown
@@ -148,13 +150,14 @@ def op_check(args):
     command = args.get("command")
     if not isinstance(command, list) or not command:
         raise AgentFailure("bad-args", "serverflow.check needs the server command as a list")
-    sys_path = list(args.get("sys_path") or sys.path)
+    sys_path = list(args.get("sys_path") or sys_path_of(args.get("python") or sys.executable))
     client = args.get("client") or {}
     root, site = _library_root(sys_path)
     if root is None:
-        raise AgentFailure("missing-target", "vllm is not installed for %s" % sys.executable,
+        raise AgentFailure("missing-target", "vllm is not installed for %s" % (args.get("python") or sys.executable),
                            "install vLLM into the server's environment")
     out = check(root, site, command, client, sys_path)
+    out["python"] = args.get("python") or sys.executable
     out["elapsed_s"] = round(time.perf_counter() - t0, 4)
     return out
 
@@ -300,7 +303,7 @@ def check(root, site, command, client, sys_path):
         c.add("flags", "every flag of the server command is an EngineArgs/FrontendArgs parameter", None,
               "; ".join(x for x in (eng, front) if isinstance(x, str)))
     version = _version(site)
-    return {"python": sys.executable, "library": {"name": "vllm", "version": version, "path": root},
+    return {"library": {"name": "vllm", "version": version, "path": root},
             "checks": c.out}
 
 

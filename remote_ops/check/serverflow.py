@@ -27,7 +27,12 @@ def request(command: list[str] | None):
     (``extract.extract_spec.server_command``); None when the playbook has no server."""
     if command is None:
         return None
-    return rq.serverflow_check(command=list(command), client={k: list(v) for k, v in CLIENT_FIELDS.items()})
+    import re
+    # the server's interpreter (the command's first word when it is a python, as extract.ServerSpec.python):
+    # its vLLM is the one checked
+    python = command[0] if re.search(r"(^|/)python[0-9.]*$", command[0]) else rq._UNSET
+    return rq.serverflow_check(command=list(command), client={k: list(v) for k, v in CLIENT_FIELDS.items()},
+                               python=python)
 
 
 def summarize(raw: dict, playbook: str | None) -> dict:

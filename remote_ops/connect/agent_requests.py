@@ -58,8 +58,9 @@ def compat_check(*, against: list[str], targets: list[str] = _UNSET, package: st
                 override_sources=override_sources, sys_path=sys_path, only_symbols=only_symbols, trace=trace)
 
 
-def serverflow_check(*, command: list[str], client: dict = _UNSET, sys_path: list[str] = _UNSET) -> Request:
-    return _req("serverflow.check", command=command, client=client, sys_path=sys_path)
+def serverflow_check(*, command: list[str], client: dict = _UNSET, python: str = _UNSET,
+                     sys_path: list[str] = _UNSET) -> Request:
+    return _req("serverflow.check", command=command, client=client, python=python, sys_path=sys_path)
 
 
 def model_check(*, model: str, library: str = _UNSET, layer_ids: list = _UNSET, default_layer_ids: list = _UNSET,
