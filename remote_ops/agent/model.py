@@ -156,17 +156,17 @@ def quantization(cfg, cfg_path, static, library, reads, findings):
         pkg_dir = os.path.join(os.path.dirname(init), "compressed_tensors") if init else None
         moe = None
         if pkg_dir and reads.exists(pkg_dir):
-            for dirpath, _d, files in os.walk(pkg_dir):
-                for f in sorted(files):
-                    if f.endswith(".py"):
-                        path = os.path.join(dirpath, f)
-                        try:
-                            src = reads.text(path)
-                        except (OSError, UnicodeDecodeError):
-                            continue
-                        if "class CompressedTensorsWNA16MoEMethod" in src:
-                            moe = path
-                            break
+            # through reads: the check memo sees what was read (a new release's files change the answer)
+            for dirpath, files in reads.walk_py(pkg_dir):
+                for f in files:
+                    path = os.path.join(dirpath, f)
+                    try:
+                        src = reads.text(path)
+                    except (OSError, UnicodeDecodeError):
+                        continue
+                    if "class CompressedTensorsWNA16MoEMethod" in src:
+                        moe = path
+                        break
                 if moe:
                     break
         # int weights with activations left alone (W4A16 here) run through the WNA16 MoE method
