@@ -437,13 +437,16 @@ def render_flows(files: list[Path]) -> list[str]:
                        f"exit {rl.get('rc')}, {r.get('files_after')} files, {r.get('untouched_of_before')} of the "
                        f"{s0.get('files_at_stop')} earlier files untouched, indexes 0..{r.get('max_samples', 0) - 1} "
                        f"{'all present' if r.get('indexes_contiguous') else 'NOT contiguous'}; verify exit "
-                       f"{(r.get('verify') or {}).get('rc')}; the job said: {'; '.join(r.get('resume_lines') or []) or '-'}.\n")
+                       f"{(r.get('verify') or {}).get('rc')}; the job said: {'; '.join(l.split('] ', 1)[-1] for l in r.get('resume_lines') or [] if 'starting:' not in l) or '-'}.\n")
         lc = st.get("resume_layer_change_refused") or {}
         if lc:
             out.append("Resume with other layer ids: " + (lc["skipped"] if lc.get("skipped") else (
                 f"{'refused before the engine started' if lc.get('ok') else 'NOT refused as required'}: exit "
                 f"{lc.get('rc')} in {lc.get('seconds')} s, files changed or added {lc.get('files_changed_or_added')}; "
                 f"said: {(lc.get('message') or lc.get('stderr_tail') or '')[:300]}")) + "\n")
+        if lc and "n_probe_server_default_ids" not in st and "probe_kimi_shipped_server_command" not in st:
+            out.append("The probes (server flow with the id n on DeepSeek-V3; the shipped server command on Kimi) did not "
+                       "finish before the session's device time ran out: not recorded.\n")
         p = st.get("n_probe_server_default_ids") or {}
         if p:
             err = p.get("error_lines") or p.get("log_tail") or []
