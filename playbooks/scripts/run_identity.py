@@ -1,0 +1,1 @@
+../../remote_ops/agent/run_identity.py
