@@ -111,8 +111,9 @@ def shard(text):
 
 
 def _abspath(path, cwd):
+    """``path`` from ``cwd``, symlinks resolved (the agent names the workdir, the job its real cwd)."""
     path = os.path.expanduser(path)
-    return os.path.normpath(path if os.path.isabs(path) else os.path.join(cwd or os.getcwd(), path))
+    return os.path.realpath(path if os.path.isabs(path) else os.path.join(cwd or os.getcwd(), path))
 
 
 def dataset_facts(path, max_samples, cwd=None):
