@@ -103,7 +103,7 @@ class IdentityCheck:
             out.append("%d layers; the run asked for %d (layer_ids %s)"
                        % (layers, self.layers, json.dumps(self.ident.get("layer_ids"), separators=(",", ":"))))
         if self.hidden is not None and hidden is not None and hidden != self.hidden:
-            out.append("hidden size %d; the model's is %d" % (hidden, self.hidden))
+            out.append("hidden size %d; the run's is %d" % (hidden, self.hidden))
         if index in self.lines and ids is not None:
             want = self.lines[index]
             if want is None:
