@@ -138,7 +138,7 @@ class Inventory(Fleet):
         host as a moved share (``extract/shard.py``, docs/SCALE-OUT.md).
         A new job is watched for ``early_death_s`` (default ``jobs.EARLY_DEATH_S``; 0: not at all):
         one that dies at once comes back in its failed state. ``overwrite``: an output directory
-        holding another run's samples (run.json, agent/run_identity.py) is started over, its files
+        holding another run's samples (run.json, agent/outputs/run_identity.py) is started over, its files
         moved into .replaced-<UTC time>/ there, instead of refused."""
         from remote_ops.errors import UsageError
         from remote_ops.extract import jobs

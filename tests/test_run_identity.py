@@ -1,5 +1,5 @@
 """One output directory holds one run (issue 32, part A): the run identity (run.json,
-remote_ops/agent/run_identity.py), the refusal of a resume into another run (extract's preflight and
+remote_ops/agent/outputs/run_identity.py), the refusal of a resume into another run (extract's preflight and
 the extract script's own check), extract --overwrite, and verify against the identity. End-to-end
 cases run the STAND-IN job over the real sshd; each ends refused, rewritten from the right input, or
 flagged by verify (non-zero), never silently mixed."""
@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from remote_ops.agent import run_identity as ri
+from remote_ops.agent.outputs import run_identity as ri
 from tests.conftest import load_extract_script
 from tests.test_jobs_ssh import STANDIN, Env, cli_json
 

@@ -417,14 +417,14 @@ def _disk_full(exc, directory, obj):
 
 
 def _run_identity_module():
-    """run_identity.py, shipped beside this script (remote-ops' agent/run_identity.py: one definition
+    """run_identity.py, shipped beside this script (remote-ops' agent/outputs/run_identity.py: one definition
     of a run's identity for remote-ops' preflight and this script), loaded by path."""
     import importlib.util
     here = os.path.dirname(os.path.realpath(__file__))
     path = os.path.join(here, "run_identity.py")
     if not os.path.isfile(path):
         raise InputError("run_identity.py is not beside %s: copy it from remote-ops (remote_ops/agent/"
-                         "run_identity.py; the playbook's extract.files ships both)" % os.path.join(here, PROG + ".py"))
+                         "outputs/run_identity.py; the playbook's extract.files ships both)" % os.path.join(here, PROG + ".py"))
     spec = importlib.util.spec_from_file_location("run_identity", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

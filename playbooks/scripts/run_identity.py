@@ -1,1 +1,1 @@
-../../remote_ops/agent/run_identity.py
+../../remote_ops/agent/outputs/run_identity.py

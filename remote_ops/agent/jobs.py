@@ -138,7 +138,7 @@ def identity_check(req, output_dir):
     """The run identity of the job ``req`` describes ({command, workdir, flow, playbook, python, env,
     fallback}: run_identity.py) against ``output_dir``'s run.json: run_identity.check's record plus
     the identity and, for another run's samples, the one line that refuses the launch."""
-    from . import run_identity as ri
+    from .outputs import run_identity as ri
     try:
         ident = job_identity(req)
     except ri.IdentityError as exc:
@@ -153,7 +153,7 @@ def _server_inputs(server_command, fallback):
     """A server flow's identity inputs: the server's flags (--max-model-len), its model (``serve
     MODEL``) and captured layers (``eagle_aux_hidden_state_layer_ids`` in its JSON), then ``fallback``."""
     import re
-    from . import run_identity as ri
+    from .outputs import run_identity as ri
     out = ri.command_inputs(server_command)
     if "serve" in server_command[:-1] and out.get("model") is None:
         out["model"] = server_command[server_command.index("serve") + 1]
@@ -174,7 +174,7 @@ def job_identity(req):
     playbook's extract.disk) fills what it lacks."""
     import json
     import subprocess
-    from . import run_identity as ri
+    from .outputs import run_identity as ri
     command = req.get("command") or []
     workdir = os.path.realpath(os.path.expanduser(req.get("workdir") or "~"))
     inputs = ri.command_inputs(command)
@@ -327,7 +327,7 @@ def _record_identity(output_dir, ident, overwrite):
     {"digest", "state", "moved"} or None when the launch carries no identity."""
     if not output_dir or not isinstance(ident, dict):
         return None
-    from . import run_identity as ri
+    from .outputs import run_identity as ri
     res = ri.check(output_dir, ident)
     moved = None
     if overwrite and (res["samples"] or os.path.exists(os.path.join(output_dir, ri.FILE))):

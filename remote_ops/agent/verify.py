@@ -131,6 +131,7 @@ def op_verify(args):
     torch = _import_torch()
 
     indexes, empty, temporaries = scan(out_dir, SAMPLE_RE, TEMP_RE.match)
+    from .outputs.identity_check import nothing_to_verify
     nothing_to_verify(out_dir, indexes, "data_<N>.pt")
     top = max(indexes) if indexes else -1
     config = read_data_config(out_dir)
@@ -168,7 +169,7 @@ def op_verify(args):
         pick |= set(rng.sample(rest, min(len(rest), max(0, sample_n - len(pick)))))
         chosen = sorted(pick)
 
-    from .verify_identity import IdentityCheck
+    from .outputs.identity_check import IdentityCheck
     ident = IdentityCheck(out_dir, chosen, config if isinstance(config, dict) and not config.get("error") else None)
     bad_load, inconsistent, bad_values = [], [], []
     reference = None
@@ -233,17 +234,6 @@ def op_verify(args):
         "reference": {"index": ref_index, "layout": _jsonable(reference)},
         "torch": getattr(torch, "__version__", None), "identity": ident.to_json(),
     }
-
-
-def nothing_to_verify(out_dir, indexes, pattern):
-    """An output directory without sample files is never "ok": a refusal naming what is missing."""
-    if indexes:
-        return
-    from .run_identity import FILE
-    recorded = os.path.exists(os.path.join(out_dir, FILE))
-    raise AgentFailure("nothing-to-verify", "%s holds no %s files%s: nothing to verify"
-                       % (out_dir, pattern, "" if recorded else " and no " + FILE),
-                       "run extract first (status says whether the job wrote anything), or give --output-dir")
 
 
 def _jsonable(sig):

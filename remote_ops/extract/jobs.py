@@ -230,7 +230,7 @@ class Preflight:
     exit_status: int | None = None         # a refusal's exit status when a problem has its own
     hint: str | None = None                # what to do about the deciding problem
     server: dict | None = None             # a two-process job's server: its port, its import probe
-    identity: dict | None = None           # the run identity against output_dir's run.json (agent/run_identity.py)
+    identity: dict | None = None           # the run identity against output_dir's run.json (agent/outputs/run_identity.py)
 
     def to_json(self) -> dict:
         extra = {} if self.server is None else {"server": self.server}

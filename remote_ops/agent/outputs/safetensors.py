@@ -11,7 +11,7 @@ across file systems can leave a truncated file at its final name: the header is 
 the safetensors package (length, JSON, dtype/shape/offset consistency, exact coverage of the data
 section, what ``safe_open`` checks), then the tensors of the files chosen are loaded and checked.
 Also reported: ``*.lock`` files the connector left, gaps in the numbering, files that differ in L or
-hidden from the first good one. Against the run identity (run.json, verify_identity.py): the layer
+hidden from the first good one. Against the run identity (run.json, identity_check.py): the layer
 count and hidden size; token_ids against the dataset only when run.json names a JSONL dataset (a
 prepared Arrow table is not read: that needs the ``datasets`` package).
 """
@@ -133,7 +133,7 @@ def verify(args):
     check_finite = args.get("finite", True)
     torch = _import_torch()
     indexes, empty, locks = scan(out_dir, SAMPLE_RE, lambda name: name.endswith(".safetensors.lock"))
-    from .verify import nothing_to_verify
+    from .identity_check import nothing_to_verify
     nothing_to_verify(out_dir, indexes, "hs_<N>.safetensors")
     top = max(indexes) if indexes else -1
     upper = max(top + 1, int(expected) if expected else 0)
@@ -160,7 +160,7 @@ def verify(args):
         rest = [i for i in good if i not in pick]
         pick |= set(rng.sample(rest, min(len(rest), max(0, sample_n - len(pick)))))
         chosen = sorted(pick)
-    from .verify_identity import IdentityCheck
+    from .identity_check import IdentityCheck
     ident = IdentityCheck(out_dir, chosen)
     inconsistent, bad_values, seen = [], [], set()
     reference = ref_index = None

@@ -2,12 +2,13 @@
 its dataset line's (cut to max_model_len - 1, as the job cuts them), its layer count is the number of
 layer ids the run asked for, its hidden size the model's config.json's; the dataset's lines still
 hash to what the run recorded (a dataset edited in place since is reported). Shared by both layouts
-(verify.py, verify_hs.py); stdlib only, tensors come in as lists."""
+(verify.py, outputs/safetensors.py); stdlib only, tensors come in as lists."""
 
 import hashlib
 import json
 import os
 
+from ..protocol import AgentFailure
 from . import run_identity as ri
 
 
@@ -125,3 +126,13 @@ class IdentityCheck:
                 "created": (self.doc or {}).get("created"), "identity": self.ident or None,
                 "problems": self.problems, "ids_compared": self.compared, "ids_differ": len(self.mismatched),
                 "text_lines_not_compared": self.text_lines}
+
+
+def nothing_to_verify(out_dir, indexes, pattern):
+    """An output directory without sample files is never "ok": a refusal naming what is missing."""
+    if indexes:
+        return
+    recorded = os.path.exists(os.path.join(out_dir, ri.FILE))
+    raise AgentFailure("nothing-to-verify", "%s holds no %s files%s: nothing to verify"
+                       % (out_dir, pattern, "" if recorded else " and no " + ri.FILE),
+                       "run extract first (status says whether the job wrote anything), or give --output-dir")
