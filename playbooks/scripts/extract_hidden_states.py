@@ -37,6 +37,14 @@ at tag v0.3.0 (commit be6e86e79eee8b2d363399a767194e53f5407331 of vllm-project/s
   ``data.train_data_path`` is the JSONL path; ``generation.cache_dir`` is "" (no HF datasets cache
   is used); ``data.seed`` is 0 (nothing is shuffled).
 
+- ``run.json``: the run identity (``run_identity.py``, shipped beside this script: the dataset's path,
+  size and sha256 of the lines used, the model's path and config.json sha256, layer ids,
+  max_model_len, shard, package versions, the playbook remote-ops names in $REMOTE_OPS_RUN_PLAYBOOK),
+  checked before the tokenizer, torch or the engine load: a directory holding samples of another
+  identity (or samples and no run.json) stops the run with one line naming what differs (exit 2);
+  ``--overwrite`` moves those files into ``.replaced-<UTC time>/`` in the directory (nothing is
+  deleted) and starts over. Written for a new run before the first sample.
+
 Batches are packed by tokens: consecutive pending samples (never reordered) until the next one would
 pass ``--batch-tokens`` (default: the engine's own scheduler budget, ``max_num_scheduled_tokens`` or
 ``max_num_batched_tokens`` of the generator's scheduler: ``max(8192, max_model_len)`` in speculators
@@ -81,7 +89,7 @@ is one dataset; resume and the progress bar count the shard's samples, and data_
 the dataset's ``num_samples`` and adds ``shard`` {index, count, assignment, samples}.
 
 Exit status: 0 done; 1 the generator returned a result that does not fit its sample; 2 bad
-arguments or bad dataset (one line: what, where, what to do). Other failures (vLLM, CUDA) end with
+arguments, bad dataset or an output directory of another run (one line: what, where, what to do). Other failures (vLLM, CUDA) end with
 their own traceback.
 """
 
