@@ -30,10 +30,15 @@ def op_files(args):
             elif SHARD_DIR_RE.match(entry.name) and entry.is_dir():
                 subdirs.append(entry.name)
     files.sort(key=lambda f: f["index"])
-    config_text = None
+    config_text = run_text = None
     try:
         with open(os.path.join(out_dir, "data_config.json"), encoding="utf-8") as fh:
             config_text = fh.read()
+    except OSError:
+        pass
+    try:
+        with open(os.path.join(out_dir, "run.json"), encoding="utf-8") as fh:   # the run identity
+            run_text = fh.read()
     except OSError:
         pass
     if args.get("digest"):
@@ -49,4 +54,5 @@ def op_files(args):
                         last = time.time()
                         yield {"type": "progress", "hashed": done, "of": total}
             f["sha256"] = h.hexdigest()
-    return {"output_dir": out_dir, "files": files, "config_text": config_text, "shard_dirs": sorted(subdirs)}
+    return {"output_dir": out_dir, "files": files, "config_text": config_text, "run_text": run_text,
+            "shard_dirs": sorted(subdirs)}

@@ -287,15 +287,16 @@ def _model_preflight(pf: Preflight, res: dict) -> None:
 
 
 def playbook_identity(playbook) -> dict | None:
-    """The playbook part of a run identity: its name and the sha256 of its document as JSON (comments,
-    ``description`` and ``vars`` left out: what the vars change reaches the identity through the
-    job's command)."""
+    """The playbook part of a run identity: its name and the sha256 of what it changes on the host, its
+    document as JSON without comments, ``description``, ``vars``, ``check`` and ``extract`` (the patches
+    and ``requires``): what the vars and the extract command change reaches the identity through the
+    job's command line, and a flag that changes no data (a delay, a port) does not refuse a resume."""
     import hashlib
     import json
     doc = getattr(getattr(playbook, "doc", None), "data", None)
     if not isinstance(doc, dict):
         return None
-    body = {k: v for k, v in doc.items() if k not in ("vars", "description")}
+    body = {k: v for k, v in doc.items() if k not in ("vars", "description", "check", "extract")}
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
     return {"name": playbook.name, "sha256": hashlib.sha256(text.encode()).hexdigest()}
 

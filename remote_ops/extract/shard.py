@@ -432,7 +432,31 @@ def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, 
     for items in per_host.values():
         items.sort(key=lambda it: it["index"])
     g.extra["config"] = union_doc
+    g.extra["run"] = _union_run(listings, g) if union_doc is not None else None
     return per_host, union_doc, g
+
+
+def _union_run(listings: dict[str, list[dict]], g) -> dict | None:
+    """The union's run.json (agent/outputs/run_identity.py): the parts' identity without its shard.
+    Parts whose identities differ otherwise hold two runs: a problem naming both places and what
+    differs, which refuses the gather. None when no part has a run.json."""
+    from remote_ops.agent.outputs import run_identity as ri
+    found = []
+    for host in sorted(listings):
+        for d in listings[host]:
+            try:
+                doc = json.loads(d.get("run_text") or "null")
+            except ValueError:
+                doc = None
+            if d["files"] and isinstance(doc, dict) and isinstance(doc.get("identity"), dict):
+                found.append((f"{host}:{d['output_dir']}", dict(doc["identity"], shard=None)))
+    if not found:
+        return None
+    where, first = found[0]
+    for other, ident in found[1:]:
+        if diff := ri.differences(first, ident):
+            g.problems.append(f"{other} holds another run than {where}: {'; '.join(diff)}")
+    return None if g.problems else ri.record(first)
 
 
 def _sha256_file(path: str) -> str | None:
@@ -509,6 +533,13 @@ def finish(results, g: GatherResult, union_doc: dict | None, to: str) -> GatherR
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, os.path.join(to, "data_config.json"))
+        if g.extra.get("run"):         # the union's run identity, so that verify can hold it to its run
+            tmp = os.path.join(to, f".run.json.{os.getpid()}.tmp")
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(g.extra["run"], fh, indent=1, sort_keys=True)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, os.path.join(to, "run.json"))
         _fsync_dir(to)
     present = {int(m.group(1)) for m in (re.match(r"^data_(\d+)\.pt$", n) for n in os.listdir(to)) if m}
     g.present = len(present)

@@ -10,6 +10,14 @@ import os
 
 from ..protocol import AgentFailure
 from . import run_identity as ri
+from .shares import SHARD_DIR_RE
+
+
+def _names(path):
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
 
 
 def _model_hidden(model):
@@ -130,8 +138,8 @@ class IdentityCheck:
 
 def nothing_to_verify(out_dir, indexes, pattern):
     """An output directory without sample files is never "ok": a refusal naming what is missing."""
-    if indexes:
-        return
+    if indexes or any(SHARD_DIR_RE.match(n) for n in _names(out_dir)):
+        return      # files, or shard-K-of-N subdirectories (moved shares, Slurm tasks) verified each on its own
     recorded = os.path.exists(os.path.join(out_dir, ri.FILE))
     raise AgentFailure("nothing-to-verify", "%s holds no %s files%s: nothing to verify"
                        % (out_dir, pattern, "" if recorded else " and no " + ri.FILE),
