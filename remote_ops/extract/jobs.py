@@ -330,7 +330,6 @@ def _identity_preflight(pf: Preflight, res: dict | None, spec: ExtractSpec, over
                             f"{spec.output_dir}/.replaced-<UTC time>/ ({'; '.join(res['differences']) or res['state']})")
         else:
             pf.problems.append(res["line"])
-            pf.hint = None
     elif res["state"] == "same" and res["samples"]:
         pf.notes.append(f"run identity {short}: the {res['samples']} sample file(s) in {spec.output_dir} are this "
                         "run's (run.json): resuming")
