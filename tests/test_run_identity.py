@@ -308,3 +308,24 @@ def test_script_identity_matches_the_agents_for_the_same_command(tmp_path):
                                       "workdir": str(tmp_path), "flow": "generator", "python": sys.executable})
     assert mine == theirs and mine["dataset"]["path"] == str(ds.resolve())
     assert mine["shard"] == {"index": 0, "count": 2}
+
+
+def test_gather_writes_the_unions_run_json_and_refuses_parts_of_two_runs():
+    """gather's plan (extract/shard.py): the union's run.json is the parts' identity without the shard;
+    parts whose identities differ otherwise are two runs, which refuse the gather naming both places."""
+    from remote_ops.extract import shard as shard_mod
+
+    def part(k, ident_):
+        cfg = {"data": {"num_samples": 4}, "hidden_states": {"layer_ids": [2, 4, 5, 7]}, "model": {"hidden_size": 8},
+               "shard": {"index": k, "count": 2}}
+        return [{"output_dir": f"/o{k}", "files": [{"index": i, "name": f"data_{i}.pt", "size": 1, "sha256": str(i)}
+                                                   for i in range(k, 4, 2)],
+                 "config_text": json.dumps(cfg), "run_text": json.dumps(ri.record(ident_)), "shard_dirs": []}]
+    same = {"a": part(0, ident(shard={"index": 0, "count": 2})), "b": part(1, ident(shard={"index": 1, "count": 2}))}
+    _, union_doc, g = shard_mod.plan(same)
+    assert not g.problems and union_doc is not None
+    assert g.extra["run"]["identity"] == ident(shard=None) and g.extra["run"]["digest"] == ri.digest(ident(shard=None))
+    mixed = {"a": same["a"], "b": part(1, ident(shard={"index": 1, "count": 2}, layer_ids=[1, 3, 5, 7]))}
+    _, _, g = shard_mod.plan(mixed)
+    assert g.problems == ["b:/o1 holds another run than a:/o0: layer_ids [2,4,5,7] -> [1,3,5,7]"]
+    assert g.extra["run"] is None
