@@ -311,21 +311,31 @@ def test_script_identity_matches_the_agents_for_the_same_command(tmp_path):
 
 
 def test_gather_writes_the_unions_run_json_and_refuses_parts_of_two_runs():
-    """gather's plan (extract/shard.py): the union's run.json is the parts' identity without the shard;
-    parts whose identities differ otherwise are two runs, which refuse the gather naming both places."""
+    """gather's plan (extract/shard.py): the union's run.json is the kept run's identity without the
+    shard; a part of another run is refused, and then no run.json is written."""
+    import hashlib
     from remote_ops.extract import shard as shard_mod
 
     def part(k, ident_):
         cfg = {"data": {"num_samples": 4}, "hidden_states": {"layer_ids": [2, 4, 5, 7]}, "model": {"hidden_size": 8},
                "shard": {"index": k, "count": 2}}
+        rest = {key: v for key, v in ident_.items() if key != "shard"}
+        run = hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
         return [{"output_dir": f"/o{k}", "files": [{"index": i, "name": f"data_{i}.pt", "size": 1, "sha256": str(i)}
                                                    for i in range(k, 4, 2)],
-                 "config_text": json.dumps(cfg), "run_text": json.dumps(ri.record(ident_)), "shard_dirs": []}]
+                 "config_text": json.dumps(cfg), "run_text": json.dumps(ri.record(ident_)), "shard_dirs": [],
+                 "identity": f"dir:{k}", "run": {"digest": ri.digest(ident_), "shard": [k, 2], "run": run}}]
     same = {"a": part(0, ident(shard={"index": 0, "count": 2})), "b": part(1, ident(shard={"index": 1, "count": 2}))}
     _, union_doc, g = shard_mod.plan(same)
     assert not g.problems and union_doc is not None
     assert g.extra["run"]["identity"] == ident(shard=None) and g.extra["run"]["digest"] == ri.digest(ident(shard=None))
     mixed = {"a": same["a"], "b": part(1, ident(shard={"index": 1, "count": 2}, layer_ids=[1, 3, 5, 7]))}
     _, _, g = shard_mod.plan(mixed)
-    assert g.problems == ["b:/o1 holds another run than a:/o0: layer_ids [2,4,5,7] -> [1,3,5,7]"]
+    assert g.problems == ["the directories hold files of 2 runs in equal numbers (their run.json differ: a:/o0, "
+                          "b:/o1): gather one run at a time (move the other run's directories away)"]
     assert g.extra["run"] is None
+    mixed["a"] = part(0, ident(shard={"index": 0, "count": 2}))
+    mixed["a"][0]["files"].append({"index": 1, "name": "data_1.pt", "size": 1, "sha256": "x"})   # a's run: 3 files
+    _, _, g = shard_mod.plan(mixed)
+    assert g.extra["run"] is None and g.problems and all("another run" in p or "differ" in p for p in g.problems), \
+        g.problems

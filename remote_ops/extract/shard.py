@@ -501,7 +501,9 @@ def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, 
         chosen[i] = item(keep)
         for d, why in others:
             other = item(d)
-            if other["sha256"] != chosen[i]["sha256"] and not (run and keep.get("run") == run):
+            # other bytes are dropped only for a copy of another run (or none); two copies of the union's
+            # run with other bytes cannot be told apart by it: a conflict
+            if other["sha256"] != chosen[i]["sha256"] and not (run and keep.get("run") == run and d.get("run") != run):
                 conflicts.append({"index": i, "where": [f"{keep['host']}:{chosen[i]['path']}", f"{d['host']}:{other['path']}"]})
             else:
                 dropped.append({"index": i, "kept": f"{keep['host']}:{chosen[i]['path']}",
@@ -516,6 +518,11 @@ def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, 
     foreign = [d for d in dirs if run and d.get("run") and d["run"] != run
                and any(chosen.get(f["index"], {}).get("path") == d["output_dir"].rstrip("/") + "/" + f["name"]
                        and chosen[f["index"]]["host"] == d["host"] for f in d["files_list"])]
+    runs = sorted({d["run"] for d in dirs if d.get("run")})
+    if run is None and len(runs) > 1:       # no majority run: nothing tells which files are the union's
+        g.problems.append(f"the directories hold files of {len(runs)} runs in equal numbers (their run.json "
+                          f"differ: {', '.join(d['host'] + ':' + d['output_dir'] for d in dirs if d.get('run'))}): "
+                          "gather one run at a time (move the other run's directories away)")
     for d in foreign:
         g.problems.append(f"{d['host']}:{d['output_dir']} holds files of another run (its run.json differs from the "
                           "other directories'): they would be mixed in; move that directory away or extract it again")
