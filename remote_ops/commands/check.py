@@ -102,7 +102,12 @@ def render(console, result: dict, verbose: int = 0) -> None:
         console.print(f"[yellow]{escape(result['note'])}[/yellow]")
     render_drift(console, result, verbose)
     render_model(console, result.get("model"))
-    n = len(result["findings"]) + len((result.get("model") or {}).get("findings") or [])
+    render_server_flow(console, result.get("server_flow"), verbose)
+    if not result.get("calls_checked") and not (result.get("server_flow") or {}).get("checked") \
+            and not (result.get("model") or {}).get("class"):
+        console.print("[yellow]nothing was checked on this host (check --strict exits 1)[/yellow]")
+    n = len(result["findings"]) + len((result.get("model") or {}).get("findings") or []) \
+        + len((result.get("server_flow") or {}).get("findings") or [])
     nd = len(result.get("drift") or [])
     nu = len(result["unknown"])
     base = result.get("baseline") or {}
@@ -128,6 +133,28 @@ def render_model(console, m: dict | None) -> None:
             console.print(escape(f"    fix:     {f['suggestion']}"))
     for u in m.get("unknown") or []:
         console.print(f"[yellow]{escape('not checked: ' + u['what'] + ': ' + u['reason'])}[/yellow]")
+    for w in m.get("warnings") or []:
+        console.print(f"[yellow]{escape('warning: ' + w['message'] + ' (source: ' + w['source'] + ')')}[/yellow]")
+
+
+def render_server_flow(console, sf: dict | None, verbose: int = 0) -> None:
+    """A server-flow playbook's checks on the host's vLLM: the count, each failed or undecided one."""
+    if not sf:
+        return
+    from rich.markup import escape
+
+    from remote_ops.check import serverflow
+    lib = sf.get("library") or {}
+    console.print(f"[bold]server flow ({escape(str(sf.get('playbook')))}) on vllm {escape(str(lib.get('version')))}:"
+                  f"[/bold] {sf.get('checked', 0)} check(s) decided, {len(sf.get('findings') or [])} failed, "
+                  f"{len(sf.get('unknown') or [])} undecided")
+    for c in sf.get("checks") or []:
+        if c.get("ok") is True and not verbose:
+            continue
+        line = serverflow.explain(c) if c.get("ok") is not True else f"  ok: {c['what']}"
+        console.print(escape(line if c.get("ok") is not None else "not checked: " + line))
+        if c.get("fix") and c.get("ok") is False:
+            console.print(escape(f"    fix:     {c['fix']}"))
 
 
 def render_drift(console, result: dict, verbose: int = 0) -> None:
