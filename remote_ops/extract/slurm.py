@@ -61,9 +61,10 @@ def extract(session, pb, spec, *, skip_check: bool, dry_run: bool, strict_drift:
     from remote_ops.extract import jobs
     from remote_ops.extract.extract_spec import parse_spec
 
+    from remote_ops.extract.extract_spec import resolve_secrets
+
     host = session.host
-    if spec.secrets:
-        raise UsageError("secrets are not passed to Slurm jobs yet", "set them in the cluster's environment")
+    secret_values = resolve_secrets(spec)   # an optional secret unset here is simply not passed
     if not spec.output_dir:
         raise UsageError("a Slurm job needs extract.output_dir (each array task writes shard-K-of-N in it)")
     tasks, sbatch = options(pb, spec)
@@ -78,7 +79,8 @@ def extract(session, pb, spec, *, skip_check: bool, dry_run: bool, strict_drift:
     per_task = parse_spec(pb, host, subdir=TOKEN)     # {output_dir} in the command: the task's directory
     res = session.call(*rq.slurm_submit(key=spec.key, command=per_task.command, workdir=spec.workdir, env=spec.env,
                                         output_dir=spec.output_dir, tasks=tasks, sbatch=sbatch,
-                                        python=host.python, expected_samples=spec.expected_samples), timeout=120)
+                                        python=host.python, expected_samples=spec.expected_samples,
+                                        secrets=secret_values or rq._UNSET), timeout=120)
     return jobs.ExtractResult(host.name, attached=res["attached"], job=res["job"], preflight=pf.to_json())
 
 
