@@ -34,7 +34,7 @@ Controller CPU: user+system seconds of the remote-ops process itself (getrusage 
 child). Host CPU per exec: what the agent reports for itself in each reply (process CPU from the
 interpreter's start to the reply; Session.stats.host_cpu_s), with its cache state (hit: compiled
 agent from the host's cache; shipped: sources sent and compiled in that exec) and what the host's
-check memo did (a patch's verification reused while nothing it read changed: agent/memo.py).
+check memo did (a patch's verification reused while nothing it read changed: agent/check/memo.py).
 """
 
 from __future__ import annotations

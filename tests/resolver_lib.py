@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops.agent.signatures import StaticResolver
+from remote_ops.agent.resolve.resolver import StaticResolver
 
 
 def write_lib(root: Path, files: dict[str, str]) -> Path:

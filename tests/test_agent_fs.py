@@ -1,4 +1,4 @@
-"""agent/statedir.py and agent/atomic.py: the one state-directory helper and the one atomic replace
+"""agent/core/statedir.py and agent/core/atomic.py: the one state-directory helper and the one atomic replace
 the agent's jobs, files and patch code share; and the controller's one byte formatter."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import stat
 
 import pytest
 
-from remote_ops.agent import atomic, statedir
+from remote_ops.agent.core import atomic
+from remote_ops.agent.core import statedir
 from remote_ops.units import human_bytes
 
 

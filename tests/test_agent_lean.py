@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops.agent import facts, gpu, jsonio
+from remote_ops.agent import facts, gpu
+from remote_ops.agent.core import dists, jsonio
 from remote_ops.connect import bundle
 
 
@@ -116,7 +117,7 @@ def test_disk_usage_is_shutil_s(tmp_path):
 @pytest.mark.parametrize("name", ["json", "os", "sys", "pytest", "yaml", "remote_ops", "no_such_module_xyz",
                                   "os.path", "json.decoder", "email.mime", "_json", "encodings"])
 def test_find_spec_is_importlib_util_s(name):
-    mine, theirs = facts.find_spec(name), importlib.util.find_spec(name)
+    mine, theirs = dists.find_spec(name), importlib.util.find_spec(name)
     if theirs is None:
         assert mine is None
     else:
@@ -128,13 +129,13 @@ def test_find_spec_of_a_module_only_on_a_fresh_path(tmp_path, monkeypatch):
     (tmp_path / "lean_fresh_pkg").mkdir()
     (tmp_path / "lean_fresh_pkg" / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
-    mine, theirs = facts.find_spec("lean_fresh_pkg"), importlib.util.find_spec("lean_fresh_pkg")
+    mine, theirs = dists.find_spec("lean_fresh_pkg"), importlib.util.find_spec("lean_fresh_pkg")
     assert mine.origin == theirs.origin == str(tmp_path / "lean_fresh_pkg" / "__init__.py")
 
 
 @pytest.mark.parametrize("name", ["vllm", "Vllm", "my-pkg", "my.pkg", "my__pkg", "a-_.b", "-x-", "...", "", "Zope.Interface"])
 def test_norm_is_the_regex_s(name):
-    assert facts._norm(name) == re.sub(r"[-_.]+", "_", name).lower()
+    assert dists._norm(name) == re.sub(r"[-_.]+", "_", name).lower()
 
 
 # ------------------------------------------------------------------------------ gpu.which == shutil.which

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from remote_ops.connect.bundle import agent_source_files
+
 AGENT = Path(__file__).resolve().parent.parent / "remote_ops" / "agent"
-FILES = sorted(AGENT.glob("*.py"))
+FILES = sorted(agent_source_files().values())
 
 
-@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
+@pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(AGENT)) for p in FILES])
 def test_agent_module_is_stdlib_only_and_parses_as_310(path):
     tree = ast.parse(path.read_text(), feature_version=(3, 10))
     allowed_lazy = {"torch"}  # verify.py imports the HOST's torch inside the op, on purpose

@@ -602,7 +602,7 @@ def test_lazy_getattr_unknown_names_say_why(tmp_path):
 
 def test_one_odd_call_is_an_unknown_not_a_failed_op(tmp_path, monkeypatch):
     """An analysis error on one call becomes an unknown with the reason; the rest is still checked."""
-    from remote_ops.agent import signatures
+    from remote_ops.agent.resolve import resolver as signatures
 
     lib_files = {"__init__.py": "", "api.py": "def good(a):\n    pass\ndef odd(a):\n    pass\n"}
     caller = "from LIB.api import good, odd\ngood(1, 2)\nodd(1)\n"

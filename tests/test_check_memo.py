@@ -1,4 +1,4 @@
-"""The host's check memo (agent/memo.py, agent/reads.py): a static check's result reused while every
+"""The host's check memo (agent/check/memo.py, agent/core/reads.py): a static check's result reused while every
 read it made sees the same again, and only then.
 
 In-process on real speculators 0.3.0 + vLLM 0.17.0 sources (a reused result equals a computed one,
@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from remote_ops import pkgsource
-from remote_ops.agent import compat, memo, protocol, reads
+from remote_ops.agent import compat, protocol
+from remote_ops.agent.check import memo
+from remote_ops.agent.core import reads
 from remote_ops.agent.protocol import AgentFailure
 from remote_ops.connect import bundle
 from tests.conftest import SPECULATORS, VLLM_NEW

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from remote_ops.agent.contract import KINDS, OPS
+from remote_ops.connect.bundle import agent_source_files
 from remote_ops.errors import AgentError, Exit, RefusedError, agent_error, exit_for_kind
 
 ROOT = Path(__file__).resolve().parent.parent / "remote_ops"
-AGENT_FILES = sorted((ROOT / "agent").glob("*.py"))
+AGENT_FILES = sorted(agent_source_files().values())
 CONTROLLER_FILES = sorted(p for p in ROOT.rglob("*.py") if "agent" not in p.relative_to(ROOT).parts)
 
 
@@ -93,11 +94,15 @@ def test_exit_statuses_scripts_rely_on():
 
 
 def _op_functions() -> dict[str, ast.FunctionDef]:
+    """{"module.op": function} of every ``op_*`` in the agent; the protocol finds an op's module by its
+    name at the top of the package, so an ``op_*`` in a subpackage is a mistake (it could never be called)."""
     out = {}
-    for p in AGENT_FILES:
+    for key, p in agent_source_files().items():
+        module = key.split(".", 1)[1]
         for node in ast.parse(p.read_text()).body:
             if isinstance(node, ast.FunctionDef) and node.name.startswith("op_"):
-                out[f"{p.stem}.{node.name[3:]}"] = node
+                assert "." not in module, f"{module}.{node.name}: operations live in top-level agent modules"
+                out[f"{module}.{node.name[3:]}"] = node
     return out
 
 

@@ -1,4 +1,4 @@
-"""agent/diskneed.py: the disk an extraction needs, from hidden size x layers x tokens, against the
+"""agent/job/diskneed.py: the disk an extraction needs, from hidden size x layers x tokens, against the
 REAL files the shipped script writes (its own build_sample + save_atomic, torch 2.13 on the CPU)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from remote_ops.agent import diskneed
+from remote_ops.agent.job import diskneed
 from tests.conftest import EXTRACT_SCRIPT, load_extract_script
 
 SCRIPT = EXTRACT_SCRIPT

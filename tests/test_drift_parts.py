@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from remote_ops.agent.drift_compare import _same_default
-from remote_ops.agent.drift_facts import norm_annotation
-from remote_ops.agent.drift_classes import hierarchy_table
-from remote_ops.agent.drift_scan import _rel, dispatch_facts
+from remote_ops.agent.drift.compare import _same_default
+from remote_ops.agent.drift.facts import norm_annotation
+from remote_ops.agent.drift.classes import hierarchy_table
+from remote_ops.agent.drift.scan import _rel, dispatch_facts
 from tests.resolver_lib import lib  # noqa: F401  (fixture)
 
 
@@ -67,7 +67,7 @@ def test_rel():
 def test_hierarchy_candidates_read_bases_by_name_across_files(lib):
     """A class with none of the names in its own body is a candidate through its bases (written
     dotted, generic, over several lines, beside keywords); a class on a file's first line counts."""
-    from remote_ops.agent.drift_scan import _base_names, hierarchy_candidates
+    from remote_ops.agent.drift.scan import _base_names, hierarchy_candidates
     r = lib({"lib/__init__.py": "", "lib/base.py": """class Base:
     def load_model(self):
         self.model_runner = None

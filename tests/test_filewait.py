@@ -1,4 +1,4 @@
-"""agent/filewait.py: a tail wakes on the log's write (inotify), and falls back to sleeping where no
+"""agent/job/filewait.py: a tail wakes on the log's write (inotify), and falls back to sleeping where no
 watch can be set; either way ``wait`` returns by its timeout."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from remote_ops.agent import filewait
+from remote_ops.agent.job import filewait
 
 
 def test_a_write_wakes_the_wait(tmp_path):

@@ -14,7 +14,7 @@ import pytest
 
 from remote_ops import pkgsource
 from remote_ops.agent import model as model_check
-from remote_ops.agent.reads import Reads
+from remote_ops.agent.core.reads import Reads
 from remote_ops.patch import edits as edits_mod
 from remote_ops.patch import playbook as pb_mod
 
@@ -153,7 +153,7 @@ def test_a_relative_model_path_is_the_jobs_own(checkpoints, speculators_patched)
 
 def test_declared_protocol_members_come_from_the_library(checkpoints):
     """SupportsEagle3's members are read from vLLM's interfaces.py, not listed by hand."""
-    from remote_ops.agent.signatures import StaticResolver
+    from remote_ops.agent.resolve.resolver import StaticResolver
     r = StaticResolver([str(pkgsource.unpacked("vllm", "0.20.0"))], reads=Reads())
     proto = r.lookup("vllm.model_executor.models.interfaces", "SupportsEagle3")
     members = model_check.protocol_members(r, proto)

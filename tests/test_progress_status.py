@@ -1,4 +1,4 @@
-"""Tokens/s and ETA in status and --tail: agent/jobstatus.py reads the extraction script's own
+"""Tokens/s and ETA in status and --tail: agent/job/status.py reads the extraction script's own
 ``extract-progress {json}`` lines from the job's log; the controller renders them. The lines are
 the ones the REAL shipped script prints (written here by its own Progress class)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 import json
 
-from remote_ops.agent import jobstatus
+from remote_ops.agent.job import status as jobstatus
 from remote_ops.extract import jobs, tail
 from tests.conftest import EXTRACT_SCRIPT, load_extract_script
 

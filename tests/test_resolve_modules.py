@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from remote_ops.agent.resolve_modules import ModInfo, ModuleIndex
+from remote_ops.agent.resolve.modules import ModInfo, ModuleIndex
 from tests.resolver_lib import write_lib
 
 

@@ -137,7 +137,7 @@ def cli_json(cli, env, *args):
 def read_sample(path):
     import torch
 
-    from remote_ops.agent import verify_hs
+    from remote_ops.agent.outputs import safetensors as verify_hs
     header, start, problem = verify_hs.read_header(str(path))
     assert problem is None, problem
     return verify_hs.load_tensors(torch, str(path), header, start, ["hidden_states", "token_ids"])

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from remote_ops.agent import shards as rule
+from remote_ops.agent.outputs import shares as rule
 from remote_ops.extract import jobs as jobs_mod
 from remote_ops.extract import shard as shard_mod
 from tests.conftest import REPO, write_inventory

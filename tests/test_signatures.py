@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from remote_ops.agent.signatures import (KWONLY, POSKW, POSONLY, VARKW, VARPOS, Parameter, Signature,
+from remote_ops.agent.resolve.resolver import (KWONLY, POSKW, POSONLY, VARKW, VARPOS, Parameter, Signature,
                                          StaticResolver, Unknown, bind)
 
 

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from remote_ops.agent import shards as rule
+from remote_ops.agent.outputs import shares as rule
 from remote_ops.sshd import free_port
 from tests.conftest import REPO, write_inventory
 

@@ -29,7 +29,7 @@ import zipfile
 from . import compat
 from .contract import DEFAULT_AGAINST, DEFAULT_PACKAGE
 from .protocol import AgentFailure
-from .statedir import private_dir
+from .core.statedir import private_dir
 
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,120}$")
 _MAX_BYTES = 64 << 20

@@ -10,8 +10,8 @@ import base64
 import hashlib
 import os
 
-from . import atomic
-from .digest import file_sha256
+from .core import atomic
+from .core.digest import file_sha256
 from .protocol import AgentFailure
 
 
@@ -53,7 +53,7 @@ def op_put(args):
                            "create it, or set the host's workdir in the inventory")
     key = args.get("unless_running")
     if key:
-        from . import jobstatus
+        from .job import status as jobstatus
         running = jobstatus.running_job(key)
         if running:   # never swap the files of a job that is running
             return {"files": [], "skipped": "job %s is running" % running}

@@ -125,7 +125,7 @@ def op_probe(args):
         return {"ok": True, "modules": [], "versions": {}, "skipped": "no modules to check"}
     key = args.get("unless_running")
     if key:
-        from . import jobstatus
+        from .job import status as jobstatus
         running = jobstatus.running_job(key)
         if running:
             return {"ok": True, "modules": modules, "versions": {},

@@ -25,9 +25,9 @@ import sys
 import time
 
 from . import gpu
-from . import supervisor as sup
-from .filewait import FileWait
-from .jobstatus import (TERMINAL, _current_id, _jobdir, _jobs_in, _pid_alive, _read_tail, job_status, safe_key,
+from .job import supervisor as sup
+from .job.filewait import FileWait
+from .job.status import (TERMINAL, _current_id, _jobdir, _jobs_in, _pid_alive, _read_tail, job_status, safe_key,
                         standin_label, state_dir)
 from .protocol import AgentFailure
 
@@ -122,12 +122,12 @@ def op_probe(args):
             out["disk"] = {"path": path, "measured_at": probe, "free_bytes": st.f_bavail * st.f_frsize,
                            "existing_samples": done, "max_index": top,
                            "mean_sample_bytes": int(sum(sizes) / len(sizes)) if sizes else None}
-            from .verify import read_data_config      # the shard its data_config.json records
+            from .outputs.data_config import read_data_config      # the shard its data_config.json records
             out["disk"]["shard"] = (read_data_config(path) or {}).get("shard")
         except OSError as exc:
             out["disk"] = {"path": path, "error": str(exc)}
-        if args.get("need") and not out["disk"].get("error"):   # from real sizes: agent/diskneed.py
-            from . import diskneed
+        if args.get("need") and not out["disk"].get("error"):   # from real sizes: agent/job/diskneed.py
+            from .job import diskneed
             out["disk"]["need"] = diskneed.for_job(args["need"], path)
     return out
 

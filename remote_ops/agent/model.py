@@ -22,16 +22,15 @@ id not on disk, a class built by an expression) is listed under ``unknown``, nev
 """
 
 import ast
-import json
-import os
 import sys
 import time
 
 from .protocol import AgentFailure
-from .reads import Reads
-from .resolve_base import dotted
-from .sigmodel import Signature, bind
-from .signatures import StaticResolver
+from .check.checkpoint import default_layer_ids, num_layers, read_config
+from .core.reads import Reads
+from .resolve.base import dotted
+from .resolve.sigmodel import Signature, bind
+from .resolve.resolver import StaticResolver
 
 REGISTRY = "model_executor.models.registry"
 MODELS = "model_executor.models"
@@ -40,90 +39,9 @@ REGISTERED_FACTORY = "init_vllm_registered_model"
 
 def op_check(args):
     t0 = time.perf_counter()
-    from . import memo
+    from .check import memo
     out = memo.cached("model", args, lambda reads: check(args, reads))
     return dict(out, elapsed_s=round(time.perf_counter() - t0, 4))
-
-
-# ------------------------------------------------------------------ the checkpoint
-def _hf_cache_config(model, reads):
-    """config.json of an HF id in the local hub cache, or None (the env decides where: not kept)."""
-    reads.not_replayable("an HF id is looked up in the hub cache")
-    roots = [os.environ.get("HF_HUB_CACHE"),
-             os.path.join(os.environ["HF_HOME"], "hub") if os.environ.get("HF_HOME") else None,
-             os.path.expanduser("~/.cache/huggingface/hub")]
-    for root in filter(None, roots):
-        base = os.path.join(root, "models--" + model.replace("/", "--"))
-        try:
-            ref = reads.text(os.path.join(base, "refs", "main")).strip()
-        except (OSError, UnicodeDecodeError):
-            continue
-        path = os.path.join(base, "snapshots", ref, "config.json")
-        if reads.exists(path):
-            return path
-    return None
-
-
-def read_config(model, reads, workdir=None):
-    """(config path, config dict, problem): a problem is a finding; (None, None, None) is unknown (an
-    HF id not in the local hub cache). A relative path is the job's: relative to its workdir."""
-    if workdir and not os.path.isabs(os.path.expanduser(model)) and \
-            reads.exists(os.path.join(os.path.expanduser(workdir), model)):
-        model = os.path.join(os.path.expanduser(workdir), model)
-    if os.path.isabs(model) or model.startswith((".", "~")) or reads.exists(model):
-        path = os.path.join(os.path.expanduser(model), "config.json")
-        if not reads.exists(os.path.expanduser(model)):
-            return None, None, "the model directory %s does not exist" % model
-        if not reads.exists(path):
-            return None, None, "%s has no config.json: not a checkpoint directory" % model
-    else:
-        path = _hf_cache_config(model, reads)
-        if path is None:
-            return None, None, None        # an HF id not downloaded here: unknown, not a finding
-    try:
-        cfg = json.loads(reads.text(path))
-    except (OSError, UnicodeDecodeError) as exc:
-        return path, None, "cannot read %s: %s" % (path, getattr(exc, "strerror", None) or exc)
-    except ValueError as exc:
-        return path, None, "%s is not valid JSON: %s" % (path, exc)
-    if not isinstance(cfg, dict):
-        return path, None, "%s is not a JSON object" % path
-    return path, cfg, None
-
-
-def num_layers(cfg):
-    """The generator's own rule: num_hidden_layers, else text_config.num_hidden_layers."""
-    n = cfg.get("num_hidden_layers")
-    if n is None and isinstance(cfg.get("text_config"), dict):
-        n = cfg["text_config"].get("num_hidden_layers")
-    return n if isinstance(n, int) and not isinstance(n, bool) else None
-
-
-def _formula(expr, n):
-    """An element of the default layer-ids formula: an int, or an expression of ``n`` (+ - * //)."""
-    if isinstance(expr, int):
-        return expr
-    node = ast.parse(str(expr), mode="eval").body
-
-    def ev(x):
-        if isinstance(x, ast.Constant) and isinstance(x.value, int):
-            return x.value
-        if isinstance(x, ast.Name) and x.id == "n":
-            return n
-        if isinstance(x, ast.UnaryOp) and isinstance(x.op, ast.USub):
-            return -ev(x.operand)
-        if isinstance(x, ast.BinOp):
-            a, b = ev(x.left), ev(x.right)
-            ops = {ast.Add: lambda: a + b, ast.Sub: lambda: a - b, ast.Mult: lambda: a * b,
-                   ast.FloorDiv: lambda: a // b}
-            if type(x.op) in ops:
-                return ops[type(x.op)]()
-        raise ValueError("layer-ids formula %r: only integers, n, + - * // are allowed" % expr)
-    return ev(node)
-
-
-def default_layer_ids(formula, n):
-    return [_formula(e, n) for e in formula]
 
 
 # ------------------------------------------------------------------ the library's registry
@@ -323,7 +241,7 @@ def _is_torch(e):
 def has_member(static, cls, name):
     """'yes', 'no' or ('unknown', reason): does an instance of ``cls`` have ``name`` (class bodies and
     instance assignments through the MRO; torch's Module adds nothing)."""
-    from .resolve_classes import _class_body_binding
+    from .resolve.classes import _class_body_binding
     mro = static.mro(cls)
     for c in mro:
         if c.kind != "class":
@@ -344,7 +262,7 @@ def has_member(static, cls, name):
 
 
 def _ent(kind, reason):
-    from .resolve_base import Ent
+    from .resolve.base import Ent
     return Ent(kind, reason=reason)
 
 
@@ -362,7 +280,7 @@ def _arg_defaults(fn):
 
 def _self_assignments(c, name):
     """(value, method node, class Ent) of every ``self.<name> = value`` (also in a tuple target) in c's methods."""
-    from .resolve_base import self_assignments
+    from .resolve.base import self_assignments
     return [(value, st, c) for st in c.node.body if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef))
             for attr, value in self_assignments(st, tuples=True) if attr == name]
 
@@ -414,7 +332,7 @@ def worker_needs(text):
     """What the worker's functions bound onto the text model use of it (``drift_record.bound_functions``):
     ({attribute: line}, [(positional count, keywords, line)] of its calls of the decoder layers, i.e.
     calls of a loop variable over ``self.layers``)."""
-    from .drift_record import bound_functions
+    from .drift.record import bound_functions
     tree = ast.parse(text)
     uses, calls = {}, []
     for _node, fn, _obj, _how, used, _assigned in bound_functions(tree):

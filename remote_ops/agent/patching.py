@@ -39,14 +39,14 @@ import stat
 import subprocess
 import sys
 
-from .digest import sha256_hex as _sha
-from .facts import package_info
-from .journal import _journal_entries, _journal_path, _pending_intents, _read_journal
-from .patch_targets import _describe, _resolve
-from .patch_tx import _Lock, _recover, _transact
-from .patch_verify import _verify, _verify_skip_reason, present as _present
+from .core.digest import sha256_hex as _sha
+from .core.dists import package_info
+from .core.journal import _journal_entries, _journal_path, _pending_intents, _read_journal
+from .patch.targets import _describe, _resolve
+from .patch.tx import _Lock, _recover, _transact
+from .patch.verify import _verify, _verify_skip_reason, present as _present
 from .protocol import AgentFailure
-from .statedir import root as _state_dir
+from .core.statedir import root as _state_dir
 
 
 def _who(args):

@@ -10,7 +10,7 @@ request says ``"stop_on_error": true``.
 import os
 import sys
 
-from . import jsonio   # json's own C codec without importing json (and re): see jsonio
+from .core import jsonio  # json's own C codec without importing json (and re): see jsonio
 
 # Filled by the bootstrap: how the agent's code was obtained ("hit": the host's cache,
 # "filled": compiled and stored, "shipped"/"off"/"unwritable"/"unsafe": compiled from stdin only).

@@ -13,8 +13,8 @@ import os
 import subprocess
 import time
 
-from . import statedir
-from . import supervisor as sup
+from .core import statedir
+from .job import supervisor as sup
 from .protocol import AgentFailure
 
 TOKEN = "@SHARD_DIR@"
@@ -85,7 +85,7 @@ def _jobdir(job_id):
 def _resolve(args):
     if args.get("job_id"):
         return args["job_id"]
-    from .jobstatus import safe_key
+    from .job.status import safe_key
     cur = sup.read_json(os.path.join(_root(), safe_key(args.get("key")) + ".current")) or {}
     if not cur.get("job_id"):
         raise AgentFailure("no-job", "no Slurm job of %s on this host" % safe_key(args.get("key")),
@@ -131,7 +131,7 @@ def job_status(job_id):
         done += count
         total = job.get("expected_samples")
         if out_dir:
-            from .verify import read_data_config
+            from .outputs.data_config import read_data_config
             asked = (read_data_config(out_dir) or {}).get("num_samples")
             total = asked if isinstance(asked, int) and not isinstance(asked, bool) else total
         share = len(range(k, total, n)) if isinstance(total, int) else None
@@ -178,7 +178,7 @@ def op_status(args):
 
 def op_submit(args):
     import secrets as _secrets
-    from .jobstatus import safe_key, standin_label
+    from .job.status import safe_key, standin_label
     key = safe_key(args.get("key"))
     command = args.get("command")
     if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):

@@ -19,7 +19,8 @@ from .protocol import AgentFailure
 
 SAMPLE_RE = re.compile(r"^data_(\d+)\.pt$")
 TEMP_RE = re.compile(r"^\.data_\d+\.pt\..*tmp$")   # extract_hidden_states.py's unfinished writes
-from .outputs import MAX_LISTED, _import_torch, scan  # noqa: F401  (shared with verify_hs.py)
+from .outputs.data_config import read_data_config
+from .outputs.scan import MAX_LISTED, _import_torch, scan  # noqa: F401  (shared with outputs/safetensors.py)
 
 
 def _describe(torch, obj):
@@ -101,39 +102,6 @@ def _layout(torch, obj):
     return None
 
 
-def read_data_config(out_dir):
-    """What data_config.json (speculators' DataGenerationConfig) says about the layout:
-    {"layers", "hidden", "layer_ids", "num_samples"} (None where it does not say), or an error."""
-    import json
-    path = os.path.join(out_dir, "data_config.json")
-    if not os.path.exists(path):
-        return None
-    try:
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
-    except (OSError, ValueError) as exc:
-        return {"error": "data_config.json does not parse: %s" % exc}
-    if not isinstance(doc, dict):
-        return {"error": "data_config.json is not a JSON object"}
-
-    def get(*keys):
-        v = doc
-        for k in keys:
-            v = v.get(k) if isinstance(v, dict) else None
-        return v
-    layer_ids = get("hidden_states", "layer_ids")
-    layers = get("format", "schema", "hidden_states", "num_tensors")
-    if layers is None and isinstance(layer_ids, list):
-        layers = len(layer_ids)
-    hidden = get("model", "hidden_size")
-    from .shards import from_config
-    shard = from_config(doc.get("shard"))     # a sharded job's (k, n): agent/shards.py
-    return {"path": path, "version": doc.get("version"), "layers": layers, "hidden": hidden,
-            "layer_ids": layer_ids, "num_samples": get("data", "num_samples"),
-            "shard": list(shard) if shard else None,
-            "package_versions": get("reproducibility", "package_versions")}
-
-
 def _load(torch, path):
     try:
         return torch.load(path, map_location="cpu", weights_only=True), None
@@ -153,8 +121,8 @@ def op_verify(args):
         raise AgentFailure("bad-args", "output_dir is required")
     if not os.path.isdir(out_dir):
         raise AgentFailure("no-output", "output directory %s does not exist on the host" % out_dir)
-    if args.get("layout") == "hs_safetensors":   # speculators >= 0.5's server flow (verify_hs.py)
-        from . import verify_hs
+    if args.get("layout") == "hs_safetensors":   # speculators >= 0.5's server flow (outputs/safetensors.py)
+        from .outputs import safetensors as verify_hs
         return (yield from verify_hs.verify(args))
     expected = args.get("expected")
     check_all = bool(args.get("all"))

@@ -28,12 +28,14 @@ def _dir() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def _code() -> str:
-    """The agent code that computes the facts (remote_ops/agent/*.py) and the Python."""
+    """The agent code that computes the facts (every module the bundle ships) and the Python."""
     import sys
 
+    from remote_ops.connect.bundle import agent_source_files
+
     h = hashlib.sha256(f"{FORMAT} {sys.version_info[0]}.{sys.version_info[1]}".encode())
-    for p in sorted((Path(__file__).resolve().parent.parent / "agent").glob("*.py")):
-        h.update(p.name.encode() + b"\0" + p.read_bytes())
+    for key, p in agent_source_files().items():
+        h.update(key.encode() + b"\0" + p.read_bytes())
     return h.hexdigest()
 
 

@@ -88,12 +88,16 @@ def release_zip(name: str, version: str) -> bytes:
 @functools.lru_cache(maxsize=1)
 def _code_fingerprint() -> str:
     """What computes a release's drift (the controller's drift code and the resolver)."""
+    from remote_ops.connect.bundle import agent_source_files
+
     here = Path(__file__).resolve().parent.parent
     h = hashlib.sha256()
-    for p in sorted([here / "check" / "drift.py", here / "check" / "candidates.py"]
-                    + list((here / "agent").glob("drift*.py")) + list((here / "agent").glob("resolve_*.py"))
-                    + [here / "agent" / "signatures.py", here / "agent" / "sigmodel.py"]):
-        h.update(p.name.encode() + p.read_bytes())
+    parts = [(f"check.{p.name}", p) for p in (here / "check" / "drift.py", here / "check" / "candidates.py")]
+    parts += [(k, p) for k, p in agent_source_files().items()
+              if k.split(".")[1] in ("drift", "resolve")]   # agent/drift/, agent/resolve/
+    assert len(parts) > 2, "the agent's drift and resolve subpackages are missing"
+    for key, p in sorted(parts):
+        h.update(key.encode() + p.read_bytes())
     return h.hexdigest()
 
 

@@ -4,8 +4,8 @@ The host's ``compat.check`` (with ``drift``) returns the package's *touches* of 
 with the installed version's facts, and the package's declared requirement. Here the baseline
 version is chosen (``--baseline VERSION|PATH``, else the package's own pin, e.g. speculators
 0.3.0's ``vllm==0.11.0``), its sources are fetched once (``pkgsource``: the wheel, no deps,
-cached) and the same static resolver (``agent/signatures.py``) computes the baseline's facts;
-``agent/drift.py`` compares. Nothing is imported on either side.
+cached) and the same static resolver (``agent/resolve/resolver.py``) computes the baseline's facts;
+``agent/drift/analysis.py`` compares. Nothing is imported on either side.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import threading
 import time
 from pathlib import Path
 
-from remote_ops.agent import drift as agent_drift
+from remote_ops.agent.drift import analysis as agent_drift
 from remote_ops.check import baseline_memo
-from remote_ops.agent.signatures import StaticResolver
+from remote_ops.agent.resolve.resolver import StaticResolver
 
 
 # A fleet checks its hosts in threads; CPython's ast module is not safe to drive from several

@@ -84,7 +84,7 @@ class JD:
 
 def loads(b):
     # json.loads(b) through json's own C scanner: importing json imports re (~7 ms); anything
-    # unusual is left to json itself (the agent's protocol does the same: agent/jsonio.py)
+    # unusual is left to json itself (the agent's protocol does the same: agent/core/jsonio.py)
     try:
         t=b.decode("utf-8")
         v,e=make_scanner(JD)(t,len(t)-len(t.lstrip(" \t\n\r")))
@@ -325,14 +325,25 @@ def _once(fn):
     return get
 
 
+AGENT_ROOT = Path(__file__).resolve().parent.parent / "agent"
+
+
+def agent_source_files(root: Path = AGENT_ROOT) -> dict[str, Path]:
+    """{module key in the shipped package: file} for every ``.py`` of the agent, subpackages included
+    (``_remote_ops_agent.resolve.base``; a package's own ``__init__`` keyed ``<package>.__init__``).
+    The one list of what ships: the bundle, the drift memo's key and the agent's guard tests read it,
+    so a module in a subfolder can never be importable here yet missing on the host."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).with_suffix("").parts
+        if any(part.startswith((".", "_")) and part != "__init__" for part in rel) or "__pycache__" in rel:
+            continue
+        out[".".join((AGENT_PACKAGE,) + rel)] = path
+    return out
+
+
 def _read_sources() -> dict[str, str]:
-    root = Path(__file__).resolve().parent.parent / "agent"
-    sources = {}
-    for path in sorted(root.glob("*.py")):
-        stem = path.stem
-        key = f"{AGENT_PACKAGE}.__init__" if stem == "__init__" else f"{AGENT_PACKAGE}.{stem}"
-        sources[key] = path.read_text(encoding="utf-8")
-    return sources
+    return {key: path.read_text(encoding="utf-8") for key, path in agent_source_files().items()}
 
 
 @_once

@@ -11,7 +11,7 @@ side; ``jobs.py`` runs it: preflight, launch, the records status / logs / stop /
       disk:                              # refuse a job whose outputs cannot fit, from real sizes:
         dataset: "{vars.dataset}"        # hidden size x captured layers (the checkpoint's config.json)
         max_model_len: "{vars.max_model_len}"   # x tokens of the samples still to write x 2 bytes
-        # model / layer_ids: default check.model's path / layer_ids (agent/diskneed.py)
+        # model / layer_ids: default check.model's path / layer_ids (agent/job/diskneed.py)
       env: {CUDA_VISIBLE_DEVICES: "0,1,2,3,4,5,6,7", TQDM_MININTERVAL: "5"}
       secrets:                           # delivered on stdin, to a 0600 file the supervisor deletes
         HF_TOKEN: {from_env: HF_TOKEN}
@@ -56,7 +56,7 @@ EXTRACT_KEYS = {"command", "workdir", "output_dir", "expected_samples", "disk", 
                 "secrets", "gpus", "watchdog_seconds", "stop_grace_seconds", "files", "import_check",
                 "import_check_timeout_seconds", "shard", "slurm", "server", "output_layout"}
 SERVER_KEYS = {"command", "port", "health", "env", "import_check"}
-LAYOUTS = ("data_pt", "hs_safetensors")     # agent/supervisor.py LAYOUTS: the file name of one sample
+LAYOUTS = ("data_pt", "hs_safetensors")     # agent/job/supervisor.py LAYOUTS: the file name of one sample
 MAX_FILE_BYTES = 4 << 20
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

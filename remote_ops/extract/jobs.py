@@ -381,7 +381,7 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
                                f"({p.get('name')}) holds {p.get('used_memory_mib')} MiB")
         if procs:
             pf.problems.append("GPUs are not free: stop those processes (or set extract.gpus.free: false)")
-    # disk: from real sizes (extract.disk, agent/diskneed.py), else the mean size of the files already there
+    # disk: from real sizes (extract.disk, agent/job/diskneed.py), else the mean size of the files already there
     d = pf.disk or {}
     n = d.get("need") or {}
     if d.get("error"):

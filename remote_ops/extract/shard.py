@@ -25,8 +25,8 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from remote_ops.agent import shards as rule
-from remote_ops.agent.digest import file_sha256
+from remote_ops.agent.outputs import shares as rule
+from remote_ops.agent.core.digest import file_sha256
 from remote_ops.connect import agent_requests as rq
 from remote_ops.errors import RefusedError, UsageError
 from remote_ops.records import Record

@@ -22,7 +22,7 @@ from remote_ops.errors import AgentError, TimeoutError_, UnreachableError
 TQDM_RE = re.compile(
     r"^(?:(?P<desc>.*?):\s*)?\s*(?P<pct>\d{1,3})%\|(?P<bar>[^|]*)\| ?(?P<n>[\d.]+[kMG]?)/(?P<total>[\d.]+[kMG]?)"
     r" ?\[(?P<elapsed>[\d:]+)<(?P<remaining>[\d:?]+)(?:, ?(?P<rate>[^\]]*))?\]")
-PROGRESS_PREFIX = "extract-progress "   # the shipped script's progress lines (agent/jobstatus.py reads them)
+PROGRESS_PREFIX = "extract-progress "   # the shipped script's progress lines (agent/job/status.py reads them)
 TQDM_NOTOTAL_RE = re.compile(
     r"^(?:(?P<desc>.*?):\s*)?(?P<n>[\d.]+[kMG]?)(?P<unit>[A-Za-z/]*) \[(?P<elapsed>[\d:]+)(?:, ?(?P<rate>[^\]]*))?\]")
 
@@ -224,7 +224,7 @@ class Follower:
 
 def token_text(st: dict, lead: str = "") -> str:
     """"14.2k tok/s, ETA 5m10s" from a status record's (or snapshot's) token fields, which come from
-    the job's ``extract-progress`` lines (agent/jobstatus.py last_progress); "" when it has none."""
+    the job's ``extract-progress`` lines (agent/job/status.py last_progress); "" when it has none."""
     from remote_ops.units import fmt_duration
     parts = []
     rate = st.get("tokens_per_s")

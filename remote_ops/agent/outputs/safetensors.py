@@ -1,0 +1,200 @@
+"""verify for the server flow's layout (speculators >= 0.5: ``hs_<N>.safetensors``), with the host's torch.
+
+What speculators 0.9.0's training reads (``speculators/train/data.py`` ArrowDataset, through
+hs_connectors' ``FileTransfer.get_cached``): ``<dir>/hs_<i>.safetensors`` for dataset row ``i``, a
+safetensors file holding ``hidden_states`` ``[seq_len, L, hidden]`` (vLLM's ExampleHiddenStatesConnector:
+the target layers' hidden states, the last one being the verifier's last layer; training splits
+``[:, :-1]`` and ``[:, -1]``, so L >= 2) and ``token_ids`` ``[seq_len]`` (integers); its own
+``check_hidden_states`` wants seq_len == len(token_ids) and finite values. The client moves each
+file into place with ``shutil.move`` from the server's staging directory, so a crash during a copy
+across file systems can leave a truncated file at its final name: the header is parsed here without
+the safetensors package (length, JSON, dtype/shape/offset consistency, exact coverage of the data
+section, what ``safe_open`` checks), then the tensors of the files chosen are loaded and checked.
+Also reported: ``*.lock`` files the connector left, gaps in the numbering, files that differ in L or
+hidden from the first good one. Not checked here: that token_ids equal the dataset's input_ids (the
+dataset is an Arrow table; reading it needs the ``datasets`` package).
+"""
+
+import json
+import os
+import random
+import re
+import struct
+import time
+
+from ..outputs.scan import MAX_LISTED, _import_torch, scan
+
+SAMPLE_RE = re.compile(r"^hs_(\d+)\.safetensors$")
+DTYPES = {"F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2), "BF16": ("bfloat16", 2),
+          "I64": ("int64", 8), "I32": ("int32", 4), "I16": ("int16", 2), "I8": ("int8", 1), "U8": ("uint8", 1),
+          "BOOL": ("bool", 1), "F8_E4M3": ("float8_e4m3fn", 1), "F8_E5M2": ("float8_e5m2", 1)}
+MAX_HEADER = 100 << 20
+
+
+def read_header(path):
+    """(header dict without __metadata__, data section offset, problem or None)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            size = os.fstat(fh.fileno()).st_size
+            if len(head) < 8:
+                return None, 0, "%d bytes: shorter than a safetensors header" % size
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER or 8 + n > size:
+                return None, 0, "header length %d does not fit in %d bytes (truncated?)" % (n, size)
+            raw = fh.read(n)
+    except OSError as exc:
+        return None, 0, "cannot read: %s" % (exc.strerror or exc)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        return None, 0, "header is not JSON: %s" % str(exc)[:120]
+    if not isinstance(header, dict):
+        return None, 0, "header is not a JSON object"
+    header.pop("__metadata__", None)
+    spans = []
+    for name, t in header.items():
+        if not isinstance(t, dict) or t.get("dtype") not in DTYPES or not isinstance(t.get("shape"), list) \
+                or not isinstance(t.get("data_offsets"), list) or len(t["data_offsets"]) != 2:
+            return None, 0, "tensor %r has a malformed entry" % name
+        begin, end = t["data_offsets"]
+        count = 1
+        for d in t["shape"]:
+            count *= d
+        if end - begin != count * DTYPES[t["dtype"]][1]:
+            return None, 0, "tensor %r: %d bytes for shape %s of %s" % (name, end - begin, t["shape"], t["dtype"])
+        spans.append((begin, end))
+    pos = 0
+    for begin, end in sorted(spans):
+        if begin != pos:
+            return None, 0, "data offsets are not contiguous at byte %d" % begin
+        pos = end
+    if 8 + n + pos != size:
+        return None, 0, "data section is %d bytes, the header describes %d (truncated?)" % (size - 8 - n, pos)
+    return header, 8 + n, None
+
+
+def load_tensors(torch, path, header, start, names):
+    out = {}
+    with open(path, "rb") as fh:
+        for name in names:
+            t = header[name]
+            begin, end = t["data_offsets"]
+            fh.seek(start + begin)
+            buf = bytearray(fh.read(end - begin))
+            dtype = getattr(torch, DTYPES[t["dtype"]][0])
+            flat = torch.frombuffer(buf, dtype=dtype) if buf else torch.empty(0, dtype=dtype)
+            out[name] = flat.reshape(t["shape"])
+    return out
+
+
+def check_sample(torch, header, tensors, check_finite):
+    """Problems of one sample as short strings, and its (L, hidden, dtype) when readable."""
+    problems = []
+    for key in ("hidden_states", "token_ids"):
+        if key not in header:
+            problems.append("missing tensor %r" % key)
+    if problems:
+        return problems, None
+    ids_h, hs_h = header["token_ids"], header["hidden_states"]
+    if len(ids_h["shape"]) != 1:
+        problems.append("token_ids has shape %s, not [seq_len]" % ids_h["shape"])
+    elif not ids_h["dtype"].startswith(("I", "U")):
+        problems.append("token_ids has dtype %s, not an integer type" % ids_h["dtype"])
+    layout = None
+    if len(hs_h["shape"]) != 3:
+        problems.append("hidden_states has shape %s, not [seq_len, layers, hidden]" % hs_h["shape"])
+    else:
+        seq, layers, hidden = hs_h["shape"]
+        layout = (layers, hidden, hs_h["dtype"])
+        if not hs_h["dtype"].startswith(("F", "BF")):
+            problems.append("hidden_states has dtype %s, not a float type" % hs_h["dtype"])
+        if len(ids_h["shape"]) == 1 and seq != ids_h["shape"][0]:
+            problems.append("hidden_states has %d rows for %d tokens" % (seq, ids_h["shape"][0]))
+        if layers < 2:
+            problems.append("hidden_states holds %d layer(s); training needs the target layers plus the "
+                            "verifier's last layer (at least 2)" % layers)
+        if check_finite and tensors is not None and hs_h["dtype"].startswith(("F", "BF")):
+            t = tensors["hidden_states"]
+            bad = int((~torch.isfinite(t.float() if t.dtype in (torch.float16, torch.bfloat16) else t)).sum()) \
+                if t.numel() else 0
+            if bad:
+                problems.append("hidden_states has %d NaN/inf values" % bad)
+    return problems, layout
+
+
+def verify(args):
+    """The ``hs_safetensors`` layout of ``verify.verify`` (same arguments and result keys)."""
+    out_dir = os.path.expanduser(args.get("output_dir") or "")
+    expected = args.get("expected")
+    check_all = bool(args.get("all"))
+    sample_n = int(args.get("sample", 32))
+    check_finite = args.get("finite", True)
+    torch = _import_torch()
+    indexes, empty, locks = scan(out_dir, SAMPLE_RE, lambda name: name.endswith(".safetensors.lock"))
+    top = max(indexes) if indexes else -1
+    upper = max(top + 1, int(expected) if expected else 0)
+    missing = [i for i in range(upper) if i not in indexes]
+    gaps = [i for i in missing if i < top]
+    short = [i for i in missing if i > top]
+    ordered = sorted(indexes)
+    # every header is read (cheap: a truncated file is found wherever it is); tensors of a sample
+    headers, bad_load = {}, []
+    for i in ordered:
+        header, start, problem = read_header(os.path.join(out_dir, indexes[i]))
+        if problem:
+            bad_load.append({"index": i, "file": indexes[i], "error": problem})
+        else:
+            headers[i] = (header, start)
+    if check_all:
+        chosen = [i for i in ordered if i in headers]
+    else:
+        rng = random.Random(int(args.get("seed", 0)))
+        good = [i for i in ordered if i in headers]
+        pick = set(good[:1] + good[-1:])
+        for g in gaps[:MAX_LISTED]:
+            pick |= {i for i in (g - 1, g + 1) if i in headers}
+        rest = [i for i in good if i not in pick]
+        pick |= set(rng.sample(rest, min(len(rest), max(0, sample_n - len(pick)))))
+        chosen = sorted(pick)
+    inconsistent, bad_values, seen = [], [], set()
+    reference = ref_index = None
+    last_event = time.time()
+    for n_done, i in enumerate(chosen, 1):
+        header, start = headers[i]
+        try:
+            tensors = load_tensors(torch, os.path.join(out_dir, indexes[i]), header, start,
+                                   [k for k in ("hidden_states", "token_ids") if k in header])
+        except (OSError, RuntimeError, ValueError) as exc:
+            bad_load.append({"index": i, "file": indexes[i], "error": "%s: %s" % (type(exc).__name__, str(exc)[:200])})
+            continue
+        problems, layout = check_sample(torch, header, tensors, check_finite)
+        for p in problems:
+            (bad_values if "NaN" in p else inconsistent).append({"index": i, "problem": p})
+        if layout:
+            seen.add(layout)
+            if reference is None:
+                reference, ref_index = layout, i
+            elif layout != reference:
+                inconsistent.append({"index": i, "problem": "%d layers of hidden size %d (%s); hs_%d.safetensors "
+                                     "has %d of %d (%s)" % (layout + (ref_index,) + reference)})
+        if time.time() - last_event > 2:
+            last_event = time.time()
+            yield {"type": "progress", "checked": n_done, "of": len(chosen)}
+    ok = not (gaps or short or bad_load or inconsistent or bad_values or locks)
+    return {
+        "ok": ok, "output_dir": out_dir, "layout": "hs_safetensors", "files": len(indexes), "expected": expected,
+        "max_index": top, "gaps": gaps[:MAX_LISTED], "gap_count": len(gaps),
+        "missing_after_last": len(short), "empty_files": sorted(empty)[:MAX_LISTED],
+        "checked": len(chosen), "headers_checked": len(ordered), "mode": "all" if check_all else "sample",
+        "unloadable": bad_load[:MAX_LISTED], "unloadable_count": len(bad_load),
+        "inconsistent": inconsistent[:MAX_LISTED], "inconsistent_count": len(inconsistent),
+        "non_finite": bad_values[:MAX_LISTED], "non_finite_count": len(bad_values),
+        "data_config": False, "config": None, "config_problems": [],
+        "layers_hidden": sorted([l, h] for l, h, _ in seen), "dtypes": sorted({d for _, _, d in seen}),
+        "temporaries": sorted(locks)[:MAX_LISTED],
+        "reference": {"index": ref_index, "layout": None if reference is None else
+                      {"hidden_states": ["tensor", reference[2], 3, reference[0], reference[1]],
+                       "token_ids": ["tensor", "integer", 1]}},
+        "torch": getattr(torch, "__version__", None),
+    }

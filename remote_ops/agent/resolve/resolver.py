@@ -1,0 +1,50 @@
+"""Static signature model and resolver over installed sources (runs on the host, stdlib only).
+
+Nothing here imports the packages it looks at: modules are located with
+``importlib.machinery.PathFinder`` over a search path (the interpreter's ``sys.path`` by
+default) and parsed with ``ast``. One ``Parameter`` model is shared with the runtime path
+(``runtime_sigs``); every signature says which mode produced it.
+
+What a class costs to construct is worked out the way Python does it: an explicit
+``__init__`` on the class or inherited through its bases (across modules, C3 order),
+``@dataclass`` fields (InitVar, ClassVar, ``field(init=False)``, defaults, ``KW_ONLY``,
+``kw_only=True``) including pydantic dataclasses and decorators that wrap one (vLLM's
+``@config``), pydantic ``BaseModel``, ``msgspec.Struct`` and ``NamedTuple`` fields. Anything
+else (an ``Enum``, ``__new__``, a metaclass, an unknown decorator, a base that cannot be
+found) becomes ``Unknown(reason)``: never a guess.
+
+``StaticResolver`` is assembled here from its parts, one concern per module (the agent bundle
+packs ``remote_ops/agent/*.py`` flat):
+
+- ``sigmodel``: ``Parameter``, ``Signature``, ``Unknown``, ``bind`` (shared with ``runtime_sigs``)
+- ``resolve_base``: ``Ent``, the well-known outside objects, AST helpers
+- ``resolve_modules``: finding and parsing modules (``ModuleIndex``, ``ModInfo``)
+- ``resolve_names``: name resolution; ``resolve_getattr``: the module ``__getattr__`` reader
+- ``resolve_classes``: bases, MRO, class kinds, decorators, metaclasses, class attributes
+- ``resolve_fields``: dataclass / pydantic / msgspec / NamedTuple fields
+- ``resolve_signatures``: signature synthesis
+- ``resolve_suggest``: where a missing name is defined in a package
+
+The names other agent modules and the tests import from here stay importable from here.
+"""
+
+from ..resolve.base import (BUILTIN_NAMES, Ent, _ann, _const, _special, _unparse,  # noqa: F401
+                           dotted, missing, unknown)
+from ..resolve.classes import ClassModel
+from ..resolve.fields import FieldModel
+from ..resolve.modules import ModInfo, ModuleIndex  # noqa: F401
+from ..resolve.names import NameResolution
+from ..resolve.callables import SignatureSynthesis
+from ..resolve.suggest import Suggestions
+from ..resolve.sigmodel import (KWONLY, POSKW, POSONLY, VARKW, VARPOS, Parameter, Signature,  # noqa: F401
+                       Unknown, bind)
+
+
+class StaticResolver(ModuleIndex, NameResolution, ClassModel, FieldModel, SignatureSynthesis, Suggestions):
+    """Resolves names to entities and signatures over a search path, by parsing only."""
+
+    mode = "static"
+
+    def __init__(self, sys_path=None, override_sources=None, reads=None):
+        super().__init__(sys_path, override_sources, reads)
+        self._sig_cache = {}
