@@ -213,3 +213,37 @@ def test_extract_preflight_refuses_a_model_the_worker_cannot_serve(sshd, invento
     doc = json.loads(out)
     problems = doc["preflight"]["problems"] if "preflight" in doc else doc["details"]["preflight"]["problems"]
     assert status != 0 and any("layer-ids" in p and "[2, 3, 3, 5]" in p for p in problems), doc
+
+
+def test_the_layer_ids_fix_applied_as_printed_gets_past_the_preflight_and_the_scripts_parse(
+        checkpoints, speculators_patched):
+    """The preflight's suggestion ("set the playbook var layer_ids to ..., e.g. [0, 2, 3, 5]") taken
+    literally as YAML into the host's vars: the preflight's own request reads it and finds nothing,
+    and the command the job runs hands the shipped script a --layer-ids it parses to the same ids
+    (a YAML list in a command is written 0,2,3,5, never "[0, 2, 3, 5]")."""
+    import re
+
+    import yaml
+
+    from remote_ops.check import model as check_model
+    from remote_ops.connect.hosts import Host
+    from remote_ops.extract.extract_spec import parse_spec
+    from tests.conftest import load_extract_script
+
+    out = run(checkpoints, "qwen3", "0.20.0", speculators_patched)
+    (f,) = [f for f in out["findings"] if f["kind"] == "layer-ids"]
+    m = re.search(r"set the playbook var layer_ids to .*, e\.g\. (\[.*\])$", f["suggestion"])
+    assert m, f["suggestion"]
+    literal = yaml.safe_load(f"layer_ids: {m.group(1)}")["layer_ids"]     # as a user pastes it into vars:
+    host = Host(name="gpu", hostname="gpu", python="/usr/bin/python3", workdir="/w",
+                vars={"target_model": str(checkpoints / "qwen3"), "layer_ids": literal})
+    req = check_model.request(PLAYBOOK, host)
+    assert req is not None
+    op, args = req
+    assert args["layer_ids"] == literal
+    fixed = run(checkpoints, "qwen3", "0.20.0", speculators_patched, layer_ids=args["layer_ids"])
+    assert [f for f in fixed["findings"] if f["kind"] == "layer-ids"] == []
+    command = parse_spec(PLAYBOOK, host).command
+    given = command[command.index("--layer-ids") + 1]
+    assert given == ",".join(map(str, literal))
+    assert load_extract_script().parse_layer_ids(given) == literal
