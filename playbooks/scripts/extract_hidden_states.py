@@ -230,21 +230,28 @@ def _int_list(value, what, where, allowed=None):
 def read_dataset(path, max_samples=None):
     """The first ``max_samples`` samples: dicts {line, input_ids | text, loss_mask | None}."""
     try:
-        fh = open(path, encoding="utf-8")
+        fh = open(path, "rb")     # lines split at b"\n" and decoded one by one: line numbers are the file's
     except OSError as exc:
         raise InputError("cannot read dataset %s: %s" % (path, exc.strerror)) from None
     records = []
     with fh:
-        for lineno, line in enumerate(fh, 1):
+        for lineno, raw in enumerate(fh, 1):
             if max_samples is not None and len(records) >= max_samples:
                 break
-            if not line.strip():
-                continue
             where = "%s:%d" % (path, lineno)
             try:
-                obj = json.loads(line)
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError("%s: not UTF-8 text (%s at byte %d of the line)"
+                                 % (where, exc.reason, exc.start + 1)) from None
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line.rstrip("\r\n"))
             except ValueError as exc:
-                raise InputError("%s: not valid JSON (%s)" % (where, exc)) from None
+                # the decoder's column, not its "line 1": the file's line is named in front
+                what = ("%s at column %d" % (exc.msg, exc.colno)) if isinstance(exc, json.JSONDecodeError) else exc
+                raise InputError("%s: not valid JSON (%s)" % (where, what)) from None
             if not isinstance(obj, dict):
                 raise InputError("%s: each line must be a JSON object with input_ids or text" % where)
             if ("input_ids" in obj) == ("text" in obj):
