@@ -206,3 +206,24 @@ def test_a_problem_is_named_at_the_files_own_line(tmp_path, case):
     with pytest.raises(script.InputError) as caught:
         script.read_dataset(str(path), None)
     assert str(caught.value) == mine["problem"]
+
+
+def test_a_refusal_is_printed_once_for_a_host_and_for_a_group(tmp_path, sshd, cli):
+    """The deciding problem is said once: in the error line (not also as a '  refused:' line above
+    it), and for a group once per host (the per-host table's row says only 'refused')."""
+    problem = "dataset data.jsonl:2: not valid JSON (Expecting ',' delimiter at column 18)"
+    job = Job(tmp_path, sshd, SLEEP, '{"input_ids": [1]}\n{"input_ids": [2]\n')
+    for extra in ((), ("--dry-run",)):
+        status, out, err = job.run(cli, *extra)
+        assert status == Exit.REFUSED, err
+        assert (out + err).count(problem) == 1, out + err
+    inv = yaml.safe_load(job.inventory.read_text())
+    inv["hosts"]["other"] = dict(inv["hosts"]["testhost"])
+    inv["groups"] = {"both": ["testhost", "other"]}
+    job.inventory.write_text(yaml.safe_dump(inv))
+    status, out, err = cli("-i", str(job.inventory), "extract", "both", "--playbook", str(job.playbook))
+    assert status == Exit.REFUSED, err
+    text = " ".join((out + err).split())
+    assert text.count(problem) == 2 and "refused: see the line below" in text, out + err
+    for host in ("testhost", "other"):
+        assert f"remote-ops: {host}: preflight refused to start ds: {problem}" in err

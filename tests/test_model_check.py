@@ -29,6 +29,9 @@ CHECKPOINTS = {
              "text_config": dict(DEEPSEEK, architectures=["DeepseekV3ForCausalLM"])},
     "qwen3": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_hidden_layers": 6},
     "llama": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 4},
+    # LLaVA as many are published: the text_config names no architectures
+    "llava": {"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava",
+              "text_config": {"model_type": "llama", "num_hidden_layers": 4}},
     "unknown-arch": {"architectures": ["NoSuchModelForCausalLM"], "num_hidden_layers": 8},
 }
 
@@ -195,8 +198,15 @@ def test_check_lists_a_missing_model_var_as_not_checked_and_a_missing_model_flag
     inv = inventory_file(python=str(env020), playbook=str(pb))          # the playbook's /data/models/target
     assert cli("patch", "testhost", "--yes", "-i", str(inv))[0] == 0
     status, out, err = cli("check", "testhost", "--json", "-i", str(inv))
-    m = json.loads(out)["model"]
+    doc = json.loads(out)
+    m = doc["model"]
     assert status == 0 and m["findings"] == [] and "set the var target_model" in m["unknown"][0]["reason"]
+    # the closing line's unknown is the sum of the lines above it: the calls' and the model's
+    status, out, err = cli("check", "testhost", "-i", str(inv))
+    lines = out.strip().splitlines()
+    assert any(line.startswith("model ") and "1 unknown" in line for line in lines), out
+    assert lines[-1].endswith(f", {len(doc['unknown']) + len(m['unknown'])} unknown"), out
+    assert not lines[-1].endswith(", 0 unknown")
     status, out, err = cli("check", "testhost", "--json", "--model", str(tmp_path / "nope"), "-i", str(inv))
     assert status == 1 and kinds(json.loads(out)["model"]) == {("model-missing", None)}
 
@@ -247,3 +257,24 @@ def test_the_layer_ids_fix_applied_as_printed_gets_past_the_preflight_and_the_sc
     given = command[command.index("--layer-ids") + 1]
     assert given == ",".join(map(str, literal))
     assert load_extract_script().parse_layer_ids(given) == literal
+
+
+def test_a_text_model_chosen_at_run_time_is_said_whole(checkpoints, speculators_patched):
+    """LLaVA's text model comes from init_vllm_registered_model(hf_config=config.text_config, ...)
+    and its text_config names no architectures: the reason says that, in full words (it used to be
+    the call's source cut at 100 characters, inside an identifier)."""
+    out = run(checkpoints, "llava", "0.20.0", speculators_patched)
+    (u,) = [u for u in out["unknown"] if u["what"].startswith("text model")]
+    assert u["reason"].endswith("LlavaForConditionalGeneration: the text model's class is chosen at run time from "
+                                "hf_config=config.text_config, and config.json's text_config names no architectures")
+
+
+@pytest.mark.parametrize("text,limit,want", [
+    ("init_vllm_registered_model(vllm_config=vllm_config, prefix=maybe_prefix(prefix, 'x'))", 60,
+     "init_vllm_registered_model(vllm_config=vllm_config, prefix ..."),
+    ("self.model_cls(config.text_config)", 20, "self.model_cls ..."),
+    ("short(x)", 80, "short(x)"),
+    ("abc.def_ghi(x)", 11, "abc.def_ghi ..."),
+])
+def test_a_clipped_expression_ends_between_names(text, limit, want):
+    assert model_check._clip(text, limit) == want

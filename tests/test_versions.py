@@ -232,3 +232,9 @@ def test_candidates_lists_every_release(sshd, tmp_path, inventory_file, cli, vll
     assert [r["findings"] for r in again["rows"]] == [r["findings"] for r in rec["rows"]]
     status, out, err = cli("-i", str(inv), "check", "testhost", "--candidates")
     assert status == 0 and "0.9.0" in out and "server" in out and "in-process" in out
+    # the installed version's row is the PyPI release, and the table says so (a patched host's
+    # `check` counts its own files)
+    text = " ".join(out.split())
+    assert "installed version" in text and "(installed)" not in text
+    assert ("each row checks the release's sources from PyPI; the host's installed speculators files "
+            "(patched or not) are what `remote-ops check testhost` checks") in text

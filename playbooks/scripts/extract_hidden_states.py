@@ -871,8 +871,11 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
             if not said_handoff:
                 said_handoff = True
                 shm = getattr(generator, "_remote_ops_shm_mapped", None)
+                # a generator that has no worker to hand over from says so itself (the sandbox's stand-in)
+                no_handoff = getattr(generator, "remote_ops_no_handoff", None)
                 print("captured states came through shared memory (%s)" % shm[0] if shm else
                       "captured states did not come through shared memory: %s" % (
+                          no_handoff if isinstance(no_handoff, str) else
                           "the vLLM worker is not patched for it, or fell back (its warning says why)"
                           if handoff else "no hand-off directory (--handoff-dir)"), file=out, flush=True)
             for i, sample in zip(batch, samples):

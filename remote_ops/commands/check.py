@@ -43,8 +43,7 @@ def run(args, ctx) -> int:
                         exit_for=lambda v: int(Exit.OK))
     results = call(ctx.fleet.check, args)
     status = ctx.show(results, lambda c, name, v: render(c, v, ctx.verbose),
-                      summary=lambda v: (f"{len(v.findings)} finding(s), {len(v.get('drift') or [])} drift, "
-                                         f"{len(v.unknown)} unknown"),
+                      summary=lambda v: "{} finding(s), {} drift, {} unknown".format(*totals(v.to_json())),
                       exit_for=lambda v: int(Exit.FINDINGS) if v.has_findings(args.strict) else int(Exit.OK))
     found = [r.value.to_json() for r in results if r.ok]
     if args.emit_playbook and found:
@@ -59,6 +58,15 @@ def _emit_playbook(path, req, values) -> None:
 
     written, n = emit_playbook.write_for_hosts(path, values, targets=req.targets, against=req.against)
     sys.stderr.write(f"remote-ops: wrote a draft playbook with fixes for {n} finding(s) to {written}\n")
+
+
+def totals(result: dict) -> tuple[int, int, int]:
+    """(findings, drift items, unknown) of one host's check, the model preflight's included: the
+    numbers of the closing line are the sums of the lines above it."""
+    m = result.get("model") or {}
+    return (len(result.get("findings") or []) + len(m.get("findings") or []),
+            len(result.get("drift") or []),
+            len(result.get("unknown") or []) + len(m.get("unknown") or []))
 
 
 def explain(f: dict, style: str = "line") -> str:
@@ -102,9 +110,7 @@ def render(console, result: dict, verbose: int = 0) -> None:
         console.print(f"[yellow]{escape(result['note'])}[/yellow]")
     render_drift(console, result, verbose)
     render_model(console, result.get("model"))
-    n = len(result["findings"]) + len((result.get("model") or {}).get("findings") or [])
-    nd = len(result.get("drift") or [])
-    nu = len(result["unknown"])
+    n, nd, nu = totals(result)
     base = result.get("baseline") or {}
     compared = any("unavailable" not in b for b in (base.get("libraries") or [base])) if base else False
     tail = f", {nd} drift item(s), {nu} unknown" if compared else f", {nu} unknown"
@@ -193,7 +199,13 @@ def render_candidates(console, result) -> None:
         findings = str(r["findings"]) + (f" (+{r['unknown']} unknown)" if r.get("unknown") else "")
         if not r.get("modules"):   # a server-flow release: nothing of it calls into the library
             findings = f"- (no module imports {lib})"
-        mark = " (installed)" if r.get("installed") else ""
+        mark = " (installed version)" if r.get("installed") else ""
         table.add_row(escape(r["release"] + mark), escape(r.get("declared") or "none"), findings, drift,
                       escape(r.get("flow") or "-"), escape(", ".join(r.get("playbooks") or []) or "-"))
     console.print(table)
+    if any(r.get("installed") for r in result["rows"]):
+        # the row of the installed version counts the release as published, not the host's files,
+        # which a patch changed: say so rather than contradict `check`
+        console.print(f"[dim]each row checks the release's sources from PyPI; the host's installed "
+                      f"{escape(pkg)} files (patched or not) are what `remote-ops check "
+                      f"{escape(result['host'])}` checks[/dim]")

@@ -35,8 +35,8 @@ def run(args, ctx) -> int:
     results = call(ctx.fleet.extract, args,      # --tail shows an early death itself
                    early_death_s=0 if args.tail else args.early_death_s)
 
-    def refused(r):   # every problem of a refused preflight, then the error's one line
-        for p in ((r.error.details or {}).get("preflight") or {}).get("problems") or []:
+    def refused(r):   # the other problems of a refused preflight; the error's one line says the last
+        for p in (((r.error.details or {}).get("preflight") or {}).get("problems") or [])[:-1]:
             sys.stderr.write(f"  refused: {r.host}: {p}\n" if not results.single else f"  refused: {p}\n")
 
     if not (args.tail and results.ok and not args.dry_run):
