@@ -26,13 +26,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from remote_ops.errors import RemoteOpsError
+from remote_ops.errors import ConfigError, RemoteOpsError, UsageError
 from remote_ops.fleet import Fleet, HostResult, Results
 
 if TYPE_CHECKING:
     from remote_ops.extract.follow import FollowEvent
 
-__all__ = ["open_inventory", "Inventory", "Results", "HostResult", "RemoteOpsError"]
+__all__ = ["open_inventory", "Inventory", "Results", "HostResult", "RemoteOpsError", "UsageError", "ConfigError"]
 
 
 def _job_ops(host):

@@ -22,7 +22,7 @@ TOKEN = "@SHARD_DIR@"
 BATCH = '''#!%(python)s
 %(sbatch)s
 # remote-ops: array task k runs the job's command with --shard k/N (written by agent/slurm.py)
-import json, os, subprocess, sys, time
+import json, os, shlex, subprocess, sys, time
 JOBDIR = %(jobdir)r
 with open(os.path.join(JOBDIR, "job.json")) as fh:
     job = json.load(fh)
@@ -41,7 +41,7 @@ if job.get("secret_names"):
               "run remote-ops extract again" %% (k, secrets_file, exc), flush=True)
         rc = 126
 if rc is None:
-    print("[remote-ops] task %%d of %%d on %%s: %%s" %% (k, n, os.uname().nodename, " ".join(argv)), flush=True)
+    print("[remote-ops] task %%d of %%d on %%s: %%s" %% (k, n, os.uname().nodename, shlex.join(argv)), flush=True)
     try:
         rc = subprocess.call(argv, cwd=job["workdir"], env=env)
     except OSError as exc:

@@ -80,7 +80,8 @@ def summary(v) -> str:
 
 def render(c, name, v) -> None:
     if v.get("dry_run"):
-        c.print(f"{name}: preflight passed; would run: {' '.join(v.spec['command'])}", markup=False)
+        import shlex   # copyable as printed: an empty or spaced argument stays one argument
+        c.print(f"{name}: preflight passed; would run: {shlex.join(v.spec['command'])}", markup=False)
         for n in v.preflight.get("notes") or []:
             c.print(f"  note: {n}", markup=False)
         return

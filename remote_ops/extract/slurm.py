@@ -71,7 +71,8 @@ def extract(session, pb, spec, *, skip_check: bool, dry_run: bool, strict_drift:
     pf = jobs.preflight(session, dataclasses.replace(spec, gpu_count=0, gpus_free=False), pb,
                         skip_check=skip_check, dry_run=dry_run, strict_drift=strict_drift, host=host)
     pf.running = None        # a plain job of the same playbook on the login node is not this one
-    pf.notes.append(f"slurm: {tasks} array task(s), sbatch {' '.join(sbatch) or '(no options)'}")
+    import shlex
+    pf.notes.append(f"slurm: {tasks} array task(s), sbatch {shlex.join(sbatch) or '(no options)'}")
     if pf.problems:
         raise jobs.refusal(spec, pf, host.name)
     if dry_run:
