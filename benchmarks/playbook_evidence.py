@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from remote_ops import pkgsource  # noqa: E402
 
-from remote_ops.patch import playbook  # noqa: E402
+from remote_ops.playbook import loader as playbook  # noqa: E402
 
 
 def ro(inv: Path, *args: str) -> tuple[int, dict | None, str]:

@@ -75,7 +75,7 @@ CLI = str(Path(sys.executable).parent / "remote-ops")
 
 
 def conditional_rels() -> set[str]:
-    """The targets whose every edit has a `when:` condition (remote_ops/patch/conditions.py): on the
+    """The targets whose every edit has a `when:` condition (remote_ops/playbook/conditions.py): on the
     benchmark's hosts (speculators and vLLM sources only, no transformers) such a file may be left
     as it is, and is then no edit for the other tools either."""
     import yaml

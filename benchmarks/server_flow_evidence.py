@@ -69,7 +69,7 @@ def text(src: Path, rel: str) -> str | None:
 def server_flags() -> list[str]:
     from remote_ops.connect.inventory import Host
     from remote_ops.extract import jobs
-    from remote_ops.patch import playbook
+    from remote_ops.playbook import loader as playbook
     spec = jobs.parse_spec(playbook.load(str(PLAYBOOK)), Host(name="evidence", hostname="h", python="python3"))
     return [a for a in spec.server.command if a.startswith("--")]
 
@@ -169,7 +169,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=str(REPO / "benchmarks" / "results" / "server_flow_evidence.json"))
     args = ap.parse_args(argv)
     t0 = time.time()
-    from remote_ops.patch import playbook
+    from remote_ops.playbook import loader as playbook
     pb = playbook.load(str(PLAYBOOK))
     flags = server_flags()
     spec_rows = [speculators_row(v) for v in args.speculators.split(",") if v]

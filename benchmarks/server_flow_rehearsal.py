@@ -132,7 +132,7 @@ def app_probe(work: Path, out: Path) -> dict:
     from remote_ops import pkgsource
     from remote_ops.connect.inventory import Host
     from remote_ops.extract import jobs
-    from remote_ops.patch import playbook
+    from remote_ops.playbook import loader as playbook
     real = work / "site-real"
     if not (real / "vllm" / "__init__.py").exists():
         for e in (work / "site").iterdir():

@@ -285,7 +285,7 @@ class Playbooks:
     def __call__(self, host, *, required: bool = True, quiet: bool = False):
         """``host``'s playbook; None when none is named and the host has none (``required=False``;
         else the UsageError that says so), or when it fails to load and ``quiet``."""
-        from remote_ops.patch import playbook as pbmod
+        from remote_ops.playbook import loader as pbmod
         if not required and not (self.playbook or getattr(host, "playbook", None)):
             return None
         try:

@@ -49,3 +49,28 @@ def test_bootstrap_runs_under_plain_python(tmp_path):
     res = json.loads(proc.stdout.splitlines()[-1])["results"]
     assert res[0]["result"]["echo"] == "ok"
     assert res[1]["ok"] is False and res[1]["error"]["kind"] == "bad-op"
+
+
+def _op_modules() -> set[str]:
+    return {k.split(".")[1] for k in agent_source_files() if k.count(".") == 1} - {"__init__", "protocol", "contract"}
+
+
+@pytest.mark.parametrize("path", [p for p in FILES if p.parent != AGENT], ids=lambda p: str(p.relative_to(AGENT)))
+def test_a_part_never_imports_an_op_module(path):
+    """Parts (agent/<feature>/*.py) serve the ops; an op module is an entry point, never a library."""
+    ops = _op_modules()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.ImportFrom) and node.level):
+            continue
+        depth = len(path.relative_to(AGENT).parts) - 1
+        if node.level != depth + 1:
+            continue      # inside its own package, or deeper
+        names = [node.module.split(".")[0]] if node.module else [a.name for a in node.names]
+        bad = sorted(set(names) & ops)
+        assert not bad, f"{path.relative_to(AGENT)}:{node.lineno} imports the op module(s) {bad}"
+
+
+def test_subpackage_inits_are_empty():
+    for p in FILES:
+        if p.name == "__init__.py" and p.parent != AGENT:
+            assert p.read_text().strip() == "", f"{p.relative_to(AGENT)}: keep it empty (an op loads only what it imports)"

@@ -431,7 +431,8 @@ def test_real_wheels_report_the_four_measured_items(spec_src, version):
 
 
 def test_shipped_playbook_removes_the_four(spec_src):
-    from remote_ops.patch import edits, playbook
+    from remote_ops.playbook import edits
+    from remote_ops.playbook import loader as playbook
     pb = playbook.load(ROOT / "playbooks" / "eagle3-speculators-0.3.0.yaml")
     overrides = {}
     for p in pb.patches:
@@ -449,7 +450,7 @@ def test_shipped_playbook_removes_the_four(spec_src):
 
 def test_emit_playbook_drafts_drift_fixes_with_exact_text(spec_src, tmp_path):
     from remote_ops.check import emit_playbook
-    from remote_ops.patch import playbook
+    from remote_ops.playbook import loader as playbook
     from remote_ops.errors import ConfigError
     raw, out = _real(spec_src, "0.17.0")
     path = emit_playbook.write(tmp_path / "d.yaml", list(raw["findings"]) + out["drift"])

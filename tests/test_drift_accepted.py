@@ -9,7 +9,7 @@ import pytest
 
 from remote_ops.check import drift
 
-from remote_ops.patch import playbook
+from remote_ops.playbook import loader as playbook
 from remote_ops.errors import ConfigError, Exit
 
 REPO = Path(__file__).resolve().parent.parent

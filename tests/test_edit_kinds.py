@@ -1,4 +1,4 @@
-"""The registry of edit kinds (remote_ops/patch/edits.py KINDS): the playbook loader, the planner
+"""The registry of edit kinds (remote_ops/playbook/edits.py KINDS): the playbook loader, the planner
 (apply_edits), the anchor condition and patch's prefetch read it, so a kind registered here (a tiny
 synthetic one) is parsed, planned and applied over the real sshd without touching any of them."""
 
@@ -13,7 +13,10 @@ import pytest
 import yaml
 
 from remote_ops.errors import ConfigError, Exit
-from remote_ops.patch import conditions, edits, patching, playbook
+from remote_ops.patch import patching
+from remote_ops.playbook import conditions
+from remote_ops.playbook import edits
+from remote_ops.playbook import loader as playbook
 from tests.conftest import write_inventory
 
 

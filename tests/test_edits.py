@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from remote_ops.patch import validate
-from remote_ops.patch.edits import (CallEdit, EditError, TextEdit, UnknownCallee, apply_call_edit, apply_edits,
+from remote_ops.playbook.edits import (CallEdit, EditError, TextEdit, UnknownCallee, apply_call_edit, apply_edits,
                               apply_text_edit, decode_source, encode_source)
 
 # (source, edit kwargs, expected) -- formatting of everything else must survive unchanged

@@ -14,7 +14,7 @@ import yaml
 
 from remote_ops.extract import jobs
 
-from remote_ops.patch import playbook
+from remote_ops.playbook import loader as playbook
 from remote_ops.connect.transport import ConnectOptions, Session
 
 pytestmark = pytest.mark.timeout(180)

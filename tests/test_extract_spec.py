@@ -6,7 +6,7 @@ import pytest
 
 from remote_ops.extract import jobs
 
-from remote_ops.patch import playbook
+from remote_ops.playbook import loader as playbook
 from remote_ops.errors import ConfigError
 from remote_ops.connect.inventory import Host
 from tests.conftest import REPO

@@ -238,7 +238,7 @@ PLAYBOOK_TEXT = st.one_of(playbooks().map(_dump), mutated_text(VALID_PLAYBOOK), 
 @given(text=PLAYBOOK_TEXT)
 def test_fuzz_playbook_loader(text):
     """The loader either returns a playbook or raises ConfigError with one line naming the file."""
-    from remote_ops.patch import playbook
+    from remote_ops.playbook import loader as playbook
 
     COUNTER["inputs"] += 1
     try:

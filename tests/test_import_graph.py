@@ -180,3 +180,58 @@ def test_a_circle_through_an_import_in_a_function_is_found(tmp_path):
     assert graph["pkg.b"] == {"pkg", "pkg.sub", "pkg.sub.c"}
     assert graph["pkg.typing_only"] == set() and graph["pkg.d"] == {"pkg", "pkg.typing_only"}
     assert cycles(graph) == [["pkg.a", "pkg.b", "pkg.sub.c", "pkg.a"]]
+
+
+# The floors of the controller, lowest first: a module imports only from its own floor or below (the
+# flow a reader follows, connect -> facts -> check -> patch -> extract, with the playbook below the three
+# that read it). A package's __init__ counts as its floor's too.
+FLOORS = (
+    {"agent", "sandbox_assets", "errors", "units", "yamlsrc", "suggest", "cachedir", "records", "interrupts",
+     "pkgsource", "sshd"},
+    {"connect"},
+    {"facts"},
+    {"playbook"},
+    {"check"},
+    {"patch"},
+    {"extract"},
+    {"fleet"},
+    {"api", "sandbox"},
+    {"commands"},
+    {"cli", "__main__"},
+)
+
+
+def floor_of(module: str) -> int | None:
+    parts = module.split(".")
+    if len(parts) == 1:       # the package's own __init__: below everything
+        return -1
+    for i, names in enumerate(FLOORS):
+        if parts[1] in names:
+            return i
+    return None
+
+
+def arrows_up(graph: dict[str, set[str]]) -> list[str]:
+    out = []
+    for a, targets in sorted(graph.items()):
+        for b in sorted(targets):
+            fa, fb = floor_of(a), floor_of(b)
+            if fa is not None and fb is not None and fb > fa:
+                out.append(f"{a} -> {b}")
+    return out
+
+
+def test_every_top_folder_has_a_floor():
+    graph = import_graph(ROOT)
+    assert not [m for m in graph if floor_of(m) is None], "add the new top-level module or folder to FLOORS"
+
+
+def test_no_arrow_runs_up_between_the_floors():
+    up = arrows_up(import_graph(ROOT))
+    assert not up, "imports that run up a floor (move the shared part down):\n" + "\n".join("  " + a for a in up)
+
+
+def test_an_arrow_up_is_found():
+    graph = {"remote_ops.playbook.loader": {"remote_ops.check.model"}, "remote_ops.check.model": set(),
+             "remote_ops.extract.jobs": {"remote_ops.check.model"}}
+    assert arrows_up(graph) == ["remote_ops.playbook.loader -> remote_ops.check.model"]

@@ -204,7 +204,7 @@ def _kill_ssh_connections(sshd):
 
 def test_dropped_connection_resumes_from_last_byte(tmp_path, sshd):
     from remote_ops.extract import jobs
-    from remote_ops.patch.playbook import load
+    from remote_ops.playbook.loader import load
     from remote_ops.extract.tail import Follower
 
     env = Env(tmp_path, sshd, ["--max-samples", "30", "--sleep", "0.1", "--ticks"])
@@ -247,7 +247,7 @@ def test_dropped_connection_resumes_from_last_byte(tmp_path, sshd):
 def test_tail_latency_line_written_to_printed(tmp_path, sshd):
     """Measures the delay from a line written on the host to the follower receiving it."""
     from remote_ops.extract import jobs
-    from remote_ops.patch.playbook import load
+    from remote_ops.playbook.loader import load
     from remote_ops.extract.tail import Follower, LineSplitter
 
     env = Env(tmp_path, sshd, ["--max-samples", "60", "--sleep", "0.1", "--ticks"])

@@ -15,8 +15,8 @@ import pytest
 from remote_ops import pkgsource
 from remote_ops.agent import model as model_check
 from remote_ops.agent.core.reads import Reads
-from remote_ops.patch import edits as edits_mod
-from remote_ops.patch import playbook as pb_mod
+from remote_ops.playbook import edits as edits_mod
+from remote_ops.playbook import loader as pb_mod
 
 PLAYBOOK = pb_mod.load(pb_mod.find("eagle3-speculators-0.3.0"))
 WORKER = "speculators.data_generation.custom_worker"

@@ -19,7 +19,8 @@ import pytest
 
 from remote_ops import pkgsource
 from remote_ops.connect.transport import ConnectOptions, Session
-from remote_ops.patch import hoststate, patching, plancache, playbook
+from remote_ops.patch import hoststate, patching, plancache
+from remote_ops.playbook import loader as playbook
 from tests.conftest import SPECULATORS, VLLM_NEW, write_inventory
 from tests.test_persist import muxdir, sshd_log  # noqa: F401  (fixtures)
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops.patch import patching, playbook
+from remote_ops.patch import patching
+from remote_ops.playbook import loader as playbook
 from remote_ops.errors import RefusedError
 
 REPO = Path(__file__).resolve().parent.parent

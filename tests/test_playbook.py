@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from remote_ops.patch import playbook
-from remote_ops.patch.edits import CallEdit, TextEdit
+from remote_ops.playbook import loader as playbook
+from remote_ops.playbook.edits import CallEdit, TextEdit
 from remote_ops.errors import ConfigError, Exit, RefusedError
 
 REPO = Path(__file__).resolve().parent.parent

@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from remote_ops.patch import playbook as pbmod
+from remote_ops.playbook import loader as pbmod
 from tests.conftest import REPO, write_inventory
 from tests.test_jobs_ssh import Env, _no_job_left_behind  # noqa: F401  (its autouse fixture applies here)
 

@@ -178,7 +178,8 @@ def test_only_resident_ops_go_to_the_resident_agent(sshd_log, muxdir, tmp_path):
 def test_patch_check_rollback_through_the_resident_agent(sshd_log, muxdir, fresh_env017, tmp_path):
     """The whole patch cycle on real speculators/vLLM sources with every exec answered by one resident
     agent: the findings follow the file as it changes (parsed trees are keyed by the text itself)."""
-    from remote_ops.patch import patching, playbook
+    from remote_ops.patch import patching
+    from remote_ops.playbook import loader as playbook
     from tests.test_patch_ssh import GEN, SHIPPED, site_file
 
     state = tmp_path / "state"

@@ -122,7 +122,7 @@ def test_env_values_and_job_arguments_with_payloads(sshd, tmp_path, env_vllm017,
 
 
 def test_module_and_path_payloads_refused_by_playbook_and_agent(sshd, tmp_path, env_vllm017, canary):
-    from remote_ops.patch import playbook
+    from remote_ops.playbook import loader as playbook
     from remote_ops.errors import ConfigError
 
     for p in payloads(canary):
@@ -149,7 +149,7 @@ def _read(sess, workdir, targets):
 
 def _apply_text(sess, workdir, target: dict, old: str, new: str, **extra):
     """Compute a text edit locally (the patch feature's way) and apply it in one transaction."""
-    from remote_ops.patch import edits
+    from remote_ops.playbook import edits
 
     t = _read(sess, workdir, [target])["targets"][0]
     text, enc = edits.decode_source(base64.b64decode(t["data"]))
@@ -343,7 +343,7 @@ def test_apply_rechecks_outside_targets(sshd, tmp_path, env_vllm017):
 
 def test_nul_in_playbook_path_is_refused_by_the_loader():
     """Found here: a NUL in a patch path passed the loader and crashed the agent's realpath."""
-    from remote_ops.patch import playbook
+    from remote_ops.playbook import loader as playbook
     from remote_ops.errors import ConfigError
 
     with pytest.raises(ConfigError):

@@ -11,7 +11,7 @@ import yaml
 from remote_ops.connect.inventory import Host
 from remote_ops.errors import ConfigError
 from remote_ops.extract import jobs
-from remote_ops.patch import playbook
+from remote_ops.playbook import loader as playbook
 from tests.conftest import REPO
 
 SHIPPED = REPO / "playbooks" / "eagle3-speculators-0.9.0.yaml"

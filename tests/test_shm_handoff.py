@@ -23,8 +23,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from remote_ops import pkgsource  # noqa: E402
-from remote_ops.patch import edits as edits_mod  # noqa: E402
-from remote_ops.patch import playbook as pb_mod  # noqa: E402
+from remote_ops.playbook import edits as edits_mod  # noqa: E402
+from remote_ops.playbook import loader as pb_mod  # noqa: E402
 from tests.conftest import load_extract_script  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent

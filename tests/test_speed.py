@@ -132,7 +132,7 @@ def test_damaged_module_code_is_compiled_from_the_checked_sources_then_rebuilt(s
 
 
 def test_a_hit_loads_only_the_modules_an_op_imports(tmp_path):
-    """Per-module code: a hit on ping unmarshals the index and the package, protocol, jsonio and ping, not
+    """Per-module code: a hit on ping unmarshals the index and the package, protocol, core/jsonio and ping, not
     the other ~35 modules (the bytes given to marshal.loads are counted)."""
     cache = tmp_path / "agent-cache"
     env = dict(os.environ, **{bundle.CACHE_ENV: str(cache)})
@@ -151,7 +151,7 @@ def test_a_hit_loads_only_the_modules_an_op_imports(tmp_path):
     sizes = eval(proc.stderr.decode().rsplit("unmarshalled ", 1)[1])
     head, index, body = read_code_file(next(entry_dir(cache).glob("code-*.bin")))
     assert len(index) > 30
-    assert sizes == [len(head)] + [index["_remote_ops_agent." + m][1] for m in ("__init__", "protocol", "jsonio", "ping")]
+    assert sizes == [len(head)] + [index["_remote_ops_agent." + m][1] for m in ("__init__", "protocol", "core.__init__", "core.jsonio", "ping")]
 
 
 def test_cache_entry_with_loose_permissions_is_not_used(sshd, tmp_path):

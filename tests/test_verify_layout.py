@@ -130,7 +130,7 @@ def test_layer_count_differing_between_files(host):
 def test_expected_count_is_what_the_job_was_asked_to_write(tmp_path, sshd, cli, written, asked, ok):
     """max_samples (the shipped default 5000) larger than the dataset: the job writes data_config.json
     with num_samples = what it was asked to write, and verify counts against that (issue 22)."""
-    from remote_ops.patch import playbook as pb_mod
+    from remote_ops.playbook import loader as pb_mod
     out = tmp_path / "out"
     out.mkdir()
     cfg = config()

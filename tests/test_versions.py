@@ -10,7 +10,8 @@ import pytest
 
 from remote_ops import pkgsource
 from remote_ops.errors import ConfigError
-from remote_ops.patch import conditions, playbook
+from remote_ops.playbook import conditions
+from remote_ops.playbook import loader as playbook
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"

@@ -369,34 +369,51 @@ def worker_needs(text):
     return uses, calls
 
 
-def check(args, reads=None):
-    reads = reads or Reads()
-    library = args.get("library") or "vllm"
-    model = args.get("model")
-    if not model:
-        raise AgentFailure("bad-args", "model.check needs a model path or HF id")
-    static = StaticResolver(args.get("sys_path") or sys.path, reads=reads)
-    findings, unknown, checked = [], [], []
-    out = {"model": model, "library": library, "findings": findings, "unknown": unknown, "checked": checked}
-    cfg_path, cfg, problem = read_config(model, reads, args.get("workdir"))
-    out["config"] = cfg_path
-    if problem:
-        kind = "model-missing" if cfg_path is None and "does not exist" in problem else "model-config"
-        findings.append({"path": cfg_path, "line": None, "symbol": None, "kind": kind, "name": None,
-                         "message": problem, "suggestion": "point target_model (--model) at the checkpoint "
-                                                           "directory the job loads"})
-        return out
-    if cfg is None:
-        unknown.append({"what": "model", "reason": "%s is not a directory here and not in the local HF hub cache: "
-                                                   "its architecture and layers are not checked" % model})
-        return out
-    archs = [a for a in cfg.get("architectures") or [] if isinstance(a, str)]
-    out["architectures"] = archs
-    out["model_type"] = cfg.get("model_type")
-    n = num_layers(cfg)
-    out["num_layers"] = n
+class _Run:
+    """One model check: its arguments, the resolver, what was learned so far and the answer (``out``)."""
 
-    # layer ids: given, or the package's default formula
+    def __init__(self, args, reads):
+        self.args = args
+        self.reads = reads or Reads()
+        self.library = args.get("library") or "vllm"
+        self.model = args.get("model")
+        if not self.model:
+            raise AgentFailure("bad-args", "model.check needs a model path or HF id")
+        self.static = StaticResolver(args.get("sys_path") or sys.path, reads=self.reads)
+        self.findings, self.unknown, self.checked = [], [], []
+        self.out = {"model": self.model, "library": self.library, "findings": self.findings,
+                    "unknown": self.unknown, "checked": self.checked}
+        self.cfg_path = self.cfg = self.n = None
+        self.archs = []
+        self.m = self.cls = self.text_cls = None
+        self.uses, self.layer_calls = set(), []
+
+
+def _checkpoint(r):
+    """The checkpoint's config.json: its architectures and layer count (a problem is a finding)."""
+    r.cfg_path, r.cfg, problem = read_config(r.model, r.reads, r.args.get("workdir"))
+    r.out["config"] = r.cfg_path
+    if problem:
+        kind = "model-missing" if r.cfg_path is None and "does not exist" in problem else "model-config"
+        r.findings.append({"path": r.cfg_path, "line": None, "symbol": None, "kind": kind, "name": None,
+                           "message": problem, "suggestion": "point target_model (--model) at the checkpoint "
+                                                             "directory the job loads"})
+        return False
+    if r.cfg is None:
+        r.unknown.append({"what": "model", "reason": "%s is not a directory here and not in the local HF hub cache: "
+                                                     "its architecture and layers are not checked" % r.model})
+        return False
+    r.archs = [a for a in r.cfg.get("architectures") or [] if isinstance(a, str)]
+    r.out["architectures"] = r.archs
+    r.out["model_type"] = r.cfg.get("model_type")
+    r.n = num_layers(r.cfg)
+    r.out["num_layers"] = r.n
+    return True
+
+
+def _layer_ids(r):
+    """The layer ids, given or the package's default formula: distinct and in range."""
+    args, n = r.args, r.n
     given = args.get("layer_ids")
     if given:
         ids, source = [int(x) for x in given], "given"
@@ -404,11 +421,11 @@ def check(args, reads=None):
         ids, source = default_layer_ids(args["default_layer_ids"], n), "default"
     else:
         ids, source = None, None
-    out["layer_ids"], out["layer_ids_source"] = ids, source
+    r.out["layer_ids"], r.out["layer_ids_source"] = ids, source
     if n is None:
-        unknown.append({"what": "layer ids", "reason": "%s has no num_hidden_layers (nor text_config's)" % cfg_path})
+        r.unknown.append({"what": "layer ids", "reason": "%s has no num_hidden_layers (nor text_config's)" % r.cfg_path})
     elif ids is not None:
-        checked.append("layer ids")
+        r.checked.append("layer ids")
         bad = [i for i in ids if i < 0 or i >= n]
         dup = sorted({i for i in ids if ids.count(i) > 1})
         how = "the package's default for %d layers" % n if source == "default" else "given"
@@ -419,137 +436,182 @@ def check(args, reads=None):
             if dup:
                 why.append("%s repeated (the generator captures each layer once, then expects %d tensors)"
                            % (", ".join(map(str, dup)), len(ids)))
-            findings.append({"path": cfg_path, "line": None, "symbol": None, "kind": "layer-ids", "name": None,
-                             "message": "layer ids %s (%s): %s" % (ids, how, "; ".join(why)),
-                             "suggestion": "set the playbook var layer_ids to %d distinct layers in 0..%d, e.g. %s"
-                                           % (len(ids), n - 1, _spread(len(ids), n))})
+            r.findings.append({"path": r.cfg_path, "line": None, "symbol": None, "kind": "layer-ids", "name": None,
+                               "message": "layer ids %s (%s): %s" % (ids, how, "; ".join(why)),
+                               "suggestion": "set the playbook var layer_ids to %d distinct layers in 0..%d, e.g. %s"
+                                             % (len(ids), n - 1, _spread(len(ids), n))})
+    return True
 
-    reg = registry(static, library, reads)
+
+def _architecture(r):
+    """The class the installed library's registry picks for the checkpoint's architectures."""
+    library = r.library
+    reg = registry(r.static, library, r.reads)
     if reg is None:
-        unknown.append({"what": "architecture", "reason": "%s has no %s.%s here" % (library, library, REGISTRY)})
-        return out
+        r.unknown.append({"what": "architecture", "reason": "%s has no %s.%s here" % (library, library, REGISTRY)})
+        return False
     reg_path, models, previously = reg
+    archs = r.archs
     if not archs:
-        findings.append({"path": cfg_path, "line": None, "symbol": None, "kind": "model-config", "name": "architectures",
-                         "message": "%s names no architectures: %s cannot pick a model class" % (cfg_path, library),
-                         "suggestion": "use the checkpoint's own config.json"})
-        return out
-    m = _Model(static, library, reg_path, models, cfg, findings, unknown)
+        r.findings.append({"path": r.cfg_path, "line": None, "symbol": None, "kind": "model-config",
+                           "name": "architectures",
+                           "message": "%s names no architectures: %s cannot pick a model class" % (r.cfg_path, library),
+                           "suggestion": "use the checkpoint's own config.json"})
+        return False
+    r.m = _Model(r.static, library, reg_path, models, r.cfg, r.findings, r.unknown)
     arch = next((a for a in archs if a in models), None)
     if arch is None:
         gone = [a for a in archs if a in previously]
         msg = ("%s no longer supports %s (%s)" % (library, gone[0], previously[gone[0]][0])) if gone else \
             ("none of %s is in the installed %s's model registry: it would try its Transformers backend, "
              "which speculators' worker does not support" % (archs, library))
-        findings.append({"path": reg_path, "line": previously[gone[0] if gone else None][1], "symbol": None,
-                         "kind": "architecture-not-registered", "name": archs[0], "message": msg,
-                         "suggestion": "use a %s release that registers %s" % (library, archs[0])})
-        return out
-    cls = m.class_of_arch(arch)
-    out["architecture"] = arch
+        r.findings.append({"path": reg_path, "line": previously[gone[0] if gone else None][1], "symbol": None,
+                           "kind": "architecture-not-registered", "name": archs[0], "message": msg,
+                           "suggestion": "use a %s release that registers %s" % (library, archs[0])})
+        return False
+    cls = r.m.class_of_arch(arch)
+    r.out["architecture"] = arch
     if cls is None or cls.kind != "class":
-        unknown.append({"what": arch, "reason": "its class %s.%s cannot be resolved (%s)"
-                        % (models[arch][0], models[arch][1], getattr(cls, "reason", None))})
-        return out
-    out["class"] = {"symbol": _symbol(cls), "where": cls.where}
+        r.unknown.append({"what": arch, "reason": "its class %s.%s cannot be resolved (%s)"
+                          % (models[arch][0], models[arch][1], getattr(cls, "reason", None))})
+        return False
+    r.cls = cls
+    r.out["class"] = {"symbol": _symbol(cls), "where": cls.where}
+    return True
 
-    # the protocol the worker asks for
-    proto_name = args.get("protocol")
-    if proto_name:
-        mod, _, name = proto_name.rpartition(".")
-        proto = static.lookup(mod, name)
-        if proto.kind != "class":
-            unknown.append({"what": proto_name, "reason": proto.reason or "not a class here"})
-        else:
-            checked.append(name)
-            members = protocol_members(static, proto)
-            seen = {x: has_member(static, cls, x) for x in members}
-            absent = [x for x in members if seen[x] == "no"]
-            for x in members:
-                if isinstance(seen[x], tuple):
-                    unknown.append({"what": "%s.%s" % (cls.qual, x), "reason": seen[x][1]})
-            if absent:
-                m.finding("protocol-missing", cls, absent[0],
-                          "%s does not implement %s (no %s): the worker's %s check fails at engine start "
-                          "(\"does not support hidden state extraction\")"
-                          % (cls.qual, name, ", ".join(absent), _snake(name)),
-                          "the installed %s cannot serve this model to the package's worker: use a %s "
-                          "release whose %s implements %s" % (library, library, cls.qual, name))
 
-    # the text model, through the paths the installed worker names
-    worker = args.get("worker")
-    paths = list(args.get("text_model") or [])
-    if worker and paths:
-        spec = static.find_spec(worker)
-        if spec is None or not spec.origin:
-            unknown.append({"what": worker, "reason": "not installed for this interpreter"})
-            return out
-        worker_text = reads.text(spec.origin)
-        named = _named_attrs(worker_text)
-        uses, layer_calls = worker_needs(worker_text)
-        out["worker"] = {"module": worker, "path": spec.origin, "uses": sorted(uses),
-                         "layer_calls": [{"positional": n, "keywords": k, "line": ln} for n, k, ln in layer_calls]}
-        usable = [p for p in paths if p.split(".")[0] in named]
-        out["text_model_paths"] = usable
-        text_cls, tried = None, []
-        for p in usable:
-            cur = cls
-            for part in p.split("."):
-                nxt = m.attr_class(cur, part)
-                if nxt.kind != "class":
-                    tried.append((p, nxt))
-                    cur = None
-                    break
-                cur = nxt
-            if cur is not None:
-                text_cls = cur
-                out["text_model"] = {"path": p, "symbol": _symbol(cur), "where": cur.where}
+def _protocol(r):
+    """Every member of the protocol the worker asks for (``supports_eagle3(model)``), through the MRO."""
+    proto_name = r.args.get("protocol")
+    if not proto_name:
+        return True
+    static, cls = r.static, r.cls
+    mod, _, name = proto_name.rpartition(".")
+    proto = static.lookup(mod, name)
+    if proto.kind != "class":
+        r.unknown.append({"what": proto_name, "reason": proto.reason or "not a class here"})
+        return True
+    r.checked.append(name)
+    members = protocol_members(static, proto)
+    seen = {x: has_member(static, cls, x) for x in members}
+    absent = [x for x in members if seen[x] == "no"]
+    for x in members:
+        if isinstance(seen[x], tuple):
+            r.unknown.append({"what": "%s.%s" % (cls.qual, x), "reason": seen[x][1]})
+    if absent:
+        r.m.finding("protocol-missing", cls, absent[0],
+                    "%s does not implement %s (no %s): the worker's %s check fails at engine start "
+                    "(\"does not support hidden state extraction\")"
+                    % (cls.qual, name, ", ".join(absent), _snake(name)),
+                    "the installed %s cannot serve this model to the package's worker: use a %s "
+                    "release whose %s implements %s" % (r.library, r.library, cls.qual, name))
+    return True
+
+
+def _text_model(r):
+    """The text model, reached by the attribute paths the installed worker names."""
+    worker = r.args.get("worker")
+    paths = list(r.args.get("text_model") or [])
+    if not (worker and paths):
+        return False
+    cls, out = r.cls, r.out
+    spec = r.static.find_spec(worker)
+    if spec is None or not spec.origin:
+        r.unknown.append({"what": worker, "reason": "not installed for this interpreter"})
+        return False
+    worker_text = r.reads.text(spec.origin)
+    named = _named_attrs(worker_text)
+    r.uses, r.layer_calls = worker_needs(worker_text)
+    out["worker"] = {"module": worker, "path": spec.origin, "uses": sorted(r.uses),
+                     "layer_calls": [{"positional": n, "keywords": k, "line": ln} for n, k, ln in r.layer_calls]}
+    usable = [p for p in paths if p.split(".")[0] in named]
+    out["text_model_paths"] = usable
+    tried = []
+    for p in usable:
+        cur = cls
+        for part in p.split("."):
+            nxt = r.m.attr_class(cur, part)
+            if nxt.kind != "class":
+                tried.append((p, nxt))
+                cur = None
                 break
-        if text_cls is None:
-            if any(e.kind == "unknown" for _, e in tried):
-                unknown.append({"what": "text model of %s" % cls.qual,
-                                "reason": "; ".join("%s: %s" % (p, e.reason) for p, e in tried)})
-            else:
-                other = [p for p in paths if p not in usable]
-                m.finding("text-model-missing", cls, usable[0] if usable else None,
-                          "%s has no %s: the worker (%s) finds no text model (AttributeError at worker setup)"
-                          % (cls.qual, " and no ".join(usable) or "path the worker names", worker),
-                          ("patch the worker so it also tries %s (remote-ops patch)" % ", ".join(other)) if other
-                          else "this class is not supported by the package's worker")
-            return out
-        checked.append("text model")
-        for member in args.get("text_model_members") or sorted(uses):
-            a = has_member(static, text_cls, member)
-            if a == "no":
-                m.finding("text-model-member-missing", text_cls, member,
-                          "%s (the text model at %s.%s) has no %r, which the worker's forward uses"
-                          % (text_cls.qual, cls.qual, out["text_model"]["path"], member),
-                          "a playbook edit must rename or replace the worker's use of %r" % member)
-            elif isinstance(a, tuple):
-                unknown.append({"what": "%s.%s" % (text_cls.qual, member), "reason": a[1]})
-        if args.get("layer_forward_keywords"):
-            layer_calls = [(0, list(args["layer_forward_keywords"]), None)]
-        if layer_calls:
-            layer = m.decoder_layer(text_cls)
-            if layer.kind != "class":
-                unknown.append({"what": "decoder layer of %s" % text_cls.qual, "reason": layer.reason})
-                return out
-            out["decoder_layer"] = {"symbol": _symbol(layer), "where": layer.where}
-            fwd = static.class_attr(layer, "forward", True)
-            sig = static.signature(fwd) if fwd.kind == "function" else None
-            if not isinstance(sig, Signature):
-                unknown.append({"what": "%s.forward" % layer.qual,
-                                "reason": getattr(sig, "reason", None) or fwd.reason or "no forward found"})
-                return out
-            checked.append("decoder layer forward")
-            for npos, kws, line in layer_calls:
-                for kind, name, msg in bind(sig, npos, False, kws, False):
-                    m.finding("layer-forward-" + kind, fwd, name,
-                              "%s.forward%s %s (the worker calls layer(%s)%s)"
-                              % (layer.qual, sig.render(), msg, ", ".join("%s=..." % k for k in kws),
-                                 " at %s:%d" % (worker, line) if line else ""),
-                              "a playbook edit must change how the worker calls the decoder layers")
-    return out
+            cur = nxt
+        if cur is not None:
+            r.text_cls = cur
+            out["text_model"] = {"path": p, "symbol": _symbol(cur), "where": cur.where}
+            break
+    if r.text_cls is None:
+        if any(e.kind == "unknown" for _, e in tried):
+            r.unknown.append({"what": "text model of %s" % cls.qual,
+                              "reason": "; ".join("%s: %s" % (p, e.reason) for p, e in tried)})
+        else:
+            other = [p for p in paths if p not in usable]
+            r.m.finding("text-model-missing", cls, usable[0] if usable else None,
+                        "%s has no %s: the worker (%s) finds no text model (AttributeError at worker setup)"
+                        % (cls.qual, " and no ".join(usable) or "path the worker names", worker),
+                        ("patch the worker so it also tries %s (remote-ops patch)" % ", ".join(other)) if other
+                        else "this class is not supported by the package's worker")
+        return False
+    r.checked.append("text model")
+    return True
+
+
+def _text_model_members(r):
+    """The attributes the worker's forward uses of the text model (or the playbook's list)."""
+    text_cls = r.text_cls
+    for member in r.args.get("text_model_members") or sorted(r.uses):
+        a = has_member(r.static, text_cls, member)
+        if a == "no":
+            r.m.finding("text-model-member-missing", text_cls, member,
+                        "%s (the text model at %s.%s) has no %r, which the worker's forward uses"
+                        % (text_cls.qual, r.cls.qual, r.out["text_model"]["path"], member),
+                        "a playbook edit must rename or replace the worker's use of %r" % member)
+        elif isinstance(a, tuple):
+            r.unknown.append({"what": "%s.%s" % (text_cls.qual, member), "reason": a[1]})
+    return True
+
+
+def _decoder_layer(r):
+    """The worker's call of each decoder layer bound against the layer's forward."""
+    layer_calls = r.layer_calls
+    if r.args.get("layer_forward_keywords"):
+        layer_calls = [(0, list(r.args["layer_forward_keywords"]), None)]
+    if not layer_calls:
+        return True
+    text_cls, worker = r.text_cls, r.args.get("worker")
+    layer = r.m.decoder_layer(text_cls)
+    if layer.kind != "class":
+        r.unknown.append({"what": "decoder layer of %s" % text_cls.qual, "reason": layer.reason})
+        return False
+    r.out["decoder_layer"] = {"symbol": _symbol(layer), "where": layer.where}
+    fwd = r.static.class_attr(layer, "forward", True)
+    sig = r.static.signature(fwd) if fwd.kind == "function" else None
+    if not isinstance(sig, Signature):
+        r.unknown.append({"what": "%s.forward" % layer.qual,
+                          "reason": getattr(sig, "reason", None) or fwd.reason or "no forward found"})
+        return False
+    r.checked.append("decoder layer forward")
+    for npos, kws, line in layer_calls:
+        for kind, name, msg in bind(sig, npos, False, kws, False):
+            r.m.finding("layer-forward-" + kind, fwd, name,
+                        "%s.forward%s %s (the worker calls layer(%s)%s)"
+                        % (layer.qual, sig.render(), msg, ", ".join("%s=..." % k for k in kws),
+                           " at %s:%d" % (worker, line) if line else ""),
+                        "a playbook edit must change how the worker calls the decoder layers")
+    return True
+
+
+# The check's phases, in order; a phase returns False when what follows cannot be decided (the reason is
+# already a finding or an unknown of the answer).
+PHASES = (_checkpoint, _layer_ids, _architecture, _protocol, _text_model, _text_model_members, _decoder_layer)
+
+
+def check(args, reads=None):
+    run = _Run(args, reads)
+    for phase in PHASES:
+        if not phase(run):
+            break
+    return run.out
 
 
 def _snake(name):

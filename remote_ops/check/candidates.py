@@ -120,7 +120,7 @@ def drift_of(raw: dict, lib: str, base: str) -> dict:
         pass
     d = drift_mod.analyse(dict(raw, findings=[]), [lib], base)
     out = {"drift": d.get("drift") or [], "baseline": d.get("baseline") or {}}
-    from remote_ops.patch.plancache import write_private
+    from remote_ops.cachedir import write_private
     write_private(path, out)
     return out
 
@@ -149,7 +149,7 @@ def releases_from(name: str, installed: str | None) -> list[str]:
 def shipped_playbooks() -> list:
     """Every playbook in the repository's playbooks/ that loads (a broken one is not a candidate)."""
     from remote_ops.errors import RemoteOpsError
-    from remote_ops.patch import playbook as pb_mod
+    from remote_ops.playbook import loader as pb_mod
 
     out = []
     for p in sorted((REPO / "playbooks").glob("*.yaml")):

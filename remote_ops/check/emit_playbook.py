@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from remote_ops.patch.playbook import PLACEHOLDER
+from remote_ops.playbook.loader import PLACEHOLDER
 
 
 def _edit_id(callee: str, suffix: str) -> str:

@@ -17,56 +17,11 @@ installed worker's own source on the host, so a patch that changes it changes th
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from remote_ops.connect import agent_requests as rq
 from remote_ops.errors import UsageError
-
-MODEL_KEYS = ("path", "layer_ids", "default_layer_ids", "protocol", "worker", "text_model", "library")
-_DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-
-
-def parse_section(doc, raw) -> dict | None:
-    """``check.model`` validated at load time (file:line errors); templates stay for each host."""
-    if raw is None:
-        return None
-    keys = ("check", "model")
-    if not isinstance(raw, dict):
-        raise doc.error(keys, "check.model must be a mapping (path, layer_ids, protocol, worker, text_model...)")
-    doc.check_keys(keys, raw, MODEL_KEYS, "in check.model")
-    for k in ("protocol", "worker", "library"):
-        v = raw.get(k)
-        if v is not None and not (isinstance(v, str) and _DOTTED.match(v)):
-            raise doc.error(keys + (k,), f"check.model.{k} must be a dotted name, got {v!r}")
-    paths = raw.get("text_model") or []
-    if not isinstance(paths, list) or not all(isinstance(p, str) and _DOTTED.match(p) for p in paths):
-        raise doc.error(keys + ("text_model",), "check.model.text_model must be a list of attribute paths")
-    formula = raw.get("default_layer_ids") or []
-    if not isinstance(formula, list) or not all(
-            (isinstance(x, int) and not isinstance(x, bool)) or (isinstance(x, str) and re.fullmatch(r"[n0-9+\-*/ ()]+", x))
-            for x in formula):
-        raise doc.error(keys + ("default_layer_ids",),
-                        "check.model.default_layer_ids must be a list of integers or formulas of n (e.g. \"n // 2\")")
-    return dict(raw)
-
-
-def parse_layer_ids(value: Any, where: str) -> list[int] | None:
-    """"2,4,5,7", [2, 4, 5, 7], "" or None (the package's default)."""
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "default")):
-        return None
-    items = value if isinstance(value, list) else str(value).replace(" ", ",").split(",")
-    out = []
-    for x in items:
-        if x == "":
-            continue
-        try:
-            n = int(x)
-        except (TypeError, ValueError):
-            raise UsageError(f"{where}: layer ids {value!r}: {x!r} is not a layer index",
-                             "write them like 2,4,5,7") from None
-        out.append(n)
-    return out or None
+from remote_ops.playbook.model_section import parse_layer_ids
 
 
 def request(playbook, host, *, model: str | None = None, layer_ids: Any = None):
@@ -78,7 +33,7 @@ def request(playbook, host, *, model: str | None = None, layer_ids: Any = None):
             raise UsageError("--model needs a playbook with a check.model section (what the worker needs)",
                              "pass --playbook eagle3-speculators-0.3.0, or give the host a playbook")
         return None
-    from remote_ops.templates import fill_for_host
+    from remote_ops.playbook.templates import fill_for_host
     path = model or fill_for_host(playbook, host, section.get("path"), ("check", "model", "path"))
     if not path:
         return None

@@ -49,7 +49,7 @@ from pathlib import Path
 
 
 from remote_ops.errors import ConfigError
-from remote_ops.templates import _TEMPLATE, _WHOLE_VAR, _fill, fill_for_host, template_context  # noqa: F401
+from remote_ops.playbook.templates import _TEMPLATE, _WHOLE_VAR, _fill, fill_for_host, template_context  # noqa: F401
 from remote_ops.yamlsrc import type_name
 
 EXTRACT_KEYS = {"command", "workdir", "output_dir", "expected_samples", "disk", "env",
@@ -172,7 +172,7 @@ def parse_spec(playbook, host, *, subdir: str | None = None) -> ExtractSpec:
 
     from remote_ops.yamlsrc import unknown_key_check
     unknown_key_check(raw, EXTRACT_KEYS, "in extract", lambda k, problem, hint: err_at((k,))(problem, hint))
-    from remote_ops.patch.playbook import PLACEHOLDER_RE
+    from remote_ops.playbook.loader import PLACEHOLDER_RE
 
     def scan(value, keys):
         if isinstance(value, dict):
@@ -336,7 +336,7 @@ def _disk(playbook, host, raw, err_at) -> dict | None:
     if not isinstance(raw, dict) or set(raw) - set(DISK_KEYS) or "dataset" not in raw:
         raise err_at(("disk",))(f"disk must be a mapping with dataset (and max_model_len, model, layer_ids), "
                                 f"got {raw!r}")
-    from remote_ops.check.model import parse_layer_ids
+    from remote_ops.playbook.model_section import parse_layer_ids
     section = (getattr(playbook, "check", None) or {}).get("model") or {}
 
     def filled(key, fallback=None):

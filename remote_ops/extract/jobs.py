@@ -470,10 +470,10 @@ def _requires_preflight(pf: Preflight, playbook, raw: dict, probes) -> None:
 
 def _coverage_preflight(pf: Preflight, playbook, host: str) -> None:
     """A host the playbook's ``requires`` does not cover (the check's versions): the deciding problem,
-    the same line as ``patch`` gives (patch/coverage.py), before any GPU time."""
+    the same line as ``patch`` gives (playbook/coverage.py), before any GPU time."""
     if pf.check is None or not playbook.requires:
         return
-    from remote_ops.patch import coverage
+    from remote_ops.playbook import coverage
 
     out = coverage.refusal(playbook, pf.check.get("versions") or {}, pf.check.get("findings") or [], host)
     if out is not None:

@@ -23,6 +23,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from remote_ops.cachedir import write_private
 from remote_ops.patch import plancache
 
 FORMAT = 2
@@ -127,5 +128,5 @@ def remember(pb, host, raw: dict, seen: dict | None = None, plan=None) -> None:
     path = _path(pb, host)
     if path is None:
         return
-    plancache.write_private(path, dict(state, format=FORMAT, host=host_key(host),
+    write_private(path, dict(state, format=FORMAT, host=host_key(host),
                                        book=plancache.book_fingerprint(pb)))

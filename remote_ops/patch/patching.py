@@ -24,10 +24,10 @@ from typing import Any
 
 from remote_ops import interrupts
 from remote_ops.connect import agent_requests as rq
-from remote_ops.patch import edits as edits_mod
+from remote_ops.playbook import edits as edits_mod
 from remote_ops.patch import plancache
 from remote_ops.errors import ConfigError, RefusedError, RemoteOpsError, agent_error
-from remote_ops.patch.playbook import Playbook
+from remote_ops.playbook.loader import Playbook
 from remote_ops.records import HostRecord, optional
 
 
@@ -157,7 +157,7 @@ def packages_to_query(pb: Playbook) -> list[str]:
     for p in pb.patches:
         if p.module and p.module.split(".")[0] not in names:
             names.append(p.module.split(".")[0])
-    from remote_ops.patch import conditions
+    from remote_ops.playbook import conditions
     for n in conditions.packages(pb):
         if n not in names:
             names.append(n)
@@ -167,7 +167,7 @@ def packages_to_query(pb: Playbook) -> list[str]:
 def present_request(pb: Playbook) -> dict | None:
     """``patching.read``'s ``present``: the fixes of every edit with ``when: {finding: present}``
     (None when no edit has one, or the playbook has no check: section to check them with)."""
-    from remote_ops.patch import conditions
+    from remote_ops.playbook import conditions
 
     edits = [e for p in pb.patches for e in conditions.finding_edits(p.edits)]
     if not edits or not pb.check:
@@ -204,7 +204,7 @@ def select(pb: Playbook, patch, packages: dict, text: str | None, present: dict 
     """The edits of ``patch`` that apply on this host (conditions.py): versions, then anchors (on the
     file's text), then findings (``states_of(sub_target) -> {edit id: state}`` decides which of
     them are still pending)."""
-    from remote_ops.patch import conditions
+    from remote_ops.playbook import conditions
 
     sel = conditions.by_version(patch.edits, packages)
     if text is not None and any(getattr(e, "when", None) is not None and e.when.anchor for e in sel.active):
@@ -447,7 +447,7 @@ def not_covered(session, pb: Playbook, host, packages: dict) -> RefusedError:
     """The refusal of a host whose versions the playbook's ``requires`` does not cover: one line
     naming what changed there (the host's findings no edit fixes: one more round trip, the check) and
     what to do (coverage.py)."""
-    from remote_ops.patch import coverage
+    from remote_ops.playbook import coverage
 
     findings = None
     if pb.check:

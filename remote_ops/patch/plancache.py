@@ -36,6 +36,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
+from remote_ops.cachedir import write_private
+
 FORMAT = 2
 ENV = "REMOTE_OPS_PLAN_CACHE"
 
@@ -55,7 +57,7 @@ def _jsonable(o: Any):
 def code_fingerprint() -> str:
     """What computes a plan: this package's edit/validate code, the module of every registered edit
     kind (one registered outside edits.py included), libcst's install, the Python."""
-    from remote_ops.patch.edits import KINDS
+    from remote_ops.playbook.edits import KINDS
 
     files = {getattr(sys.modules.get(k.__module__), "__file__", None) for k in KINDS.values()}
     return _code_fingerprint(tuple(sorted(f for f in files if f)))
@@ -67,7 +69,7 @@ def _code_fingerprint(kind_files: tuple[str, ...]) -> str:
 
     h = hashlib.sha256(f"{FORMAT} {sys.version_info[0]}.{sys.version_info[1]}".encode())
     here = Path(__file__).parent
-    paths = [here / name for name in ("edits.py", "validate.py", "patching.py", "plancache.py")]
+    paths = [here.parent / "playbook" / "edits.py"] + [here / name for name in ("validate.py", "patching.py", "plancache.py")]
     for path in paths + [p for p in map(Path, kind_files) if p not in paths]:
         h.update(path.read_bytes())
     spec = importlib.util.find_spec("libcst")   # located, not imported
@@ -160,7 +162,7 @@ def _valid(entry: Any, k: str) -> bool:
     text, enc = entry.get("new_text"), entry.get("encoding")
     if not isinstance(text, str) or not isinstance(enc, str):
         return False
-    from remote_ops.patch.edits import encode_source
+    from remote_ops.playbook.edits import encode_source
     try:
         return _sha(encode_source(text, enc)) == entry.get("new_sha256")
     except (LookupError, UnicodeError):
@@ -180,24 +182,6 @@ def book_dir(pb) -> Path | None:
     """The directory of this playbook's plans (None: the disk level is off)."""
     root = _disk_root()
     return None if root is None else root / book_fingerprint(pb)[:32]
-
-
-def write_private(path: Path, entry: dict) -> None:
-    """Atomic, private; a cache that cannot be written is only a missed speed-up."""
-    try:
-        path.parent.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path.parent.mkdir(mode=0o700, exist_ok=True)
-        import tempfile
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(json.dumps(entry).encode())
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError:
-        pass
 
 
 _PATH = "\x00target\x00"   # the target's path in cached notes (it differs between hosts)
@@ -222,7 +206,7 @@ def notes(entry: dict, path: str) -> list[str]:
 
 def file_result(entry: dict, path: str, old_text: str):
     """Rebuild the edits.FileResult of a target from its entry and the target's own text."""
-    from remote_ops.patch.edits import EditResult, FileResult
+    from remote_ops.playbook.edits import EditResult, FileResult
 
     results = [EditResult(r["edit_id"], r["state"], list(r["sites"]), set(r["introduced"]))
                for r in entry["results"]]

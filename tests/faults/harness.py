@@ -69,7 +69,8 @@ def _drive(argv: list[str]) -> int:
     p.add_argument("--token", default="")
     a = p.parse_args(argv)
     from remote_ops.connect import inventory
-    from remote_ops.patch import edits, playbook
+    from remote_ops.playbook import edits
+    from remote_ops.playbook import loader as playbook
     from remote_ops.errors import RemoteOpsError
     from remote_ops.connect.transport import ConnectOptions, Session
 
@@ -140,7 +141,8 @@ class Rig:
 
     def __init__(self, root: Path, seed: int = 0, log=None):
         from remote_ops import pkgsource
-        from remote_ops.patch import edits, playbook
+        from remote_ops.playbook import edits
+        from remote_ops.playbook import loader as playbook
         from remote_ops.sshd import SshdServer
         from tests.faults.cutproxy import CutProxy
 

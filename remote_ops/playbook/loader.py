@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from remote_ops.patch import conditions
-from remote_ops.patch import edits
+from remote_ops.playbook import conditions
+from remote_ops.playbook import edits
 from remote_ops.errors import ConfigError, RefusedError
 from remote_ops.yamlsrc import YamlDoc, load_file, load_text, type_name
 
@@ -321,7 +321,7 @@ def parse(doc: YamlDoc) -> Playbook:
                 raise doc.error(("check", "targets", i), f"{t!r} is not a module name")
         if not targets:
             raise doc.error(("check",), "check needs at least one module in targets")
-        from remote_ops.check.model import parse_section
+        from remote_ops.playbook.model_section import parse_section
         check = {"targets": targets, "against": against,
                  "accepted_drift": _accepted_drift(doc, c.get("accepted_drift")),
                  "model": parse_section(doc, c.get("model"))}
