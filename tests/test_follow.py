@@ -121,7 +121,7 @@ def test_a_follow_that_had_the_job_reconnects_within_its_budget(tmp_path, sshd):
     from remote_ops.errors import UnreachableError
     from remote_ops.extract import jobs
     from remote_ops.extract.follow import Reconnecting, follow
-    from remote_ops.patch.playbook import load
+    from remote_ops.playbook.loader import load
     from remote_ops.sshd import free_port
 
     env = Env(tmp_path, sshd, ["--max-samples", "400", "--sleep", "0.2", "--ticks"])

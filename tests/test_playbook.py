@@ -172,7 +172,7 @@ def test_the_scale_out_slurm_example_names_a_shipped_playbook_that_loads():
     from remote_ops.connect.hosts import Host
     from remote_ops.extract import slurm
     from remote_ops.extract.extract_spec import parse_spec
-    from remote_ops.patch import playbook as pbmod
+    from remote_ops.playbook import loader as pbmod
     from tests.conftest import REPO
 
     text = (REPO / "docs" / "SCALE-OUT.md").read_text()
