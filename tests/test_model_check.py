@@ -278,3 +278,17 @@ def test_a_text_model_chosen_at_run_time_is_said_whole(checkpoints, speculators_
 ])
 def test_a_clipped_expression_ends_between_names(text, limit, want):
     assert model_check._clip(text, limit) == want
+
+
+def test_a_corrupt_config_json_is_to_be_repaired_not_pointed_elsewhere(tmp_path):
+    """The directory is the right one and its config.json is broken: the fix names that file; a
+    directory without config.json is still told to point target_model at the checkpoint."""
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text('{"architectures": ["LlamaForCausalLM"],')
+    out = run(tmp_path, "ckpt", "0.20.0")
+    (f,) = out["findings"]
+    assert f["kind"] == "model-config" and "is not valid JSON" in f["message"]
+    assert f["suggestion"] == f"repair or re-download {tmp_path / 'ckpt' / 'config.json'} (the job's loader reads it too)"
+    (tmp_path / "empty").mkdir()
+    (f,) = run(tmp_path, "empty", "0.20.0")["findings"]
+    assert "has no config.json" in f["message"] and f["suggestion"].startswith("point target_model")

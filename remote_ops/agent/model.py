@@ -395,9 +395,11 @@ def _checkpoint(r):
     r.out["config"] = r.cfg_path
     if problem:
         kind = "model-missing" if r.cfg_path is None and "does not exist" in problem else "model-config"
+        # a config.json that is there but unreadable is the checkpoint's to repair, not a wrong path
+        fix = ("repair or re-download %s (the job's loader reads it too)" % r.cfg_path if r.cfg_path is not None
+               else "point target_model (--model) at the checkpoint directory the job loads")
         r.findings.append({"path": r.cfg_path, "line": None, "symbol": None, "kind": kind, "name": None,
-                           "message": problem, "suggestion": "point target_model (--model) at the checkpoint "
-                                                             "directory the job loads"})
+                           "message": problem, "suggestion": fix})
         return False
     if r.cfg is None:
         r.unknown.append({"what": "model", "reason": "%s is not a directory here and not in the local HF hub cache: "
