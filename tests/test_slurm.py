@@ -293,3 +293,48 @@ def test_sbatch_without_a_reachable_controller_says_so(sshd, tmp_path, cli):
     assert "scontrol ping" in err and "partition" not in err and "gres" not in err
     assert "\\n" not in err and len(err.strip().splitlines()) == 1
     assert list((tmp_path / "state" / "slurm").glob("*/batch.py")) == []
+
+
+@pytest.mark.long
+def test_a_task_near_its_time_limit_requeues_itself_and_resumes(slurm, sshd, tmp_path, cli):
+    """What Slurm sends a task before its time limit (--signal=B:USR1@120), sent now with scancel
+    --signal=USR1 --batch: the task stops its command, requeues itself (scontrol requeue), runs again
+    (SLURM_RESTART_COUNT 1) and resumes the files it had not written; the array ends succeeded
+    with every sample once."""
+    inv = _inventory(sshd, slurm, tmp_path, n=12, sleep=1)
+    status, out, err = cli("extract", "cluster", "--skip-check", "--json", "-i", str(inv))
+    assert status == 0, err
+    job = json.loads(out)["job"]
+    jobdir = tmp_path / "state" / "slurm" / job["job_id"]
+    batch = (jobdir / "batch.py").read_text()
+    assert "#SBATCH --requeue" in batch and "#SBATCH --signal=B:USR1@120" in batch
+    log0 = jobdir / "task-0.log"
+    deadline = time.time() + 60
+    while "1 of 12" not in (log0.read_text() if log0.exists() else "") and "shard 0/3" not in (
+            log0.read_text() if log0.exists() else ""):
+        assert time.time() < deadline, "task 0 did not start"
+        time.sleep(0.3)
+    time.sleep(1.5)        # a sample or two written
+    r = subprocess.run(["scancel", "--signal=USR1", "--batch", f"{job['slurm_id']}_0"], env=slurm["env"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    deadline = time.time() + 60
+    while "requeued (1 of at most 3)" not in log0.read_text():
+        assert time.time() < deadline, log0.read_text()
+        time.sleep(0.3)
+    # Slurm holds a requeued task back for a while (its begin time): let it start now (what an
+    # admin may do; the wait is the cluster's, not remote-ops')
+    for _ in range(20):
+        u = subprocess.run(["scontrol", "update", f"JobId={job['slurm_id']}_0", "StartTime=now"], env=slurm["env"],
+                           capture_output=True, text=True)
+        if u.returncode == 0:
+            break
+        time.sleep(0.5)
+    job = _wait(cli, inv, ("succeeded", "failed", "lost"), timeout=240)
+    text = log0.read_text()
+    assert "task 0: Slurm's time limit is near: stopped and requeued (1 of at most 3)" in text, text
+    assert text.count("[remote-ops] task 0 of 3 on ") == 2 and "(run 2)" in text, text
+    assert job["state"] == "succeeded", (job, text)
+    assert job["samples"] == {"done": 12, "expected": 12}
+    d = tmp_path / "out" / "shard-0-of-3"
+    assert sorted(int(m.group(1)) for m in map(rule.SAMPLE_RE.match, os.listdir(d)) if m) == list(range(0, 12, 3))

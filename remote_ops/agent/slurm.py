@@ -18,11 +18,12 @@ from .job import supervisor as sup
 from .protocol import AgentFailure
 
 TOKEN = "@SHARD_DIR@"
+REQUEUE_LEAD_S = 120   # SIGUSR1 this long before a task's time limit: it stops and requeues itself
 
 BATCH = '''#!%(python)s
 %(sbatch)s
 # remote-ops: array task k runs the job's command with --shard k/N (written by agent/slurm.py)
-import json, os, shlex, subprocess, sys, time
+import json, os, shlex, signal, subprocess, sys, time
 JOBDIR = %(jobdir)r
 with open(os.path.join(JOBDIR, "job.json")) as fh:
     job = json.load(fh)
@@ -40,13 +41,38 @@ if job.get("secret_names"):
         print("[remote-ops] task %%d: cannot read the job's secrets file %%s (%%s); not started: "
               "run remote-ops extract again" %% (k, secrets_file, exc), flush=True)
         rc = 126
+# Slurm sends SIGUSR1 (--signal=B:USR1@...) before the time limit: the command is stopped (its files
+# are written atomically, a rerun resumes) and the task requeues itself, as submitit does; a preempted
+# task is requeued by Slurm itself (--requeue). Either way no exit file: the task is not over.
+restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+asked = []
+child = None
+def on_usr1(signum, frame):
+    asked.append(time.time())
+    if child is not None and child.poll() is None:
+        child.terminate()
+signal.signal(signal.SIGUSR1, on_usr1)
 if rc is None:
-    print("[remote-ops] task %%d of %%d on %%s: %%s" %% (k, n, os.uname().nodename, shlex.join(argv)), flush=True)
+    print("[remote-ops] task %%d of %%d on %%s%%s: %%s" %% (k, n, os.uname().nodename,
+          " (run %%d)" %% (restarts + 1) if restarts else "", shlex.join(argv)), flush=True)
     try:
-        rc = subprocess.call(argv, cwd=job["workdir"], env=env)
+        child = subprocess.Popen(argv, cwd=job["workdir"], env=env)
+        rc = child.wait()
     except OSError as exc:
         print("[remote-ops] cannot start the job: %%s" %% exc, flush=True)
         rc = 127
+if asked:
+    most = int(job.get("requeue") or 0)
+    task = "%%s_%%d" %% (os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID"), k)
+    if restarts < most:
+        print("[remote-ops] task %%d: Slurm's time limit is near: stopped and requeued (%%d of at most %%d); "
+              "the next run resumes the missing files" %% (k, restarts + 1, most), flush=True)
+        if subprocess.call(["scontrol", "requeue", task]) == 0:
+            sys.exit(0)
+        print("[remote-ops] task %%d: scontrol requeue %%s failed" %% (k, task), flush=True)
+    else:
+        print("[remote-ops] task %%d: Slurm's time limit is near and it was requeued %%d time(s) already "
+              "(extract.slurm.requeue: %%d): not again" %% (k, restarts, most), flush=True)
 tmp = os.path.join(JOBDIR, "task-%%d.exit.json.tmp" %% k)
 with open(tmp, "w") as fh:
     json.dump({"exit_code": rc, "ended_at": time.time()}, fh)
@@ -187,6 +213,9 @@ def op_submit(args):
     if isinstance(tasks, bool) or not isinstance(tasks, int) or tasks < 1:
         raise AgentFailure("bad-args", "tasks must be a whole number >= 1")
     sbatch = args.get("sbatch") or []
+    requeue = args.get("requeue", 0)
+    if isinstance(requeue, bool) or not isinstance(requeue, int) or requeue < 0:
+        raise AgentFailure("bad-args", "requeue must be a whole number >= 0")
     if not all(isinstance(s, str) and s.startswith("--") and "\n" not in s for s in sbatch):
         raise AgentFailure("bad-args", "sbatch options are --name=value strings")
     root = _root()
@@ -219,10 +248,14 @@ def op_submit(args):
               "secret_names": sorted(secret_values),
               "env": args.get("env") or {}, "output_dir": output_dir, "tasks": tasks,
               "expected_samples": args.get("expected_samples"), "created_at": time.time(),
-              "label": standin_label(command, workdir), "sbatch": sbatch}
+              "label": standin_label(command, workdir), "sbatch": sbatch, "requeue": requeue}
     sup.write_json(os.path.join(jobdir, "job.json"), record)
     lines = ["#SBATCH --job-name=%s" % key, "#SBATCH --array=0-%d" % (tasks - 1),
-             "#SBATCH --output=%s" % os.path.join(jobdir, "task-%a.log")] + ["#SBATCH %s" % s for s in sbatch]
+             "#SBATCH --output=%s" % os.path.join(jobdir, "task-%a.log"), "#SBATCH --open-mode=append"]
+    if requeue:
+        # requeued when preempted (Slurm) or near the time limit (the batch script, on SIGUSR1)
+        lines += ["#SBATCH --requeue", "#SBATCH --signal=B:USR1@%d" % REQUEUE_LEAD_S]
+    lines += ["#SBATCH %s" % s for s in sbatch]
     script = os.path.join(jobdir, "batch.py")
     with open(script, "w") as fh:
         fh.write(BATCH % {"python": args.get("python") or "/usr/bin/env python3", "sbatch": "\n".join(lines),
