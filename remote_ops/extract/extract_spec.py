@@ -157,21 +157,69 @@ class ExtractSpec:
 # ------------------------------------------------------------------ schema
 
 
-def parse_spec(playbook, host, *, subdir: str | None = None) -> ExtractSpec:
-    """The playbook's ``extract:`` section for ``host``, validated with file:line errors; ``subdir``
-    (a moved shard's) is appended to output_dir before ``{output_dir}`` fills the command."""
-    raw = playbook.extract
-    if raw is None:
-        raise ConfigError(playbook.path, None, f"playbook {playbook.name} has no 'extract' section",
-                          "add extract: {command: [...], output_dir: ...}")
+class _Section:
+    """The playbook's ``extract:`` mapping being read for one host: where an error points (file:line),
+    the template context (vars, {workdir}, {output_dir}) and the readers every part uses."""
 
-    def err_at(keys):
+    def __init__(self, playbook, host, raw):
+        self.playbook, self.host, self.raw = playbook, host, raw
+        self.ctx = template_context(playbook, host)
+
+    def err_at(self, keys):
         def err(problem, hint=None):
-            return playbook.error(("extract",) + tuple(keys), problem, hint)
+            return self.playbook.error(("extract",) + tuple(keys), problem, hint)
         return err
 
-    from remote_ops.yamlsrc import unknown_key_check
-    unknown_key_check(raw, EXTRACT_KEYS, "in extract", lambda k, problem, hint: err_at((k,))(problem, hint))
+    def whole_var(self, value):
+        """A value that is exactly ``{vars.NAME}`` is the var's value as it is (list, number...)."""
+        m = _WHOLE_VAR.match(value) if isinstance(value, str) else None
+        return self.ctx[m.group(1)] if m and m.group(1) in self.ctx else value
+
+    def text(self, keys, value, what):
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise self.err_at(keys)(f"{what} must be a string, got {type_name(value)}")
+        return _fill(str(value), self.ctx, self.err_at(keys))
+
+    def argv(self, keys, cmd):
+        if isinstance(cmd, str):
+            try:
+                parts = shlex.split(cmd)
+            except ValueError as exc:
+                raise self.err_at(keys)(f"cannot split command: {exc}") from None
+            command = [_fill(p, self.ctx, self.err_at(keys)) for p in parts]
+        elif isinstance(cmd, list) and cmd:
+            command = [self.text(keys + (i,), c, "every command item") for i, c in enumerate(cmd)]
+        else:
+            raise self.err_at(keys)(f"command must be a list of strings or one string, got {type_name(cmd)}")
+        if not command or not command[0]:
+            raise self.err_at(keys)("command is empty")
+        return command
+
+    def templated_number(self, keys, v):
+        """A number written as a template ("{vars.gpus}") is filled in, then read as a number."""
+        if isinstance(v, str) and _TEMPLATE.search(v):
+            filled = _fill(v, self.ctx, self.err_at(keys)).strip()
+            try:
+                return int(filled)
+            except ValueError:
+                try:
+                    return float(filled)
+                except ValueError:
+                    raise self.err_at(keys)(f"{v} gives {filled!r}, which is not a number") from None
+        return v
+
+    def number(self, key, kind, minimum):
+        v = self.templated_number((key,), self.raw.get(key))
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)) \
+                or v < minimum:
+            raise self.err_at((key,))(f"{key} must be a {'whole ' if kind is int else ''}number >= {minimum}, got {v!r}")
+        return kind(v)
+
+
+def _no_placeholders(sec):
+    """A playbook placeholder (``<...>``, left for the user to fill) anywhere in the section."""
     from remote_ops.playbook.loader import PLACEHOLDER_RE
 
     def scan(value, keys):
@@ -182,147 +230,142 @@ def parse_spec(playbook, host, *, subdir: str | None = None) -> ExtractSpec:
             for i, v in enumerate(value):
                 scan(v, keys + (i,))
         elif isinstance(value, str) and PLACEHOLDER_RE.search(value):
-            raise err_at(keys)(f"placeholder left in extract: {value.strip()[:60]!r}", "replace it with a real value")
-    scan(raw, ())
+            raise sec.err_at(keys)(f"placeholder left in extract: {value.strip()[:60]!r}", "replace it with a real value")
+    scan(sec.raw, ())
+    return {}
 
-    ctx = template_context(playbook, host)
 
-    def whole_var(value):
-        """A value that is exactly ``{vars.NAME}`` is the var's value as it is (list, number...)."""
-        m = _WHOLE_VAR.match(value) if isinstance(value, str) else None
-        return ctx[m.group(1)] if m and m.group(1) in ctx else value
-
-    def text(keys, value, what):
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise err_at(keys)(f"{what} must be a string, got {type_name(value)}")
-        return _fill(str(value), ctx, err_at(keys))
-
+def _places(sec, subdir):
+    """workdir (default: the host's) and output_dir (relative to workdir; a moved share's ``subdir``
+    appended), both set in the template context before any command is filled."""
+    raw = sec.raw
     workdir = raw.get("workdir")
-    workdir = text(("workdir",), workdir, "workdir") if workdir is not None else (host.workdir or "~")
-    ctx["workdir"] = workdir
+    workdir = sec.text(("workdir",), workdir, "workdir") if workdir is not None else (sec.host.workdir or "~")
+    sec.ctx["workdir"] = workdir
     out = raw.get("output_dir")
-    output_dir = text(("output_dir",), out, "output_dir") if out is not None else None
+    output_dir = sec.text(("output_dir",), out, "output_dir") if out is not None else None
     if output_dir is not None:
         if not output_dir.startswith(("/", "~")):
             output_dir = workdir.rstrip("/") + "/" + output_dir
         if subdir:
             output_dir = output_dir.rstrip("/") + "/" + subdir
-        ctx["output_dir"] = output_dir
+        sec.ctx["output_dir"] = output_dir
+    return {"workdir": workdir, "output_dir": output_dir}
 
-    def argv(keys, cmd):
-        if isinstance(cmd, str):
-            try:
-                parts = shlex.split(cmd)
-            except ValueError as exc:
-                raise err_at(keys)(f"cannot split command: {exc}") from None
-            command = [_fill(p, ctx, err_at(keys)) for p in parts]
-        elif isinstance(cmd, list) and cmd:
-            command = [text(keys + (i,), c, "every command item") for i, c in enumerate(cmd)]
-        else:
-            raise err_at(keys)(f"command must be a list of strings or one string, got {type_name(cmd)}")
-        if not command or not command[0]:
-            raise err_at(keys)("command is empty")
-        return command
 
-    def templated_number(keys, v):
-        """A number written as a template ("{vars.gpus}") is filled in, then read as a number."""
-        if isinstance(v, str) and _TEMPLATE.search(v):
-            filled = _fill(v, ctx, err_at(keys)).strip()
-            try:
-                return int(filled)
-            except ValueError:
-                try:
-                    return float(filled)
-                except ValueError:
-                    raise err_at(keys)(f"{v} gives {filled!r}, which is not a number") from None
-        return v
-
-    def number(key, kind, minimum):
-        v = templated_number((key,), raw.get(key))
-        if v is None:
-            return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)) \
-                or v < minimum:
-            raise err_at((key,))(f"{key} must be a {'whole ' if kind is int else ''}number >= {minimum}, got {v!r}")
-        return kind(v)
-
-    server = _server_spec(raw.get("server"), ctx, err_at, argv, templated_number, text, whole_var)
+def _commands(sec):
+    """The job's command, a two-process job's server, and the output layout."""
+    raw = sec.raw
+    server = _server_spec(raw.get("server"), sec.ctx, sec.err_at, sec.argv, sec.templated_number, sec.text,
+                          sec.whole_var)
     cmd = raw.get("command")
     if cmd is None:
-        raise err_at(())("extract needs a 'command'", 'e.g. command: ["{python}", "02_extract_hidden_states.py", ...]')
-    command = argv(("command",), cmd)
+        raise sec.err_at(())("extract needs a 'command'", 'e.g. command: ["{python}", "02_extract_hidden_states.py", ...]')
+    command = sec.argv(("command",), cmd)
     layout = raw.get("output_layout")
     if layout is not None and layout not in LAYOUTS:
-        raise err_at(("output_layout",))(f"output_layout must be one of {', '.join(LAYOUTS)}, got {layout!r}",
-                                         "hs_safetensors: speculators >= 0.5 (hs_<N>.safetensors); "
-                                         "data_pt: speculators 0.3 (data_<N>.pt)")
+        raise sec.err_at(("output_layout",))(f"output_layout must be one of {', '.join(LAYOUTS)}, got {layout!r}",
+                                             "hs_safetensors: speculators >= 0.5 (hs_<N>.safetensors); "
+                                             "data_pt: speculators 0.3 (data_<N>.pt)")
+    return {"server": server, "command": command, "layout": None if layout in (None, "data_pt") else layout}
 
+
+def _environment(sec):
+    """env (filled templates) and secrets (references only: never a value in a playbook)."""
+    raw = sec.raw
     env_raw = raw.get("env") or {}
     if not isinstance(env_raw, dict):
-        raise err_at(("env",))(f"env must be a mapping of NAME: value, got {type_name(env_raw)}")
+        raise sec.err_at(("env",))(f"env must be a mapping of NAME: value, got {type_name(env_raw)}")
     env = {}
     for k, v in env_raw.items():
         if not isinstance(k, str) or not _ENV_NAME.match(k):
-            raise err_at(("env", k))(f"{k!r} is not a valid environment variable name")
+            raise sec.err_at(("env", k))(f"{k!r} is not a valid environment variable name")
         if v is None:
             v = ""
-        env[k] = text(("env", k), v, f"env value {k}")
+        env[k] = sec.text(("env", k), v, f"env value {k}")
 
     secrets_raw = raw.get("secrets") or {}
     if not isinstance(secrets_raw, dict):
-        raise err_at(("secrets",))(f"secrets must be a mapping of NAME: {{from_env|from_file: ...}}, got {type_name(secrets_raw)}")
+        raise sec.err_at(("secrets",))(f"secrets must be a mapping of NAME: {{from_env|from_file: ...}}, got {type_name(secrets_raw)}")
     secrets = []
     for k, v in secrets_raw.items():
         keys = ("secrets", k)
         if not isinstance(k, str) or not _ENV_NAME.match(k):
-            raise err_at(keys)(f"{k!r} is not a valid environment variable name")
+            raise sec.err_at(keys)(f"{k!r} is not a valid environment variable name")
         if k in env:
-            raise err_at(keys)(f"{k} is both in env and in secrets; keep it in secrets only")
+            raise sec.err_at(keys)(f"{k} is both in env and in secrets; keep it in secrets only")
         optional = v.get("optional", False) if isinstance(v, dict) else False
         source = {kk: vv for kk, vv in v.items() if kk != "optional"} if isinstance(v, dict) else v
         if not isinstance(source, dict) or len(source) != 1 or next(iter(source)) not in ("from_env", "from_file") \
                 or not isinstance(next(iter(source.values())), str) or not isinstance(optional, bool):
-            raise err_at(keys)(f"secret {k} must be {{from_env: NAME}} or {{from_file: PATH}} "
-                               "(plus optional: true|false)", "secret values never go into a playbook")
+            raise sec.err_at(keys)(f"secret {k} must be {{from_env: NAME}} or {{from_file: PATH}} "
+                                   "(plus optional: true|false)", "secret values never go into a playbook")
         (src, ref), = source.items()
-        secrets.append(SecretRef(k, src[5:], ref, playbook.line("extract", "secrets", k), optional))
+        secrets.append(SecretRef(k, src[5:], ref, sec.playbook.line("extract", "secrets", k), optional))
+    return {"env": env, "secrets": secrets}
 
-    gpus = raw.get("gpus") or {}
+
+def _gpus(sec):
+    """gpus: N, or {count: N, free: true|false}."""
+    gpus = sec.raw.get("gpus") or {}
     if isinstance(gpus, (int, str)) and not isinstance(gpus, bool):
         gpus = {"count": gpus}
     if not isinstance(gpus, dict) or set(gpus) - {"count", "free"}:
-        raise err_at(("gpus",))("gpus must be a mapping {count: N, free: true|false}")
-    count = templated_number(("gpus", "count"), gpus.get("count", 0))
+        raise sec.err_at(("gpus",))("gpus must be a mapping {count: N, free: true|false}")
+    count = sec.templated_number(("gpus", "count"), gpus.get("count", 0))
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise err_at(("gpus", "count"))(f"gpus.count must be a whole number >= 0, got {count!r}")
+        raise sec.err_at(("gpus", "count"))(f"gpus.count must be a whole number >= 0, got {count!r}")
     free = gpus.get("free", True)
     if not isinstance(free, bool):
-        raise err_at(("gpus", "free"))("gpus.free must be true or false")
+        raise sec.err_at(("gpus", "free"))("gpus.free must be true or false")
+    return {"gpu_count": count, "gpus_free": free}
 
-    files = _shipped_files(playbook, raw.get("files"), err_at)
-    checks = whole_var(raw.get("import_check"))
+
+def _job_files_and_imports(sec):
+    """The files shipped into the workdir and the modules the import probe imports."""
+    raw = sec.raw
+    files = _shipped_files(sec.playbook, raw.get("files"), sec.err_at)
+    checks = sec.whole_var(raw.get("import_check"))
     if checks is None or checks == "":
         checks = []
     if isinstance(checks, str):
         checks = [checks]
     if not isinstance(checks, list) or not all(isinstance(c, str) and _MODULE.match(c) for c in checks):
-        raise err_at(("import_check",))(f"import_check must be a list of module names, got {checks!r}",
-                                        "e.g. import_check: [speculators.data_generation.vllm_hidden_states_generator]")
-    import_timeout = number("import_check_timeout_seconds", float, 1)
+        raise sec.err_at(("import_check",))(f"import_check must be a list of module names, got {checks!r}",
+                                            "e.g. import_check: [speculators.data_generation.vllm_hidden_states_generator]")
+    import_timeout = sec.number("import_check_timeout_seconds", float, 1)
+    return {"files": files, "import_check": list(checks), "import_timeout": import_timeout or 120.0}
+
+
+def _limits(sec):
+    """expected_samples, the disk need's inputs, the watchdog, the stop grace, and whether it shards."""
+    raw = sec.raw
     sharded = raw.get("shard", False)
     if not isinstance(sharded, bool):
-        raise err_at(("shard",))(f"shard must be true or false, got {sharded!r}")
+        raise sec.err_at(("shard",))(f"shard must be true or false, got {sharded!r}")
+    return {"sharded": sharded, "expected_samples": sec.number("expected_samples", int, 1),
+            "disk": _disk(sec.playbook, sec.host, raw.get("disk"), sec.err_at),
+            "watchdog_seconds": sec.number("watchdog_seconds", float, 1),
+            "stop_grace": sec.number("stop_grace_seconds", float, 0) if raw.get("stop_grace_seconds") is not None
+            else 30.0}
 
-    return ExtractSpec(
-        server=server, layout=None if layout in (None, "data_pt") else layout,
-        files=files, import_check=list(checks), import_timeout=import_timeout or 120.0, sharded=sharded,
-        requires=sorted(playbook.requires),
-        key=playbook.name, command=command, workdir=workdir, output_dir=output_dir,
-        expected_samples=number("expected_samples", int, 1), disk=_disk(playbook, host, raw.get("disk"), err_at),
-        env=env, secrets=secrets, gpu_count=count, gpus_free=free,
-        watchdog_seconds=number("watchdog_seconds", float, 1),
-        stop_grace=number("stop_grace_seconds", float, 0) if raw.get("stop_grace_seconds") is not None else 30.0,
-        playbook_path=playbook.path)
+
+def parse_spec(playbook, host, *, subdir: str | None = None) -> ExtractSpec:
+    """The playbook's ``extract:`` section for ``host``, validated with file:line errors; ``subdir``
+    (a moved shard's) is appended to output_dir before ``{output_dir}`` fills the command. Read in
+    parts, in this order (the places go into the template context before any command is filled)."""
+    raw = playbook.extract
+    if raw is None:
+        raise ConfigError(playbook.path, None, f"playbook {playbook.name} has no 'extract' section",
+                          "add extract: {command: [...], output_dir: ...}")
+    sec = _Section(playbook, host, raw)
+    from remote_ops.yamlsrc import unknown_key_check
+    unknown_key_check(raw, EXTRACT_KEYS, "in extract", lambda k, problem, hint: sec.err_at((k,))(problem, hint))
+    fields = {}
+    for part in (_no_placeholders, lambda s: _places(s, subdir), _commands, _environment, _gpus,
+                 _job_files_and_imports, _limits):
+        fields.update(part(sec))
+    return ExtractSpec(requires=sorted(playbook.requires), key=playbook.name, playbook_path=playbook.path, **fields)
 
 
 DISK_KEYS = ("dataset", "max_model_len", "model", "layer_ids")
