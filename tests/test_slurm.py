@@ -207,6 +207,10 @@ def test_slurm_array_of_the_shipped_playbook_with_the_standin(slurm, sshd, tmp_p
     entry["env"]["SLURM_CONF"] = slurm["conf"]
     entry["vars"]["scheduler"] = "slurm"
     inv = write_inventory(tmp_path / "inv.yaml", {"cluster": entry})
+    status, out, err = cli("extract", "cluster", "--skip-check", "--dry-run", "-i", str(inv))
+    assert status == 0, err
+    assert ("note: slurm: this preflight (files, dataset, disk, model, imports) ran on the login node cluster, "
+            "not on a compute node") in " ".join(out.split()), out
     status, out, err = cli("extract", "cluster", "--skip-check", "--json", "-i", str(inv))
     assert status == 0, err
     job = json.loads(out)["job"]

@@ -83,6 +83,8 @@ def extract(session, pb, spec, *, skip_check: bool, dry_run: bool, strict_drift:
     pf.running = None        # a plain job of the same playbook on the login node is not this one
     import shlex
     pf.notes.append(f"slurm: {tasks} array task(s), sbatch {shlex.join(sbatch) or '(no options)'}")
+    pf.notes.append(f"slurm: this preflight (files, dataset, disk, model, imports) ran on the login node "
+                    f"{host.name}, not on a compute node: the tasks need the same paths and Python there")
     if pf.problems:
         raise jobs.refusal(spec, pf, host.name)
     if dry_run:
