@@ -199,13 +199,13 @@ def render_candidates(console, result) -> None:
         findings = str(r["findings"]) + (f" (+{r['unknown']} unknown)" if r.get("unknown") else "")
         if not r.get("modules"):   # a server-flow release: nothing of it calls into the library
             findings = f"- (no module imports {lib})"
-        mark = " (installed version)" if r.get("installed") else ""
+        mark = " *" if r.get("installed") else ""      # explained under the table
         table.add_row(escape(r["release"] + mark), escape(r.get("declared") or "none"), findings, drift,
                       escape(r.get("flow") or "-"), escape(", ".join(r.get("playbooks") or []) or "-"))
     console.print(table)
     if any(r.get("installed") for r in result["rows"]):
         # the row of the installed version counts the release as published, not the host's files,
         # which a patch changed: say so rather than contradict `check`
-        console.print(f"[dim]each row checks the release's sources from PyPI; the host's installed "
-                      f"{escape(pkg)} files (patched or not) are what `remote-ops check "
+        console.print(f"[dim]* the installed version. Each row checks the release's sources from PyPI; the "
+                      f"host's installed {escape(pkg)} files (patched or not) are what `remote-ops check "
                       f"{escape(result['host'])}` checks[/dim]")
