@@ -192,7 +192,7 @@ class Inventory(Fleet):
             raise UsageError(f"follow takes one host; {target or 'the default'!r} names {len(hosts)}",
                              "follow one of them: " + ", ".join(h.name for h in hosts))
         host = hosts[0]
-        ref = jobs.ref_for(Playbooks(playbook).for_job(host, job), job)
+        ref = jobs.ref_for(Playbooks(playbook).for_job(host, job), job, host)
         return follow_mod.follow(lambda: self.session(host), lambda: self.drop_session(host), ref,
                                  offset=offset, reconnect_for=reconnect_for)
 
@@ -237,14 +237,20 @@ class Inventory(Fleet):
         over SFTP into a temporary beside its destination, renamed only when its sha256 matches; a
         file already there with that sha256 is kept, so a rerun copies only what is missing. The
         union's data_config.json is the first shard's without ``shard`` (plus ``gathered_from``).
-        Copies of one index that differ between hosts refuse the gather before anything is copied."""
+        A directory reached under two host names is read once; of copies of one index in several
+        directories the one of the union's run (run.json) is kept and the others named in ``dropped``;
+        copies that differ with no run identity to choose by, files of another run, or a destination
+        holding files beyond the dataset's size refuse the gather before anything is copied."""
         from remote_ops.extract import shard as shard_mod
         dest = shard_mod.check_destination(to)
         book = Playbooks(playbook)
         listed = self.run(target, lambda h, s: shard_mod.list_part(
             s, pb=None if output_dir else book(h, required=False, quiet=bool(job)), job=job, output_dir=output_dir))
         per_host, union_doc, g = shard_mod.plan({r.host: r.value for r in listed if r.ok})
-        if g.problems:        # conflicting copies or configs: nothing copied
+        stale = shard_mod.stale_in_destination(dest, g.total)
+        if stale:             # files of another run in the destination: never counted as this run's
+            g.problems.append(shard_mod.stale_line(dest, stale, g.total))
+        if g.problems:        # conflicting copies or configs, a destination holding another run: nothing copied
             g.to, g.problems = dest, [f"{r.host}: {r.error.one_line()}" for r in listed if not r.ok] + g.problems
             listed.group = g
             for r in listed:

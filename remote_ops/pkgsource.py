@@ -199,8 +199,12 @@ def releases(name: str, *, max_age_s: float = RELEASES_TTL_S) -> list[str]:
 
 
 def source_files(name: str, version: str) -> tuple[Path, list[str]]:
-    """(root, sorted relative paths) of the unpacked ``.py`` and ``.dist-info`` files of a release."""
+    """(root, sorted relative paths) of the unpacked ``.py`` and ``.dist-info`` files of a release.
+
+    Not the bytecode that an interpreter importing them from here writes beside them (a sandbox job, a
+    test's host agent: ``__pycache__``): what is listed, and so a release's key and zip, stays the
+    release's own, whoever imported it meanwhile."""
     root = unpacked(name, version)
-    files = sorted(str(p.relative_to(root)) for p in root.rglob("*")
-                   if p.is_file() and p.name != ".complete")
+    files = sorted(str(rel) for rel in (p.relative_to(root) for p in root.rglob("*") if p.is_file())
+                   if str(rel) != ".complete" and "__pycache__" not in rel.parts)
     return root, files

@@ -4,14 +4,17 @@ read it made sees the same again, and only then.
 In-process on real speculators 0.3.0 + vLLM 0.17.0 sources (a reused result equals a computed one,
 with drift) and on a small library written here, which each test then changes the way a host
 changes: a signature edited in place (same size, same mtime), a module shadowed by a new one earlier
-on the path, an installed version bumped, a damaged entry, a directory that is not private. Over a
-real sshd: a repeated patch verifies from the memo and says so in its stats, with the same result.
+on the path, an installed version bumped, a damaged entry, a directory that is not private; and
+bytecode written by another process importing the package, which changes no result (still a hit).
+Over a real sshd: a repeated patch verifies from the memo and says so in its stats, with the same
+result, and a repeated check stays a hit across an import of the package by the host's interpreter.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -117,6 +120,70 @@ def test_a_signature_edited_in_place_is_seen_same_size_same_mtime(store, lib, mo
     assert counts() == {"stale": 1, "miss": 1}
     assert kinds(now) == {("unexpected-keyword", "b")} and now == computed(args, monkeypatch)
     assert wire(compat.op_check(dict(args))) == now and counts() == {"hit": 1}
+
+
+def import_as_a_job_does(python: str, module: str, path: list[str]) -> None:
+    """``import module`` in another interpreter, writing bytecode as Python does by default (the
+    suite may run with PYTHONDONTWRITEBYTECODE; a host's jobs do not): each package directory it
+    imports from gets a ``__pycache__``."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPATH")}
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(path)
+    subprocess.run([python, "-c", "try:\n    import %s\nexcept ImportError:\n    pass\n" % module],
+                   env=env, check=True, stdin=subprocess.DEVNULL, capture_output=True)
+
+
+def caches(root: Path) -> set[Path]:
+    return {p for p in root.rglob("__pycache__") if p.is_dir()}
+
+
+def test_bytecode_written_by_an_import_of_the_package_keeps_the_result(store, lib, monkeypatch):
+    """The flake of the suite (a check's memo stale between two runs on a loaded machine): another
+    test's host agent imported vLLM from the shared source cache, writing ``vllm/__pycache__``, and the
+    check's walk of the package had recorded every directory, .py files or not. The same event done
+    here: no module changed, so the result is reused; a module added is still seen."""
+    args, _, _, site = lib
+    args = {"package": "myapp", "against": ["mylib"], "sys_path": args["sys_path"]}   # walks myapp
+    app = Path(args["sys_path"][0])
+    first = wire(compat.op_check(dict(args)))
+    assert counts() == {"miss": 1} and first["targets"] == [{"module": "myapp.use", "path": str(app / "myapp" / "use.py")}]
+    before = caches(app) | caches(site)
+    import_as_a_job_does(sys.executable, "myapp.use", [str(app), str(site)])
+    assert caches(app) - before and caches(site) - before        # app/myapp/__pycache__, site/mylib/__pycache__
+    write(app / "myapp" / "assets" / "table.json", "{}\n")           # a folder of data, no module
+    assert wire(compat.op_check(dict(args))) == first == computed(args, monkeypatch)
+    assert counts() == {"hit": 1}
+    # a new module in a new subpackage of the walked package: what the check reads changed
+    write(app / "myapp" / "sub" / "late.py", "from mylib.core import make\n\nmake(1, c=3)\n")
+    now = wire(compat.op_check(dict(args)))
+    assert counts() == {"stale": 1, "miss": 1} and now == computed(args, monkeypatch)
+    assert kinds(now) == {("unexpected-keyword", "c")} and {"module": "myapp.sub.late", "path": str(
+        app / "myapp" / "sub" / "late.py")} in now["targets"]
+
+
+def test_a_walk_records_the_modules_it_found_and_nothing_else(tmp_path):
+    pkg = tmp_path / "pkg"
+    write(pkg / "__init__.py", "")
+    mod = write(pkg / "sub" / "mod.py", "X = 1\n")
+    r = reads.Reads(record=True)
+    assert r.walk_py(str(pkg)) == [(str(pkg), ["__init__.py"]), (str(pkg / "sub"), ["mod.py"])]
+    import py_compile
+    import importlib.util
+    py_compile.compile(str(mod), cfile=importlib.util.cache_from_source(str(mod)), doraise=True)
+    (pkg / "empty").mkdir()
+    write(pkg / "sub" / "notes.txt", "not a module\n")
+    assert (pkg / "sub" / "__pycache__").is_dir() and reads.unchanged(r.log)
+    for change in (lambda: write(pkg / "empty" / "new.py", ""),               # a module in a new folder
+                   lambda: mod.rename(pkg / "sub" / "moved.py"),            # one renamed
+                   lambda: (pkg / "sub" / "moved.py").unlink()):            # one removed
+        change()
+        assert not reads.unchanged(r.log)
+        r = reads.Reads(record=True)
+        r.walk_py(str(pkg))
+        assert reads.unchanged(r.log)
 
 
 def test_a_module_shadowed_by_a_new_one_earlier_on_the_path_is_seen(store, lib, monkeypatch):
@@ -255,7 +322,14 @@ def test_a_repeated_patch_verifies_from_the_memo_with_the_same_result(sshd, fres
     # the same check from the CLI: computed once, then reused, the same findings
     h.rollback()
     outs = []
-    for _ in range(2):
+    site = pkgsource.site_packages(fresh_env017)
+    for i in range(2):
+        if i:
+            # between the runs the host's interpreter imports the package, as a job does, writing
+            # speculators/__pycache__ into the directories the check walked: no module changed
+            before = caches(site / "speculators")
+            import_as_a_job_does(str(fresh_env017), "speculators", [])
+            assert caches(site / "speculators") - before
         h.stats.unlink(missing_ok=True)
         status, out, err = cli("-i", str(h.inv), "check", "testhost", "-p", str(SHIPPED), "--json",
                                env={"REMOTE_OPS_STATS_FILE": str(h.stats)})

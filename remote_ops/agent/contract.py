@@ -92,6 +92,7 @@ KINDS = _kinds(
 )
 
 _JOB = ("key", "job_id")
+_JOB_AT = _JOB + ("output_dir",)   # a playbook's job: its key and the output directory it writes (agent/job/status.slot)
 
 OPS = {o.name: o for o in (
     Op("ping.ping", ("echo",), "liveness and the interpreter", resident=True),
@@ -118,14 +119,15 @@ OPS = {o.name: o for o in (
        "running job, free disk, the job's disk need (and a server's port) before a launch", resident=True),
     Op("jobs.launch", ("key", "command", "workdir", "env", "secrets", "output_dir", "expected_samples",
                        "watchdog_seconds", "cleanup_grace", "playbook", "lock_timeout", "start_timeout",
-                       "server", "layout"),
-       "start the supervised job (or attach to the running one); server: a two-process job's server"),
-    Op("jobs.status", _JOB, "one job's status record", resident=True),
+                       "server", "layout", "shard"),
+       "start the supervised job (or attach to the running one: same output directory, same shard [k, n]); "
+       "server: a two-process job's server; refused (busy) while another job writes the output directory"),
+    Op("jobs.status", _JOB_AT, "one job's status record", resident=True),
     Op("jobs.list", ("key",), "the host's jobs, oldest first", resident=True),
-    Op("jobs.logs", _JOB + ("lines", "max_bytes", "offset"), "a job's log", resident=True),
-    Op("jobs.tail", _JOB + ("offset", "budget", "poll", "snapshot_every", "gpu_every"),
+    Op("jobs.logs", _JOB_AT + ("lines", "max_bytes", "offset"), "a job's log", resident=True),
+    Op("jobs.tail", _JOB_AT + ("offset", "budget", "poll", "snapshot_every", "gpu_every"),
        "stream a job's log and snapshots", resident=True),
-    Op("jobs.stop", _JOB + ("grace",), "stop a job (TERM, then KILL after grace)"),
+    Op("jobs.stop", _JOB_AT + ("grace",), "stop a job (TERM, then KILL after grace)"),
     Op("patching.read", ("targets", "packages", "workdir", "lock_timeout", "data_unless", "present"),
        "the files a patch edits, resolved on the host (data_unless: not their bytes when the host is "
        "in that state; present: whether the findings of edits with when: {finding: present} are there)",

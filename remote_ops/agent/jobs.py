@@ -3,19 +3,25 @@
 Layout (private: directories 0700, files 0600)::
 
     $REMOTE_OPS_STATE_DIR/jobs/           (default ~/.remote-ops/jobs/)
-        <key>.lock                        serialises launches of one playbook (flock)
-        <key>.current                     {"job_id": ...} of the playbook's latest job (tmp + rename)
-        <job-id>/job.json                 what to run (no secret values, only their names)
+        <slot>.lock                       serialises launches of one job slot (flock)
+        <slot>.current                    {"job_id": ...} of the slot's latest job (tmp + rename)
+        <job-id>/job.json                 what to run (no secret values, only their names), its shard
         <job-id>/run.json                 written by the supervisor: pid, pgid, start time
         <job-id>/run.lock                 flock held by the live supervisor, and only by it
         <job-id>/exit.json                real exit status, written by the supervisor
         <job-id>/stop.json, watchdog.json, log, supervisor.py, supervisor.log
+    <output_dir>/.remote-ops-job.json     the job writing there now (job/outputlock.py)
 
-A launch takes ``<key>.lock``, and if the current job's supervisor still holds its ``run.lock`` the
-launch attaches instead of starting a second copy. The new job's ``run.lock`` is locked *before*
-the supervisor starts and handed to it as an inherited descriptor, so there is no instant at which
-a started job looks unclaimed: a controller killed at any point of the launch leaves either no job,
-a job that never started (reported lost, replaced by the next launch) or one running job.
+A slot is what the job is (``job/status.slot``): the playbook's key and the real path of its output
+directory, ``<key>--<hash>``; not the inventory name, so one machine under two names with one state
+dir runs one job per output directory. A launch takes ``<slot>.lock``, and if the slot's current job's
+supervisor still holds its ``run.lock`` the launch attaches instead of starting a second copy, when
+that job is the one asked for (same shard), and is refused otherwise. The new job's ``run.lock`` is
+locked *before* the supervisor starts and handed to it as an inherited descriptor, so there is no
+instant at which a started job looks unclaimed: a controller killed at any point of the launch leaves
+either no job, a job that never started (reported lost, replaced by the next launch) or one running
+job. The output directory's marker is claimed under that lock, after ``run.lock``: a job of another
+slot, state dir or machine writing there refuses the launch.
 """
 
 import errno
@@ -28,7 +34,7 @@ from . import gpu
 from .job import supervisor as sup
 from .job.filewait import FileWait
 from .job.status import (TERMINAL, _current_id, _jobdir, _jobs_in, _pid_alive, _read_tail, job_status, safe_key,
-                        standin_label, state_dir)
+                         slot, standin_label, state_dir)
 from .protocol import AgentFailure
 
 
@@ -80,11 +86,12 @@ def _resolve(args):
     if args.get("job_id"):
         return args["job_id"]
     if args.get("key"):
-        job_id = _current_id(args["key"])
+        job_id = _current_id(args["key"], args.get("output_dir"))
         if job_id:
             return job_id
-        raise AgentFailure("no-job", "no job of %s on this host" % safe_key(args["key"]),
-                           "start one with: remote-ops extract HOST")
+        where = " writing %s" % args["output_dir"] if args.get("output_dir") else ""
+        raise AgentFailure("no-job", "no job of %s%s on this host" % (safe_key(args["key"]), where),
+                           "start one with: remote-ops extract HOST (remote-ops status HOST --all lists the jobs)")
     raise AgentFailure("bad-args", "key or job_id is required")
 
 
@@ -95,7 +102,7 @@ def op_status(args):
 def op_probe(args):
     """Preflight facts in one go: the playbook's current job and free disk at the output dir."""
     out = {"job": None, "disk": None}
-    job_id = _current_id(args["key"]) if args.get("key") else None
+    job_id = _current_id(args["key"], args.get("output_dir")) if args.get("key") else None
     if job_id:
         try:
             out["job"] = job_status(job_id)
@@ -124,6 +131,14 @@ def op_probe(args):
                            "mean_sample_bytes": int(sum(sizes) / len(sizes)) if sizes else None}
             from .outputs.data_config import read_data_config      # the shard its data_config.json records
             out["disk"]["shard"] = (read_data_config(path) or {}).get("shard")
+            from .job import outputlock                  # a job writing there now (any state dir, any machine)
+            held = outputlock.read(path)
+            if held and held.get("job_id") != job_id:
+                state = outputlock.holder_state(held)
+                if state != "stale":
+                    out["disk"]["held_by"] = {"job_id": held.get("job_id"), "shard": held.get("shard"),
+                                              "state": state, "line": outputlock.clash(held, path).message,
+                                              "hint": outputlock.clash(held, path).hint}
         except OSError as exc:
             out["disk"] = {"path": path, "error": str(exc)}
         if args.get("need") and not out["disk"].get("error"):   # from real sizes: agent/job/diskneed.py
@@ -190,15 +205,26 @@ def op_launch(args):
     secret_values = _str_dict(args.get("secrets"), "secrets")
     workdir = os.path.expanduser(args.get("workdir") or "~")
     output_dir = os.path.expanduser(args["output_dir"]) if args.get("output_dir") else None
+    shard = _shard_arg(args.get("shard"))
     root = state_dir()
-    with _LaunchLock(os.path.join(root, key + ".lock"), float(args.get("lock_timeout", 30))):
-        cur = _current_id(key)
+    name = slot(key, output_dir)
+    with _LaunchLock(os.path.join(root, name + ".lock"), float(args.get("lock_timeout", 30))):
+        cur = _current_id(key, output_dir)
         if cur:
             try:
                 st = job_status(cur)
             except AgentFailure:
                 st = None
             if st and st["state"] in ("starting", "running"):
+                # attach only to the job asked for: same output directory (the slot) and same share
+                if _shard_arg(st.get("shard")) != shard:
+                    from .job import outputlock
+                    raise AgentFailure(
+                        "busy", "%s is being written by job %s (%s); this launch is %s" % (
+                            output_dir, cur, outputlock.shard_text(_shard_arg(st.get("shard"))),
+                            outputlock.shard_text(shard)),
+                        "one output directory holds one job: give each share its own output_dir "
+                        "(e.g. with {host}), or stop that job first")
                 return {"attached": True, "job": st}
         if not os.path.isdir(workdir):
             raise AgentFailure("no-workdir", "workdir %s does not exist on the host" % workdir)
@@ -207,47 +233,81 @@ def op_launch(args):
         job_id = "%s-%s-%s" % (key, time.strftime("%Y%m%d-%H%M%S"), _secrets.token_hex(3))
         jobdir = os.path.join(root, job_id)
         os.mkdir(jobdir, 0o700)
-        log = os.path.join(jobdir, "log")
-        sup.write_json(os.path.join(jobdir, "job.json"), {
-            "job_id": job_id, "key": key, "command": command, "workdir": workdir, "env": env,
-            "secret_names": sorted(secret_values), "output_dir": output_dir, "log": log,
-            "expected_samples": args.get("expected_samples"),
-            "watchdog_seconds": args.get("watchdog_seconds"),
-            "cleanup_grace": args.get("cleanup_grace", 10), "created_at": time.time(),
-            "launcher_pid": os.getpid(), "playbook": args.get("playbook"),
-            "label": standin_label(command, workdir),
-            "layout": args.get("layout"), "server": _server_args(args.get("server")),
-        })
-        if secret_values:
-            fd = os.open(os.path.join(jobdir, "secrets.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as fh:
-                import json
-                json.dump(secret_values, fh)
-        script = os.path.join(jobdir, "supervisor.py")
-        fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(_supervisor_source())
-        lock_fd = os.open(os.path.join(jobdir, "run.lock"), os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(lock_fd, fcntl.LOCK_EX)
-        os.close(os.open(log, os.O_WRONLY | os.O_CREAT, 0o600))
-        sup.write_json(os.path.join(root, key + ".current"), {"job_id": job_id})
-        sup_env = {k: v for k, v in os.environ.items() if k != sup.MARKER}
-        sup_log = os.open(os.path.join(jobdir, "supervisor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        return _start(args, job_id, jobdir, key, name, command, workdir, env, secret_values, output_dir, shard)
+
+
+def _shard_arg(value):
+    """[k, n] from the launch's ``shard`` (a pair), else None."""
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or len(value) != 2 or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value) or not 0 <= value[0] < value[1]:
+        raise AgentFailure("bad-args", "shard must be [k, n] with 0 <= k < n, got %r" % (value,))
+    return [value[0], value[1]]
+
+
+def _start(args, job_id, jobdir, key, name, command, workdir, env, secret_values, output_dir, shard):
+    """The new job ``job_id`` (under the slot's launch lock): its files, the output directory's marker,
+    ``<slot>.current`` and the detached supervisor."""
+    import subprocess
+    root = state_dir()
+    lock_fd = os.open(os.path.join(jobdir, "run.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock_fd, fcntl.LOCK_EX)
+    if output_dir:   # one job per output directory: refused here when another job writes there
+        from .job import outputlock
         try:
-            subprocess.Popen([sys.executable, script, jobdir, str(lock_fd)], cwd=jobdir, env=sup_env,
-                             stdin=subprocess.DEVNULL, stdout=sup_log, stderr=sup_log,
-                             start_new_session=True, close_fds=True, pass_fds=(lock_fd,))
-        finally:
-            os.close(sup_log)
-            os.close(lock_fd)   # the supervisor holds the lock from here on
-        deadline = time.time() + float(args.get("start_timeout", 20))
-        while time.time() < deadline:
-            if os.path.exists(os.path.join(jobdir, "run.json")) or \
-                    os.path.exists(os.path.join(jobdir, "exit.json")) or \
-                    os.path.exists(os.path.join(jobdir, "server.json")):   # a server started first
-                break
-            time.sleep(0.02)
-        return {"attached": False, "job": job_status(job_id)}
+            outputlock.claim(output_dir, {"job_id": job_id, "jobdir": jobdir, "key": key, "shard": shard,
+                                          "pid": os.getpid(), "start_ticks": sup.proc_start_ticks(os.getpid())})
+        except BaseException:
+            os.close(lock_fd)
+            import shutil
+            shutil.rmtree(jobdir, ignore_errors=True)   # nothing of this launch is left to list
+            raise
+    log = os.path.join(jobdir, "log")
+    sup.write_json(os.path.join(jobdir, "job.json"), {
+        "job_id": job_id, "key": key, "command": command, "workdir": workdir, "env": env,
+        "secret_names": sorted(secret_values), "output_dir": output_dir, "log": log,
+        "expected_samples": args.get("expected_samples"),
+        "watchdog_seconds": args.get("watchdog_seconds"),
+        "cleanup_grace": args.get("cleanup_grace", 10), "created_at": time.time(),
+        "launcher_pid": os.getpid(), "playbook": args.get("playbook"),
+        "label": standin_label(command, workdir),
+        "layout": args.get("layout"), "server": _server_args(args.get("server")), "shard": shard,
+    })
+    if secret_values:
+        fd = os.open(os.path.join(jobdir, "secrets.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            import json
+            json.dump(secret_values, fh)
+    script = os.path.join(jobdir, "supervisor.py")
+    fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(_supervisor_source())
+    os.close(os.open(log, os.O_WRONLY | os.O_CREAT, 0o600))
+    sup.write_json(os.path.join(root, name + ".current"), {"job_id": job_id})
+    sup_env = {k: v for k, v in os.environ.items() if k != sup.MARKER}
+    sup_log = os.open(os.path.join(jobdir, "supervisor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        proc = subprocess.Popen([sys.executable, script, jobdir, str(lock_fd)], cwd=jobdir, env=sup_env,
+                                stdin=subprocess.DEVNULL, stdout=sup_log, stderr=sup_log,
+                                start_new_session=True, close_fds=True, pass_fds=(lock_fd,))
+    finally:
+        os.close(sup_log)
+        os.close(lock_fd)   # the supervisor holds the lock from here on
+    if output_dir:          # the marker's process from here on is the supervisor
+        try:
+            outputlock.update(output_dir, job_id, pid=proc.pid, start_ticks=sup.proc_start_ticks(proc.pid))
+        except OSError:
+            pass            # the run.lock check still tells it live
+
+    deadline = time.time() + float(args.get("start_timeout", 20))
+    while time.time() < deadline:
+        if os.path.exists(os.path.join(jobdir, "run.json")) or \
+                os.path.exists(os.path.join(jobdir, "exit.json")) or \
+                os.path.exists(os.path.join(jobdir, "server.json")):   # a server started first
+            break
+        time.sleep(0.02)
+    return {"attached": False, "job": job_status(job_id)}
 
 
 # ------------------------------------------------------------------ logs and tail

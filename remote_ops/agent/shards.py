@@ -10,7 +10,8 @@ from .outputs.shares import SAMPLE_RE, SHARD_DIR_RE
 
 def op_files(args):
     """The output directory's data_<N>.pt files (index, size, and with ``digest`` their sha256),
-    data_config.json's text, and the ``shard-K-of-N`` subdirectories (moved shares). Streams
+    data_config.json's text, the ``shard-K-of-N`` subdirectories (moved shares), the directory's
+    identity (agent/job/outputlock.py) and its run identity (``run_identity``). Streams
     ``{"hashed": bytes, "of": bytes}`` progress while hashing."""
     import hashlib
     import time
@@ -49,4 +50,34 @@ def op_files(args):
                         last = time.time()
                         yield {"type": "progress", "hashed": done, "of": total}
             f["sha256"] = h.hexdigest()
-    return {"output_dir": out_dir, "files": files, "config_text": config_text, "shard_dirs": sorted(subdirs)}
+    from .job import outputlock
+    try:      # a directory from before identities gets one now: one value whichever host name lists it
+        outputlock.ensure_identity(out_dir)
+    except OSError:
+        pass      # read-only: this boot's device and inode still tell a path listed twice on one machine
+    return {"output_dir": out_dir, "files": files, "config_text": config_text, "shard_dirs": sorted(subdirs),
+            "identity": outputlock.identity(out_dir), "run": run_identity(out_dir)}
+
+
+def run_identity(out_dir):
+    """What the directory's run.json says its files were made from, for comparing directories:
+    ``digest`` (the whole identity, shard included), ``shard`` and ``run`` (sha256 of the identity
+    without its shard: one value for every share of one run); None without a readable run.json."""
+    import hashlib
+    import json
+    try:
+        with open(os.path.join(out_dir, "run.json"), encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    ident = doc.get("identity")
+    run = None
+    if isinstance(ident, dict):
+        rest = {k: v for k, v in ident.items() if k != "shard"}
+        run = hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    shard = ident.get("shard") if isinstance(ident, dict) else None
+    return {"digest": doc.get("digest") if isinstance(doc.get("digest"), str) else None,
+            "shard": [shard.get("index"), shard.get("count")] if isinstance(shard, dict) else None,
+            "run": run, "created": doc.get("created")}

@@ -46,6 +46,16 @@ def run(args, ctx) -> int:
         c.print(Text(head + ("" if g.ok else ": PROBLEMS"), style="green" if g.ok else "red"))
         for p in g.problems:
             c.print(f"  {p}", markup=False, highlight=False)
+        for d in g.extra.get("same_dir") or []:
+            c.print(f"  note: {d['where']} is the directory {d['same_as']}: read once", markup=False, highlight=False)
+        for d in g.dropped[:20]:
+            c.print(f"  dropped data_{d['index']}.pt of {d['dropped']}: kept {d['kept']} ({d['why']}"
+                    + ("" if d["same_bytes"] else "; the bytes differ") + ")", markup=False, highlight=False)
+        if len(g.dropped) > 20:
+            c.print(f"  ... and {len(g.dropped) - 20} more dropped copies (--json lists them)", markup=False)
+        if g.beyond:
+            c.print(f"  not copied: {len(g.beyond)} file(s) beyond the dataset's {g.total} samples, e.g. {g.beyond[0]}",
+                    markup=False, highlight=False)
 
     return ctx.show(results, render, summary=lambda v: f"{v.copied} copied, {v.skipped} kept",
                     render_group=render_group, group_exit=lambda g: int(Exit.OK) if g.ok else int(Exit.FINDINGS))

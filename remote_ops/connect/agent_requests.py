@@ -99,30 +99,33 @@ def jobs_probe(*, key: str, output_dir: str | None, need: dict | None = None, po
 def jobs_launch(*, key: str, command: list[str], workdir: str | None, env: dict, secrets: dict,
                 output_dir: str | None, expected_samples: int | None, watchdog_seconds: float | None,
                 cleanup_grace: float, playbook: str | None, lock_timeout: float = _UNSET,
-                start_timeout: float = _UNSET, server: dict | None = _UNSET, layout: str | None = _UNSET) -> Request:
+                start_timeout: float = _UNSET, server: dict | None = _UNSET, layout: str | None = _UNSET,
+                shard: list | None = _UNSET) -> Request:
     return _req("jobs.launch", key=key, command=command, workdir=workdir, env=env, secrets=secrets,
                 output_dir=output_dir, expected_samples=expected_samples, watchdog_seconds=watchdog_seconds,
                 cleanup_grace=cleanup_grace, playbook=playbook, lock_timeout=lock_timeout,
-                start_timeout=start_timeout, server=server, layout=layout)
+                start_timeout=start_timeout, server=server, layout=layout, shard=shard)
 
 
-def jobs_status(*, key: str = _UNSET, job_id: str = _UNSET) -> Request:
-    """One job: by ``job_id``, or the newest of the playbook ``key``."""
-    return _req("jobs.status", key=key, job_id=job_id)
+def jobs_status(*, key: str = _UNSET, job_id: str = _UNSET, output_dir: str | None = _UNSET) -> Request:
+    """One job: by ``job_id``, or the latest of the playbook ``key`` writing ``output_dir`` (any, when absent)."""
+    return _req("jobs.status", key=key, job_id=job_id, output_dir=output_dir)
 
 
 def jobs_list(*, key: str = _UNSET) -> Request:
     return _req("jobs.list", key=key)
 
 
-def jobs_logs(*, job_id: str = _UNSET, key: str = _UNSET, lines: int = _UNSET, max_bytes: int = _UNSET,
-              offset: int = _UNSET) -> Request:
-    return _req("jobs.logs", job_id=job_id, key=key, lines=lines, max_bytes=max_bytes, offset=offset)
+def jobs_logs(*, job_id: str = _UNSET, key: str = _UNSET, output_dir: str | None = _UNSET, lines: int = _UNSET,
+              max_bytes: int = _UNSET, offset: int = _UNSET) -> Request:
+    return _req("jobs.logs", job_id=job_id, key=key, output_dir=output_dir, lines=lines, max_bytes=max_bytes,
+                offset=offset)
 
 
-def jobs_tail(*, job_id: str = _UNSET, key: str = _UNSET, offset: int = _UNSET, budget: float = _UNSET,
-              poll: float = _UNSET, snapshot_every: float = _UNSET, gpu_every: float = _UNSET) -> Request:
-    return _req("jobs.tail", job_id=job_id, key=key, offset=offset, budget=budget, poll=poll,
+def jobs_tail(*, job_id: str = _UNSET, key: str = _UNSET, output_dir: str | None = _UNSET, offset: int = _UNSET,
+              budget: float = _UNSET, poll: float = _UNSET, snapshot_every: float = _UNSET,
+              gpu_every: float = _UNSET) -> Request:
+    return _req("jobs.tail", job_id=job_id, key=key, output_dir=output_dir, offset=offset, budget=budget, poll=poll,
                 snapshot_every=snapshot_every, gpu_every=gpu_every)
 
 

@@ -19,13 +19,24 @@ TERMINAL = ("succeeded", "failed", "stopped", "lost")
 
 
 # ------------------------------------------------------------------ loading
-def ref_for(pb, job: str | None = None) -> dict:
+def ref_for(pb, job: str | None = None, host=None) -> dict:
     """Which job a companion operation means: ``job``, else the playbook's (``pb``, loaded once by the
-    caller: the one named, else the host's; None when neither), else the newest job on the host ({})."""
+    caller: the one named, else the host's; None when neither), else the newest job on the host ({}).
+    With ``host``, the playbook's job is the one writing the host's output directory: a job is recorded
+    by what it is (playbook and output directory, agent/job/status.slot), so two inventory names of one
+    machine each find their own."""
     if job:
         return {"job_id": job}
     if pb is not None:
-        return {"key": pb.name}
+        ref = {"key": pb.name}
+        if host is not None:
+            try:
+                out = parse_spec(pb, host).output_dir
+            except RemoteOpsError:
+                out = None
+            if out:
+                ref["output_dir"] = out
+        return ref
     return {}
 
 
@@ -159,7 +170,7 @@ def early_end(session, job: dict, wait_s: float) -> dict:
 
 def status(session, *, pb, job: str | None) -> JobStatus:
     """The status operation on the session's host: the job ``ref_for(pb, job)`` names."""
-    return JobStatus(session.label, resolve_job(session, ref_for(pb, job)))
+    return JobStatus(session.label, resolve_job(session, ref_for(pb, job, session.host)))
 
 
 def list_jobs(session) -> JobList:
@@ -171,7 +182,7 @@ def logs(session, *, pb, job: str | None, lines: int) -> LogsResult:
     """The logs operation on the session's host: the last ``lines`` lines of the job's log (also
     after it ended)."""
     check_lines(lines)
-    ref = ref_for(pb, job)
+    ref = ref_for(pb, job, session.host)
     if not ref:     # the newest job on the host: only jobs.list knows it
         ref = {"job_id": resolve_job(session, ref)["job_id"]}
     # the agent resolves a job id or a playbook key as jobs.status does (same refusal when there is
@@ -185,7 +196,7 @@ def stop(session, *, pb, job: str | None, grace: float | None, on_stopping=None)
     process group, SIGKILL after ``grace`` seconds (None: the playbook's stop_grace_seconds, else 30),
     then what is left. ``on_stopping(status, grace)`` is called before a live job is signalled."""
     check_grace(grace)
-    st = resolve_job(session, ref_for(pb, job))
+    st = resolve_job(session, ref_for(pb, job, session.host))
     if grace is None:
         grace = 30.0
         if pb is not None:
@@ -240,6 +251,10 @@ class Preflight:
                     "drift": len(self.check.get("drift") or []),
                     "baseline": {k: v for k, v in (self.check.get("baseline") or {}).items() if k != "path"},
                     "calls_checked": self.check.get("calls_checked")}}
+
+
+def _shard_text(shard) -> str:
+    return f"shard {shard[0]}/{shard[1]}" if shard else "no shard"
 
 
 def _drift_preflight(pf: Preflight, playbook, strict: bool) -> None:
@@ -327,9 +342,20 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
     probe = unwrap(raw["probe"], session.label)
     job = probe.get("job")
     if job and job.get("state") in ("starting", "running"):
-        pf.running = job
+        if list(job.get("shard") or ()) == list(spec.shard or ()):
+            pf.running = job       # the job asked for (same output directory, same share): attach
+            return pf
+        pf.problems.append(f"{spec.output_dir} is being written by job {job['job_id']} "
+                           f"({_shard_text(job.get('shard'))}); this launch is {_shard_text(spec.shard)}")
+        pf.hint = ("one output directory holds one job: give each share its own output_dir (e.g. with {host}), "
+                   "or stop that job first")
         return pf
     pf.disk = probe.get("disk")
+    held = (pf.disk or {}).get("held_by")
+    if held:                 # another job (another state dir, inventory name or machine) writes there
+        pf.problems.append(held["line"])
+        pf.hint = held.get("hint")
+        return pf
     pf.gpu = unwrap(raw["gpu"], session.label)
     if spec.files:
         res = raw["files"]
@@ -504,6 +530,8 @@ def launch(session, spec: ExtractSpec) -> dict:
         args["server"] = spec.server.to_wire()
     if spec.layout:
         args["layout"] = spec.layout
+    if spec.shard:
+        args["shard"] = list(spec.shard)
     return session.call(*rq.jobs_launch(**args), timeout=120)
 
 

@@ -105,14 +105,25 @@ class GroupProgress(Record):
 
 
 def progress(results) -> GroupProgress:
+    """Counts are of files: hosts whose jobs write one directory (one machine under two inventory
+    names, one shared file system; the status records' ``output_identity``) count its files and its
+    job once, named in ``extra["same_dir"]``."""
     g = GroupProgress(hosts=len(results))
     expected, etas, rate = 0, [], 0.0
     known = True
+    seen: dict[str, str] = {}
     for r in results:
         if not r.ok:
             continue
         st = r.value.job
         g.reachable += 1
+        ident = st.get("output_identity")
+        if ident and ident in seen:
+            g.extra.setdefault("same_dir", []).append({"host": r.host, "as": seen[ident],
+                                                       "output_dir": st.get("output_dir"), "job_id": st.get("job_id")})
+            continue
+        if ident:
+            seen[ident] = r.host
         g.states[st["state"]] = g.states.get(st["state"], 0) + 1
         s = st.get("samples") or {}
         done = int(s.get("done") or 0)
@@ -148,6 +159,9 @@ def progress_line(g: GroupProgress) -> str:
         line += f", ETA {fmt_duration(g.eta_s)}" if g.eta_s is not None else ", ETA unknown"
     if g.idle_left:
         line += f"; {g.idle_left} sample(s) left on hosts not running (extract GROUP --shard resumes them)"
+    for d in g.extra.get("same_dir") or []:
+        line += (f"; {d['host']} reaches the directory {d['as']} writes ({d['output_dir']}): its files and job "
+                 "counted once")
     return line
 
 
@@ -188,7 +202,8 @@ def _part(host: str, v, listing: dict) -> dict:
     bad += [{"file": "data_config.json", "problem": p} for p in v.get("config_problems") or []]
     return {"host": host, "output_dir": listing["output_dir"], **_facts(_config(listing.get("config_text"))),
             "files": len(listing["files"]), "indexes": rule.runs(f["index"] for f in listing["files"]),
-            "checked": v.get("checked"), "bad": bad}
+            "checked": v.get("checked"), "bad": bad, "identity": listing.get("identity"),
+            "run": (listing.get("run") or {}).get("run")}
 
 
 def verify_part(session, *, shard: bool, **kwargs):
@@ -256,18 +271,78 @@ def _where(p: dict) -> str:
     return f"{p['host']}:{p['output_dir']}"
 
 
+def distinct_dirs(parts: list[dict]) -> tuple[list[dict], list[dict]]:
+    """``parts`` with each directory once: one directory reached under two host names (one machine
+    listed twice, a shared file system) has one ``identity`` (agent/job/outputlock.py), or one host name
+    and path. The parts dropped, each with the part it is the same directory as."""
+    out, same, seen = [], [], {}
+    for p in parts:
+        keys = [("id", p["identity"])] if p.get("identity") else []
+        keys.append(("path", p["host"], p["output_dir"].rstrip("/")))
+        first = next((seen[k] for k in keys if k in seen), None)
+        if first is not None:
+            same.append({"where": _where(p), "same_as": _where(first)})
+            continue
+        for k in keys:
+            seen[k] = p
+        out.append(p)
+    return out, same
+
+
+def union_run(parts: list[dict]) -> str | None:
+    """The run the union's files are of: the run identity (run.json without its shard) most of the
+    files carry; None when no part has one, or when two runs hold equally many files."""
+    weight: dict[str, int] = {}
+    for p in parts:
+        if p.get("run"):
+            weight[p["run"]] = weight.get(p["run"], 0) + int(p.get("files") or 0)
+    if not weight:
+        return None
+    ranked = sorted(weight.items(), key=lambda kv: -kv[1])
+    if len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
+        return None
+    return ranked[0][0]
+
+
+def choose(cands: list[dict], run: str | None) -> tuple[dict, list[tuple[dict, str]]]:
+    """Of the directories holding one index (``cands``, parts or gather listings), the copy to keep
+    and the dropped ones with why: a copy of the union's run first (``run``), then the directory
+    holding more files (the complete share), then host and path order."""
+    def rank(p):
+        return (0 if run and p.get("run") == run else 1, -int(p.get("files") or 0), p["host"], p["output_dir"])
+    ordered = sorted(cands, key=rank)
+    keep = ordered[0]
+    dropped = []
+    for p in ordered[1:]:
+        if run and keep.get("run") == run and p.get("run") != run:
+            why = ("its run.json is of another run" if p.get("run") else "it has no run.json") + \
+                f"; {keep['host']}'s is of this run"
+        elif run and p.get("run") == run:
+            why = "the same run in both; the kept directory holds more of the share"
+        else:
+            why = "no run identity tells them apart: kept the first by host name when the bytes agree"
+        dropped.append((p, why))
+    return keep, dropped
+
+
 def union(parts: list[dict], unreachable: list[str] = ()) -> ShardUnion:
     """The union of ``parts`` (``verify_part``'s, every host's) checked as one dataset."""
+    parts, same = distinct_dirs(parts)
     u = ShardUnion(parts=parts, unreachable=list(unreachable))
+    if same:
+        u.extra["same_dir"] = same
     problems = u.problems
     for h in u.unreachable:
         problems.append(f"{h}: unreachable, its files are not counted")
     for key, label in (("total", "num_samples"), ("shard", "shard count"), ("layer_ids", "layer ids"),
-                       ("hidden_size", "hidden size"), ("package_versions", "package versions")):
+                       ("hidden_size", "hidden size"), ("package_versions", "package versions"),
+                       ("run", "run identity (run.json without its shard)")):
         values: dict[str, list[str]] = {}
         for p in parts:
             if key == "shard" and not p[key]:
                 continue          # reported below: no shard at all
+            if key == "run" and not p.get("run"):
+                continue          # no run.json (written before run identities): nothing to compare
             v = p[key][1] if key == "shard" else p[key]
             values.setdefault(json.dumps(v, sort_keys=True), []).append(_where(p))
         if len(values) > 1:
@@ -284,15 +359,19 @@ def union(parts: list[dict], unreachable: list[str] = ()) -> ShardUnion:
     for p in parts:
         for i in rule.expand(p["indexes"]):
             owners.setdefault(i, []).append(p)
-    u.files = len(owners)
+    run = union_run(parts)
     for i in sorted(owners):
         if len(owners[i]) > 1:
-            u.duplicates.append({"index": i, "where": [_where(p) for p in owners[i]]})
+            keep, dropped = choose(owners[i], run)
+            u.duplicates.append({"index": i, "where": [_where(p) for p in owners[i]], "kept": _where(keep),
+                                 "dropped": [{"where": _where(p), "why": why} for p, why in dropped]})
     if u.duplicates:
         d = u.duplicates[0]
-        problems.append(f"{len(u.duplicates)} index(es) written more than once, e.g. data_{d['index']}.pt on "
-                        f"{' and '.join(d['where'])} (delete one copy)")
+        problems.append(f"{len(u.duplicates)} index(es) written more than once, e.g. data_{d['index']}.pt "
+                        f"on {' and '.join(d['where'])}: gather keeps {d['kept']}'s "
+                        f"({d['dropped'][0]['why']}); remove the other copies to end this")
         u.duplicates = u.duplicates[:50]
+    u.files = len([i for i in owners if u.total is None or i < u.total])
     if u.total is not None:
         beyond = [i for i in owners if i >= u.total]
         if beyond:
@@ -368,6 +447,8 @@ class GatherResult(Coverage, Copies):
     to: str = ""
     present: int = 0
     conflicts: list = field(default_factory=list)
+    dropped: list = field(default_factory=list)
+    beyond: list = field(default_factory=list)
     extra: dict = field(default_factory=dict)
 
 
@@ -385,31 +466,59 @@ def list_part(session, *, pb, job: str | None, output_dir: str | None, on_progre
 
 
 def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, GatherResult]:
-    """Which host each index is read from (the first host by name holding it; copies with another
-    sha256 are conflicts, which refuse the gather), the union's data_config.json, and the result's
-    skeleton. ``listings``: host -> list_part."""
-    chosen: dict[int, dict] = {}
-    conflicts = []
-    configs = []
-    for host in sorted(listings):
-        for d in listings[host]:
-            if d.get("config_text"):
-                configs.append((host, d))
-            for f in d["files"]:
-                item = {**f, "host": host, "path": d["output_dir"].rstrip("/") + "/" + f["name"]}
-                prev = chosen.get(f["index"])
-                if prev is None:
-                    chosen[f["index"]] = item
-                elif prev["sha256"] != item["sha256"]:
-                    conflicts.append({"index": f["index"], "where": [f"{prev['host']}:{prev['path']}",
-                                                                     f"{host}:{item['path']}"]})
+    """Which directory each index is read from, the union's data_config.json, and the result's
+    skeleton. ``listings``: host -> list_part. A directory reached under two host names is listed
+    once (``distinct_dirs``). An index held by several directories is read from the copy ``choose``
+    keeps (its run identity is the union's, else the fuller share) and the others are named in
+    ``dropped``; copies with other bytes that no run identity tells apart are conflicts, which
+    refuse the gather. Files beyond the dataset's size are named (``beyond``), never copied."""
+    dirs = [dict(d, host=host, files_list=d["files"], files=len(d["files"]), run=(d.get("run") or {}).get("run"))
+            for host in sorted(listings) for d in listings[host]]
+    dirs, same = distinct_dirs(dirs)
+    run = union_run(dirs)
+    holders: dict[int, list[dict]] = {}
+    for d in dirs:
+        for f in d["files_list"]:
+            holders.setdefault(f["index"], []).append(d)
+    configs = [(d["host"], d) for d in dirs if d.get("config_text")]
     facts = [(h, _facts(_config(d["config_text"])), d) for h, d in configs]
     totals = {f["total"] for _, f, _ in facts if isinstance(f["total"], int)}
-    g = GatherResult(conflicts=conflicts[:50])
+    g = GatherResult()
+    if same:
+        g.extra["same_dir"] = same
+    total = next(iter(totals)) if len(totals) == 1 else None
+    chosen: dict[int, dict] = {}
+    conflicts, dropped, beyond = [], [], []
+    for i in sorted(holders):
+        item_of = {id(d): next(f for f in d["files_list"] if f["index"] == i) for d in holders[i]}
+
+        def item(d):
+            return {**item_of[id(d)], "host": d["host"], "path": d["output_dir"].rstrip("/") + "/" + item_of[id(d)]["name"]}
+        if total is not None and i >= total:
+            beyond += [f"{d['host']}:{item(d)['path']}" for d in holders[i]]
+            continue
+        keep, others = choose(holders[i], run)
+        chosen[i] = item(keep)
+        for d, why in others:
+            other = item(d)
+            if other["sha256"] != chosen[i]["sha256"] and not (run and keep.get("run") == run):
+                conflicts.append({"index": i, "where": [f"{keep['host']}:{chosen[i]['path']}", f"{d['host']}:{other['path']}"]})
+            else:
+                dropped.append({"index": i, "kept": f"{keep['host']}:{chosen[i]['path']}",
+                                "dropped": f"{d['host']}:{other['path']}", "why": why,
+                                "same_bytes": other["sha256"] == chosen[i]["sha256"]})
+    g.conflicts, g.dropped, g.beyond = conflicts[:50], dropped, beyond
     if conflicts:
         c = conflicts[0]
         g.problems.append(f"{len(conflicts)} index(es) differ between hosts, e.g. data_{c['index']}.pt on "
-                          f"{' and '.join(c['where'])}: delete the wrong copy (remote-ops verify GROUP)")
+                          f"{' and '.join(c['where'])}, and no run.json tells which is of this run: delete the wrong "
+                          "copy (remote-ops verify GROUP)")
+    foreign = [d for d in dirs if run and d.get("run") and d["run"] != run
+               and any(chosen.get(f["index"], {}).get("path") == d["output_dir"].rstrip("/") + "/" + f["name"]
+                       and chosen[f["index"]]["host"] == d["host"] for f in d["files_list"])]
+    for d in foreign:
+        g.problems.append(f"{d['host']}:{d['output_dir']} holds files of another run (its run.json differs from the "
+                          "other directories'): they would be mixed in; move that directory away or extract it again")
     if len(totals) > 1:
         g.problems.append(f"the hosts' data_config.json disagree on num_samples: {sorted(totals)}")
     for key in ("layer_ids", "hidden_size", "package_versions"):
@@ -418,7 +527,7 @@ def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, 
                               "verify GROUP")
     if not facts:
         g.problems.append("no host has a data_config.json")
-    g.total = totals.pop() if len(totals) == 1 else None
+    g.total = total
     union_doc = None
     if facts and not g.problems:
         facts.sort(key=lambda t: (t[1]["shard"] or [0])[0])
@@ -427,12 +536,21 @@ def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, 
         union_doc["gathered_from"] = [{"host": h, "output_dir": d["output_dir"], "shard": f["shard"]}
                                       for h, f, d in facts]
     per_host: dict[str, list[dict]] = {h: [] for h in listings}
-    for item in chosen.values():
-        per_host[item["host"]].append(item)
+    for it in chosen.values():
+        per_host[it["host"]].append(it)
     for items in per_host.values():
         items.sort(key=lambda it: it["index"])
     g.extra["config"] = union_doc
     return per_host, union_doc, g
+
+
+def stale_in_destination(to: str, total: int | None) -> list[str]:
+    """The sample files in the local destination beyond the dataset's ``total``: left from another
+    run, never part of this one."""
+    if total is None:
+        return []
+    names = [(int(m.group(1)), n) for n, m in ((n, rule.SAMPLE_RE.match(n)) for n in os.listdir(to)) if m]
+    return [n for i, n in sorted(names) if i >= total]
 
 
 def _sha256_file(path: str) -> str | None:
@@ -511,6 +629,11 @@ def finish(results, g: GatherResult, union_doc: dict | None, to: str) -> GatherR
         os.replace(tmp, os.path.join(to, "data_config.json"))
         _fsync_dir(to)
     present = {int(m.group(1)) for m in (re.match(r"^data_(\d+)\.pt$", n) for n in os.listdir(to)) if m}
+    if g.total is not None:      # counts are of this run's samples: a file beyond the total is not one
+        stale = stale_in_destination(to, g.total)
+        if stale:
+            g.problems.append(stale_line(to, stale, g.total))
+        present = {i for i in present if i < g.total}
     g.present = len(present)
     if g.total is not None:
         missing = g.count_missing(present)
@@ -520,6 +643,11 @@ def finish(results, g: GatherResult, union_doc: dict | None, to: str) -> GatherR
     g.to = to
     g.ok = not g.problems
     return g
+
+
+def stale_line(to: str, stale: list[str], total: int) -> str:
+    return (f"{to} holds {len(stale)} file(s) beyond the dataset's {total} samples, e.g. {stale[0]}: not of this run "
+            "and not counted; move them away or gather into an empty directory")
 
 
 def check_destination(to: str) -> str:

@@ -36,7 +36,7 @@ def output_dir_for(session, *, pb, job: str | None) -> tuple[str, int | None, st
     from remote_ops.extract import jobs
 
     try:
-        st = jobs.resolve_job(session, jobs.ref_for(pb, job))
+        st = jobs.resolve_job(session, jobs.ref_for(pb, job, session.host))
         output_dir, default, layout = st.get("output_dir"), (st.get("samples") or {}).get("expected"), st.get("layout")
     except RefusedError:
         if pb is None:     # no such job, and no playbook to say where its outputs would be

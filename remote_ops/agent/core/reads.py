@@ -72,11 +72,18 @@ class Reads:
         return text
 
     def walk_py(self, root):
-        """[(dirpath, [*.py names])] of ``os.walk(root)``, identifier directories only, sorted."""
+        """[(dirpath, [*.py names])] of ``os.walk(root)``, identifier directories only, sorted, for the
+        directories that hold a ``.py`` file: the modules a check can see, and nothing else.
+
+        A directory without one is left out of the result and so of what the read saw: the
+        ``__pycache__`` folder that any process importing the package writes (a job, a test, the
+        sandbox) would otherwise make every result read from this walk stale, its modules unchanged."""
         out = []
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames[:] = sorted(d for d in dirnames if d.isidentifier())
-            out.append((dirpath, sorted(f for f in filenames if f.endswith(".py"))))
+            names = sorted(f for f in filenames if f.endswith(".py"))
+            if names:
+                out.append((dirpath, names))
         self._note("walk_py", root, digest(repr(out).encode()) if self.log is not None else None)
         return out
 

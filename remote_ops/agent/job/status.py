@@ -63,10 +63,63 @@ def _lock_held(path):
         os.close(fd)
     return False
 
-def _current_id(key):
-    rec = sup.read_json(os.path.join(state_dir(), safe_key(key) + ".current"))
+def real_output_dir(output_dir):
+    """The output directory as one name: ``~`` expanded, symlinks resolved, absolute."""
+    return os.path.realpath(os.path.expanduser(output_dir))
+
+
+def slot(key, output_dir=None):
+    """The name a job is recorded under in the state dir (``<slot>.current``, ``<slot>.lock``): what
+    the job is, not which inventory name started it: the playbook's key and, when the job writes an
+    output directory, that directory (its real path, hashed). Two inventory names of one machine
+    sharing a state dir then each get their own job for their own output directory, and find the
+    same job for the same one."""
+    key = safe_key(key)
+    if not output_dir:
+        return key
+    import hashlib
+    return "%s--%s" % (key, hashlib.sha256(real_output_dir(output_dir).encode()).hexdigest()[:10])
+
+
+def _read_current(name):
+    rec = sup.read_json(os.path.join(state_dir(), name + ".current"))
     job_id = (rec or {}).get("job_id")
     return job_id if isinstance(job_id, str) and _re("job").match(job_id) else None
+
+
+def _current_id(key, output_dir=None):
+    """The latest job of ``key`` writing ``output_dir`` (any output directory when None: the newest
+    of the key's jobs). A job recorded before slots existed (``<key>.current``) is found when it
+    writes the same directory."""
+    if output_dir:
+        job_id = _read_current(slot(key, output_dir))
+        if job_id:
+            return job_id
+        legacy = _read_current(safe_key(key))
+        if legacy:
+            job = sup.read_json(os.path.join(state_dir(), legacy, "job.json")) or {}
+            if job.get("output_dir") and real_output_dir(job["output_dir"]) == real_output_dir(output_dir):
+                return legacy
+        return None
+    ids = _slot_ids(key)
+    if not ids:
+        return None
+    return max(ids, key=lambda j: (sup.read_json(os.path.join(state_dir(), j, "job.json")) or {}).get("created_at") or 0)
+
+
+def _slot_ids(key):
+    """The current job of each slot of ``key``."""
+    key = safe_key(key)
+    out = []
+    for name in os.listdir(state_dir()):
+        if not name.endswith(".current"):
+            continue
+        base = name[:-len(".current")]
+        if base == key or (base.startswith(key + "--") and len(base) == len(key) + 12):
+            job_id = _read_current(base)
+            if job_id:
+                out.append(job_id)
+    return out
 
 
 def _pid_alive(pid, start_ticks):
@@ -226,6 +279,10 @@ def job_status(job_id):
                                % (t - wd.get("since", t)))
     if job.get("layout"):
         out["layout"] = job["layout"]
+    out["shard"] = job["shard"] if "shard" in job else _shard_of_command(job.get("command"))
+    if job.get("output_dir"):     # which directory this is, whichever name reached it (counted once)
+        from . import outputlock
+        out["output_identity"] = outputlock.identity(os.path.expanduser(job["output_dir"]))
     if job.get("server"):
         out["server"] = server_status(jobdir, state)
     # progress
@@ -253,6 +310,18 @@ def job_status(job_id):
     except OSError:
         out["log_size"] = 0
     return out
+
+
+def _shard_of_command(command):
+    """[k, n] of a job recorded before job.json held its shard: its command's ``--shard K/N``."""
+    command = command or []
+    for i, arg in enumerate(command[:-1]):
+        if arg == "--shard":
+            k, _, n = str(command[i + 1]).partition("/")
+            if k.isdigit() and n.isdigit() and int(k) < int(n):
+                return [int(k), int(n)]
+            return None
+    return None
 
 
 def server_status(jobdir, state):
@@ -292,15 +361,16 @@ def standin_label(command, workdir):
     return None
 
 def running_job(key):
-    """The id of the playbook's job while it is starting or running, else None."""
-    job_id = _current_id(key)
-    if not job_id:
-        return None
-    try:
-        st = job_status(job_id)
-    except AgentFailure:
-        return None
-    return job_id if st["state"] in ("starting", "running") else None
+    """The id of a job of the playbook (any output directory) while it is starting or running, else
+    None: the files of its workdir are not swapped under it."""
+    for job_id in _slot_ids(key):
+        try:
+            st = job_status(job_id)
+        except AgentFailure:
+            continue
+        if st["state"] in ("starting", "running"):
+            return job_id
+    return None
 
 def _jobs_in(root, key=None):
     jobs = []

@@ -623,10 +623,29 @@ def describe_rc(rc):
         return "killed by signal %d" % -rc
 
 
+OUTPUT_MARKER = ".remote-ops-job.json"   # held in the output directory while the job runs (agent/job/outputlock.py)
+
+
+def release_output(output_dir, job_id):
+    """Remove the output directory's marker when it is ``job_id``'s (the job has ended)."""
+    path = os.path.join(output_dir, OUTPUT_MARKER)
+    rec = read_json(path)
+    if isinstance(rec, dict) and rec.get("job_id") == job_id:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
 def main(argv):
     jobdir = argv[1]
     lock_fd = int(argv[2]) if len(argv) > 2 else None
-    return Supervisor(jobdir, lock_fd).run()
+    try:
+        return Supervisor(jobdir, lock_fd).run()
+    finally:      # exit.json is written: the output directory is free for the next job
+        job = read_json(os.path.join(jobdir, "job.json")) or {}
+        if job.get("output_dir"):
+            release_output(job["output_dir"], job.get("job_id"))
 
 
 if __name__ == "__main__":
