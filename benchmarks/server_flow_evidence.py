@@ -15,7 +15,7 @@ text checks. Three questions:
 3. Does speculators 0.9.0's client take the options the playbook passes, and write the layout
    (hs_<i>.safetensors) its training reads?
 
-    python benchmarks/server_flow_evidence.py                 # the releases below (downloads what is missing)
+    python benchmarks/server_flow_evidence.py        # 0.11.0 and every release 0.16.0-0.33.0 (downloads what is missing)
 """
 
 from __future__ import annotations
@@ -30,23 +30,20 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.9.0.yaml"
+PLAYBOOKS = [REPO / "playbooks" / "eagle3-speculators-0.9.0.yaml",
+             REPO / "playbooks" / "eagle3-speculators-0.9.0-no-chunked-prefill.yaml"]
+PLAYBOOK = PLAYBOOKS[0]
 SPECULATORS = ["0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "0.9.0"]
-VLLM = ["0.11.0", "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0", "0.19.1", "0.20.0", "0.20.1",
-        "0.20.2", "0.21.0"]
+FIRST, LAST = "0.16.0", "0.33.0"       # every release from FIRST to LAST on PyPI (patch releases included)
 MACHINE = {"python": "3.12.3", "torch": "2.11.0", "transformers": "5.17.0"}   # ../shared/GPU-NOTES.md
 
-CONNECTOR = "vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py"
-PROTOCOLS = ("vllm.entrypoints.openai.completion.protocol", "vllm.entrypoints.openai.protocol")
-# what the flow needs of each class (parameters the playbook's server command or the client use)
-NEEDS = {
-    "vllm.engine.arg_utils:EngineArgs": {"model", "speculative_config", "kv_transfer_config"},
-    "vllm.config.speculative:SpeculativeConfig": {"method", "num_speculative_tokens", "draft_model_config"},
-    "vllm.config.kv_transfer:KVTransferConfig": {"kv_connector", "kv_role", "kv_connector_extra_config"},
-    "CompletionRequest": {"model", "prompt", "max_tokens", "return_token_ids"},
-    "CompletionResponseChoice": {"prompt_token_ids", "token_ids"},
-    "CompletionResponse": {"choices", "kv_transfer_params"},
-}
+
+def vllm_releases() -> list[str]:
+    """0.11.0 (speculators 0.3.0's pin, for contrast) and every final release FIRST..LAST on PyPI."""
+    from packaging.version import Version
+
+    from remote_ops import pkgsource
+    return ["0.11.0"] + [v for v in pkgsource.releases("vllm") if Version(FIRST) <= Version(v) <= Version(LAST)]
 
 
 def params(src: Path, symbols: list[str]) -> dict[str, dict]:
@@ -66,52 +63,31 @@ def text(src: Path, rel: str) -> str | None:
     return p.read_text(errors="replace") if p.is_file() else None
 
 
-def server_flags() -> list[str]:
+def server_command(path: Path) -> list[str]:
     from remote_ops.connect.inventory import Host
-    from remote_ops.extract import jobs
+    from remote_ops.extract.extract_spec import server_command as filled
     from remote_ops.playbook import loader as playbook
-    spec = jobs.parse_spec(playbook.load(str(PLAYBOOK)), Host(name="evidence", hostname="h", python="python3"))
-    return [a for a in spec.server.command if a.startswith("--")]
+    return filled(playbook.load(str(path)), Host(name="evidence", hostname="h", python="python3"))
 
 
-def vllm_row(version: str, flags: list[str]) -> dict:
+def server_flags(path: Path = PLAYBOOK) -> list[str]:
+    return [a for a in server_command(path) if a.startswith("--")]
+
+
+def vllm_row(version: str, commands: dict[str, list[str]]) -> dict:
+    """The agent op serverflow.check (what `remote-ops check HOST --playbook ...` runs on a host) over
+    the release's unpacked sources, once per playbook's server command."""
     from remote_ops import pkgsource
+    from remote_ops.agent import serverflow as agent_sf
+    from remote_ops.check import serverflow
     src = pkgsource.unpacked("vllm", version)
-    checks: dict[str, bool | str] = {}
-    spec_src = text(src, "vllm/config/speculative.py") or ""
-    checks["method extract_hidden_states (config/speculative.py)"] = '"extract_hidden_states"' in spec_src
-    checks["v1/spec_decode/extract_hidden_states.py"] = (src / "vllm/v1/spec_decode/extract_hidden_states.py").is_file()
-    checks["model_executor/models/extract_hidden_states.py reads eagle_aux_hidden_state_layer_ids"] = \
-        "eagle_aux_hidden_state_layer_ids" in (text(src, "vllm/model_executor/models/extract_hidden_states.py") or "")
-    factory = text(src, "vllm/distributed/kv_transfer/kv_connector/factory.py") or ""
-    checks["ExampleHiddenStatesConnector registered (kv_connector/factory.py)"] = \
-        bool(re.search(r'register_connector\(\s*"ExampleHiddenStatesConnector"', factory))
-    conn = text(src, CONNECTOR) or ""
-    checks["connector reads shared_storage_path"] = '"shared_storage_path"' in conn
-    checks["connector writes hidden_states + token_ids (safetensors)"] = \
-        '"hidden_states":' in conn and '"token_ids":' in conn and "save_file" in conn
-    checks["connector returns kv_transfer_params.hidden_states_path"] = \
-        bool(re.search(r'return False, \{"hidden_states_path": ', conn))
-    health = any('"/health"' in (p.read_text(errors="replace")) for p in (src / "vllm/entrypoints").rglob("*.py"))
-    checks["GET /health route"] = health
-    checks["vllm.entrypoints.cli.main + serve"] = (src / "vllm/entrypoints/cli/main.py").is_file() and \
-        (src / "vllm/entrypoints/cli/serve.py").is_file()
-    # request / response fields and the server's flags, by the static resolver
-    proto = next((m for m in PROTOCOLS if (src / (m.replace(".", "/") + ".py")).is_file()), PROTOCOLS[-1])
-    symbols = {k if ":" in k else f"{proto}:{k}": need for k, need in NEEDS.items()}
-    frontend = "vllm.entrypoints.openai.cli_args:FrontendArgs"
-    got = params(src, list(symbols) + [frontend])
-    for sym, need in symbols.items():
-        g = got[sym]
-        missing = sorted(need - set(g.get("names") or [])) if "names" in g else ["(" + str(g["missing"]) + ")"]
-        checks[f"{sym.split(':')[1]} has {', '.join(sorted(need))}"] = True if not missing else \
-            "missing " + ", ".join(missing)
-    known = set(got["vllm.engine.arg_utils:EngineArgs"].get("names") or []) | set(got[frontend].get("names") or [])
-    unknown = [f for f in flags if f[2:].replace("-", "_") not in known]
-    checks["every flag of the playbook's server command is an EngineArgs/FrontendArgs parameter"] = \
-        True if not unknown and known else "unknown: " + ", ".join(unknown or ["(no parameters found)"])
-    ok = all(v is True for v in checks.values())
-    return {"version": version, "ok": ok, "checks": checks}
+    per = {}
+    for name, command in commands.items():
+        res = agent_sf.op_check({"command": command, "client": serverflow.CLIENT_FIELDS, "sys_path": [str(src)]})
+        checks = {c["what"]: (True if c["ok"] is True else (c.get("detail") or "undecided")) for c in res["checks"]}
+        per[name] = {"ok": all(v is True for v in checks.values()), "checks": checks,
+                     "failed": [dict(c) for c in res["checks"] if c["ok"] is not True]}
+    return {"version": version, "playbooks": per}
 
 
 def speculators_row(version: str) -> dict:
@@ -147,13 +123,31 @@ def client_checks() -> dict:
     names = set(next(iter(got.values())).get("names") or [])
     transfer = text(hsc, "hs_connectors/transfer.py") or ""
     client = text(src, "speculators/data_generation/vllm_client.py") or ""
+    cli = text(src, "speculators/cli/__init__.py") or ""
+    main = text(src, "speculators/__main__.py") or ""
+    prep = text(src, "speculators/cli/prepare_data.py") or ""
+    gen = text(src, "speculators/cli/generate_offline_data.py") or ""
+    entry = text(next(src.glob("speculators-*.dist-info")), "entry_points.txt") or ""
     return {
+        "`python -m speculators` and the `speculators` console script run the typer app (speculators/__main__.py)":
+            "from speculators.cli import app" in main and "app()" in main and "speculators = speculators.__main__:app" in entry,
+        "the app has the commands prepare-data and generate-offline-data (speculators/cli/__init__.py)":
+            "app.command(rich_help_panel=\"Pipeline\")(prepare_data)" in cli
+            and "app.command(rich_help_panel=\"Pipeline\")(generate_offline_data)" in cli,
+        "prepare-data writes an Arrow dataset to --output (dataset.save_to_disk(output)), token_freq.pt beside it":
+            "dataset.save_to_disk(output)" in prep and '"token_freq.pt"' in prep,
+        "generate-offline-data loads that directory (load_from_disk(preprocessed_data))":
+            "load_from_disk(preprocessed_data)" in gen,
+        "its default --output is <preprocessed-data>/hidden_states, the playbook's output_dir":
+            'Path(preprocessed_data) / "hidden_states"' in gen,
         "generate_offline_data takes " + ", ".join(sorted(need)): True if need <= names else
         "missing " + ", ".join(sorted(need - names)),
         "client sends prompt token ids with return_token_ids and max_tokens=1":
             '"return_token_ids": True' in client and "max_tokens=1" in client,
         "client checks choices[0].prompt_token_ids and reads kv_transfer_params hidden_states_path":
             'getattr(response.choices[0], "prompt_token_ids"' in client and '"hidden_states_path"' in client,
+        "client waits on <hidden_states_path>.lock before moving the file (vLLM >= 0.22 writes after the response)":
+            'lock_path = hidden_states_path + ".lock"' in gen and "await wait_for_lock_async(lock_path)" in gen,
         "training reads <data>/hidden_states/hs_<i>.safetensors (hs_connectors 0.9.0 FileTransfer)":
             'f"hs_{file_idx}.safetensors"' in transfer and '"hidden_states"' in transfer,
         "hs-connectors 0.9.0's file backend asks vLLM for ExampleHiddenStatesConnector + shared_storage_path":
@@ -163,30 +157,47 @@ def client_checks() -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--vllm", default=",".join(VLLM))
+    ap.add_argument("--vllm", default="all", help="comma-separated releases, or all (0.11.0 and %s-%s)" % (FIRST, LAST))
     ap.add_argument("--speculators", default=",".join(SPECULATORS))
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "SERVER_FLOW_EVIDENCE.md"))
     ap.add_argument("--json", default=str(REPO / "benchmarks" / "results" / "server_flow_evidence.json"))
     args = ap.parse_args(argv)
     t0 = time.time()
-    from remote_ops.playbook import loader as playbook
-    pb = playbook.load(str(PLAYBOOK))
-    flags = server_flags()
-    spec_rows = [speculators_row(v) for v in args.speculators.split(",") if v]
-    vllm_rows = [vllm_row(v, flags) for v in args.vllm.split(",") if v]
-    client = client_checks()
     from packaging.specifiers import SpecifierSet
-    claimed = SpecifierSet(pb.requires["vllm"])
-    passing = [r["version"] for r in vllm_rows if r["ok"]]
-    in_claim = [r["version"] for r in vllm_rows if r["version"] in claimed]
+
+    from remote_ops.playbook import loader as playbook
+    books = [playbook.load(str(p)) for p in PLAYBOOKS]
+    commands = {pb.name: server_command(p) for pb, p in zip(books, PLAYBOOKS)}
+    versions = vllm_releases() if args.vllm == "all" else [v for v in args.vllm.split(",") if v]
+    spec_rows = [speculators_row(v) for v in args.speculators.split(",") if v]
+    vllm_rows = [vllm_row(v, commands) for v in versions]
+    client = client_checks()
+    claims = []
+    for i, pb in enumerate(books):
+        claimed = SpecifierSet(pb.requires["vllm"])
+        passing = [r["version"] for r in vllm_rows if r["playbooks"][pb.name]["ok"]]
+        in_claim = [r["version"] for r in vllm_rows if r["version"] in claimed]
+        claims.append({"playbook": pb.name, "requires": pb.requires, "flags": [a for a in commands[pb.name]
+                                                                              if a.startswith("--")],
+                       "claimed_and_checked": in_claim, "passing": passing,
+                       # the first playbook claims exactly where it passes; the sibling claims only where the
+                       # first fails (its flag passes elsewhere too, but there chunked prefill stays on, as
+                       # vLLM defaults: speculators PR #976)
+                       "matches": in_claim == passing if i == 0 else
+                       (set(in_claim) <= set(passing) and not set(in_claim) & set(claims[0]["passing"]))})
     newest = max((r for r in spec_rows if r["runs_there"] and r["server_flow_client"]),
                  key=lambda r: tuple(map(int, r["version"].split("."))), default=None)
-    doc = {"generated_by": "python benchmarks/server_flow_evidence.py",
+    uncovered = [r["version"] for r in vllm_rows if not any(r["playbooks"][c["playbook"]]["ok"] for c in claims)]
+    claimed_once = all(sum(r["version"] in c["claimed_and_checked"] for c in claims) == (r["version"] not in uncovered)
+                       for r in vllm_rows)
+    doc = {"generated_by": "python benchmarks/server_flow_evidence.py" + ("" if args.vllm == "all" else
+                                                                          " --vllm " + args.vllm),
            "generated_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seconds": round(time.time() - t0, 1),
            "machine": MACHINE, "speculators": spec_rows, "newest_speculators_for_the_machine":
-           newest and newest["version"], "vllm": vllm_rows, "server_flags": flags, "client_0_9_0": client,
-           "requires": pb.requires, "claimed_and_checked": in_claim, "passing": passing,
-           "requires_matches_evidence": in_claim == passing and all(client.get(k) is True for k in client)}
+           newest and newest["version"], "vllm": vllm_rows, "client_0_9_0": client, "claims": claims,
+           "no_playbook_passes": uncovered, "every_passing_release_claimed_once": claimed_once,
+           "requires_matches_evidence": all(c["matches"] for c in claims) and claimed_once
+           and all(v is True for v in client.values())}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
     Path(args.out).write_text(render(doc))
@@ -196,9 +207,11 @@ def main(argv=None) -> int:
 
 def render(doc: dict) -> str:
     yes = lambda v: "yes" if v is True else ("no" if v is False else f"no: {v}")   # noqa: E731
-    L = ["# Server-flow evidence (playbooks/eagle3-speculators-0.9.0.yaml)", "",
+    L = ["# Server-flow evidence (playbooks/eagle3-speculators-0.9.0*.yaml)", "",
          f"Generated by `{doc['generated_by']}` at {doc['generated_at']} ({doc['seconds']} s), from the real wheels "
-         "(sources read, nothing imported). Static only: a GPU run is benchmarks/gpu_server_check.py.", "",
+         "(sources read, nothing imported). The vLLM checks are the agent op `serverflow.check` "
+         "(remote_ops/agent/serverflow.py), the same code `remote-ops check HOST --playbook "
+         "eagle3-speculators-0.9.0.yaml` runs on a host. Static only: a GPU run is benchmarks/gpu_server_check.py.", "",
          "## Which speculators release", "",
          f"Lent GPU machines: Python {doc['machine']['python']}, torch {doc['machine']['torch']}, "
          f"transformers {doc['machine']['transformers']}.", "",
@@ -209,23 +222,48 @@ def render(doc: dict) -> str:
         L.append(f"| {r['version']} | {q.get('python', '')} | {q.get('torch', '')} | {q.get('transformers', '')} | "
                  f"{'yes' if r['runs_there'] else 'no (' + ', '.join(k for k, v in r['fits_lent_machine'].items() if not v) + ')'} | "
                  f"{yes(r['server_flow_client'])} | {yes(r['generate_offline_data_cli'] and r['writes_hs_safetensors'])} |")
-    L += ["", f"Newest release that fits and has the client: **{doc['newest_speculators_for_the_machine']}**.", "",
-          "## vLLM: the server side", "",
-          f"The playbook's server flags: {', '.join('`' + f + '`' for f in doc['server_flags'])}.", ""]
-    names = list(doc["vllm"][0]["checks"]) if doc["vllm"] else []
-    L.append("| check | " + " | ".join(r["version"] for r in doc["vllm"]) + " |")
-    L.append("|---|" + "---|" * len(doc["vllm"]))
-    for n in names:
-        L.append(f"| {n} | " + " | ".join(yes(r["checks"].get(n)) for r in doc["vllm"]) + " |")
-    L.append("| **all** | " + " | ".join("**yes**" if r["ok"] else "no" for r in doc["vllm"]) + " |")
-    L += ["", "## speculators 0.9.0's client", ""]
+    L += ["", f"Newest release that fits and has the client: **{doc['newest_speculators_for_the_machine']}**.", ""]
+    for c in doc["claims"]:
+        name = c["playbook"]
+        L += [f"## vLLM: the server side, playbook {name}", "",
+              f"Server flags: {', '.join('`' + f + '`' for f in c['flags'])}.", ""]
+        names = list(doc["vllm"][0]["playbooks"][name]["checks"]) if doc["vllm"] else []
+        for r in doc["vllm"]:       # a release without the method has fewer checks: the union, in order
+            for n in r["playbooks"][name]["checks"]:
+                if n not in names:
+                    names.append(n)
+        L.append("| check | " + " | ".join(r["version"] for r in doc["vllm"]) + " |")
+        L.append("|---|" + "---|" * len(doc["vllm"]))
+        for n in names:
+            L.append(f"| {n} | " + " | ".join(
+                yes(r["playbooks"][name]["checks"].get(n)) if n in r["playbooks"][name]["checks"] else "-"
+                for r in doc["vllm"]) + " |")
+        L.append("| **all** | " + " | ".join("**yes**" if r["playbooks"][name]["ok"] else "no" for r in doc["vllm"])
+                 + " |")
+        L += ["", f"`requires`: `vllm{c['requires']['vllm']}`, `speculators{c['requires']['speculators']}`. "
+              f"Checked releases inside the claim: {', '.join(c['claimed_and_checked']) or 'none'}; releases where "
+              f"every check holds: {', '.join(c['passing']) or 'none'}. "
+              + (("They are the same." if c is doc["claims"][0] else "It claims only releases where the first "
+                  "playbook fails (elsewhere chunked prefill stays vLLM's default: speculators PR #976).")
+                 if c["matches"] else "**They differ.**"), ""]
+        fails = {}
+        for r in doc["vllm"]:
+            for f in r["playbooks"][name]["failed"]:
+                fails.setdefault((f["what"], f.get("detail") or "", f.get("fix") or ""), []).append(r["version"])
+        if fails:
+            L += ["What breaks where (each failed check, its reason and the edit):", ""]
+            for (what, detail, fix), vs in fails.items():
+                L.append(f"- {', '.join(vs)}: {what}: {detail}" + (f"; edit: {fix}" if fix else ""))
+            L.append("")
+    L += ["## speculators 0.9.0's CLI and client", ""]
     for k, v in doc["client_0_9_0"].items():
         L.append(f"- {k}: {yes(v)}")
-    L += ["", "## requires", "",
-          f"The playbook claims `vllm{doc['requires']['vllm']}`, `speculators{doc['requires']['speculators']}`. "
-          f"Checked releases inside the claim: {', '.join(doc['claimed_and_checked']) or 'none'}; releases where "
-          f"every check holds: {', '.join(doc['passing']) or 'none'}. "
-          + ("They are the same." if doc["requires_matches_evidence"] else "**They differ.**"), ""]
+    L += ["", "## Every release covered", "",
+          "Releases where neither server-flow playbook passes: "
+          + (", ".join(doc["no_playbook_passes"]) or "none") + "; every other checked release is claimed by "
+          + ("exactly one of them." if doc["every_passing_release_claimed_once"] else "**not exactly one of them**."),
+          "**`requires` matches the evidence for both playbooks.**" if doc["requires_matches_evidence"]
+          else "**`requires` and the evidence differ.**", ""]
     return "\n".join(L)
 
 

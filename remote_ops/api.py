@@ -75,6 +75,8 @@ class Inventory(Fleet):
         ``check.CheckRequest`` that ran (targets and libraries as asked or as the playbook says)."""
         from remote_ops.check import check as check_mod
         from remote_ops.check import model as model_mod
+        from remote_ops.check import serverflow
+        from remote_ops.extract.extract_spec import server_command
         named = Playbooks(playbook).named()      # a bad named playbook raises here, before any host
         req = check_mod.make_request(pb=named, runtime=runtime, targets=targets, against=against,
                                      package=package, baseline=baseline, drift=drift)
@@ -84,7 +86,8 @@ class Inventory(Fleet):
             pb = named or own(h, required=False)
             model_req = model_mod.request(pb, h, model=model) if (pb is not None or model) else None
             return check_mod.check(s, req if named else check_mod.for_host(req, pb), model_req,
-                                   model_from_vars=not model)
+                                   model_from_vars=not model, server_req=serverflow.request(server_command(pb, h)),
+                                   server_playbook=pb.name if pb is not None else None)
         results = self.run(target, one)
         results.request = req     # the check as run (check --emit-playbook writes its targets)
         return results

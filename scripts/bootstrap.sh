@@ -27,6 +27,11 @@ if [ ! -x "$ROOT/.venv/bin/python" ]; then
   "$PY" -m venv "$ROOT/.venv"
 fi
 stamp="$ROOT/.venv/.remote-ops-installed${WANT_TEST:+-test}"
+# the test install is the plain one and more: scripts/demo.sh run by the suite (test_sandbox) after
+# scripts/test.sh's bootstrap --test does not reinstall (a pip upgrade and an editable build: ~25 s)
+if [ -z "$WANT_TEST" ] && [ -f "$ROOT/.venv/.remote-ops-installed-test" ]; then
+  stamp="$ROOT/.venv/.remote-ops-installed-test"
+fi
 if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
   "$ROOT/.venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
   if [ "$WANT_TEST" = "--test" ]; then

@@ -74,6 +74,7 @@ def test_api_bad_inventory_and_unknown_host(tmp_path, sshd):
         inv.facts("nope")
 
 
+@pytest.mark.long
 def test_group_extract_uses_each_hosts_vars(tmp_path, sshd):
     """One playbook, two hosts: each host's vars choose its output dir and sample count."""
     import remote_ops.api as ro

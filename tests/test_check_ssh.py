@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import textwrap
 
+import pytest
+
 EXPECTED_017 = {
     ("vllm.v1.core.kv_cache_utils.get_kv_cache_config_from_groups", "unexpected-keyword", "kv_cache_specs"),
     ("vllm.v1.core.sched.scheduler.Scheduler", "missing-argument", "block_size"),
@@ -101,6 +103,7 @@ def test_runtime_without_the_library_importable_is_an_error_not_clean(sshd, inve
     assert "--runtime cannot import vllm" in err
 
 
+@pytest.mark.long
 def test_emit_playbook_draft_needs_a_person_then_patches_clean(sshd, inventory_file, fresh_env017, cli, tmp_path):
     """check --emit-playbook: mechanical fixes (drop keywords, block_size=VLLM_BLOCK_SIZE from the module
     constant), a placeholder where no constant exists; the loader refuses the draft until it is filled."""
@@ -134,6 +137,7 @@ def test_emit_playbook_draft_needs_a_person_then_patches_clean(sshd, inventory_f
     assert res["findings"] == [] and res["drift"] == []
 
 
+@pytest.mark.long
 def test_strict_fails_on_drift_alone(sshd, inventory_file, fresh_env017, cli):
     """After the shipped playbook: no findings, the four measured items gone; what drift remains is
     shown under its own heading, exit 0; --strict makes it exit 1."""

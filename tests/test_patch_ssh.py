@@ -38,6 +38,7 @@ def findings(sess) -> list[dict]:
     return sess.call("compat.check", patching.check_args(pb))["findings"]
 
 
+@pytest.mark.long
 def test_sandbox_round_trip(sshd, fresh_env017, state_dir, inventory_file, cli):
     target = site_file(fresh_env017, GEN)
     original = target.read_bytes()

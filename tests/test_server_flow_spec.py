@@ -19,7 +19,7 @@ SHIPPED = REPO / "playbooks" / "eagle3-speculators-0.9.0.yaml"
 
 def test_shipped_playbook_is_speculators_launch_vllm_plus_generate_offline_data():
     pb = playbook.load(str(SHIPPED))
-    assert pb.requires == {"speculators": "==0.9.0", "vllm": ">=0.17,<0.22"}
+    assert pb.requires == {"speculators": "==0.9.0", "vllm": ">=0.17,<0.34,!=0.22.*,!=0.23.*"}
     host = Host(name="gpu", hostname="gpu01", python="/opt/venv/bin/python", workdir="/data/eagle3",
                 vars={"layer_ids": [2, 4, 5, 8], "port": 8123, "tensor_parallel_size": 2, "gpus": 2})
     spec = jobs.parse_spec(pb, host)
@@ -45,6 +45,25 @@ def test_shipped_playbook_is_speculators_launch_vllm_plus_generate_offline_data(
     spec2 = jobs.parse_spec(pb, Host(name="gpu", hostname="gpu01", python="/opt/client/bin/python",
                                      vars={"server_python": "/opt/server/bin/python"}))
     assert spec2.server.python == "/opt/server/bin/python" and spec2.job_python == "/opt/client/bin/python"
+
+
+def test_the_no_chunked_prefill_sibling_differs_only_by_the_flag_and_its_range():
+    """vLLM 0.22.0-0.23.0 refuse ExampleHiddenStatesConnector with chunked prefill on: the sibling playbook
+    is the shipped one plus --no-enable-chunked-prefill, claiming exactly those releases."""
+    from packaging.specifiers import SpecifierSet
+
+    main = playbook.load(str(SHIPPED))
+    nocp = playbook.load(str(SHIPPED.with_name("eagle3-speculators-0.9.0-no-chunked-prefill.yaml")))
+    host = Host(name="gpu", hostname="gpu01", python="/opt/venv/bin/python")
+    a, b = jobs.parse_spec(main, host), jobs.parse_spec(nocp, host)
+    assert [x for x in b.server.command if x != "--no-enable-chunked-prefill"] == a.server.command
+    assert "--no-enable-chunked-prefill" in b.server.command and "--no-enable-chunked-prefill" not in a.server.command
+    assert a.command == b.command and a.output_dir == b.output_dir and a.layout == b.layout
+    assert a.server.import_check == b.server.import_check and a.env == b.env
+    main_range, nocp_range = SpecifierSet(main.requires["vllm"]), SpecifierSet(nocp.requires["vllm"])
+    for v in ("0.21.0", "0.22.0", "0.22.1", "0.23.0", "0.24.0", "0.33.0"):
+        assert (v in main_range) != (v in nocp_range), v          # every release: exactly one of the two
+    assert [v for v in ("0.22.0", "0.22.1", "0.23.0") if v in nocp_range] == ["0.22.0", "0.22.1", "0.23.0"]
 
 
 def _pb(tmp_path, extract):

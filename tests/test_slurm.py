@@ -129,6 +129,7 @@ def _wait(cli, inv, states, timeout=180):
     raise AssertionError(f"the Slurm job did not reach {states}: {job}")
 
 
+@pytest.mark.long
 def test_slurm_array_status_logs_verify(slurm, sshd, tmp_path, cli):
     inv = _inventory(sshd, slurm, tmp_path, n=10, sleep=0)
     t0 = time.time()

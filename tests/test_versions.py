@@ -89,6 +89,7 @@ def test_anchor_condition(tmp_path):
 
 
 # ------------------------------------------------------------------ over sshd, real releases
+@pytest.mark.long
 def test_vllm_016_patches_and_checks_clean(sshd, tmp_path, inventory_file, cli):
     python = env_with(tmp_path, "0.16.0")
     state = tmp_path / "state"
@@ -182,6 +183,7 @@ ONE_LINE = ("playbook eagle3-speculators-0.3.0 does not cover this host: vllm 0.
             "unify_hybrid_kv_cache_specs gone from vllm.v1.core.kv_cache_utils)")
 
 
+@pytest.mark.long
 def test_vllm_033_is_refused_in_one_line(sshd, tmp_path, inventory_file, cli):
     python = env_with(tmp_path, "0.33.0")
     inv = host_inv(inventory_file, python, tmp_path / "state")
@@ -190,7 +192,10 @@ def test_vllm_033_is_refused_in_one_line(sshd, tmp_path, inventory_file, cli):
     status, out, err = cli("-i", str(inv), "patch", "testhost", "--yes")
     assert status == 8
     lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert lines == [f"remote-ops: testhost: {ONE_LINE} (nothing was changed; `remote-ops check testhost "
+    # the refusal names the playbook that claims this vLLM: the server flow of speculators 0.9.0
+    assert lines == [f"remote-ops: testhost: {ONE_LINE} (nothing was changed; eagle3-speculators-0.9.0 claims "
+                     "vllm 0.33.0 with speculators==0.9.0 (then `remote-ops check testhost --playbook "
+                     "eagle3-speculators-0.9.0 --strict`); `remote-ops check testhost "
                      "--candidates` lists the speculators releases and their findings against this host's vllm)"], err
     assert target.read_bytes() == original
     # extract's preflight says the same before any GPU time (the deciding problem)
@@ -199,9 +204,10 @@ def test_vllm_033_is_refused_in_one_line(sshd, tmp_path, inventory_file, cli):
     last = [ln for ln in err.splitlines() if ln.startswith("remote-ops: ")]
     assert len(last) == 1 and last[0].startswith(
         f"remote-ops: testhost: preflight refused to start eagle3-speculators-0.3.0: {ONE_LINE} (nothing was changed; "
-        "`remote-ops check testhost --candidates`"), err
+        "eagle3-speculators-0.9.0 claims vllm 0.33.0"), err
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("vllm", ["0.20.0", "0.33.0"])
 def test_candidates_lists_every_release(sshd, tmp_path, inventory_file, cli, vllm):
     python = env_with(tmp_path, vllm)
@@ -220,11 +226,11 @@ def test_candidates_lists_every_release(sshd, tmp_path, inventory_file, cli, vll
                for v in SPEC_RELEASES[3:])
     if vllm == "0.20.0":
         assert old["findings"] == 4 and old["playbooks"] == ["eagle3-speculators-0.3.0"]
-        # the server flow's playbook (vllm >=0.17,<0.22) covers speculators 0.9.0 on this host
+        # the server flow's playbook (vllm >=0.17,<0.34 but 0.22-0.23) covers speculators 0.9.0 on this host
         assert new["playbooks"] == ["eagle3-speculators-0.9.0"] and rows["0.8.0"]["playbooks"] == []
         assert "unexpected-keyword vllm.v1.request.Request" in old["finding_symbols"]
     else:
-        assert old["findings"] == 6 and old["playbooks"] == [] and new["playbooks"] == []
+        assert old["findings"] == 6 and old["playbooks"] == [] and new["playbooks"] == ["eagle3-speculators-0.9.0"]
         assert "missing-symbol vllm.v1.core.kv_cache_utils.get_kv_cache_config_from_groups" in old["finding_symbols"]
         assert mid["findings"] == 4
     # a second call: every release is staged on the host already, nothing is shipped

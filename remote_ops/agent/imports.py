@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 
+from .core.pythons import sys_path_of
 from .protocol import AgentFailure
 
 # Runs in the job's interpreter: stdlib only, prints one JSON line.
@@ -117,10 +118,42 @@ def _fmt_versions(v):
     return ", ".join("%s %s" % (k, v[k]) for k in sorted(v))
 
 
+def model_module(model, library="vllm", workdir=None, sys_path=None):
+    """(module, note): the library module of the class its model registry picks for the checkpoint's
+    config.json ``architectures`` (e.g. vllm.model_executor.models.kimi_k25 for Kimi-K2.5), read from
+    the sources (nothing imported); module None with the reason when it cannot be told."""
+    from .check.checkpoint import read_config
+    from .core.reads import Reads
+    from .model import registry
+    from .resolve.resolver import StaticResolver
+    reads = Reads()
+    path, cfg, problem = read_config(model, reads, workdir)
+    if cfg is None:
+        return None, problem or "%s is not a directory here nor in the local HF hub cache" % model
+    archs = [a for a in cfg.get("architectures") or [] if isinstance(a, str)]
+    reg = registry(StaticResolver(sys_path or sys.path, reads=reads), library, reads)
+    if reg is None:
+        return None, "%s has no model registry here" % library
+    for arch in archs:
+        if arch in reg[1]:
+            return "%s.model_executor.models.%s" % (library, reg[1][arch][0]), None
+    return None, "no architecture of %s (%s) is in %s's registry" % (path, ", ".join(archs) or "none", library)
+
+
 def op_probe(args):
-    """args: python, modules, env, workdir, timeout, packages, unless_running (a job key).
-    Result: {ok, skipped?, modules, versions, seconds}; an import failure raises import-failed."""
-    modules = args.get("modules") or []
+    """args: python, modules, env, workdir, timeout, packages, unless_running (a job key), model (a
+    checkpoint: the library module of the class its registry picks is imported too, last).
+    Result: {ok, skipped?, modules, versions, seconds, model_module?, model_note?}; an import failure
+    raises import-failed."""
+    modules = list(args.get("modules") or [])
+    extra = {}
+    if args.get("model"):
+        # the registry of the vLLM the job's interpreter imports (its sys.path, with the job's env)
+        mod, note = model_module(args["model"], workdir=args.get("workdir"),
+                                 sys_path=sys_path_of(args.get("python") or sys.executable, args.get("env")))
+        if mod and mod not in modules:
+            modules.append(mod)
+        extra = {"model_module": mod} if mod else {"model_note": "the model's module was not probed: %s" % note}
     if not modules:
         return {"ok": True, "modules": [], "versions": {}, "skipped": "no modules to check"}
     key = args.get("unless_running")
@@ -181,5 +214,5 @@ def op_probe(args):
                            "or change extract.import_check" % res.get("executable", python),
                            module=res["module"], versions=versions, packages=res.get("packages"),
                            traceback=res.get("traceback"), python=res.get("executable"))
-    return {"ok": True, "modules": modules, "versions": res.get("versions") or {},
-            "python": res.get("executable"), "seconds": seconds}
+    return dict({"ok": True, "modules": modules, "versions": res.get("versions") or {},
+                 "python": res.get("executable"), "seconds": seconds}, **extra)

@@ -196,7 +196,6 @@ def _server_args(server):
 def op_launch(args):
     # imported here, not for every exec of the agent (status, logs and facts do not need them)
     import secrets as _secrets
-    import subprocess
     key = safe_key(args.get("key"))
     command = args.get("command")
     if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):

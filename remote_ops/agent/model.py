@@ -15,13 +15,18 @@ against what the playbook says the worker needs (``check.model`` of the playbook
   ``init_vllm_registered_model(architectures=[...] | hf_config=config.text_config)``);
 - ``text_model_members`` on that class; its decoder layer's ``forward`` accepting
   ``layer_forward_keywords`` by keyword;
-- the layer ids (given, or the package's default formula of ``n``): distinct and in range.
+- the layer ids (given, or the package's default formula of ``n``): distinct and in range;
+- ``quantization_config``: which parts of the decoder it quantizes (its ``ignore`` list against one module
+  name per part), whether the library has the method and, for compressed-tensors, its WNA16 MoE method and
+  the ``compressed_tensors`` package it imports (a finding when this interpreter lacks it).
 
 Every finding names the library file and line, like a binding finding; what cannot be decided (an HF
 id not on disk, a class built by an expression) is listed under ``unknown``, never passed silently.
 """
 
 import ast
+import os
+import re
 import sys
 import time
 
@@ -87,6 +92,101 @@ def registry(static, library, reads):
     top = tables.get("_VLLM_MODELS")
     previously[None] = ("", top.lineno if top is not None else 1)   # where the registry's table starts
     return spec.origin, models, previously
+
+
+# ------------------------------------------------------------------ quantization
+QUANT = "model_executor.layers.quantization"
+# one module name per part of a DeepSeek-V3-shaped decoder (Kimi-K2.5's text model), under the wrapper's
+# language_model prefix, matched against the checkpoint's quantization_config.ignore
+PARTS = (("routed experts", "language_model.model.layers.1.mlp.experts.0.gate_proj"),
+         ("shared experts", "language_model.model.layers.1.mlp.shared_experts.gate_proj"),
+         ("attention", "language_model.model.layers.1.self_attn.q_a_proj"),
+         ("dense MLP (first layers)", "language_model.model.layers.0.mlp.gate_proj"),
+         ("lm_head", "language_model.lm_head"))
+
+
+def _ignored(name, ignore):
+    for pat in ignore:
+        if not isinstance(pat, str):
+            continue
+        if pat.startswith("re:"):
+            try:
+                if re.match(pat[3:], name):
+                    return True
+            except re.error:
+                continue
+        elif name == pat or name.endswith("." + pat):
+            return True
+    return False
+
+
+def quantization(cfg, cfg_path, static, library, reads, findings):
+    """What the checkpoint's quantization_config quantizes (which parts of the decoder, how) and whether the
+    installed library has that method, its MoE kernel for those weights, and the package it imports for it.
+    None when the checkpoint is not quantized."""
+    qc = cfg.get("quantization_config") or (cfg.get("text_config") or {}).get("quantization_config")
+    if not isinstance(qc, dict):
+        return None
+    method = qc.get("quant_method")
+    groups = qc.get("config_groups") or {}
+    weights = [g.get("weights") or {} for g in groups.values() if isinstance(g, dict)]
+    w = weights[0] if weights else {}
+    ignore = list(qc.get("ignore") or [])
+    out = {"method": method, "format": qc.get("format"), "bits": w.get("num_bits"), "type": w.get("type"),
+           "strategy": w.get("strategy"), "group_size": w.get("group_size"), "symmetric": w.get("symmetric"),
+           "targets": sorted({t for g in groups.values() if isinstance(g, dict) for t in g.get("targets") or []}),
+           "quantized": [part for part, name in PARTS if not _ignored(name, ignore)],
+           "not_quantized": [part for part, name in PARTS if _ignored(name, ignore)]}
+    spec = static.find_spec("%s.%s" % (library, QUANT))
+    init = spec.origin if spec is not None and spec.origin else None
+    text = ""
+    if init:
+        try:
+            text = reads.text(init)
+        except (OSError, UnicodeDecodeError):
+            text = ""
+    known = bool(method) and ('"%s"' % method) in text
+    out["library_has_method"] = known
+    if init and not known:
+        findings.append({"path": init, "line": None, "symbol": None, "kind": "quantization-unsupported",
+                         "name": method, "message": "%s's quantization methods do not include %r (%s)"
+                         % (library, method, cfg_path),
+                         "suggestion": "use a %s release that supports %s" % (library, method)})
+    if method == "compressed-tensors":
+        pkg_dir = os.path.join(os.path.dirname(init), "compressed_tensors") if init else None
+        moe = None
+        if pkg_dir and reads.exists(pkg_dir):
+            # through reads: the check memo sees what was read (a new release's files change the answer)
+            for dirpath, files in reads.walk_py(pkg_dir):
+                for f in files:
+                    path = os.path.join(dirpath, f)
+                    try:
+                        src = reads.text(path)
+                    except (OSError, UnicodeDecodeError):
+                        continue
+                    if "class CompressedTensorsWNA16MoEMethod" in src:
+                        moe = path
+                        break
+                if moe:
+                    break
+        # int weights with activations left alone (W4A16 here) run through the WNA16 MoE method
+        out["moe_method"] = {"class": "CompressedTensorsWNA16MoEMethod", "where": moe} if moe else None
+        if "routed experts" in out["quantized"] and not moe and init:
+            findings.append({"path": init, "line": None, "symbol": None, "kind": "quantization-unsupported",
+                             "name": "CompressedTensorsWNA16MoEMethod",
+                             "message": "the routed experts are int%s-quantized but %s has no "
+                                        "CompressedTensorsWNA16MoEMethod" % (w.get("num_bits"), library),
+                             "suggestion": "use a %s release with compressed-tensors MoE support" % library})
+        dep = static.find_spec("compressed_tensors")
+        out["needs_package"] = {"name": "compressed-tensors", "import": "compressed_tensors",
+                                "installed": dep is not None}
+        if dep is None:
+            findings.append({"path": cfg_path, "line": None, "symbol": None, "kind": "quantization-dependency",
+                             "name": "compressed_tensors",
+                             "message": "the checkpoint is %s-quantized and %s imports the compressed_tensors "
+                                        "package for it, which this interpreter does not have" % (method, library),
+                             "suggestion": "pip install compressed-tensors (the version %s requires)" % library})
+    return out
 
 
 # ------------------------------------------------------------------ the checks
@@ -482,6 +582,15 @@ def _architecture(r):
     return True
 
 
+def _quantization(r):
+    """What the checkpoint's quantization_config quantizes and what the installed library has for it."""
+    q = quantization(r.cfg, r.cfg_path, r.static, r.library, r.reads, r.findings)
+    if q is not None:
+        r.out["quantization"] = q
+        r.checked.append("quantization")
+    return True
+
+
 def _protocol(r):
     """Every member of the protocol the worker asks for (``supports_eagle3(model)``), through the MRO."""
     proto_name = r.args.get("protocol")
@@ -605,7 +714,8 @@ def _decoder_layer(r):
 
 # The check's phases, in order; a phase returns False when what follows cannot be decided (the reason is
 # already a finding or an unknown of the answer).
-PHASES = (_checkpoint, _layer_ids, _architecture, _protocol, _text_model, _text_model_members, _decoder_layer)
+PHASES = (_checkpoint, _layer_ids, _architecture, _quantization, _protocol, _text_model, _text_model_members,
+          _decoder_layer)
 
 
 def check(args, reads=None):

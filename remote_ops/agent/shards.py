@@ -11,7 +11,7 @@ from .outputs.shares import SAMPLE_RE, SHARD_DIR_RE
 def op_files(args):
     """The output directory's data_<N>.pt files (index, size, and with ``digest`` their sha256),
     data_config.json's text, the ``shard-K-of-N`` subdirectories (moved shares), the directory's
-    identity (agent/job/outputlock.py) and its run identity (``run_identity``). Streams
+    identity (agent/job/outputdir.py) and its run identity (``run_identity``). Streams
     ``{"hashed": bytes, "of": bytes}`` progress while hashing."""
     import hashlib
     import time
@@ -50,13 +50,13 @@ def op_files(args):
                         last = time.time()
                         yield {"type": "progress", "hashed": done, "of": total}
             f["sha256"] = h.hexdigest()
-    from .job import outputlock
+    from .job import outputdir
     try:      # a directory from before identities gets one now: one value whichever host name lists it
-        outputlock.ensure_identity(out_dir)
+        outputdir.ensure_identity(out_dir)
     except OSError:
         pass      # read-only: this boot's device and inode still tell a path listed twice on one machine
     return {"output_dir": out_dir, "files": files, "config_text": config_text, "shard_dirs": sorted(subdirs),
-            "identity": outputlock.identity(out_dir), "run": run_identity(out_dir)}
+            "identity": outputdir.identity(out_dir), "run": run_identity(out_dir)}
 
 
 def run_identity(out_dir):

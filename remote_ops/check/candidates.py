@@ -147,17 +147,9 @@ def releases_from(name: str, installed: str | None) -> list[str]:
 
 
 def shipped_playbooks() -> list:
-    """Every playbook in the repository's playbooks/ that loads (a broken one is not a candidate)."""
-    from remote_ops.errors import RemoteOpsError
+    """Every playbook in the repository's playbooks/ that loads (playbook.loader.shipped)."""
     from remote_ops.playbook import loader as pb_mod
-
-    out = []
-    for p in sorted((REPO / "playbooks").glob("*.yaml")):
-        try:
-            out.append(pb_mod.load(p))
-        except RemoteOpsError:
-            continue
-    return out
+    return pb_mod.shipped()
 
 
 def covering(playbooks: list, package: str, versions: dict[str, str | None]) -> list[str]:

@@ -109,39 +109,60 @@ class CheckResult(LibraryAnswer):
     baseline: dict = optional()
     timing: dict = optional()
     model: dict = optional()            # the model preflight (check.model), when a model is known
+    server_flow: dict = optional()      # a server-flow playbook's checks on the host's vLLM (check.serverflow)
     extra: dict = field(default_factory=dict)
 
     def has_findings(self, strict: bool = False) -> bool:
-        return bool(self.findings or (strict and self.drift) or (self.model or {}).get("findings"))
+        return bool(self.findings or (strict and self.drift) or (self.model or {}).get("findings")
+                    or (self.server_flow or {}).get("findings") or (strict and self.nothing_checked()))
+
+    def nothing_checked(self) -> bool:
+        """No call site, no server-flow check and no model check was decided: ``--strict`` fails."""
+        return not self.calls_checked and not (self.server_flow or {}).get("checked") \
+            and not (self.model or {}).get("class")
 
 
-def check(session, req: CheckRequest, model_req=None, model_from_vars: bool = False) -> CheckResult:
+def check(session, req: CheckRequest, model_req=None, model_from_vars: bool = False,
+          server_req=None, server_playbook: str | None = None) -> CheckResult:
     """The check operation on the session's host: one exec round trip (the call sites, and the model preflight
     when ``model_req``: ``check.model.request``), then drift on the controller. ``model_from_vars``:
     the model is the playbook's var, not ``--model``: a directory that is not there is not checked
     (an unknown naming the var) rather than a finding, since ``check`` is about the code; the extract
-    preflight still refuses it."""
-    out = run(session, req, model_req)
+    preflight still refuses it. ``server_req``: ``check.serverflow.request`` (a server-flow playbook's
+    checks of the host's vLLM: remote_ops/agent/serverflow.py), in the same round trip."""
+    out = run(session, req, model_req, server_req)
+    if "server_flow" in out:
+        from remote_ops.check import serverflow
+        out["server_flow"] = serverflow.summarize(out["server_flow"], server_playbook)
     if model_from_vars and out.get("model"):
         from remote_ops.check.model import missing_as_unknown
         missing_as_unknown(out["model"])
+    if out.get("model"):
+        from remote_ops.check import known
+        out["model"]["warnings"] = known.warnings_for(out["model"], out.get("versions") or {})
     return CheckResult.from_json(out)
 
 
-def run(session, req: CheckRequest, model_req=None) -> dict:
+def run(session, req: CheckRequest, model_req=None, server_req=None) -> dict:
     """One exec round trip; returns the CLI's JSON object (plus timing)."""
     from remote_ops.connect.transport import unwrap
     t0 = time.perf_counter()
-    if model_req is None:
-        raw, model = session.call(*rq.compat_check(**req.op_args())), None
+    extra = [r for r in (model_req, server_req) if r is not None]
+    if not extra:
+        raw, model, server = session.call(*rq.compat_check(**req.op_args())), None, None
     else:
-        raw, model = (unwrap(r, session.label) for r in
-                      session.call_many([rq.compat_check(**req.op_args()), model_req]))
+        got = [unwrap(r, session.label) for r in session.call_many([rq.compat_check(**req.op_args())] + extra)]
+        raw = got.pop(0)
+        model = got.pop(0) if model_req is not None else None
+        server = got.pop(0) if server_req is not None else None
     t1 = time.perf_counter()
     out = to_json(session.label, raw, req)
     if model is not None:
         model.pop("elapsed_s", None)
         out["model"] = model
+    if server is not None:
+        server.pop("elapsed_s", None)
+        out["server_flow"] = server
     out["timing"] = {"host_analysis_s": raw.get("elapsed_s"),
                      "round_trip_s": round(t1 - t0, 4)}
     if req.drift:

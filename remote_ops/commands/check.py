@@ -61,12 +61,12 @@ def _emit_playbook(path, req, values) -> None:
 
 
 def totals(result: dict) -> tuple[int, int, int]:
-    """(findings, drift items, unknown) of one host's check, the model preflight's included: the
-    numbers of the closing line are the sums of the lines above it."""
-    m = result.get("model") or {}
-    return (len(result.get("findings") or []) + len(m.get("findings") or []),
+    """(findings, drift items, unknown) of one host's check, the model preflight's and the server
+    flow's included: the numbers of the closing line are the sums of the lines above it."""
+    parts = [result, result.get("model") or {}, result.get("server_flow") or {}]
+    return (sum(len(p.get("findings") or []) for p in parts),
             len(result.get("drift") or []),
-            len(result.get("unknown") or []) + len(m.get("unknown") or []))
+            sum(len(p.get("unknown") or []) for p in parts))
 
 
 def explain(f: dict, style: str = "line") -> str:
@@ -110,6 +110,10 @@ def render(console, result: dict, verbose: int = 0) -> None:
         console.print(f"[yellow]{escape(result['note'])}[/yellow]")
     render_drift(console, result, verbose)
     render_model(console, result.get("model"))
+    render_server_flow(console, result.get("server_flow"), verbose)
+    if not result.get("calls_checked") and not (result.get("server_flow") or {}).get("checked") \
+            and not (result.get("model") or {}).get("class"):
+        console.print("[yellow]nothing was checked on this host (check --strict exits 1)[/yellow]")
     n, nd, nu = totals(result)
     base = result.get("baseline") or {}
     compared = any("unavailable" not in b for b in (base.get("libraries") or [base])) if base else False
@@ -134,6 +138,28 @@ def render_model(console, m: dict | None) -> None:
             console.print(escape(f"    fix:     {f['suggestion']}"))
     for u in m.get("unknown") or []:
         console.print(f"[yellow]{escape('not checked: ' + u['what'] + ': ' + u['reason'])}[/yellow]")
+    for w in m.get("warnings") or []:
+        console.print(f"[yellow]{escape('warning: ' + w['message'] + ' (source: ' + w['source'] + ')')}[/yellow]")
+
+
+def render_server_flow(console, sf: dict | None, verbose: int = 0) -> None:
+    """A server-flow playbook's checks on the host's vLLM: the count, each failed or undecided one."""
+    if not sf:
+        return
+    from rich.markup import escape
+
+    from remote_ops.check import serverflow
+    lib = sf.get("library") or {}
+    console.print(f"[bold]server flow ({escape(str(sf.get('playbook')))}) on vllm {escape(str(lib.get('version')))}:"
+                  f"[/bold] {sf.get('checked', 0)} check(s) decided, {len(sf.get('findings') or [])} failed, "
+                  f"{len(sf.get('unknown') or [])} undecided")
+    for c in sf.get("checks") or []:
+        if c.get("ok") is True and not verbose:
+            continue
+        line = serverflow.explain(c) if c.get("ok") is not True else f"  ok: {c['what']}"
+        console.print(escape(line if c.get("ok") is not None else "not checked: " + line))
+        if c.get("fix") and c.get("ok") is False:
+            console.print(escape(f"    fix:     {c['fix']}"))
 
 
 def render_drift(console, result: dict, verbose: int = 0) -> None:

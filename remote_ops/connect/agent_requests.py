@@ -58,6 +58,11 @@ def compat_check(*, against: list[str], targets: list[str] = _UNSET, package: st
                 override_sources=override_sources, sys_path=sys_path, only_symbols=only_symbols, trace=trace)
 
 
+def serverflow_check(*, command: list[str], client: dict = _UNSET, python: str = _UNSET,
+                     sys_path: list[str] = _UNSET) -> Request:
+    return _req("serverflow.check", command=command, client=client, python=python, sys_path=sys_path)
+
+
 def model_check(*, model: str, library: str = _UNSET, layer_ids: list = _UNSET, default_layer_ids: list = _UNSET,
                 protocol: str = _UNSET, worker: str = _UNSET, text_model: list = _UNSET,
                 text_model_members: list = _UNSET, layer_forward_keywords: list = _UNSET,
@@ -79,9 +84,10 @@ def files_put(*, workdir: str | None, files: list[dict], dry_run: bool = _UNSET,
 
 
 def imports_probe(*, python: str, modules: list[str], env: dict = _UNSET, workdir: str | None = _UNSET,
-                  timeout: float = _UNSET, packages: list[str] = _UNSET, unless_running: str = _UNSET) -> Request:
+                  timeout: float = _UNSET, packages: list[str] = _UNSET, unless_running: str = _UNSET,
+                  model: str = _UNSET) -> Request:
     return _req("imports.probe", python=python, modules=modules, env=env, workdir=workdir, timeout=timeout,
-                packages=packages, unless_running=unless_running)
+                packages=packages, unless_running=unless_running, model=model)
 
 
 # dataset.py

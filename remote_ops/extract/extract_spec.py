@@ -514,3 +514,13 @@ def assignment_changed(spec, recorded) -> str:
     return (f"{spec.output_dir} holds shard {k}/{n} of a sharded run, this run is {now}: the group "
             f"changed (hosts are assigned sorted by name); run the same hosts with --shard, or move "
             f"that share to a host with: remote-ops extract HOST --shard {k}/{n}")
+
+
+def server_command(playbook, host) -> list[str] | None:
+    """The playbook's ``extract.server`` command filled for ``host`` (None: the playbook has no server);
+    what ``check`` checks the host's vLLM against (check/serverflow.py)."""
+    if playbook is None or not isinstance(getattr(playbook, "extract", None), dict) \
+            or not playbook.extract.get("server"):
+        return None
+    spec = parse_spec(playbook, host)
+    return list(spec.server.command) if spec.server else None

@@ -295,6 +295,21 @@ def _model_preflight(pf: Preflight, res: dict) -> None:
         pf.problems.append(f"model: {model_mod.explain(f)}" + (f" (fix: {f['suggestion']})" if f.get("suggestion") else ""))
 
 
+def probe_model(spec: ExtractSpec, playbook, host) -> str | None:
+    """The checkpoint the job's model-loading process loads: the playbook's check.model path, else the
+    server command's ``serve MODEL`` (None when neither says)."""
+    section = (getattr(playbook, "check", None) or {}).get("model")
+    if section and host is not None and section.get("path"):
+        from remote_ops.playbook.templates import fill_for_host
+        path = fill_for_host(playbook, host, section.get("path"), ("check", "model", "path"))
+        if isinstance(path, str) and path:
+            return path
+    cmd = spec.server.command if spec.server is not None else []
+    if "serve" in cmd and cmd.index("serve") + 1 < len(cmd) and not cmd[cmd.index("serve") + 1].startswith("-"):
+        return cmd[cmd.index("serve") + 1]
+    return None
+
+
 def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False, dry_run: bool = False,
               strict_drift: bool = False, host=None) -> Preflight:
     """Running job + shipped files + GPUs + check + disk + import probe, in ONE round trip. The files
@@ -325,10 +340,15 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
         model_req = model_mod.request(playbook, host)
         if model_req is not None:
             ops["model"] = model_req
+    # the process that loads the model (the server, else the job) also imports the library module of the
+    # class the registry picks for it (Kimi-K2.5: vllm's kimi_k25.py needs compressed_tensors), which
+    # otherwise fails only once the engine loads the model
+    model = probe_model(spec, playbook, host)
     if spec.import_check:
         ops["imports"] = (rq.imports_probe(python=spec.job_python, modules=spec.import_check, env=spec.env,
                                     workdir=spec.workdir, timeout=spec.import_timeout, packages=spec.requires,
-                                    unless_running=spec.key))
+                                    unless_running=spec.key,
+                                    **({"model": model} if model and server is None else {})))
     from remote_ops.extract import dataset
     if (ds := dataset.request(spec)) is not None:
         ops["dataset"] = ds
@@ -336,7 +356,8 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
         # the server's modules, by the server's interpreter with its environment (a second probe)
         ops["server_imports"] = (rq.imports_probe(
             python=server.python, modules=server.import_check, env={**spec.env, **server.env},
-            workdir=spec.workdir, timeout=spec.import_timeout, packages=spec.requires, unless_running=spec.key))
+            workdir=spec.workdir, timeout=spec.import_timeout, packages=spec.requires, unless_running=spec.key,
+            **({"model": model} if model else {})))
     raw = dict(zip(ops, session.call_many(list(ops.values()), timeout=2 * spec.import_timeout + 300)))
     pf = Preflight()
     probe = unwrap(raw["probe"], session.label)
@@ -453,8 +474,10 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
                 pf.notes.append(f"{who} import check skipped: {result['skipped']}" if who == "server"
                                 else f"import check skipped: {result['skipped']}")
             else:
-                pf.notes.append(f"{'server ' if who == 'server' else ''}imports: {', '.join(modules)} "
+                pf.notes.append(f"{'server ' if who == 'server' else ''}imports: {', '.join(result.get('modules') or modules)} "
                                 f"import in {result.get('seconds')}s")
+            if result.get("model_note"):
+                pf.notes.append(f"{who}: {result['model_note']}")
         else:
             err = res.get("error") or {}
             failed = {"ok": False, **{k: v for k, v in err.items() if k != "traceback"}}

@@ -394,3 +394,16 @@ def find(spec: str | None, host=None, search_dirs: list[Path] | None = None) -> 
             if cand.exists():
                 return cand
     raise ConfigError(str(chosen), None, "playbook not found")
+
+
+def shipped() -> list:
+    """Every playbook in the repository's playbooks/ that loads (a broken one is not a candidate)."""
+    from remote_ops.errors import RemoteOpsError
+
+    out = []
+    for p in sorted((Path(__file__).resolve().parent.parent.parent / "playbooks").glob("*.yaml")):
+        try:
+            out.append(load(p))
+        except RemoteOpsError:
+            continue
+    return out

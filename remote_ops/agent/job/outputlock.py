@@ -1,5 +1,4 @@
-"""One job per output directory: the marker a running job holds in its output directory, and the
-directory's own identity. Stdlib only.
+"""One job per output directory: the marker a running job holds in its output directory. Stdlib only.
 
 ``<output_dir>/.remote-ops-job.json`` exists while a job writes there. It is created whole, with
 ``os.link`` of a finished temporary (which fails when the name exists), so two launches racing for
@@ -12,9 +11,7 @@ over: on the same boot of the same machine when its ``run.lock`` is not held (or
 cannot be read, its pid is gone); on the same machine after a reboot always. A marker of another
 machine is never taken over: the refusal names it and what to do.
 
-``<output_dir>/.remote-ops-dir`` holds a random token, created once: the directory's identity,
-the same whichever host name, mount point or symlink reaches it (``identity``). ``status GROUP``,
-``verify GROUP`` and ``gather`` count a directory reached twice once.
+The directory's own identity (``.remote-ops-dir``) is outputdir.py's.
 """
 
 import errno
@@ -22,24 +19,8 @@ import json
 import os
 import time
 
+from .outputdir import DIR_ID, ensure_identity, identity, machine  # noqa: F401  (outputlock.identity for callers)
 from .supervisor import OUTPUT_MARKER as MARKER, release_output as release  # noqa: F401  (one implementation)
-
-DIR_ID = ".remote-ops-dir"
-
-
-def _read_text(path):
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.read().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def machine():
-    """This machine as the marker records it: machine id, boot id, host name."""
-    import socket
-    return {"machine_id": _read_text("/etc/machine-id"),
-            "boot_id": _read_text("/proc/sys/kernel/random/boot_id"), "hostname": socket.gethostname()}
 
 
 def read(output_dir):
@@ -198,38 +179,3 @@ def update(output_dir, job_id, **fields):
     os.replace(tmp, path)
 
 
-def ensure_identity(output_dir):
-    """The directory's token, created once (``os.link`` of a finished temporary: one winner)."""
-    import secrets
-    path = os.path.join(output_dir, DIR_ID)
-    have = _read_text(path)
-    if have:
-        return have
-    token = secrets.token_hex(16)
-    tmp = "%s.%s.tmp" % (path, token[:8])      # unique also between machines sharing the directory
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(token + "\n")
-    try:
-        os.link(tmp, path)
-    except OSError:
-        if not os.path.exists(path):
-            os.replace(tmp, path)
-    finally:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-    return _read_text(path)
-
-
-def identity(output_dir):
-    """What the directory is, whoever reaches it: its token (``dir:<hex>``), else this boot of this
-    machine with the directory's device and inode (``ino:<boot>:<dev>:<ino>``), else None."""
-    token = _read_text(os.path.join(output_dir, DIR_ID))
-    if token:
-        return "dir:" + token
-    try:
-        st = os.stat(output_dir)
-    except OSError:
-        return None
-    return "ino:%s:%d:%d" % (machine()["boot_id"], st.st_dev, st.st_ino)

@@ -281,8 +281,8 @@ def job_status(job_id):
         out["layout"] = job["layout"]
     out["shard"] = job["shard"] if "shard" in job else _shard_of_command(job.get("command"))
     if job.get("output_dir"):     # which directory this is, whichever name reached it (counted once)
-        from . import outputlock
-        out["output_identity"] = outputlock.identity(os.path.expanduser(job["output_dir"]))
+        from .outputdir import identity as output_identity
+        out["output_identity"] = output_identity(os.path.expanduser(job["output_dir"]))
     if job.get("server"):
         out["server"] = server_status(jobdir, state)
     # progress

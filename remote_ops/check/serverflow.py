@@ -1,0 +1,49 @@
+"""The server flow's part of ``check``, controller side: the request for the agent op
+``serverflow.check`` (remote_ops/agent/serverflow.py) built from a playbook's ``extract.server``, and
+its answer turned into findings and unknowns.
+
+A server-flow playbook (speculators >= 0.5: the hidden states come from a vLLM server) patches nothing,
+and speculators' modules call no vLLM function, so the call-site check has nothing to bind there. What
+the flow needs of vLLM is the server's: that op checks it on the host's own vLLM.
+"""
+
+from __future__ import annotations
+
+from remote_ops.connect import agent_requests as rq
+
+# What speculators 0.9.0's client (speculators/data_generation/vllm_client.py) sends and reads, by
+# class of vLLM's OpenAI protocol module: the prompt token ids with return_token_ids and max_tokens=1,
+# then choices[0].prompt_token_ids and kv_transfer_params.hidden_states_path
+# (benchmarks/server_flow_evidence.py checks these against the client's source).
+CLIENT_FIELDS = {
+    "CompletionRequest": ["model", "prompt", "max_tokens", "return_token_ids"],
+    "CompletionResponseChoice": ["prompt_token_ids", "token_ids"],
+    "CompletionResponse": ["choices", "kv_transfer_params"],
+}
+
+
+def request(command: list[str] | None):
+    """The ``serverflow.check`` request for a server command as filled for the host
+    (``extract.extract_spec.server_command``); None when the playbook has no server."""
+    if command is None:
+        return None
+    import re
+    # the server's interpreter (the command's first word when it is a python, as extract.ServerSpec.python):
+    # its vLLM is the one checked
+    python = command[0] if re.search(r"(^|/)python[0-9.]*$", command[0]) else rq._UNSET
+    return rq.serverflow_check(command=list(command), client={k: list(v) for k, v in CLIENT_FIELDS.items()},
+                               python=python)
+
+
+def summarize(raw: dict, playbook: str | None) -> dict:
+    """The record's ``server_flow``: the op's checks, the failed ones as findings, the undecided ones."""
+    checks = raw.get("checks") or []
+    return {"playbook": playbook, "library": raw.get("library"), "checks": checks,
+            "checked": sum(1 for c in checks if c.get("ok") is not None),
+            "findings": [c for c in checks if c.get("ok") is False],
+            "unknown": [c for c in checks if c.get("ok") is None]}
+
+
+def explain(c: dict) -> str:
+    where = f"{c['where']}: " if c.get("where") else ""
+    return f"server flow: {where}{c['what']}: {c.get('detail') or 'no'}"

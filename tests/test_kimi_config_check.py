@@ -1,0 +1,101 @@
+"""`check --model` with Kimi-K2.5's real config.json (tests/fixtures/kimi-k2.5, see its SOURCE.md) as a
+config-only checkpoint, on the real sources of vLLM 0.17.0, 0.20.0, 0.22.0 and 0.33.0: the class the
+registry picks, the layers, what the int4 quantization_config quantizes (the routed experts only) and
+what the installed vLLM has for it; and the per-release known breakages of the family
+(remote_ops/check/known_breakages.yaml) reported as warnings naming the release and the source."""
+
+from __future__ import annotations
+
+import pytest
+
+from remote_ops import pkgsource
+from remote_ops.agent import model as model_check
+from remote_ops.agent.core.reads import Reads
+from remote_ops.check import known
+from tests.conftest import REPO
+from tests.test_model_check import section_args
+
+KIMI = REPO / "tests" / "fixtures" / "kimi-k2.5"
+
+
+def _check(vllm, extra=()):
+    sys_path = [str(pkgsource.unpacked("vllm", vllm)), str(pkgsource.unpacked("speculators", "0.3.0")), *extra]
+    return model_check.check(section_args(sys_path=sys_path, model=str(KIMI)), Reads())
+
+
+@pytest.mark.parametrize("vllm", ["0.17.0", "0.20.0", "0.22.0", "0.33.0"])
+def test_kimi_config_int4_experts(vllm):
+    out = _check(vllm)
+    assert out["class"]["symbol"] == "vllm.model_executor.models.kimi_k25.KimiK25ForConditionalGeneration"
+    assert out["num_layers"] == 61 and out["layer_ids"] == [2, 30, 58, 60]
+    q = out["quantization"]
+    assert (q["method"], q["format"], q["bits"], q["type"], q["strategy"], q["group_size"], q["symmetric"]) == \
+        ("compressed-tensors", "pack-quantized", 4, "int", "group", 32, True)
+    # the ignore list leaves only the routed experts quantized
+    assert q["quantized"] == ["routed experts"]
+    assert q["not_quantized"] == ["shared experts", "attention", "dense MLP (first layers)", "lm_head"]
+    assert q["library_has_method"] is True
+    where = q["moe_method"]["where"]
+    assert where.startswith(str(pkgsource.unpacked("vllm", vllm)))
+    # 0.17.0 keeps every compressed-tensors MoE method in one module; 0.20.0 on split it per scheme
+    assert where.endswith("compressed_tensors_moe.py" if vllm == "0.17.0" else "compressed_tensors_moe_wna16.py")
+    # these sources hold no compressed_tensors package: what Kimi's load would need, said before the engine
+    assert q["needs_package"] == {"name": "compressed-tensors", "import": "compressed_tensors", "installed": False}
+    dep = [f for f in out["findings"] if f["kind"] == "quantization-dependency"]
+    assert len(dep) == 1 and "pip install compressed-tensors" in dep[0]["suggestion"]
+
+
+def test_the_dependency_finding_goes_when_the_package_is_there(tmp_path):
+    (tmp_path / "compressed_tensors").mkdir()
+    (tmp_path / "compressed_tensors" / "__init__.py").write_text("")
+    out = _check("0.22.0", extra=[str(tmp_path)])
+    assert out["quantization"]["needs_package"]["installed"] is True
+    assert not [f for f in out["findings"] if f["kind"].startswith("quantization")]
+
+
+def test_an_unknown_method_is_a_finding(tmp_path):
+    import json
+    cfg = json.loads((KIMI / "config.json").read_text())
+    cfg["quantization_config"]["quant_method"] = "no-such-method"
+    cfg["text_config"].pop("quantization_config")
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    sys_path = [str(pkgsource.unpacked("vllm", "0.33.0")), str(pkgsource.unpacked("speculators", "0.3.0"))]
+    out = model_check.check(section_args(sys_path=sys_path, model=str(tmp_path)), Reads())
+    bad = [f for f in out["findings"] if f["kind"] == "quantization-unsupported"]
+    assert len(bad) == 1 and bad[0]["name"] == "no-such-method" and out["quantization"]["library_has_method"] is False
+
+
+def test_known_breakages_name_the_release_and_the_source():
+    entries = known.load()
+    assert entries and all(e["source"].strip() for e in entries)
+    model = {"model_type": "kimi_k25", "architectures": ["KimiK25ForConditionalGeneration"]}
+    w = known.warnings_for(model, {"vllm": "0.22.1"})
+    assert len(w) == 1 and w[0]["message"].startswith("vllm 0.22.1: serving Kimi-K2.5 regressed")
+    assert "Model-Optimizer" in w[0]["source"] and "0.22.1 regressed Kimi serve" in w[0]["source"]
+    assert [x["version"] for x in known.warnings_for(model, {"vllm": "0.17.0"})] == ["0.17.0"]
+    assert known.warnings_for(model, {"vllm": "0.22.0"}) == []
+    assert known.warnings_for({"model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"]},
+                              {"vllm": "0.22.1"}) == []
+
+
+def test_a_data_file_entry_without_a_source_is_refused(tmp_path):
+    p = tmp_path / "k.yaml"
+    p.write_text("breakages:\n  - {family: {model_type: [x]}, library: vllm, versions: '==1.0', what: w}\n")
+    with pytest.raises(ValueError, match="lacks source"):
+        known.load(str(p))
+
+
+def test_check_model_over_ssh_warns_on_the_release(sshd, inventory_file, env_vllm017, cli):
+    inv = inventory_file(python=str(env_vllm017))
+    status, out, err = cli("check", "testhost", "--playbook", "eagle3-speculators-0.3.0", "--model", str(KIMI),
+                           "-i", str(inv))
+    assert "warning: vllm 0.17.0: Kimi-K2.5 fails SpeculativeConfig validation in this release (source: NVIDIA " \
+           "Model-Optimizer" in " ".join(out.split()), out + err
+    # a warning is not a finding: the exit status is the findings' (0.17.0's Kimi class lacks SupportsEagle3)
+    assert status == 1
+    status, out, err = cli("--json", "check", "testhost", "--playbook", "eagle3-speculators-0.3.0", "--model",
+                           str(KIMI), "-i", str(inv))
+    import json
+    model = json.loads(out)["model"]
+    assert [w["version"] for w in model["warnings"]] == ["0.17.0"]
+    assert not [f for f in model["findings"] if "0.17.0" in f["message"] and "SpeculativeConfig" in f["message"]]
