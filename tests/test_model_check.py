@@ -229,8 +229,8 @@ def test_the_layer_ids_fix_applied_as_printed_gets_past_the_preflight_and_the_sc
         checkpoints, speculators_patched):
     """The preflight's suggestion ("set the playbook var layer_ids to ..., e.g. [0, 2, 3, 5]") taken
     literally as YAML into the host's vars: the preflight's own request reads it and finds nothing,
-    and the command the job runs hands the shipped script a --layer-ids it parses to the same ids
-    (a YAML list in a command is written 0,2,3,5, never "[0, 2, 3, 5]")."""
+    and the command the job runs hands the shipped script a --layer-ids ("[0, 2, 3, 5]": a list var
+    is filled as written, which the server flow's JSON needs) that it parses to the same ids."""
     import re
 
     import yaml
@@ -255,8 +255,11 @@ def test_the_layer_ids_fix_applied_as_printed_gets_past_the_preflight_and_the_sc
     assert [f for f in fixed["findings"] if f["kind"] == "layer-ids"] == []
     command = parse_spec(PLAYBOOK, host).command
     given = command[command.index("--layer-ids") + 1]
-    assert given == ",".join(map(str, literal))
-    assert load_extract_script().parse_layer_ids(given) == literal
+    script = load_extract_script()
+    assert script.parse_layer_ids(given) == literal
+    assert script.parse_layer_ids("2,4,5,7") == script.parse_layer_ids("[2, 4, 5, 7]") == [2, 4, 5, 7]
+    with pytest.raises(script.InputError, match="is not a layer index"):
+        script.parse_layer_ids("[2, x]")
 
 
 def test_a_text_model_chosen_at_run_time_is_said_whole(checkpoints, speculators_patched):

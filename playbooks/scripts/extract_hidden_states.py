@@ -134,11 +134,15 @@ class DiskFullError(OSError):
 
 # ------------------------------------------------------------------ arguments
 def parse_layer_ids(text):
-    """"2,4,5,7" -> [2, 4, 5, 7]; "" or "none" -> None (the generator chooses)."""
-    if text is None or str(text).strip().lower() in ("", "none", "default"):
+    """"2,4,5,7" or "[2, 4, 5, 7]" (a YAML/JSON list, as a playbook var list is filled into the
+    command) -> [2, 4, 5, 7]; "" or "none" -> None (the generator chooses)."""
+    if text is None or str(text).strip().lower() in ("", "none", "default", "[]"):
         return None
+    body = str(text).strip()
+    if body.startswith("[") and body.endswith("]"):
+        body = body[1:-1]
     out = []
-    for part in str(text).replace(" ", ",").split(","):
+    for part in body.replace(" ", ",").split(","):
         if not part:
             continue
         try:

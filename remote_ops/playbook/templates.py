@@ -17,7 +17,7 @@ def _fill(value: str, ctx: dict, err) -> str:
     def sub(m):
         name = m.group(1)
         if name in ctx:
-            found = _text(ctx[name])
+            found = str(ctx[name])
             if name.startswith("vars.") and "{" in found:
                 # a var's value may use the built-in templates ({python}: a server's interpreter that
                 # defaults to the host's), once; vars inside vars are not expanded
@@ -31,16 +31,6 @@ def _fill(value: str, ctx: dict, err) -> str:
         raise err(f"unknown template {{{name}}}",
                   "known: {vars.NAME}, {output_dir}, {workdir}, {python}, {host}, {port} (with extract.server)")
     return _TEMPLATE.sub(sub, value)
-
-
-def _text(value: Any) -> str:
-    """A var's value inside a string: a YAML list of plain values is written the way a command line
-    takes a list, comma-separated (``layer_ids: [2, 4, 5, 7]`` -> ``2,4,5,7``, as ``"2,4,5,7"``
-    would be); anything else as ``str``."""
-    if isinstance(value, (list, tuple)) and all(isinstance(x, (str, int, float)) and not isinstance(x, bool)
-                                                 for x in value):
-        return ",".join(str(x) for x in value)
-    return str(value)
 
 
 def template_context(playbook, host) -> dict[str, Any]:
