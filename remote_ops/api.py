@@ -26,13 +26,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from remote_ops.errors import RemoteOpsError
+from remote_ops.errors import ConfigError, RemoteOpsError, UsageError
 from remote_ops.fleet import Fleet, HostResult, Results
 
 if TYPE_CHECKING:
     from remote_ops.extract.follow import FollowEvent
 
-__all__ = ["open_inventory", "Inventory", "Results", "HostResult", "RemoteOpsError"]
+__all__ = ["open_inventory", "Inventory", "Results", "HostResult", "RemoteOpsError", "UsageError", "ConfigError"]
 
 
 def _job_ops(host):
@@ -180,12 +180,14 @@ class Inventory(Fleet):
         return self.run(target, lambda h, s: _job_ops(h).logs(s, pb=book.for_job(h, job), job=job, lines=lines))
 
     def follow(self, target: str | None = None, job: str | None = None, *, playbook: str | None = None,
-               offset: int = 0) -> Iterator[FollowEvent]:
+               offset: int = 0, reconnect_for: float = 900.0) -> Iterator[FollowEvent]:
         """Follow the job on the one host ``target`` names (``job``, else the playbook's, else the
         host's newest) from byte ``offset`` of its log until it ends: the events ``extract --tail``
         prints (``follow.Line``, ``Progress``, ``Snapshot``, ``Reconnecting``, ...), the last one
-        ``follow.End`` with the job's final status record. Reconnects when the connection drops;
-        a target naming several hosts is a UsageError at once."""
+        ``follow.End`` with the job's final status record. A host that cannot be reached at first
+        raises its error at once (UnreachableError, as ``logs --follow`` exits 3); a connection
+        that drops after the host answered about the job is reopened for up to ``reconnect_for``
+        seconds. A target naming several hosts is a UsageError at once."""
         from remote_ops.errors import UsageError
         from remote_ops.extract import follow as follow_mod
         from remote_ops.extract import jobs
@@ -197,7 +199,7 @@ class Inventory(Fleet):
         host = hosts[0]
         ref = jobs.ref_for(Playbooks(playbook).for_job(host, job), job, host)
         return follow_mod.follow(lambda: self.session(host), lambda: self.drop_session(host), ref,
-                                 offset=offset)
+                                 offset=offset, reconnect_for=reconnect_for)
 
     def stop(self, target: str | None = None, *, playbook: str | None = None, job: str | None = None,
              grace: float | None = None, on_stopping: Callable[[Any, dict, float], None] | None = None) -> Results:

@@ -4,6 +4,7 @@ events (extract --tail, logs --follow), over the real sshd with the torch stand-
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -90,3 +91,70 @@ def test_tail_attaching_to_a_long_log_prints_its_last_lines_then_follows(tmp_pat
     assert p.returncode == 1, err                       # a stopped job: exit 1, as status says
     assert "tick " in out and " starting: " not in out
     assert ": stopped after " in out.splitlines()[-1]
+
+
+def test_follow_of_an_unreachable_host_fails_at_once_as_logs_follow_does(tmp_path, cli):
+    """Nothing listens: Inventory.follow raises the connection's error on its first step (it never
+    had the job, so there is nothing to reconnect to), as `logs --follow` exits 3 at once."""
+    import time
+
+    from remote_ops.errors import Exit, UnreachableError
+    from remote_ops.sshd import free_port
+
+    inv_path = write_inventory(tmp_path / "inv.yaml", {"dead": {"hostname": "127.0.0.1", "port": free_port()}})
+    t0 = time.monotonic()
+    with api.open_inventory(str(inv_path)) as inv:
+        with pytest.raises(UnreachableError, match="connection refused") as caught:
+            next(iter(inv.follow("dead", "some-job-20261202-000000-abcdef")))
+    assert time.monotonic() - t0 < 10 and caught.value.host == "dead"
+    assert "keeps running" not in caught.value.one_line()
+    status, out, err = cli("-i", str(inv_path), "logs", "dead", "--follow", "--job", "some-job-20261202-000000-abcdef")
+    assert status == Exit.UNREACHABLE and "connection refused" in err
+
+
+def test_a_follow_that_had_the_job_reconnects_within_its_budget(tmp_path, sshd):
+    """The host answered about the job, then every new connection is refused: Reconnecting events
+    for ``reconnect_for`` seconds, then one UnreachableError saying the job keeps running."""
+    import time
+
+    from remote_ops.connect.transport import ConnectOptions, Session
+    from remote_ops.errors import UnreachableError
+    from remote_ops.extract import jobs
+    from remote_ops.extract.follow import Reconnecting, follow
+    from remote_ops.playbook.loader import load
+    from remote_ops.sshd import free_port
+
+    env = Env(tmp_path, sshd, ["--max-samples", "400", "--sleep", "0.2", "--ticks"])
+    sess = env.session()
+    job = jobs.launch(sess, jobs.parse_spec(load(env.playbook), sess.host))["job"]
+    dead = sshd.host(python=sys.executable, port=free_port())
+    holder = {"s": sess}
+
+    def open_session():
+        if holder["s"] is None:
+            holder["s"] = Session(dead, ConnectOptions()).open()   # the host is gone from here on
+        return holder["s"]
+
+    def drop():
+        s, holder["s"] = holder["s"], None
+        if s:
+            s.close()
+
+    seen = []
+    try:
+        with pytest.raises(UnreachableError, match="lost the connection for .* it keeps running") as caught:
+            for ev in follow(open_session, drop, {"job_id": job["job_id"]}, budget=1, reconnect_for=2):
+                seen.append(ev)
+                if isinstance(ev, Line) and "tick " in ev.text and holder["s"] is sess:
+                    t_drop = time.monotonic()
+                    sshd.server.kill_sessions()      # the link drops after the job was seen
+        waited = time.monotonic() - t_drop
+        reconnects = [e for e in seen if isinstance(e, Reconnecting)]
+        assert reconnects and "reconnecting in" in reconnects[0].message
+        assert "remote-ops extract HOST --tail" in caught.value.one_line()
+        assert 2 <= waited < 20
+    finally:
+        drop()
+        s = env.session()
+        jobs.stop(s, pb=load(env.playbook), job=job["job_id"], grace=2)
+        s.close()

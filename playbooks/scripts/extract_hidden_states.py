@@ -142,11 +142,15 @@ class DiskFullError(OSError):
 
 # ------------------------------------------------------------------ arguments
 def parse_layer_ids(text):
-    """"2,4,5,7" -> [2, 4, 5, 7]; "" or "none" -> None (the generator chooses)."""
-    if text is None or str(text).strip().lower() in ("", "none", "default"):
+    """"2,4,5,7" or "[2, 4, 5, 7]" (a YAML/JSON list, as a playbook var list is filled into the
+    command) -> [2, 4, 5, 7]; "" or "none" -> None (the generator chooses)."""
+    if text is None or str(text).strip().lower() in ("", "none", "default", "[]"):
         return None
+    body = str(text).strip()
+    if body.startswith("[") and body.endswith("]"):
+        body = body[1:-1]
     out = []
-    for part in str(text).replace(" ", ",").split(","):
+    for part in body.replace(" ", ",").split(","):
         if not part:
             continue
         try:
@@ -243,21 +247,28 @@ def _int_list(value, what, where, allowed=None):
 def read_dataset(path, max_samples=None):
     """The first ``max_samples`` samples: dicts {line, input_ids | text, loss_mask | None}."""
     try:
-        fh = open(path, encoding="utf-8")
+        fh = open(path, "rb")     # lines split at b"\n" and decoded one by one: line numbers are the file's
     except OSError as exc:
         raise InputError("cannot read dataset %s: %s" % (path, exc.strerror)) from None
     records = []
     with fh:
-        for lineno, line in enumerate(fh, 1):
+        for lineno, raw in enumerate(fh, 1):
             if max_samples is not None and len(records) >= max_samples:
                 break
-            if not line.strip():
-                continue
             where = "%s:%d" % (path, lineno)
             try:
-                obj = json.loads(line)
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError("%s: not UTF-8 text (%s at byte %d of the line)"
+                                 % (where, exc.reason, exc.start + 1)) from None
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line.rstrip("\r\n"))
             except ValueError as exc:
-                raise InputError("%s: not valid JSON (%s)" % (where, exc)) from None
+                # the decoder's column, not its "line 1": the file's line is named in front
+                what = ("%s at column %d" % (exc.msg, exc.colno)) if isinstance(exc, json.JSONDecodeError) else exc
+                raise InputError("%s: not valid JSON (%s)" % (where, what)) from None
             if not isinstance(obj, dict):
                 raise InputError("%s: each line must be a JSON object with input_ids or text" % where)
             if ("input_ids" in obj) == ("text" in obj):
@@ -925,8 +936,11 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
             if not said_handoff:
                 said_handoff = True
                 shm = getattr(generator, "_remote_ops_shm_mapped", None)
+                # a generator that has no worker to hand over from says so itself (the sandbox's stand-in)
+                no_handoff = getattr(generator, "remote_ops_no_handoff", None)
                 print("captured states came through shared memory (%s)" % shm[0] if shm else
                       "captured states did not come through shared memory: %s" % (
+                          no_handoff if isinstance(no_handoff, str) else
                           "the vLLM worker is not patched for it, or fell back (its warning says why)"
                           if handoff else "no hand-off directory (--handoff-dir)"), file=out, flush=True)
             for i, sample in zip(batch, samples):

@@ -149,7 +149,7 @@ OPS = {o.name: o for o in (
        "undo patches (the last, or back to an entry)", resident=True),
     Op("patching.history", ("limit",), "the host's patch journal", resident=True),
     Op("slurm.submit", ("key", "command", "workdir", "env", "output_dir", "tasks", "sbatch", "python",
-                        "expected_samples"), "submit the job as a Slurm job array (sbatch)"),
+                        "expected_samples", "secrets", "requeue"), "submit the job as a Slurm job array (sbatch)"),
     Op("slurm.status", _JOB, "a Slurm job's tasks: squeue and their exit files"),
     Op("slurm.stop", _JOB + ("grace",), "scancel a Slurm job"),
     Op("slurm.logs", _JOB + ("lines", "offsets"), "the array tasks' logs (offsets: each from there on)"),

@@ -37,8 +37,8 @@ def run(args, ctx) -> int:
     results = call(ctx.fleet.extract, args,      # --tail shows an early death itself
                    early_death_s=0 if args.tail else args.early_death_s)
 
-    def refused(r):   # every problem of a refused preflight, then the error's one line
-        for p in ((r.error.details or {}).get("preflight") or {}).get("problems") or []:
+    def refused(r):   # the other problems of a refused preflight; the error's one line says the last
+        for p in (((r.error.details or {}).get("preflight") or {}).get("problems") or [])[:-1]:
             sys.stderr.write(f"  refused: {r.host}: {p}\n" if not results.single else f"  refused: {p}\n")
 
     if not (args.tail and results.ok and not args.dry_run):
@@ -82,7 +82,8 @@ def summary(v) -> str:
 
 def render(c, name, v) -> None:
     if v.get("dry_run"):
-        c.print(f"{name}: preflight passed; would run: {' '.join(v.spec['command'])}", markup=False)
+        import shlex   # copyable as printed: an empty or spaced argument stays one argument
+        c.print(f"{name}: preflight passed; would run: {shlex.join(v.spec['command'])}", markup=False)
         for n in v.preflight.get("notes") or []:
             c.print(f"  note: {n}", markup=False)
         return

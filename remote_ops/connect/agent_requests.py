@@ -187,9 +187,11 @@ def shards_files(*, output_dir: str, digest: bool = _UNSET) -> Request:
 
 # slurm.py
 def slurm_submit(*, key: str, command: list[str], workdir: str | None, env: dict, output_dir: str | None,
-                 tasks: int, sbatch: list[str], python: str | None, expected_samples: int | None) -> Request:
+                 tasks: int, sbatch: list[str], python: str | None, expected_samples: int | None,
+                 secrets: dict = _UNSET, requeue: int = _UNSET) -> Request:
     return _req("slurm.submit", key=key, command=command, workdir=workdir, env=env, output_dir=output_dir,
-                tasks=tasks, sbatch=sbatch, python=python, expected_samples=expected_samples)
+                tasks=tasks, sbatch=sbatch, python=python, expected_samples=expected_samples, secrets=secrets,
+                requeue=requeue)
 
 
 def slurm_status(*, key: str = _UNSET, job_id: str = _UNSET) -> Request:

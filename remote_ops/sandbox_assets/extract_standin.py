@@ -104,6 +104,9 @@ class StandinGenerator:
     seeded torch model on the CPU. ``indexes`` maps the n-th generated sample to its data_<N> index
     (for --crash-at / --hang-at)."""
 
+    # read by the shipped script's hand-off line: a patch of vLLM's worker cannot change this
+    remote_ops_no_handoff = "the STAND-IN generator computes them in this process (no vLLM worker to hand them over)"
+
     def __init__(self, model_path, layer_ids, max_model_len, gpu_memory_utilization, tensor_parallel_size,
                  *, opts, indexes):
         import torch
