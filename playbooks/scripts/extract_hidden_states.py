@@ -442,6 +442,9 @@ def _run_identity_module():
     here = os.path.dirname(os.path.realpath(__file__))
     path = os.path.join(here, "run_identity.py")
     if not os.path.isfile(path):
+        # run from a remote-ops checkout (playbooks/scripts/): the module where it is defined
+        path = os.path.join(here, os.pardir, os.pardir, "remote_ops", "agent", "outputs", "run_identity.py")
+    if not os.path.isfile(path):
         raise InputError("run_identity.py is not beside %s: copy it from remote-ops (remote_ops/agent/"
                          "outputs/run_identity.py; the playbook's extract.files ships both)" % os.path.join(here, PROG + ".py"))
     spec = importlib.util.spec_from_file_location("run_identity", path)

@@ -1,1 +1,0 @@
-../../remote_ops/agent/outputs/run_identity.py
