@@ -132,7 +132,7 @@ class Inventory(Fleet):
     # ------------------------------------------------------------------ the job
     def extract(self, target: str | None = None, *, playbook: str | None = None, skip_check: bool = False,
                 dry_run: bool = False, strict: bool = False, shard: bool | str | None = None,
-                early_death_s: float | None = None) -> Results:
+                early_death_s: float | None = None, overwrite: bool = False) -> Results:
         """Preflight, then launch the detached job (or attach to the one already running);
         ``jobs.ExtractResult``. Each host's playbook vars fill the templates. A host whose preflight
         refuses is ``ok=False`` with a RefusedError whose ``details["preflight"]`` is the preflight.
@@ -140,7 +140,9 @@ class Inventory(Fleet):
         i % N == k; None: as the playbook's ``extract.shard``); "K/N" runs that share on each named
         host as a moved share (``extract/shard.py``, docs/SCALE-OUT.md).
         A new job is watched for ``early_death_s`` (default ``jobs.EARLY_DEATH_S``; 0: not at all):
-        one that dies at once comes back in its failed state."""
+        one that dies at once comes back in its failed state. ``overwrite``: an output directory
+        holding another run's samples (run.json, agent/outputs/run_identity.py) is started over, its files
+        moved into .replaced-<UTC time>/ there, instead of refused."""
         from remote_ops.errors import UsageError
         from remote_ops.extract import jobs
         from remote_ops.extract import shard as shard_mod
@@ -152,7 +154,7 @@ class Inventory(Fleet):
         wait = jobs.EARLY_DEATH_S if early_death_s is None else early_death_s
         return self.run(target, lambda h, s: _job_ops(h).extract(s, *specs[h.name], skip_check=skip_check,
                                                           dry_run=dry_run, strict_drift=strict,
-                                                          early_death_s=wait))
+                                                          early_death_s=wait, overwrite=overwrite))
 
     def status(self, target: str | None = None, *, playbook: str | None = None, job: str | None = None) -> Results:
         """The playbook's job on each host (``jobs.JobStatus``: state, samples, rate, exit); for a

@@ -69,6 +69,13 @@ def render(c, host, r) -> None:
         c.print(f"  NaN/inf: data_{n['index']}.pt {n['problem']}", markup=False, highlight=False)
     for p in r.get("config_problems") or []:
         c.print(f"  data_config.json: {p}", markup=False, highlight=False)
+    ident = r.get("identity") or {}
+    for p in ident.get("problems") or []:
+        c.print(f"  run identity: {p}", markup=False, highlight=False)
+    if ident.get("recorded"):
+        c.print(f"  run identity {str(ident.get('digest'))[:12]} (run.json): token ids of {ident.get('ids_compared')} "
+                f"file(s) compared with their dataset lines, {ident.get('ids_differ')} differ", markup=False,
+                highlight=False)
     if r.get("temporaries"):
         c.print(f"  note: {len(r['temporaries'])} unfinished temporary file(s) such as {r['temporaries'][0]} "
                 "(a run stopped while writing; the next run removes them)", markup=False, highlight=False)

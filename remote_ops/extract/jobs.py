@@ -63,6 +63,7 @@ class ExtractResult(HostRecord):
     dry_run: bool = optional()
     job: dict = optional()
     spec: dict = optional()
+    identity: dict = optional()         # the launch's run identity: digest, state, files moved aside (--overwrite)
     preflight: dict = field(default_factory=dict)
 
 
@@ -124,13 +125,14 @@ EARLY_DEATH_MAX_S = 60.0   # the longest watch asked for (a longer wait is what 
 
 
 def extract(session, pb, spec: ExtractSpec, *, skip_check: bool, dry_run: bool, strict_drift: bool,
-            early_death_s: float) -> ExtractResult:
+            early_death_s: float, overwrite: bool) -> ExtractResult:
     """The extract operation on the session's host: preflight (one round trip), then launch the
     detached job or attach to the running one. A preflight with problems raises its refusal
-    (``refusal``), whose ``details["preflight"]`` is the whole preflight record."""
+    (``refusal``), whose ``details["preflight"]`` is the whole preflight record. ``overwrite``: the
+    output directory's earlier run (another run identity) is moved aside at launch instead of refused."""
     host = session.host
     pf = preflight(session, spec, pb, skip_check=skip_check, dry_run=dry_run, strict_drift=strict_drift,
-                   host=host)
+                   host=host, overwrite=overwrite)
     if pf.running:
         return ExtractResult(host.name, attached=True, job=pf.running, preflight=pf.to_json())
     if pf.problems:
@@ -143,14 +145,15 @@ def extract(session, pb, spec: ExtractSpec, *, skip_check: bool, dry_run: bool, 
         spec = replace(spec, expected_samples=expected)
     from remote_ops import interrupts
     with interrupts.committing(host.name, "the job's launch", f"remote-ops status {host.name} --all"):
-        res = launch(session, spec)
+        res = launch(session, spec, identity=(pf.identity or {}).get("identity"), overwrite=overwrite)
         if not res["attached"]:
             jid = res["job"]["job_id"]
             interrupts.changed(host.name, f"the job was started ({jid}): it keeps running; follow it with "
                                           f"remote-ops logs {host.name} --job {jid}, stop it with "
                                           f"remote-ops stop {host.name} --job {jid}")
     job = res["job"] if res["attached"] or not early_death_s else early_end(session, res["job"], early_death_s)
-    return ExtractResult(host.name, attached=res["attached"], job=job, preflight=pf.to_json())
+    return ExtractResult(host.name, attached=res["attached"], job=job, identity=res.get("identity"),
+                         preflight=pf.to_json())
 
 
 def early_end(session, job: dict, wait_s: float) -> dict:
@@ -238,9 +241,12 @@ class Preflight:
     exit_status: int | None = None         # a refusal's exit status when a problem has its own
     hint: str | None = None                # what to do about the deciding problem
     server: dict | None = None             # a two-process job's server: its port, its import probe
+    identity: dict | None = None           # the run identity against output_dir's run.json (agent/outputs/run_identity.py)
 
     def to_json(self) -> dict:
         extra = {} if self.server is None else {"server": self.server}
+        if self.identity is not None:
+            extra["identity"] = self.identity
         return {**extra, "running": self.running, "problems": self.problems, "notes": self.notes,
                 "gpu": self.gpu, "disk": self.disk, "files": self.files, "imports": self.imports,
                 "model": self.model,
@@ -295,6 +301,59 @@ def _model_preflight(pf: Preflight, res: dict) -> None:
         pf.problems.append(f"model: {model_mod.explain(f)}" + (f" (fix: {f['suggestion']})" if f.get("suggestion") else ""))
 
 
+def playbook_identity(playbook) -> dict | None:
+    """The playbook part of a run identity: its name and the sha256 of what it changes on the host, its
+    document as JSON without comments, ``description``, ``vars``, ``check`` and ``extract`` (the patches
+    and ``requires``): what the vars and the extract command change reaches the identity through the
+    job's command line, and a flag that changes no data (a delay, a port) does not refuse a resume."""
+    import hashlib
+    import json
+    doc = getattr(getattr(playbook, "doc", None), "data", None)
+    if not isinstance(doc, dict):
+        return None
+    body = {k: v for k, v in doc.items() if k not in ("vars", "description", "check", "extract")}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return {"name": playbook.name, "sha256": hashlib.sha256(text.encode()).hexdigest()}
+
+
+def identity_request(spec: ExtractSpec, playbook) -> dict | None:
+    """What the agent needs to compute the job's run identity (agent/jobs.py job_identity)."""
+    if not spec.output_dir:
+        return None
+    req = {"command": spec.command, "workdir": spec.workdir, "flow": "server" if spec.server else "generator",
+           "playbook": playbook_identity(playbook), "python": spec.job_python, "env": spec.env}
+    if spec.server is not None:
+        req["server_command"] = spec.server.command
+        if spec.disk:
+            req["fallback"] = {k: spec.disk.get(k) for k in ("dataset", "model", "layer_ids", "max_model_len")}
+    return req
+
+
+def _identity_preflight(pf: Preflight, res: dict | None, spec: ExtractSpec, overwrite: bool) -> None:
+    """Resume only into the same run: another run's samples in output_dir refuse the launch in one
+    line (what differs, and what to do), unless --overwrite moves them aside at launch."""
+    if res is None:
+        return
+    pf.identity = res
+    if res.get("error"):
+        pf.notes.append(f"run identity not computed: {res['error']} (the job checks its own)")
+        return
+    short = res["digest"][:12]
+    if res.get("problem"):
+        if overwrite:
+            pf.notes.append(f"--overwrite: {res['samples']} sample file(s) of the earlier run will be moved into "
+                            f"{spec.output_dir}/.replaced-<UTC time>/ ({'; '.join(res['differences']) or res['state']})")
+        else:
+            pf.problems.append(res["line"])
+    elif res["state"] == "same" and res["samples"]:
+        pf.notes.append(f"run identity {short}: the {res['samples']} sample file(s) in {spec.output_dir} are this "
+                        "run's (run.json): resuming")
+    elif overwrite and res.get("recorded"):
+        pf.notes.append(f"--overwrite: run.json of the earlier run will be moved into {spec.output_dir}/.replaced-<UTC time>/")
+    else:
+        pf.notes.append(f"run identity {short}: recorded in {spec.output_dir}/run.json at launch")
+
+
 def probe_model(spec: ExtractSpec, playbook, host) -> str | None:
     """The checkpoint the job's model-loading process loads: the playbook's check.model path, else the
     server command's ``serve MODEL`` (None when neither says)."""
@@ -311,7 +370,7 @@ def probe_model(spec: ExtractSpec, playbook, host) -> str | None:
 
 
 def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False, dry_run: bool = False,
-              strict_drift: bool = False, host=None) -> Preflight:
+              strict_drift: bool = False, host=None, overwrite: bool = False) -> Preflight:
     """Running job + shipped files + GPUs + check + disk + import probe, in ONE round trip. The files
     are uploaded here (unless dry_run or the job is running), before the probe that may import them.
     Drift against the package's baseline is shown as notes, and refuses the job only with
@@ -324,6 +383,8 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
     probe_args = {} if server is None else {"port": server.port}
     if spec.layout:
         probe_args["layout"] = spec.layout
+    if (ident_req := identity_request(spec, playbook)) is not None:
+        probe_args["identity"] = ident_req
     ops: dict[str, rq.Request] = {"probe": rq.jobs_probe(key=spec.key, output_dir=spec.output_dir, need=need,
                                                          **probe_args),
                                   "gpu": rq.gpu_query(driver=False)}
@@ -447,8 +508,9 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
                 pf.notes.append(f"disk: {left} samples need ~{human_bytes(need_b)}, {human_bytes(d.get('free_bytes'))} free")
         elif left:
             pf.notes.append("disk need unknown: " + (n.get("unknown") or "give the playbook an extract.disk section"))
-    if d.get("shard") and list(d["shard"]) != list(spec.shard or ()):   # extract/shard.py
+    if d.get("shard") and list(d["shard"]) != list(spec.shard or ()) and not overwrite:   # extract/shard.py
         pf.problems.append(assignment_changed(spec, d["shard"]))
+    _identity_preflight(pf, probe.get("identity"), spec, overwrite)
     # the server's port: free on the host (a server left from an earlier run holds it)
     port = probe.get("port")
     if server is not None and port is not None:
@@ -542,10 +604,16 @@ def refusal(spec: ExtractSpec, pf: Preflight, host: str) -> RefusedError:
     return err
 
 
-def launch(session, spec: ExtractSpec) -> dict:
-    """Start the job (or attach to the one already running): idempotent per playbook."""
+def launch(session, spec: ExtractSpec, *, identity: dict | None = None, overwrite: bool = False) -> dict:
+    """Start the job (or attach to the one already running): idempotent per playbook. ``identity``
+    (the preflight's) is checked again and recorded as output_dir/run.json before the job starts; the
+    job gets its playbook part as $REMOTE_OPS_RUN_PLAYBOOK, so the script computes the same identity."""
     secret_values = resolve_secrets(spec)
-    args = {"key": spec.key, "command": spec.command, "workdir": spec.workdir, "env": spec.env,
+    env = dict(spec.env)
+    if identity is not None and identity.get("playbook"):
+        import json
+        env["REMOTE_OPS_RUN_PLAYBOOK"] = json.dumps(identity["playbook"], sort_keys=True)
+    args = {"key": spec.key, "command": spec.command, "workdir": spec.workdir, "env": env,
             "secrets": secret_values, "output_dir": spec.output_dir,
             "expected_samples": spec.expected_samples, "watchdog_seconds": spec.watchdog_seconds,
             "cleanup_grace": spec.stop_grace, "playbook": spec.playbook_path}
@@ -555,6 +623,10 @@ def launch(session, spec: ExtractSpec) -> dict:
         args["layout"] = spec.layout
     if spec.shard:
         args["shard"] = list(spec.shard)
+    if identity is not None:
+        args["identity"] = identity
+    if overwrite:
+        args["overwrite"] = True
     return session.call(*rq.jobs_launch(**args), timeout=120)
 
 

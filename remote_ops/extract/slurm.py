@@ -64,9 +64,11 @@ def requeue_times(pb) -> int:
     return ((pb.extract or {}).get("slurm") or {}).get("requeue", REQUEUE_DEFAULT)
 
 
-def extract(session, pb, spec, *, skip_check: bool, dry_run: bool, strict_drift: bool, early_death_s: float):
+def extract(session, pb, spec, *, skip_check: bool, dry_run: bool, strict_drift: bool, early_death_s: float,
+            overwrite: bool):
     """jobs.extract's twin for a login node (``early_death_s`` does not apply: sbatch queues the array,
-    and status shows a task that failed)."""
+    and status shows a task that failed). Each task's script checks its own directory's run identity;
+    ``overwrite`` is not offered here."""
     from remote_ops.agent.slurm import TOKEN
     from remote_ops.extract import jobs
     from remote_ops.extract.extract_spec import parse_spec
@@ -77,6 +79,9 @@ def extract(session, pb, spec, *, skip_check: bool, dry_run: bool, strict_drift:
     secret_values = resolve_secrets(spec)   # an optional secret unset here is simply not passed
     if not spec.output_dir:
         raise UsageError("a Slurm job needs extract.output_dir (each array task writes shard-K-of-N in it)")
+    if overwrite:
+        raise UsageError("--overwrite is not offered for Slurm jobs",
+                         "move the task directories aside yourself, or give extract.output_dir a new path")
     tasks, sbatch = options(pb, spec)
     pf = jobs.preflight(session, dataclasses.replace(spec, gpu_count=0, gpus_free=False), pb,
                         skip_check=skip_check, dry_run=dry_run, strict_drift=strict_drift, host=host)
