@@ -59,6 +59,74 @@ def test_logs_follow_prints_the_rest_of_a_running_job(tmp_path, sshd, cli):
     assert out.count(" starting: ") == 1          # the lines so far, then only the new ones
 
 
+def test_logs_follow_of_a_job_that_ended_before_attaching_ends_as_a_followed_one(tmp_path, sshd, cli):
+    """The job ends between extract and `logs --follow` (a loaded machine makes that happen to the test
+    above): the same output as a follow that saw it end, its log then its summary line, and the exit
+    status status gives (1 for a failed job), not 0 because it ended a moment earlier."""
+    env = Env(tmp_path, sshd, ["--max-samples", "12", "--crash-at", "4"])
+    assert cli(*env.argv("extract", "testhost", "--watch", "0"))[0] == 0
+    env.wait_log(" ended: exit code ")
+    status, out, err = cli(*env.argv("logs", "testhost", "--follow"))
+    assert status == 1, err
+    assert out.count(" starting: ") == 1 and out.count(" ended: exit code ") == 1
+    lines = out.splitlines()
+    ended = next(i for i, line in enumerate(lines) if " ended: exit code " in line)
+    assert "failed" in lines[ended + 1] and "simulated failure" in lines[-1]    # the summary, its error lines
+    status, out, err = cli(*env.argv("logs", "testhost", "--follow", "--json"))
+    printed = [json.loads(line) for line in out.splitlines()]
+    assert status == 1 and printed[0]["event"] == "logs" and " ended: exit code " in printed[0]["text"]
+    assert printed[-1]["event"] == "end" and printed[-1]["status"]["state"] == "failed"
+
+
+def test_tail_waits_for_the_supervisor_to_finish_the_log(tmp_path, monkeypatch):
+    """The supervisor records the exit (exit.json) before it writes the log's "ended:" line and its
+    cleanup's lines, holding run.lock until then: jobs.tail ends only after those lines, so a follower
+    that attaches in that moment still gets the whole log (the job's own timing, made certain here by
+    holding the lock as the supervisor does)."""
+    import fcntl
+    import os
+    import threading
+    import time
+
+    from remote_ops.agent import jobs as agent_jobs
+
+    monkeypatch.setenv("REMOTE_OPS_STATE_DIR", str(tmp_path / "state"))
+    job_id = "standin-20261202-000000-abcdef"
+    d = tmp_path / "state" / "jobs" / job_id
+    d.mkdir(parents=True)
+    log = d / "log"
+    log.write_text("job starting\nwrote 12 sample(s)\n")
+    (d / "job.json").write_text(json.dumps({"key": "standin", "log": str(log), "command": ["x"]}))
+    (d / "run.json").write_text(json.dumps({"job_id": job_id, "pid": 1, "started_at": 1.0}))
+    (d / "exit.json").write_text(json.dumps({"exit_code": 0, "signal": None, "ended_at": 2.0, "cleanup": None}))
+    lock = os.open(d / "run.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+
+    def supervisor_finishes():
+        time.sleep(1.5)
+        with open(log, "a") as fh:
+            fh.write("job ended: exit code 0\nno process of the job left\n")
+        os.close(lock)                  # the supervisor exits: its lock is released
+
+    t = threading.Thread(target=supervisor_finishes)
+    t.start()
+    try:
+        gen = agent_jobs.op_tail({"job_id": job_id, "offset": 0, "budget": 30, "poll": 0.05})
+        data = []
+        while True:
+            try:
+                ev = next(gen)
+            except StopIteration as done:
+                result = done.value
+                break
+            if ev["type"] == "log":
+                data.append(ev["data"])
+    finally:
+        t.join()
+    assert result["ended"] and result["state"] == "succeeded"
+    assert "".join(data) == log.read_text() and "".join(data).endswith("no process of the job left\n")
+
+
 def test_follow_takes_one_host_and_says_so_before_contacting_any(tmp_path):
     inv_path = write_inventory(tmp_path / "inv.yaml", {
         "a": {"hostname": "127.0.0.1", "port": 9}, "b": {"hostname": "127.0.0.1", "port": 9}},

@@ -468,7 +468,7 @@ def _gpu_summary():
 
 def op_tail(args):
     """Streams the log from ``offset`` as it grows, with periodic snapshots; returns when the job
-    reaches a terminal state (after draining the log) or after ``budget`` seconds, so that the
+    reaches a terminal state and its supervisor has let go of the log (after draining it) or after ``budget`` seconds, so that the
     controller re-polls on a fresh channel. Events: {"type": "log", "offset", "next", "data"},
     {"type": "snapshot", ...}. Result: {"state", "next", "status", "ended": bool}."""
     job_id = _resolve(args)
@@ -505,7 +505,9 @@ def op_tail(args):
             if now - last_state >= 0.5:
                 last_state = now
                 st = job_status(job_id)
-                if st["state"] in TERMINAL:
+                # ended, and its log complete: the supervisor records the exit before it writes the
+                # "ended:" line and its cleanup's lines, and holds run.lock until it has written them
+                if st["state"] in TERMINAL and not st["supervisor_alive"]:
                     if fh is not None:
                         fh.seek(offset)
                         rest = fh.read()
