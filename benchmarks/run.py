@@ -209,6 +209,7 @@ class Lab:
             shutil.copy2(REPO / "remote_ops" / "sandbox_assets" / "extract_standin.py", h.workdir)
             # the stand-in drives the shipped script (found next to it) with a torch-CPU generator
             shutil.copy2(REPO / "playbooks" / "scripts" / "extract_hidden_states.py", h.workdir)
+            shutil.copy2(REPO / "remote_ops" / "agent" / "outputs" / "run_identity.py", h.workdir)   # the run identity it checks
             h.reset()
             self.hosts.append(h)
         routes = [f"{h.address}:{h.server.port}@{h.address}:0" for h in self.hosts]

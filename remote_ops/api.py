@@ -26,13 +26,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from remote_ops.errors import RemoteOpsError
+from remote_ops.errors import ConfigError, RemoteOpsError, UsageError
 from remote_ops.fleet import Fleet, HostResult, Results
 
 if TYPE_CHECKING:
     from remote_ops.extract.follow import FollowEvent
 
-__all__ = ["open_inventory", "Inventory", "Results", "HostResult", "RemoteOpsError"]
+__all__ = ["open_inventory", "Inventory", "Results", "HostResult", "RemoteOpsError", "UsageError", "ConfigError"]
 
 
 def _job_ops(host):
@@ -132,7 +132,7 @@ class Inventory(Fleet):
     # ------------------------------------------------------------------ the job
     def extract(self, target: str | None = None, *, playbook: str | None = None, skip_check: bool = False,
                 dry_run: bool = False, strict: bool = False, shard: bool | str | None = None,
-                early_death_s: float | None = None) -> Results:
+                early_death_s: float | None = None, overwrite: bool = False) -> Results:
         """Preflight, then launch the detached job (or attach to the one already running);
         ``jobs.ExtractResult``. Each host's playbook vars fill the templates. A host whose preflight
         refuses is ``ok=False`` with a RefusedError whose ``details["preflight"]`` is the preflight.
@@ -140,7 +140,9 @@ class Inventory(Fleet):
         i % N == k; None: as the playbook's ``extract.shard``); "K/N" runs that share on each named
         host as a moved share (``extract/shard.py``, docs/SCALE-OUT.md).
         A new job is watched for ``early_death_s`` (default ``jobs.EARLY_DEATH_S``; 0: not at all):
-        one that dies at once comes back in its failed state."""
+        one that dies at once comes back in its failed state. ``overwrite``: an output directory
+        holding another run's samples (run.json, agent/outputs/run_identity.py) is started over, its files
+        moved into .replaced-<UTC time>/ there, instead of refused."""
         from remote_ops.errors import UsageError
         from remote_ops.extract import jobs
         from remote_ops.extract import shard as shard_mod
@@ -152,7 +154,7 @@ class Inventory(Fleet):
         wait = jobs.EARLY_DEATH_S if early_death_s is None else early_death_s
         return self.run(target, lambda h, s: _job_ops(h).extract(s, *specs[h.name], skip_check=skip_check,
                                                           dry_run=dry_run, strict_drift=strict,
-                                                          early_death_s=wait))
+                                                          early_death_s=wait, overwrite=overwrite))
 
     def status(self, target: str | None = None, *, playbook: str | None = None, job: str | None = None) -> Results:
         """The playbook's job on each host (``jobs.JobStatus``: state, samples, rate, exit); for a
@@ -178,12 +180,14 @@ class Inventory(Fleet):
         return self.run(target, lambda h, s: _job_ops(h).logs(s, pb=book.for_job(h, job), job=job, lines=lines))
 
     def follow(self, target: str | None = None, job: str | None = None, *, playbook: str | None = None,
-               offset: int = 0) -> Iterator[FollowEvent]:
+               offset: int = 0, reconnect_for: float = 900.0) -> Iterator[FollowEvent]:
         """Follow the job on the one host ``target`` names (``job``, else the playbook's, else the
         host's newest) from byte ``offset`` of its log until it ends: the events ``extract --tail``
         prints (``follow.Line``, ``Progress``, ``Snapshot``, ``Reconnecting``, ...), the last one
-        ``follow.End`` with the job's final status record. Reconnects when the connection drops;
-        a target naming several hosts is a UsageError at once."""
+        ``follow.End`` with the job's final status record. A host that cannot be reached at first
+        raises its error at once (UnreachableError, as ``logs --follow`` exits 3); a connection
+        that drops after the host answered about the job is reopened for up to ``reconnect_for``
+        seconds. A target naming several hosts is a UsageError at once."""
         from remote_ops.errors import UsageError
         from remote_ops.extract import follow as follow_mod
         from remote_ops.extract import jobs
@@ -195,7 +199,7 @@ class Inventory(Fleet):
         host = hosts[0]
         ref = jobs.ref_for(Playbooks(playbook).for_job(host, job), job, host)
         return follow_mod.follow(lambda: self.session(host), lambda: self.drop_session(host), ref,
-                                 offset=offset)
+                                 offset=offset, reconnect_for=reconnect_for)
 
     def stop(self, target: str | None = None, *, playbook: str | None = None, job: str | None = None,
              grace: float | None = None, on_stopping: Callable[[Any, dict, float], None] | None = None) -> Results:

@@ -42,7 +42,9 @@ def _global_flags(p: argparse.ArgumentParser, suppress: bool) -> None:
     p.add_argument("--accept-new", action="store_true", default=d,
                    help="record an unknown host key (like ssh -o StrictHostKeyChecking=accept-new)")
     p.add_argument("--parallel", type=int, metavar="N", default=d, help="hosts worked on at once (default 16)")
-    p.add_argument("--connect-timeout", type=float, metavar="S", default=d, help="SSH connect timeout")
+    p.add_argument("--connect-timeout", type=float, metavar="S", default=d,
+                   help="SSH connect timeout (default: the host's connect_timeout, else ConnectTimeout "
+                        "in ~/.ssh/config, else 10)")
     p.add_argument("--python", metavar="PATH", default=d,
                    help="interpreter on the host (default: the inventory's, else python3 on the PATH of a login shell)")
     p.add_argument("--workdir", metavar="DIR", default=d, help="working directory on the host (default: the inventory's)")
@@ -71,6 +73,20 @@ class _Parser(argparse.ArgumentParser):
             message = f"unknown {what} {m.group(2)!r}" + (f": {hint}" if hint else
                                                            f" (choose from {', '.join(choices or ())})")
             raise UsageError(f"{where + ': ' if where else ''}{message}")
+        m = re.match(r"unrecognized arguments: (.+)", message)
+        if m and not where:
+            # argparse reports these from the top parser: point at the command's own help, and
+            # say how to pass a value that starts with '-' (--shard -1/3 reads -1/3 as an option)
+            argv = getattr(self, "argv", None) or []
+            subs = next((a.choices for a in self._actions if isinstance(a, argparse._SubParsersAction)), {})
+            cmd = next((a for a in argv if a in subs), None)
+            prog = f"{self.prog} {cmd}" if cmd else self.prog
+            word = m.group(1).split()[0]
+            i = argv.index(word) if word in argv else -1
+            if i > 0 and word.startswith("-") and argv[i - 1].startswith("--") and "=" not in argv[i - 1]:
+                raise UsageError(f"{message}: {word!r} after {argv[i - 1]} is read as an option",
+                                 f"write {argv[i - 1]}={word}; see: {prog} --help")
+            raise UsageError(message, f"see: {prog} --help")
         raise UsageError(f"{where + ': ' if where else ''}{message}", f"see: {self.prog} --help")
 
 
@@ -115,6 +131,7 @@ def _main(argv: list[str] | None, as_program: bool) -> int:
     try:
         try:
             parser = build_parser()
+            parser.argv = argv           # for its error line: which command's help to point at
             args = parser.parse_args(argv)
             if not getattr(args, "_module", None):
                 parser.print_help()

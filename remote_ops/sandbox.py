@@ -111,8 +111,9 @@ def up(inventory_path: str, *, speculators: str = "0.3.0", vllm: str = "0.17.0",
     state = {"port": server.port, "packages": wanted, "root": str(paths.root),
              "python": str(paths.python), "workdir": str(paths.workdir)}
     paths.state_file.write_text(json.dumps(state, indent=2))
-    write_inventory_entry(inventory_path, host_entry(paths, server))
-    state.update({"running": True, "inventory": inventory_path, "seconds": round(time.monotonic() - t0, 2)})
+    written = write_inventory_entry(inventory_path, host_entry(paths, server))
+    state.update({"running": True, "inventory": inventory_path, "host_written_to": str(written),
+                  "seconds": round(time.monotonic() - t0, 2)})
     return state
 
 
@@ -192,11 +193,11 @@ def _includes_local(path: Path) -> bool:
     return any(isinstance(n, str) and (path.parent / n).resolve() == local.resolve() for n in names)
 
 
-def write_inventory_entry(inventory_path: str, entry: dict) -> None:
-    """Write the ``sandbox`` host. An inventory that includes its ``.local`` companion (the
-    repository's does; a new one is written so) is left as it is, and the host goes into that
-    git-ignored file, rewritten each time. Another inventory gets a managed block inside ``hosts:``
-    (inserted or refreshed, everything else kept)."""
+def write_inventory_entry(inventory_path: str, entry: dict) -> Path:
+    """Write the ``sandbox`` host; returns the file it went into. An inventory that includes its
+    ``.local`` companion (the repository's does; a new one is written so) is left as it is, and the
+    host goes into that git-ignored file, rewritten each time. Another inventory gets a managed
+    block inside ``hosts:`` (inserted or refreshed, everything else kept)."""
     from remote_ops.connect import inventory
 
     path = Path(inventory_path).expanduser()
@@ -214,7 +215,7 @@ def write_inventory_entry(inventory_path: str, entry: dict) -> None:
         if pattern.search(text):      # a block written by an older `sandbox up`: the host lives in local now
             _replace(path, pattern.sub("", text, count=1), check=False)
         inventory.load(str(path))     # the two files read together
-        return
+        return local
     else:
         text = path.read_text()
         pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", re.S)
@@ -232,6 +233,7 @@ def write_inventory_entry(inventory_path: str, entry: dict) -> None:
         if not re.search(r"^default:", text, re.M):
             text = f"default: {HOST_NAME}\n" + text
     _replace(path, text)
+    return path
 
 
 def _replace(path: Path, text: str, check: bool = True) -> None:

@@ -60,6 +60,10 @@ def test_api_bad_inventory_and_unknown_host(tmp_path, sshd):
     import remote_ops.api as ro
     from remote_ops.errors import ConfigError, UsageError
 
+    # the error types the API's docstring names are the API's own names too
+    assert ro.ConfigError is ConfigError and ro.UsageError is UsageError
+    assert {"UsageError", "ConfigError", "RemoteOpsError"} <= set(ro.__all__)
+
     bad = tmp_path / "bad.yaml"
     bad.write_text("hosts:\n  a:\n    port: seventy\n")
     with pytest.raises(ConfigError) as exc:

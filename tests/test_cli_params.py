@@ -192,3 +192,35 @@ def test_completion_knows_every_flag_value_from_the_parsers(tmp_path):
     assert ask("extract", "--watch", "") == [] and ask("patch", "--workdir", "") == []
     assert ask("extract", "--playbook", "") == [completion.FILES] and ask("check", "--emit-playbook", "") == [completion.FILES]
     assert ask("logs", "gpu-host", "") == []           # the host is given: nothing more to offer
+
+
+def test_a_value_that_starts_with_a_dash_points_to_the_commands_help(cli, tmp_path):
+    """`--shard -1/3` (argparse reads -1/3 as an option): the line says so, how to write it, and
+    points at `remote-ops extract --help`, not the top-level help; written as told, the value
+    reaches --shard's own check."""
+    from remote_ops.errors import Exit
+
+    status, out, err = cli("extract", "somehost", "--shard", "-1/3")
+    assert status == Exit.USAGE
+    assert err.strip() == ("remote-ops: unrecognized arguments: -1/3: '-1/3' after --shard is read as an option "
+                           "(write --shard=-1/3; see: remote-ops extract --help)")
+    from tests.conftest import write_inventory
+    inv = write_inventory(tmp_path / "inv.yaml", {"somehost": {"hostname": "127.0.0.1", "port": 9,
+                                                            "playbook": "eagle3-speculators-0.3.0"}})
+    status, out, err = cli("-i", str(inv), "extract", "somehost", "--shard=-1/3")
+    assert status == Exit.USAGE and "--shard: a shard is written K/N" in err and "unrecognized" not in err
+    status, out, err = cli("facts", "somehost", "--bogus")
+    assert status == Exit.USAGE and err.strip().endswith("(see: remote-ops facts --help)")
+
+
+def test_connect_timeout_and_verify_expected_say_their_defaults(capsys):
+    from remote_ops.cli import build_parser
+
+    def help_of(*argv):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(list(argv) + ["--help"])
+        return " ".join(capsys.readouterr().out.split())
+    assert ("--connect-timeout S SSH connect timeout (default: the host's connect_timeout, else ConnectTimeout "
+            "in ~/.ssh/config, else 10)") in help_of()
+    assert ("--expected N expected number of samples (default: data_config.json's num_samples, else the job's "
+            "expected_samples)") in help_of("verify")

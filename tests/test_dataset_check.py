@@ -177,3 +177,53 @@ def test_watch_range_is_the_apis_too(tmp_path):
     for bad in (-1, 61):
         with pytest.raises(UsageError, match=f"early_death_s \\(--watch\\) must be 0-60 seconds, got {bad}"):
             inv.extract("h", early_death_s=bad)
+
+
+LONG = json.dumps({"input_ids": list(range(300_000))}) + "\n"      # one line of about 2 MB
+LINES_CASES = {
+    # (file bytes, the line the problem is on, words of the problem)
+    "non-utf8-on-line-2": (b'{"input_ids": [1]}\n{"text": "caf\xe9"}\n', 2, "not UTF-8 text (invalid continuation byte at byte 14 of the line)"),
+    "non-utf8-on-line-1501": (b'{"input_ids": [1, 2, 3]}\n' * 1500 + b'{"text": "\xff"}\n', 1501, "not UTF-8 text"),
+    "json-error-on-line-3": (b'{"input_ids": [1]}\n\n{"input_ids": [1,\n', 3, "not valid JSON (Expecting value at column 18)"),
+    "json-error-after-a-long-line": (LONG.encode() * 2 + b'{"input_ids": [1] x}\n', 3, "not valid JSON (Expecting ',' delimiter at column 19)"),
+    "non-utf8-in-a-long-line": (LONG.encode() + LONG.encode()[:-3] + b'\xc3(]}\n', 2, "not UTF-8 text"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LINES_CASES))
+def test_a_problem_is_named_at_the_files_own_line(tmp_path, case):
+    """Non-UTF-8 bytes, a JSON error, a line of megabytes: the line named is the file's line (as
+    `sed -n Np` shows it), in the agent's check and in the job's own reader, word for word; the
+    decoder's own "line 1" is not shown beside it."""
+    data, line, words = LINES_CASES[case]
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(data)
+    assert data.split(b"\n")[line - 1]          # a line of the file, as sed -n Np numbers them
+    mine = dataset_check.check(str(path), str(path), None)
+    assert mine["line"] == line and mine["problem"].startswith(f"{path}:{line}: {words}"), mine["problem"]
+    assert " line 1 " not in mine["problem"] and "line 2" not in mine["problem"]
+    script = _script()
+    with pytest.raises(script.InputError) as caught:
+        script.read_dataset(str(path), None)
+    assert str(caught.value) == mine["problem"]
+
+
+def test_a_refusal_is_printed_once_for_a_host_and_for_a_group(tmp_path, sshd, cli):
+    """The deciding problem is said once: in the error line (not also as a '  refused:' line above
+    it), and for a group once per host (the per-host table's row says only 'refused')."""
+    problem = "dataset data.jsonl:2: not valid JSON (Expecting ',' delimiter at column 18)"
+    job = Job(tmp_path, sshd, SLEEP, '{"input_ids": [1]}\n{"input_ids": [2]\n')
+    for extra in ((), ("--dry-run",)):
+        status, out, err = job.run(cli, *extra)
+        assert status == Exit.REFUSED, err
+        assert (out + err).count(problem) == 1, out + err
+    inv = yaml.safe_load(job.inventory.read_text())
+    inv["hosts"]["other"] = dict(inv["hosts"]["testhost"])
+    inv["groups"] = {"both": ["testhost", "other"]}
+    job.inventory.write_text(yaml.safe_dump(inv))
+    status, out, err = cli("-i", str(job.inventory), "extract", "both", "--playbook", str(job.playbook))
+    assert status == Exit.REFUSED, err
+    text = " ".join((out + err).split())
+    assert text.count(problem) == 2 and "refused: see the line below" in text, out + err
+    for host in ("testhost", "other"):
+        assert f"remote-ops: {host}: preflight refused to start ds: {problem}" in err

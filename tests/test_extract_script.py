@@ -78,6 +78,17 @@ def run(tmp_path, rows, *extra, **gen_kw):
     return ehs.main(argv, None, lambda args: loaders(**gen_kw))
 
 
+def earlier_run(tmp_path, rows, *extra):
+    """The run.json a first run of ``run(tmp_path, rows, *extra)`` records, without its samples: files
+    a test then plants count as that run's (a directory with samples and no run.json is refused)."""
+    import io
+    ds = write_jsonl(tmp_path / "ds.jsonl", rows)
+    args = ehs.parse_args(["--target-model-path", "m", "--dataset", str(ds), "--output-dir", str(tmp_path / "out"),
+                           *extra])
+    (tmp_path / "out").mkdir(exist_ok=True)
+    ehs.record_run_identity(args.output_dir, ehs.check_run_identity(args, io.StringIO()))
+
+
 def errors(capsys):
     """stderr without the progress bar's lines."""
     return [l for l in capsys.readouterr().err.replace("\r", "\n").splitlines()
@@ -107,7 +118,7 @@ def test_layout_ids_text_loss_mask_and_batches(tmp_path):
         assert h.dtype == torch.bfloat16 and h.is_contiguous() and tuple(h.shape) == (3, 8)
         assert h[:, 0].float().tolist() == [50 + layer, 60 + layer, 70 + layer]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == \
-        ["data_0.pt", "data_1.pt", "data_2.pt", "data_3.pt", "data_4.pt", "data_config.json"]
+        ["data_0.pt", "data_1.pt", "data_2.pt", "data_3.pt", "data_4.pt", "data_config.json", "run.json"]
 
 
 def test_truncation_is_the_same_in_every_field(tmp_path):
@@ -132,7 +143,7 @@ def test_max_samples_takes_the_first_lines(tmp_path, capsys):
 def test_resume_skips_finished_files_and_drops_stale_temporaries(tmp_path, capsys):
     rows = [{"input_ids": [i + 1, i + 2]} for i in range(6)]
     out = tmp_path / "out"
-    out.mkdir()
+    earlier_run(tmp_path, rows)
     torch.save({"keep": "me"}, out / "data_1.pt")
     torch.save({"keep": "me"}, out / "data_4.pt")
     (out / ".data_2.pt.12345.tmp").write_bytes(b"half a file")
@@ -167,7 +178,7 @@ def test_a_failed_write_leaves_no_file_and_no_temporary(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         run(tmp_path, rows)
     names = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert names == ["data_0.pt", "data_config.json"]
+    assert names == ["data_0.pt", "data_config.json", "run.json"]
     monkeypatch.setattr(torch, "save", real_save)
     assert run(tmp_path, rows) == 0 and load(tmp_path, 1)["input_ids"].tolist() == [3, 4]
 
@@ -279,7 +290,7 @@ def test_one_bar_over_samples_with_tqdm_mininterval(tmp_path, monkeypatch):
     monkeypatch.setattr(tqdm_mod, "tqdm", Recording)
     monkeypatch.setenv("TQDM_MININTERVAL", "7")
     out = tmp_path / "out"
-    out.mkdir()
+    earlier_run(tmp_path, [{"input_ids": [i + 1]} for i in range(5)])
     torch.save({}, out / "data_0.pt")
     assert run(tmp_path, [{"input_ids": [i + 1]} for i in range(5)], "--batch-size", "2") == 0
     (kw,) = seen
@@ -511,7 +522,7 @@ def test_a_writer_failure_stops_the_run_with_its_error_and_resume_redoes_exactly
         run(tmp_path, rows, "--batch-size", "2", "--write-queue-mb", "0.0001")
     assert len(FakeGenerator.made[0].calls) == 2     # stopped at the next put, not after generating everything
     out = tmp_path / "out"
-    assert sorted(p.name for p in out.iterdir()) == ["data_0.pt", "data_1.pt", "data_config.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["data_0.pt", "data_1.pt", "data_config.json", "run.json"]
     monkeypatch.setattr(torch, "save", real_save)
     assert run(tmp_path, rows, "--batch-size", "2") == 0
     assert FakeGenerator.made[0].calls == [[[3, 4], [4, 5]], [[5, 6], [6, 7]], [[7, 8], [8, 9]]]
@@ -607,7 +618,7 @@ def test_a_hard_crash_mid_queue_loses_only_queued_samples_and_resume_is_exact(tm
 def test_progress_lines_count_tokens_and_give_rate_and_eta(tmp_path, capsys):
     rows = [{"input_ids": [1] * n} for n in (3, 5, 7, 9)]
     out = tmp_path / "out"
-    out.mkdir()
+    earlier_run(tmp_path, rows)
     torch.save({}, out / "data_0.pt")                     # an earlier run's file counts as done
     # progress lines are printed by the main thread after each batch (never by the writer thread, whose
     # writes would splice into other lines of the log): with sequential writes, one line per file
@@ -699,7 +710,7 @@ def test_a_full_disk_is_said_in_one_line_and_resume_writes_the_rest(tmp_path, mo
                     f"needs 0.0 MB, 0.0 MB were free when its write failed (free space there and run extract "
                     "again: it resumes with exactly the missing files)"), line
     out = tmp_path / "out"
-    assert sorted(p.name for p in out.iterdir()) == ["data_0.pt", "data_1.pt", "data_config.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["data_0.pt", "data_1.pt", "data_config.json", "run.json"]
     state.update(free_blocks=10**9, saves=10)                 # room again: an error there is not "disk full"
     monkeypatch.setattr(torch, "save", lambda *a, **kw: (_ for _ in ()).throw(RuntimeError("another fault")))
     with pytest.raises(RuntimeError, match="another fault"):

@@ -114,8 +114,8 @@ def test_standin_rehearsal_of_part_a_and_its_rendering(tmp_path):
     for k in ("a_after", "a_before", "a_tmpfs"):
         assert d[k]["rc"] == 0 and d[k]["complete"] and d[k]["tokens"] == sum(lengths) and d[k]["tokens_per_s"] > 0
     # this checkout's script says how the states came (the stand-in has no vLLM worker); main's cannot
-    assert d["a_after"]["handoff_line"] == ("captured states did not come through shared memory: the vLLM "
-                                            "worker is not patched for it, or fell back (its warning says why)")
+    assert d["a_after"]["handoff_line"] == ("captured states did not come through shared memory: the STAND-IN "
+                                            "generator computes them in this process (no vLLM worker to hand them over)")
     assert d["a_before"]["handoff_line"] is None
     assert d["ratios"]["a_after/a_before"] == round(d["a_after"]["tokens_per_s"] / d["a_before"]["tokens_per_s"], 4)
     assert d["disk"]["dd_direct"]["bytes"] == 64 << 20

@@ -29,6 +29,9 @@ CHECKPOINTS = {
              "text_config": dict(DEEPSEEK, architectures=["DeepseekV3ForCausalLM"])},
     "qwen3": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_hidden_layers": 6},
     "llama": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 4},
+    # LLaVA as many are published: the text_config names no architectures
+    "llava": {"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava",
+              "text_config": {"model_type": "llama", "num_hidden_layers": 4}},
     "unknown-arch": {"architectures": ["NoSuchModelForCausalLM"], "num_hidden_layers": 8},
 }
 
@@ -195,8 +198,15 @@ def test_check_lists_a_missing_model_var_as_not_checked_and_a_missing_model_flag
     inv = inventory_file(python=str(env020), playbook=str(pb))          # the playbook's /data/models/target
     assert cli("patch", "testhost", "--yes", "-i", str(inv))[0] == 0
     status, out, err = cli("check", "testhost", "--json", "-i", str(inv))
-    m = json.loads(out)["model"]
+    doc = json.loads(out)
+    m = doc["model"]
     assert status == 0 and m["findings"] == [] and "set the var target_model" in m["unknown"][0]["reason"]
+    # the closing line's unknown is the sum of the lines above it: the calls' and the model's
+    status, out, err = cli("check", "testhost", "-i", str(inv))
+    lines = out.strip().splitlines()
+    assert any(line.startswith("model ") and "1 unknown" in line for line in lines), out
+    assert lines[-1].endswith(f", {len(doc['unknown']) + len(m['unknown'])} unknown"), out
+    assert not lines[-1].endswith(", 0 unknown")
     status, out, err = cli("check", "testhost", "--json", "--model", str(tmp_path / "nope"), "-i", str(inv))
     assert status == 1 and kinds(json.loads(out)["model"]) == {("model-missing", None)}
 
@@ -213,3 +223,75 @@ def test_extract_preflight_refuses_a_model_the_worker_cannot_serve(sshd, invento
     doc = json.loads(out)
     problems = doc["preflight"]["problems"] if "preflight" in doc else doc["details"]["preflight"]["problems"]
     assert status != 0 and any("layer-ids" in p and "[2, 3, 3, 5]" in p for p in problems), doc
+
+
+def test_the_layer_ids_fix_applied_as_printed_gets_past_the_preflight_and_the_scripts_parse(
+        checkpoints, speculators_patched):
+    """The preflight's suggestion ("set the playbook var layer_ids to ..., e.g. [0, 2, 3, 5]") taken
+    literally as YAML into the host's vars: the preflight's own request reads it and finds nothing,
+    and the command the job runs hands the shipped script a --layer-ids ("[0, 2, 3, 5]": a list var
+    is filled as written, which the server flow's JSON needs) that it parses to the same ids."""
+    import re
+
+    import yaml
+
+    from remote_ops.check import model as check_model
+    from remote_ops.connect.hosts import Host
+    from remote_ops.extract.extract_spec import parse_spec
+    from tests.conftest import load_extract_script
+
+    out = run(checkpoints, "qwen3", "0.20.0", speculators_patched)
+    (f,) = [f for f in out["findings"] if f["kind"] == "layer-ids"]
+    m = re.search(r"set the playbook var layer_ids to .*, e\.g\. (\[.*\])$", f["suggestion"])
+    assert m, f["suggestion"]
+    literal = yaml.safe_load(f"layer_ids: {m.group(1)}")["layer_ids"]     # as a user pastes it into vars:
+    host = Host(name="gpu", hostname="gpu", python="/usr/bin/python3", workdir="/w",
+                vars={"target_model": str(checkpoints / "qwen3"), "layer_ids": literal})
+    req = check_model.request(PLAYBOOK, host)
+    assert req is not None
+    op, args = req
+    assert args["layer_ids"] == literal
+    fixed = run(checkpoints, "qwen3", "0.20.0", speculators_patched, layer_ids=args["layer_ids"])
+    assert [f for f in fixed["findings"] if f["kind"] == "layer-ids"] == []
+    command = parse_spec(PLAYBOOK, host).command
+    given = command[command.index("--layer-ids") + 1]
+    script = load_extract_script()
+    assert script.parse_layer_ids(given) == literal
+    assert script.parse_layer_ids("2,4,5,7") == script.parse_layer_ids("[2, 4, 5, 7]") == [2, 4, 5, 7]
+    with pytest.raises(script.InputError, match="is not a layer index"):
+        script.parse_layer_ids("[2, x]")
+
+
+def test_a_text_model_chosen_at_run_time_is_said_whole(checkpoints, speculators_patched):
+    """LLaVA's text model comes from init_vllm_registered_model(hf_config=config.text_config, ...)
+    and its text_config names no architectures: the reason says that, in full words (it used to be
+    the call's source cut at 100 characters, inside an identifier)."""
+    out = run(checkpoints, "llava", "0.20.0", speculators_patched)
+    (u,) = [u for u in out["unknown"] if u["what"].startswith("text model")]
+    assert u["reason"].endswith("LlavaForConditionalGeneration: the text model's class is chosen at run time from "
+                                "hf_config=config.text_config, and config.json's text_config names no architectures")
+
+
+@pytest.mark.parametrize("text,limit,want", [
+    ("init_vllm_registered_model(vllm_config=vllm_config, prefix=maybe_prefix(prefix, 'x'))", 60,
+     "init_vllm_registered_model(vllm_config=vllm_config, prefix ..."),
+    ("self.model_cls(config.text_config)", 20, "self.model_cls ..."),
+    ("short(x)", 80, "short(x)"),
+    ("abc.def_ghi(x)", 11, "abc.def_ghi ..."),
+])
+def test_a_clipped_expression_ends_between_names(text, limit, want):
+    assert model_check._clip(text, limit) == want
+
+
+def test_a_corrupt_config_json_is_to_be_repaired_not_pointed_elsewhere(tmp_path):
+    """The directory is the right one and its config.json is broken: the fix names that file; a
+    directory without config.json is still told to point target_model at the checkpoint."""
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text('{"architectures": ["LlamaForCausalLM"],')
+    out = run(tmp_path, "ckpt", "0.20.0")
+    (f,) = out["findings"]
+    assert f["kind"] == "model-config" and "is not valid JSON" in f["message"]
+    assert f["suggestion"] == f"repair or re-download {tmp_path / 'ckpt' / 'config.json'} (the job's loader reads it too)"
+    (tmp_path / "empty").mkdir()
+    (f,) = run(tmp_path, "empty", "0.20.0")["findings"]
+    assert "has no config.json" in f["message"] and f["suggestion"].startswith("point target_model")

@@ -189,7 +189,7 @@ def test_bundle_probe_answered_through_the_mux(sshd_log, muxdir, tmp_path, cli):
         sess.call("facts.gather", {})
         st = sess.stats
         assert st.connects == 0 and st.mux_execs == 1 and st.execs == 1
-        assert st.bundles_sent == 0 and st.agent_cache == ["resident"]
+        assert st.bundles_sent == 0 and st.agent_cache == ["resident"], (Path(muxdir) / "mux.log").read_text()
     assert (tmp_path / "cache-c").is_dir()                  # the resident agent filled it from the mux
 
 

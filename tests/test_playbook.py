@@ -160,3 +160,31 @@ def test_emit_playbook_from_real_findings(tmp_path, env_vllm017):
     pb = playbook.load(out)
     assert sorted(e.callee for e in pb.patches[0].edits) == [
         "Request", "Scheduler", "SchedulerConfig", "get_kv_cache_config_from_groups"]
+
+
+def test_the_scale_out_slurm_example_names_a_shipped_playbook_that_loads():
+    """docs/SCALE-OUT.md's Slurm inventory example, as written: its playbook is found and loads,
+    and the extract.slurm line beside it is what the playbook's extract.slurm accepts."""
+    import re
+
+    import yaml
+
+    from remote_ops.connect.hosts import Host
+    from remote_ops.extract import slurm
+    from remote_ops.extract.extract_spec import parse_spec
+    from remote_ops.playbook import loader as pbmod
+    from tests.conftest import REPO
+
+    text = (REPO / "docs" / "SCALE-OUT.md").read_text()
+    block = re.search(r"## A cluster: Slurm.*?```yaml\n(.*?)```", text, re.S).group(1)
+    inv_part, _, extract_part = block.partition("# the playbook's extract section")
+    hosts = yaml.safe_load(inv_part)["hosts"]
+    entry = hosts["login1"]
+    host = Host(name="login1", hostname=entry["hostname"], user=entry["user"], vars=entry["vars"],
+                playbook=entry["playbook"], inventory_path=str(REPO / "inventory.yaml"))
+    pb = pbmod.load(str(pbmod.find(None, host)))
+    assert pb.path.endswith("eagle3-speculators-0.3.0.yaml")
+    pb.extract["slurm"] = yaml.safe_load(extract_part)["slurm"]
+    spec = parse_spec(pb, host)
+    tasks, sbatch = slurm.options(pb, spec)
+    assert tasks == 8 and "--partition=gpu" in sbatch and "--gres=gpu:8" in sbatch

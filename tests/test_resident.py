@@ -310,3 +310,34 @@ def _is_resident(proc: Path) -> bool:
     except OSError:
         return False
     return ") Z " not in status and len(argv) > 2 and argv[1] == b"-c" and b"protocol.resident" in argv[2]
+
+
+def test_a_resident_agent_that_cannot_start_is_said_in_the_mux_log(monkeypatch, capsys):
+    """A resident agent whose channel closes before it says it is ready leaves the request to a fresh
+    exec, which the client cannot tell apart from the resident's answer: mux.log says why (its exit
+    status and last error line), as it does for an exception (test_persist read only the counters)."""
+    import types
+
+    from remote_ops.connect import muxserver, sshconn
+
+    class Closed:                                      # an agent that died before its first line
+        closed = False
+        _err = [b"Traceback (most recent call last):\nOSError: [Errno 24] Too many open files\n"]
+
+        def sendall(self, _data): pass
+        def settimeout(self, _t): pass
+        def recv(self, _n): return b""
+        def recv_stderr_ready(self): return bool(self._err)
+        def recv_stderr(self, _n): return self._err.pop()
+        def exit_status_ready(self): return True
+        def recv_exit_status(self): return 1
+        def close(self): self.closed = True
+
+    keeper = types.SimpleNamespace(session=types.SimpleNamespace(host=types.SimpleNamespace(name="h")),
+                                   _channel=lambda _timeout: Closed())
+    monkeypatch.setattr(sshconn, "_exec_pipelined", lambda chan, command: None)
+    res = muxserver.Resident(keeper, "exec python3 -c ...", None)
+    assert res.start(30) is False and res.dead and not res.ready
+    err = capsys.readouterr().err
+    assert ("h: no resident agent: its channel closed before it was ready (exit status 1; "
+            "OSError: [Errno 24] Too many open files)") in err

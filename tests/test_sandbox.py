@@ -70,6 +70,17 @@ def test_sandbox_up_status_down_and_the_managed_block(tmp_path, cli):
         assert again.count(sandbox.BEGIN) == 1 and "max_samples: 24" in again and "99999" not in again
         assert _outside(again) == _outside(edited)
 
+        # an inventory that includes its .local companion (as the repository's does): the host goes
+        # there, and `up` names that file, not the one it did not write
+        with_local = tmp_path / "with-local" / "inventory.yaml"
+        with_local.parent.mkdir()
+        with_local.write_text("include: [inventory.local.yaml]\nhosts: {}\n")
+        status, out, err = cli("-i", str(with_local), "sandbox", "up", "--no-torch")
+        assert status == 0, err
+        local = with_local.parent / "inventory.local.yaml"
+        assert f"in{local}(includedby{with_local})" in "".join(out.split()), out     # however rich wraps it
+        assert "sandbox:" in local.read_text() and "sandbox" not in with_local.read_text()
+
         status, out, err = cli("-i", str(inv), "sandbox", "down")
         assert status == 0 and "sandbox stopped" in out, out
         status, out, err = cli("-i", str(inv), "sandbox", "status", "--json")

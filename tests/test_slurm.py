@@ -189,3 +189,157 @@ def test_slurm_stop_cancels_the_array(slurm, sshd, tmp_path, cli):
     sq = subprocess.run(["squeue", "-h", "-j", str(job["slurm_id"])], env=slurm["env"], capture_output=True, text=True)
     assert sq.stdout.strip() == ""
     sys.__stdout__.write(f"\n[timing] stop (scancel) to no task left: {time.time() - t0:.1f} s\n")
+
+
+SHIPPED = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
+
+
+def test_slurm_array_of_the_shipped_playbook_with_the_standin(slurm, sshd, tmp_path, cli, monkeypatch):
+    """playbooks/eagle3-speculators-0.3.0.yaml (its optional HF_TOKEN unset) with the sandbox's
+    stand-in command, on the real Slurm: submitted, run to the end, every sample verified."""
+    from remote_ops import sandbox
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    paths = sandbox.SandboxPaths(tmp_path / "sandbox")
+    sandbox.prepare_workdir(paths)
+    entry = sandbox.host_entry(paths, sshd.server)
+    entry["python"] = sys.executable          # the stand-in needs only torch + tqdm
+    entry["playbook"] = str(SHIPPED)
+    entry["env"]["SLURM_CONF"] = slurm["conf"]
+    entry["vars"]["scheduler"] = "slurm"
+    inv = write_inventory(tmp_path / "inv.yaml", {"cluster": entry})
+    status, out, err = cli("extract", "cluster", "--skip-check", "--dry-run", "-i", str(inv))
+    assert status == 0, err
+    assert ("note: slurm: this preflight (files, dataset, disk, model, imports) ran on the login node cluster, "
+            "not on a compute node") in " ".join(out.split()), out
+    status, out, err = cli("extract", "cluster", "--skip-check", "--json", "-i", str(inv))
+    assert status == 0, err
+    job = json.loads(out)["job"]
+    assert job["scheduler"] == "slurm" and job["slurm_id"]
+    job = _wait(cli, inv, ("succeeded", "failed", "lost"), timeout=240)
+    assert job["state"] == "succeeded", (job, cli("logs", "cluster", "-i", str(inv))[1])
+    assert job["samples"] == {"done": 24, "expected": 24}
+    status, out, err = cli("verify", "cluster", "--all", "--json", "-i", str(inv))
+    assert status == 0 and json.loads(out)["union"]["ok"], out
+    status, out, err = cli("logs", "cluster", "-i", str(inv))
+    assert "STAND-IN" in out
+
+
+SECRET_PLAYBOOK = """\
+name: slurm-secret
+extract:
+  command: ["{python}", "-c", "import os, sys; print('token seen:', os.environ.get('MY_TOKEN') == sys.argv[1] + 'value')",
+            "secret-", "--output-dir", "{output_dir}"]
+  output_dir: "{vars.out}"
+  gpus: 0
+  secrets:
+    MY_TOKEN: {from_env: MY_TOKEN_HERE, optional: true}
+  slurm: {tasks: 2, time: "00:05:00"}
+"""
+
+
+def _secret_inventory(sshd, slurm, tmp_path):
+    pb = tmp_path / "secret.yaml"
+    pb.write_text(SECRET_PLAYBOOK)
+    host = sshd.host_entry(python=sys.executable, workdir=str(tmp_path),
+                           env={"REMOTE_OPS_STATE_DIR": str(tmp_path / "state"), "SLURM_CONF": slurm["conf"]},
+                           vars={"scheduler": "slurm", "out": str(tmp_path / "out")}, playbook=str(pb))
+    return write_inventory(tmp_path / "inv.yaml", {"cluster": host})
+
+
+def test_a_set_secret_reaches_every_task_through_a_private_file(slurm, sshd, tmp_path, cli, monkeypatch):
+    """A secret set here is written to the job's 0600 secrets.json, read by each array task, never
+    in the batch script, job.json, argv or the logs; removed once every task ended. Unset (it is
+    optional): the job runs without it."""
+    inv = _secret_inventory(sshd, slurm, tmp_path)
+    value = "secret-value"
+    monkeypatch.setenv("MY_TOKEN_HERE", value)
+    status, out, err = cli("extract", "cluster", "--json", "-i", str(inv))
+    assert status == 0, err
+    job = _wait(cli, inv, ("succeeded", "failed", "lost"), timeout=120)
+    assert job["state"] == "succeeded", job
+    jobdir = tmp_path / "state" / "slurm" / job["job_id"]
+    logs = [(jobdir / f"task-{k}.log").read_text() for k in range(2)]
+    assert all("token seen: True" in text for text in logs), logs
+    for f in jobdir.iterdir():
+        assert value not in f.read_text(errors="replace"), f
+    assert json.loads((jobdir / "job.json").read_text())["secret_names"] == ["MY_TOKEN"]
+    assert not (jobdir / "secrets.json").exists()        # every task ended: removed
+    # unset and optional: no obstacle, no file, the task sees no token
+    monkeypatch.delenv("MY_TOKEN_HERE")
+    status, out, err = cli("extract", "cluster", "--json", "-i", str(inv))
+    assert status == 0, err
+    job = _wait(cli, inv, ("succeeded", "failed", "lost"), timeout=120)
+    assert job["state"] == "succeeded", job
+    jobdir = tmp_path / "state" / "slurm" / job["job_id"]
+    assert "token seen: False" in (jobdir / "task-0.log").read_text()
+    assert json.loads((jobdir / "job.json").read_text())["secret_names"] == []
+
+
+def test_sbatch_without_a_reachable_controller_says_so(sshd, tmp_path, cli):
+    """No slurmctld answers: one line with sbatch's own words (no literal \\n), the fix is to reach the
+    controller, not the partition or gres options; no job directory is left behind."""
+    node = socket.gethostname().split(".")[0]
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(f"ClusterName=none\nSlurmctldHost={node}(127.0.0.1)\nSlurmctldPort={free_port()}\n"
+                    "AuthType=auth/none\nCredType=cred/none\nMessageTimeout=2\n"
+                    f"NodeName={node} NodeAddr=127.0.0.1 CPUs=1 State=UNKNOWN\n"
+                    f"PartitionName=debug Nodes={node} Default=YES State=UP\n")
+    pb = tmp_path / "pb.yaml"
+    pb.write_text(PLAYBOOK)
+    host = sshd.host_entry(python=sys.executable, workdir=str(tmp_path),
+                           env={"REMOTE_OPS_STATE_DIR": str(tmp_path / "state"), "SLURM_CONF": str(conf)},
+                           vars={"scheduler": "slurm", "n": 3, "sleep": 0, "out": str(tmp_path / "out")},
+                           playbook=str(pb))
+    inv = write_inventory(tmp_path / "inv.yaml", {"cluster": host})
+    status, out, err = cli("extract", "cluster", "--skip-check", "-i", str(inv))
+    assert status != 0
+    assert "sbatch refused the job: Batch job submission failed: Unable to contact slurm controller" in err, err
+    assert "scontrol ping" in err and "partition" not in err and "gres" not in err
+    assert "\\n" not in err and len(err.strip().splitlines()) == 1
+    assert list((tmp_path / "state" / "slurm").glob("*/batch.py")) == []
+
+
+@pytest.mark.long
+def test_a_task_near_its_time_limit_requeues_itself_and_resumes(slurm, sshd, tmp_path, cli):
+    """What Slurm sends a task before its time limit (--signal=B:USR1@120), sent now with scancel
+    --signal=USR1 --batch: the task stops its command, requeues itself (scontrol requeue), runs again
+    (SLURM_RESTART_COUNT 1) and resumes the files it had not written; the array ends succeeded
+    with every sample once."""
+    inv = _inventory(sshd, slurm, tmp_path, n=12, sleep=1)
+    status, out, err = cli("extract", "cluster", "--skip-check", "--json", "-i", str(inv))
+    assert status == 0, err
+    job = json.loads(out)["job"]
+    jobdir = tmp_path / "state" / "slurm" / job["job_id"]
+    batch = (jobdir / "batch.py").read_text()
+    assert "#SBATCH --requeue" in batch and "#SBATCH --signal=B:USR1@120" in batch
+    log0 = jobdir / "task-0.log"
+    deadline = time.time() + 60
+    while "1 of 12" not in (log0.read_text() if log0.exists() else "") and "shard 0/3" not in (
+            log0.read_text() if log0.exists() else ""):
+        assert time.time() < deadline, "task 0 did not start"
+        time.sleep(0.3)
+    time.sleep(1.5)        # a sample or two written
+    r = subprocess.run(["scancel", "--signal=USR1", "--batch", f"{job['slurm_id']}_0"], env=slurm["env"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    deadline = time.time() + 60
+    while "requeued (1 of at most 3)" not in log0.read_text():
+        assert time.time() < deadline, log0.read_text()
+        time.sleep(0.3)
+    # Slurm holds a requeued task back for a while (its begin time): let it start now (what an
+    # admin may do; the wait is the cluster's, not remote-ops')
+    for _ in range(20):
+        u = subprocess.run(["scontrol", "update", f"JobId={job['slurm_id']}_0", "StartTime=now"], env=slurm["env"],
+                           capture_output=True, text=True)
+        if u.returncode == 0:
+            break
+        time.sleep(0.5)
+    job = _wait(cli, inv, ("succeeded", "failed", "lost"), timeout=240)
+    text = log0.read_text()
+    assert "task 0: Slurm's time limit is near: stopped and requeued (1 of at most 3)" in text, text
+    assert text.count("[remote-ops] task 0 of 3 on ") == 2 and "(run 2)" in text, text
+    assert job["state"] == "succeeded", (job, text)
+    assert job["samples"] == {"done": 12, "expected": 12}
+    d = tmp_path / "out" / "shard-0-of-3"
+    assert sorted(int(m.group(1)) for m in map(rule.SAMPLE_RE.match, os.listdir(d)) if m) == list(range(0, 12, 3))

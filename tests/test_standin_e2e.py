@@ -43,6 +43,10 @@ def test_standin_through_extract_tail_status_verify(sandbox_host, cli):
     assert "STAND-IN: torch-CPU stand-in for extract_hidden_states.py" in " ".join(err.split())
     assert "STAND-IN: torch-CPU stand-in generator driven by the shipped extract_hidden_states.py" in out
     assert "succeeded" in out and "24/24 samples" in out and "(STAND-IN)" in out
+    # the hand-off line names the stand-in, not an unpatched vLLM worker (the sandbox is patched)
+    assert ("captured states did not come through shared memory: the STAND-IN generator computes them in "
+            "this process (no vLLM worker to hand them over)") in out
+    assert "worker is not patched" not in out
     # the shipped script was uploaded into the workdir, byte for byte, and is what ran
     uploaded = paths.workdir / "extract_hidden_states.py"
     assert hashlib.sha256(uploaded.read_bytes()).hexdigest() == hashlib.sha256(SCRIPT.read_bytes()).hexdigest()
@@ -74,5 +78,5 @@ def test_standin_through_extract_tail_status_verify(sandbox_host, cli):
     status, out, err = cli("-i", str(inv), "extract", "--tail", "--skip-check", "--json")
     events = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
     files_ev = events[0]["preflight"]["files"]
-    assert status == 0 and [f["action"] for f in files_ev] == ["unchanged"]
+    assert status == 0 and [f["action"] for f in files_ev] == ["unchanged", "unchanged"]
     assert "all 24 samples are already in" in out

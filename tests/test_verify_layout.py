@@ -10,6 +10,8 @@ import pytest
 import torch
 import yaml
 
+from tests.run_records import record_run
+
 pytestmark = pytest.mark.timeout(180)
 
 L, H = 4, 16
@@ -62,6 +64,7 @@ def verify_json(verify, *extra):
 def test_good_layout_passes_and_reports_it(host):
     out, verify = host
     write(out, [sample(seq=3 + i) for i in range(6)], config())
+    record_run(out, [list(range(3 + i)) for i in range(6)], list(range(L)))
     status, rec = verify_json(verify, "--expected", "6")
     assert status == 0 and rec["ok"], rec
     assert rec["layers_hidden"] == [[L, H]] and rec["config"]["layers"] == L and rec["config"]["hidden"] == H
@@ -136,6 +139,7 @@ def test_expected_count_is_what_the_job_was_asked_to_write(tmp_path, sshd, cli, 
     cfg = config()
     cfg["data"]["num_samples"] = asked
     write(out, [sample() for _ in range(written)], cfg)
+    record_run(out, [list(range(6))] * asked, list(range(L)))
     inv = tmp_path / "inventory.yaml"
     inv.write_text(yaml.safe_dump({"hosts": {"h": sshd.host_entry(
         sys.executable, env={"REMOTE_OPS_STATE_DIR": str(tmp_path / "state")},

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.run_records import record_run
 from tests.test_jobs_ssh import Env, cli_json
 
 torch = pytest.importorskip("torch")
@@ -31,7 +32,11 @@ def test_consistent_outputs_are_clean(tmp_path, sshd, cli):
     env = Env(tmp_path, sshd, extract={"expected_samples": 4})
     write(tmp_path / "out", {i: sample(tokens=4 + i) for i in range(4)})
     s, rec, err = cli_json(cli, env, "verify", "testhost", "--all")
+    assert s == 1 and not rec["ok"] and not rec["identity"]["recorded"]    # files of no known run
+    record_run(tmp_path / "out", [list(range(4 + i)) for i in range(4)], list(range(LAYERS)))
+    s, rec, err = cli_json(cli, env, "verify", "testhost", "--all")
     assert s == 0 and rec["ok"], (err, rec)
+    assert rec["identity"]["ids_compared"] == 4 and rec["identity"]["ids_differ"] == 0
     assert rec["checked"] == 4 and rec["non_finite_count"] == 0 and rec["inconsistent_count"] == 0
 
 

@@ -4,6 +4,7 @@ sshd against real speculators / vLLM sources from PyPI (0.16.0, 0.17.0, 0.20.0, 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -239,3 +240,9 @@ def test_candidates_lists_every_release(sshd, tmp_path, inventory_file, cli, vll
     assert [r["findings"] for r in again["rows"]] == [r["findings"] for r in rec["rows"]]
     status, out, err = cli("-i", str(inv), "check", "testhost", "--candidates")
     assert status == 0 and "0.9.0" in out and "server" in out and "in-process" in out
+    # the installed version's row is the PyPI release, and the table says so (a patched host's
+    # `check` counts its own files)
+    text = " ".join(out.split())
+    assert re.search(r"^0\.3\.0 \* ", out, re.M) and "(installed)" not in text
+    assert ("* the installed version. Each row checks the release's sources from PyPI; the host's installed "
+            "speculators files (patched or not) are what `remote-ops check testhost` checks") in text

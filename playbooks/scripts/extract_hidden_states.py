@@ -37,6 +37,14 @@ at tag v0.3.0 (commit be6e86e79eee8b2d363399a767194e53f5407331 of vllm-project/s
   ``data.train_data_path`` is the JSONL path; ``generation.cache_dir`` is "" (no HF datasets cache
   is used); ``data.seed`` is 0 (nothing is shuffled).
 
+- ``run.json``: the run identity (``run_identity.py``, shipped beside this script: the dataset's path,
+  size and sha256 of the lines used, the model's path and config.json sha256, layer ids,
+  max_model_len, shard, package versions, the playbook remote-ops names in $REMOTE_OPS_RUN_PLAYBOOK),
+  checked before the tokenizer, torch or the engine load: a directory holding samples of another
+  identity (or samples and no run.json) stops the run with one line naming what differs (exit 2);
+  ``--overwrite`` moves those files into ``.replaced-<UTC time>/`` in the directory (nothing is
+  deleted) and starts over. Written for a new run before the first sample.
+
 Batches are packed by tokens: consecutive pending samples (never reordered) until the next one would
 pass ``--batch-tokens`` (default: the engine's own scheduler budget, ``max_num_scheduled_tokens`` or
 ``max_num_batched_tokens`` of the generator's scheduler: ``max(8192, max_model_len)`` in speculators
@@ -81,7 +89,7 @@ is one dataset; resume and the progress bar count the shard's samples, and data_
 the dataset's ``num_samples`` and adds ``shard`` {index, count, assignment, samples}.
 
 Exit status: 0 done; 1 the generator returned a result that does not fit its sample; 2 bad
-arguments or bad dataset (one line: what, where, what to do). Other failures (vLLM, CUDA) end with
+arguments, bad dataset or an output directory of another run (one line: what, where, what to do). Other failures (vLLM, CUDA) end with
 their own traceback.
 """
 
@@ -134,11 +142,15 @@ class DiskFullError(OSError):
 
 # ------------------------------------------------------------------ arguments
 def parse_layer_ids(text):
-    """"2,4,5,7" -> [2, 4, 5, 7]; "" or "none" -> None (the generator chooses)."""
-    if text is None or str(text).strip().lower() in ("", "none", "default"):
+    """"2,4,5,7" or "[2, 4, 5, 7]" (a YAML/JSON list, as a playbook var list is filled into the
+    command) -> [2, 4, 5, 7]; "" or "none" -> None (the generator chooses)."""
+    if text is None or str(text).strip().lower() in ("", "none", "default", "[]"):
         return None
+    body = str(text).strip()
+    if body.startswith("[") and body.endswith("]"):
+        body = body[1:-1]
     out = []
-    for part in str(text).replace(" ", ",").split(","):
+    for part in body.replace(" ", ",").split(","):
         if not part:
             continue
         try:
@@ -194,12 +206,17 @@ def build_parser(required=True):
                         "writable; 'off': the executor's RPC, as unpatched")
     p.add_argument("--shard", default=None, metavar="K/N",
                    help="write only samples i with i %% N == K (files keep their global index; default: all)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start over: move the files of an earlier run in --output-dir into "
+                        ".replaced-<UTC time>/ there (nothing is deleted); without it, a directory holding "
+                        "another run's samples (run.json) is refused")
     return p
 
 
 def parse_args(argv=None, parser=None):
     p = parser or build_parser()
     args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)     # the run identity reads the flags given
     for name, low in (("batch_size", 1), ("batch_tokens", 0), ("tensor_parallel_size", 1), ("max_model_len", 2),
                       ("writer_threads", 1), ("copy_threads", 1)):
         if getattr(args, name) is not None and getattr(args, name) < low:
@@ -230,21 +247,28 @@ def _int_list(value, what, where, allowed=None):
 def read_dataset(path, max_samples=None):
     """The first ``max_samples`` samples: dicts {line, input_ids | text, loss_mask | None}."""
     try:
-        fh = open(path, encoding="utf-8")
+        fh = open(path, "rb")     # lines split at b"\n" and decoded one by one: line numbers are the file's
     except OSError as exc:
         raise InputError("cannot read dataset %s: %s" % (path, exc.strerror)) from None
     records = []
     with fh:
-        for lineno, line in enumerate(fh, 1):
+        for lineno, raw in enumerate(fh, 1):
             if max_samples is not None and len(records) >= max_samples:
                 break
-            if not line.strip():
-                continue
             where = "%s:%d" % (path, lineno)
             try:
-                obj = json.loads(line)
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError("%s: not UTF-8 text (%s at byte %d of the line)"
+                                 % (where, exc.reason, exc.start + 1)) from None
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line.rstrip("\r\n"))
             except ValueError as exc:
-                raise InputError("%s: not valid JSON (%s)" % (where, exc)) from None
+                # the decoder's column, not its "line 1": the file's line is named in front
+                what = ("%s at column %d" % (exc.msg, exc.colno)) if isinstance(exc, json.JSONDecodeError) else exc
+                raise InputError("%s: not valid JSON (%s)" % (where, what)) from None
             if not isinstance(obj, dict):
                 raise InputError("%s: each line must be a JSON object with input_ids or text" % where)
             if ("input_ids" in obj) == ("text" in obj):
@@ -409,6 +433,55 @@ def _disk_full(exc, directory, obj):
     if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or free < need:
         return need, free
     return None
+
+
+def _run_identity_module():
+    """run_identity.py, shipped beside this script (remote-ops' agent/outputs/run_identity.py: one definition
+    of a run's identity for remote-ops' preflight and this script), loaded by path."""
+    import importlib.util
+    here = os.path.dirname(os.path.realpath(__file__))
+    path = os.path.join(here, "run_identity.py")
+    if not os.path.isfile(path):
+        # run from a remote-ops checkout (playbooks/scripts/): the module where it is defined
+        path = os.path.join(here, os.pardir, os.pardir, "remote_ops", "agent", "outputs", "run_identity.py")
+    if not os.path.isfile(path):
+        raise InputError("run_identity.py is not beside %s: copy it from remote-ops (remote_ops/agent/"
+                         "outputs/run_identity.py; the playbook's extract.files ships both)" % os.path.join(here, PROG + ".py"))
+    spec = importlib.util.spec_from_file_location("run_identity", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_run_identity(args, out):
+    """Hold --output-dir to one run, before the tokenizer, torch or the engine are loaded: the run's
+    identity (run_identity.py: dataset lines, model config, layer ids, max_model_len, shard, package
+    versions, the playbook remote-ops gave) is compared with the directory's run.json; samples of
+    another run there stop this one with one line (InputError, exit 2) naming what differs, unless
+    --overwrite moves them aside. Returns the identity for ``record_run_identity`` (None: run.json is
+    this run's already)."""
+    ri = _run_identity_module()
+    try:
+        ident = ri.identity(ri.command_inputs(getattr(args, "argv", [])), cwd=os.getcwd(), flow="generator",
+                            playbook=ri.playbook_from_env(), versions=ri.versions())
+    except ri.IdentityError as exc:
+        raise InputError(str(exc)) from None
+    res = ri.check(args.output_dir, ident)
+    moved = None
+    if getattr(args, "overwrite", False) and os.path.isdir(args.output_dir) \
+            and (res["samples"] or os.path.exists(os.path.join(args.output_dir, ri.FILE))):
+        moved = ri.move_aside(args.output_dir)
+        print("--overwrite: moved %d file(s) of the earlier run into %s" % (moved["files"], moved["moved_to"]),
+              file=out, flush=True)
+    elif res["problem"]:
+        raise InputError(ri.refusal(res["problem"], by_hand=True))
+    return ident if moved or res["state"] != "same" else None
+
+
+def record_run_identity(output_dir, ident):
+    """run.json for a new run (``check_run_identity``'s identity), before the first sample."""
+    if ident is not None:
+        _run_identity_module().write(output_dir, ident)
 
 
 def write_json_atomic(path, obj):
@@ -780,6 +853,7 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
     can be exercised with a stand-in generator; by default they are speculators' and transformers'."""
     out = out or sys.stdout
     records = read_dataset(args.dataset, args.max_samples)
+    ident = check_run_identity(args, out)       # before the tokenizer, torch and the engine
     if args.max_samples is not None and len(records) < args.max_samples:
         print("note: %s has %d samples, fewer than --max-samples %d" % (args.dataset, len(records), args.max_samples),
               file=out, flush=True)
@@ -793,6 +867,7 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
     from tqdm import tqdm
 
     os.makedirs(args.output_dir, exist_ok=True)
+    record_run_identity(args.output_dir, ident)
     stale = remove_stale_temporaries(args.output_dir)
     if stale:
         print("removed %d unfinished temporary file(s) of an earlier run" % stale, file=out, flush=True)
@@ -864,8 +939,11 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
             if not said_handoff:
                 said_handoff = True
                 shm = getattr(generator, "_remote_ops_shm_mapped", None)
+                # a generator that has no worker to hand over from says so itself (the sandbox's stand-in)
+                no_handoff = getattr(generator, "remote_ops_no_handoff", None)
                 print("captured states came through shared memory (%s)" % shm[0] if shm else
                       "captured states did not come through shared memory: %s" % (
+                          no_handoff if isinstance(no_handoff, str) else
                           "the vLLM worker is not patched for it, or fell back (its warning says why)"
                           if handoff else "no hand-off directory (--handoff-dir)"), file=out, flush=True)
             for i, sample in zip(batch, samples):

@@ -65,6 +65,7 @@ KINDS = _kinds(
     _refusal("write-failed", "a file could not be written (or read back with the wrong sha256)"),
     _refusal("disk-full", "no space left while staging files"),
     _refusal("import-failed", "the job's interpreter cannot import the job's modules", exit="IMPORT"),
+    _refusal("other-run", "the output directory holds samples of another run (its run.json differs)"),
     # check
     _refusal("missing-target", "the package or module to check is not installed for the interpreter"),
     # patch / rollback transactions
@@ -89,6 +90,7 @@ KINDS = _kinds(
     # verify
     _refusal("no-torch", "verify: torch cannot be imported by the host's interpreter"),
     _refusal("no-output", "verify: the output directory does not exist"),
+    _refusal("nothing-to-verify", "verify: the output directory holds no sample files"),
 )
 
 _JOB = ("key", "job_id")
@@ -119,11 +121,12 @@ OPS = {o.name: o for o in (
        "can the job's interpreter import the job's modules (and the library module of the model's class)"),
     Op("dataset.check", ("path", "workdir", "max_samples", "budget"),
        "the job's dataset read as the job reads it (bounded in time)", resident=True),
-    Op("jobs.probe", ("key", "output_dir", "need", "port", "layout"),
-       "running job, free disk, the job's disk need (and a server's port) before a launch", resident=True),
+    Op("jobs.probe", ("key", "output_dir", "need", "port", "layout", "identity"),
+       "running job, free disk, the job's disk need (and a server's port), the run identity against the "
+       "output dir's run.json, before a launch", resident=True),
     Op("jobs.launch", ("key", "command", "workdir", "env", "secrets", "output_dir", "expected_samples",
                        "watchdog_seconds", "cleanup_grace", "playbook", "lock_timeout", "start_timeout",
-                       "server", "layout", "shard"),
+                       "server", "layout", "shard", "identity", "overwrite"),
        "start the supervised job (or attach to the running one: same output directory, same shard [k, n]); "
        "server: a two-process job's server; refused (busy) while another job writes the output directory"),
     Op("jobs.status", _JOB_AT, "one job's status record", resident=True),
@@ -146,7 +149,7 @@ OPS = {o.name: o for o in (
        "undo patches (the last, or back to an entry)", resident=True),
     Op("patching.history", ("limit",), "the host's patch journal", resident=True),
     Op("slurm.submit", ("key", "command", "workdir", "env", "output_dir", "tasks", "sbatch", "python",
-                        "expected_samples"), "submit the job as a Slurm job array (sbatch)"),
+                        "expected_samples", "secrets", "requeue"), "submit the job as a Slurm job array (sbatch)"),
     Op("slurm.status", _JOB, "a Slurm job's tasks: squeue and their exit files"),
     Op("slurm.stop", _JOB + ("grace",), "scancel a Slurm job"),
     Op("slurm.logs", _JOB + ("lines", "offsets"), "the array tasks' logs (offsets: each from there on)"),

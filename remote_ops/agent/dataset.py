@@ -31,12 +31,28 @@ def _int_list(value, what, where, allowed=None):
     return None
 
 
+def json_error(exc):
+    """A JSON error of one line without the decoder's own "line 1" (the file's line is named
+    beside it): ``Expecting ',' delimiter at column 19``."""
+    if isinstance(exc, json.JSONDecodeError):
+        return "%s at column %d" % (exc.msg, exc.colno)
+    return str(exc)
+
+
+def decode_line(raw, where):
+    """(text, None) of one line of bytes, or (None, the job's words for a byte that is not UTF-8)."""
+    try:
+        return raw.decode("utf-8"), None
+    except UnicodeDecodeError as exc:
+        return None, "%s: not UTF-8 text (%s at byte %d of the line)" % (where, exc.reason, exc.start + 1)
+
+
 def line_problem(line, where):
     """What the job would refuse in this non-blank line, in its words; None when it reads it."""
     try:
-        obj = json.loads(line)
+        obj = json.loads(line.rstrip("\r\n"))
     except ValueError as exc:
-        return "%s: not valid JSON (%s)" % (where, exc)
+        return "%s: not valid JSON (%s)" % (where, json_error(exc))
     if not isinstance(obj, dict):
         return "%s: each line must be a JSON object with input_ids or text" % where
     if ("input_ids" in obj) == ("text" in obj):
@@ -63,7 +79,7 @@ def check(path, full, max_samples=None, budget=2.0):
     out = {"path": path, "real": full, "samples": 0, "exact": False, "parsed": 0, "problem": None,
            "line": None, "max_samples": max_samples, "size_bytes": None}
     try:
-        fh = open(full, encoding="utf-8")
+        fh = open(full, "rb")       # lines split at b"\n" and decoded one by one: a line number is the file's
         out["size_bytes"] = os.fstat(fh.fileno()).st_size
     except OSError as exc:
         out["problem"] = "cannot read dataset %s: %s" % (path, exc.strerror)
@@ -71,30 +87,27 @@ def check(path, full, max_samples=None, budget=2.0):
     samples = lineno = 0
     ended = False
     with fh:
-        try:
-            for line in fh:
-                if max_samples is not None and samples >= max_samples:
-                    ended = True        # the job stops reading here
-                    break
-                lineno += 1
-                if not line.strip():
-                    continue
-                bad = line_problem(line, "%s:%d" % (path, lineno))
-                if bad:
-                    out.update(problem=bad, line=lineno, samples=samples, parsed=samples)
-                    return _done(out, t0)
-                samples += 1
-                if not samples % 256 and time.monotonic() - t0 > budget:
-                    break
-            else:
-                ended = True
-            out["parsed"] = samples
-            if not ended:           # out of time: count the rest, a block at a time
-                samples, ended = _count(fh, samples, max_samples, time.monotonic() + budget)
-        except UnicodeDecodeError as exc:
-            out.update(problem="%s:%d: not UTF-8 text (%s)" % (path, lineno + 1, exc.reason), line=lineno + 1,
-                       samples=samples, parsed=samples)
-            return _done(out, t0)
+        for raw in fh:
+            if max_samples is not None and samples >= max_samples:
+                ended = True        # the job stops reading here
+                break
+            lineno += 1
+            where = "%s:%d" % (path, lineno)
+            line, bad = decode_line(raw, where)
+            if line is not None and not line.strip():
+                continue
+            bad = bad or line_problem(line, where)
+            if bad:
+                out.update(problem=bad, line=lineno, samples=samples, parsed=samples)
+                return _done(out, t0)
+            samples += 1
+            if not samples % 256 and time.monotonic() - t0 > budget:
+                break
+        else:
+            ended = True
+        out["parsed"] = samples
+        if not ended:           # out of time: count the rest, a block at a time
+            samples, ended = _count(fh, samples, max_samples, time.monotonic() + budget)
     out.update(samples=samples, exact=ended)
     if ended and samples == 0:
         out["problem"] = "dataset %s has no samples" % path
@@ -103,12 +116,12 @@ def check(path, full, max_samples=None, budget=2.0):
 
 def _count(fh, samples, max_samples, deadline):
     """Non-blank lines from here (a lower bound when time ran out); (count, reached the end or max)."""
-    rest = ""
+    rest = b""
     while time.monotonic() < deadline:
         block = fh.read(BLOCK)
         if not block:
             return samples + (1 if rest.strip() else 0), True
-        lines = (rest + block).split("\n")
+        lines = (rest + block).split(b"\n")
         rest = lines.pop()
         samples += sum(1 for x in lines if x.strip())
         if max_samples is not None and samples >= max_samples:

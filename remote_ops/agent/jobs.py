@@ -144,7 +144,75 @@ def op_probe(args):
         if args.get("need") and not out["disk"].get("error"):   # from real sizes: agent/job/diskneed.py
             from .job import diskneed
             out["disk"]["need"] = diskneed.for_job(args["need"], path)
+        if args.get("identity"):
+            out["identity"] = identity_check(args["identity"], path)
     return out
+
+
+def identity_check(req, output_dir):
+    """The run identity of the job ``req`` describes ({command, workdir, flow, playbook, python, env,
+    fallback}: run_identity.py) against ``output_dir``'s run.json: run_identity.check's record plus
+    the identity and, for another run's samples, the one line that refuses the launch."""
+    from .outputs import run_identity as ri
+    try:
+        ident = job_identity(req)
+    except ri.IdentityError as exc:
+        return {"error": str(exc)}
+    res = ri.check(output_dir, ident)
+    res["identity"] = ident
+    res["line"] = ri.refusal(res["problem"]) if res["problem"] else None
+    return res
+
+
+def _server_inputs(server_command, fallback):
+    """A server flow's identity inputs: the server's flags (--max-model-len), its model (``serve
+    MODEL``) and captured layers (``eagle_aux_hidden_state_layer_ids`` in its JSON), then ``fallback``."""
+    import re
+    from .outputs import run_identity as ri
+    out = ri.command_inputs(server_command)
+    if "serve" in server_command[:-1] and out.get("model") is None:
+        out["model"] = server_command[server_command.index("serve") + 1]
+    for word in server_command:
+        m = re.search(r'"eagle_aux_hidden_state_layer_ids"\s*:\s*\[([^\]]*)\]', word)
+        if m and out.get("layer_ids") is None:
+            out["layer_ids"] = ri.layer_ids(m.group(1))
+    for key, value in fallback.items():
+        if out.get(key) is None and value not in (None, ""):
+            out[key] = ri.layer_ids(value) if key == "layer_ids" and isinstance(value, str) else value
+    return out
+
+
+def job_identity(req):
+    """The identity the job will compute for itself (extract_hidden_states.py's check_run_identity):
+    its command's flags, its working directory, the versions its interpreter sees with its env. A
+    server flow's command does not name the dataset or model by those flags: ``fallback`` (the
+    playbook's extract.disk) fills what it lacks."""
+    import json
+    import subprocess
+    from .outputs import run_identity as ri
+    command = req.get("command") or []
+    workdir = os.path.realpath(os.path.expanduser(req.get("workdir") or "~"))
+    inputs = ri.command_inputs(command)
+    if req.get("flow") == "server":
+        for key, value in _server_inputs(req.get("server_command") or [], req.get("fallback") or {}).items():
+            if inputs.get(key) is None and value not in (None, ""):
+                inputs[key] = value
+        if inputs.get("dataset") and os.path.isdir(os.path.join(workdir, os.path.expanduser(inputs["dataset"]))):
+            inputs["dataset"] = None       # a prepared (Arrow) dataset directory: no lines to hash
+    python = req.get("python") or sys.executable
+    env = dict(os.environ)
+    env.update(req.get("env") or {})
+    env.pop(sup.MARKER, None)
+    try:
+        proc = subprocess.run([python, "-c", ri.VERSIONS_CODE, json.dumps(list(ri.PACKAGES))], cwd=workdir,
+                              env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+        versions = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError) as exc:
+        raise ri.IdentityError("cannot read the package versions of %s: %s" % (python, exc)) from None
+    return ri.identity(inputs, cwd=workdir, flow=req.get("flow") or "generator", playbook=req.get("playbook"),
+                       versions=versions)
+
+
 
 
 def port_free(port):
@@ -262,6 +330,16 @@ def _start(args, job_id, jobdir, key, name, command, workdir, env, secret_values
             import shutil
             shutil.rmtree(jobdir, ignore_errors=True)   # nothing of this launch is left to list
             raise
+    identity = None
+    if output_dir:   # the run identity, once this job holds the directory (no other job's files move)
+        try:
+            identity = _record_identity(output_dir, args.get("identity"), bool(args.get("overwrite")))
+        except BaseException:
+            outputlock.release(output_dir, job_id)
+            os.close(lock_fd)
+            import shutil
+            shutil.rmtree(jobdir, ignore_errors=True)
+            raise
     log = os.path.join(jobdir, "log")
     sup.write_json(os.path.join(jobdir, "job.json"), {
         "job_id": job_id, "key": key, "command": command, "workdir": workdir, "env": env,
@@ -306,7 +384,31 @@ def _start(args, job_id, jobdir, key, name, command, workdir, env, secret_values
                 os.path.exists(os.path.join(jobdir, "server.json")):   # a server started first
             break
         time.sleep(0.02)
-    return {"attached": False, "job": job_status(job_id)}
+    out = {"attached": False, "job": job_status(job_id)}
+    if identity is not None:
+        out["identity"] = identity
+    return out
+
+
+def _record_identity(output_dir, ident, overwrite):
+    """Under the launch lock, before the job starts: the preflight's identity checked again against
+    ``output_dir`` (a refusal, kind other-run, when another run's samples are there), the earlier
+    run's files moved aside with ``overwrite``, and run.json written for a new run. Returns
+    {"digest", "state", "moved"} or None when the launch carries no identity."""
+    if not output_dir or not isinstance(ident, dict):
+        return None
+    from .outputs import run_identity as ri
+    res = ri.check(output_dir, ident)
+    moved = None
+    if overwrite and (res["samples"] or os.path.exists(os.path.join(output_dir, ri.FILE))):
+        moved = ri.move_aside(output_dir)
+    elif res["problem"]:
+        raise AgentFailure("other-run", ri.refusal(res["problem"]))
+    if moved or res["state"] != "same":
+        ri.write(output_dir, ident)
+    return {"digest": res["digest"], "state": res["state"], "moved": moved}
+
+
 
 
 # ------------------------------------------------------------------ logs and tail
@@ -366,7 +468,7 @@ def _gpu_summary():
 
 def op_tail(args):
     """Streams the log from ``offset`` as it grows, with periodic snapshots; returns when the job
-    reaches a terminal state (after draining the log) or after ``budget`` seconds, so that the
+    reaches a terminal state and its supervisor has let go of the log (after draining it) or after ``budget`` seconds, so that the
     controller re-polls on a fresh channel. Events: {"type": "log", "offset", "next", "data"},
     {"type": "snapshot", ...}. Result: {"state", "next", "status", "ended": bool}."""
     job_id = _resolve(args)
@@ -403,7 +505,9 @@ def op_tail(args):
             if now - last_state >= 0.5:
                 last_state = now
                 st = job_status(job_id)
-                if st["state"] in TERMINAL:
+                # ended, and its log complete: the supervisor records the exit before it writes the
+                # "ended:" line and its cleanup's lines, and holds run.lock until it has written them
+                if st["state"] in TERMINAL and not st["supervisor_alive"]:
                     if fh is not None:
                         fh.seek(offset)
                         rest = fh.read()

@@ -243,12 +243,12 @@ class _Model:
         builds: ``X(...)``, ``self.model_cls(...)`` (a class attribute, looked up on ``top``),
         ``self._init_model(...)`` (a method's returned call), ``init_vllm_registered_model(...)``."""
         if not isinstance(value, ast.Call) or depth > 4:
-            return _ent("unknown", "%s: %s is not a call" % (cls.qual, ast.unparse(value)[:80]))
+            return _ent("unknown", "%s: %s is not a call" % (cls.qual, _clip(ast.unparse(value), 80)))
         d = dotted(value.func)
         if d and d.split(".")[-1] == REGISTERED_FACTORY:
             return self._registered(cls, value)
         if d is None:
-            return _ent("unknown", "%s: %s is built by an expression" % (cls.qual, ast.unparse(value.func)[:80]))
+            return _ent("unknown", "%s: %s is built by an expression" % (cls.qual, _clip(ast.unparse(value.func), 80)))
         if d.startswith("self.") and d.count(".") == 1:
             a = self.static.class_attr(top, d[5:], True)
             if a.kind == "function":
@@ -284,8 +284,12 @@ class _Model:
             tc = self.cfg.get("text_config") if isinstance(self.cfg.get("text_config"), dict) else {}
             names = [a for a in tc.get("architectures") or [] if isinstance(a, str)] or None
         if not names:
+            if archs is None and "hf_config" in kw and (dotted(kw["hf_config"]) or "").endswith("text_config"):
+                return _ent("unknown", "%s: the text model's class is chosen at run time from hf_config=%s, "
+                                       "and config.json's text_config names no architectures"
+                            % (cls.qual, _clip(ast.unparse(kw["hf_config"]), 60)))
             return _ent("unknown", "%s: the text model's class is chosen at run time (%s)"
-                        % (cls.qual, ast.unparse(call)[:100]))
+                        % (cls.qual, _clip(ast.unparse(call), 100)))
         for n in names:
             e = self.class_of_arch(n)
             if e is not None and e.kind == "class":
@@ -359,6 +363,20 @@ def has_member(static, cls, name):
         if "*" in inst:
             return ("unknown", "%s sets attributes with setattr" % c.qual)
     return "no"
+
+
+def _clip(text, limit):
+    """``text`` cut to at most ``limit`` characters at a boundary between names (never inside an
+    identifier or a dotted name), with " ..." when cut."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit]
+    i = len(cut)
+    while i > 0 and (cut[i - 1].isalnum() or cut[i - 1] in "_."):
+        i -= 1
+    if text[limit].isalnum() or text[limit] in "_.":   # the cut falls inside a name: drop that name
+        cut = cut[:i]
+    return cut.rstrip(" ,=(") + " ..."
 
 
 def _ent(kind, reason):
@@ -477,9 +495,11 @@ def _checkpoint(r):
     r.out["config"] = r.cfg_path
     if problem:
         kind = "model-missing" if r.cfg_path is None and "does not exist" in problem else "model-config"
+        # a config.json that is there but unreadable is the checkpoint's to repair, not a wrong path
+        fix = ("repair or re-download %s (the job's loader reads it too)" % r.cfg_path if r.cfg_path is not None
+               else "point target_model (--model) at the checkpoint directory the job loads")
         r.findings.append({"path": r.cfg_path, "line": None, "symbol": None, "kind": kind, "name": None,
-                           "message": problem, "suggestion": "point target_model (--model) at the checkpoint "
-                                                             "directory the job loads"})
+                           "message": problem, "suggestion": fix})
         return False
     if r.cfg is None:
         r.unknown.append({"what": "model", "reason": "%s is not a directory here and not in the local HF hub cache: "

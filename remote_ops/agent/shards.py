@@ -56,7 +56,16 @@ def op_files(args):
     except OSError:
         pass      # read-only: this boot's device and inode still tell a path listed twice on one machine
     return {"output_dir": out_dir, "files": files, "config_text": config_text, "shard_dirs": sorted(subdirs),
-            "identity": outputdir.identity(out_dir), "run": run_identity(out_dir)}
+            "identity": outputdir.identity(out_dir), "run": run_identity(out_dir), "run_text": _run_text(out_dir)}
+
+
+def _run_text(out_dir):
+    """run.json's text (the whole run identity: gather writes the union's from it), or None."""
+    try:
+        with open(os.path.join(out_dir, "run.json"), encoding="utf-8") as fh:
+            return fh.read()
+    except OSError:
+        return None
 
 
 def run_identity(out_dir):

@@ -18,11 +18,12 @@ from .job import supervisor as sup
 from .protocol import AgentFailure
 
 TOKEN = "@SHARD_DIR@"
+REQUEUE_LEAD_S = 120   # SIGUSR1 this long before a task's time limit: it stops and requeues itself
 
 BATCH = '''#!%(python)s
 %(sbatch)s
 # remote-ops: array task k runs the job's command with --shard k/N (written by agent/slurm.py)
-import json, os, subprocess, sys, time
+import json, os, shlex, signal, subprocess, sys, time
 JOBDIR = %(jobdir)r
 with open(os.path.join(JOBDIR, "job.json")) as fh:
     job = json.load(fh)
@@ -30,16 +31,57 @@ k, n = int(os.environ["SLURM_ARRAY_TASK_ID"]), int(job["tasks"])
 shard = "%%d/%%d" %% (k, n)
 argv = [a.replace(%(token)r, "shard-%%d-of-%%d" %% (k, n)) for a in job["command"]] + ["--shard", shard]
 env = dict(os.environ, REMOTE_OPS_SHARD=shard, **job["env"])
-print("[remote-ops] task %%d of %%d on %%s: %%s" %% (k, n, os.uname().nodename, " ".join(argv)), flush=True)
-try:
-    rc = subprocess.call(argv, cwd=job["workdir"], env=env)
-except OSError as exc:
-    print("[remote-ops] cannot start the job: %%s" %% exc, flush=True)
-    rc = 127
+secrets_file = os.path.join(JOBDIR, "secrets.json")   # 0600 in this 0700 directory; removed when all tasks ended
+rc = None
+if job.get("secret_names"):
+    try:
+        with open(secrets_file) as fh:
+            env.update({str(a): str(b) for a, b in json.load(fh).items()})
+    except (OSError, ValueError, AttributeError) as exc:
+        print("[remote-ops] task %%d: cannot read the job's secrets file %%s (%%s); not started: "
+              "run remote-ops extract again" %% (k, secrets_file, exc), flush=True)
+        rc = 126
+# Slurm sends SIGUSR1 (--signal=B:USR1@...) before the time limit: the command is stopped (its files
+# are written atomically, a rerun resumes) and the task requeues itself, as submitit does; a preempted
+# task is requeued by Slurm itself (--requeue). Either way no exit file: the task is not over.
+restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+asked = []
+child = None
+def on_usr1(signum, frame):
+    asked.append(time.time())
+    if child is not None and child.poll() is None:
+        child.terminate()
+signal.signal(signal.SIGUSR1, on_usr1)
+if rc is None:
+    print("[remote-ops] task %%d of %%d on %%s%%s: %%s" %% (k, n, os.uname().nodename,
+          " (run %%d)" %% (restarts + 1) if restarts else "", shlex.join(argv)), flush=True)
+    try:
+        child = subprocess.Popen(argv, cwd=job["workdir"], env=env)
+        rc = child.wait()
+    except OSError as exc:
+        print("[remote-ops] cannot start the job: %%s" %% exc, flush=True)
+        rc = 127
+if asked:
+    most = int(job.get("requeue") or 0)
+    task = "%%s_%%d" %% (os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID"), k)
+    if restarts < most:
+        print("[remote-ops] task %%d: Slurm's time limit is near: stopped and requeued (%%d of at most %%d); "
+              "the next run resumes the missing files" %% (k, restarts + 1, most), flush=True)
+        if subprocess.call(["scontrol", "requeue", task]) == 0:
+            sys.exit(0)
+        print("[remote-ops] task %%d: scontrol requeue %%s failed" %% (k, task), flush=True)
+    else:
+        print("[remote-ops] task %%d: Slurm's time limit is near and it was requeued %%d time(s) already "
+              "(extract.slurm.requeue: %%d): not again" %% (k, restarts, most), flush=True)
 tmp = os.path.join(JOBDIR, "task-%%d.exit.json.tmp" %% k)
 with open(tmp, "w") as fh:
     json.dump({"exit_code": rc, "ended_at": time.time()}, fh)
 os.replace(tmp, os.path.join(JOBDIR, "task-%%d.exit.json" %% k))
+if all(os.path.exists(os.path.join(JOBDIR, "task-%%d.exit.json" %% i)) for i in range(n)):
+    try:
+        os.unlink(secrets_file)
+    except OSError:
+        pass
 sys.exit(rc)
 '''
 
@@ -171,6 +213,9 @@ def op_submit(args):
     if isinstance(tasks, bool) or not isinstance(tasks, int) or tasks < 1:
         raise AgentFailure("bad-args", "tasks must be a whole number >= 1")
     sbatch = args.get("sbatch") or []
+    requeue = args.get("requeue", 0)
+    if isinstance(requeue, bool) or not isinstance(requeue, int) or requeue < 0:
+        raise AgentFailure("bad-args", "requeue must be a whole number >= 0")
     if not all(isinstance(s, str) and s.startswith("--") and "\n" not in s for s in sbatch):
         raise AgentFailure("bad-args", "sbatch options are --name=value strings")
     root = _root()
@@ -189,13 +234,28 @@ def op_submit(args):
     jobdir = os.path.join(root, job_id)
     os.mkdir(jobdir, 0o700)
     command = [os.path.expanduser(c) if c.startswith("~") else c for c in command]
+    secret_values = args.get("secrets") or {}
+    if not isinstance(secret_values, dict) or not all(isinstance(a, str) and isinstance(b, str)
+                                                      for a, b in secret_values.items()):
+        raise AgentFailure("bad-args", "secrets must be a mapping of names to strings")
+    if secret_values:
+        # read by each array task from this private file (never the job script, argv or job.json)
+        fd = os.open(os.path.join(jobdir, "secrets.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            import json
+            json.dump(secret_values, fh)
     record = {"job_id": job_id, "key": key, "command": command, "workdir": workdir,
+              "secret_names": sorted(secret_values),
               "env": args.get("env") or {}, "output_dir": output_dir, "tasks": tasks,
               "expected_samples": args.get("expected_samples"), "created_at": time.time(),
-              "label": standin_label(command, workdir), "sbatch": sbatch}
+              "label": standin_label(command, workdir), "sbatch": sbatch, "requeue": requeue}
     sup.write_json(os.path.join(jobdir, "job.json"), record)
     lines = ["#SBATCH --job-name=%s" % key, "#SBATCH --array=0-%d" % (tasks - 1),
-             "#SBATCH --output=%s" % os.path.join(jobdir, "task-%a.log")] + ["#SBATCH %s" % s for s in sbatch]
+             "#SBATCH --output=%s" % os.path.join(jobdir, "task-%a.log"), "#SBATCH --open-mode=append"]
+    if requeue:
+        # requeued when preempted (Slurm) or near the time limit (the batch script, on SIGUSR1)
+        lines += ["#SBATCH --requeue", "#SBATCH --signal=B:USR1@%d" % REQUEUE_LEAD_S]
+    lines += ["#SBATCH %s" % s for s in sbatch]
     script = os.path.join(jobdir, "batch.py")
     with open(script, "w") as fh:
         fh.write(BATCH % {"python": args.get("python") or "/usr/bin/env python3", "sbatch": "\n".join(lines),
@@ -203,12 +263,57 @@ def op_submit(args):
     os.chmod(script, 0o700)
     rc, out, err = _run(["sbatch", "--parsable", script])
     if rc != 0:
-        raise AgentFailure("slurm-failed", "sbatch refused the job: %s" % (err.strip() or out.strip()),
-                           "check the playbook's extract.slurm options (partition, gres, time)")
+        _forget(jobdir)
+        raise AgentFailure("slurm-failed", "sbatch refused the job: %s" % _one_message(err or out, rc),
+                           _submit_hint(err or out))
     record["slurm_id"] = out.strip().split(";")[0]
     sup.write_json(os.path.join(jobdir, "job.json"), record)
     sup.write_json(os.path.join(root, key + ".current"), {"job_id": job_id})
     return {"attached": False, "job": job_status(job_id)}
+
+
+def _one_message(text, rc):
+    """sbatch's error lines as one line: each without its ``sbatch: error:`` prefix, joined by "; "."""
+    parts = []
+    for line in text.splitlines():
+        line = line.strip()
+        for prefix in ("sbatch: error:", "sbatch:"):
+            if line.startswith(prefix):
+                line = line[len(prefix):].strip()
+                break
+        if line and line not in parts:
+            parts.append(line)
+    return "; ".join(parts) or "exit status %d" % rc
+
+
+# sbatch's words for a controller it could not reach (slurm's slurm_errno.h texts)
+_NO_CONTROLLER = ("Unable to contact slurm controller", "Socket timed out", "Connection refused",
+                  "connect failure", "Zero Bytes were transmitted")
+# ... and for options of the job the cluster refused
+_OPTIONS = {"partition": ("Invalid partition",), "gres": ("gres", "Invalid generic resource"),
+            "time": ("time limit",), "sbatch": ("Requested node configuration", "Invalid account",
+                                                "Invalid qos", "Memory specification", "More processors")}
+
+
+def _submit_hint(text):
+    """What to do about a refused sbatch: reach the controller, or fix the option it names."""
+    if any(w in text for w in _NO_CONTROLLER):
+        return ("the login node cannot reach slurmctld: check that `scontrol ping` answers there "
+                "(SLURM_CONF, the controller's state), then run extract again")
+    named = [key for key, words in _OPTIONS.items() if any(w.lower() in text.lower() for w in words)]
+    if named:
+        return "fix %s in the playbook's extract.slurm" % " and ".join(named)
+    return "sbatch's message above says why; extract.slurm in the playbook holds the job's options"
+
+
+def _forget(jobdir):
+    """Remove a job directory that never became a Slurm job (its secrets first)."""
+    import shutil
+    try:
+        os.unlink(os.path.join(jobdir, "secrets.json"))
+    except OSError:
+        pass
+    shutil.rmtree(jobdir, ignore_errors=True)
 
 
 def op_stop(args):
@@ -224,6 +329,11 @@ def op_stop(args):
         while time.time() < deadline and _squeue(st["slurm_id"]):
             time.sleep(0.5)
     remaining = sorted(_squeue(st["slurm_id"]))
+    if not remaining:
+        try:
+            os.unlink(os.path.join(_jobdir(job_id), "secrets.json"))   # no task will read it any more
+        except OSError:
+            pass
     return {"job_id": job_id, "was": was, "terminated": [], "killed": [], "remaining": remaining,
             "job": job_status(job_id)}
 

@@ -131,6 +131,8 @@ def op_verify(args):
     torch = _import_torch()
 
     indexes, empty, temporaries = scan(out_dir, SAMPLE_RE, TEMP_RE.match)
+    from .outputs.identity_check import nothing_to_verify
+    nothing_to_verify(out_dir, indexes, "data_<N>.pt")
     top = max(indexes) if indexes else -1
     config = read_data_config(out_dir)
     # what the job was asked to write: its data_config.json's num_samples (min(max_samples, dataset
@@ -167,6 +169,8 @@ def op_verify(args):
         pick |= set(rng.sample(rest, min(len(rest), max(0, sample_n - len(pick)))))
         chosen = sorted(pick)
 
+    from .outputs.identity_check import IdentityCheck
+    ident = IdentityCheck(out_dir, chosen, config if isinstance(config, dict) and not config.get("error") else None)
     bad_load, inconsistent, bad_values = [], [], []
     reference = None
     ref_index = None
@@ -209,10 +213,14 @@ def op_verify(args):
                                                                 config.get("hidden"))})
                 if lay:
                     layout_seen.add(lay)
+                ids = obj.get("input_ids")
+                ids = ids.tolist() if torch.is_tensor(ids) and ids.dim() == 1 else None
+                for p in ident.check(i, ids, *(lay or (None, None))):
+                    inconsistent.append({"index": i, "problem": p})
         if time.time() - last_event > 2:
             last_event = time.time()
             yield {"type": "progress", "checked": n_done, "of": len(chosen)}
-    ok = not (gaps or short or bad_load or inconsistent or bad_values or config_problems)
+    ok = not (gaps or short or bad_load or inconsistent or bad_values or config_problems or ident.problems)
     return {
         "ok": ok, "output_dir": out_dir, "files": len(indexes), "expected": expected, "expected_from": expected_from,
         "max_index": top, "gaps": gaps[:MAX_LISTED], "gap_count": len(gaps),
@@ -224,7 +232,7 @@ def op_verify(args):
         "data_config": config is not None, "config": config, "config_problems": config_problems,
         "layers_hidden": sorted(layout_seen), "temporaries": sorted(temporaries)[:MAX_LISTED],
         "reference": {"index": ref_index, "layout": _jsonable(reference)},
-        "torch": getattr(torch, "__version__", None),
+        "torch": getattr(torch, "__version__", None), "identity": ident.to_json(),
     }
 
 

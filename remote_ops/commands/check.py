@@ -43,8 +43,7 @@ def run(args, ctx) -> int:
                         exit_for=lambda v: int(Exit.OK))
     results = call(ctx.fleet.check, args)
     status = ctx.show(results, lambda c, name, v: render(c, v, ctx.verbose),
-                      summary=lambda v: (f"{len(v.findings)} finding(s), {len(v.get('drift') or [])} drift, "
-                                         f"{len(v.unknown)} unknown"),
+                      summary=lambda v: "{} finding(s), {} drift, {} unknown".format(*totals(v.to_json())),
                       exit_for=lambda v: int(Exit.FINDINGS) if v.has_findings(args.strict) else int(Exit.OK))
     found = [r.value.to_json() for r in results if r.ok]
     if args.emit_playbook and found:
@@ -59,6 +58,15 @@ def _emit_playbook(path, req, values) -> None:
 
     written, n = emit_playbook.write_for_hosts(path, values, targets=req.targets, against=req.against)
     sys.stderr.write(f"remote-ops: wrote a draft playbook with fixes for {n} finding(s) to {written}\n")
+
+
+def totals(result: dict) -> tuple[int, int, int]:
+    """(findings, drift items, unknown) of one host's check, the model preflight's and the server
+    flow's included: the numbers of the closing line are the sums of the lines above it."""
+    parts = [result, result.get("model") or {}, result.get("server_flow") or {}]
+    return (sum(len(p.get("findings") or []) for p in parts),
+            len(result.get("drift") or []),
+            sum(len(p.get("unknown") or []) for p in parts))
 
 
 def explain(f: dict, style: str = "line") -> str:
@@ -106,10 +114,7 @@ def render(console, result: dict, verbose: int = 0) -> None:
     if not result.get("calls_checked") and not (result.get("server_flow") or {}).get("checked") \
             and not (result.get("model") or {}).get("class"):
         console.print("[yellow]nothing was checked on this host (check --strict exits 1)[/yellow]")
-    n = len(result["findings"]) + len((result.get("model") or {}).get("findings") or []) \
-        + len((result.get("server_flow") or {}).get("findings") or [])
-    nd = len(result.get("drift") or [])
-    nu = len(result["unknown"])
+    n, nd, nu = totals(result)
     base = result.get("baseline") or {}
     compared = any("unavailable" not in b for b in (base.get("libraries") or [base])) if base else False
     tail = f", {nd} drift item(s), {nu} unknown" if compared else f", {nu} unknown"
@@ -220,7 +225,13 @@ def render_candidates(console, result) -> None:
         findings = str(r["findings"]) + (f" (+{r['unknown']} unknown)" if r.get("unknown") else "")
         if not r.get("modules"):   # a server-flow release: nothing of it calls into the library
             findings = f"- (no module imports {lib})"
-        mark = " (installed)" if r.get("installed") else ""
+        mark = " *" if r.get("installed") else ""      # explained under the table
         table.add_row(escape(r["release"] + mark), escape(r.get("declared") or "none"), findings, drift,
                       escape(r.get("flow") or "-"), escape(", ".join(r.get("playbooks") or []) or "-"))
     console.print(table)
+    if any(r.get("installed") for r in result["rows"]):
+        # the row of the installed version counts the release as published, not the host's files,
+        # which a patch changed: say so rather than contradict `check`
+        console.print(f"[dim]* the installed version. Each row checks the release's sources from PyPI; the "
+                      f"host's installed {escape(pkg)} files (patched or not) are what `remote-ops check "
+                      f"{escape(result['host'])}` checks[/dim]")

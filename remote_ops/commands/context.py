@@ -164,5 +164,19 @@ class Context:
             if r.ok:
                 t.add_row(r.host, Text("ok", style="green"), Text(summary(r.value) if summary else "done"))
             else:
-                t.add_row(r.host, Text("FAILED", style="red"), Text(r.error.one_line() if r.error else "?"))
+                # the error's own line follows the table on stderr (once): the row only says which kind
+                t.add_row(r.host, Text("FAILED", style="red"), Text(_failure_word(r.error)))
         self.console.print(t)
+
+
+def _failure_word(error) -> str:
+    """A failed host's row in the per-host table: the kind of failure; its line is printed below."""
+    from remote_ops import errors
+
+    if error is None:
+        return "?"
+    kinds = ((errors.RefusedError, "refused"), (errors.UnreachableError, "unreachable"), (errors.AuthError,
+             "authentication refused"), (errors.TimeoutError_, "timed out"), (errors.HostKeyError, "host key"),
+             (errors.UsageError, "usage"), (errors.AgentError, "failed on the host"))
+    word = next((w for k, w in kinds if isinstance(error, k)), "failed")
+    return f"{word}: see the line below"

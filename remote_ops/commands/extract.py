@@ -15,6 +15,8 @@ FLAGS = {
     "shard": flag("split the samples over the group's hosts (sorted by name: host k of N writes i %% N == k); "
                   "with K/N: run that share on the named host(s), e.g. one moved from a dead host", metavar="K/N",
                   no_help="run the whole dataset on every host even if the playbook says extract.shard: true"),
+    "overwrite": "start over in an output directory that holds another run's samples: move its files "
+                 "into .replaced-<UTC time>/ there (never deleted) instead of refusing",
     "early_death_s": flag("watch a new job S seconds for dying at once (default 3; 0: return at launch)",
                           "--watch", metavar="S"),
 }
@@ -35,8 +37,8 @@ def run(args, ctx) -> int:
     results = call(ctx.fleet.extract, args,      # --tail shows an early death itself
                    early_death_s=0 if args.tail else args.early_death_s)
 
-    def refused(r):   # every problem of a refused preflight, then the error's one line
-        for p in ((r.error.details or {}).get("preflight") or {}).get("problems") or []:
+    def refused(r):   # the other problems of a refused preflight; the error's one line says the last
+        for p in (((r.error.details or {}).get("preflight") or {}).get("problems") or [])[:-1]:
             sys.stderr.write(f"  refused: {r.host}: {p}\n" if not results.single else f"  refused: {p}\n")
 
     if not (args.tail and results.ok and not args.dry_run):
@@ -80,7 +82,8 @@ def summary(v) -> str:
 
 def render(c, name, v) -> None:
     if v.get("dry_run"):
-        c.print(f"{name}: preflight passed; would run: {' '.join(v.spec['command'])}", markup=False)
+        import shlex   # copyable as printed: an empty or spaced argument stays one argument
+        c.print(f"{name}: preflight passed; would run: {shlex.join(v.spec['command'])}", markup=False)
         for n in v.preflight.get("notes") or []:
             c.print(f"  note: {n}", markup=False)
         return
@@ -95,6 +98,10 @@ def render(c, name, v) -> None:
             c.print(f"  {line}", markup=False)
     if job.get("label"):
         c.print(f"  {job['label']}", markup=False)
+    moved = (v.get("identity") or {}).get("moved")
+    if moved:
+        c.print(f"  --overwrite: moved {moved['files']} file(s) of the earlier run into {moved['moved_to']}",
+                markup=False)
     for n in v.preflight.get("notes") or []:
         c.print(f"  note: {n}", markup=False)
     c.print(f"  log: {job.get('log')}", markup=False)

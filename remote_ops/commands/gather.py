@@ -20,13 +20,19 @@ def run(args, ctx) -> int:
     from remote_ops.errors import Exit
     from remote_ops.units import human_bytes
 
+    # the file being copied, redrawn in place: only on a terminal (a log or a pipe would get every
+    # redraw as one endless line); the per-host lines and the total below say what was copied
+    redraw = not ctx.json and sys.stderr.isatty()
+    drawn = []
+
     def on_file(host, item):
-        if not ctx.json:
+        if redraw:
             sys.stderr.write(f"\r  {host}: {item['name']} ({human_bytes(item['size'])})          ")
             sys.stderr.flush()
+            drawn.append(1)
 
     results = call(ctx.fleet.gather, args, on_file=on_file)
-    if not ctx.json:
+    if drawn:
         sys.stderr.write("\n")
 
     def render(c, host, v):

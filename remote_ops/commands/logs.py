@@ -46,7 +46,15 @@ def run(args, ctx) -> int:
     # --follow: the log so far, then the live tail (JSON Lines with --json) until the job ends
     r = results[0].value
     from remote_ops.extract.slurm import is_slurm
-    if is_slurm(ctx.hosts(args.host)[0]) and r.state not in jobs.TERMINAL:   # a job array: every task's log
+    slurm = is_slurm(ctx.hosts(args.host)[0])
+    if slurm and r.state in jobs.TERMINAL:        # an ended job array: its logs as they are
+        if ctx.json:
+            ctx.emit(r)
+        else:
+            sys.stdout.write(collapse(r.text))
+            sys.stdout.flush()
+        return int(Exit.OK)
+    if slurm:                                     # a job array: every task's log
         from remote_ops.commands.follow import report_end
         from remote_ops.extract.slurm import follow, print_task_text
         try:
@@ -54,11 +62,14 @@ def run(args, ctx) -> int:
         except KeyboardInterrupt:
             return int(Exit.INTERRUPTED)
         return report_end(ctx, final)
-    if not ctx.json:
+    # the same way whether the job still runs or ended meanwhile: the lines so far, then the follow
+    # from where they end, which yields the rest its supervisor still writes (its "ended:" line)
+    # and the end (summary line, exit status as status says)
+    if ctx.json:
+        import json
+        from remote_ops.records import to_json
+        sys.stdout.write(json.dumps({"event": "logs", **to_json(r)}, default=str) + "\n")
+    else:
         sys.stdout.write(collapse(r.text))
-        sys.stdout.flush()
-    if r.state in jobs.TERMINAL:
-        if ctx.json:
-            ctx.emit(r)
-        return int(Exit.OK)
+    sys.stdout.flush()
     return print_follow(ctx, args.host, r.job_id, offset=r.next)

@@ -22,9 +22,11 @@ def run(args, ctx) -> int:
         say = (lambda m: None) if ctx.json else (lambda m: ctx.err.print(f"[dim]sandbox: {m}[/dim]"))
         data = sandbox.up(inv, speculators=args.speculators, vllm=args.vllm, port=args.port,
                           torch=not args.no_torch, progress=say)
+        written = data.get("host_written_to") or inv
+        where = written if written == inv else f"{written} (included by {inv})"
         ctx.emit(data, lambda c: c.print(
             f"sandbox is up: host [bold]sandbox[/bold] = 127.0.0.1:{data['port']} "
-            f"(speculators {args.speculators}, vllm {args.vllm}) in {inv}; try: remote-ops facts sandbox"))
+            f"(speculators {args.speculators}, vllm {args.vllm}) in {where}; try: remote-ops facts sandbox"))
     elif args.action == "down":
         data = sandbox.down(inv, purge=args.purge)
         ctx.emit(data, lambda c: c.print("sandbox stopped" if data["stopped"] else "sandbox was not running"))

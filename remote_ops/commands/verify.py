@@ -8,7 +8,8 @@ FLAGS = {
     "playbook": "playbook (default: the host's)",
     "job": "verify the outputs of this job",
     "output_dir": "verify this directory on the host instead",
-    "expected": "expected number of samples",
+    "expected": ("expected number of samples (default: data_config.json's num_samples, else the "
+                 "job's expected_samples)"),
     "shard": ("check the hosts' outputs as shards of one dataset (automatic for a group whose "
               "data_config.json records a shard): complete, no duplicates, same layout everywhere"),
 }
@@ -24,8 +25,9 @@ def run(args, ctx) -> int:
         sys.stderr.write(f"\r  loaded {done}/{of} files")
         sys.stderr.flush()
 
-    results = call(ctx.fleet.verify, args,
-                   on_progress=progress if not ctx.json and ctx.fleet.names_one_host(args.host) else None)
+    # redrawn in place only on a terminal: in a log each redraw would pile up on one line
+    redraw = not ctx.json and sys.stderr.isatty() and ctx.fleet.names_one_host(args.host)
+    results = call(ctx.fleet.verify, args, on_progress=progress if redraw else None)
     return ctx.show(results, render, summary=_summary,
                     exit_for=lambda v: int(Exit.OK) if v.ok else int(Exit.FINDINGS),
                     render_group=render_union, group_exit=lambda u: int(Exit.OK) if u.ok else int(Exit.FINDINGS))
@@ -67,6 +69,13 @@ def render(c, host, r) -> None:
         c.print(f"  NaN/inf: data_{n['index']}.pt {n['problem']}", markup=False, highlight=False)
     for p in r.get("config_problems") or []:
         c.print(f"  data_config.json: {p}", markup=False, highlight=False)
+    ident = r.get("identity") or {}
+    for p in ident.get("problems") or []:
+        c.print(f"  run identity: {p}", markup=False, highlight=False)
+    if ident.get("recorded"):
+        c.print(f"  run identity {str(ident.get('digest'))[:12]} (run.json): token ids of {ident.get('ids_compared')} "
+                f"file(s) compared with their dataset lines, {ident.get('ids_differ')} differ", markup=False,
+                highlight=False)
     if r.get("temporaries"):
         c.print(f"  note: {len(r['temporaries'])} unfinished temporary file(s) such as {r['temporaries'][0]} "
                 "(a run stopped while writing; the next run removes them)", markup=False, highlight=False)

@@ -289,7 +289,10 @@ class Keeper:
         res, _ = self._resident(req["command"], want.get("cache"))
         if not res.busy.acquire(blocking=False):
             # serving another client: a fresh exec; still starting (ahead of this command): wait for it
-            if res.ready or not res.busy.acquire(timeout=15):
+            if res.ready:
+                return False
+            if not res.busy.acquire(timeout=15):
+                log(f"{self.session.host.name}: the resident agent still starting after 15 s; a fresh exec answers")
                 return False
             if res.dead:                                   # it could not start: a fresh exec
                 res.busy.release()
@@ -373,6 +376,7 @@ class Resident:
         from remote_ops.connect import bundle
         from remote_ops.connect.sshconn import _exec_pipelined
 
+        line, why = None, None
         try:
             self.chan = self.keeper._channel(timeout)
             _exec_pipelined(self.chan, self.command)
@@ -384,14 +388,29 @@ class Resident:
                 line = self._line()
             ok = line is not None and json.loads(line).get("resident") is not None
         except Exception as exc:  # the host cannot run one (old bundle, a dead link): fresh execs as before
-            log(f"{self.keeper.session.host.name}: no resident agent: {exc}")
-            ok = False
+            why, ok = str(exc) or type(exc).__name__, False
         if not ok:
+            # said in mux.log: the request then gets a fresh exec, which the client cannot tell apart
+            log(f"{self.keeper.session.host.name}: no resident agent: {why or self._why_not(line)}")
             self.kill()
             return False
         self.chan.settimeout(None)
         self.ready = True
         return True
+
+    def _why_not(self, line) -> str:
+        """Why a started agent did not say it was ready: its first line, else how its channel ended."""
+        if line is not None:
+            return f"it answered {line[:200]!r}"
+        err = b""
+        try:
+            while self.chan.recv_stderr_ready():
+                err += self.chan.recv_stderr(65536)
+            status = self.chan.recv_exit_status() if self.chan.exit_status_ready() else None
+        except Exception:  # the link itself is gone
+            status = None
+        last = err.decode(errors="replace").strip().splitlines()[-1:] or ["no error output"]
+        return f"its channel closed before it was ready (exit status {status}; {last[0][:300]})"
 
     @staticmethod
     def read_request(conn: socket.socket) -> bytes:

@@ -293,7 +293,7 @@ class _Conn:
         if self.gateway is not None:
             self.gateway.open()
             kwargs["sock"] = self.gateway.transport.open_channel(
-                "direct-tcpip", (self.host, int(self.port)), ("", 0))
+                "direct-tcpip", (self.host, int(self.port)), ("", 0), timeout=kwargs.get("timeout"))
         from remote_ops.connect.quiet import transport_class
         # paramiko's Transport, waiting on events instead of waking every 0.1 s (quiet.py)
         self.client.connect(self.host, port=self.port, transport_factory=transport_class(), **kwargs)
@@ -319,17 +319,56 @@ class _Conn:
         self.transport = None
 
 
+def _names(s: dict) -> tuple[str, str, str]:
+    """How a connection's failure names it: (who, the fix for its address, the fix for its port).
+
+    ``s`` is a connection's settings plus ``jump`` (the hop as written, when this is a jump host),
+    ``via`` (the last jump host before it, if any) and ``adhoc`` (a target from the command line)."""
+    where = f"{s['user']}@{s['hostname']}:{s['port']}"
+    if s.get("jump"):
+        hop = s["jump"]
+        who = f"jump host {hop} ({where})" if hop != where else f"jump host {where}"
+        fix = "check proxy_jump for this host in the inventory, or ProxyJump in ~/.ssh/config"
+        return who, fix, f"is sshd running on the jump host and its port right? {fix}"
+    if s.get("adhoc"):
+        fix = "check the host name given on the command line, or HostName in ~/.ssh/config"
+    else:
+        fix = "check hostname for this host in the inventory, or HostName in ~/.ssh/config"
+    return where, fix, "is sshd running and the port right?"
+
+
+def _jump_refusal(exc, s: dict, label: str) -> UnreachableError:
+    """The jump host ``s['via']`` could not open the forwarded connection to the target."""
+    target = f"{s['hostname']}:{s['port']}"
+    code, text = getattr(exc, "code", None), getattr(exc, "text", "") or str(exc)
+    if code == 1:   # OPEN_ADMINISTRATIVELY_PROHIBITED
+        return UnreachableError(f"jump host {s['via']} refuses to forward to {target} ({text})",
+                                "the jump host's sshd must allow TCP forwarding (AllowTcpForwarding yes)",
+                                host=label)
+    _, fix, _ = _names(dict(s, jump=None))
+    return UnreachableError(f"jump host {s['via']} cannot connect to {target} ({text})",
+                            f"the jump host resolves and connects to {s['hostname']} itself: {fix}, and that "
+                            f"sshd listens on port {s['port']} there and is reachable from {s['via']}",
+                            host=label)
+
+
 def open_verified(conn: _Conn, s: dict, label: str) -> None:
-    """Open ``conn`` (its gateways first), raising our one-line errors for every way it fails."""
+    """Open ``conn`` (its gateway already open), raising our one-line errors for every way it fails.
+
+    ``s``: the connection's settings, with ``jump``/``via``/``adhoc`` as ``_names`` reads them, so
+    that a failed hop is named as the hop that failed (the jump host or the target, its own
+    host:port, the fix for that hop)."""
     import paramiko
 
-    where = f"{s['user']}@{s['hostname']}:{s['port']}"
+    who, addr_fix, port_fix = _names(s)
+    where = who
     started = time.monotonic()
     try:
-        # Gateways open lazily inside conn.open(); wrap their errors the same way.
         conn.open()
     except HostKeyError:
         raise
+    except paramiko.ChannelException as exc:   # the jump host could not open the forwarded connection
+        raise _jump_refusal(exc, s, label) from None
     except paramiko.BadHostKeyException as exc:
         from remote_ops.connect.hostkeys import changed_key_error
         raise changed_key_error(exc, s["known_hosts"], label, int(s["port"])) from None
@@ -349,11 +388,11 @@ def open_verified(conn: _Conn, s: dict, label: str) -> None:
                             "check that the host is up and reachable, or raise connect_timeout",
                             host=label) from None
     except paramiko.ssh_exception.NoValidConnectionsError:
-        raise UnreachableError(f"cannot reach {where}: connection refused",
-                               "is sshd running and the port right?", host=label) from None
+        raise UnreachableError(f"cannot reach {where}: connection refused", port_fix, host=label) from None
     except socket.gaierror as exc:
-        raise UnreachableError(f"cannot resolve host name {s['hostname']!r} ({exc.strerror})",
-                               "check hostname in the inventory", host=label) from None
+        what = "jump host name" if s.get("jump") else "host name"
+        raise UnreachableError(f"cannot resolve {what} {s['hostname']!r} ({exc.strerror})", addr_fix,
+                               host=label) from None
     except (ConnectionError, OSError) as exc:
         if getattr(exc, "filename", None):   # a file, not the network: paramiko opening a key file
             raise (identity_error(s, label, exc.filename) or
@@ -368,6 +407,11 @@ def open_verified(conn: _Conn, s: dict, label: str) -> None:
                                host=label) from None
     except paramiko.SSHException as exc:
         msg = str(exc)
+        if s.get("via") and "Timeout opening channel" in msg:
+            raise TimeoutError_(f"jump host {s['via']} did not connect to {s['hostname']}:{s['port']} "
+                                f"within {s['timeout']:g}s",
+                                f"check that {s['hostname']} is up and reachable from the jump host, "
+                                "or raise connect_timeout", host=label) from None
         t = conn.client.get_transport()
         saved = getattr(t, "saved_exception", None) if t is not None else None
         if "No existing session" in msg:

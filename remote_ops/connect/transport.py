@@ -180,13 +180,17 @@ class Session:
     def _open_ssh(self) -> "Session":
         ssh_cfg = _ssh_config(self.options.ssh_config_path)
         s0 = self._settings(self.host, ssh_cfg)
-        gateway = None
+        gateway, via = None, None
         for hop in s0["hops"]:
+            # each hop opened (and its failure named) on its own: a bastion that cannot be
+            # resolved or refuses its port is the jump host's fault, not the target's
             hop_conn, hs = self._make_connection(self._hop_host(hop, ssh_cfg), ssh_cfg, gateway)
             self._gateways.append((hop_conn, hs))
-            gateway = hop_conn
+            open_verified(hop_conn, dict(hs, jump=hop, via=via, adhoc=self.host.inventory_path is None),
+                          self.label)
+            gateway, via = hop_conn, hop
         conn, s = self._make_connection(self.host, ssh_cfg, gateway, s0)
-        open_verified(conn, s, self.label)
+        open_verified(conn, dict(s, via=via, adhoc=self.host.inventory_path is None), self.label)
         self._conn = conn
         self.stats.connects += 1
         self.keep = bool(self.options.persist)

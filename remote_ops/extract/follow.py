@@ -112,17 +112,20 @@ def _pieces(split_items) -> Iterator[FollowEvent]:
 
 
 def follow(open_session: Callable, drop_session: Callable, ref: dict, *, offset: int = 0,
-           budget: float = 120.0) -> Iterator[FollowEvent]:
+           budget: float = 120.0, reconnect_for: float = 900.0) -> Iterator[FollowEvent]:
     """The job ``ref`` names (``jobs.ref_for``: ``{"job_id": ...}``, ``{"key": ...}``, or ``{}`` for
     the host's newest job) followed from byte ``offset`` of its log to its end; the last event is
     ``End``. ``open_session()`` gives the host's session, ``drop_session()`` closes a broken one.
     A Ctrl-C (KeyboardInterrupt) while waiting first yields the text already received, then is
-    raised: the job keeps running on the host."""
+    raised: the job keeps running on the host. A first connection that fails raises its error at
+    once (UnreachableError, ...); a connection lost after the host answered about the job is
+    reopened (``Reconnecting`` events) for up to ``reconnect_for`` seconds, then UnreachableError."""
     if not ref:     # the newest job on the host: only jobs.list knows it
         from remote_ops.extract.jobs import resolve_job
         ref = {"job_id": resolve_job(open_session(), ref)["job_id"]}
     split = LineSplitter()
-    raw = Follower(open_session, drop_session, ref, offset=offset, budget=budget).events()
+    raw = Follower(open_session, drop_session, ref, offset=offset, budget=budget,
+                   reconnect_for=reconnect_for).events()
     try:
         while True:
             try:

@@ -501,7 +501,9 @@ def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, 
         chosen[i] = item(keep)
         for d, why in others:
             other = item(d)
-            if other["sha256"] != chosen[i]["sha256"] and not (run and keep.get("run") == run):
+            # other bytes are dropped only for a copy of another run (or none); two copies of the union's
+            # run with other bytes cannot be told apart by it: a conflict
+            if other["sha256"] != chosen[i]["sha256"] and not (run and keep.get("run") == run and d.get("run") != run):
                 conflicts.append({"index": i, "where": [f"{keep['host']}:{chosen[i]['path']}", f"{d['host']}:{other['path']}"]})
             else:
                 dropped.append({"index": i, "kept": f"{keep['host']}:{chosen[i]['path']}",
@@ -516,6 +518,11 @@ def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, 
     foreign = [d for d in dirs if run and d.get("run") and d["run"] != run
                and any(chosen.get(f["index"], {}).get("path") == d["output_dir"].rstrip("/") + "/" + f["name"]
                        and chosen[f["index"]]["host"] == d["host"] for f in d["files_list"])]
+    runs = sorted({d["run"] for d in dirs if d.get("run")})
+    if run is None and len(runs) > 1:       # no majority run: nothing tells which files are the union's
+        g.problems.append(f"the directories hold files of {len(runs)} runs in equal numbers (their run.json "
+                          f"differ: {', '.join(d['host'] + ':' + d['output_dir'] for d in dirs if d.get('run'))}): "
+                          "gather one run at a time (move the other run's directories away)")
     for d in foreign:
         g.problems.append(f"{d['host']}:{d['output_dir']} holds files of another run (its run.json differs from the "
                           "other directories'): they would be mixed in; move that directory away or extract it again")
@@ -541,6 +548,7 @@ def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, 
     for items in per_host.values():
         items.sort(key=lambda it: it["index"])
     g.extra["config"] = union_doc
+    g.extra["run"] = _union_run(dirs, run) if union_doc is not None else None
     return per_host, union_doc, g
 
 
@@ -551,6 +559,21 @@ def stale_in_destination(to: str, total: int | None) -> list[str]:
         return []
     names = [(int(m.group(1)), n) for n, m in ((n, rule.SAMPLE_RE.match(n)) for n in os.listdir(to)) if m]
     return [n for i, n in sorted(names) if i >= total]
+
+
+def _union_run(dirs: list[dict], run: str | None) -> dict | None:
+    """The union's run.json (agent/outputs/run_identity.py): the identity of the run the gather keeps
+    (``union_run``), without its shard, from one of its parts' run.json; None when no part has one."""
+    from remote_ops.agent.outputs import run_identity as ri
+    for d in dirs:
+        if run and d.get("run") == run:
+            try:
+                doc = json.loads(d.get("run_text") or "null")
+            except ValueError:
+                continue
+            if isinstance(doc, dict) and isinstance(doc.get("identity"), dict):
+                return ri.record(dict(doc["identity"], shard=None))
+    return None
 
 
 def _sha256_file(path: str) -> str | None:
@@ -627,6 +650,13 @@ def finish(results, g: GatherResult, union_doc: dict | None, to: str) -> GatherR
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, os.path.join(to, "data_config.json"))
+        if g.extra.get("run"):         # the union's run identity, so that verify can hold it to its run
+            tmp = os.path.join(to, f".run.json.{os.getpid()}.tmp")
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(g.extra["run"], fh, indent=1, sort_keys=True)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, os.path.join(to, "run.json"))
         _fsync_dir(to)
     present = {int(m.group(1)) for m in (re.match(r"^data_(\d+)\.pt$", n) for n in os.listdir(to)) if m}
     if g.total is not None:      # counts are of this run's samples: a file beyond the total is not one

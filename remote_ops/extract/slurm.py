@@ -4,7 +4,8 @@ cluster's login node reached over SSH; ``extract`` submits the playbook's job th
 run ``scancel``. Array task k of N runs shard k/N (extract/shard.py's rule) into
 ``<output_dir>/shard-k-of-N``, so ``verify HOST`` checks the tasks' union and ``gather`` collects
 it. The playbook's ``extract.slurm``: ``tasks`` (N, default 1), ``time`` (--time), ``partition``,
-``gres`` (default ``gpu:<gpus.count>`` when the job asks for GPUs), ``sbatch`` (more --options).
+``gres`` (default ``gpu:<gpus.count>`` when the job asks for GPUs), ``sbatch`` (more --options),
+``requeue`` (times a preempted or timed-out task is requeued, default 3; 0: never).
 
 Preflight runs on the login node (shipped files, the call-site check, the import probe with the
 job's interpreter): that is right when the login node shares the compute nodes' environment, the
@@ -18,7 +19,8 @@ import dataclasses
 from remote_ops.connect import agent_requests as rq
 from remote_ops.errors import RefusedError, UsageError
 
-SLURM_KEYS = {"tasks", "time", "partition", "gres", "sbatch"}
+SLURM_KEYS = {"tasks", "time", "partition", "gres", "sbatch", "requeue"}
+REQUEUE_DEFAULT = 3     # times a task is requeued (preempted, or stopped near its time limit)
 
 
 from remote_ops.connect.hosts import is_slurm  # noqa: E402,F401  (the one test of a login node)
@@ -47,6 +49,9 @@ def options(pb, spec) -> tuple[int, list[str]]:
     gres = raw.get("gres") or (f"gpu:{spec.gpu_count}" if spec.gpu_count else None)
     if gres:
         out.append(f"--gres={gres}")
+    requeue = raw.get("requeue", REQUEUE_DEFAULT)
+    if isinstance(requeue, bool) or not isinstance(requeue, int) or requeue < 0:
+        raise err("requeue", f"requeue must be a whole number >= 0 (0: never), got {requeue!r}")
     extra = raw.get("sbatch") or []
     if not isinstance(extra, list) or not all(isinstance(s, str) and s.startswith("--") and "\n" not in s
                                               for s in extra):
@@ -54,23 +59,37 @@ def options(pb, spec) -> tuple[int, list[str]]:
     return tasks, out + list(extra)
 
 
-def extract(session, pb, spec, *, skip_check: bool, dry_run: bool, strict_drift: bool, early_death_s: float):
+def requeue_times(pb) -> int:
+    """extract.slurm.requeue: how often a preempted or timed-out task is requeued (options() checked it)."""
+    return ((pb.extract or {}).get("slurm") or {}).get("requeue", REQUEUE_DEFAULT)
+
+
+def extract(session, pb, spec, *, skip_check: bool, dry_run: bool, strict_drift: bool, early_death_s: float,
+            overwrite: bool):
     """jobs.extract's twin for a login node (``early_death_s`` does not apply: sbatch queues the array,
-    and status shows a task that failed)."""
+    and status shows a task that failed). Each task's script checks its own directory's run identity;
+    ``overwrite`` is not offered here."""
     from remote_ops.agent.slurm import TOKEN
     from remote_ops.extract import jobs
     from remote_ops.extract.extract_spec import parse_spec
 
+    from remote_ops.extract.extract_spec import resolve_secrets
+
     host = session.host
-    if spec.secrets:
-        raise UsageError("secrets are not passed to Slurm jobs yet", "set them in the cluster's environment")
+    secret_values = resolve_secrets(spec)   # an optional secret unset here is simply not passed
     if not spec.output_dir:
         raise UsageError("a Slurm job needs extract.output_dir (each array task writes shard-K-of-N in it)")
+    if overwrite:
+        raise UsageError("--overwrite is not offered for Slurm jobs",
+                         "move the task directories aside yourself, or give extract.output_dir a new path")
     tasks, sbatch = options(pb, spec)
     pf = jobs.preflight(session, dataclasses.replace(spec, gpu_count=0, gpus_free=False), pb,
                         skip_check=skip_check, dry_run=dry_run, strict_drift=strict_drift, host=host)
     pf.running = None        # a plain job of the same playbook on the login node is not this one
-    pf.notes.append(f"slurm: {tasks} array task(s), sbatch {' '.join(sbatch) or '(no options)'}")
+    import shlex
+    pf.notes.append(f"slurm: {tasks} array task(s), sbatch {shlex.join(sbatch) or '(no options)'}")
+    pf.notes.append(f"slurm: this preflight (files, dataset, disk, model, imports) ran on the login node "
+                    f"{host.name}, not on a compute node: the tasks need the same paths and Python there")
     if pf.problems:
         raise jobs.refusal(spec, pf, host.name)
     if dry_run:
@@ -78,7 +97,9 @@ def extract(session, pb, spec, *, skip_check: bool, dry_run: bool, strict_drift:
     per_task = parse_spec(pb, host, subdir=TOKEN)     # {output_dir} in the command: the task's directory
     res = session.call(*rq.slurm_submit(key=spec.key, command=per_task.command, workdir=spec.workdir, env=spec.env,
                                         output_dir=spec.output_dir, tasks=tasks, sbatch=sbatch,
-                                        python=host.python, expected_samples=spec.expected_samples), timeout=120)
+                                        python=host.python, expected_samples=spec.expected_samples,
+                                        secrets=secret_values or rq._UNSET, requeue=requeue_times(pb)),
+                        timeout=120)
     return jobs.ExtractResult(host.name, attached=res["attached"], job=res["job"], preflight=pf.to_json())
 
 

@@ -144,6 +144,7 @@ class Follower:
         self.poll = poll
         self.sleep = sleep
         self.reconnects = 0
+        self.had_job = False   # the host answered about the job once: only then is a drop reconnected
 
     def _one_stream(self) -> Iterator[tuple[str, object]]:
         session = self.open_session()
@@ -151,6 +152,7 @@ class Follower:
                            snapshot_every=self.snapshot_every)
         result = None
         for msg in session.stream(*req, timeout=self.read_timeout):
+            self.had_job = True
             if "event" in msg:
                 ev = msg["event"]
                 if ev.get("type") == "log":
@@ -176,6 +178,12 @@ class Follower:
             except (UnreachableError, TimeoutError_, AgentError, OSError, EOFError) as exc:
                 if isinstance(exc, AgentError) and exc.kind not in (None, "agent-exit"):
                     raise   # a real answer from the agent (e.g. no such job), not a dropped link
+                if not self.had_job:
+                    # the first connection failed: nothing is known of the job, so there is nothing
+                    # to keep following; fail as `logs --follow` does (its error, exit 3)
+                    if isinstance(exc, (OSError, EOFError)):
+                        raise UnreachableError(f"cannot follow the job: {exc or type(exc).__name__}") from None
+                    raise
                 result = None
                 reason = getattr(exc, "message", None) or str(exc) or type(exc).__name__
             else:

@@ -104,6 +104,9 @@ class StandinGenerator:
     seeded torch model on the CPU. ``indexes`` maps the n-th generated sample to its data_<N> index
     (for --crash-at / --hang-at)."""
 
+    # read by the shipped script's hand-off line: a patch of vLLM's worker cannot change this
+    remote_ops_no_handoff = "the STAND-IN generator computes them in this process (no vLLM worker to hand them over)"
+
     def __init__(self, model_path, layer_ids, max_model_len, gpu_memory_utilization, tensor_parallel_size,
                  *, opts, indexes):
         import torch
@@ -199,6 +202,7 @@ def main(argv=None):
             print("error: %s is not set" % name, file=sys.stderr)
             return 2
         print("%s is set (%d characters)" % (name, len(os.environ[name])), flush=True)
+    given = list(argv)
     synthetic = None
     if not pre.dataset:
         synthetic = synthetic_dataset(pre)
@@ -212,6 +216,10 @@ def main(argv=None):
     holder = {}
 
     def loaders(args):
+        # the run identity is the command line's (what remote-ops' preflight reads), not the synthetic
+        # dataset or default model name added above
+        args.argv = given
+
         def make(model_path, layer_ids, max_model_len, gpu_memory_utilization, tensor_parallel_size):
             records = script.read_dataset(args.dataset, args.max_samples)
             shard = getattr(args, "shard", None)      # (a script without --shard, e.g. an older one, takes 2 arguments)

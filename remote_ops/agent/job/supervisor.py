@@ -285,7 +285,8 @@ class Supervisor:
             if not self.server.start_and_wait():
                 env = None
                 return 0
-        log_line(log_fd, "job %s starting: %s" % (self.job_id, " ".join(job.get("command") or [])))
+        import shlex   # the command as a shell would take it back: copyable, empty arguments kept
+        log_line(log_fd, "job %s starting: %s" % (self.job_id, shlex.join(job.get("command") or [])))
         try:
             self.proc = subprocess.Popen(job["command"], cwd=job.get("workdir") or None, env=env,
                                          stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
@@ -506,7 +507,8 @@ class Server:
         written: the server exited, never became healthy, or the job was stopped meanwhile)."""
         import subprocess
         spec, sup = self.spec, self.sup
-        log_line(self.log_fd, "server starting: %s" % " ".join(spec.get("command") or []))
+        import shlex
+        log_line(self.log_fd, "server starting: %s" % shlex.join(spec.get("command") or []))
         slog = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             self.proc = subprocess.Popen(spec["command"], cwd=sup.job.get("workdir") or None, env=self.env,

@@ -11,8 +11,9 @@ across file systems can leave a truncated file at its final name: the header is 
 the safetensors package (length, JSON, dtype/shape/offset consistency, exact coverage of the data
 section, what ``safe_open`` checks), then the tensors of the files chosen are loaded and checked.
 Also reported: ``*.lock`` files the connector left, gaps in the numbering, files that differ in L or
-hidden from the first good one. Not checked here: that token_ids equal the dataset's input_ids (the
-dataset is an Arrow table; reading it needs the ``datasets`` package).
+hidden from the first good one. Against the run identity (run.json, identity_check.py): the layer
+count and hidden size; token_ids against the dataset only when run.json names a JSONL dataset (a
+prepared Arrow table is not read: that needs the ``datasets`` package).
 """
 
 import json
@@ -132,6 +133,8 @@ def verify(args):
     check_finite = args.get("finite", True)
     torch = _import_torch()
     indexes, empty, locks = scan(out_dir, SAMPLE_RE, lambda name: name.endswith(".safetensors.lock"))
+    from .identity_check import nothing_to_verify
+    nothing_to_verify(out_dir, indexes, "hs_<N>.safetensors")
     top = max(indexes) if indexes else -1
     upper = max(top + 1, int(expected) if expected else 0)
     missing = [i for i in range(upper) if i not in indexes]
@@ -157,6 +160,8 @@ def verify(args):
         rest = [i for i in good if i not in pick]
         pick |= set(rng.sample(rest, min(len(rest), max(0, sample_n - len(pick)))))
         chosen = sorted(pick)
+    from .identity_check import IdentityCheck
+    ident = IdentityCheck(out_dir, chosen)
     inconsistent, bad_values, seen = [], [], set()
     reference = ref_index = None
     last_event = time.time()
@@ -169,6 +174,9 @@ def verify(args):
             bad_load.append({"index": i, "file": indexes[i], "error": "%s: %s" % (type(exc).__name__, str(exc)[:200])})
             continue
         problems, layout = check_sample(torch, header, tensors, check_finite)
+        ids = tensors.get("token_ids")
+        ids = ids.tolist() if ids is not None and torch.is_tensor(ids) and ids.dim() == 1 else None
+        problems += ident.check(i, ids, *(layout[:2] if layout else (None, None)))
         for p in problems:
             (bad_values if "NaN" in p else inconsistent).append({"index": i, "problem": p})
         if layout:
@@ -181,7 +189,7 @@ def verify(args):
         if time.time() - last_event > 2:
             last_event = time.time()
             yield {"type": "progress", "checked": n_done, "of": len(chosen)}
-    ok = not (gaps or short or bad_load or inconsistent or bad_values or locks)
+    ok = not (gaps or short or bad_load or inconsistent or bad_values or locks or ident.problems)
     return {
         "ok": ok, "output_dir": out_dir, "layout": "hs_safetensors", "files": len(indexes), "expected": expected,
         "max_index": top, "gaps": gaps[:MAX_LISTED], "gap_count": len(gaps),
@@ -196,5 +204,5 @@ def verify(args):
         "reference": {"index": ref_index, "layout": None if reference is None else
                       {"hidden_states": ["tensor", reference[2], 3, reference[0], reference[1]],
                        "token_ids": ["tensor", "integer", 1]}},
-        "torch": getattr(torch, "__version__", None),
+        "torch": getattr(torch, "__version__", None), "identity": ident.to_json(),
     }

@@ -1,0 +1,146 @@
+"""verify against the run identity (run.json, run_identity.py): each checked file's token ids equal
+its dataset line's (cut to max_model_len - 1, as the job cuts them), its layer count is the number of
+layer ids the run asked for, its hidden size the model's config.json's; the dataset's lines still
+hash to what the run recorded (a dataset edited in place since is reported). Shared by both layouts
+(verify.py, outputs/safetensors.py); stdlib only, tensors come in as lists."""
+
+import hashlib
+import json
+import os
+
+from ..protocol import AgentFailure
+from . import run_identity as ri
+from .shares import SHARD_DIR_RE
+
+
+def _names(path):
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _model_hidden(model):
+    """hidden_size (or text_config.hidden_size) of a local checkpoint's config.json, else None."""
+    path = (model or {}).get("path")
+    if not path or not os.path.isdir(path):
+        return None
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as fh:
+            cfg = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    size = cfg.get("hidden_size") or (cfg.get("text_config") or {}).get("hidden_size")
+    return size if isinstance(size, int) else None
+
+
+def _lines(dataset, wanted):
+    """(sha256 of the run's lines as they are now, {index: input_ids | None for a text line}, error)."""
+    h = hashlib.sha256()
+    out, n = {}, 0
+    try:
+        with open(dataset["path"], "rb") as fh:
+            for line in fh:
+                if n >= dataset["samples"]:
+                    break
+                if not line.strip():
+                    continue
+                h.update(line.rstrip(b"\r\n"))
+                h.update(b"\n")
+                if n in wanted:
+                    try:
+                        obj = json.loads(line)
+                        out[n] = obj.get("input_ids") if isinstance(obj, dict) else None
+                    except ValueError:
+                        out[n] = None
+                n += 1
+    except OSError as exc:
+        return None, {}, "cannot read dataset %s: %s" % (dataset["path"], exc.strerror or exc)
+    return h.hexdigest(), out, None
+
+
+class IdentityCheck:
+    """What the files of ``out_dir`` are held to. ``problems``: about the directory (no run.json, a
+    dataset changed since); ``check(index, ids, layers, hidden)``: the problems of one file."""
+
+    def __init__(self, out_dir, chosen, data_config=None):
+        self.problems, self.mismatched, self.compared, self.text_lines = [], [], 0, 0
+        self.doc = None
+        self.ident = {}
+        self.layers = self.hidden = self.limit = None
+        self.lines = {}
+        try:
+            self.doc = ri.read(out_dir)
+        except ri.IdentityError as exc:
+            self.problems.append(str(exc))
+            return
+        if self.doc is None:
+            self.problems.append("no %s in %s: the files cannot be checked against the run that made them "
+                                 "(run extract again with --overwrite, or into a new output_dir)" % (ri.FILE, out_dir))
+            return
+        self.ident = ident = self.doc["identity"]
+        if ri.digest(ident) != self.doc.get("digest"):
+            self.problems.append("%s: its digest does not match its identity (edited by hand?)" % ri.FILE)
+        if isinstance(ident.get("layer_ids"), list):
+            self.layers = len(ident["layer_ids"])
+        elif isinstance((data_config or {}).get("layers"), int):
+            self.layers = data_config["layers"]           # the generator chose the layers: as it recorded
+        self.hidden = _model_hidden(ident.get("model"))
+        if self.hidden is None and isinstance((data_config or {}).get("hidden"), int):
+            self.hidden = data_config["hidden"]
+        mml = ident.get("max_model_len")
+        self.limit = mml - 1 if isinstance(mml, int) and not isinstance(mml, bool) else None
+        ds = ident.get("dataset")
+        if isinstance(ds, dict) and ds.get("path"):
+            sha, self.lines, err = _lines(ds, set(chosen))
+            if err:
+                self.problems.append(err)
+            elif sha != ds.get("lines_sha256"):
+                self.problems.append("dataset %s changed since the run: its first %d lines hash to %s, run.json "
+                                     "records %s" % (ds["path"], ds["samples"], sha[:12], str(ds.get("lines_sha256"))[:12]))
+        self.samples = ds.get("samples") if isinstance(ds, dict) else None
+
+    def check(self, index, ids, layers, hidden):
+        """Problems of the file of sample ``index``: ``ids`` (its token ids, a list), ``layers`` and
+        ``hidden`` (its hidden states' layer count and width; None when unknown)."""
+        out = []
+        if self.doc is None:
+            return out
+        if self.samples is not None and index >= self.samples:
+            out.append("sample %d is beyond the run's %d samples (run.json)" % (index, self.samples))
+        if self.layers is not None and layers is not None and layers != self.layers:
+            out.append("%d layers; the run asked for %d (layer_ids %s)"
+                       % (layers, self.layers, json.dumps(self.ident.get("layer_ids"), separators=(",", ":"))))
+        if self.hidden is not None and hidden is not None and hidden != self.hidden:
+            out.append("hidden size %d; the run's is %d" % (hidden, self.hidden))
+        if index in self.lines and ids is not None:
+            want = self.lines[index]
+            if want is None:
+                self.text_lines += 1        # a text line: its ids need the model's tokenizer
+            else:
+                self.compared += 1
+                if self.limit is not None:
+                    want = want[:self.limit]
+                elif len(ids) <= len(want):
+                    want = want[:len(ids)]     # max_model_len unknown: the file holds a cut of the line
+                if list(ids) != list(want):
+                    self.mismatched.append(index)
+                    out.append("token ids differ from dataset line %d (%d tokens in the file, %d in the line)"
+                               % (index, len(ids), len(self.lines[index])))
+        return out
+
+    def to_json(self):
+        return {"recorded": self.doc is not None, "digest": (self.doc or {}).get("digest"),
+                "created": (self.doc or {}).get("created"), "identity": self.ident or None,
+                "problems": self.problems, "ids_compared": self.compared, "ids_differ": len(self.mismatched),
+                "text_lines_not_compared": self.text_lines}
+
+
+def nothing_to_verify(out_dir, indexes, pattern):
+    """An output directory without sample files is never "ok": a refusal naming what is missing."""
+    if indexes or any(SHARD_DIR_RE.match(n) for n in _names(out_dir)):
+        return      # files, or shard-K-of-N subdirectories (moved shares, Slurm tasks) verified each on its own
+    recorded = os.path.exists(os.path.join(out_dir, ri.FILE))
+    raise AgentFailure("nothing-to-verify", "%s holds no %s files%s: nothing to verify"
+                       % (out_dir, pattern, "" if recorded else " and no " + ri.FILE),
+                       "run extract first (status says whether the job wrote anything), or give --output-dir")

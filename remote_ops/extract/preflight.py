@@ -1,0 +1,558 @@
+"""extract's preflight: what would stop the job, read in ONE round trip before any GPU time.
+
+A registry of parts (``PARTS``), each a small class: ``ops`` adds its agent requests to the round trip,
+``read`` turns their answers into the record's problems and notes (the last problem decides the
+refusal). Parts are read in ``PARTS`` order: a running job of the same share is attached to at once;
+the imports come late because an environment that cannot import the job's modules is the deciding
+problem; the playbook's coverage of the host's versions last of all. Each part has its own test
+(tests/test_preflight_parts.py) on recorded answers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from remote_ops.connect import agent_requests as rq
+from remote_ops.errors import Exit, RefusedError
+from remote_ops.extract.extract_spec import ExtractSpec, assignment_changed
+from remote_ops.units import human_bytes
+
+
+@dataclass
+class Preflight:
+    running: dict | None = None            # the playbook's job already running: attach to it
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    gpu: dict | None = None
+    disk: dict | None = None
+    check: dict | None = None
+    model: dict | None = None              # the model preflight (playbook check.model)
+    files: list[dict] = field(default_factory=list)      # shipped files: written / unchanged / would-write
+    imports: dict | None = None            # the import probe's result or failure
+    dataset: dict | None = None            # the dataset check (extract/dataset.py): samples, expected, problem
+    exit_status: int | None = None         # a refusal's exit status when a problem has its own
+    hint: str | None = None                # what to do about the deciding problem
+    server: dict | None = None             # a two-process job's server: its port, its import probe
+    identity: dict | None = None           # the run identity against output_dir's run.json (agent/outputs/run_identity.py)
+
+    def to_json(self) -> dict:
+        extra = {} if self.server is None else {"server": self.server}
+        if self.identity is not None:
+            extra["identity"] = self.identity
+        return {**extra, "running": self.running, "problems": self.problems, "notes": self.notes,
+                "gpu": self.gpu, "disk": self.disk, "files": self.files, "imports": self.imports,
+                "model": self.model,
+                "dataset": self.dataset,
+                "check": None if self.check is None else {
+                    "findings": len(self.check.get("findings") or []),
+                    "unknown": len(self.check.get("unknown") or []),
+                    "drift": len(self.check.get("drift") or []),
+                    "baseline": {k: v for k, v in (self.check.get("baseline") or {}).items() if k != "path"},
+                    "calls_checked": self.check.get("calls_checked")}}
+
+
+def _shard_text(shard) -> str:
+    return f"shard {shard[0]}/{shard[1]}" if shard else "no shard"
+
+
+def _drift_preflight(pf: Preflight, playbook, strict: bool) -> None:
+    """Drift of the checked modules against their baseline: notes, or problems under --strict.
+    Items the playbook accepted (check.accepted_drift) are notes only."""
+    from remote_ops.check.check import request_from_playbook, with_drift
+
+    d = with_drift(pf.check, request_from_playbook(playbook))
+    if d.get("drift_accepted"):
+        pf.notes.append(f"drift: {len(d['drift_accepted'])} item(s) accepted by the playbook (check.accepted_drift)")
+    pf.check.update(d)
+    base = d.get("baseline") or {}
+    if "unavailable" in base:
+        pf.notes.append(f"drift: no baseline ({base['unavailable']})")
+        return
+    items = d.get("drift") or []
+    out = pf.problems if strict else pf.notes
+    for x in items:
+        out.append(f"drift: {x['path']}:{x['line']}: {x['kind']}: {x['message']}")
+    if items and strict:
+        pf.problems.append("--strict refuses a job whose calls drifted from the baseline: run remote-ops check")
+
+
+def _model_preflight(pf: Preflight, res: dict) -> None:
+    """The model preflight's findings are problems (the job would fail after loading the model);
+    what it could not decide is a note."""
+    from remote_ops.check import model as model_mod
+    if not res.get("ok"):
+        err = res.get("error") or {}
+        pf.notes.append(f"model check could not run: {err.get('message')}")
+        return
+    pf.model = dict(res["result"])
+    pf.model.pop("elapsed_s", None)
+    pf.notes.append(model_mod.summary(pf.model))
+    for u in pf.model.get("unknown") or []:
+        pf.notes.append(f"model not checked: {u['what']}: {u['reason']}")
+    for f in pf.model.get("findings") or []:
+        pf.problems.append(f"model: {model_mod.explain(f)}" + (f" (fix: {f['suggestion']})" if f.get("suggestion") else ""))
+
+
+def playbook_identity(playbook) -> dict | None:
+    """The playbook part of a run identity: its name and the sha256 of what it changes on the host, its
+    document as JSON without comments, ``description``, ``vars``, ``check`` and ``extract`` (the patches
+    and ``requires``): what the vars and the extract command change reaches the identity through the
+    job's command line, and a flag that changes no data (a delay, a port) does not refuse a resume."""
+    import hashlib
+    import json
+    doc = getattr(getattr(playbook, "doc", None), "data", None)
+    if not isinstance(doc, dict):
+        return None
+    body = {k: v for k, v in doc.items() if k not in ("vars", "description", "check", "extract")}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return {"name": playbook.name, "sha256": hashlib.sha256(text.encode()).hexdigest()}
+
+
+def identity_request(spec: ExtractSpec, playbook) -> dict | None:
+    """What the agent needs to compute the job's run identity (agent/jobs.py job_identity)."""
+    if not spec.output_dir:
+        return None
+    req = {"command": spec.command, "workdir": spec.workdir, "flow": "server" if spec.server else "generator",
+           "playbook": playbook_identity(playbook), "python": spec.job_python, "env": spec.env}
+    if spec.server is not None:
+        req["server_command"] = spec.server.command
+        if spec.disk:
+            req["fallback"] = {k: spec.disk.get(k) for k in ("dataset", "model", "layer_ids", "max_model_len")}
+    return req
+
+
+def _identity_preflight(pf: Preflight, res: dict | None, spec: ExtractSpec, overwrite: bool) -> None:
+    """Resume only into the same run: another run's samples in output_dir refuse the launch in one
+    line (what differs, and what to do), unless --overwrite moves them aside at launch."""
+    if res is None:
+        return
+    pf.identity = res
+    if res.get("error"):
+        pf.notes.append(f"run identity not computed: {res['error']} (the job checks its own)")
+        return
+    short = res["digest"][:12]
+    if res.get("problem"):
+        if overwrite:
+            pf.notes.append(f"--overwrite: {res['samples']} sample file(s) of the earlier run will be moved into "
+                            f"{spec.output_dir}/.replaced-<UTC time>/ ({'; '.join(res['differences']) or res['state']})")
+        else:
+            pf.problems.append(res["line"])
+    elif res["state"] == "same" and res["samples"]:
+        pf.notes.append(f"run identity {short}: the {res['samples']} sample file(s) in {spec.output_dir} are this "
+                        "run's (run.json): resuming")
+    elif overwrite and res.get("recorded"):
+        pf.notes.append(f"--overwrite: run.json of the earlier run will be moved into {spec.output_dir}/.replaced-<UTC time>/")
+    else:
+        pf.notes.append(f"run identity {short}: recorded in {spec.output_dir}/run.json at launch")
+
+
+def probe_model(spec: ExtractSpec, playbook, host) -> str | None:
+    """The checkpoint the job's model-loading process loads: the playbook's check.model path, else the
+    server command's ``serve MODEL`` (None when neither says)."""
+    section = (getattr(playbook, "check", None) or {}).get("model")
+    if section and host is not None and section.get("path"):
+        from remote_ops.playbook.templates import fill_for_host
+        path = fill_for_host(playbook, host, section.get("path"), ("check", "model", "path"))
+        if isinstance(path, str) and path:
+            return path
+    cmd = spec.server.command if spec.server is not None else []
+    if "serve" in cmd and cmd.index("serve") + 1 < len(cmd) and not cmd[cmd.index("serve") + 1].startswith("-"):
+        return cmd[cmd.index("serve") + 1]
+    return None
+
+
+
+@dataclass
+class Context:
+    """One preflight's inputs, and the agent's answer of the shared probe (``jobs.probe``) once read."""
+    session: object
+    spec: ExtractSpec
+    playbook: object
+    host: object = None
+    skip_check: bool = False
+    dry_run: bool = False
+    strict_drift: bool = False
+    overwrite: bool = False
+    probe: dict = field(default_factory=dict)
+
+    @property
+    def do_check(self) -> bool:
+        return bool(self.playbook.check) and not self.skip_check
+
+    @property
+    def label(self) -> str:
+        return self.session.label
+
+
+class Part:
+    """One concern of the preflight. ``ops``: its requests (name -> request) for the round trip;
+    ``read``: its answers -> problems/notes on ``pf``; returning ``STOP`` ends the preflight there."""
+    name = ""
+
+    def ops(self, c: Context) -> dict:
+        return {}
+
+    def read(self, c: Context, pf: Preflight, raw: dict):
+        return None
+
+
+STOP = "stop"
+
+
+class RunningJob(Part):
+    """The shared probe (running job, free disk and the disk need, the run identity, a server's port);
+    a running job of this output directory and share is attached to; another job there refuses."""
+    name = "probe"
+
+    def ops(self, c):
+        spec = c.spec
+        need = dict(spec.disk, max_samples=spec.expected_samples, workdir=spec.workdir) if spec.disk else None
+        args = {} if spec.server is None else {"port": spec.server.port}
+        if spec.layout:
+            args["layout"] = spec.layout
+        if (ident_req := identity_request(spec, c.playbook)) is not None:
+            args["identity"] = ident_req
+        return {"probe": rq.jobs_probe(key=spec.key, output_dir=spec.output_dir, need=need, **args)}
+
+    def read(self, c, pf, raw):
+        from remote_ops.connect.transport import unwrap
+        c.probe = probe = unwrap(raw["probe"], c.label)
+        spec = c.spec
+        job = probe.get("job")
+        if job and job.get("state") in ("starting", "running"):
+            if list(job.get("shard") or ()) == list(spec.shard or ()):
+                pf.running = job       # the job asked for (same output directory, same share): attach
+                return STOP
+            pf.problems.append(f"{spec.output_dir} is being written by job {job['job_id']} "
+                               f"({_shard_text(job.get('shard'))}); this launch is {_shard_text(spec.shard)}")
+            pf.hint = ("one output directory holds one job: give each share its own output_dir (e.g. with {host}), "
+                       "or stop that job first")
+            return STOP
+        pf.disk = probe.get("disk")
+        held = (pf.disk or {}).get("held_by")
+        if held:                 # another job (another state dir, inventory name or machine) writes there
+            pf.problems.append(held["line"])
+            pf.hint = held.get("hint")
+            return STOP
+        return None
+
+
+class GpuQuery(Part):
+    """nvidia-smi's GPUs and compute processes (read by ``Gpus`` after the check, as before)."""
+    name = "gpu"
+
+    def ops(self, c):
+        return {"gpu": rq.gpu_query(driver=False)}
+
+    def read(self, c, pf, raw):
+        from remote_ops.connect.transport import unwrap
+        pf.gpu = unwrap(raw["gpu"], c.label)
+
+
+class Files(Part):
+    """The playbook's extract.files shipped into the workdir (not on a dry run, not under a running job)."""
+    name = "files"
+
+    def ops(self, c):
+        spec = c.spec
+        if not spec.files:
+            return {}
+        return {"files": rq.files_put(workdir=spec.workdir, files=[f.to_wire() for f in spec.files],
+                                      dry_run=c.dry_run, unless_running=spec.key)}
+
+    def read(self, c, pf, raw):
+        if "files" not in raw:
+            return
+        res = raw["files"]
+        if res.get("ok"):
+            pf.files = res["result"].get("files") or []
+            for f in pf.files:
+                pf.notes.append(f"file {f['name']}: {f['action']} (sha256 {f['sha256'][:12]})")
+        else:
+            err = res.get("error") or {}
+            pf.problems.append(f"cannot upload {', '.join(f.name for f in c.spec.files)}: {err.get('message')}")
+
+
+class CallSites(Part):
+    """The call-site check with drift (the job would fail on these calls after loading the model), and
+    the model preflight of the playbook's check.model."""
+    name = "check"
+
+    def ops(self, c):
+        out = {}
+        if c.do_check:
+            from remote_ops.check.check import DEFAULT_AGAINST
+            out["check"] = rq.compat_check(targets=c.playbook.check["targets"],
+                                           against=c.playbook.check.get("against") or DEFAULT_AGAINST, drift=True)
+            if c.host is not None:
+                from remote_ops.check import model as model_mod
+                model_req = model_mod.request(c.playbook, c.host)
+                if model_req is not None:
+                    out["model"] = model_req
+        return out
+
+    def read(self, c, pf, raw):
+        if c.do_check:
+            res = raw["check"]
+            if not res.get("ok"):
+                err = res.get("error") or {}
+                pf.problems.append(f"check could not run: {err.get('message')}")
+            else:
+                pf.check = res["result"]
+                findings = pf.check.get("findings") or []
+                for f in findings[:5]:
+                    pf.problems.append(f"check: {f.get('path')}:{f.get('line')}: {f.get('message')}")
+                if len(findings) > 5:
+                    pf.problems.append(f"check: ... and {len(findings) - 5} more findings")
+                if findings:
+                    pf.problems.append("the job would fail on these calls after loading the model: "
+                                       "run remote-ops check / patch first")
+                if pf.check.get("unknown"):
+                    pf.notes.append(f"check: {len(pf.check['unknown'])} call(s) could not be verified")
+                _drift_preflight(pf, c.playbook, c.strict_drift)
+            if "model" in raw:
+                _model_preflight(pf, raw["model"])
+        elif not c.playbook.check:
+            pf.notes.append("playbook has no 'check' section: call sites not verified")
+        else:
+            pf.notes.append("check skipped (--skip-check)")
+
+
+class Gpus(Part):
+    """Enough GPUs, and free of foreign compute processes (extract.gpus)."""
+    name = "gpus"
+
+    def read(self, c, pf, raw):
+        spec, g = c.spec, pf.gpu or {}
+        if spec.gpu_count:
+            if not g.get("present"):
+                pf.problems.append(f"the job needs {spec.gpu_count} GPU(s) but nvidia-smi is not on the host")
+            elif g.get("error"):
+                pf.problems.append(f"GPUs: {g['error']}")
+            elif len(g.get("gpus") or []) < spec.gpu_count:
+                pf.problems.append(f"the job needs {spec.gpu_count} GPU(s), the host has {len(g.get('gpus') or [])}")
+        if g.get("present") and spec.gpus_free and (spec.gpu_count or g.get("processes")):
+            procs = g.get("processes") or []
+            for p in procs:
+                pf.problems.append(f"GPU {p.get('gpu_index')}: foreign compute process pid {p.get('pid')} "
+                                   f"({p.get('name')}) holds {p.get('used_memory_mib')} MiB")
+            if procs:
+                pf.problems.append("GPUs are not free: stop those processes (or set extract.gpus.free: false)")
+
+
+class Disk(Part):
+    """The outputs' disk need against the free space: from real sizes (extract.disk,
+    agent/job/diskneed.py), else the mean size of the files already there; a changed shard assignment."""
+    name = "disk"
+
+    def read(self, c, pf, raw):
+        spec = c.spec
+        d = pf.disk or {}
+        n = d.get("need") or {}
+        if d.get("error"):
+            pf.problems.append(f"cannot measure free disk at {spec.output_dir}: {d['error']}")
+        elif "fits" in n:
+            (pf.notes if n["fits"] else pf.problems).append(n["line"])
+        elif spec.output_dir and spec.expected_samples:
+            per = d.get("mean_sample_bytes")
+            left = max(0, spec.expected_samples - (d.get("existing_samples") or 0))
+            if per and left:
+                need_b = per * left
+                if d.get("free_bytes") is not None and d["free_bytes"] < need_b * 1.05:
+                    pf.problems.append(f"not enough disk at {spec.output_dir}: {left} more samples need about "
+                                       f"{human_bytes(need_b)}, {human_bytes(d['free_bytes'])} free")
+                else:
+                    pf.notes.append(f"disk: {left} samples need ~{human_bytes(need_b)}, {human_bytes(d.get('free_bytes'))} free")
+            elif left:
+                pf.notes.append("disk need unknown: " + (n.get("unknown") or "give the playbook an extract.disk section"))
+        if d.get("shard") and list(d["shard"]) != list(spec.shard or ()) and not c.overwrite:   # extract/shard.py
+            pf.problems.append(assignment_changed(spec, d["shard"]))
+
+
+class Identity(Part):
+    """Resume only into the same run (run.json): agent/outputs/run_identity.py."""
+    name = "identity"
+
+    def read(self, c, pf, raw):
+        _identity_preflight(pf, c.probe.get("identity"), c.spec, c.overwrite)
+
+
+class Port(Part):
+    """A two-process job's server port: free on the host (a server left from an earlier run holds it)."""
+    name = "port"
+
+    def read(self, c, pf, raw):
+        server, port = c.spec.server, c.probe.get("port")
+        if server is not None and port is not None:
+            pf.server = {"port": port}
+            if not port.get("free"):
+                pf.problems.append(f"port {server.port} is not free on the host ({port.get('error')}): another "
+                                   "server holds it (a job left running? remote-ops status --all) or set extract.server.port")
+
+
+class Dataset(Part):
+    """The job's dataset read as the job reads it (extract/dataset.py)."""
+    name = "dataset"
+
+    def ops(self, c):
+        from remote_ops.extract import dataset
+        ds = dataset.request(c.spec)
+        return {} if ds is None else {"dataset": ds}
+
+    def read(self, c, pf, raw):
+        if "dataset" in raw:
+            from remote_ops.extract import dataset
+            pf.dataset = dataset.preflight(pf, raw["dataset"], c.spec)
+
+
+class Imports(Part):
+    """The job's modules (and a server's, by the server's interpreter) imported as the job will, with
+    the library module of the model's class (Kimi-K2.5: vllm's kimi_k25.py needs compressed_tensors),
+    which otherwise fails only once the engine loads the model. Read late: it is the deciding problem."""
+    name = "imports"
+
+    def ops(self, c):
+        spec, server = c.spec, c.spec.server
+        model = probe_model(spec, c.playbook, c.host)
+        out = {}
+        if spec.import_check:
+            out["imports"] = rq.imports_probe(python=spec.job_python, modules=spec.import_check, env=spec.env,
+                                              workdir=spec.workdir, timeout=spec.import_timeout,
+                                              packages=spec.requires, unless_running=spec.key,
+                                              **({"model": model} if model and server is None else {}))
+        if server is not None and server.import_check:
+            out["server_imports"] = rq.imports_probe(
+                python=server.python, modules=server.import_check, env={**spec.env, **server.env},
+                workdir=spec.workdir, timeout=spec.import_timeout, packages=spec.requires, unless_running=spec.key,
+                **({"model": model} if model else {}))
+        return out
+
+    def read(self, c, pf, raw):
+        from remote_ops.errors import exit_for_kind
+        server = c.spec.server
+        for key, modules, who in (("server_imports", server.import_check if server else [], "server"),
+                                  ("imports", c.spec.import_check, "job")):
+            if not modules:
+                continue
+            res = raw[key]
+            if res.get("ok"):
+                result = res["result"]
+                if who == "server":
+                    pf.server = {**(pf.server or {}), "imports": result}
+                else:
+                    pf.imports = result
+                if result.get("skipped"):
+                    pf.notes.append(f"{who} import check skipped: {result['skipped']}" if who == "server"
+                                    else f"import check skipped: {result['skipped']}")
+                else:
+                    pf.notes.append(f"{'server ' if who == 'server' else ''}imports: {', '.join(result.get('modules') or modules)} "
+                                    f"import in {result.get('seconds')}s")
+                if result.get("model_note"):
+                    pf.notes.append(f"{who}: {result['model_note']}")
+            else:
+                err = res.get("error") or {}
+                failed = {"ok": False, **{k: v for k, v in err.items() if k != "traceback"}}
+                if who == "server":
+                    pf.server = {**(pf.server or {}), "imports": failed}
+                    pf.problems.append(f"server: {err.get('message') or 'import check failed'}")
+                else:
+                    pf.imports = failed
+                    pf.problems.append(err.get("message") or "import check failed")
+                pf.hint = err.get("hint")
+                pf.exit_status = int(exit_for_kind(err.get("kind")))
+
+
+class Requires(Part):
+    """A two-process job's packages against the playbook's requires (the import probes' versions)."""
+    name = "requires"
+
+    def read(self, c, pf, raw):
+        server = c.spec.server
+        if server is not None and c.playbook.requires:
+            _requires_preflight(pf, c.playbook, raw, (("server_imports", server.import_check),
+                                                      ("imports", c.spec.import_check)))
+
+
+class Coverage(Part):
+    """A host the playbook's requires does not cover: the deciding problem, as patch says it."""
+    name = "coverage"
+
+    def read(self, c, pf, raw):
+        _coverage_preflight(pf, c.playbook, c.label)
+
+
+# In the order they are read (their requests all go in one round trip).
+PARTS = (RunningJob(), GpuQuery(), Files(), CallSites(), Gpus(), Disk(), Identity(), Port(), Dataset(),
+         Imports(), Requires(), Coverage())
+
+
+def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False, dry_run: bool = False,
+              strict_drift: bool = False, host=None, overwrite: bool = False) -> Preflight:
+    """Running job + shipped files + GPUs + check + disk + run identity + port + dataset + import probes,
+    in ONE round trip. The files are uploaded here (unless dry_run or the job is running), before the
+    probe that may import them. Drift against the package's baseline is shown as notes, and refuses the
+    job only with ``strict_drift``."""
+    c = Context(session, spec, playbook, host, skip_check, dry_run, strict_drift, overwrite)
+    ops: dict[str, rq.Request] = {}
+    for part in PARTS:
+        ops.update(part.ops(c))
+    raw = dict(zip(ops, session.call_many(list(ops.values()), timeout=2 * spec.import_timeout + 300)))
+    return read(c, raw)
+
+
+def read(c: Context, raw: dict, parts=PARTS) -> Preflight:
+    """The preflight record from the round trip's answers (``raw``: request name -> answer)."""
+    pf = Preflight()
+    for part in parts:
+        if part.read(c, pf, raw) == STOP:
+            break
+    return pf
+
+
+def _requires_preflight(pf: Preflight, playbook, raw: dict, probes) -> None:
+    """A two-process job is not patched first, so nothing else checks the playbook's ``requires``: each
+    package is checked against the version the interpreter that imports it reported (the server's
+    for the server's modules, the client's for the client's)."""
+    seen: dict[str, str] = {}
+    for key, modules in probes:
+        res = raw.get(key) or {}
+        versions = (res.get("result") or {}).get("versions") or {} if res.get("ok") else {}
+        for m in modules:
+            top = m.split(".")[0]
+            if top in playbook.requires and versions.get(top) and top not in seen:
+                seen[top] = versions[top]
+    for problem in playbook.check_requires(seen):
+        if problem.split(" ")[0] in seen:
+            pf.problems.append(f"requires: {problem} (the playbook's requires, "
+                               f"{playbook.path}:{playbook.line('requires')})")
+    if seen:
+        pf.notes.append("requires: " + ", ".join(f"{n} {v}" for n, v in sorted(seen.items())) + " (import probes)")
+    for name in sorted(set(playbook.requires) - set(seen)):
+        pf.notes.append(f"requires: {name} not checked (no import probe imports it)")
+
+
+def _coverage_preflight(pf: Preflight, playbook, host: str) -> None:
+    """A host the playbook's ``requires`` does not cover (the check's versions): the deciding problem,
+    the same line as ``patch`` gives (playbook/coverage.py), before any GPU time."""
+    if pf.check is None or not playbook.requires:
+        return
+    from remote_ops.playbook import coverage
+
+    out = coverage.refusal(playbook, pf.check.get("versions") or {}, pf.check.get("findings") or [], host)
+    if out is not None:
+        pf.problems.append(out[0])
+        pf.hint, pf.exit_status = out[1], None
+
+
+def refusal(spec: ExtractSpec, pf: Preflight, host: str) -> RefusedError:
+    """The error for a preflight with problems: the deciding (last) problem, its hint and exit status;
+    ``details["preflight"]`` carries every problem (``--json`` prints it with the error)."""
+    hint = pf.hint
+    if len(pf.problems) > 1:
+        hint = (hint + "; " if hint else "") + f"{len(pf.problems)} problems, all in preflight.problems"
+    err = RefusedError(f"preflight refused to start {spec.key}: {pf.problems[-1]}", hint, host=host,
+                       exit_status=Exit(pf.exit_status) if pf.exit_status else None)
+    err.details = {"preflight": pf.to_json()}
+    return err
+
+
