@@ -81,7 +81,7 @@ class _Parser(argparse.ArgumentParser):
             subs = next((a.choices for a in self._actions if isinstance(a, argparse._SubParsersAction)), {})
             cmd = next((a for a in argv if a in subs), None)
             prog = f"{self.prog} {cmd}" if cmd else self.prog
-            word = m.group(1).split()[0]
+            word = (m.group(1).split() or [m.group(1)])[0]     # an argument of blanks is a word too
             i = argv.index(word) if word in argv else -1
             if i > 0 and word.startswith("-") and argv[i - 1].startswith("--") and "=" not in argv[i - 1]:
                 raise UsageError(f"{message}: {word!r} after {argv[i - 1]} is read as an option",

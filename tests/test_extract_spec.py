@@ -24,10 +24,14 @@ def test_defaults_for_a_real_gpu_host():
     assert spec.gpu_count == 1 and spec.gpus_free is True
     assert spec.expected_samples == 5000 and spec.workdir == "/data/eagle3"
     # the shipped script goes into the workdir under the name the command runs
-    (shipped,) = spec.files
+    shipped, identity = spec.files
     assert shipped.name == "extract_hidden_states.py"
     assert shipped.local == REPO / "playbooks" / "scripts" / "extract_hidden_states.py"
     assert shipped.data == shipped.local.read_bytes()
+    # beside it, the run identity it checks (one definition: the agent's own module)
+    assert identity.name == "run_identity.py"
+    assert identity.local.resolve() == REPO / "remote_ops" / "agent" / "outputs" / "run_identity.py"
+    assert identity.data == identity.local.read_bytes()
     assert spec.import_check == ["speculators.data_generation.vllm_hidden_states_generator"]
     assert spec.import_timeout == 120 and spec.job_python == "/opt/venvs/eagle3/bin/python"
     assert spec.env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"

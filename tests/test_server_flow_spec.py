@@ -127,6 +127,8 @@ def test_verify_finds_every_kind_of_broken_sample(tmp_path):
     torch = pytest.importorskip("torch")
     for i in range(6):
         _write(tmp_path / f"hs_{i}.safetensors", torch.randn(5 + i, 4, 8), torch.arange(5 + i))
+    from tests.run_records import record_run
+    record_run(tmp_path, [list(range(5 + i)) for i in range(6)], layer_ids=[2, 4, 6, 7])   # run.json: what they were made from
     res = _verify(tmp_path, 6)
     assert res["ok"] and res["files"] == 6 and res["layers_hidden"] == [[4, 8]] and res["dtypes"] == ["BF16"]
     bad = torch.randn(7, 4, 8)
