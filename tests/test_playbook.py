@@ -43,7 +43,8 @@ extract:
 
 def test_shipped_playbook_loads():
     pb = playbook.load(SHIPPED)
-    assert pb.requires == {"speculators": "==0.3.0", "vllm": ">=0.16,<0.33"}
+    assert pb.requires == {"speculators": "==0.3.0", "vllm": ">=0.16,<0.33", "transformers": "<5.24"}
+    assert pb.if_installed == {"transformers"}
     assert pb.check["against"] == ["vllm"]
     ids = pb.edit_ids
     assert {"request-drop-eos-token-id", "kv-cache-config-drop-kv-cache-specs", "scheduler-add-block-size",
@@ -188,3 +189,26 @@ def test_the_scale_out_slurm_example_names_a_shipped_playbook_that_loads():
     spec = parse_spec(pb, host)
     tasks, sbatch = slurm.options(pb, spec)
     assert tasks == 8 and "--partition=gpu" in sbatch and "--gres=gpu:8" in sbatch
+
+
+def test_a_range_that_holds_only_when_the_package_is_installed(tmp_path):
+    from remote_ops.playbook import loader
+    pb = loader.loads('requires:\n  vllm: ">=0.17"\n  transformers: {version: "<5.24", if_installed: true}\n')
+    assert pb.if_installed == {"transformers"} and pb.requires["transformers"] == "<5.24"
+    assert pb.check_requires({"vllm": "0.20.0"}) == []                              # not installed: no obstacle
+    assert pb.check_requires({"vllm": "0.20.0", "transformers": "5.23.0"}) == []
+    assert pb.check_requires({"vllm": "0.20.0", "transformers": "5.24.0"}) == [
+        "transformers 5.24.0 does not satisfy transformers<5.24 (required when installed)"]
+    assert pb.check_requires({}) == ["vllm is not installed (playbook requires vllm>=0.17)"]
+    with pytest.raises(ConfigError, match="if_installed must be true or false"):
+        loader.loads('requires:\n  transformers: {version: "<5.24", if_installed: maybe}\n')
+    with pytest.raises(ConfigError, match="unknown key 'verison'"):
+        loader.loads('requires:\n  transformers: {verison: "<5.24"}\n')
+
+
+def test_the_shipped_0_3_0_playbook_names_the_transformers_range():
+    from remote_ops.playbook import loader
+    pb = loader.load(str(SHIPPED))
+    assert "transformers" in pb.if_installed
+    assert pb.check_requires({"speculators": "0.3.0", "vllm": "0.20.0"}) == []
+    assert pb.check_requires({"speculators": "0.3.0", "vllm": "0.25.0", "transformers": "5.24.0"})

@@ -207,3 +207,23 @@ def test_call_sites_findings_then_the_hint_to_patch():
     assert pf.problems == ["check could not run: speculators is not installed"]
     _, pf = read(P.CallSites(), ctx(skip_check=True), {})
     assert pf.notes == ["playbook has no 'check' section: call sites not verified"]
+
+
+def test_installed_ranges_name_the_version_that_breaks_the_import():
+    pb = loads('requires:\n  vllm: ">=0.17"\n  transformers: {version: "<5.24", if_installed: true}\n'
+               'extract:\n  command: [python, x.py]\n  output_dir: /data/out\n')
+    c = P.Context(_Session(), spec(import_check=["speculators.data_generation.vllm_hidden_states_generator"]), pb)
+    err = {"kind": "import-failed", "message": "cannot import speculators.data_generation.vllm_hidden_states_generator",
+           "module": "speculators.data_generation.vllm_hidden_states_generator",
+           "versions": {"speculators": "0.3.0", "transformers": "5.24.0", "vllm": "0.25.0"}}
+    pf = P.read(c, {"probe": ok({}), "gpu": ok({"present": False}), "imports": {"ok": False, "error": err}},
+                parts=(P.Imports(), P.InstalledRanges()))
+    assert pf.problems[-1].startswith("requires: transformers 5.24.0 does not satisfy transformers<5.24 (required "
+                                      "when installed): it breaks the import of "
+                                      "speculators.data_generation.vllm_hidden_states_generator")
+    assert pf.exit_status is not None          # still the import's refusal status
+    # in range, or not installed: no problem
+    _, pf = read(P.InstalledRanges(), c, {"imports": ok({"versions": {"transformers": "5.23.0"}})})
+    assert not pf.problems and "transformers 5.23.0" in pf.notes[0]
+    _, pf = read(P.InstalledRanges(), c, {"imports": ok({"versions": {"transformers": "not installed"}})})
+    assert not pf.problems and not pf.notes

@@ -473,6 +473,30 @@ class Requires(Part):
                                                       ("imports", c.spec.import_check)))
 
 
+class InstalledRanges(Part):
+    """The playbook's ranges that hold only when a package is installed (``requires: {transformers:
+    {version: "<5.24", if_installed: true}}``) against the job's interpreter, as its import probe reported
+    the versions: which installed version breaks which import, said before the engine starts (patch
+    checks ``requires`` on the host's default interpreter; the job's may be another)."""
+    name = "installed-ranges"
+
+    def read(self, c, pf, raw):
+        names = c.playbook.if_installed
+        res = raw.get("imports") if c.spec.server is None and names else None
+        if not res:
+            return
+        versions = (res.get("result") or {}).get("versions") if res.get("ok") else (res.get("error") or {}).get("versions")
+        have = {n: v for n, v in (versions or {}).items() if n in names and v and v != "not installed"}
+        problems = [x for x in c.playbook.check_requires(have) if x.split(" ", 1)[0] in have]
+        failed = None if res.get("ok") else (res.get("error") or {}).get("module")
+        for problem in problems:
+            pf.problems.append(f"requires: {problem}" + (f": it breaks the import of {failed}" if failed else "")
+                               + f" (the playbook's requires, {c.playbook.path}:{c.playbook.line('requires')})")
+        if have and not problems:
+            pf.notes.append("requires: " + ", ".join(f"{n} {v}" for n, v in sorted(have.items()))
+                            + " in the job's interpreter, in range")
+
+
 class Coverage(Part):
     """A host the playbook's requires does not cover: the deciding problem, as patch says it."""
     name = "coverage"
@@ -483,7 +507,7 @@ class Coverage(Part):
 
 # In the order they are read (their requests all go in one round trip).
 PARTS = (RunningJob(), GpuQuery(), Files(), CallSites(), Gpus(), Disk(), Identity(), Port(), Dataset(),
-         Imports(), Requires(), Coverage())
+         Imports(), Requires(), InstalledRanges(), Coverage())
 
 
 def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False, dry_run: bool = False,

@@ -5,6 +5,7 @@
     requires:                               # checked against the host's facts before anything changes
       speculators: "==0.3.0"
       vllm: ">=0.17"
+      transformers: {version: "<5.24", if_installed: true}   # a range that applies only when it is installed
     check:                                  # used by `remote-ops check`
       targets: [speculators.data_generation.vllm_hidden_states_generator]
       against: [vllm]
@@ -81,6 +82,7 @@ class Playbook:
     name: str
     description: str = ""
     requires: dict[str, str] = field(default_factory=dict)
+    if_installed: frozenset = frozenset()   # names in requires whose range holds only when installed
     check: dict | None = None          # {"targets": [module...], "against": [package...]}
     patches: list[PatchTarget] = field(default_factory=list)
     extract: dict | None = None
@@ -106,7 +108,8 @@ class Playbook:
 
     def check_requires(self, versions: dict[str, str | None]) -> list[str]:
         """Problems with ``requires`` against the host's package versions (empty: all met)."""
-        return list(_requires_problems(tuple((name, spec, versions.get(name)) for name, spec in self.requires.items())))
+        return list(_requires_problems(tuple((name, spec, versions.get(name), name in self.if_installed)
+                                             for name, spec in self.requires.items())))
 
     def require_met(self, versions: dict[str, str | None], host: str | None = None) -> None:
         problems = self.check_requires(versions)
@@ -117,21 +120,22 @@ class Playbook:
 
 @functools.lru_cache(maxsize=64)
 def _requires_problems(rows: tuple) -> tuple[str, ...]:
-    """(name, spec, host version) rows -> problems; a fleet's hosts mostly share one answer."""
+    """(name, spec, host version, only if installed) rows -> problems; a fleet's hosts mostly share one answer."""
     from packaging.specifiers import SpecifierSet
     from packaging.version import InvalidVersion, Version
 
     problems = []
-    for name, spec, have in rows:
+    for name, spec, have, optional in rows:
         if have is None:
-            problems.append(f"{name} is not installed (playbook requires {name}{spec})")
+            if not optional:
+                problems.append(f"{name} is not installed (playbook requires {name}{spec})")
             continue
         try:
             ok = Version(have) in SpecifierSet(spec, prereleases=True) if spec.strip() else True
         except InvalidVersion:
             ok = False
         if not ok:
-            problems.append(f"{name} {have} does not satisfy {name}{spec}")
+            problems.append(f"{name} {have} does not satisfy {name}{spec}" + (" (required when installed)" if optional else ""))
     return tuple(problems)
 
 
@@ -300,7 +304,15 @@ def parse(doc: YamlDoc) -> Playbook:
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
     requires: dict[str, str] = {}
+    if_installed = set()
     for pkg, spec in requires_raw.items():
+        if isinstance(spec, dict):
+            doc.check_keys(("requires", pkg), spec, ("version", "if_installed"), f"in requires.{pkg}")
+            if not isinstance(spec.get("if_installed", False), bool):
+                raise doc.error(("requires", pkg, "if_installed"), f"requires.{pkg}.if_installed must be true or false")
+            if spec.get("if_installed"):
+                if_installed.add(str(pkg))
+            spec = spec.get("version")
         spec = "" if spec is None else str(spec)
         try:
             SpecifierSet(spec)
@@ -361,7 +373,8 @@ def parse(doc: YamlDoc) -> Playbook:
     if extract is not None and not isinstance(extract, dict):
         raise doc.error(("extract",), f"extract must be a mapping, got {type_name(extract)}")
     description = data.get("description") or ""
-    return Playbook(path=doc.path, name=name, description=str(description), requires=requires, check=check,
+    return Playbook(path=doc.path, name=name, description=str(description), requires=requires,
+                    if_installed=frozenset(if_installed), check=check,
                     patches=patches, extract=extract, allow_outside=allow_outside, doc=doc)
 
 
