@@ -594,7 +594,9 @@ def test_status_and_tail_show_tokens_per_s_and_eta_from_the_jobs_progress_lines(
     assert job["tokens_per_s"] > 0 and job["eta_s"] > 0
     s, out, _ = cli(*env.argv("status", "testhost"))
     assert "tok/s" in out and "ETA " in out
-    s, out, err = cli(*env.argv("extract", "testhost", "--tail", "--json"))
+    # follow THIS job to its end (`extract --tail` here could launch a second, empty resume if the job
+    # ended first on a loaded machine; logs --follow follows the job that ran, running or ended)
+    s, out, err = cli(*env.argv("logs", "testhost", "--follow", "--json"))
     assert s == 0, err
     events = [json.loads(l) for l in out.splitlines() if l.strip()]
     snaps = [e for e in events if e.get("event") == "snapshot" and e.get("tokens")]
