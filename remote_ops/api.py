@@ -84,9 +84,13 @@ class Inventory(Fleet):
 
         def one(h, s):
             pb = named or own(h, required=False)
-            model_req = model_mod.request(pb, h, model=model) if (pb is not None or model) else None
+            server = server_command(pb, h)
+            # a server-flow playbook: --model is the model the server command serves (its checks are
+            # the server flow's), unless the playbook also has a check.model section
+            served = server is not None and not ((getattr(pb, "check", None) or {}).get("model"))
+            model_req = model_mod.request(pb, h, model=model) if (pb is not None or model) and not served else None
             return check_mod.check(s, req if named else check_mod.for_host(req, pb), model_req,
-                                   model_from_vars=not model, server_req=serverflow.request(server_command(pb, h)),
+                                   model_from_vars=not model, server_req=serverflow.request(server, model),
                                    server_playbook=pb.name if pb is not None else None)
         results = self.run(target, one)
         results.request = req     # the check as run (check --emit-playbook writes its targets)

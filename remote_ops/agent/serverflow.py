@@ -17,7 +17,14 @@ and what to do) or null (could not be decided, with the reason).
     python: str            the server's interpreter: its sys.path is read (default: this interpreter)
     sys_path: [str, ...]   search path (default: ``python``'s sys.path)
     Returns {"python", "library": {"name", "version", "path"} | None, "checks": [{id, what, ok,
-    detail, where, fix}], "elapsed_s"}.
+    detail, where, fix, severity}], "elapsed_s"}.
+
+The checks of the model the command serves (``serve MODEL``: a directory, or an HF id in the local hub
+cache), MODEL_CHECKS: ``trust-remote-code`` (its config.json / tokenizer_config.json name custom code in
+``auto_map`` and the command has no --trust-remote-code: severity "warning", since the code may also be
+one transformers knows) and ``aux-layer-ids`` (the draft config's eagle_aux_hidden_state_layer_ids
+against what the model's forward captures on this vLLM: agent/check/auxcapture.py). A model that is
+not there is one undecided ``model`` check.
 
 Also used, unchanged, by benchmarks/server_flow_evidence.py over each release's unpacked sources:
 one implementation of the evidence and of the host's check.
@@ -44,6 +51,13 @@ KV_CONFIG = "vllm.config.kv_transfer:KVTransferConfig"
 SPEC_FLAGS = ("--speculative_config", "--speculative-config")
 KV_FLAGS = ("--kv_transfer_config", "--kv-transfer-config")
 NO_CHUNKED = "--no-enable-chunked-prefill"
+TRUST = "--trust-remote-code"
+# the checks of the served model (extract's preflight refuses on these; the others are check's)
+MODEL_CHECKS = ("model", "trust-remote-code", "aux-layer-ids")
+EXTRACT_HS = "v1/spec_decode/extract_hidden_states.py"
+STACK = "self.hidden_states[:num_tokens] = stacked_hidden_states"
+RUNNER = "v1/worker/gpu_model_runner.py"
+EAGLE3_REFUSAL = "Model does not support EAGLE3 interface"
 
 
 def _library_root(sys_path, name="vllm"):
@@ -113,12 +127,14 @@ class _Checks:
         except OSError:
             return None
 
-    def add(self, cid, what, ok, detail="", where=None, fix=None):
+    def add(self, cid, what, ok, detail="", where=None, fix=None, severity=None):
         rec = {"id": cid, "what": what, "ok": ok, "detail": detail}
         if where:
             rec["where"] = where
         if fix and ok is False:
             rec["fix"] = fix
+        if severity and ok is False:
+            rec["severity"] = severity
         self.out.append(rec)
 
 
@@ -302,9 +318,139 @@ def check(root, site, command, client, sys_path):
     else:
         c.add("flags", "every flag of the server command is an EngineArgs/FrontendArgs parameter", None,
               "; ".join(x for x in (eng, front) if isinstance(x, str)))
+    _model_checks(c, static, command, flags, spec)
     version = _version(site)
     return {"library": {"name": "vllm", "version": version, "path": root},
             "checks": c.out}
+
+
+def served_model(command):
+    """MODEL of ``... serve MODEL ...`` (or --model), None when the command names none."""
+    args = [str(a) for a in command]
+    if "serve" in args:
+        i = args.index("serve")
+        if i + 1 < len(args) and not args[i + 1].startswith("-"):
+            return args[i + 1]
+    _m, _s, flags = parse_command(args)
+    return flags.get("--model")
+
+
+def remote_code(cfg, cfg_path, reads):
+    """[(file name, [auto_map classes])] of a checkpoint's config.json (and its text_config) and the
+    tokenizer_config.json beside it: custom code the loaders run only when trusted."""
+    out = []
+    maps = [m for m in (cfg.get("auto_map"), (cfg.get("text_config") or {}).get("auto_map")) if isinstance(m, dict)]
+    if maps:
+        out.append(("config.json", sorted({k for m in maps for k in m})))
+    tok = os.path.join(os.path.dirname(cfg_path), "tokenizer_config.json")
+    if reads.exists(tok):
+        try:
+            t = json.loads(reads.text(tok))
+        except (OSError, UnicodeDecodeError, ValueError):
+            t = None
+        if isinstance(t, dict) and isinstance(t.get("auto_map"), dict) and t["auto_map"]:
+            out.append(("tokenizer_config.json", sorted(t["auto_map"])))
+    return out
+
+
+def _model_checks(c, static, command, flags, spec):
+    from .check.checkpoint import num_layers, read_config
+    from .core.reads import Reads
+    model = served_model(command)
+    if not model:
+        return
+    reads = Reads()
+    cfg_path, cfg, problem = read_config(model, reads)
+    if cfg is None:
+        c.add("model", "the served model %s" % model, None,
+              "%s: its remote code and layer ids not checked" % (problem or "%s is neither a directory here nor "
+                                                                 "in the local HF hub cache" % model))
+        return
+    # custom code (auto_map) and --trust-remote-code
+    found = remote_code(cfg, cfg_path, reads)
+    trusted = TRUST in flags
+    what = ", ".join("%s auto_map (%s)" % (f, ", ".join(k)) for f, k in found)
+    c.add("trust-remote-code", "the model's custom code (auto_map) and %s" % TRUST, not found or trusted,
+          "" if not found or trusted else "%s: %s names custom code and the server runs without %s: vLLM "
+          "refuses to load it (or falls back to what transformers has)" % (model, what, TRUST),
+          where=cfg_path if found else None,
+          fix="set the playbook var trust_remote_code: true (the host's vars in the inventory) after reading "
+              "that code", severity="warning")
+    # the aux layer ids against what the model's forward captures
+    hf = ((spec or {}).get("draft_model_config") or {}).get("hf_config") or {}
+    ids = hf.get("eagle_aux_hidden_state_layer_ids")
+    if not isinstance(ids, list):
+        return
+    _aux_layer_ids(c, static, cfg, cfg_path, reads, ids)
+
+
+def _aux_layer_ids(c, static, cfg, cfg_path, reads, ids):
+    from .check.auxcapture import capture
+    from .model import registry
+    what = "aux layer ids %s captured by the model's forward" % ids
+    from .check.checkpoint import num_layers
+    n = num_layers(cfg)
+    if n is None:
+        c.add("aux-layer-ids", what, None, "%s has no num_hidden_layers (nor text_config's)" % cfg_path)
+        return
+    bad = [i for i in ids if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i <= n]
+    if bad:
+        c.add("aux-layer-ids", what, False, "%s not in 0..%d (id k is the input of decoder layer k; %d: the last "
+              "layer's output)" % (bad, n, n), fix="set the var layer_ids to ids in 0..%d" % n)
+        return
+    reg = registry(static, "vllm", reads)
+    archs = list(cfg.get("architectures") or []) + list((cfg.get("text_config") or {}).get("architectures") or [])
+    got, tried = None, []
+    for arch in archs:
+        ent = (reg[1] if reg else {}).get(arch)
+        if ent is None:
+            continue
+        rel = "model_executor/models/%s.py" % ent[0]
+        src = c.text(rel)
+        if src is None:
+            continue
+        tried.append(rel)
+        got = capture("vllm/" + rel, src)
+        if got is not None:
+            break
+    if got is None and tried:
+        # no forward of the model's classes gathers aux states: the worker refuses the model at load
+        runner = c.text(RUNNER) or ""
+        line = _line_of(runner, EAGLE3_REFUSAL)
+        c.add("aux-layer-ids", what, False, "no forward in %s gathers aux hidden states (%s): this vLLM cannot "
+              "extract hidden states of this model%s" % (", ".join("vllm/" + t for t in tried), ", ".join(archs),
+                                                          (": vllm/%s:%d raises RuntimeError('%s...') at load"
+                                                           % (RUNNER, line, EAGLE3_REFUSAL)) if line else ""),
+              where=("vllm/%s:%d" % (RUNNER, line)) if line else None,
+              fix="a vLLM release whose model class for %s supports EAGLE-3 (SupportsEagle3)" % archs[0])
+        return
+    if not isinstance(got, dict):
+        c.add("aux-layer-ids", what, None, got if isinstance(got, str) else
+              "no model module of %s in this vLLM's registry" % archs)
+        return
+    where = "%s:%d" % (got["path"], got["line"])
+    missing, why = [], []
+    if n in ids and not got["last_id"]:
+        missing.append(n)
+        why.append("%s.forward (%s) gathers an aux state only before decoder layer idx, idx < %d, and never "
+                   "after the last layer: id %d is never met" % (got["class"], where, n, n))
+    if 0 in ids and got["first_id_adds_none"]:
+        missing.append(0)
+        why.append("id 0 adds residual, None before the first layer (%s): TypeError" % where)
+    if not missing:
+        c.add("aux-layer-ids", what, True, "%s.forward, %s" % (got["class"], got["shape"]),
+              where=("%s:%d" % (got["path"], got["last_line"])) if n in ids and got["last_line"] else where)
+        return
+    hs = c.text(EXTRACT_HS) or ""
+    stack = ("; %s:%d then stacks %d state(s) for %d ids (a shape error at the first request, or with one "
+             "state left, that one copied into every slot)" % ("vllm/" + EXTRACT_HS, _line_of(hs, STACK),
+                                                               len(ids) - len(missing), len(ids))) if STACK in hs else ""
+    lo, hi = (1 if got["first_id_adds_none"] else 0), (n if got["last_id"] else n - 1)
+    example = sorted({min(max(i, lo), hi) for i in ids})
+    c.add("aux-layer-ids", what, False, "ids %s will not be captured on this vLLM: %s%s"
+          % (missing, "; ".join(why), stack), where=where,
+          fix="set the var layer_ids to ids in %d..%d (id k = the output of decoder layer k-1), e.g. %s"
+              % (lo, hi, example))
 
 
 def _fields(c, cid, what, need, got, flag):

@@ -22,12 +22,20 @@ CLIENT_FIELDS = {
 }
 
 
-def request(command: list[str] | None):
+def request(command: list[str] | None, model: str | None = None):
     """The ``serverflow.check`` request for a server command as filled for the host
-    (``extract.extract_spec.server_command``); None when the playbook has no server."""
+    (``extract.extract_spec.server_command``); None when the playbook has no server. ``model``
+    (``check --model``) replaces the model the command serves (``serve MODEL``)."""
     if command is None:
         return None
     import re
+    if model:
+        command = list(command)
+        if "serve" in command and command.index("serve") + 1 < len(command) and \
+                not command[command.index("serve") + 1].startswith("-"):
+            command[command.index("serve") + 1] = model
+        else:
+            command += ["--model", model]
     # the server's interpreter (the command's first word when it is a python, as extract.ServerSpec.python):
     # its vLLM is the one checked
     python = command[0] if re.search(r"(^|/)python[0-9.]*$", command[0]) else rq._UNSET
@@ -40,10 +48,27 @@ def summarize(raw: dict, playbook: str | None) -> dict:
     checks = raw.get("checks") or []
     return {"playbook": playbook, "library": raw.get("library"), "checks": checks,
             "checked": sum(1 for c in checks if c.get("ok") is not None),
-            "findings": [c for c in checks if c.get("ok") is False],
+            "findings": [c for c in checks if c.get("ok") is False and c.get("severity") != "warning"],
+            "warnings": [c for c in checks if c.get("ok") is False and c.get("severity") == "warning"],
             "unknown": [c for c in checks if c.get("ok") is None]}
 
 
 def explain(c: dict) -> str:
     where = f"{c['where']}: " if c.get("where") else ""
     return f"server flow: {where}{c['what']}: {c.get('detail') or 'no'}"
+
+
+def preflight_lines(raw: dict) -> tuple[list[str], list[str]]:
+    """extract's preflight of a server-flow job: (problems, notes). The served model's checks
+    (``MODEL_CHECKS`` of agent/serverflow.py: custom code without --trust-remote-code, layer ids the
+    model's forward does not capture) refuse the job, warning or not: the server would fail after
+    loading the model. The other failed checks are notes (``check --strict`` says them as findings)."""
+    from remote_ops.agent.serverflow import MODEL_CHECKS
+    problems, notes = [], []
+    for c in raw.get("checks") or []:
+        line = explain(c) + (f" (fix: {c['fix']})" if c.get("fix") else "")
+        if c.get("ok") is False:
+            (problems if c["id"] in MODEL_CHECKS else notes).append(line)
+        elif c.get("ok") is None:
+            notes.append("not checked: " + line)
+    return problems, notes

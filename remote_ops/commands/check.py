@@ -152,12 +152,16 @@ def render_server_flow(console, sf: dict | None, verbose: int = 0) -> None:
     lib = sf.get("library") or {}
     console.print(f"[bold]server flow ({escape(str(sf.get('playbook')))}) on vllm {escape(str(lib.get('version')))}:"
                   f"[/bold] {sf.get('checked', 0)} check(s) decided, {len(sf.get('findings') or [])} failed, "
-                  f"{len(sf.get('unknown') or [])} undecided")
+                  f"{len(sf.get('warnings') or [])} warning(s), {len(sf.get('unknown') or [])} undecided")
     for c in sf.get("checks") or []:
         if c.get("ok") is True and not verbose:
             continue
         line = serverflow.explain(c) if c.get("ok") is not True else f"  ok: {c['what']}"
-        console.print(escape(line if c.get("ok") is not None else "not checked: " + line))
+        if c.get("ok") is None:
+            line = "not checked: " + line
+        elif c.get("severity") == "warning":
+            line = "warning: " + line
+        console.print(escape(line))
         if c.get("fix") and c.get("ok") is False:
             console.print(escape(f"    fix:     {c['fix']}"))
 

@@ -33,6 +33,9 @@ side; ``jobs.py`` runs it: preflight, launch, the records status / logs / stop /
         env: {VLLM_WORKER_MULTIPROC_METHOD: spawn}      # added to extract.env for the server only
         import_check: [vllm.entrypoints.openai.api_server]   # imported by the server's interpreter
 
+A command item may be ``{flag: "--trust-remote-code", if: "{vars.trust_remote_code}"}``: the flag when
+the var is true, nothing when it is false.
+
 Templates ``{vars.NAME}`` (host vars over playbook vars), ``{output_dir}``, ``{workdir}``,
 ``{python}`` (the host's interpreter) and ``{host}`` are filled in locally; every value reaches the
 host as JSON on stdin, never through a shell. A value that is exactly one ``{vars.NAME}`` takes the
@@ -188,12 +191,31 @@ class _Section:
                 raise self.err_at(keys)(f"cannot split command: {exc}") from None
             command = [_fill(p, self.ctx, self.err_at(keys)) for p in parts]
         elif isinstance(cmd, list) and cmd:
-            command = [self.text(keys + (i,), c, "every command item") for i, c in enumerate(cmd)]
+            command = []
+            for i, c in enumerate(cmd):
+                if isinstance(c, dict):
+                    command += self.optional_flag(keys + (i,), c)
+                else:
+                    command.append(self.text(keys + (i,), c, "every command item"))
         else:
             raise self.err_at(keys)(f"command must be a list of strings or one string, got {type_name(cmd)}")
         if not command or not command[0]:
             raise self.err_at(keys)("command is empty")
         return command
+
+    def optional_flag(self, keys, item):
+        """A command item ``{flag: --name, if: "{vars.NAME}"}``: the flag when the var is true, nothing
+        when it is false (a boolean, or the text true/false); anything else is an error here."""
+        if set(item) != {"flag", "if"}:
+            raise self.err_at(keys)(f"a command item that is a mapping must be {{flag, if}}, got keys "
+                                    f"{', '.join(sorted(map(str, item)))}",
+                                    'e.g. {flag: "--trust-remote-code", if: "{vars.trust_remote_code}"}')
+        cond = self.whole_var(item["if"])
+        if isinstance(cond, str) and cond.strip().lower() in ("true", "false"):
+            cond = cond.strip().lower() == "true"
+        if not isinstance(cond, bool):
+            raise self.err_at(keys + ("if",))(f"{item['if']!r} gives {cond!r}: a flag's 'if' must be true or false")
+        return [self.text(keys + ("flag",), item["flag"], "a flag")] if cond else []
 
     def templated_number(self, keys, v):
         """A number written as a template ("{vars.gpus}") is filled in, then read as a number."""

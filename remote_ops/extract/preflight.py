@@ -405,6 +405,31 @@ class Dataset(Part):
             pf.dataset = dataset.preflight(pf, raw["dataset"], c.spec)
 
 
+class ServerModel(Part):
+    """A server-flow job: the model the server serves, checked on the server's vLLM before it starts
+    (agent/serverflow.py: custom code without --trust-remote-code, aux layer ids its forward does not
+    capture); a failure refuses the job, the server's other checks are notes (check/serverflow.py)."""
+    name = "server-model"
+
+    def ops(self, c):
+        if c.spec.server is None or c.skip_check:
+            return {}
+        from remote_ops.check import serverflow
+        return {"server_model": serverflow.request(list(c.spec.server.command))}
+
+    def read(self, c, pf, raw):
+        if "server_model" not in raw:
+            return
+        res = raw["server_model"]
+        if not res.get("ok"):
+            pf.notes.append(f"server-flow checks could not run: {(res.get('error') or {}).get('message')}")
+            return
+        from remote_ops.check import serverflow
+        problems, notes = serverflow.preflight_lines(res["result"])
+        pf.problems.extend(problems)
+        pf.notes.extend(notes)
+
+
 class Imports(Part):
     """The job's modules (and a server's, by the server's interpreter) imported as the job will, with
     the library module of the model's class (Kimi-K2.5: vllm's kimi_k25.py needs compressed_tensors),
@@ -507,7 +532,7 @@ class Coverage(Part):
 
 # In the order they are read (their requests all go in one round trip).
 PARTS = (RunningJob(), GpuQuery(), Files(), CallSites(), Gpus(), Disk(), Identity(), Port(), Dataset(),
-         Imports(), Requires(), InstalledRanges(), Coverage())
+         ServerModel(), Imports(), Requires(), InstalledRanges(), Coverage())
 
 
 def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False, dry_run: bool = False,
