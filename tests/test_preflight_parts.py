@@ -227,3 +227,26 @@ def test_installed_ranges_name_the_version_that_breaks_the_import():
     assert not pf.problems and "transformers 5.23.0" in pf.notes[0]
     _, pf = read(P.InstalledRanges(), c, {"imports": ok({"versions": {"transformers": "not installed"}})})
     assert not pf.problems and not pf.notes
+
+
+def test_server_model_checks_refuse_and_the_other_server_checks_are_notes():
+    """ServerModel: the served model's checks of serverflow.check (a warning included) refuse the job;
+    the server's other failed checks are notes (check --strict reports them); a failed op is a note."""
+    server = ServerSpec(command=["python", "-m", "vllm.entrypoints.cli.main", "serve", "/m"], port=8000)
+    c = ctx(spec(server=server))
+    req = P.ServerModel().ops(c)["server_model"]
+    assert req[0] == "serverflow.check" and req[1]["command"][-1] == "/m"
+    assert P.ServerModel().ops(ctx(spec(server=server), skip_check=True)) == {}
+    assert P.ServerModel().ops(ctx()) == {}          # no server: nothing asked
+    checks = [{"id": "trust-remote-code", "what": "custom code", "ok": False, "detail": "auto_map",
+               "where": "/m/config.json", "fix": "set the playbook var trust_remote_code: true",
+               "severity": "warning"},
+              {"id": "aux-layer-ids", "what": "ids", "ok": True, "detail": ""},
+              {"id": "chunked-prefill", "what": "chunked prefill", "ok": False, "detail": "ValueError"},
+              {"id": "flags", "what": "flags", "ok": None, "detail": "not decided"}]
+    _, pf = read(P.ServerModel(), c, {"server_model": ok({"checks": checks})})
+    assert pf.problems == ["server flow: /m/config.json: custom code: auto_map (fix: set the playbook var "
+                           "trust_remote_code: true)"]
+    assert pf.notes == ["server flow: chunked prefill: ValueError", "not checked: server flow: flags: not decided"]
+    _, pf = read(P.ServerModel(), c, {"server_model": failed("missing-target", "vllm is not installed")})
+    assert pf.notes == ["server-flow checks could not run: vllm is not installed"] and not pf.problems

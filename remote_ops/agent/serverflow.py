@@ -371,8 +371,8 @@ def _model_checks(c, static, command, flags, spec):
     trusted = TRUST in flags
     what = ", ".join("%s auto_map (%s)" % (f, ", ".join(k)) for f, k in found)
     c.add("trust-remote-code", "the model's custom code (auto_map) and %s" % TRUST, not found or trusted,
-          "" if not found or trusted else "%s: %s names custom code and the server runs without %s: vLLM "
-          "refuses to load it (or falls back to what transformers has)" % (model, what, TRUST),
+          "" if not found or trusted else "%s names custom code and the server command has no %s: vLLM runs "
+          "a checkpoint's own code only with it" % (what, TRUST),
           where=cfg_path if found else None,
           fix="set the playbook var trust_remote_code: true (the host's vars in the inventory) after reading "
               "that code", severity="warning")
