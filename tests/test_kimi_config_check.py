@@ -99,3 +99,79 @@ def test_check_model_over_ssh_warns_on_the_release(sshd, inventory_file, env_vll
     model = json.loads(out)["model"]
     assert [w["version"] for w in model["warnings"]] == ["0.17.0"]
     assert not [f for f in model["findings"] if "0.17.0" in f["message"] and "SpeculativeConfig" in f["message"]]
+
+
+def _with_remote_tokenizer(tmp_path):
+    """Kimi-K2.5's real config.json with a tokenizer_config.json of the shape Kimi-K2.5 ships (its
+    tokenizer is tokenization_kimi.py, named in auto_map)."""
+    import json
+    import shutil
+    d = tmp_path / "kimi"
+    d.mkdir()
+    shutil.copy(KIMI / "config.json", d / "config.json")
+    (d / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "TikTokenTokenizer",
+        "auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]}}))
+    return d
+
+
+def test_the_030_generator_loads_a_remote_code_tokenizer_untrusted(tmp_path):
+    """speculators 0.3.0's vllm_hidden_states_generator.py:84 calls AutoTokenizer.from_pretrained(model_path)
+    with no trust_remote_code (its AutoConfig and ModelConfig calls hard-code True)."""
+    from tests.test_model_check import PLAYBOOK
+    d = _with_remote_tokenizer(tmp_path)
+    loader = PLAYBOOK.check["model"]["tokenizer_loader"]
+    sys_path = [str(pkgsource.unpacked("vllm", "0.20.0")), str(pkgsource.unpacked("speculators", "0.3.0"))]
+    out = model_check.check(section_args(sys_path=sys_path, model=str(d), tokenizer_loader=loader), Reads())
+    tok = [f for f in out["findings"] if f["kind"] == "remote-code-tokenizer"]
+    assert len(tok) == 1 and tok[0]["severity"] == "warning" and tok[0]["line"] == 84
+    assert tok[0]["path"].endswith("speculators/data_generation/vllm_hidden_states_generator.py")
+    assert "tokenization_kimi.TikTokenTokenizer" in tok[0]["message"] and "server flow" in tok[0]["suggestion"]
+    # an edit that passes the keyword ends it (read from the installed module)
+    patched = tmp_path / "site"
+    import shutil
+    shutil.copytree(pkgsource.unpacked("speculators", "0.3.0"), patched)
+    gen = patched / "speculators" / "data_generation" / "vllm_hidden_states_generator.py"
+    gen.write_text(gen.read_text().replace("AutoTokenizer.from_pretrained(model_path)",
+                                           "AutoTokenizer.from_pretrained(model_path, trust_remote_code=True)"))
+    out = model_check.check(section_args(sys_path=[sys_path[0], str(patched)], model=str(d),
+                                         tokenizer_loader=loader), Reads())
+    assert not [f for f in out["findings"] if f["kind"] == "remote-code-tokenizer"]
+    # config.json's auto_map alone: the generator's AutoConfig trusts it, nothing to say
+    out = model_check.check(section_args(sys_path=sys_path, model=str(KIMI), tokenizer_loader=loader), Reads())
+    assert not [f for f in out["findings"] if f["kind"] == "remote-code-tokenizer"]
+
+
+def test_check_warns_on_the_030_flow_with_a_remote_tokenizer(sshd, inventory_file, env_vllm017,
+                                                                           cli, tmp_path):
+    import json
+    d = _with_remote_tokenizer(tmp_path)
+    inv = inventory_file(python=str(env_vllm017))
+    status, out, err = cli("--json", "check", "testhost", "--playbook", "eagle3-speculators-0.3.0", "--model",
+                           str(d), "-i", str(inv))
+    model = json.loads(out)["model"]
+    w = [x for x in model["warnings"] if x.get("kind") == "remote-code-tokenizer"]
+    assert len(w) == 1 and w[0]["source"].endswith("vllm_hidden_states_generator.py:84")
+    assert not [f for f in model["findings"] if f["kind"] == "remote-code-tokenizer"]
+    status, out, err = cli("check", "testhost", "--playbook", "eagle3-speculators-0.3.0", "--model", str(d),
+                           "-i", str(inv))
+    assert "warning: " + str(d / "tokenizer_config.json") + " names its tokenizer in custom code" in out, out
+
+
+def test_extract_preflight_refuses_the_030_flow_on_a_remote_tokenizer(sshd, inventory_file, cli, tmp_path):
+    import json
+
+    from remote_ops.playbook import loader as pb_mod
+    env = pkgsource.make_env(tmp_path / "venv", [("speculators", "0.3.0"), ("vllm", "0.33.0")])
+    d = _with_remote_tokenizer(tmp_path)
+    (tmp_path / "wd").mkdir()
+    inv = inventory_file(python=str(env), playbook=str(pb_mod.find("eagle3-speculators-0.3.0")),
+                         workdir=str(tmp_path / "wd"),
+                         vars={"target_model": str(d), "import_check": [], "gpus": 0, "layer_ids": "2,30,58,60",
+                               "dataset": str(tmp_path / "d.jsonl")})
+    status, out, err = cli("extract", "testhost", "--dry-run", "--json", "-i", str(inv))
+    doc = json.loads(out)
+    problems = doc["preflight"]["problems"] if "preflight" in doc else doc["details"]["preflight"]["problems"]
+    mine = [p for p in problems if "remote-code-tokenizer" in p]
+    assert status != 0 and len(mine) == 1, problems
+    assert "vllm_hidden_states_generator.py:84" in mine[0] and "trust_remote_code" in mine[0]

@@ -714,7 +714,54 @@ def _decoder_layer(r):
 
 # The check's phases, in order; a phase returns False when what follows cannot be decided (the reason is
 # already a finding or an unknown of the answer).
-PHASES = (_checkpoint, _layer_ids, _architecture, _quantization, _protocol, _text_model, _text_model_members,
+def _tokenizer_code(r):
+    """A tokenizer in custom code (tokenizer_config.json's auto_map.AutoTokenizer) and the package's module
+    that loads it (``tokenizer_loader``) calling ``AutoTokenizer.from_pretrained`` without
+    ``trust_remote_code``: transformers refuses such a tokenizer then (it asks, or raises when it cannot
+    ask). Read from the installed module, so an edit that passes the keyword ends the finding. A finding
+    with severity "warning" (check says it as a warning; extract refuses)."""
+    loader = r.args.get("tokenizer_loader")
+    if not loader or r.cfg_path is None:
+        return True
+    tok = os.path.join(os.path.dirname(r.cfg_path), "tokenizer_config.json")
+    if not r.reads.exists(tok):
+        return True
+    import json
+    try:
+        amap = json.loads(r.reads.text(tok)).get("auto_map")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return True
+    if not isinstance(amap, dict) or "AutoTokenizer" not in amap:
+        return True
+    spec = r.static.find_spec(loader)
+    if spec is None or not spec.origin:
+        r.unknown.append({"what": "tokenizer", "reason": "%s (tokenizer_loader) is not installed here" % loader})
+        return True
+    try:
+        tree = ast.parse(r.reads.text(spec.origin))
+    except (OSError, SyntaxError, UnicodeDecodeError) as exc:
+        r.unknown.append({"what": "tokenizer", "reason": "cannot read %s: %s" % (spec.origin, exc)})
+        return True
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "from_pretrained" \
+                and isinstance(n.func.value, ast.Name) and n.func.value.id == "AutoTokenizer":
+            kw = [k for k in n.keywords if k.arg == "trust_remote_code" or k.arg is None]
+            if kw and not (isinstance(kw[0].value, ast.Constant) and kw[0].value.value is False):
+                continue
+            r.findings.append({
+                "path": spec.origin, "line": n.lineno, "symbol": "transformers.AutoTokenizer.from_pretrained",
+                "kind": "remote-code-tokenizer", "name": "trust_remote_code", "severity": "warning",
+                "message": "%s names its tokenizer in custom code (auto_map.AutoTokenizer: %s) and %s:%d loads "
+                           "it without trust_remote_code: transformers refuses it there, before the engine starts"
+                           % (tok, amap["AutoTokenizer"][0] if isinstance(amap["AutoTokenizer"], list)
+                              else amap["AutoTokenizer"], loader, n.lineno),
+                "suggestion": "use the server flow (eagle3-speculators-0.9.0 with the var trust_remote_code: true), "
+                              "or pass trust_remote_code=True in that call (an edit of this playbook)"})
+            break
+    return True
+
+
+PHASES = (_checkpoint, _tokenizer_code, _layer_ids, _architecture, _quantization, _protocol, _text_model, _text_model_members,
           _decoder_layer)
 
 

@@ -139,7 +139,14 @@ def check(session, req: CheckRequest, model_req=None, model_from_vars: bool = Fa
         missing_as_unknown(out["model"])
     if out.get("model"):
         from remote_ops.check import known
-        out["model"]["warnings"] = known.warnings_for(out["model"], out.get("versions") or {})
+        m = out["model"]
+        m["warnings"] = known.warnings_for(m, out.get("versions") or {})
+        # the model check's warnings (a tokenizer in custom code that the package loads untrusted): said by
+        # check as warnings, not findings; extract's preflight refuses them (extract/preflight.py)
+        for f in [f for f in m.get("findings") or [] if f.get("severity") == "warning"]:
+            m["findings"].remove(f)
+            m["warnings"].append({"kind": f.get("kind"), "message": f"{f['message']} (fix: {f['suggestion']})",
+                                  "source": f"{f['path']}:{f['line']}"})
     return CheckResult.from_json(out)
 
 

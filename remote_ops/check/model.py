@@ -43,6 +43,7 @@ def request(playbook, host, *, model: str | None = None, layer_ids: Any = None):
                           layer_ids=parse_layer_ids(ids, f"{host.name}"),
                           default_layer_ids=list(section.get("default_layer_ids") or []),
                           protocol=section.get("protocol") or rq._UNSET, worker=section.get("worker") or rq._UNSET,
+                          tokenizer_loader=section.get("tokenizer_loader") or rq._UNSET,
                           text_model=list(section.get("text_model") or []),
                           workdir=host.workdir or rq._UNSET)
 

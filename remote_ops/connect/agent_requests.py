@@ -66,8 +66,9 @@ def serverflow_check(*, command: list[str], client: dict = _UNSET, python: str =
 def model_check(*, model: str, library: str = _UNSET, layer_ids: list = _UNSET, default_layer_ids: list = _UNSET,
                 protocol: str = _UNSET, worker: str = _UNSET, text_model: list = _UNSET,
                 text_model_members: list = _UNSET, layer_forward_keywords: list = _UNSET,
-                workdir: str = _UNSET, sys_path: list[str] = _UNSET) -> Request:
+                workdir: str = _UNSET, sys_path: list[str] = _UNSET, tokenizer_loader: str = _UNSET) -> Request:
     return _req("model.check", workdir=workdir, model=model, library=library, layer_ids=layer_ids,
+                tokenizer_loader=tokenizer_loader,
                 default_layer_ids=default_layer_ids, protocol=protocol, worker=worker, text_model=text_model,
                 text_model_members=text_model_members, layer_forward_keywords=layer_forward_keywords,
                 sys_path=sys_path)

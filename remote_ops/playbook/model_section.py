@@ -9,7 +9,8 @@ from typing import Any
 from remote_ops.errors import UsageError
 
 
-MODEL_KEYS = ("path", "layer_ids", "default_layer_ids", "protocol", "worker", "text_model", "library")
+MODEL_KEYS = ("path", "layer_ids", "default_layer_ids", "protocol", "worker", "text_model", "library",
+              "tokenizer_loader")
 
 
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -23,7 +24,7 @@ def parse_section(doc, raw) -> dict | None:
     if not isinstance(raw, dict):
         raise doc.error(keys, "check.model must be a mapping (path, layer_ids, protocol, worker, text_model...)")
     doc.check_keys(keys, raw, MODEL_KEYS, "in check.model")
-    for k in ("protocol", "worker", "library"):
+    for k in ("protocol", "worker", "library", "tokenizer_loader"):
         v = raw.get(k)
         if v is not None and not (isinstance(v, str) and _DOTTED.match(v)):
             raise doc.error(keys + (k,), f"check.model.{k} must be a dotted name, got {v!r}")
