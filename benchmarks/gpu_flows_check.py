@@ -23,13 +23,15 @@ remote-ops itself over `connection: local` hosts, as gpu_model_check.py and gpu_
              once files are written, `extract --tail` again with more samples: only the missing files are
              written (the earlier ones untouched), `verify`; with --layer-change, a relaunch with other
              layer ids over that output must be refused before the engine starts (no file changes)
-  The server flow's Kimi-K2.5 run uses the shipped playbook with `--trust-remote-code` added to the server's
-  command (written beside the inventory): vLLM loads the wrapper's image processor (auto_map, custom code)
-  at start, and the shipped command has no way to pass that flag; speculators 0.3.0's generator passes
-  trust_remote_code=True itself. --probes runs the shipped command on Kimi too and records what happens.
+  The server flow's Kimi-K2.5 run sets the shipped playbook's var trust_remote_code: true (the server runs
+  with --trust-remote-code): vLLM loads the wrapper's image processor (auto_map, custom code) at start;
+  speculators 0.3.0's generator passes trust_remote_code=True to its AutoConfig and ModelConfig itself.
+  --probes runs Kimi with the var left false too and records what happens (extract's preflight refuses it,
+  naming the var, before the server starts).
   n_probe    (--probes) the server flow on DeepSeek-V3 with launch_vllm.py's default form of ids, the last
-             one = the number of layers ([2, 4, 5, 8]): what happens (vLLM's deepseek_v2.py gathers an aux
-             state only before a layer, so id 8 of 8 layers is never gathered)
+             one = the number of layers ([2, 4, 5, 8]): what happens (vLLM 0.20.0's deepseek_v2.py gathers
+             an aux state only before a layer, so id 8 of 8 layers is never gathered; extract's preflight
+             refuses it, with that file and line, before the server starts)
 
 Every step writes into --out (rewritten after each), and a step that would start after --budget seconds is
 recorded as skipped.
@@ -63,17 +65,8 @@ IDS_SRV = [2, 4, 6, 7]           # hs_<i>.safetensors: aux id k = the output of 
 IDS_PROBE = [2, 4, 5, 8]         # launch_vllm.py's [2, n//2, n-3, n] for n = 8
 MAX_MODEL_LEN = 1024
 PORTS = {"deepseek_v3": 8801, "kimi_k25": 8802, "probe": 8803, "kimi_shipped": 8804}
-TRUST = '"--disable-uvicorn-access-log", "--trust-remote-code"]'
-
-
-def trust_remote_code_playbook(dest: Path) -> Path:
-    """The shipped server-flow playbook with --trust-remote-code added to the server's command."""
-    text = PB090.read_text()
-    old = '"--disable-uvicorn-access-log"]'
-    if text.count(old) != 1:
-        raise SystemExit(f"{PB090}: the server command's last argument is not {old}: cannot add --trust-remote-code")
-    dest.write_text(text.replace(old, TRUST))
-    return dest
+# the server-flow hosts whose checkpoint's custom code the server must run (the playbook var trust_remote_code)
+TRUSTED = ("kimi_k25",)
 
 
 def host_name(flow: str, model: str) -> str:
@@ -181,18 +174,17 @@ class FlowsCheck:
                          "batch_size": 8, "layer_ids": IDS_030, "max_model_len": MAX_MODEL_LEN,
                          "gpu_memory_utilization": self.args.gpu_memory_utilization, "gpus": 1,
                          "tensor_parallel_size": 1}}
-        trusted = trust_remote_code_playbook(self.root / "eagle3-speculators-0.9.0+trust-remote-code.yaml")
         for m in list(MODELS) + (["probe", "kimi_shipped"] if self.args.probes else []):
             target = ck / {"probe": "deepseek_v3", "kimi_shipped": "kimi_k25"}.get(m, m)
             hosts[host_name("srv", m)] = {
                 "connection": "local", "python": str(self.py("client")), "workdir": str(self.root / "wdsrv"),
-                "playbook": str(trusted if m == "kimi_k25" else PB090), "env": env(host_name("srv", m)),
+                "playbook": str(PB090), "env": env(host_name("srv", m)),
                 "vars": {"target_model": str(target), "preprocessed_data": str(self.root / f"srv-data-{m}"),
                          "max_samples": len(self.rows), "concurrency": 16,
                          "layer_ids": IDS_PROBE if m == "probe" else IDS_SRV, "port": PORTS[m],
                          "max_model_len": MAX_MODEL_LEN, "gpu_memory_utilization": self.args.gpu_memory_utilization,
                          "server_python": str(self.py("server")), "server_ready_seconds": 300,
-                         "tensor_parallel_size": 1, "gpus": 1}}
+                         "tensor_parallel_size": 1, "gpus": 1, "trust_remote_code": m in TRUSTED}}
         resume = json.loads(json.dumps(hosts[host_name("030", "deepseek_v3")]))
         resume["env"] = env("resume")
         # one sample per generate() call: the run lasts long enough for a stop to land mid-way
@@ -206,7 +198,8 @@ class FlowsCheck:
         self.hosts = hosts
         self.run.step("inventory", ok=True, path=str(self.inv), hosts=sorted(hosts),
                       playbooks={h: Path(x["playbook"]).name for h, x in hosts.items()},
-                      server_kimi_flag="--trust-remote-code added to the shipped server command (see the docstring)",
+                      server_trust_remote_code=sorted(h for h, x in hosts.items()
+                                                      if x["vars"].get("trust_remote_code")),
                       layer_ids={"0.3.0": IDS_030, "server": IDS_SRV}, max_model_len=MAX_MODEL_LEN)
 
     def patch(self) -> None:
@@ -376,10 +369,10 @@ class FlowsCheck:
 
     def probes(self) -> None:
         """Recorded, not judged: the server flow with launch_vllm.py's id n on DeepSeek-V3, and the shipped
-        server command (no --trust-remote-code) on the Kimi-K2.5-shaped checkpoint."""
+        playbook with the var trust_remote_code false (its default) on the Kimi-K2.5-shaped checkpoint."""
         for m, step, extra in (("probe", "n_probe_server_default_ids", {"layer_ids": IDS_PROBE, "model": "deepseek_v3"}),
                                ("kimi_shipped", "probe_kimi_shipped_server_command",
-                                {"model": "kimi_k25", "playbook": PB090.name})):
+                                {"model": "kimi_k25", "playbook": PB090.name, "trust_remote_code": False})):
             if self.left() < 60:
                 self.run.step(step, ok=True, skipped=f"{self.left():.0f} s left of --budget")
                 continue

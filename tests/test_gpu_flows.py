@@ -1,7 +1,7 @@
 """The both-flows GPU check's pieces that run without a GPU (benchmarks/gpu_flows_check.py,
 gpu_flows_compare.py, gpu_models.py --unambiguous-routing, and their GPU_RESULTS.md sections): the layer
 mapping of the two layouts, the counting of every vector, the routing biases shared by both checkpoints,
-the playbook with --trust-remote-code, and the renderers."""
+the Kimi host's server command with --trust-remote-code through the shipped playbook's var, and the renderers."""
 
 from __future__ import annotations
 
@@ -91,11 +91,29 @@ def test_the_hash_check_fails_on_a_wrong_fixture(tmp_path):
     assert gm.shared_tensors_check(tmp_path / "plain", tmp_path / "wrapper")["ok"]
 
 
-def test_server_playbook_with_trust_remote_code(tmp_path):
-    f = fc.trust_remote_code_playbook(tmp_path / "p.yaml")
-    text, shipped = f.read_text(), fc.PB090.read_text()
-    assert text.count("--trust-remote-code") == 1 and "--trust-remote-code" not in shipped
-    assert text.replace(', "--trust-remote-code"', "") == shipped
+def test_the_kimi_server_runs_with_trust_remote_code_through_the_shipped_playbook(tmp_path):
+    """The harness's inventory (no GPU needed to write it): every server-flow host uses the shipped playbook,
+    and the server command the real extract spec fills has --trust-remote-code for Kimi only (the var)."""
+    import argparse
+
+    from remote_ops.connect.inventory import Host
+    from remote_ops.extract.extract_spec import server_command
+    from remote_ops.playbook import loader as pb_mod
+    args = argparse.Namespace(work=str(tmp_path), out=str(tmp_path / "out.json"), code_rev=None, budget=60,
+                              base_python=None, gpu_memory_utilization=0.3, probes=True)
+    h = fc.FlowsCheck(args)
+    h.root.mkdir(parents=True)
+    h.rows, h.dataset, h.resume_rows, h.resume_dataset = [[1, 2]], tmp_path / "d.jsonl", [[1]], tmp_path / "r.jsonl"
+    h.inventory()
+    inv = json.loads(h.inv.read_text())["hosts"]
+    srv = {k: v for k, v in inv.items() if k.startswith("srv-")}
+    assert sorted(srv) == ["srv-deepseek_v3", "srv-kimi_k25", "srv-kimi_shipped", "srv-probe"]
+    pb = pb_mod.load(str(fc.PB090))
+    for name, host in srv.items():
+        assert host["playbook"] == str(fc.PB090)
+        cmd = server_command(pb, Host(name=name, hostname="localhost", python=host["python"], vars=host["vars"]))
+        assert ("--trust-remote-code" in cmd) == (name == "srv-kimi_k25"), (name, cmd)
+    assert h.run.doc["steps"]["inventory"]["server_trust_remote_code"] == ["srv-kimi_k25"]
 
 
 def flows_doc(ok=True):

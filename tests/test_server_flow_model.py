@@ -14,7 +14,6 @@ capture (nor SupportsEagle3: gpu_model_runner.py raises at load). LlamaModel gat
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 

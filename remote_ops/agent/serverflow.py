@@ -354,7 +354,7 @@ def remote_code(cfg, cfg_path, reads):
 
 
 def _model_checks(c, static, command, flags, spec):
-    from .check.checkpoint import num_layers, read_config
+    from .check.checkpoint import read_config
     from .core.reads import Reads
     model = served_model(command)
     if not model:
