@@ -84,10 +84,31 @@ def vllm_row(version: str, commands: dict[str, list[str]]) -> dict:
     per = {}
     for name, command in commands.items():
         res = agent_sf.op_check({"command": command, "client": serverflow.CLIENT_FIELDS, "sys_path": [str(src)]})
+        # the checks of the served model (remote code, layer ids) are about the user's checkpoint, which the
+        # evidence has none of (the playbook's default target_model): what a release supports is the rest
+        res["checks"] = [c for c in res["checks"] if c["id"] not in agent_sf.MODEL_CHECKS]
         checks = {c["what"]: (True if c["ok"] is True else (c.get("detail") or "undecided")) for c in res["checks"]}
         per[name] = {"ok": all(v is True for v in checks.values()), "checks": checks,
                      "failed": [dict(c) for c in res["checks"] if c["ok"] is not True]}
-    return {"version": version, "playbooks": per}
+    return {"version": version, "playbooks": per, "aux_capture": aux_capture(src)}
+
+
+# the text models whose forward gathers the aux hidden states: DeepSeek-V2/V3 (Kimi-K2.5's text model) and Llama
+AUX_MODULES = ("deepseek_v2", "llama")
+
+
+def aux_capture(src: Path) -> dict:
+    """Per model module: which aux layer ids its forward meets (agent/check/auxcapture.py, the code of the
+    server flow's aux-layer-ids check): the shape, whether id num_hidden_layers is met, and where."""
+    from remote_ops.agent.check.auxcapture import capture
+    out = {}
+    for m in AUX_MODULES:
+        rel = f"vllm/model_executor/models/{m}.py"
+        got = capture(rel, text(src, rel) or "")
+        out[m] = got if not isinstance(got, dict) else {
+            "class": got["class"], "shape": got["shape"], "last_id": got["last_id"],
+            "where": f"{rel}:{got['last_line'] or got['line']}", "first_id_adds_none": got["first_id_adds_none"]}
+    return out
 
 
 def speculators_row(version: str) -> dict:
@@ -255,7 +276,26 @@ def render(doc: dict) -> str:
             for (what, detail, fix), vs in fails.items():
                 L.append(f"- {', '.join(vs)}: {what}: {detail}" + (f"; edit: {fix}" if fix else ""))
             L.append("")
-    L += ["## speculators 0.9.0's CLI and client", ""]
+    L += ["## Which aux layer ids the model's forward captures", "",
+          "Id k is the input of decoder layer k (the output of layer k-1); id n = num_hidden_layers is the last "
+          "layer's output, which speculators' launch_vllm.py puts last ([2, n//2, n-3, n]). Read from each "
+          "release's model source by remote_ops/agent/check/auxcapture.py (what `check` and extract's preflight "
+          "say for the served model). \"id n\": whether the forward meets it; \"id 0\": whether id 0 adds a "
+          "residual that is None before the first layer (a TypeError). Without a capture the release's class "
+          "cannot serve the method (gpu_model_runner.py refuses a model without SupportsEagle3).", "",
+          "| vLLM | " + " | ".join(f"{m}: id n | {m}: id 0 | {m}: where" for m in AUX_MODULES) + " |",
+          "|---|" + "---|---|---|" * len(AUX_MODULES)]
+    for r in doc["vllm"]:
+        cells = []
+        for m in AUX_MODULES:
+            a = (r.get("aux_capture") or {}).get(m)
+            if isinstance(a, dict):
+                cells += ["captured" if a["last_id"] else "**not captured**",
+                          "TypeError" if a["first_id_adds_none"] else "ok", f"`{a['where']}` ({a['shape']})"]
+            else:
+                cells += ["no capture", "-", a or "-"]
+        L.append(f"| {r['version']} | " + " | ".join(cells) + " |")
+    L += ["", "## speculators 0.9.0's CLI and client", ""]
     for k, v in doc["client_0_9_0"].items():
         L.append(f"- {k}: {yes(v)}")
     L += ["", "## Every release covered", "",
