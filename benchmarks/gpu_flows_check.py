@@ -231,9 +231,10 @@ class FlowsCheck:
             apps = self.gpu_apps()
         return apps
 
-    def extract(self, host: str, timeout: float, inv: Path | None = None) -> dict:
+    def extract(self, host: str, timeout: float, inv: Path | None = None, skip_check: bool = False) -> dict:
         shutil.rmtree(self.out_dir(host), ignore_errors=True) if inv is None else None
-        r = self.ro("extract", host, "--tail", "--json", timeout=timeout, inv=inv)
+        r = self.ro("extract", host, "--tail", "--json", *(["--skip-check"] if skip_check else []),
+                    timeout=timeout, inv=inv)
         events = [x for x in (last_json(l) for l in r["stdout"].splitlines() if l.startswith("{")) if x]
         end = next((e for e in reversed(events) if e.get("event") == "end"), {})
         st = self.ro("status", host, "--json", timeout=60, inv=inv)
@@ -369,15 +370,21 @@ class FlowsCheck:
 
     def probes(self) -> None:
         """Recorded, not judged: the server flow with launch_vllm.py's id n on DeepSeek-V3, and the shipped
-        playbook with the var trust_remote_code false (its default) on the Kimi-K2.5-shaped checkpoint."""
+        playbook with the var trust_remote_code false (its default) on the Kimi-K2.5-shaped checkpoint. Each:
+        what extract's preflight says (--dry-run), then what vLLM itself does (--skip-check, which skips the
+        served-model checks that refuse both)."""
         for m, step, extra in (("probe", "n_probe_server_default_ids", {"layer_ids": IDS_PROBE, "model": "deepseek_v3"}),
                                ("kimi_shipped", "probe_kimi_shipped_server_command",
                                 {"model": "kimi_k25", "playbook": PB090.name, "trust_remote_code": False})):
             if self.left() < 60:
                 self.run.step(step, ok=True, skipped=f"{self.left():.0f} s left of --budget")
                 continue
-            ex = self.extract(host_name("srv", m), timeout=min(240, max(30, self.left())))
-            self.run.step(step, ok=True, **extra, **ex)
+            dry = self.ro("extract", host_name("srv", m), "--dry-run", "--json", timeout=120)
+            pre = {"rc": dry["rc"], "message": (dry["json"] or {}).get("message") if isinstance(dry["json"], dict)
+                   else None, "problems": ((dry["json"] or {}).get("preflight") or {}).get("problems")
+                   if isinstance(dry["json"], dict) else None}
+            ex = self.extract(host_name("srv", m), timeout=min(240, max(30, self.left())), skip_check=True)
+            self.run.step(step, ok=True, **extra, preflight_dry_run=pre, **ex)
 
 
 VERSIONS = r'''

@@ -9,7 +9,7 @@ CHANGES_HOSTS = True    # a Ctrl-C says what changed on each host (remote_ops/in
 FLAGS = {
     "playbook": "playbook file or name (default: the host's)",
     "tail": cli_flag("follow the log until the job ends (Ctrl-C detaches)", action="store_true"),
-    "skip_check": "do not run the call-site check in preflight",
+    "skip_check": "do not run the call-site check (nor a server flow's checks of the served model) in preflight",
     "strict": "refuse the job when the checked calls drifted from the package's baseline version",
     "dry_run": "preflight only: show what would start",
     "shard": flag("split the samples over the group's hosts (sorted by name: host k of N writes i %% N == k); "
