@@ -386,9 +386,9 @@ def _model_checks(c, static, command, flags, spec):
 
 def _aux_layer_ids(c, static, cfg, cfg_path, reads, ids):
     from .check.auxcapture import capture
-    from .model import registry
-    what = "aux layer ids %s captured by the model's forward" % ids
     from .check.checkpoint import num_layers
+    from .model import registry        # as imports.py: the registry read once, in model.py
+    what = "aux layer ids %s captured by the model's forward" % ids
     n = num_layers(cfg)
     if n is None:
         c.add("aux-layer-ids", what, None, "%s has no num_hidden_layers (nor text_config's)" % cfg_path)
@@ -442,9 +442,11 @@ def _aux_layer_ids(c, static, cfg, cfg_path, reads, ids):
               where=("%s:%d" % (got["path"], got["last_line"])) if n in ids and got["last_line"] else where)
         return
     hs = c.text(EXTRACT_HS) or ""
+    # without id n (and no TypeError first), the proposer gets one state fewer than its buffer has slots
     stack = ("; %s:%d then stacks %d state(s) for %d ids (a shape error at the first request, or with one "
              "state left, that one copied into every slot)" % ("vllm/" + EXTRACT_HS, _line_of(hs, STACK),
-                                                               len(ids) - len(missing), len(ids))) if STACK in hs else ""
+                                                               len(ids) - 1, len(ids))) \
+        if STACK in hs and missing == [n] else ""
     lo, hi = (1 if got["first_id_adds_none"] else 0), (n if got["last_id"] else n - 1)
     example = sorted({min(max(i, lo), hi) for i in ids})
     c.add("aux-layer-ids", what, False, "ids %s will not be captured on this vLLM: %s%s"
