@@ -161,7 +161,7 @@ if __name__ == "__main__":
     tokens, secs = one_pass(batches)
     shm = getattr(gen, "_remote_ops_shm_mapped", None)
     first = {k: round(v, 3) for k, v in prof.items()}   # a copy: the second pass below adds to prof
-    first["other (generate's own work: slicing, clone().cpu(), empty_cache)"] = round(secs - sum(first.values()), 3)
+    first["other (generate's own work in this process: requests, results; copies when not zero-copy)"] = round(secs - sum(first.values()), 3)
     doc = {"tokens": tokens, "seconds": round(secs, 3), "tokens_per_s": round(tokens / secs, 1),
            "engine_ready_s": round(ready, 1), "batches": len(batches),
            "mean_tokens_per_batch": round(tokens / len(batches), 1), "engine_budget": [budget_tokens, budget_seqs],
