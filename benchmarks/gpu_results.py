@@ -157,8 +157,11 @@ def throughput_section(name: str, d: dict) -> list[str]:
                    f"flow's first file on: 0.3.0 flow {_rate(a1)}, server flow {_rate(s1)} tokens/s; whole jobs "
                    f"with the engine's start: 0.3.0 flow {a.get('wall_s')} s, server flow {srv.get('wall_s')} s.\n")
     hand = [f"{k}: {x.get('handoff_line')}" for k, x in (("AFTER", a), ("tmpfs", t)) if x.get("handoff_line")]
-    if b.get("handoff"):
-        hand.append(f"(b): {b['handoff']}")
+    for label, x in (("(b)", b), ("(b) BEFORE", b0)):
+        if x.get("handoff"):
+            hand.append(f"{label}: {x['handoff']}" + (
+                f" ({x['slots']} zero-copy slot(s); {x['slots_full']} batch(es) copied for want of a free one)"
+                if x.get("slots") else ""))
     if hand:
         out.append("Captured states' hand-off, as the runs said: " + "; ".join(hand) + ".\n")
     disk, use = d.get("disk") or {}, d.get("disk_use") or {}

@@ -168,7 +168,11 @@ if __name__ == "__main__":
            "engine_ready_s": round(ready, 1), "batches": len(batches),
            "mean_tokens_per_batch": round(tokens / len(batches), 1), "engine_budget": [budget_tokens, budget_seqs],
            "batch_size_cap": batch_size, "profile_s": first, "profile_calls": dict(calls), "copy_threads": threads,
-           "handoff": "shared memory: %s" % shm[0] if shm else "vLLM's RPC (handoff dir %s)" % handoff}
+           "handoff": "shared memory: %s" % ", ".join([shm[0]] + [x for x in shm[1:] if isinstance(x, str)])
+           if shm else "vLLM's RPC (handoff dir %s)" % handoff,
+           # zero-copy slots the generator used, and batches that found every slot held (copied instead)
+           "slots": len(getattr(gen, "_remote_ops_slots", {}) or {}),
+           "slots_full": getattr(gen, "_remote_ops_slots_full", 0)}
     with open(out, "w") as fh:
         json.dump(doc, fh)
     if time.time() + 1.3 * secs < float(count_deadline):   # BEFORE's batches: batch_size samples each
