@@ -127,13 +127,16 @@ def test_the_030_generator_loads_a_remote_code_tokenizer_untrusted(tmp_path):
     assert len(tok) == 1 and tok[0]["severity"] == "warning" and tok[0]["line"] == 84
     assert tok[0]["path"].endswith("speculators/data_generation/vllm_hidden_states_generator.py")
     assert "tokenization_kimi.TikTokenTokenizer" in tok[0]["message"] and "server flow" in tok[0]["suggestion"]
-    # an edit that passes the keyword ends it (read from the installed module)
+    # the shipped playbook's edits (tokenizer-trust-remote-code) end it: read from the installed module
+    from remote_ops.playbook import edits as edits_mod
     patched = tmp_path / "site"
     import shutil
     shutil.copytree(pkgsource.unpacked("speculators", "0.3.0"), patched)
-    gen = patched / "speculators" / "data_generation" / "vllm_hidden_states_generator.py"
-    gen.write_text(gen.read_text().replace("AutoTokenizer.from_pretrained(model_path)",
-                                           "AutoTokenizer.from_pretrained(model_path, trust_remote_code=True)"))
+    rel = "speculators/data_generation/vllm_hidden_states_generator.py"
+    (target,) = [t for t in PLAYBOOK.patches if t.module == "speculators.data_generation.vllm_hidden_states_generator"]
+    res = edits_mod.apply_edits((patched / rel).read_text(), target.edits, rel)
+    assert "tokenizer-trust-remote-code" in [e.edit_id for e in res.results]
+    (patched / rel).write_text(res.new_text)
     out = model_check.check(section_args(sys_path=[sys_path[0], str(patched)], model=str(d),
                                          tokenizer_loader=loader), Reads())
     assert not [f for f in out["findings"] if f["kind"] == "remote-code-tokenizer"]

@@ -829,8 +829,10 @@ def _load_generator(model_path, layer_ids, max_model_len, gpu_memory_utilization
 
 
 def _load_tokenizer(model_path):
+    """For "text" lines. Trusts the checkpoint's code as the generator does for its config, engine and
+    tokenizer (Kimi-K2.5's tokenizer is custom code: tokenization_kimi.py)."""
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(model_path)
+    return AutoTokenizer.from_pretrained(model_path, trust_remote_code=True)
 
 
 def _hidden_size(model_path):

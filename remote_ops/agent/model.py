@@ -755,8 +755,9 @@ def _tokenizer_code(r):
                            "it without trust_remote_code: transformers refuses it there, before the engine starts"
                            % (tok, amap["AutoTokenizer"][0] if isinstance(amap["AutoTokenizer"], list)
                               else amap["AutoTokenizer"], loader, n.lineno),
-                "suggestion": "use the server flow (eagle3-speculators-0.9.0 with the var trust_remote_code: true), "
-                              "or pass trust_remote_code=True in that call (an edit of this playbook)"})
+                "suggestion": "run remote-ops patch if the playbook has an edit that passes trust_remote_code=True "
+                              "in that call (eagle3-speculators-0.3.0: tokenizer-trust-remote-code), or use the "
+                              "server flow (eagle3-speculators-0.9.0 with the var trust_remote_code: true)"})
             break
     return True
 
