@@ -147,9 +147,15 @@ def op_probe(args):
         if args.get("speed") is not None and not out["disk"].get("error"):   # agent/job/diskspeed.py
             from .job import diskspeed
             running = (out["job"] or {}).get("state") in ("starting", "running")
-            # a running job's disk is never measured under it: its cached speed only
-            out["disk"]["speed"] = (diskspeed.lookup(path) or {"error": "not measured while a job writes there"}
-                                    if running else diskspeed.for_dir(path, refresh=bool(args["speed"].get("refresh"))))
+            fits = (out["disk"].get("need") or {}).get("fits") is True
+            # measured only for a job that fits (a full disk is not written to) and never under a running
+            # job; a tenth of the free space at most
+            if running or not fits:
+                out["disk"]["speed"] = diskspeed.lookup(path) or {"error": "not measured: %s" % (
+                    "a job writes there" if running else "no disk need that fits")}
+            else:
+                out["disk"]["speed"] = diskspeed.for_dir(path, refresh=bool(args["speed"].get("refresh")),
+                                                         size=min(diskspeed.TEST_BYTES, out["disk"]["free_bytes"] // 10))
         if args.get("identity"):
             out["identity"] = identity_check(args["identity"], path)
     return out

@@ -138,16 +138,19 @@ def lookup(path, now=None):
     return rec
 
 
-def for_dir(path, refresh=False, measure_fn=None):
+def for_dir(path, refresh=False, size=TEST_BYTES, measure_fn=None):
     """The write speed of ``path``'s filesystem: the cached measurement (``cached`` True, ``age_s``),
-    else (or with ``refresh``) a new one, written to the cache. {"error": why} when it cannot measure."""
+    else (or with ``refresh``) a new one of ``size`` bytes at most, written to the cache. {"error": why}
+    when it cannot measure."""
     if not refresh:
         rec = lookup(path)
         if rec is not None:
             return rec
+    if size < BLOCK_BYTES:
+        return {"error": "not measured: the test would write less than one %d MiB block" % (BLOCK_BYTES // 2 ** 20)}
     try:
         fs = fs_key(path)
-        rec = (measure_fn or measure)(path)
+        rec = (measure_fn or measure)(path, size=size)
     except OSError as exc:      # an interrupt propagates (the file is gone by then)
         return {"error": "cannot measure the write speed at %s: %s" % (path, getattr(exc, "strerror", None) or exc)}
     rec.update(dev=fs["dev"], mount=fs["mount"], key=fs["key"], measured_at=time.time())
