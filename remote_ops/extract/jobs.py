@@ -126,7 +126,7 @@ EARLY_DEATH_MAX_S = 60.0   # the longest watch asked for (a longer wait is what 
 
 
 def extract(session, pb, spec: ExtractSpec, *, skip_check: bool, dry_run: bool, strict_drift: bool,
-            early_death_s: float, overwrite: bool, remeasure_disk: bool = False) -> ExtractResult:
+            early_death_s: float, overwrite: bool, remeasure_disk: bool) -> ExtractResult:
     """The extract operation on the session's host: preflight (one round trip), then launch the
     detached job or attach to the running one. A preflight with problems raises its refusal
     (``refusal``), whose ``details["preflight"]`` is the whole preflight record. ``overwrite``: the

@@ -65,7 +65,7 @@ def requeue_times(pb) -> int:
 
 
 def extract(session, pb, spec, *, skip_check: bool, dry_run: bool, strict_drift: bool, early_death_s: float,
-            overwrite: bool, remeasure_disk: bool = False):
+            overwrite: bool, remeasure_disk: bool):
     """jobs.extract's twin for a login node (``early_death_s`` does not apply: sbatch queues the array,
     and status shows a task that failed). Each task's script checks its own directory's run identity;
     ``overwrite`` is not offered here."""
