@@ -254,3 +254,31 @@ def test_bound_of_a_running_job():
     assert bound_text(_status(20_000, None)).startswith("bound unknown: no measured disk speed")
     assert "without a plan" in P.bound_of(_status(20_000, 10**9, bytes_per_token=None))["why"]
     assert bound_text(dict(disk, state="succeeded")) == "" and bound_text({"state": "running"}) == ""
+
+
+def test_sigterm_while_measuring_removes_the_file_then_terminates(tmp_path):
+    """A SIGTERM (a dropped session, `kill`) during the write test: the file is unlinked, then the signal
+    does what it would have done (the process ends by SIGTERM)."""
+    import signal
+    import subprocess
+    import sys
+    code = f"""
+import os, sys, time
+sys.path.insert(0, {str(P.PEAKS_FILE.parents[2])!r})
+from remote_ops.agent.job import diskspeed
+real = os.write
+def slow(fd, b):
+    print("writing", flush=True)
+    time.sleep(0.2)
+    return real(fd, b)
+diskspeed.os.write = slow
+diskspeed.measure({str(tmp_path)!r}, size=100 * 2**20, block=2**20, budget=60)
+print("returned", flush=True)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "writing"
+    assert _leftovers(tmp_path) != []                    # the test file exists while it writes
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGTERM and "returned" not in out
+    assert _leftovers(tmp_path) == []

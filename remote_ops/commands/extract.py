@@ -64,6 +64,8 @@ def run(args, ctx) -> int:
                       "Ctrl-C detaches, the job keeps running", markup=False, highlight=False)
         if job.get("label"):
             ctx.err.print(f"  {job['label']}", markup=False, highlight=False)
+        if v.preflight.get("plan") and not v.attached:
+            ctx.err.print(f"  {plan_line(v.preflight['plan'])}", markup=False, highlight=False)
     if job.get("scheduler") == "slurm":      # a job array: its tasks' logs, each line "[task k] ..."
         from remote_ops.commands.follow import report_end
         from remote_ops.extract.slurm import follow, print_task_text

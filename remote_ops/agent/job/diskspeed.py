@@ -68,12 +68,14 @@ def _remove_leftovers(directory):
                 pass
 
 
-class _Interrupted(Exception):
-    pass
+class _Interrupted(BaseException):
+    def __init__(self, signum):
+        super().__init__("signal %d while measuring the disk" % signum)
+        self.signum = signum
 
 
 def _raise(signum, frame):
-    raise _Interrupted("signal %d while measuring the disk" % signum)
+    raise _Interrupted(signum)
 
 
 def measure(directory, size=TEST_BYTES, block=BLOCK_BYTES, budget=TIME_BUDGET, clock=time.monotonic):
@@ -88,7 +90,12 @@ def measure(directory, size=TEST_BYTES, block=BLOCK_BYTES, budget=TIME_BUDGET, c
             old[sig] = signal.signal(sig, _raise)
         except ValueError:       # not the main thread: the finally below still runs for exceptions
             pass
-    fd, tmp = tempfile.mkstemp(prefix="%s%d-" % (PREFIX, os.getpid()), dir=directory)
+    interrupted = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix="%s%d-" % (PREFIX, os.getpid()), dir=directory)
+    except BaseException:
+        _restore(old)
+        raise
     try:
         buf = os.urandom(block)
         written = 0
@@ -103,6 +110,8 @@ def measure(directory, size=TEST_BYTES, block=BLOCK_BYTES, budget=TIME_BUDGET, c
                 break
         os.fsync(fd)
         seconds = clock() - t0
+    except _Interrupted as exc:
+        interrupted = exc.signum
     finally:
         try:
             os.close(fd)
@@ -111,11 +120,18 @@ def measure(directory, size=TEST_BYTES, block=BLOCK_BYTES, budget=TIME_BUDGET, c
                 os.unlink(tmp)
             except FileNotFoundError:
                 pass
-            for sig, handler in old.items():
-                signal.signal(sig, handler)
+            _restore(old)
+    if interrupted is not None:      # the file is gone: the signal does what it would have done
+        os.kill(os.getpid(), interrupted)
+        raise OSError("interrupted by signal %d" % interrupted)
     return {"bytes_per_s": int(written / seconds) if seconds > 0 else None, "bytes": written,
             "seconds": round(seconds, 3), "block_bytes": block, "method": METHOD % (block // (1024 * 1024)),
             "directory": directory}
+
+
+def _restore(handlers):
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
 
 
 def _cache_path(key):
