@@ -254,6 +254,12 @@ def test_bound_of_a_running_job():
     assert bound_text(_status(20_000, None)).startswith("bound unknown: no measured disk speed")
     assert "without a plan" in P.bound_of(_status(20_000, 10**9, bytes_per_token=None))["why"]
     assert bound_text(dict(disk, state="succeeded")) == "" and bound_text({"state": "running"}) == ""
+    # the live line of --tail: a job without a plan (or without tokens/s yet) says nothing of its bound
+    from remote_ops.extract.tail import snapshot_text
+    no_plan = _status(20_000, 10**9, bytes_per_token=None)
+    assert bound_text(no_plan, brief=True) == "" and "bound" not in snapshot_text(no_plan)
+    assert "GPU-bound (writes at 0.26" in snapshot_text(gpu)
+    assert "bound unknown: no measured disk speed" in snapshot_text(_status(20_000, None))
 
 
 def test_sigterm_while_measuring_removes_the_file_then_terminates(tmp_path):

@@ -128,16 +128,17 @@ def _compute(active: dict, gpu: dict, gpu_count: int | None, tokens: int) -> dic
 def bound_of(st: dict) -> dict:
     """Which bound a running job is at, from its status record's (or snapshot's) ``write``: the job's
     write rate (its tokens/s x the plan's bytes per token) against its disk's cached write speed.
-    {bound: disk | gpu | unknown, ratio, write_bytes_per_s, disk_bytes_per_s, why}."""
+    {bound: disk | gpu | unknown, ratio, write_bytes_per_s, disk_bytes_per_s, why, missing: disk | plan | rate}."""
     w = st.get("write") or {}
     rate, disk = w.get("bytes_per_s"), (w.get("disk") or {}).get("bytes_per_s")
-    out = {"bound": "unknown", "ratio": None, "write_bytes_per_s": rate, "disk_bytes_per_s": disk, "why": None}
+    out = {"bound": "unknown", "ratio": None, "write_bytes_per_s": rate, "disk_bytes_per_s": disk, "why": None,
+           "missing": None}
     if not disk:
-        out["why"] = "no measured disk speed for its output directory (extract measures it)"
+        out["why"], out["missing"] = "no measured disk speed for its output directory (extract measures it)", "disk"
     elif not w.get("bytes_per_token"):
-        out["why"] = "the job was started without a plan (no extract.disk section)"
+        out["why"], out["missing"] = "the job was started without a plan (no extract.disk section)", "plan"
     elif not rate:
-        out["why"] = "no tokens/s from the job yet"
+        out["why"], out["missing"] = "no tokens/s from the job yet", "rate"
     else:
         out["ratio"] = round(rate / disk, 3)
         out["bound"] = "disk" if out["ratio"] >= DISK_BOUND_AT else "gpu"
