@@ -125,14 +125,14 @@ def plan_line(p: dict) -> str:
     from remote_ops.units import human_bytes
     tok = f"{p['tokens']:,} tokens ({'exact' if p.get('tokens_exact') else 'estimated'})"
     parts = [f"plan: {p['samples']:,} samples, {tok}, {human_bytes(p['bytes'])} to write"]
-    free = human_bytes(p["free_bytes"]) if p.get("free_bytes") is not None else "? "
+    free = human_bytes(p.get("free_bytes"))
     if p.get("disk_bytes_per_s"):
         sp = p.get("disk_speed") or {}
         age = (f"cached {_age(sp.get('age_s'))} ago" if sp.get("cached") else "measured now")
         parts.append(f"disk {free} free, writes {p['disk_bytes_per_s'] / 1e9:.2f} GB/s ({age}) -> "
                      f"{_hours(p['disk_hours'])}")
     else:
-        parts.append(f"disk {free} free, write speed unknown")
+        parts.append(f"disk {free} free, write speed unknown ({p.get('disk_unknown')})")
     if p.get("compute_hours") is not None:
         g = p["gpus"]
         parts.append(f"compute ~{_hours(p['compute_hours'])} (estimate: {len(g)} x {g[0].get('model')}, "
