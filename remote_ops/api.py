@@ -136,7 +136,7 @@ class Inventory(Fleet):
     # ------------------------------------------------------------------ the job
     def extract(self, target: str | None = None, *, playbook: str | None = None, skip_check: bool = False,
                 dry_run: bool = False, strict: bool = False, shard: bool | str | None = None,
-                early_death_s: float | None = None, overwrite: bool = False) -> Results:
+                early_death_s: float | None = None, overwrite: bool = False, remeasure_disk: bool = False) -> Results:
         """Preflight, then launch the detached job (or attach to the one already running);
         ``jobs.ExtractResult``. Each host's playbook vars fill the templates. A host whose preflight
         refuses is ``ok=False`` with a RefusedError whose ``details["preflight"]`` is the preflight.
@@ -146,7 +146,8 @@ class Inventory(Fleet):
         A new job is watched for ``early_death_s`` (default ``jobs.EARLY_DEATH_S``; 0: not at all):
         one that dies at once comes back in its failed state. ``overwrite``: an output directory
         holding another run's samples (run.json, agent/outputs/run_identity.py) is started over, its files
-        moved into .replaced-<UTC time>/ there, instead of refused."""
+        moved into .replaced-<UTC time>/ there, instead of refused. ``remeasure_disk``: the launch plan's
+        disk write speed measured again, not read from the host's cache (agent/job/diskspeed.py)."""
         from remote_ops.errors import UsageError
         from remote_ops.extract import jobs
         from remote_ops.extract import shard as shard_mod
@@ -158,7 +159,8 @@ class Inventory(Fleet):
         wait = jobs.EARLY_DEATH_S if early_death_s is None else early_death_s
         return self.run(target, lambda h, s: _job_ops(h).extract(s, *specs[h.name], skip_check=skip_check,
                                                           dry_run=dry_run, strict_drift=strict,
-                                                          early_death_s=wait, overwrite=overwrite))
+                                                          early_death_s=wait, overwrite=overwrite,
+                                                          remeasure_disk=remeasure_disk))
 
     def status(self, target: str | None = None, *, playbook: str | None = None, job: str | None = None) -> Results:
         """The playbook's job on each host (``jobs.JobStatus``: state, samples, rate, exit); for a

@@ -144,6 +144,18 @@ def op_probe(args):
         if args.get("need") and not out["disk"].get("error"):   # from real sizes: agent/job/diskneed.py
             from .job import diskneed
             out["disk"]["need"] = diskneed.for_job(args["need"], path)
+        if args.get("speed") is not None and not out["disk"].get("error"):   # agent/job/diskspeed.py
+            from .job import diskspeed
+            running = (out["job"] or {}).get("state") in ("starting", "running")
+            fits = (out["disk"].get("need") or {}).get("fits") is True
+            # measured only for a job that fits (a full disk is not written to) and never under a running
+            # job; a tenth of the free space at most
+            if running or not fits:
+                out["disk"]["speed"] = diskspeed.lookup(path) or {"error": "not measured: %s" % (
+                    "a job writes there" if running else "no disk need that fits")}
+            else:
+                out["disk"]["speed"] = diskspeed.for_dir(path, refresh=bool(args["speed"].get("refresh")),
+                                                         size=min(diskspeed.TEST_BYTES, out["disk"]["free_bytes"] // 10))
         if args.get("identity"):
             out["identity"] = identity_check(args["identity"], path)
     return out
@@ -273,6 +285,7 @@ def op_launch(args):
     workdir = os.path.expanduser(args.get("workdir") or "~")
     output_dir = os.path.expanduser(args["output_dir"]) if args.get("output_dir") else None
     shard = _shard_arg(args.get("shard"))
+    _plan_arg(args.get("plan"))          # refused before anything is made
     root = state_dir()
     name = slot(key, output_dir)
     with _LaunchLock(os.path.join(root, name + ".lock"), float(args.get("lock_timeout", 30))):
@@ -301,6 +314,16 @@ def op_launch(args):
         jobdir = os.path.join(root, job_id)
         os.mkdir(jobdir, 0o700)
         return _start(args, job_id, jobdir, key, name, command, workdir, env, secret_values, output_dir, shard)
+
+
+def _plan_arg(value):
+    """What status needs of the launch plan (extract/plan.py): the bytes the job writes per token."""
+    bpt = (value or {}).get("bytes_per_token") if isinstance(value, dict) else None
+    if bpt is None:
+        return None
+    if isinstance(bpt, bool) or not isinstance(bpt, (int, float)) or bpt <= 0:
+        raise AgentFailure("bad-args", "plan.bytes_per_token must be a positive number, got %r" % (bpt,))
+    return {"bytes_per_token": float(bpt)}
 
 
 def _shard_arg(value):
@@ -350,6 +373,7 @@ def _start(args, job_id, jobdir, key, name, command, workdir, env, secret_values
         "launcher_pid": os.getpid(), "playbook": args.get("playbook"),
         "label": standin_label(command, workdir),
         "layout": args.get("layout"), "server": _server_args(args.get("server")), "shard": shard,
+        "plan": _plan_arg(args.get("plan")),
     })
     if secret_values:
         fd = os.open(os.path.join(jobdir, "secrets.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -525,6 +549,7 @@ def op_tail(args):
                        "elapsed_s": st["elapsed_s"], "rate_per_s": st["rate_per_s"],
                        "tokens": st["tokens"], "tokens_per_s": st["tokens_per_s"], "eta_s": st["eta_s"],
                        "watchdog": st["watchdog"], "gpu": gpu_info, "log_size": st["log_size"],
+                       "write": st.get("write"),
                        "offset": offset}
             if now - t0 >= budget:
                 return {"state": st["state"], "next": offset, "status": st, "ended": False}

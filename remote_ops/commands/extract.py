@@ -17,6 +17,8 @@ FLAGS = {
                   no_help="run the whole dataset on every host even if the playbook says extract.shard: true"),
     "overwrite": "start over in an output directory that holds another run's samples: move its files "
                  "into .replaced-<UTC time>/ there (never deleted) instead of refusing",
+    "remeasure_disk": "measure the output disk's write speed again for the launch plan (it is cached per "
+                      "filesystem on the host)",
     "early_death_s": flag("watch a new job S seconds for dying at once (default 3; 0: return at launch)",
                           "--watch", metavar="S"),
 }
@@ -37,9 +39,13 @@ def run(args, ctx) -> int:
     results = call(ctx.fleet.extract, args,      # --tail shows an early death itself
                    early_death_s=0 if args.tail else args.early_death_s)
 
-    def refused(r):   # the other problems of a refused preflight; the error's one line says the last
-        for p in (((r.error.details or {}).get("preflight") or {}).get("problems") or [])[:-1]:
-            sys.stderr.write(f"  refused: {r.host}: {p}\n" if not results.single else f"  refused: {p}\n")
+    def refused(r):   # the plan and the other problems of a refused preflight; the error's one line says the last
+        pf = (r.error.details or {}).get("preflight") or {}
+        lead = f"{r.host}: " if not results.single else ""
+        if pf.get("plan"):
+            sys.stderr.write(f"  {lead}{plan_line(pf['plan'])}\n")
+        for p in (pf.get("problems") or [])[:-1]:
+            sys.stderr.write(f"  refused: {lead}{p}\n")
 
     if not (args.tail and results.ok and not args.dry_run):
         return ctx.show(results, render, summary=summary, render_failure=refused,
@@ -58,6 +64,8 @@ def run(args, ctx) -> int:
                       "Ctrl-C detaches, the job keeps running", markup=False, highlight=False)
         if job.get("label"):
             ctx.err.print(f"  {job['label']}", markup=False, highlight=False)
+        if v.preflight.get("plan") and not v.attached:
+            ctx.err.print(f"  {plan_line(v.preflight['plan'])}", markup=False, highlight=False)
     if job.get("scheduler") == "slurm":      # a job array: its tasks' logs, each line "[task k] ..."
         from remote_ops.commands.follow import report_end
         from remote_ops.extract.slurm import follow, print_task_text
@@ -84,6 +92,8 @@ def render(c, name, v) -> None:
     if v.get("dry_run"):
         import shlex   # copyable as printed: an empty or spaced argument stays one argument
         c.print(f"{name}: preflight passed; would run: {shlex.join(v.spec['command'])}", markup=False)
+        if v.preflight.get("plan"):
+            c.print(f"  {plan_line(v.preflight['plan'])}", markup=False, highlight=False)
         for n in v.preflight.get("notes") or []:
             c.print(f"  note: {n}", markup=False)
         return
@@ -98,6 +108,8 @@ def render(c, name, v) -> None:
             c.print(f"  {line}", markup=False)
     if job.get("label"):
         c.print(f"  {job['label']}", markup=False)
+    if v.preflight.get("plan") and not v.attached:
+        c.print(f"  {plan_line(v.preflight['plan'])}", markup=False, highlight=False)
     moved = (v.get("identity") or {}).get("moved")
     if moved:
         c.print(f"  --overwrite: moved {moved['files']} file(s) of the earlier run into {moved['moved_to']}",
@@ -106,3 +118,35 @@ def render(c, name, v) -> None:
         c.print(f"  note: {n}", markup=False)
     c.print(f"  log: {job.get('log')}", markup=False)
     c.print(f"  follow: remote-ops extract {name} --tail   |   status / logs / stop {name}", markup=False)
+
+
+def plan_line(p: dict) -> str:
+    """The launch plan (extract/plan.py Plan.to_json) in one line."""
+    from remote_ops.units import human_bytes
+    tok = f"{p['tokens']:,} tokens ({'exact' if p.get('tokens_exact') else 'estimated'})"
+    parts = [f"plan: {p['samples']:,} samples, {tok}, {human_bytes(p['bytes'])} to write"]
+    free = human_bytes(p.get("free_bytes"))
+    if p.get("disk_bytes_per_s"):
+        sp = p.get("disk_speed") or {}
+        age = (f"cached {_age(sp.get('age_s'))} ago" if sp.get("cached") else "measured now")
+        parts.append(f"disk {free} free, writes {p['disk_bytes_per_s'] / 1e9:.2f} GB/s ({age}) -> "
+                     f"{_hours(p['disk_hours'])}")
+    else:
+        parts.append(f"disk {free} free, write speed unknown ({p.get('disk_unknown')})")
+    if p.get("compute_hours") is not None:
+        g = p["gpus"]
+        parts.append(f"compute ~{_hours(p['compute_hours'])} (estimate: {len(g)} x {g[0].get('model')}, "
+                     f"{p['active_params'] / 1e9:.2f}B active params, {p['efficiency']:g} of peak)")
+    else:
+        parts.append(f"compute unknown ({p.get('compute_unknown')})")
+    bound = {"disk": "bound: disk", "compute": "bound: compute"}.get(p.get("bound"), "bound: unknown")
+    return "; ".join(parts) + f"; {bound}"
+
+
+def _hours(h: float) -> str:
+    return f"{h:.2f} h" if h >= 0.01 else f"{h * 3600:.0f} s"
+
+
+def _age(s) -> str:
+    from remote_ops.units import fmt_duration
+    return fmt_duration(s or 0)

@@ -74,7 +74,11 @@ class Snapshot(FollowEvent):
     kind: ClassVar[str] = "snapshot"
 
     def to_json(self) -> dict:
-        return {"event": "snapshot", **{k: v for k, v in self.status.items() if k != "type"}}
+        out = {"event": "snapshot", **{k: v for k, v in self.status.items() if k != "type"}}
+        if "write" in out and out.get("state") in ("running", "starting"):   # which bound: extract/plan.py
+            from remote_ops.extract.plan import bound_of
+            out["bound"] = bound_of(out)
+        return out
 
 
 @dataclass(frozen=True)

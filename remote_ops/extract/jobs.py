@@ -126,14 +126,17 @@ EARLY_DEATH_MAX_S = 60.0   # the longest watch asked for (a longer wait is what 
 
 
 def extract(session, pb, spec: ExtractSpec, *, skip_check: bool, dry_run: bool, strict_drift: bool,
-            early_death_s: float, overwrite: bool) -> ExtractResult:
+            early_death_s: float, overwrite: bool, remeasure_disk: bool) -> ExtractResult:
     """The extract operation on the session's host: preflight (one round trip), then launch the
     detached job or attach to the running one. A preflight with problems raises its refusal
     (``refusal``), whose ``details["preflight"]`` is the whole preflight record. ``overwrite``: the
-    output directory's earlier run (another run identity) is moved aside at launch instead of refused."""
+    output directory's earlier run (another run identity) is moved aside at launch instead of refused.
+    The preflight's launch plan (extract/plan.py) is in ``preflight["plan"]``; its bytes per token go
+    with the launch, so status can say which bound the job is at. ``remeasure_disk``: measure the
+    output disk's write speed again (it is cached per filesystem on the host)."""
     host = session.host
     pf = preflight(session, spec, pb, skip_check=skip_check, dry_run=dry_run, strict_drift=strict_drift,
-                   host=host, overwrite=overwrite)
+                   host=host, overwrite=overwrite, remeasure_disk=remeasure_disk)
     if pf.running:
         return ExtractResult(host.name, attached=True, job=pf.running, preflight=pf.to_json())
     if pf.problems:
@@ -146,7 +149,8 @@ def extract(session, pb, spec: ExtractSpec, *, skip_check: bool, dry_run: bool, 
         spec = replace(spec, expected_samples=expected)
     from remote_ops import interrupts
     with interrupts.committing(host.name, "the job's launch", f"remote-ops status {host.name} --all"):
-        res = launch(session, spec, identity=(pf.identity or {}).get("identity"), overwrite=overwrite)
+        res = launch(session, spec, identity=(pf.identity or {}).get("identity"), overwrite=overwrite,
+                     plan=pf.plan)
         if not res["attached"]:
             jid = res["job"]["job_id"]
             interrupts.changed(host.name, f"the job was started ({jid}): it keeps running; follow it with "
@@ -173,8 +177,13 @@ def early_end(session, job: dict, wait_s: float) -> dict:
 
 
 def status(session, *, pb, job: str | None) -> JobStatus:
-    """The status operation on the session's host: the job ``ref_for(pb, job)`` names."""
-    return JobStatus(session.label, resolve_job(session, ref_for(pb, job, session.host)))
+    """The status operation on the session's host: the job ``ref_for(pb, job)`` names; ``job["bound"]``
+    says which bound a running job is at (extract/plan.py bound_of)."""
+    st = resolve_job(session, ref_for(pb, job, session.host))
+    if st.get("state") in ("running", "starting") and "write" in st:
+        from remote_ops.extract.plan import bound_of
+        st["bound"] = bound_of(st)
+    return JobStatus(session.label, st)
 
 
 def list_jobs(session) -> JobList:
@@ -227,7 +236,8 @@ def resolve_job(session, ref: dict) -> dict:
 
 
 # ------------------------------------------------------------------ preflight and launch
-def launch(session, spec: ExtractSpec, *, identity: dict | None = None, overwrite: bool = False) -> dict:
+def launch(session, spec: ExtractSpec, *, identity: dict | None = None, overwrite: bool = False,
+           plan: dict | None = None) -> dict:
     """Start the job (or attach to the one already running): idempotent per playbook. ``identity``
     (the preflight's) is checked again and recorded as output_dir/run.json before the job starts; the
     job gets its playbook part as $REMOTE_OPS_RUN_PLAYBOOK, so the script computes the same identity."""
@@ -250,6 +260,8 @@ def launch(session, spec: ExtractSpec, *, identity: dict | None = None, overwrit
         args["identity"] = identity
     if overwrite:
         args["overwrite"] = True
+    if plan and plan.get("bytes_per_token"):
+        args["plan"] = {"bytes_per_token": plan["bytes_per_token"]}
     return session.call(*rq.jobs_launch(**args), timeout=120)
 
 

@@ -34,12 +34,13 @@ class Preflight:
     hint: str | None = None                # what to do about the deciding problem
     server: dict | None = None             # a two-process job's server: its port, its import probe
     identity: dict | None = None           # the run identity against output_dir's run.json (agent/outputs/run_identity.py)
+    plan: dict | None = None               # the launch plan (extract/plan.py Plan.to_json)
 
     def to_json(self) -> dict:
         extra = {} if self.server is None else {"server": self.server}
         if self.identity is not None:
             extra["identity"] = self.identity
-        return {**extra, "running": self.running, "problems": self.problems, "notes": self.notes,
+        return {**extra, "running": self.running, "problems": self.problems, "notes": self.notes, "plan": self.plan,
                 "gpu": self.gpu, "disk": self.disk, "files": self.files, "imports": self.imports,
                 "model": self.model,
                 "dataset": self.dataset,
@@ -173,6 +174,7 @@ class Context:
     dry_run: bool = False
     strict_drift: bool = False
     overwrite: bool = False
+    remeasure_disk: bool = False
     probe: dict = field(default_factory=dict)
 
     @property
@@ -212,6 +214,8 @@ class RunningJob(Part):
             args["layout"] = spec.layout
         if (ident_req := identity_request(spec, c.playbook)) is not None:
             args["identity"] = ident_req
+        if spec.output_dir and spec.disk:     # the launch plan's disk speed (agent/job/diskspeed.py)
+            args["speed"] = {"refresh": c.remeasure_disk}
         return {"probe": rq.jobs_probe(key=spec.key, output_dir=spec.output_dir, need=need, **args)}
 
     def read(self, c, pf, raw):
@@ -367,6 +371,19 @@ class Disk(Part):
                 pf.notes.append("disk need unknown: " + (n.get("unknown") or "give the playbook an extract.disk section"))
         if d.get("shard") and list(d["shard"]) != list(spec.shard or ()) and not c.overwrite:   # extract/shard.py
             pf.problems.append(assignment_changed(spec, d["shard"]))
+
+
+class LaunchPlan(Part):
+    """The launch plan (extract/plan.py): the disk need's samples, tokens and bytes, the output disk's
+    free space and write speed, the hours for the disk's bound and the compute's; read after Disk, whose
+    refusal uses the same figures."""
+    name = "plan"
+
+    def read(self, c, pf, raw):
+        from remote_ops.extract import plan
+        d = pf.disk or {}
+        p = plan.build(d.get("need"), d.get("speed"), pf.gpu, c.spec.gpu_count, c.spec.output_dir)
+        pf.plan = None if p is None else p.to_json()
 
 
 class Identity(Part):
@@ -531,17 +548,18 @@ class Coverage(Part):
 
 
 # In the order they are read (their requests all go in one round trip).
-PARTS = (RunningJob(), GpuQuery(), Files(), CallSites(), Gpus(), Disk(), Identity(), Port(), Dataset(),
+PARTS = (RunningJob(), GpuQuery(), Files(), CallSites(), Gpus(), Disk(), LaunchPlan(), Identity(), Port(), Dataset(),
          ServerModel(), Imports(), Requires(), InstalledRanges(), Coverage())
 
 
 def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False, dry_run: bool = False,
-              strict_drift: bool = False, host=None, overwrite: bool = False) -> Preflight:
+              strict_drift: bool = False, host=None, overwrite: bool = False, remeasure_disk: bool = False) -> Preflight:
     """Running job + shipped files + GPUs + check + disk + run identity + port + dataset + import probes,
     in ONE round trip. The files are uploaded here (unless dry_run or the job is running), before the
     probe that may import them. Drift against the package's baseline is shown as notes, and refuses the
-    job only with ``strict_drift``."""
-    c = Context(session, spec, playbook, host, skip_check, dry_run, strict_drift, overwrite)
+    job only with ``strict_drift``. ``remeasure_disk``: measure the output disk's write speed again
+    instead of using the host's cached figure."""
+    c = Context(session, spec, playbook, host, skip_check, dry_run, strict_drift, overwrite, remeasure_disk)
     ops: dict[str, rq.Request] = {}
     for part in PARTS:
         ops.update(part.ops(c))

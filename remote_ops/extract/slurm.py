@@ -65,7 +65,7 @@ def requeue_times(pb) -> int:
 
 
 def extract(session, pb, spec, *, skip_check: bool, dry_run: bool, strict_drift: bool, early_death_s: float,
-            overwrite: bool):
+            overwrite: bool, remeasure_disk: bool):
     """jobs.extract's twin for a login node (``early_death_s`` does not apply: sbatch queues the array,
     and status shows a task that failed). Each task's script checks its own directory's run identity;
     ``overwrite`` is not offered here."""
@@ -84,7 +84,8 @@ def extract(session, pb, spec, *, skip_check: bool, dry_run: bool, strict_drift:
                          "move the task directories aside yourself, or give extract.output_dir a new path")
     tasks, sbatch = options(pb, spec)
     pf = jobs.preflight(session, dataclasses.replace(spec, gpu_count=0, gpus_free=False), pb,
-                        skip_check=skip_check, dry_run=dry_run, strict_drift=strict_drift, host=host)
+                        skip_check=skip_check, dry_run=dry_run, strict_drift=strict_drift, host=host,
+                        remeasure_disk=remeasure_disk)
     pf.running = None        # a plain job of the same playbook on the login node is not this one
     import shlex
     pf.notes.append(f"slurm: {tasks} array task(s), sbatch {shlex.join(sbatch) or '(no options)'}")

@@ -235,6 +235,22 @@ def token_text(st: dict, lead: str = "") -> str:
     return lead + ", ".join(parts) if parts else ""
 
 
+def bound_text(st: dict, brief: bool = False) -> str:
+    """"disk-bound (writes at 0.93 of the disk's measured 1.25 GB/s)" for a running job's status record or
+    snapshot (extract/plan.py bound_of); "" when the record says nothing of the job's writes, and with
+    ``brief`` (the live line of --tail) also for a job without a plan or without tokens/s yet."""
+    if "write" not in st or st.get("state", "running") not in ("running", "starting"):
+        return ""
+    from remote_ops.extract.plan import bound_of
+    b = st.get("bound") or bound_of(st)
+    if b["bound"] == "unknown" and brief and b.get("missing") != "disk":
+        return ""
+    if b["bound"] == "unknown":
+        return f"bound unknown: {b['why']}"
+    return (f"{b['bound'].replace('gpu', 'GPU')}-bound (writes at {b['ratio']:.2f} of the disk's measured "
+            f"{b['disk_bytes_per_s'] / 1e9:.2f} GB/s)")
+
+
 def snapshot_text(snap: dict) -> str:
     parts = []
     s = snap.get("samples") or {}
@@ -247,6 +263,8 @@ def snapshot_text(snap: dict) -> str:
         parts.append(f"tokens {tok.get('done') or 0}/{tok['total']}")
     if token_text(snap):
         parts.append(token_text(snap))
+    if bound_text(snap, brief=True):
+        parts.append(bound_text(snap, brief=True))
     g = snap.get("gpu")
     if g and g.get("gpus"):
         for x in g["gpus"]:

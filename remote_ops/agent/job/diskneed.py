@@ -131,7 +131,8 @@ def for_job(need, output_dir):
                       max_model_len=need.get("max_model_len"), time_budget=float(need.get("time_budget", 10)))
     except OSError as exc:
         return {"unknown": "cannot read the dataset %s: %s" % (dataset, exc.strerror or exc)}
-    v.update(config=cfg_path, hidden_size=hidden, layers=layers)
+    from . import activeparams         # the launch plan's compute bound (extract/plan.py)
+    v.update(config=cfg_path, hidden_size=hidden, layers=layers, active=activeparams.count(cfg))
     return v
 
 

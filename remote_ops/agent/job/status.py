@@ -205,6 +205,18 @@ def _tokens(progress, state, now):
             "tokens_per_s": progress.get("tokens_per_s"), "eta_s": eta}
 
 
+def write_rate(bytes_per_token, tokens_per_s, output_dir):
+    """What the job writes per second (its own tokens/s x the plan's bytes per token, recorded at launch)
+    next to its output disk's cached write speed (diskspeed.lookup; never measured under a running job).
+    The controller says from these which bound the job is at (extract/plan.py bound_of)."""
+    from . import diskspeed
+    rate = round(tokens_per_s * bytes_per_token) if bytes_per_token and tokens_per_s else None
+    disk = diskspeed.lookup(output_dir)
+    if disk is not None:
+        disk = {k: disk.get(k) for k in ("bytes_per_s", "age_s", "mount", "bytes", "seconds", "method")}
+    return {"bytes_per_token": bytes_per_token, "bytes_per_s": rate, "disk": disk}
+
+
 def job_status(job_id):
     jobdir = _jobdir(job_id)
     job = sup.read_json(os.path.join(jobdir, "job.json"))
@@ -305,6 +317,9 @@ def job_status(job_id):
     out["elapsed_s"] = round(elapsed, 1) if elapsed is not None else None
     out["rate_per_s"] = round(new / elapsed, 3) if elapsed and elapsed > 0 and new > 0 else None
     out.update(_tokens(last_progress(job.get("log")), state, t))
+    if job.get("output_dir"):
+        out["write"] = write_rate((job.get("plan") or {}).get("bytes_per_token"), out["tokens_per_s"],
+                                  job["output_dir"])
     try:
         out["log_size"] = os.path.getsize(job.get("log") or "")
     except OSError:

@@ -1,0 +1,290 @@
+"""extract's launch plan (remote_ops/extract/plan.py) and its host-side parts: the output disk's write test
+(agent/job/diskspeed.py), the model's active parameters (agent/job/activeparams.py), the plan built from
+recorded agent answers (a recorded statvfs and write test), and which bound a running job is at. Over the
+real sshd: tests/test_jobs_ssh.py (test_launch_plan_*)."""
+
+from __future__ import annotations
+
+import json
+import os
+import types
+
+import pytest
+
+from remote_ops.agent.job import activeparams, diskneed, diskspeed
+from remote_ops.commands.extract import plan_line
+from remote_ops.extract import plan as P
+from remote_ops.extract import preflight as PF
+from remote_ops.extract.tail import bound_text
+
+
+def _leftovers(directory):
+    return [n for n in os.listdir(directory) if n.startswith(diskspeed.PREFIX)]
+
+
+class Clock:
+    """A recorded clock: each call advances by ``step`` seconds."""
+
+    def __init__(self, step):
+        self.t, self.step = 0.0, step
+
+    def __call__(self):
+        self.t += self.step
+        return self.t
+
+
+# ------------------------------------------------------------------ the write test
+def test_measure_writes_in_blocks_fsyncs_and_leaves_nothing(tmp_path, monkeypatch):
+    writes, synced = [], []
+    real_write, real_fsync = os.write, os.fsync
+    monkeypatch.setattr(diskspeed.os, "write", lambda fd, b: writes.append(len(b)) or real_write(fd, b))
+    monkeypatch.setattr(diskspeed.os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    r = diskspeed.measure(str(tmp_path / "out" / "not-made"), size=3 * 2**20, block=2**20, clock=Clock(0.5))
+    assert writes == [2**20] * 3 and len(synced) == 1
+    # the clock's reads: start, one after each block, the end after fsync: 4 steps of 0.5 s after the start
+    assert r["bytes"] == 3 * 2**20 and r["seconds"] == 2.0 and r["bytes_per_s"] == int(3 * 2**20 / 2.0)
+    assert r["directory"] == str(tmp_path) and "fsync" in r["method"] and "1 MiB blocks" in r["method"]
+    assert _leftovers(tmp_path) == []
+
+
+def test_measure_stops_at_its_time_budget(tmp_path):
+    r = diskspeed.measure(str(tmp_path), size=10 * 2**20, block=2**20, budget=1.0, clock=Clock(0.6))
+    assert r["bytes"] == 2 * 2**20           # the second block's check (1.2 s) passed the budget
+    assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("fault", [OSError(28, "No space left on device"), KeyboardInterrupt()])
+def test_the_temporary_file_is_removed_on_error_and_interrupt(tmp_path, monkeypatch, fault):
+    real_write, calls = os.write, []
+
+    def write(fd, b):
+        calls.append(1)
+        if len(calls) == 2:
+            raise fault
+        return real_write(fd, b)
+    monkeypatch.setattr(diskspeed.os, "write", write)
+    with pytest.raises(type(fault)):
+        diskspeed.measure(str(tmp_path), size=4 * 2**20, block=2**20)
+    assert len(calls) == 2 and _leftovers(tmp_path) == []
+
+
+def test_a_file_left_by_a_killed_measurement_is_removed_by_the_next(tmp_path):
+    dead = tmp_path / f"{diskspeed.PREFIX}999999999-abc"      # no such pid
+    alive = tmp_path / f"{diskspeed.PREFIX}{os.getppid()}-abc"  # a live process's: left alone
+    dead.write_bytes(b"x")
+    alive.write_bytes(b"x")
+    diskspeed.measure(str(tmp_path), size=2**20, block=2**20)
+    assert not dead.exists() and alive.exists()
+
+
+def test_the_speed_is_cached_per_filesystem_and_remeasured_on_refresh(tmp_path, monkeypatch):
+    monkeypatch.setenv("REMOTE_OPS_STATE_DIR", str(tmp_path / "state"))
+    calls = []
+
+    def recorded(path, size):
+        calls.append((path, size))
+        return {"bytes_per_s": 1_250_000_000, "bytes": size, "seconds": size / 1.25e9, "method": "recorded"}
+    (tmp_path / "a").mkdir()
+    first = diskspeed.for_dir(str(tmp_path / "a"), size=2**27, measure_fn=recorded)
+    assert first["cached"] is False and first["age_s"] == 0.0 and len(calls) == 1
+    fs = diskspeed.fs_key(str(tmp_path))
+    saved = json.loads((tmp_path / "state" / "diskspeed" / f"{fs['key']}.json").read_text())
+    assert (saved["dev"], saved["mount"], saved["bytes_per_s"]) == (os.stat(tmp_path).st_dev, fs["mount"], 1_250_000_000)
+    # another directory of the same filesystem (not made yet): the cache, no second measurement
+    again = diskspeed.for_dir(str(tmp_path / "b" / "c"), measure_fn=recorded)
+    assert again["cached"] is True and again["bytes_per_s"] == 1_250_000_000 and again["age_s"] >= 0
+    assert len(calls) == 1
+    assert diskspeed.lookup(str(tmp_path), now=saved["measured_at"] + 90)["age_s"] == 90.0
+    diskspeed.for_dir(str(tmp_path / "a"), refresh=True, measure_fn=recorded)
+    assert len(calls) == 2
+
+
+def test_no_test_on_a_disk_too_small_for_one_block(tmp_path, monkeypatch):
+    monkeypatch.setenv("REMOTE_OPS_STATE_DIR", str(tmp_path / "state"))
+    r = diskspeed.for_dir(str(tmp_path), size=2**20, measure_fn=lambda *a, **k: pytest.fail("measured"))
+    assert r["error"].startswith("not measured")
+
+
+# ------------------------------------------------------------------ active parameters
+TINYLLAMA = {"architectures": ["LlamaForCausalLM"], "vocab_size": 32000, "hidden_size": 2048,
+             "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32, "num_key_value_heads": 4}
+
+
+def test_dense_gqa_count_matches_the_benchmarks_decoder_parameters():
+    """benchmarks/GPU_RESULTS.md's 1.1B Llama: 968976384 parameters in the decoder layers (torch's count);
+    the plan leaves out the two RMSNorm weights of each layer (2 x 2048 x 22) and the final norm (2048)."""
+    r = activeparams.count(TINYLLAMA)
+    assert r["active_params"] == 968_884_224
+    assert r["active_params"] + 22 * 2 * 2048 + 2048 == 968_976_384
+    assert "GQA 32/4" in r["how"] and "embeddings" in r["how"]
+
+
+def test_moe_counts_the_routed_and_shared_experts_only():
+    mixtral = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+               "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2}
+    attn = 4096 * 4096 * 2 + 4096 * 1024 * 2
+    assert activeparams.count(mixtral)["active_params"] == 32 * (attn + 2 * 3 * 4096 * 14336 + 4096 * 8)
+    # DeepSeek-V3's MLA and MoE fields (its config.json), as Kimi-K2's text_config has them
+    ds = {"hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+          "num_attention_heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+          "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 256, "n_shared_experts": 1,
+          "num_experts_per_tok": 8, "first_k_dense_replace": 3, "moe_layer_freq": 1}
+    mla = 7168 * 1536 + 1536 * 128 * 192 + 7168 * (512 + 64) + 512 * 128 * 256 + 128 * 128 * 7168
+    moe = 9 * 3 * 7168 * 2048 + 7168 * 256
+    r = activeparams.count({"architectures": ["KimiK25ForConditionalGeneration"], "text_config": ds})
+    assert r["active_params"] == 61 * mla + 58 * moe + 3 * 3 * 7168 * 18432
+    assert r["moe_layers"] == 58 and "MoE 8 of 256 experts + 1 shared" in r["how"] and "MLA" in r["how"]
+
+
+def test_a_missing_field_is_unknown_not_a_guess():
+    assert "num_attention_heads" in activeparams.count({"hidden_size": 8, "num_hidden_layers": 2})["unknown"]
+    assert "num_experts_per_tok" in activeparams.count(dict(TINYLLAMA, num_experts=8))["unknown"]
+    assert "intermediate_size" in activeparams.count({k: v for k, v in TINYLLAMA.items()
+                                                      if k != "intermediate_size"})["unknown"]
+
+
+# ------------------------------------------------------------------ the plan from recorded answers
+H200_GPUS = {"present": True, "gpus": [{"index": i, "name": "NVIDIA H200"} for i in range(8)]}
+WRITE_TEST = {"bytes_per_s": 1_250_000_000, "bytes": 2**28, "seconds": 0.2147, "method": "recorded",
+              "mount": "/data", "cached": True, "age_s": 120.0}
+
+
+def _need(tmp_path, monkeypatch, free_blocks, lengths=(3000,) * 10, hidden=2048, layers=4):
+    """diskneed.preflight on a recorded statvfs (f_bavail x 4096 bytes free)."""
+    monkeypatch.setattr(diskneed.os, "statvfs", lambda p: types.SimpleNamespace(f_bavail=free_blocks, f_frsize=4096))
+    ds = tmp_path / "ds.jsonl"
+    ds.write_text("".join(json.dumps({"input_ids": [1] * n}) + "\n" for n in lengths))
+    v = diskneed.preflight(hidden, layers, str(ds), str(tmp_path / "out"), max_model_len=2048)
+    v["active"] = activeparams.count(TINYLLAMA)
+    return v
+
+
+def test_the_plans_figures_are_the_recorded_statvfs_and_write_test(tmp_path, monkeypatch):
+    need = _need(tmp_path, monkeypatch, free_blocks=10**8)
+    p = P.build(need, WRITE_TEST, H200_GPUS, 2, "/data/out")
+    tokens = 10 * 2047
+    assert (p.samples, p.tokens, p.tokens_exact, p.free_bytes) == (10, tokens, True, 4096 * 10**8)
+    assert p.bytes == diskneed.need_bytes(2048, 4, tokens, 10) == need["need_bytes"]
+    assert p.disk_bytes_per_s == 1_250_000_000 and p.disk_hours == p.bytes / 1.25e9 / 3600
+    assert p.disk_speed["age_s"] == 120.0 and p.disk_speed["cached"] is True
+    eff = P.peaks()["efficiency"]["factor"]
+    assert [g["model"] for g in p.gpus] == ["H200 SXM"] * 2            # gpu_count 2 of the host's 8
+    assert p.flops_per_token == 2 * 968_884_224
+    assert p.compute_hours == pytest.approx(tokens * 2 * 968_884_224 / (2 * 989.5e12 * eff) / 3600, rel=1e-12)
+    assert p.bound == ("disk" if p.disk_hours >= p.compute_hours else "compute") == "disk"
+    line = plan_line(p.to_json())
+    assert line.startswith(f"plan: 10 samples, {tokens:,} tokens (exact), ")
+    assert "writes 1.25 GB/s (cached 2m00s ago)" in line and line.endswith("bound: disk")
+    assert f"{P.peaks()['efficiency']['factor']:g} of peak" in line and "2 x H200 SXM" in line
+
+
+def test_a_slow_gpu_table_entry_makes_it_compute_bound(tmp_path, monkeypatch):
+    need = _need(tmp_path, monkeypatch, free_blocks=10**8)
+    p = P.build(need, dict(WRITE_TEST, bytes_per_s=10**13), {"gpus": [{"name": "NVIDIA A100-SXM4-80GB"}]}, None, "/o")
+    assert p.gpus[0]["bf16_dense_tflops"] == 312 and p.bound == "compute"
+
+
+def test_an_unknown_gpu_or_model_leaves_the_compute_bound_unknown(tmp_path, monkeypatch):
+    need = _need(tmp_path, monkeypatch, free_blocks=10**8)
+    p = P.build(need, WRITE_TEST, {"gpus": [{"name": "Tesla T4"}]}, None, "/o")
+    assert p.compute_hours is None and "Tesla T4" in p.compute_unknown and p.bound == "unknown"
+    assert P.gpu_peak("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition") is None
+    assert P.gpu_peak("NVIDIA RTX PRO 6000 Blackwell Server Edition")["bf16_dense_tflops"] == 503.8
+    assert P.gpu_peak("NVIDIA H100 80GB HBM3")["model"] == "H100 SXM"
+    assert P.gpu_peak("NVIDIA H100 PCIe")["model"] == "H100 PCIe"
+    no_model = dict(need, active={"unknown": "no num_attention_heads"})
+    assert "no num_attention_heads" in P.build(no_model, WRITE_TEST, H200_GPUS, 1, "/o").compute_unknown
+    p = P.build(need, {"error": "not measured: a job writes there"}, H200_GPUS, 1, "/o")
+    assert p.disk_hours is None and p.disk_unknown == "not measured: a job writes there" and p.bound == "unknown"
+    assert "write speed unknown" in plan_line(p.to_json())
+    assert P.build({"unknown": "no model"}, WRITE_TEST, H200_GPUS, 1, "/o") is None
+
+
+def test_every_table_figure_has_a_source():
+    data = P.peaks()
+    assert all(e["source"].startswith("http") and e["bf16_dense_tflops"] > 0 for e in data["gpus"])
+    assert "benchmarks/GPU_RESULTS.md" in data["efficiency"]["source"]
+    section = data["efficiency"]["source"].split("section '")[1].split("'")[0]
+    results = (P.PEAKS_FILE.parents[2] / "benchmarks" / "GPU_RESULTS.md").read_text()
+    body = results.split(f"## {section}\n")[1].split("\n## ")[0]
+    assert f"(c)/(d) {data['efficiency']['factor']}" in body
+
+
+def test_the_preflight_plan_and_the_refusal_share_the_numbers(tmp_path, monkeypatch):
+    """The Disk part refuses with diskneed's line; the LaunchPlan part's figures are that verdict's."""
+    need = _need(tmp_path, monkeypatch, free_blocks=100)      # 400 KiB free: the job does not fit
+    c = PF.Context(types.SimpleNamespace(label="h1"), PF.ExtractSpec(key="pf", command=["x"], workdir="/w",
+                                                                     output_dir="/data/out", gpu_count=1), None)
+    pf = PF.Preflight(disk={"free_bytes": need["free_bytes"], "need": need, "speed": WRITE_TEST}, gpu=H200_GPUS)
+    PF.Disk().read(c, pf, {})
+    PF.LaunchPlan().read(c, pf, {})
+    assert pf.problems == [need["line"]] and need["line"].startswith("not enough disk at")
+    assert pf.plan["fits"] is False and pf.plan["bytes"] == need["need_bytes"] and pf.plan["free_bytes"] == 409600
+    from remote_ops.units import human_bytes
+    assert f"{human_bytes(pf.plan['bytes'])} to write" in plan_line(pf.plan)
+    assert pf.to_json()["plan"] == pf.plan
+
+
+def test_the_probe_asks_for_the_disk_speed_only_with_a_disk_need():
+    sp = PF.ExtractSpec(key="pf", command=["x"], workdir="/w", output_dir="/o", disk={"dataset": "d"})
+    (_, req), = PF.RunningJob().ops(PF.Context(None, sp, types.SimpleNamespace(doc=None), remeasure_disk=True)).items()
+    assert req[1]["speed"] == {"refresh": True}
+    (_, req), = PF.RunningJob().ops(PF.Context(None, PF.ExtractSpec(key="pf", command=["x"], workdir="/w",
+                                                                    output_dir="/o"), types.SimpleNamespace(doc=None))).items()
+    assert "speed" not in req[1]
+
+
+# ------------------------------------------------------------------ which bound a running job is at
+def _status(tokens_per_s, disk_bytes_per_s, bytes_per_token=16401.7):
+    return {"state": "running", "tokens_per_s": tokens_per_s,
+            "write": {"bytes_per_token": bytes_per_token,
+                      "bytes_per_s": round(tokens_per_s * bytes_per_token) if tokens_per_s and bytes_per_token else None,
+                      "disk": None if disk_bytes_per_s is None else {"bytes_per_s": disk_bytes_per_s}}}
+
+
+def test_bound_of_a_running_job():
+    disk = _status(70_000, 1_250_000_000)        # 1.148 GB/s written: 0.92 of the disk
+    assert P.bound_of(disk)["bound"] == "disk" and P.bound_of(disk)["ratio"] == 0.918
+    assert bound_text(disk) == "disk-bound (writes at 0.92 of the disk's measured 1.25 GB/s)"
+    gpu = _status(20_000, 1_250_000_000)
+    assert P.bound_of(gpu)["bound"] == "gpu" and bound_text(gpu).startswith("GPU-bound (writes at 0.26 of")
+    at = 1_250_000_000 * P.DISK_BOUND_AT / 16401.7
+    assert P.bound_of(_status(at * 1.001, 1_250_000_000))["bound"] == "disk"
+    assert P.bound_of(_status(at * 0.999, 1_250_000_000))["bound"] == "gpu"
+    assert bound_text(_status(20_000, None)).startswith("bound unknown: no measured disk speed")
+    assert "without a plan" in P.bound_of(_status(20_000, 10**9, bytes_per_token=None))["why"]
+    assert bound_text(dict(disk, state="succeeded")) == "" and bound_text({"state": "running"}) == ""
+    # the live line of --tail: a job without a plan (or without tokens/s yet) says nothing of its bound
+    from remote_ops.extract.tail import snapshot_text
+    no_plan = _status(20_000, 10**9, bytes_per_token=None)
+    assert bound_text(no_plan, brief=True) == "" and "bound" not in snapshot_text(no_plan)
+    assert "GPU-bound (writes at 0.26" in snapshot_text(gpu)
+    assert "bound unknown: no measured disk speed" in snapshot_text(_status(20_000, None))
+
+
+def test_sigterm_while_measuring_removes_the_file_then_terminates(tmp_path):
+    """A SIGTERM (a dropped session, `kill`) during the write test: the file is unlinked, then the signal
+    does what it would have done (the process ends by SIGTERM)."""
+    import signal
+    import subprocess
+    import sys
+    code = f"""
+import os, sys, time
+sys.path.insert(0, {str(P.PEAKS_FILE.parents[2])!r})
+from remote_ops.agent.job import diskspeed
+real = os.write
+def slow(fd, b):
+    print("writing", flush=True)
+    time.sleep(0.2)
+    return real(fd, b)
+diskspeed.os.write = slow
+diskspeed.measure({str(tmp_path)!r}, size=100 * 2**20, block=2**20, budget=60)
+print("returned", flush=True)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "writing"
+    assert _leftovers(tmp_path) != []                    # the test file exists while it writes
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGTERM and "returned" not in out
+    assert _leftovers(tmp_path) == []
