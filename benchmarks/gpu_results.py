@@ -110,6 +110,16 @@ def throughput_section(name: str, d: dict) -> list[str]:
         out.append(f"| (a) AFTER, files on a tmpfs (no disk) | {_rate(t.get('tokens_per_s'))} | "
                    f"{t.get('files')} files, {t.get('tokens')} tokens in {t.get('seconds')} s; "
                    f"{_mb(t.get('bytes_per_s'))} written {why(t)} |")
+    t0 = d.get("a_before_tmpfs") or {}
+    if t0:
+        out.append(f"| (a) BEFORE, files on a tmpfs | {_rate(t0.get('tokens_per_s'))} | "
+                   f"{t0.get('files')} files, {t0.get('tokens')} tokens in {t0.get('seconds')} s; "
+                   f"{_mb(t0.get('bytes_per_s'))} written {why(t0)} |")
+    two = d.get("a_2dirs") or {}
+    if two:
+        out.append(f"| (a) AFTER, files spread over two directories of the same disk | {_rate(two.get('tokens_per_s'))} | "
+                   f"{two.get('files')} files ({' + '.join(str(n) for n in two.get('per_directory') or [])}), "
+                   f"{two.get('tokens')} tokens in {two.get('seconds')} s; {_mb(two.get('bytes_per_s'))} written {why(two)} |")
     srv = d.get("a_server") or {}
     if srv:
         ff = srv.get("from_first_file") or {}
@@ -145,6 +155,9 @@ def throughput_section(name: str, d: dict) -> list[str]:
                f"(a)/(c) {q.get('a/c')} (goal 0.9); AFTER/BEFORE {q.get('a_after/a_before')}"
                + (f"; on a tmpfs (a)/(b) {q.get('a_tmpfs/b')}, (a)/(c) {q.get('a_tmpfs/c')}" if t else "")
                + (f"; BEFORE (b)/(c) {q.get('b_before/c')}, (b) AFTER/BEFORE {q.get('b/b_before')}" if b0 else "")
+               + (f"; BEFORE on a tmpfs (a)/(c) {q.get('a_before_tmpfs/c')}, AFTER/BEFORE on a tmpfs "
+                  f"{q.get('a_tmpfs/a_before_tmpfs')}" if t0 else "")
+               + (f"; two directories / one {q.get('a_2dirs/a_after')}" if two else "")
                + (f"; server flow (a)/(c) {q.get('a_server/c')}, server flow / 0.3.0 flow "
                   f"{q.get('a_server/a_after')}" if srv else "")
                + ".\n")
@@ -156,7 +169,8 @@ def throughput_section(name: str, d: dict) -> list[str]:
                    f"against {_rate(min(srv['tokens_per_s'], a['tokens_per_s']))} tokens/s for {slow}); from each "
                    f"flow's first file on: 0.3.0 flow {_rate(a1)}, server flow {_rate(s1)} tokens/s; whole jobs "
                    f"with the engine's start: 0.3.0 flow {a.get('wall_s')} s, server flow {srv.get('wall_s')} s.\n")
-    hand = [f"{k}: {x.get('handoff_line')}" for k, x in (("AFTER", a), ("tmpfs", t)) if x.get("handoff_line")]
+    hand = [f"{k}: {x.get('handoff_line')}" for k, x in (("AFTER", a), ("tmpfs", t), ("BEFORE on a tmpfs", t0),
+                                                         ("two directories", two)) if x.get("handoff_line")]
     for label, x in (("(b)", b), ("(b) BEFORE", b0)):
         if x.get("handoff"):
             hand.append(f"{label}: {x['handoff']}" + (

@@ -64,10 +64,13 @@ PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
 SCRIPT = REPO / "playbooks" / "scripts" / "extract_hidden_states.py"
 BEFORE_REV = "7a3c5d8"   # main before the zero-copy hand-off slots (issue 35 item 2; efd360d: before any hand-off)
 H200_BF16_DENSE_FLOPS = 989e12
-PARTS = {"disk": "disk", "a_before": "a_before", "a_after": "a_after", "a_tmpfs": "a_tmpfs",
-         "a_server": "a_server", "b_before": "b_generator_before", "b": "b_generator",
-         "c": "c_vllm_prefill"}       # --parts name: the result's key
-BEFORE_PARTS = ("a_before", "b_before")   # run with BEFORE's playbook patched in, before AFTER's goes on top
+PARTS = {"disk": "disk", "a_before": "a_before", "a_before_tmpfs": "a_before_tmpfs", "a_after": "a_after",
+         "a_tmpfs": "a_tmpfs", "a_2dirs": "a_2dirs", "a_server": "a_server", "b_before": "b_generator_before",
+         "b": "b_generator", "c": "c_vllm_prefill"}       # --parts name: the result's key
+# run with BEFORE's playbook patched in, before AFTER's goes on top
+BEFORE_PARTS = ("a_before", "a_before_tmpfs", "b_before")
+A_HOSTS = {"a_before": "before", "a_before_tmpfs": "before_tmpfs", "a_after": "after", "a_tmpfs": "tmpfs",
+           "a_2dirs": "twodirs"}   # (a)'s parts: the inventory host each one extracts with
 SERVER_PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.9.0.yaml"
 SERVER_PORT = 8810
 DATASET_BUILDER = r'''
@@ -261,7 +264,9 @@ def ratios(doc: dict) -> dict:
     tps = lambda key: (doc.get(key) or {}).get("tokens_per_s")   # noqa: E731
     a, a0, b, c, d = tps("a_after"), tps("a_before"), tps("b_generator"), tps("c_vllm_prefill"), tps("d_roofline")
     t, srv, b0 = tps("a_tmpfs"), tps("a_server"), tps("b_generator_before")
+    t0, two = tps("a_before_tmpfs"), tps("a_2dirs")
     return {"a/b": ratio(a, b), "b/c": ratio(b, c), "c/d": ratio(c, d), "a/c": ratio(a, c),
+            "a_before_tmpfs/c": ratio(t0, c), "a_tmpfs/a_before_tmpfs": ratio(t, t0), "a_2dirs/a_after": ratio(two, a),
             "b_before/c": ratio(b0, c), "b/b_before": ratio(b, b0),
             "a_server/c": ratio(srv, c), "a_server/a_after": ratio(srv, a), "a_server/b": ratio(srv, b),
             "a_before/b": ratio(a0, b), "a_after/a_before": ratio(a, a0),
@@ -280,16 +285,18 @@ def parse_dd(stderr: str) -> dict | None:
     return {"bytes": n, "seconds": s, "bytes_per_s": round(n / s) if s else None}
 
 
-def output_rate(out_dir: Path, lengths: list[int]) -> dict:
+def output_rate(out_dirs, lengths: list[int]) -> dict:
     """(a)'s tokens/s once the engine is up, from the job's own files: tokens of the data_<N>.pt
-    present over (newest data_<N>.pt mtime - data_config.json mtime)."""
-    files = sorted(out_dir.glob("data_*.pt"))
-    cfg = out_dir / "data_config.json"
-    if not files or not cfg.exists():
+    present over (newest data_<N>.pt mtime - data_config.json mtime). ``out_dirs``: the output's
+    directory, or its directories (an output spread over several: the earliest data_config.json)."""
+    dirs = [out_dirs] if isinstance(out_dirs, Path) else list(out_dirs)
+    files = sorted(f for d in dirs for f in d.glob("data_*.pt"))
+    cfgs = [d / "data_config.json" for d in dirs if (d / "data_config.json").exists()]
+    if not files or not cfgs:
         return {"files": len(files), "tokens_per_s": None}
     idx = [int(f.name[5:-3]) for f in files]
     tokens = sum(lengths[i] for i in idx if i < len(lengths))
-    start = cfg.stat().st_mtime
+    start = min(c.stat().st_mtime for c in cfgs)
     end = max(f.stat().st_mtime for f in files)
     size = sum(f.stat().st_size for f in files)
     secs = end - start
@@ -297,7 +304,8 @@ def output_rate(out_dir: Path, lengths: list[int]) -> dict:
             "tokens_per_s": round(tokens / secs, 1) if secs > 0 else None,
             "bytes_per_s": round(size / secs) if secs > 0 else None,
             "bytes_per_token": round(size / tokens, 1) if tokens else None,
-            "from_first_file": from_first_file(files, lengths, lambda f: int(f.name[5:-3]))}
+            "from_first_file": from_first_file(files, lengths, lambda f: int(f.name[5:-3])),
+            **({"per_directory": [len(list(d.glob("data_*.pt"))) for d in dirs]} if len(dirs) > 1 else {})}
 
 
 def from_first_file(files: list[Path], lengths: list[int], index) -> dict:
@@ -435,6 +443,8 @@ def parse_args(argv=None):
     ap.add_argument("--base-python", default=None, help="the machine's python with torch (default: this one)")
     ap.add_argument("--code-rev", default=None, help="this checkout's commit (recorded)")
     ap.add_argument("--dd-mib", type=int, default=2048, help="MiB written by the disk test")
+    ap.add_argument("--count-batches", action="store_true",
+                    help="(b): a second pass with batches of 8 samples each (the old count batching), time allowing")
     ap.add_argument("--standin", action="store_true",
                     help="CPU rehearsal of the harness: (a) runs the sandbox's STAND-IN job (torch CPU, no vLLM) "
                          "through the same remote-ops extract; no model build, no patch, no (b)/(c); figures "
@@ -607,7 +617,9 @@ class Bench:
                              "gpus": 1, **self.standin_vars(name), **(extra or {})}}
         hosts = {"after": host("after", PLAYBOOK),
                  # AFTER with its files on a tmpfs: what the job does when the disk is not the limit
-                 "tmpfs": host("tmpfs", PLAYBOOK, {"output_dir": str(self.out_dir("tmpfs"))})}
+                 "tmpfs": host("tmpfs", PLAYBOOK, {"output_dir": str(self.out_dir("tmpfs"))}),
+                 # AFTER spreading its files over two directories (output_dir a list; one disk here)
+                 "twodirs": host("twodirs", PLAYBOOK, {"output_dir": [str(d) for d in self.out_dirs("twodirs")]})}
         n = self.model["layers"]
         (s / "wd-server").mkdir(exist_ok=True)
         hosts["server"] = {
@@ -620,19 +632,25 @@ class Bench:
                      "max_model_len": self.max_model_len, "server_python": str(s / "bin" / "server" / "python"),
                      "server_ready_seconds": 420, "gpus": 1}}
         before = self.before_files()
-        if before["source"] == "git":
-            hosts["before"] = host("before", before["playbook"])
-        else:   # the old loop, by flags of the new script
-            hosts["before"] = host("before", PLAYBOOK, {"batch_tokens": 0, "write_queue_mb": 0,
-                                                        "handoff_dir": "off"})
+        for name, extra in (("before", {}), ("before_tmpfs", {"output_dir": str(self.out_dir("before_tmpfs"))})):
+            if before["source"] == "git":
+                hosts[name] = host(name, before["playbook"], extra)
+            else:   # the old loop, by flags of the new script
+                hosts[name] = host(name, PLAYBOOK, {"batch_tokens": 0, "write_queue_mb": 0, "handoff_dir": "off",
+                                                    **extra})
         self.doc["before_source"] = before
         self.inv = s / "inventory.yaml"
         self.inv.write_text(json.dumps({"hosts": hosts, "default": "after"}, indent=2))
 
     def out_dir(self, which) -> Path:
-        if which == "tmpfs" and not self.args.standin:   # the rehearsal keeps to its own scratch
-            return Path(TMPFS_OUT)
+        if which in ("tmpfs", "before_tmpfs") and not self.args.standin:   # the rehearsal keeps to its own scratch
+            return Path(TMPFS_OUT + ("-before" if which == "before_tmpfs" else ""))
         return self.scratch / f"out-{which}"
+
+    def out_dirs(self, which) -> list[Path]:
+        if which == "twodirs":
+            return [self.scratch / "out-twodirs-a", self.scratch / "out-twodirs-b"]
+        return [self.out_dir(which)]
 
     def standin_vars(self, name) -> dict:
         """--standin: the sandbox's stand-in job in place of the real generator (it drives the script
@@ -703,13 +721,14 @@ class Bench:
         if r["rc"] != 0:
             raise RuntimeError(f"patch {which} failed (exit {r['rc']}): {r['stderr'][-300:]}")
 
-    def part_a(self, which):
-        name = f"a_{which}"
-        shutil.rmtree(self.out_dir(which), ignore_errors=True)
+    def part_a(self, name):
+        which = A_HOSTS[name]
+        for d in self.out_dirs(which):
+            shutil.rmtree(d, ignore_errors=True)
         free = self.wait_gpu_free()
         r = self.ro("extract", which, "--skip-check", "--tail", "--json", timeout=self.timeout(300))
         lines = job_lines(r["stdout"])
-        rate = output_rate(self.out_dir(which), self.lengths)
+        rate = output_rate(self.out_dirs(which), self.lengths)
         ready = next((l for l in lines if l.startswith("generator ready in")), None)
         progress = [l for l in lines if l.startswith("extract-progress ")]
         self.doc[name] = {"rc": r["rc"], "wall_s": r["seconds"], "gpu_free_after_s": free, **rate,
@@ -763,8 +782,8 @@ class Bench:
         s = self.scratch
         out = s / f"b_{which}.json"
         out.unlink(missing_ok=True)
-        # a second pass with BEFORE's count batches (AFTER only) only if (c) keeps ~70 s after it
-        second = time.time() + self.left() - 70 if which == "after" else 0
+        # a second pass with count batches (8 samples each) only with --count-batches and if (c) keeps ~70 s
+        second = time.time() + self.left() - 70 if which == "after" and self.args.count_batches else 0
         r = run_cmd([str(s / "bin" / "python"), str(s / "gen_alone.py"), str(SCRIPT), str(s / "model"),
                      str(s / "dataset.jsonl"), str(self.max_model_len), "8", "0.8", str(out), str(second)],
                     timeout=self.timeout(300), env=HOST_ENV | {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"})
@@ -786,8 +805,9 @@ class Bench:
     def finish(self):
         a, a0, disk = self.doc.get("a_after") or {}, self.doc.get("a_before") or {}, self.doc.get("disk") or {}
         dd = (disk.get("dd_direct") or {}).get("bytes_per_s")
-        for which in ("after", "before", "tmpfs"):   # ~8 GB each: leave disk and RAM to the other checks
-            shutil.rmtree(self.out_dir(which), ignore_errors=True)
+        for which in ("after", "before", "tmpfs", "before_tmpfs", "twodirs"):   # ~8 GB each: leave disk and RAM
+            for d in self.out_dirs(which):
+                shutil.rmtree(d, ignore_errors=True)
         shutil.rmtree(self.scratch / "srv-data" / "hidden_states", ignore_errors=True)
         self.doc["disk_use"] = {"a_after_bytes_per_s": a.get("bytes_per_s"), "a_before_bytes_per_s": a0.get("bytes_per_s"),
                                 "dd_direct_bytes_per_s": dd, "fraction_of_dd": ratio(a.get("bytes_per_s"), dd),
@@ -812,9 +832,10 @@ def main(argv=None) -> int:
     b.build()
     b.inventory()
     if args.standin:
-        parts = [p for p in parts if p in ("disk", "a_after", "a_before", "a_tmpfs")]
-    plan = {"disk": (b.part_disk, 15), "a_after": (lambda: b.part_a("after"), 75),
-            "a_before": (lambda: b.part_a("before"), 90), "a_tmpfs": (lambda: b.part_a("tmpfs"), 70),
+        parts = [p for p in parts if p in ("disk", "a_after", "a_before", "a_before_tmpfs", "a_tmpfs", "a_2dirs")]
+    plan = {"disk": (b.part_disk, 15), "a_after": (lambda: b.part_a("a_after"), 75),
+            "a_before": (lambda: b.part_a("a_before"), 90), "a_tmpfs": (lambda: b.part_a("a_tmpfs"), 70),
+            "a_before_tmpfs": (lambda: b.part_a("a_before_tmpfs"), 90), "a_2dirs": (lambda: b.part_a("a_2dirs"), 75),
             "a_server": (b.part_a_server, 150),
             "b_before": (lambda: b.part_b("before"), 75), "b": (b.part_b, 75), "c": (b.part_c, 50)}
     patched = []
@@ -831,7 +852,8 @@ def main(argv=None) -> int:
         fn, need = plan[p]
         b.part(PARTS[p], fn, need)
     b.finish()
-    tps = {k: (b.doc.get(k) or {}).get("tokens_per_s") for k in ("a_before", "a_after", "a_tmpfs", "a_server",
+    tps = {k: (b.doc.get(k) or {}).get("tokens_per_s") for k in ("a_before", "a_before_tmpfs", "a_after", "a_tmpfs",
+                                                                  "a_2dirs", "a_server",
                                                                   "b_generator_before", "b_generator",
                                                                   "c_vllm_prefill", "d_roofline")}
     print(json.dumps({"tokens_per_s": tps, "ratios": b.doc["ratios"], "disk_use": b.doc["disk_use"],

@@ -63,7 +63,8 @@ def test_dataset_lengths_cut_and_roofline():
     assert gt.ratios(doc) == {"a/b": 0.9, "b/c": 0.5, "c/d": 0.5, "a/c": 0.45, "a_before/b": 0.45,
                               "a_after/a_before": 2.0, "a_tmpfs/b": 0.95, "a_tmpfs/c": 0.475, "a_before/c": 0.225,
                               "a_server/c": 0.6, "a_server/a_after": 1.3333, "a_server/b": 1.2,
-                              "b_before/c": None, "b/b_before": None}
+                              "b_before/c": None, "b/b_before": None, "a_before_tmpfs/c": None,
+                              "a_tmpfs/a_before_tmpfs": None, "a_2dirs/a_after": None}
     doc["b_generator_before"] = {"tokens_per_s": 50.0}
     assert (gt.ratios(doc)["b_before/c"], gt.ratios(doc)["b/b_before"]) == (0.25, 2.0)
     assert gt.ratios({})["a/c"] is None
