@@ -30,7 +30,7 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 
 stash() {
   shopt -s nullglob
-  for f in "$ROOT"/.gpu/part.* "$ROOT"/.gpu/SHA256SUMS "$ROOT"/.gpu/baseline.tar.gz; do
+  for f in "$ROOT"/.gpu/part.* "$ROOT"/.gpu/apart.[0-9]* "$ROOT"/.gpu/SHA256SUMS "$ROOT"/.gpu/baseline.tar.gz; do
     cp -f "$f" "$E2E/parts/"
   done
   (cd "$E2E/parts" && ls -l)
