@@ -353,6 +353,27 @@ def check(output_dir, ident):
     return out
 
 
+def output_of(output_dir):
+    """The directories of the output ``output_dir`` belongs to, in order: its run.json's
+    ``output_dirs`` when they name it (by path, or as the same directory reached another way), else
+    [``output_dir``] (one directory, no run.json, or one that does not parse: its own check says so).
+    So verify, gather and status find a whole spread output from any one of its directories."""
+    try:
+        doc = read(output_dir)
+    except IdentityError:
+        return [output_dir]
+    dirs = (doc or {}).get("identity", {}).get("output_dirs") if doc else None
+    if not isinstance(dirs, list) or len(dirs) < 2 or not all(isinstance(d, str) for d in dirs):
+        return [output_dir]
+    for d in dirs:
+        try:
+            if os.path.samefile(d, output_dir):
+                return list(dirs)
+        except OSError:
+            continue
+    return [output_dir]
+
+
 def check_dirs(dirs, ident):
     """``check`` over the directories of one output (one or several): the first problem (it names its
     directory), ``samples`` summed, state "same" when every directory's run.json is this run's (else
