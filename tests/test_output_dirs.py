@@ -183,6 +183,11 @@ def test_the_disk_preflight_holds_each_directorys_share_to_its_filesystem(sshd, 
             assert f"disk: 8 more samples (400 tokens x 1 layers x 16 hidden x 2 bytes) need" in out and where in out
         else:
             assert f"not enough disk at {where}: 8 more samples" in json.dumps(doc)
+    # one directory named twice (a symlink to it): refused before any launch
+    os.symlink(tmp_path / "f0", tmp_path / "f0-link")
+    inv = _inventory(sshd, tmp_path, {"node": (["f0", "f0-link"], "state")}, n=8)
+    status, out, err = cli("extract", "node", "--skip-check", "--dry-run", "-i", str(inv))
+    assert status != 0 and f"{tmp_path / 'f0'} and {tmp_path / 'f0-link'} are the same directory" in out + err
 
 
 @pytest.mark.parametrize("flow", ["server", "hs_safetensors"])
