@@ -108,6 +108,10 @@ def test_two_directories_alternate_resume_verify_and_gather(sshd, tmp_path, cli)
     assert status == 0 and rec["ok"] and rec["files"] == 10 and rec["output_dirs"] == [str(a), str(b)], rec
     status, out, err = cli("verify", "node", "--all", "--output-dir", str(b), "--json", "-i", str(inv))
     assert status == 0 and json.loads(out)["files"] == 10
+    status, out, err = cli("verify", "node", "--all", "--output-dir", str(b), "-i", str(inv))
+    assert status == 0 and f"node: 10 data_<N>.pt files of 10 expected in {a} + {b}" in out, out
+    status, out, err = cli("status", "node", "-i", str(inv))
+    assert f"output: {a} + {b}" in out and "10/10" in out, out
     # a corrupt file in the second directory fails it, named with its directory
     good = (b / "data_3.pt").read_bytes()
     (b / "data_3.pt").write_bytes(good[: len(good) // 2])
