@@ -157,6 +157,13 @@ def test_a_changed_list_and_a_second_job_on_one_of_the_directories_are_refused(s
     status, out, err = cli("extract", "node-a", "--skip-check", "--json", "-i", str(inv))
     assert status == 0, err
     first = json.loads(out)["job"]
+    # the same first directory (the same job slot), another list: not the job asked for, so no attach
+    other = _inventory(sshd, tmp_path, {"node-a": (["e0", "e3"], "state-a")}, n=20, sleep=0.5)
+    status, out, err = cli("extract", "node-a", "--skip-check", "-i", str(other))
+    assert status != 0 and f"is being written by job {first['job_id']} into {tmp_path / 'e0'}, {tmp_path / 'e1'}; " \
+        f"this launch names {tmp_path / 'e0'}, {tmp_path / 'e3'}" in err, err
+    inv = _inventory(sshd, tmp_path, {"node-a": (["e0", "e1"], "state-a"), "node-b": (["e2", "e1"], "state-b")},
+                     n=20, sleep=0.5)
     status, out, err = cli("extract", "node-b", "--skip-check", "-i", str(inv))
     assert status != 0
     assert f"{tmp_path / 'e1'} is being written by job {first['job_id']}" in err, err
@@ -210,3 +217,25 @@ def test_a_job_that_writes_one_directory_refuses_a_list_in_one_line(tmp_path, fl
     assert "output_dir names several directories, but this job writes one" in str(exc.value)
     one = Host(name="h", hostname="127.0.0.1", vars={"out": ["/n0/hs"]})
     assert parse_spec(load_playbook(pb_path), one).output_dirs == ["/n0/hs"]
+
+
+def test_the_spec_fills_the_command_with_every_directory_and_refuses_what_the_job_would_split(tmp_path):
+    from remote_ops.connect.inventory import Host
+    from remote_ops.errors import ConfigError
+    from remote_ops.extract.extract_spec import parse_spec
+    from remote_ops.playbook.loader import load as load_playbook
+    pb_path = tmp_path / "pb.yaml"
+    pb_path.write_text(PLAYBOOK)
+    pb = load_playbook(pb_path)
+    spec = parse_spec(pb, Host(name="h", hostname="x", workdir="/w", vars={"out": ["/n0/hs", "rel"]}))
+    assert spec.output_dirs == ["/n0/hs", "/w/rel"] and spec.output_dir == "/n0/hs"
+    assert spec.command[spec.command.index("--output-dir") + 1] == "/n0/hs:/w/rel"
+    assert spec.to_json()["output_dirs"] == ["/n0/hs", "/w/rel"]
+    one = parse_spec(pb, Host(name="h", hostname="x", workdir="/w", vars={"out": "/n0/hs"}))
+    assert one.output_dirs == ["/n0/hs"] and one.several_dirs is None and "output_dirs" not in one.to_json()
+    for out, expect in ((["/a", "/a/"], "output_dir names /a/ twice"), ([], "output_dir is an empty list"),
+                        ("/data/x:y", "holds ':', which separates the directories"),
+                        (["/a", "/b:c"], "holds ':', which separates the directories")):
+        with pytest.raises(ConfigError) as exc:
+            parse_spec(pb, Host(name="h", hostname="x", workdir="/w", vars={"out": out}))
+        assert expect in str(exc.value), str(exc.value)

@@ -111,6 +111,8 @@ def op_probe(args):
     if args.get("port"):
         out["port"] = port_free(int(args["port"]))
     dirs = _output_dirs(args)
+    if out["job"] and out["job"].get("state") in ("starting", "running"):
+        out["other_dirs"] = _other_dirs(out["job"], dirs)
     if dirs:
         path = dirs[0]
         probe = path
@@ -158,6 +160,16 @@ def op_probe(args):
         if args.get("identity"):
             out["identity"] = identity_check(args["identity"], dirs)
     return out
+
+
+def _other_dirs(st, dirs):
+    """The one line when the running job ``st`` (of this slot: same first directory) writes another list
+    of output directories than ``dirs``, else None: attaching to it would not be the job asked for."""
+    theirs = [real_output_dir(d) for d in (st.get("output_dirs") or [st.get("output_dir")]) if d]
+    if theirs == [real_output_dir(d) for d in dirs]:
+        return None
+    return "%s is being written by job %s into %s; this launch names %s" % (
+        dirs[0] if dirs else theirs[0], st.get("job_id"), ", ".join(theirs), ", ".join(dirs) or "no directory")
 
 
 def _output_dirs(args):
@@ -313,12 +325,10 @@ def op_launch(args):
                             outputlock.shard_text(shard)),
                         "one output directory holds one job: give each share its own output_dir "
                         "(e.g. with {host}), or stop that job first")
-                theirs = [real_output_dir(d) for d in (st.get("output_dirs") or [st.get("output_dir")]) if d]
-                if theirs != [real_output_dir(d) for d in dirs]:
-                    raise AgentFailure(
-                        "busy", "%s is being written by job %s into %s; this launch names %s" % (
-                            output_dir, cur, ", ".join(theirs), ", ".join(dirs)),
-                        "stop that job first (remote-ops stop), or launch with its output directories")
+                differ = _other_dirs(st, dirs)
+                if differ:
+                    raise AgentFailure("busy", differ, "stop that job first (remote-ops stop), or launch with its "
+                                       "output directories")
                 return {"attached": True, "job": st}
         if not os.path.isdir(workdir):
             raise AgentFailure("no-workdir", "workdir %s does not exist on the host" % workdir)

@@ -263,9 +263,10 @@ def _places(sec, subdir):
     for i, item in enumerate(items):
         keys = ("output_dir",) + ((i,) if isinstance(out, list) else ())
         d = sec.text(keys, item, "output_dir" + (" entries" if isinstance(out, list) else ""))
-        if isinstance(out, list) and DIR_SEP in d:
-            raise sec.err_at(keys)(f"output_dir entry {d!r} holds {DIR_SEP!r}, which separates the directories "
-                                   f"on the job's command line (--output-dir A{DIR_SEP}B)", "rename that directory")
+        if DIR_SEP in d:      # the job would split it into two directories
+            raise sec.err_at(keys)(f"output_dir {d!r} holds {DIR_SEP!r}, which separates the directories on the "
+                                   f"job's command line (--output-dir A{DIR_SEP}B)",
+                                   "rename that directory; several directories are a list: output_dir: [A, B]")
         if not d.startswith(("/", "~")):
             d = workdir.rstrip("/") + "/" + d
         if subdir:

@@ -228,6 +228,10 @@ class RunningJob(Part):
         spec = c.spec
         job = probe.get("job")
         if job and job.get("state") in ("starting", "running"):
+            if probe.get("other_dirs"):        # the same first directory, another list (agent/jobs.py)
+                pf.problems.append(probe["other_dirs"])
+                pf.hint = "stop that job first (remote-ops stop), or launch with its output directories"
+                return STOP
             if list(job.get("shard") or ()) == list(spec.shard or ()):
                 pf.running = job       # the job asked for (same output directory, same share): attach
                 return STOP
