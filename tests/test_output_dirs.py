@@ -139,8 +139,9 @@ def test_two_directories_alternate_resume_verify_and_gather(sshd, tmp_path, cli)
 
 def test_a_changed_list_and_a_second_job_on_one_of_the_directories_are_refused(sshd, tmp_path, cli):
     inv = _inventory(sshd, tmp_path, {"node": (["d0", "d1"], "state")}, n=6)
-    assert cli("extract", "node", "--skip-check", "-i", str(inv))[0] == 0
-    _wait(cli, inv, "node")
+    status, out, err = cli("extract", "node", "--skip-check", "--tail", "-i", str(inv))    # progress over both
+    assert status == 0 and "succeeded" in out and "6/6 samples" in out, out + err
+    assert "2 output directories: sample N goes to the ((N // 1) % 2)-th of" in out
     for outs in (["d1", "d0"], ["d0", "d1", "d2"], ["d0"]):
         inv = _inventory(sshd, tmp_path, {"node": (outs, "state")}, n=6)
         status, out, err = cli("extract", "node", "--skip-check", "-i", str(inv))
