@@ -65,7 +65,8 @@ def test_dataset_tokens_counts_what_the_script_will_write(tmp_path):
                                        {"input_ids": [3] * 7}])
     r = diskneed.dataset_tokens(str(ds))
     assert r == {"samples": 5, "tokens": 10 + 3000 + 10 + 5 + 7, "pending_samples": 5,
-                 "pending_tokens": 3032, "text_samples": 1, "extrapolated_samples": 0, "exact": False}
+                 "pending_tokens": 3032, "text_samples": 1, "extrapolated_samples": 0, "exact": False,
+                 "per_dir": [{"pending_samples": 5, "pending_tokens": 3032}]}
     r = diskneed.dataset_tokens(str(ds), max_samples=2, max_model_len=2048)     # cut to 2047 like the script
     assert (r["samples"], r["tokens"], r["exact"]) == (2, 10 + 2047, True)
     out = tmp_path / "out"
@@ -135,3 +136,34 @@ def test_for_job_reads_the_checkpoint_config_like_the_model_preflight(tmp_path):
     assert "cannot read the dataset" in diskneed.for_job(dict(need, dataset="missing.jsonl"), str(tmp_path))["unknown"]
     (model / "config.json").write_text(json.dumps({"architectures": ["X"]}))
     assert "no hidden_size" in diskneed.for_job(need, str(tmp_path))["unknown"]
+
+
+def test_several_directories_each_take_their_share_against_their_own_filesystem(tmp_path, monkeypatch):
+    """Two output directories: sample N's need goes to run_identity.dir_index's directory (files already
+    in either directory need nothing); directories on one filesystem are summed against its free space once."""
+    ds = write(tmp_path / "ds.jsonl", [{"input_ids": [1] * (10 * (i + 1))} for i in range(5)])
+    a, b = tmp_path / "a", tmp_path / "b"
+    b.mkdir()
+    torch.save({}, b / "data_3.pt")
+    counts = diskneed.dataset_tokens(str(ds), output_dir=[str(a), str(b)])
+    assert counts["per_dir"] == [{"pending_samples": 3, "pending_tokens": 10 + 30 + 50},   # 0, 2, 4
+                                 {"pending_samples": 1, "pending_tokens": 20}]             # 1 (3 is there)
+    shard = diskneed.dataset_tokens(str(ds), output_dir=[str(a), str(b)], shard=[1, 2])   # samples 1, 3
+    assert shard["samples"] == 2 and shard["per_dir"] == [{"pending_samples": 1, "pending_tokens": 20},
+                                                          {"pending_samples": 0, "pending_tokens": 0}]
+    # one filesystem (the real one): one verdict for both, the sum of their shares
+    v = diskneed.preflight(8, 1, str(ds), [str(a), str(b)])
+    (fs,) = v["filesystems"]
+    assert fs["dirs"] == [str(a), str(b)] and fs["tokens"] == 110 and v["fits"]
+    assert v["need_bytes"] == diskneed.need_bytes(8, 1, 110, 4)
+    assert "(one filesystem)" in v["line"]
+    # two filesystems: each held to its own free space; the one that does not fit is the line
+    monkeypatch.setattr(diskneed, "_device", lambda d: 1 if d.endswith("/a") else 2)
+    free = {str(a): 10**9, str(b): diskneed.need_bytes(8, 1, 20, 1) // 2}
+    monkeypatch.setattr(diskneed, "free_bytes", lambda d: free[d])
+    v = diskneed.preflight(8, 1, str(ds), [str(a), str(b)])
+    assert [f["fits"] for f in v["filesystems"]] == [True, False] and not v["fits"]
+    assert v["line"].startswith(f"not enough disk at {b}: 1 more samples (20 tokens") and str(a) not in v["line"]
+    free[str(b)] = 10**9
+    v = diskneed.preflight(8, 1, str(ds), [str(a), str(b)])
+    assert v["fits"] and v["line"].count("disk: ") == 2 and v["free_bytes"] == 2 * 10**9

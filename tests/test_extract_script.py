@@ -87,7 +87,7 @@ def earlier_run(tmp_path, rows, *extra):
     args = ehs.parse_args(["--target-model-path", "m", "--dataset", str(ds), "--output-dir", str(tmp_path / "out"),
                            *extra])
     (tmp_path / "out").mkdir(exist_ok=True)
-    ehs.record_run_identity(args.output_dir, ehs.check_run_identity(args, io.StringIO()))
+    ehs.record_run_identity(*ehs.check_run_identity(args, io.StringIO()))
 
 
 def errors(capsys):
@@ -857,3 +857,84 @@ def test_the_batch_loop_and_the_writer_let_go_of_a_slots_views_once_written(tmp_
     refs = sys.getrefcount(slot[0])                  # (not inside assert: its rewriting holds operands)
     assert refs == slot[1]                           # the thread, now waiting for more, holds nothing
     writer.close()
+
+
+# ------------------------------------------------------------------ several output directories
+def run_dirs(tmp_path, rows, dirs, *extra, **gen_kw):
+    ds = write_jsonl(tmp_path / "ds.jsonl", rows)
+    argv = ["--target-model-path", "m", "--dataset", str(ds), "--output-dir", ":".join(str(d) for d in dirs), *extra]
+    return ehs.main(argv, None, lambda args: loaders(**gen_kw))
+
+
+def names(d):
+    return sorted((p.name for p in d.iterdir() if p.name.startswith("data_")), key=lambda n: (len(n), n))
+
+
+def test_two_output_directories_take_the_samples_alternately_and_resume_writes_the_missing_in_place(
+        tmp_path, capsys):
+    rows = [{"input_ids": [i + 1, i + 2]} for i in range(7)]
+    a, b = tmp_path / "nvme0" / "hs", tmp_path / "nvme1" / "hs"
+    assert run_dirs(tmp_path, rows, [a, b], "--batch-size", "3") == 0
+    assert names(a) == ["data_0.pt", "data_2.pt", "data_4.pt", "data_6.pt", "data_config.json"]
+    assert names(b) == ["data_1.pt", "data_3.pt", "data_5.pt", "data_config.json"]
+    assert torch.load(b / "data_3.pt", weights_only=True)["input_ids"].tolist() == [4, 5]
+    ra, rb = json.loads((a / "run.json").read_text()), json.loads((b / "run.json").read_text())
+    assert ra["identity"] == rb["identity"]
+    assert ra["identity"]["output_dirs"] == [str(a.resolve()), str(b.resolve())]
+    assert json.loads((a / "data_config.json").read_text())["data"]["num_samples"] == 7
+    assert "2 output directories: sample N goes to the ((N // 1) % 2)-th of" in capsys.readouterr().out
+    # a stop: two files lost, one moved by hand into the other directory
+    (a / "data_4.pt").unlink()
+    (b / "data_1.pt").unlink()
+    (b / "data_5.pt").rename(a / "data_5.pt")
+    kept = (a / "data_5.pt").stat().st_mtime_ns
+    assert run_dirs(tmp_path, rows, [a, b]) == 0
+    assert FakeGenerator.made[0].calls == [[[2, 3], [5, 6]]]      # samples 1 and 4, nothing else
+    assert names(a) == ["data_0.pt", "data_2.pt", "data_4.pt", "data_5.pt", "data_6.pt", "data_config.json"]
+    assert names(b) == ["data_1.pt", "data_3.pt", "data_config.json"]
+    assert (a / "data_5.pt").stat().st_mtime_ns == kept
+    text = capsys.readouterr().out
+    assert "resuming: 5 of 7 samples already written, 2 to go; 1 of them in another of the output directories" in text
+    assert run_dirs(tmp_path, rows, [a, b]) == 0 and FakeGenerator.made == []
+    assert "all 7 samples are already in %s, %s: nothing to do" % (a, b) in capsys.readouterr().out
+
+
+def test_a_changed_directory_list_is_refused_naming_the_difference(tmp_path, capsys):
+    rows = [{"input_ids": [i + 1]} for i in range(4)]
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    assert run_dirs(tmp_path, rows, [a, b]) == 0
+    capsys.readouterr()
+    for dirs in ([b, a], [a, b, c], [a]):
+        assert run_dirs(tmp_path, rows, dirs) == 2
+        (line,) = errors(capsys)
+        assert "holds 2 sample file(s) of another run: output_dirs " in line, line
+        assert "--overwrite" in line
+    assert FakeGenerator.made == []
+    # --overwrite moves both directories' files aside and starts the new list
+    assert run_dirs(tmp_path, rows, [b, a], "--overwrite") == 0
+    assert names(b) == ["data_0.pt", "data_2.pt", "data_config.json"]
+    assert names(a) == ["data_1.pt", "data_3.pt", "data_config.json"]
+    assert len(list(a.glob(".replaced-*/data_*.pt"))) == 2 and len(list(b.glob(".replaced-*/data_*.pt"))) == 2
+
+
+def test_one_directory_named_twice_is_refused(tmp_path, capsys):
+    rows = [{"input_ids": [1]}]
+    (tmp_path / "a").mkdir()
+    os.symlink(tmp_path / "a", tmp_path / "link")
+    for dirs in ([tmp_path / "a", tmp_path / "link"], [tmp_path / "new", str(tmp_path / "new") + "/"]):
+        assert run_dirs(tmp_path, rows, dirs) == 2
+        (line,) = errors(capsys)
+        assert "--output-dir names one directory twice" in line and "are the same directory" in line
+    assert FakeGenerator.made == []
+
+
+def test_a_shard_spreads_its_own_samples_over_every_directory(tmp_path):
+    """Shard 0/2 holds the even samples: by the global index alone both would land in the first of two
+    directories; the rule alternates the shard's own samples."""
+    rows = [{"input_ids": [i + 1]} for i in range(9)]
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert run_dirs(tmp_path, rows, [a, b], "--shard", "0/2") == 0
+    assert names(a) == ["data_0.pt", "data_4.pt", "data_8.pt", "data_config.json"]
+    assert names(b) == ["data_2.pt", "data_6.pt", "data_config.json"]
+    assert ehs.pending_indexes("%s:%s" % (a, b), 9, (0, 2)) == []
+    assert ehs.pending_indexes([b, a], 9, (1, 2)) == [1, 3, 5, 7]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 
@@ -33,13 +34,27 @@ def ident(**over):
 
 def test_command_inputs_read_the_flags_the_script_takes():
     argv = ["python", "x.py", "--dataset", "d.jsonl", "--max-samples=5", "--target-model-path", "m",
-            "--layer-ids", "2,4,5,7", "--max-model-len", "64", "--shard", "1/3", "--batch-size", "2"]
+            "--layer-ids", "2,4,5,7", "--max-model-len", "64", "--shard", "1/3", "--batch-size", "2",
+            "--output-dir", "out"]
     assert ri.command_inputs(argv) == {"dataset": "d.jsonl", "max_samples": 5, "model": "m",
                                        "layer_ids": [2, 4, 5, 7], "max_model_len": 64,
-                                       "shard": {"index": 1, "count": 3}}
+                                       "shard": {"index": 1, "count": 3}, "output_dirs": None}
     assert ri.command_inputs(["--layer-ids", ""])["layer_ids"] is None      # the generator's choice
     assert ri.command_inputs([]) == dict.fromkeys(("dataset", "max_samples", "model", "layer_ids",
-                                                   "max_model_len", "shard"))
+                                                   "max_model_len", "shard", "output_dirs"))
+    # several output directories (A:B) are part of the identity, in order; one directory is not
+    assert ri.command_inputs(["--output-dir", "/n0/hs:/n1/hs"])["output_dirs"] == ["/n0/hs", "/n1/hs"]
+    assert "output_dirs" not in ri.identity(ri.command_inputs(["--output-dir", "out"]))
+    two = ri.identity(ri.command_inputs(["--output-dir=/n0/hs:rel"]), cwd="/w")
+    assert two["output_dirs"] == ["/n0/hs", os.path.realpath("/w/rel")]
+
+
+def test_the_directory_of_a_sample_alternates_over_the_shares_own_samples():
+    assert [ri.dir_index(i, 2) for i in range(6)] == [0, 1, 0, 1, 0, 1]
+    assert [ri.dir_index(i, 1) for i in range(3)] == [0, 0, 0]
+    # shard 0/2 (even samples) over 2 directories: both used; shard 1/4 over 3: 1, 5, 9, 13 -> 0, 1, 2, 0
+    assert [ri.dir_index(i, 2, 2) for i in (0, 2, 4, 6)] == [0, 1, 0, 1]
+    assert [ri.dir_index(i, 3, 4) for i in (1, 5, 9, 13)] == [0, 1, 2, 0]
 
 
 def test_digest_is_the_canonical_json_of_the_identity_and_differences_name_each_leaf():
@@ -296,12 +311,11 @@ def test_script_identity_matches_the_agents_for_the_same_command(tmp_path):
     ds = rows(tmp_path / "ds.jsonl", 3)
     argv = ["--target-model-path", "m", "--dataset", "ds.jsonl", "--output-dir", "out", "--layer-ids", "2,4",
             "--max-model-len", "64", "--shard", "0/2"]
-    import os
     cwd = os.getcwd()
     try:
         os.chdir(tmp_path)
         args = ehs.parse_args(argv)
-        mine = ehs.check_run_identity(args, io.StringIO())
+        mine, _ = ehs.check_run_identity(args, io.StringIO())
     finally:
         os.chdir(cwd)
     theirs = agent_jobs.job_identity({"command": [sys.executable, "extract_hidden_states.py", *argv],

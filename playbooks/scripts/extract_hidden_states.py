@@ -45,6 +45,18 @@ at tag v0.3.0 (commit be6e86e79eee8b2d363399a767194e53f5407331 of vllm-project/s
   ``--overwrite`` moves those files into ``.replaced-<UTC time>/`` in the directory (nothing is
   deleted) and starts over. Written for a new run before the first sample.
 
+Several output directories (one per disk, so that a host with several NVMe drives writes to all of
+them at once): ``--output-dir A:B:...`` (':'-separated, as PATH; remote-ops fills it from a playbook's
+``output_dir: [A, B]``). Sample N goes to the ((N // n) % k)-th of the k directories, n the shard count
+(1 unsharded): the run's own samples alternate over the directories in order, deterministically, so
+a resume finds every file (run_identity.py's ``dir_index`` is the rule). Resume lists every
+directory: a sample's file counts wherever it is among them (one moved to another of the directories
+by hand is not written again; the resume line says how many are not where the rule puts them). Each
+directory holds the same run.json (whose identity records the list, in order: a resume with another
+list is refused like any other change) and the same data_config.json; stale temporaries are removed
+in each. The same directory named twice (a path, a symlink or a bind mount of it) is refused. There
+are at least as many writer threads as directories, so each disk has a write in flight.
+
 Batches are packed by tokens: consecutive pending samples (never reordered) until the next one would
 pass ``--batch-tokens`` (default: the engine's own scheduler budget, ``max_num_scheduled_tokens`` or
 ``max_num_batched_tokens`` of the generator's scheduler: ``max(8192, max_model_len)`` in speculators
@@ -178,7 +190,9 @@ def build_parser(required=True):
     p.add_argument("--target-model-path", required=required, help="HF model id or local checkpoint directory")
     p.add_argument("--dataset", required=required,
                    help="JSONL: {\"input_ids\": [...]} or {\"text\": ...} per line")
-    p.add_argument("--output-dir", required=True, help="where data_<N>.pt and data_config.json go")
+    p.add_argument("--output-dir", required=True,
+                   help="where data_<N>.pt and data_config.json go; several directories (one per disk) are "
+                        "written A:B:...: sample N goes to the ((N // shard count) %% k)-th of the k")
     p.add_argument("--max-samples", type=int, default=None, help="first N samples of the dataset (default: all)")
     p.add_argument("--batch-size", type=int, default=None,
                    help="at most this many samples per generate() call (default: the scheduler's max_num_seqs)")
@@ -323,8 +337,39 @@ def truncate(records, max_model_len):
 
 
 # ------------------------------------------------------------------ output files
+SAMPLE_FILE_RE = re.compile(r"^data_(\d+)\.pt$")
+
+
 def sample_path(output_dir, index):
     return os.path.join(output_dir, "data_%d.pt" % index)
+
+
+def output_dirs(value):
+    """The output directories ``value`` names: a list, or --output-dir's text ("A:B" names two;
+    run_identity.split_dirs is the one rule)."""
+    return _run_identity_module().split_dirs(value)
+
+
+def sample_dir(dirs, index, shard=None):
+    """The directory of ``dirs`` where sample ``index`` is written (run_identity.dir_index: the
+    samples of this run's share alternate over the directories in order)."""
+    return dirs[_run_identity_module().dir_index(index, len(dirs), shard[1] if shard else 1)]
+
+
+def present_samples(dirs):
+    """{index: directory} of the complete data_<N>.pt files in any of ``dirs`` (one listing each; a
+    file counts wherever it is, first directory first when two hold one index)."""
+    found = {}
+    for d in dirs:
+        try:
+            names = os.listdir(d)
+        except FileNotFoundError:
+            continue
+        for name in names:
+            m = SAMPLE_FILE_RE.match(name)
+            if m:
+                found.setdefault(int(m.group(1)), d)
+    return found
 
 
 def parse_shard(text):
@@ -346,19 +391,22 @@ def shard_indexes(count, shard=None):
 
 
 def pending_indexes(output_dir, count, shard=None):
-    """Samples (of the shard) whose data_<N>.pt is not there (a file is there only once complete)."""
-    return [i for i in shard_indexes(count, shard) if not os.path.exists(sample_path(output_dir, i))]
+    """Samples (of the shard) whose data_<N>.pt is in none of the output directories (``output_dir``:
+    --output-dir's text or a list; a file is there only once complete)."""
+    present = present_samples(output_dirs(output_dir))
+    return [i for i in shard_indexes(count, shard) if i not in present]
 
 
 def remove_stale_temporaries(output_dir):
     removed = 0
-    for name in os.listdir(output_dir):
-        if TEMP_RE.match(name):
-            try:
-                os.unlink(os.path.join(output_dir, name))
-                removed += 1
-            except OSError:
-                pass
+    for d in output_dirs(output_dir):
+        for name in os.listdir(d):
+            if TEMP_RE.match(name):
+                try:
+                    os.unlink(os.path.join(d, name))
+                    removed += 1
+                except OSError:
+                    pass
     return removed
 
 
@@ -435,9 +483,15 @@ def _disk_full(exc, directory, obj):
     return None
 
 
+_RUN_IDENTITY = []
+
+
 def _run_identity_module():
     """run_identity.py, shipped beside this script (remote-ops' agent/outputs/run_identity.py: one definition
-    of a run's identity for remote-ops' preflight and this script), loaded by path."""
+    of a run's identity and of the output directories' rules for remote-ops and this script), loaded by
+    path, once."""
+    if _RUN_IDENTITY:
+        return _RUN_IDENTITY[0]
     import importlib.util
     here = os.path.dirname(os.path.realpath(__file__))
     path = os.path.join(here, "run_identity.py")
@@ -450,38 +504,48 @@ def _run_identity_module():
     spec = importlib.util.spec_from_file_location("run_identity", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    _RUN_IDENTITY.append(module)
     return module
 
 
 def check_run_identity(args, out):
     """Hold --output-dir to one run, before the tokenizer, torch or the engine are loaded: the run's
     identity (run_identity.py: dataset lines, model config, layer ids, max_model_len, shard, package
-    versions, the playbook remote-ops gave) is compared with the directory's run.json; samples of
-    another run there stop this one with one line (InputError, exit 2) naming what differs, unless
-    --overwrite moves them aside. Returns the identity for ``record_run_identity`` (None: run.json is
-    this run's already)."""
+    versions, the playbook remote-ops gave, the list of several output directories) is compared with
+    each directory's run.json; samples of another run in any of them stop this one with one line
+    (InputError, exit 2) naming the directory and what differs, unless --overwrite moves them aside.
+    Returns (identity, the directories whose run.json ``record_run_identity`` writes)."""
     ri = _run_identity_module()
+    dirs = output_dirs(args.output_dir)
+    if not dirs:
+        raise InputError("--output-dir %r names no directory" % (args.output_dir,))
+    twice = ri.same_dirs(dirs)
+    if twice:
+        raise InputError("--output-dir names one directory twice: %s and %s are the same directory (give each "
+                         "disk's directory once)" % twice)
     try:
         ident = ri.identity(ri.command_inputs(getattr(args, "argv", [])), cwd=os.getcwd(), flow="generator",
                             playbook=ri.playbook_from_env(), versions=ri.versions())
     except ri.IdentityError as exc:
         raise InputError(str(exc)) from None
-    res = ri.check(args.output_dir, ident)
-    moved = None
-    if getattr(args, "overwrite", False) and os.path.isdir(args.output_dir) \
-            and (res["samples"] or os.path.exists(os.path.join(args.output_dir, ri.FILE))):
-        moved = ri.move_aside(args.output_dir)
+    res = ri.check_dirs(dirs, ident)
+    aside = [d for d in dirs if getattr(args, "overwrite", False) and os.path.isdir(d)
+             and (ri.sample_files(d) or os.path.exists(os.path.join(d, ri.FILE)))]
+    for d in aside:
+        moved = ri.move_aside(d)
         print("--overwrite: moved %d file(s) of the earlier run into %s" % (moved["files"], moved["moved_to"]),
               file=out, flush=True)
-    elif res["problem"]:
+    if aside:
+        return ident, list(dirs)
+    if res["problem"]:
         raise InputError(ri.refusal(res["problem"], by_hand=True))
-    return ident if moved or res["state"] != "same" else None
+    return ident, res["write"]
 
 
-def record_run_identity(output_dir, ident):
-    """run.json for a new run (``check_run_identity``'s identity), before the first sample."""
-    if ident is not None:
-        _run_identity_module().write(output_dir, ident)
+def record_run_identity(ident, dirs):
+    """run.json for a new run (``check_run_identity``'s identity) in ``dirs``, before the first sample."""
+    for d in dirs:
+        _run_identity_module().write(d, ident)
 
 
 def write_json_atomic(path, obj):
@@ -585,8 +649,11 @@ class Writer:
     thread: no sample is taken after it (one already being written by another thread may finish),
     and put()/close() raise it."""
 
-    def __init__(self, torch, output_dir, max_bytes, on_written, threads=1):
-        self.torch, self.output_dir, self.max_bytes, self.on_written = torch, output_dir, max_bytes, on_written
+    def __init__(self, torch, output_dir, max_bytes, on_written, threads=1, shard=None):
+        """``output_dir``: one directory, or several (a list or "A:B"): each sample goes to its own
+        (``sample_dir``), so consecutive samples, and the threads writing them, go to different disks."""
+        self.torch, self.max_bytes, self.on_written = torch, max_bytes, on_written
+        self.dirs, self.shard = output_dirs(output_dir), shard
         self.error = None
         self._items, self._bytes, self._busy, self._closed = [], 0, 0, False
         self._cond = threading.Condition()
@@ -616,7 +683,11 @@ class Writer:
             self._cond.notify_all()
 
     def _write(self, index, sample):
-        save_atomic(self.torch, sample, sample_path(self.output_dir, index))
+        save_atomic(self.torch, sample, sample_path(sample_dir(self.dirs, index, self.shard), index))
+
+    def _fsync_dirs(self):
+        for d in self.dirs:
+            _fsync_dir(d)
 
     def _loop(self):
         while True:
@@ -648,11 +719,11 @@ class Writer:
                 self._cond.notify_all()
                 idle = not self._items and not self._busy
             if idle:   # the renames of what was queued are durable before the threads wait again
-                _fsync_dir(self.output_dir)
+                self._fsync_dirs()
 
     def batch_done(self):
         if not self._threads:
-            _fsync_dir(self.output_dir)
+            self._fsync_dirs()
 
     def pending(self):
         with self._cond:
@@ -665,7 +736,7 @@ class Writer:
             self._cond.notify_all()
         for t in self._threads:
             t.join()
-        _fsync_dir(self.output_dir)
+        self._fsync_dirs()
         if self.error is not None:
             self._raise()
 
@@ -858,7 +929,7 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
     can be exercised with a stand-in generator; by default they are speculators' and transformers'."""
     out = out or sys.stdout
     records = read_dataset(args.dataset, args.max_samples)
-    ident = check_run_identity(args, out)       # before the tokenizer, torch and the engine
+    ident, new_in = check_run_identity(args, out)       # before the tokenizer, torch and the engine
     if args.max_samples is not None and len(records) < args.max_samples:
         print("note: %s has %d samples, fewer than --max-samples %d" % (args.dataset, len(records), args.max_samples),
               file=out, flush=True)
@@ -871,24 +942,37 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
     import torch
     from tqdm import tqdm
 
-    os.makedirs(args.output_dir, exist_ok=True)
-    record_run_identity(args.output_dir, ident)
-    stale = remove_stale_temporaries(args.output_dir)
+    dirs = output_dirs(args.output_dir)
+    where = ", ".join(dirs)
+    for d in dirs:
+        os.makedirs(d, exist_ok=True)
+    record_run_identity(ident, new_in)
+    stale = remove_stale_temporaries(dirs)
     if stale:
         print("removed %d unfinished temporary file(s) of an earlier run" % stale, file=out, flush=True)
     shard = getattr(args, "shard", None)
-    todo = pending_indexes(args.output_dir, len(records), shard)
+    present = present_samples(dirs)
+    todo = [i for i in shard_indexes(len(records), shard) if i not in present]
     share = len(shard_indexes(len(records), shard))
     if shard is not None:
         print("shard %d/%d: %d of %d samples (i %% %d == %d)" % (shard[0], shard[1], share, len(records),
                                                                 shard[1], shard[0]), file=out, flush=True)
-    config_path = os.path.join(args.output_dir, "data_config.json")
+    if len(dirs) > 1:
+        print("%d output directories: sample N goes to the ((N // %d) %% %d)-th of %s"
+              % (len(dirs), shard[1] if shard else 1, len(dirs), where), file=out, flush=True)
+    config_paths = [os.path.join(d, "data_config.json") for d in dirs]
     done = share - len(todo)
     if done:
-        print("resuming: %d of %d samples already written, %d to go" % (done, share, len(todo)),
-              file=out, flush=True)
-    if not todo and os.path.exists(config_path):
-        print("all %d samples are already in %s: nothing to do" % (share, args.output_dir),
+        # a file in another of the directories than the rule gives (moved by hand) is whole: it counts
+        # where it is and is not written again; the line says how many
+        mine = set(shard_indexes(len(records), shard))
+        astray = sum(1 for i, d in present.items() if i in mine and d != sample_dir(dirs, i, shard)) \
+            if len(dirs) > 1 else 0
+        print("resuming: %d of %d samples already written, %d to go%s"
+              % (done, share, len(todo), "; %d of them in another of the output directories than sample N's "
+                 "rule gives (they count where they are)" % astray if astray else ""), file=out, flush=True)
+    if not todo and all(os.path.exists(p) for p in config_paths):
+        print("all %d samples are already in %s: nothing to do" % (share, where),
               file=out, flush=True)
         return 0
 
@@ -910,16 +994,19 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
         max_tokens = budget_tokens if args.batch_tokens is None else args.batch_tokens
         max_samples = budget_seqs if args.batch_size is None else args.batch_size
         threads = set_copy_threads(torch, getattr(args, "copy_threads", None))
+        # at least one writer thread per output directory, so that every disk has a write in flight
+        writer_threads = max(getattr(args, "writer_threads", 1), len(dirs))
         print("generator ready in %.1fs: %s, layers %s, hidden size %d, tensor parallel %d; batches of up to "
               "%s tokens and %d samples (engine step: %d tokens, %d samples); %d copy thread(s), %d writer "
               "thread(s)"
               % (time.time() - t0, args.target_model_path, layer_ids, hidden, args.tensor_parallel_size,
                  max_tokens or "any", max_samples, budget_tokens, budget_seqs, threads,
-                 getattr(args, "writer_threads", 1) if args.write_queue_mb else 0), file=out, flush=True)
-        write_json_atomic(config_path, data_config(torch, args, layer_ids, hidden,
-                                                   getattr(generator, "tensor_parallel_size",
-                                                           args.tensor_parallel_size), len(records),
-                                                   shard=shard))
+                 writer_threads if args.write_queue_mb else 0), file=out, flush=True)
+        config = data_config(torch, args, layer_ids, hidden,
+                             getattr(generator, "tensor_parallel_size", args.tensor_parallel_size), len(records),
+                             shard=shard)
+        for path in config_paths:       # each directory describes the samples it holds part of
+            write_json_atomic(path, config)
         bar = tqdm(total=share, initial=done, desc="Generating hidden states", unit="sample",
                    mininterval=_mininterval(), file=sys.stderr)
         pending = set(todo)
@@ -930,8 +1017,8 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
         def on_written(index):
             written[0] += 1
             progress.written(index)
-        writer = Writer(torch, args.output_dir, int(args.write_queue_mb * (1 << 20)), on_written,
-                        threads=getattr(args, "writer_threads", 1))
+        writer = Writer(torch, dirs, int(args.write_queue_mb * (1 << 20)), on_written,
+                        threads=writer_threads, shard=shard)
         progress.start()
         said_handoff = False
         for batch in pack_batches(todo, lengths, max_tokens, max_samples):
@@ -982,7 +1069,7 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
                 print("warning: engine shutdown failed: %s: %s" % (type(exc).__name__, exc), file=sys.stderr)
         close_handoff(handoff)
     print("wrote %d sample(s) to %s in %.1fs (%d of %d present)"
-          % (written[0], args.output_dir, time.time() - t0, done + written[0], share), file=out, flush=True)
+          % (written[0], where, time.time() - t0, done + written[0], share), file=out, flush=True)
     return 0
 
 

@@ -122,15 +122,16 @@ OPS = {o.name: o for o in (
        "can the job's interpreter import the job's modules (and the library module of the model's class)"),
     Op("dataset.check", ("path", "workdir", "max_samples", "budget"),
        "the job's dataset read as the job reads it (bounded in time)", resident=True),
-    Op("jobs.probe", ("key", "output_dir", "need", "port", "layout", "identity", "speed"),
+    Op("jobs.probe", ("key", "output_dir", "output_dirs", "need", "port", "layout", "identity", "speed"),
        "running job, free disk, the job's disk need (and a server's port), the run identity against the "
-       "output dir's run.json, the output disk's write speed (cached per filesystem; speed: {refresh}), "
-       "before a launch", resident=True),
-    Op("jobs.launch", ("key", "command", "workdir", "env", "secrets", "output_dir", "expected_samples",
+       "output dir's run.json (output_dirs: several, in order, output_dir the first), the output disk's write "
+       "speed (cached per filesystem; speed: {refresh}), before a launch", resident=True),
+    Op("jobs.launch", ("key", "command", "workdir", "env", "secrets", "output_dir", "output_dirs", "expected_samples",
                        "watchdog_seconds", "cleanup_grace", "playbook", "lock_timeout", "start_timeout",
                        "server", "layout", "shard", "identity", "overwrite", "plan"),
        "start the supervised job (or attach to the running one: same output directory, same shard [k, n]); "
-       "server: a two-process job's server; refused (busy) while another job writes the output directory"),
+       "server: a two-process job's server; refused (busy) while another job writes the output directory "
+       "(or any of output_dirs)"),
     Op("jobs.status", _JOB_AT, "one job's status record", resident=True),
     Op("jobs.list", ("key",), "the host's jobs, oldest first", resident=True),
     Op("jobs.logs", _JOB_AT + ("lines", "max_bytes", "offset"), "a job's log", resident=True),

@@ -34,7 +34,7 @@ from . import gpu
 from .job import supervisor as sup
 from .job.filewait import FileWait
 from .job.status import (TERMINAL, _current_id, _jobdir, _jobs_in, _pid_alive, _read_tail, job_status, safe_key,
-                         slot, standin_label, state_dir)
+                         real_output_dir, slot, standin_label, state_dir)
 from .protocol import AgentFailure
 
 
@@ -110,40 +110,53 @@ def op_probe(args):
             out["job"] = None
     if args.get("port"):
         out["port"] = port_free(int(args["port"]))
-    path = args.get("output_dir")
-    if path:
-        path = os.path.expanduser(path)
+    dirs = _output_dirs(args)
+    if out["job"] and out["job"].get("state") in ("starting", "running"):
+        out["other_dirs"] = _other_dirs(out["job"], dirs)
+    if dirs:
+        path = dirs[0]
         probe = path
         while not os.path.exists(probe) and os.path.dirname(probe) != probe:
             probe = os.path.dirname(probe)
         try:
             st = os.statvfs(probe)
-            done, top = sup.count_samples(path, args.get("layout"))
+            done, top = sup.count_samples(dirs, args.get("layout"))
             sizes = []
             if done:
                 for i in range(max(0, top - 20), top + 1):
-                    try:
-                        sizes.append(os.path.getsize(os.path.join(path, sup.sample_name(args.get("layout"), i))))
-                    except OSError:
-                        pass
+                    for d in dirs:
+                        try:
+                            sizes.append(os.path.getsize(os.path.join(d, sup.sample_name(args.get("layout"), i))))
+                            break
+                        except OSError:
+                            pass
             out["disk"] = {"path": path, "measured_at": probe, "free_bytes": st.f_bavail * st.f_frsize,
                            "existing_samples": done, "max_index": top,
                            "mean_sample_bytes": int(sum(sizes) / len(sizes)) if sizes else None}
+            if len(dirs) > 1:
+                from .outputs.run_identity import same_dirs
+                out["disk"]["dirs"] = dirs
+                twice = same_dirs(dirs)
+                if twice:
+                    out["disk"]["twice"] = ("output_dir names one directory twice: %s and %s are the same "
+                                            "directory on the host (a symlink or a mount of it)" % twice)
             from .outputs.data_config import read_data_config      # the shard its data_config.json records
             out["disk"]["shard"] = (read_data_config(path) or {}).get("shard")
-            from .job import outputlock                  # a job writing there now (any state dir, any machine)
-            held = outputlock.read(path)
-            if held and held.get("job_id") != job_id:
-                state = outputlock.holder_state(held)
-                if state != "stale":
-                    out["disk"]["held_by"] = {"job_id": held.get("job_id"), "shard": held.get("shard"),
-                                              "state": state, "line": outputlock.clash(held, path).message,
-                                              "hint": outputlock.clash(held, path).hint}
+            from .job import outputlock     # a job writing there now (any state dir, any machine), in any of them
+            for d in dirs:
+                held = outputlock.read(d)
+                if held and held.get("job_id") != job_id:
+                    state = outputlock.holder_state(held)
+                    if state != "stale":
+                        out["disk"]["held_by"] = {"job_id": held.get("job_id"), "shard": held.get("shard"),
+                                                  "state": state, "line": outputlock.clash(held, d).message,
+                                                  "hint": outputlock.clash(held, d).hint}
+                        break
         except OSError as exc:
             out["disk"] = {"path": path, "error": str(exc)}
         if args.get("need") and not out["disk"].get("error"):   # from real sizes: agent/job/diskneed.py
             from .job import diskneed
-            out["disk"]["need"] = diskneed.for_job(args["need"], path)
+            out["disk"]["need"] = diskneed.for_job(args["need"], dirs if len(dirs) > 1 else path)
         if args.get("speed") is not None and not out["disk"].get("error"):   # agent/job/diskspeed.py
             from .job import diskspeed
             running = (out["job"] or {}).get("state") in ("starting", "running")
@@ -157,20 +170,39 @@ def op_probe(args):
                 out["disk"]["speed"] = diskspeed.for_dir(path, refresh=bool(args["speed"].get("refresh")),
                                                          size=min(diskspeed.TEST_BYTES, out["disk"]["free_bytes"] // 10))
         if args.get("identity"):
-            out["identity"] = identity_check(args["identity"], path)
+            out["identity"] = identity_check(args["identity"], dirs)
     return out
 
 
-def identity_check(req, output_dir):
+def _other_dirs(st, dirs):
+    """The one line when the running job ``st`` (of this slot: same first directory) writes another list
+    of output directories than ``dirs``, else None: attaching to it would not be the job asked for."""
+    theirs = [real_output_dir(d) for d in (st.get("output_dirs") or [st.get("output_dir")]) if d]
+    if theirs == [real_output_dir(d) for d in dirs]:
+        return None
+    return "%s is being written by job %s into %s; this launch names %s" % (
+        dirs[0] if dirs else theirs[0], st.get("job_id"), ", ".join(theirs), ", ".join(dirs) or "no directory")
+
+
+def _output_dirs(args):
+    """The output directories a request names: ``output_dirs`` (several, in order), else
+    [``output_dir``], else []; ``~`` expanded."""
+    dirs = args.get("output_dirs") or ([args["output_dir"]] if args.get("output_dir") else [])
+    if not isinstance(dirs, list) or not all(isinstance(d, str) and d for d in dirs):
+        raise AgentFailure("bad-args", "output_dirs must be a list of directories")
+    return [os.path.expanduser(d) for d in dirs]
+
+
+def identity_check(req, output_dirs):
     """The run identity of the job ``req`` describes ({command, workdir, flow, playbook, python, env,
-    fallback}: run_identity.py) against ``output_dir``'s run.json: run_identity.check's record plus
-    the identity and, for another run's samples, the one line that refuses the launch."""
+    fallback}: run_identity.py) against the run.json of each of ``output_dirs``: run_identity.check_dirs's
+    record plus the identity and, for another run's samples, the one line that refuses the launch."""
     from .outputs import run_identity as ri
     try:
         ident = job_identity(req)
     except ri.IdentityError as exc:
         return {"error": str(exc)}
-    res = ri.check(output_dir, ident)
+    res = ri.check_dirs(output_dirs, ident)
     res["identity"] = ident
     res["line"] = ri.refusal(res["problem"]) if res["problem"] else None
     return res
@@ -283,7 +315,8 @@ def op_launch(args):
     env = _str_dict(args.get("env"), "env")
     secret_values = _str_dict(args.get("secrets"), "secrets")
     workdir = os.path.expanduser(args.get("workdir") or "~")
-    output_dir = os.path.expanduser(args["output_dir"]) if args.get("output_dir") else None
+    dirs = _output_dirs(args)
+    output_dir = dirs[0] if dirs else None
     shard = _shard_arg(args.get("shard"))
     _plan_arg(args.get("plan"))          # refused before anything is made
     root = state_dir()
@@ -305,15 +338,19 @@ def op_launch(args):
                             outputlock.shard_text(shard)),
                         "one output directory holds one job: give each share its own output_dir "
                         "(e.g. with {host}), or stop that job first")
+                differ = _other_dirs(st, dirs)
+                if differ:
+                    raise AgentFailure("busy", differ, "stop that job first (remote-ops stop), or launch with its "
+                                       "output directories")
                 return {"attached": True, "job": st}
         if not os.path.isdir(workdir):
             raise AgentFailure("no-workdir", "workdir %s does not exist on the host" % workdir)
-        if output_dir:
-            os.makedirs(output_dir, exist_ok=True)
+        for d in dirs:
+            os.makedirs(d, exist_ok=True)
         job_id = "%s-%s-%s" % (key, time.strftime("%Y%m%d-%H%M%S"), _secrets.token_hex(3))
         jobdir = os.path.join(root, job_id)
         os.mkdir(jobdir, 0o700)
-        return _start(args, job_id, jobdir, key, name, command, workdir, env, secret_values, output_dir, shard)
+        return _start(args, job_id, jobdir, key, name, command, workdir, env, secret_values, dirs, shard)
 
 
 def _plan_arg(value):
@@ -336,37 +373,41 @@ def _shard_arg(value):
     return [value[0], value[1]]
 
 
-def _start(args, job_id, jobdir, key, name, command, workdir, env, secret_values, output_dir, shard):
-    """The new job ``job_id`` (under the slot's launch lock): its files, the output directory's marker,
-    ``<slot>.current`` and the detached supervisor."""
+def _start(args, job_id, jobdir, key, name, command, workdir, env, secret_values, dirs, shard):
+    """The new job ``job_id`` (under the slot's launch lock): its files, the output directories'
+    markers, ``<slot>.current`` and the detached supervisor."""
     import subprocess
     root = state_dir()
+    output_dir = dirs[0] if dirs else None
     lock_fd = os.open(os.path.join(jobdir, "run.lock"), os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(lock_fd, fcntl.LOCK_EX)
-    if output_dir:   # one job per output directory: refused here when another job writes there
-        from .job import outputlock
-        try:
-            outputlock.claim(output_dir, {"job_id": job_id, "jobdir": jobdir, "key": key, "shard": shard,
-                                          "pid": os.getpid(), "start_ticks": sup.proc_start_ticks(os.getpid())})
-        except BaseException:
-            os.close(lock_fd)
-            import shutil
-            shutil.rmtree(jobdir, ignore_errors=True)   # nothing of this launch is left to list
-            raise
-    identity = None
-    if output_dir:   # the run identity, once this job holds the directory (no other job's files move)
-        try:
-            identity = _record_identity(output_dir, args.get("identity"), bool(args.get("overwrite")))
-        except BaseException:
-            outputlock.release(output_dir, job_id)
-            os.close(lock_fd)
-            import shutil
-            shutil.rmtree(jobdir, ignore_errors=True)
-            raise
+    from .job import outputlock
+    claimed = []
+
+    def undo():
+        for d in claimed:
+            outputlock.release(d, job_id)
+        os.close(lock_fd)
+        import shutil
+        shutil.rmtree(jobdir, ignore_errors=True)   # nothing of this launch is left to list
+    try:
+        # one job per output directory: refused here when another job writes in any of them (the
+        # directories are claimed in order; a refusal releases those this launch took)
+        for d in dirs:
+            outputlock.claim(d, {"job_id": job_id, "jobdir": jobdir, "key": key, "shard": shard, "output_dirs":
+                                 dirs if len(dirs) > 1 else None, "pid": os.getpid(),
+                                 "start_ticks": sup.proc_start_ticks(os.getpid())})
+            claimed.append(d)
+        # the run identity, once this job holds the directories (no other job's files move)
+        identity = _record_identity(dirs, args.get("identity"), bool(args.get("overwrite"))) if dirs else None
+    except BaseException:
+        undo()
+        raise
     log = os.path.join(jobdir, "log")
     sup.write_json(os.path.join(jobdir, "job.json"), {
         "job_id": job_id, "key": key, "command": command, "workdir": workdir, "env": env,
         "secret_names": sorted(secret_values), "output_dir": output_dir, "log": log,
+        **({"output_dirs": dirs} if len(dirs) > 1 else {}),
         "expected_samples": args.get("expected_samples"),
         "watchdog_seconds": args.get("watchdog_seconds"),
         "cleanup_grace": args.get("cleanup_grace", 10), "created_at": time.time(),
@@ -395,9 +436,9 @@ def _start(args, job_id, jobdir, key, name, command, workdir, env, secret_values
     finally:
         os.close(sup_log)
         os.close(lock_fd)   # the supervisor holds the lock from here on
-    if output_dir:          # the marker's process from here on is the supervisor
+    for d in dirs:          # the markers' process from here on is the supervisor
         try:
-            outputlock.update(output_dir, job_id, pid=proc.pid, start_ticks=sup.proc_start_ticks(proc.pid))
+            outputlock.update(d, job_id, pid=proc.pid, start_ticks=sup.proc_start_ticks(proc.pid))
         except OSError:
             pass            # the run.lock check still tells it live
 
@@ -414,23 +455,24 @@ def _start(args, job_id, jobdir, key, name, command, workdir, env, secret_values
     return out
 
 
-def _record_identity(output_dir, ident, overwrite):
+def _record_identity(dirs, ident, overwrite):
     """Under the launch lock, before the job starts: the preflight's identity checked again against
-    ``output_dir`` (a refusal, kind other-run, when another run's samples are there), the earlier
-    run's files moved aside with ``overwrite``, and run.json written for a new run. Returns
-    {"digest", "state", "moved"} or None when the launch carries no identity."""
-    if not output_dir or not isinstance(ident, dict):
+    the output directories (a refusal, kind other-run, when another run's samples are in one), the
+    earlier run's files moved aside with ``overwrite`` (in each directory that has some), and
+    run.json written for a new run (in each directory). Returns {"digest", "state", "moved"} or None
+    when the launch carries no identity; ``moved``: the first directory's move."""
+    if not dirs or not isinstance(ident, dict):
         return None
     from .outputs import run_identity as ri
-    res = ri.check(output_dir, ident)
-    moved = None
-    if overwrite and (res["samples"] or os.path.exists(os.path.join(output_dir, ri.FILE))):
-        moved = ri.move_aside(output_dir)
-    elif res["problem"]:
+    res = ri.check_dirs(dirs, ident)
+    aside = [d for d in dirs if overwrite and (ri.sample_files(d) or os.path.exists(os.path.join(d, ri.FILE)))]
+    if not aside and res["problem"]:
         raise AgentFailure("other-run", ri.refusal(res["problem"]))
-    if moved or res["state"] != "same":
-        ri.write(output_dir, ident)
-    return {"digest": res["digest"], "state": res["state"], "moved": moved}
+    moves = [ri.move_aside(d) for d in aside]
+    for d in (dirs if moves else res["write"]):
+        ri.write(d, ident)
+    return {"digest": res["digest"], "state": res["state"], "moved": moves[0] if moves else None,
+            **({"moved_all": moves} if len(moves) > 1 else {})}
 
 
 

@@ -22,15 +22,23 @@ def op_files(args):
     if not os.path.isdir(out_dir):
         from .protocol import AgentFailure
         raise AgentFailure("no-output", "output directory %s does not exist on the host" % out_dir)
+    from .outputs.run_identity import output_of
+    dirs = output_of(out_dir)      # one output spread over several directories: all of them, as one
     files, subdirs = [], []
-    with os.scandir(out_dir) as it:
-        for entry in it:
-            m = SAMPLE_RE.match(entry.name)
-            if m and entry.is_file():
-                files.append({"index": int(m.group(1)), "name": entry.name, "size": entry.stat().st_size})
-            elif SHARD_DIR_RE.match(entry.name) and entry.is_dir():
-                subdirs.append(entry.name)
-    files.sort(key=lambda f: f["index"])
+    for d in dirs:
+        try:
+            it = os.scandir(d)
+        except FileNotFoundError:
+            continue       # verify names a missing directory of the output
+        with it:
+            for entry in it:
+                m = SAMPLE_RE.match(entry.name)
+                if m and entry.is_file():
+                    files.append({"index": int(m.group(1)), "name": entry.name, "size": entry.stat().st_size,
+                                  **({"dir": d} if d != out_dir else {})})
+                elif SHARD_DIR_RE.match(entry.name) and entry.is_dir() and d == out_dir:
+                    subdirs.append(entry.name)
+    files.sort(key=lambda f: (f["index"], f.get("dir") or ""))
     config_text = None
     try:
         with open(os.path.join(out_dir, "data_config.json"), encoding="utf-8") as fh:
@@ -42,7 +50,7 @@ def op_files(args):
         done, last = 0, time.time()
         for f in files:
             h = hashlib.sha256()
-            with open(os.path.join(out_dir, f["name"]), "rb") as fh:
+            with open(os.path.join(f.get("dir") or out_dir, f["name"]), "rb") as fh:
                 for chunk in iter(lambda: fh.read(1 << 20), b""):
                     h.update(chunk)
                     done += len(chunk)
@@ -51,12 +59,16 @@ def op_files(args):
                         yield {"type": "progress", "hashed": done, "of": total}
             f["sha256"] = h.hexdigest()
     from .job import outputdir
-    try:      # a directory from before identities gets one now: one value whichever host name lists it
-        outputdir.ensure_identity(out_dir)
-    except OSError:
-        pass      # read-only: this boot's device and inode still tell a path listed twice on one machine
-    return {"output_dir": out_dir, "files": files, "config_text": config_text, "shard_dirs": sorted(subdirs),
-            "identity": outputdir.identity(out_dir), "run": run_identity(out_dir), "run_text": _run_text(out_dir)}
+    for d in dirs:
+        try:      # a directory from before identities gets one now: one value whichever host name lists it
+            outputdir.ensure_identity(d)
+        except OSError:
+            pass      # read-only: this boot's device and inode still tell a path listed twice on one machine
+    # several directories: the output is the list of theirs (in run.json's order, whichever one was named)
+    ident = "+".join(str(outputdir.identity(d)) for d in dirs) if len(dirs) > 1 else outputdir.identity(out_dir)
+    return {"output_dir": out_dir, **({"output_dirs": dirs} if len(dirs) > 1 else {}), "files": files,
+            "config_text": config_text, "shard_dirs": sorted(subdirs),
+            "identity": ident, "run": run_identity(out_dir), "run_text": _run_text(out_dir)}
 
 
 def _run_text(out_dir):
@@ -71,7 +83,8 @@ def _run_text(out_dir):
 def run_identity(out_dir):
     """What the directory's run.json says its files were made from, for comparing directories:
     ``digest`` (the whole identity, shard included), ``shard`` and ``run`` (sha256 of the identity
-    without its shard: one value for every share of one run); None without a readable run.json."""
+    without its shard and output directories: one value for every share of one run, wherever each
+    host put its files); None without a readable run.json."""
     import hashlib
     import json
     try:
@@ -83,8 +96,8 @@ def run_identity(out_dir):
         return None
     ident = doc.get("identity")
     run = None
-    if isinstance(ident, dict):
-        rest = {k: v for k, v in ident.items() if k != "shard"}
+    if isinstance(ident, dict):      # where the files are (output_dirs) is not what they are
+        rest = {k: v for k, v in ident.items() if k not in ("shard", "output_dirs")}
         run = hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     shard = ident.get("shard") if isinstance(ident, dict) else None
     return {"digest": doc.get("digest") if isinstance(doc.get("digest"), str) else None,

@@ -130,7 +130,7 @@ def op_verify(args):
     check_finite = args.get("finite", True)
     torch = _import_torch()
 
-    indexes, empty, temporaries = scan(out_dir, SAMPLE_RE, TEMP_RE.match)
+    indexes, empty, temporaries, spread = _scan_output(out_dir)
     from .outputs.identity_check import nothing_to_verify
     nothing_to_verify(out_dir, indexes, "data_<N>.pt")
     top = max(indexes) if indexes else -1
@@ -181,6 +181,7 @@ def op_verify(args):
             and len(config["layer_ids"]) != config["layers"]:
         config_problems.append("data_config.json lists %d layer_ids but %d hidden-state tensors"
                                % (len(config["layer_ids"]), config["layers"]))
+    config_problems += spread["problems"]
     outside = [i for i in indexes if i % step != first]
     if outside:
         config_problems.append("%d file(s) outside this directory's shard %d/%d, such as data_%d.pt"
@@ -222,7 +223,8 @@ def op_verify(args):
             yield {"type": "progress", "checked": n_done, "of": len(chosen)}
     ok = not (gaps or short or bad_load or inconsistent or bad_values or config_problems or ident.problems)
     return {
-        "ok": ok, "output_dir": out_dir, "files": len(indexes), "expected": expected, "expected_from": expected_from,
+        "ok": ok, "output_dir": out_dir, **({"output_dirs": spread["dirs"]} if len(spread["dirs"]) > 1 else {}),
+        "files": len(indexes), "expected": expected, "expected_from": expected_from,
         "max_index": top, "gaps": gaps[:MAX_LISTED], "gap_count": len(gaps),
         "missing_after_last": len(short), "empty_files": sorted(empty)[:MAX_LISTED],
         "checked": len(chosen), "mode": "all" if check_all else "sample",
@@ -234,6 +236,47 @@ def op_verify(args):
         "reference": {"index": ref_index, "layout": _jsonable(reference)},
         "torch": getattr(torch, "__version__", None), "identity": ident.to_json(),
     }
+
+
+def _scan_output(out_dir):
+    """``scan`` of the whole output ``out_dir`` belongs to (run_identity.output_of: one directory, or
+    the several its run.json names, found from any of them): ({index: name, or the file's path when
+    the output has several directories}, empty indexes, temporaries, {"dirs", "problems"}). Problems:
+    a directory of the output that is missing or holds another run's run.json, an index in two
+    directories (a sample's file counts wherever it is among them; in two it is one too many)."""
+    from .outputs import run_identity as ri
+    dirs = ri.output_of(out_dir)
+    if len(dirs) == 1:
+        indexes, empty, temporaries = scan(out_dir, SAMPLE_RE, TEMP_RE.match)
+        return indexes, empty, temporaries, {"dirs": [out_dir], "problems": []}
+    problems, indexes, empty, temporaries, twice = [], {}, [], [], []
+    mine = ri.read(out_dir)
+    for d in dirs:
+        if not os.path.isdir(d):
+            problems.append("%s, one of this run's %d output directories (run.json), does not exist"
+                            % (d, len(dirs)))
+            continue
+        try:
+            theirs = ri.read(d)
+        except ri.IdentityError as exc:
+            theirs = {"digest": str(exc)}
+        if (theirs or {}).get("digest") != mine.get("digest"):
+            problems.append("%s, one of this run's output directories, has %s" % (
+                d, "no run.json" if theirs is None else "another run's run.json"))
+        found, e, t = scan(d, SAMPLE_RE, TEMP_RE.match)
+        for i, name in found.items():
+            path = os.path.join(d, name)
+            if i in indexes:
+                twice.append((i, indexes[i], path))
+                continue
+            indexes[i] = path
+        empty += e
+        temporaries += [os.path.join(d, n) for n in t]
+    if twice:
+        i, a, b = twice[0]
+        problems.append("%d sample(s) are in two of the output directories, e.g. data_%d.pt: %s and %s (one "
+                        "copy too many: remove one)" % (len(twice), i, a, b))
+    return indexes, empty, temporaries, {"dirs": dirs, "problems": problems}
 
 
 def _jsonable(sig):

@@ -61,5 +61,6 @@ def render(c, host, st) -> None:
         c.print(f"  | {line}", markup=False, highlight=False)
     for w in st.get("warnings") or []:
         c.print(Text(f"  warning: {w}", style="yellow"))
-    c.print(f"  output: {st.get('output_dir')}   log: {st.get('log')}", markup=False, highlight=False)
+    where = " + ".join(st.get("output_dirs") or [st.get("output_dir")])   # several disks: every directory
+    c.print(f"  output: {where}   log: {st.get('log')}", markup=False, highlight=False)
 

@@ -50,7 +50,8 @@ def _summary(v) -> str:
 def render(c, host, r) -> None:
     from rich.text import Text
     exp = f" of {r['expected']} expected" if r.get("expected") else ""
-    head = f"{host}: {r['files']} data_<N>.pt files{exp} in {r['output_dir']}; loaded {r['checked']} ({r['mode']})"
+    where = " + ".join(r.get("output_dirs") or [r["output_dir"]])      # an output spread over several disks
+    head = f"{host}: {r['files']} data_<N>.pt files{exp} in {where}; loaded {r['checked']} ({r['mode']})"
     if r.get("shard_dirs"):      # only shard subdirectories: each is a part of the union below
         c.print(Text(f"{host}: {r['files']} data_<N>.pt files in {len(r['shard_dirs'])} shard dir(s) of "
                      f"{r['output_dir']}: {', '.join(r['shard_dirs'])}", style="green" if r["ok"] else "red"))

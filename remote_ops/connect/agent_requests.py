@@ -99,9 +99,10 @@ def dataset_check(*, path: str, workdir: str | None = _UNSET, max_samples: int |
 
 # jobs.py
 def jobs_probe(*, key: str, output_dir: str | None, need: dict | None = None, port: int | None = _UNSET,
-               layout: str | None = _UNSET, identity: dict | None = _UNSET, speed: dict | None = _UNSET) -> Request:
+               layout: str | None = _UNSET, identity: dict | None = _UNSET, speed: dict | None = _UNSET,
+               output_dirs: list | None = _UNSET) -> Request:
     return _req("jobs.probe", key=key, output_dir=output_dir, need=need if need else _UNSET, port=port, layout=layout,
-                identity=identity, speed=speed)
+                identity=identity, speed=speed, output_dirs=output_dirs)
 
 
 def jobs_launch(*, key: str, command: list[str], workdir: str | None, env: dict, secrets: dict,
@@ -109,9 +110,9 @@ def jobs_launch(*, key: str, command: list[str], workdir: str | None, env: dict,
                 cleanup_grace: float, playbook: str | None, lock_timeout: float = _UNSET,
                 start_timeout: float = _UNSET, server: dict | None = _UNSET, layout: str | None = _UNSET,
                 shard: list | None = _UNSET, identity: dict | None = _UNSET, overwrite: bool = _UNSET,
-                plan: dict | None = _UNSET) -> Request:
+                plan: dict | None = _UNSET, output_dirs: list | None = _UNSET) -> Request:
     return _req("jobs.launch", key=key, command=command, workdir=workdir, env=env, secrets=secrets,
-                output_dir=output_dir, expected_samples=expected_samples, watchdog_seconds=watchdog_seconds,
+                output_dir=output_dir, output_dirs=output_dirs, expected_samples=expected_samples, watchdog_seconds=watchdog_seconds,
                 cleanup_grace=cleanup_grace, playbook=playbook, lock_timeout=lock_timeout,
                 start_timeout=start_timeout, server=server, layout=layout, shard=shard, identity=identity,
                 overwrite=overwrite, plan=plan)

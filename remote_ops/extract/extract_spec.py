@@ -6,7 +6,9 @@ side; ``jobs.py`` runs it: preflight, launch, the records status / logs / stop /
                 "--target-model-path", "{vars.model}",                # split like a shell would,
                 "--output-dir", "{output_dir}", "--max-samples", "5000"]   # but never run by one)
       workdir: "{vars.workdir}"          # default: the host's workdir, else ~
-      output_dir: "{vars.data_root}/hidden_states"
+      output_dir: "{vars.data_root}/hidden_states"   # or a list, one directory per disk:
+                                         # [/nvme0/hs, /nvme1/hs]: sample N in the (N % k)-th (sharded n
+                                         # ways: (N // n) % k); {output_dir} is then "A:B" (PATH-like)
       expected_samples: 5000
       disk:                              # refuse a job whose outputs cannot fit, from real sizes:
         dataset: "{vars.dataset}"        # hidden size x captured layers (the checkpoint's config.json)
@@ -118,7 +120,7 @@ class ExtractSpec:
     key: str
     command: list[str]
     workdir: str
-    output_dir: str | None
+    output_dir: str | None               # the first (or only) output directory
     expected_samples: int | None = None
     disk: dict | None = None      # {model, layer_ids, default_layer_ids, dataset, max_model_len}: the disk need
     env: dict[str, str] = field(default_factory=dict)
@@ -136,6 +138,12 @@ class ExtractSpec:
     shard: tuple[int, int] | None = None  # this host's (k, n) once assigned (extract/shard.py)
     server: ServerSpec | None = None
     layout: str | None = None            # None: data_pt
+    output_dirs: list[str] = field(default_factory=list)   # every output directory, in order (one: [output_dir])
+
+    @property
+    def several_dirs(self) -> list[str] | None:
+        """The output directories when there are several (the job's samples spread over them), else None."""
+        return self.output_dirs if len(self.output_dirs) > 1 else None
 
     def to_json(self) -> dict:
         """What may be shown: secret *names* and where they come from, never values."""
@@ -143,7 +151,8 @@ class ExtractSpec:
         if self.layout:
             extra["output_layout"] = self.layout
         return {**extra, "key": self.key, "command": self.command, "workdir": self.workdir,
-                "output_dir": self.output_dir, "expected_samples": self.expected_samples,
+                "output_dir": self.output_dir, **({"output_dirs": self.output_dirs} if self.several_dirs else {}),
+                "expected_samples": self.expected_samples,
                 "env": self.env, "secrets": {s.name: f"{s.source}:{s.ref}" for s in self.secrets},
                 "gpus": {"count": self.gpu_count, "free": self.gpus_free},
                 "watchdog_seconds": self.watchdog_seconds, "stop_grace_seconds": self.stop_grace,
@@ -264,15 +273,32 @@ def _places(sec, subdir):
     workdir = raw.get("workdir")
     workdir = sec.text(("workdir",), workdir, "workdir") if workdir is not None else (sec.host.workdir or "~")
     sec.ctx["workdir"] = workdir
-    out = raw.get("output_dir")
-    output_dir = sec.text(("output_dir",), out, "output_dir") if out is not None else None
-    if output_dir is not None:
-        if not output_dir.startswith(("/", "~")):
-            output_dir = workdir.rstrip("/") + "/" + output_dir
+    out = sec.whole_var(raw.get("output_dir"))
+    sec.output_dirs = []
+    if out is None:
+        return {"workdir": workdir, "output_dir": None, "output_dirs": []}
+    from remote_ops.agent.outputs.run_identity import DIR_SEP
+    items = out if isinstance(out, list) else [out]
+    if not items:
+        raise sec.err_at(("output_dir",))("output_dir is an empty list", "name one directory, or one per disk")
+    dirs = []
+    for i, item in enumerate(items):
+        keys = ("output_dir",) + ((i,) if isinstance(out, list) else ())
+        d = sec.text(keys, item, "output_dir" + (" entries" if isinstance(out, list) else ""))
+        if DIR_SEP in d:      # the job would split it into two directories
+            raise sec.err_at(keys)(f"output_dir {d!r} holds {DIR_SEP!r}, which separates the directories on the "
+                                   f"job's command line (--output-dir A{DIR_SEP}B)",
+                                   "rename that directory; several directories are a list: output_dir: [A, B]")
+        if not d.startswith(("/", "~")):
+            d = workdir.rstrip("/") + "/" + d
         if subdir:
-            output_dir = output_dir.rstrip("/") + "/" + subdir
-        sec.ctx["output_dir"] = output_dir
-    return {"workdir": workdir, "output_dir": output_dir}
+            d = d.rstrip("/") + "/" + subdir
+        if d.rstrip("/") in [x.rstrip("/") for x in dirs]:
+            raise sec.err_at(keys)(f"output_dir names {d} twice", "give each disk's directory once")
+        dirs.append(d)
+    sec.ctx["output_dir"] = DIR_SEP.join(dirs)       # the job's --output-dir: A:B for several
+    sec.output_dirs = dirs
+    return {"workdir": workdir, "output_dir": dirs[0], "output_dirs": dirs}
 
 
 def _commands(sec):
@@ -289,6 +315,11 @@ def _commands(sec):
         raise sec.err_at(("output_layout",))(f"output_layout must be one of {', '.join(LAYOUTS)}, got {layout!r}",
                                              "hs_safetensors: speculators >= 0.5 (hs_<N>.safetensors); "
                                              "data_pt: speculators 0.3 (data_<N>.pt)")
+    if len(sec.output_dirs) > 1 and (server is not None or layout == "hs_safetensors"):
+        raise sec.err_at(("output_dir",))(
+            "output_dir names several directories, but this job writes one: the server flow's files come "
+            "through vLLM's connector into one directory", "give output_dir one directory (one disk), or use "
+            "the 0.3.0 flow (eagle3-speculators-0.3.0) to spread samples over several")
     return {"server": server, "command": command, "layout": None if layout in (None, "data_pt") else layout}
 
 

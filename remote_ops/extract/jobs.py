@@ -256,6 +256,8 @@ def launch(session, spec: ExtractSpec, *, identity: dict | None = None, overwrit
         args["layout"] = spec.layout
     if spec.shard:
         args["shard"] = list(spec.shard)
+    if spec.several_dirs:
+        args["output_dirs"] = spec.several_dirs
     if identity is not None:
         args["identity"] = identity
     if overwrite:

@@ -132,19 +132,23 @@ def _identity_preflight(pf: Preflight, res: dict | None, spec: ExtractSpec, over
         pf.notes.append(f"run identity not computed: {res['error']} (the job checks its own)")
         return
     short = res["digest"][:12]
+    where = " and ".join(spec.output_dirs) if spec.several_dirs else spec.output_dir
+    aside = (f"{spec.output_dir}/.replaced-<UTC time>/" if not spec.several_dirs
+             else ".replaced-<UTC time>/ in each of its directories")
     if res.get("problem"):
         if overwrite:
             pf.notes.append(f"--overwrite: {res['samples']} sample file(s) of the earlier run will be moved into "
-                            f"{spec.output_dir}/.replaced-<UTC time>/ ({'; '.join(res['differences']) or res['state']})")
+                            f"{aside} ({'; '.join(res['differences']) or res['state']})")
         else:
             pf.problems.append(res["line"])
     elif res["state"] == "same" and res["samples"]:
-        pf.notes.append(f"run identity {short}: the {res['samples']} sample file(s) in {spec.output_dir} are this "
+        pf.notes.append(f"run identity {short}: the {res['samples']} sample file(s) in {where} are this "
                         "run's (run.json): resuming")
     elif overwrite and res.get("recorded"):
-        pf.notes.append(f"--overwrite: run.json of the earlier run will be moved into {spec.output_dir}/.replaced-<UTC time>/")
+        pf.notes.append(f"--overwrite: run.json of the earlier run will be moved into {aside}")
     else:
-        pf.notes.append(f"run identity {short}: recorded in {spec.output_dir}/run.json at launch")
+        pf.notes.append(f"run identity {short}: recorded in " + (f"{spec.output_dir}/run.json" if not spec.several_dirs
+                        else f"the run.json of each of {where}") + " at launch")
 
 
 def probe_model(spec: ExtractSpec, playbook, host) -> str | None:
@@ -209,7 +213,11 @@ class RunningJob(Part):
     def ops(self, c):
         spec = c.spec
         need = dict(spec.disk, max_samples=spec.expected_samples, workdir=spec.workdir) if spec.disk else None
+        if need and spec.shard:
+            need["shard"] = list(spec.shard)
         args = {} if spec.server is None else {"port": spec.server.port}
+        if spec.several_dirs:
+            args["output_dirs"] = spec.several_dirs
         if spec.layout:
             args["layout"] = spec.layout
         if (ident_req := identity_request(spec, c.playbook)) is not None:
@@ -224,6 +232,10 @@ class RunningJob(Part):
         spec = c.spec
         job = probe.get("job")
         if job and job.get("state") in ("starting", "running"):
+            if probe.get("other_dirs"):        # the same first directory, another list (agent/jobs.py)
+                pf.problems.append(probe["other_dirs"])
+                pf.hint = "stop that job first (remote-ops stop), or launch with its output directories"
+                return STOP
             if list(job.get("shard") or ()) == list(spec.shard or ()):
                 pf.running = job       # the job asked for (same output directory, same share): attach
                 return STOP
@@ -353,6 +365,8 @@ class Disk(Part):
         spec = c.spec
         d = pf.disk or {}
         n = d.get("need") or {}
+        if d.get("twice"):
+            pf.problems.append(d["twice"])
         if d.get("error"):
             pf.problems.append(f"cannot measure free disk at {spec.output_dir}: {d['error']}")
         elif "fits" in n:

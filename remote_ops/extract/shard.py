@@ -493,7 +493,7 @@ def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, 
         item_of = {id(d): next(f for f in d["files_list"] if f["index"] == i) for d in holders[i]}
 
         def item(d):
-            return {**item_of[id(d)], "host": d["host"], "path": d["output_dir"].rstrip("/") + "/" + item_of[id(d)]["name"]}
+            return {**item_of[id(d)], "host": d["host"], "path": _file_path(d, item_of[id(d)])}
         if total is not None and i >= total:
             beyond += [f"{d['host']}:{item(d)['path']}" for d in holders[i]]
             continue
@@ -516,7 +516,7 @@ def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, 
                           f"{' and '.join(c['where'])}, and no run.json tells which is of this run: delete the wrong "
                           "copy (remote-ops verify GROUP)")
     foreign = [d for d in dirs if run and d.get("run") and d["run"] != run
-               and any(chosen.get(f["index"], {}).get("path") == d["output_dir"].rstrip("/") + "/" + f["name"]
+               and any(chosen.get(f["index"], {}).get("path") == _file_path(d, f)
                        and chosen[f["index"]]["host"] == d["host"] for f in d["files_list"])]
     runs = sorted({d["run"] for d in dirs if d.get("run")})
     if run is None and len(runs) > 1:       # no majority run: nothing tells which files are the union's
@@ -552,6 +552,12 @@ def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, 
     return per_host, union_doc, g
 
 
+def _file_path(d: dict, f: dict) -> str:
+    """Where on its host a listed file is: its own directory (``dir``: an output spread over several
+    directories, agent/shards.py) or the listing's."""
+    return (f.get("dir") or d["output_dir"]).rstrip("/") + "/" + f["name"]
+
+
 def stale_in_destination(to: str, total: int | None) -> list[str]:
     """The sample files in the local destination beyond the dataset's ``total``: left from another
     run, never part of this one."""
@@ -572,7 +578,9 @@ def _union_run(dirs: list[dict], run: str | None) -> dict | None:
             except ValueError:
                 continue
             if isinstance(doc, dict) and isinstance(doc.get("identity"), dict):
-                return ri.record(dict(doc["identity"], shard=None))
+                ident = dict(doc["identity"], shard=None)
+                ident.pop("output_dirs", None)      # the union is one local directory
+                return ri.record(ident)
     return None
 
 

@@ -79,6 +79,9 @@ def extract(session, pb, spec, *, skip_check: bool, dry_run: bool, strict_drift:
     secret_values = resolve_secrets(spec)   # an optional secret unset here is simply not passed
     if not spec.output_dir:
         raise UsageError("a Slurm job needs extract.output_dir (each array task writes shard-K-of-N in it)")
+    if spec.several_dirs:
+        raise UsageError(f"extract.output_dir names {len(spec.output_dirs)} directories; a Slurm job writes one "
+                         "(each array task its shard-K-of-N in it)", "give output_dir one directory for Slurm hosts")
     if overwrite:
         raise UsageError("--overwrite is not offered for Slurm jobs",
                          "move the task directories aside yourself, or give extract.output_dir a new path")

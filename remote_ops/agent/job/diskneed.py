@@ -14,6 +14,10 @@ with one line (``verdict`` alone takes the numbers). ``dataset_tokens`` counts t
 from the JSONL itself, bounded in time: ``input_ids`` lines exactly, ``text`` lines estimated at
 TEXT_BYTES_PER_TOKEN bytes of UTF-8 per token (no tokenizer here), and lines past the time budget
 extrapolated from the mean so far; the result says which.
+
+Several output directories (one per disk: run_identity.dir_index puts sample N in one of them): each
+directory's share of the samples still to write is counted, and the directories on one filesystem
+(one ``st_dev``) are summed against that filesystem's free space once (``several``).
 """
 
 import json
@@ -75,23 +79,65 @@ def captured_layers(layer_ids, num_hidden_layers):
     return len(set(layer_ids))
 
 
-def free_bytes(path):
-    """Free bytes for an unprivileged writer on the filesystem of ``path`` (or of its nearest
-    existing parent, for an output directory not made yet)."""
+def _existing(path):
+    """``path``, or its nearest existing parent (an output directory not made yet)."""
     probe = os.path.expanduser(path)
     while not os.path.exists(probe) and os.path.dirname(probe) != probe:
         probe = os.path.dirname(probe)
-    st = os.statvfs(probe)
+    return probe
+
+
+def _device(path):
+    """The filesystem (``st_dev``) ``path`` is on, or would be made on."""
+    return os.stat(_existing(path)).st_dev
+
+
+def free_bytes(path):
+    """Free bytes for an unprivileged writer on the filesystem of ``path`` (or of its nearest
+    existing parent, for an output directory not made yet)."""
+    st = os.statvfs(_existing(path))
     return st.f_bavail * st.f_frsize
 
 
+def several(hidden_size, n_layers, counts, dirs, *, dtype_bytes=2):
+    """The verdict for several output directories: ``counts`` (dataset_tokens with ``dirs``) gives
+    each directory's pending samples and tokens; directories on one filesystem (``st_dev`` of the
+    directory or its nearest existing parent) are summed and held to that filesystem's free bytes.
+    {need_bytes, free_bytes (of the distinct filesystems), fits, line, filesystems: [verdict + dirs]}."""
+    groups = {}
+    for d, share in zip(dirs, counts["per_dir"]):
+        dev = _device(d)
+        g = groups.setdefault(dev, {"dirs": [], "samples": 0, "tokens": 0, "free": free_bytes(d)})
+        g["dirs"].append(d)
+        g["samples"] += share["pending_samples"]
+        g["tokens"] += share["pending_tokens"]
+    fs = []
+    for g in groups.values():
+        v = verdict(hidden_size, n_layers, g["tokens"], g["samples"], g["free"], dtype_bytes=dtype_bytes,
+                    where=" + ".join(g["dirs"]) + (" (one filesystem)" if len(g["dirs"]) > 1 else ""),
+                    estimated=not counts["exact"])
+        v["dirs"] = g["dirs"]
+        fs.append(v)
+    fits = all(v["fits"] for v in fs)
+    return {"need_bytes": sum(v["need_bytes"] for v in fs), "free_bytes": sum(v["free_bytes"] for v in fs),
+            "fits": fits, "line": "; ".join(v["line"] for v in fs if fits or not v["fits"]),
+            "tokens": counts["pending_tokens"], "samples": counts["pending_samples"],
+            "estimated": not counts["exact"], "filesystems": fs}
+
+
 def preflight(hidden_size, n_layers, dataset, output_dir, *, max_samples=None, max_model_len=None,
-              dtype_bytes=2, time_budget=10.0):
+              dtype_bytes=2, time_budget=10.0, shard=None):
     """The whole disk check for one job: tokens still to write (dataset_tokens), free bytes at the
-    output directory, and the verdict; ``counts`` says how exact the token count is."""
-    counts = dataset_tokens(dataset, max_samples, max_model_len, output_dir, time_budget)
+    output directory (a list: each directory's share on its filesystem, ``several``), and the
+    verdict; ``counts`` says how exact the token count is."""
+    counts = dataset_tokens(dataset, max_samples, max_model_len, output_dir, time_budget, shard=shard)
+    if isinstance(output_dir, (list, tuple)) and len(output_dir) > 1:
+        v = several(hidden_size, n_layers, counts, output_dir, dtype_bytes=dtype_bytes)
+        v["counts"] = counts
+        return v
+    one = output_dir[0] if isinstance(output_dir, (list, tuple)) else output_dir
     v = verdict(hidden_size, n_layers, counts["pending_tokens"], counts["pending_samples"],
-                free_bytes(output_dir), dtype_bytes=dtype_bytes, where=output_dir, estimated=not counts["exact"])
+                free_bytes(one), dtype_bytes=dtype_bytes, where=one, estimated=not counts["exact"])
     v["counts"] = counts
     return v
 
@@ -106,7 +152,7 @@ def hidden_size(cfg):
 
 def for_job(need, output_dir):
     """The disk check of jobs.probe: ``need`` = {model, workdir, layer_ids, default_layer_ids, dataset,
-    max_samples, max_model_len}; the checkpoint's config.json is read by the model preflight's own
+    max_samples, max_model_len, shard: [k, n] | None}; ``output_dir``: one directory or the list; the checkpoint's config.json is read by the model preflight's own
     reader (agent/model.py). Returns preflight()'s verdict plus model facts, or {"unknown": why}.
     Hidden states are 2 bytes: speculators' generator runs vLLM with dtype "auto", which keeps bf16/fp16
     and downcasts float32 checkpoints (vllm/config/model.py _resolve_auto_dtype, 0.20.0)."""
@@ -128,7 +174,8 @@ def for_job(need, output_dir):
         dataset = os.path.join(os.path.expanduser(need["workdir"]), dataset)
     try:
         v = preflight(hidden, layers, dataset, output_dir, max_samples=need.get("max_samples"),
-                      max_model_len=need.get("max_model_len"), time_budget=float(need.get("time_budget", 10)))
+                      max_model_len=need.get("max_model_len"), time_budget=float(need.get("time_budget", 10)),
+                      shard=need.get("shard"))
     except OSError as exc:
         return {"unknown": "cannot read the dataset %s: %s" % (dataset, exc.strerror or exc)}
     from . import activeparams         # the launch plan's compute bound (extract/plan.py)
@@ -137,31 +184,44 @@ def for_job(need, output_dir):
 
 
 def dataset_tokens(path, max_samples=None, max_model_len=None, output_dir=None, time_budget=10.0,
-                   clock=time.monotonic):
+                   clock=time.monotonic, shard=None):
     """Tokens of the samples the job will write: the first ``max_samples`` non-blank lines of the
     JSONL (the script's sample numbering), each cut to ``max_model_len - 1``, leaving out those
-    whose ``data_<N>.pt`` already exists in ``output_dir``. Counted line by line for up to
-    ``time_budget`` seconds; the lines after that are counted (newlines only) and given the mean
-    of the samples measured. Returns {samples, tokens, pending_samples, pending_tokens,
-    text_samples (estimated), extrapolated_samples, exact}."""
+    whose ``data_<N>.pt`` already exists in ``output_dir`` (a list: in any of them). Counted line by
+    line for up to ``time_budget`` seconds; the lines after that are counted (newlines only) and
+    given the mean of the samples measured. Returns {samples, tokens, pending_samples,
+    pending_tokens, text_samples (estimated), extrapolated_samples, exact, per_dir}: ``per_dir``
+    the pending samples and tokens of each output directory (run_identity.dir_index; the
+    extrapolated ones shared evenly). ``shard`` [k, n]: only its samples (i % n == k) count."""
+    from ..outputs.run_identity import dir_index
     limit = max_model_len - 1 if max_model_len else None
     deadline = clock() + time_budget
     samples = tokens = pend_samples = pend_tokens = text_samples = 0
     measured_tokens = 0
-    out = os.path.expanduser(output_dir) if output_dir else None
+    outs = [os.path.expanduser(d) for d in (output_dir if isinstance(output_dir, (list, tuple))
+                                            else [output_dir] if output_dir else [])]
+    per_dir = [{"pending_samples": 0, "pending_tokens": 0} for _ in outs or [None]]
+    k, n_shards = (shard[0], shard[1]) if shard else (0, 1)
+    index = -1
     with open(os.path.expanduser(path), "rb") as fh:
         for raw in fh:
-            if max_samples is not None and samples >= max_samples:
+            if max_samples is not None and index + 1 >= max_samples:
                 break
             if not raw.strip():
                 continue
+            index += 1
+            if index % n_shards != k:
+                continue
             if clock() > deadline:
-                rest = 1 + _count_lines(fh, None if max_samples is None else max_samples - samples - 1)
+                rest = _count_lines(fh, None if max_samples is None else max_samples - index - 1)
+                rest = 1 + len(range(index + 1 + (k - index - 1) % n_shards, index + 1 + rest, n_shards))
                 mean = measured_tokens / samples if samples else 0
                 extra_tokens = int(round(mean * rest))
-                pend_n = rest
-                return _counts(samples + rest, tokens + extra_tokens, pend_samples + pend_n,
-                               pend_tokens + extra_tokens, text_samples, rest)
+                for j, share in enumerate(per_dir):
+                    share["pending_samples"] += rest // len(per_dir) + (j < rest % len(per_dir))
+                    share["pending_tokens"] += int(round(extra_tokens / len(per_dir)))
+                return _counts(samples + rest, tokens + extra_tokens, pend_samples + rest,
+                               pend_tokens + extra_tokens, text_samples, rest, per_dir)
             n = _line_tokens(raw)
             if n is None:
                 n = 0
@@ -171,18 +231,22 @@ def dataset_tokens(path, max_samples=None, max_model_len=None, output_dir=None, 
             if limit is not None:
                 n = min(n, limit)
             measured_tokens += n
-            if out is None or not os.path.exists(os.path.join(out, "data_%d.pt" % samples)):
+            name = "data_%d.pt" % index
+            if not any(os.path.exists(os.path.join(d, name)) for d in outs):
                 pend_samples += 1
                 pend_tokens += n
+                share = per_dir[dir_index(index, len(per_dir), n_shards)]
+                share["pending_samples"] += 1
+                share["pending_tokens"] += n
             samples += 1
             tokens += n
-    return _counts(samples, tokens, pend_samples, pend_tokens, text_samples, 0)
+    return _counts(samples, tokens, pend_samples, pend_tokens, text_samples, 0, per_dir)
 
 
-def _counts(samples, tokens, pend_samples, pend_tokens, text_samples, extrapolated):
+def _counts(samples, tokens, pend_samples, pend_tokens, text_samples, extrapolated, per_dir):
     return {"samples": samples, "tokens": tokens, "pending_samples": pend_samples, "pending_tokens": pend_tokens,
             "text_samples": text_samples, "extrapolated_samples": extrapolated,
-            "exact": not text_samples and not extrapolated}
+            "exact": not text_samples and not extrapolated, "per_dir": per_dir}
 
 
 def _line_tokens(raw):

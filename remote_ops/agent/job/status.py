@@ -292,13 +292,17 @@ def job_status(job_id):
     if job.get("layout"):
         out["layout"] = job["layout"]
     out["shard"] = job["shard"] if "shard" in job else _shard_of_command(job.get("command"))
-    if job.get("output_dir"):     # which directory this is, whichever name reached it (counted once)
+    dirs = sup.output_dirs(job)
+    if len(dirs) > 1:
+        out["output_dirs"] = job["output_dirs"]
+    if dirs:     # which directory this is, whichever name reached it (counted once); several: all of theirs
         from .outputdir import identity as output_identity
-        out["output_identity"] = output_identity(os.path.expanduser(job["output_dir"]))
+        ids = [output_identity(d) for d in dirs]
+        out["output_identity"] = ids[0] if len(ids) == 1 else "+".join(str(i) for i in ids)
     if job.get("server"):
         out["server"] = server_status(jobdir, state)
     # progress
-    done, top = sup.count_samples(job.get("output_dir"), job.get("layout")) if job.get("output_dir") else (0, -1)
+    done, top = sup.count_samples(dirs, job.get("layout")) if dirs else (0, -1)
     start = run.get("started_at")
     end = out["ended_at"] or (t if state in ("running", "starting") else None) or start
     elapsed = (end - start) if start and end else None

@@ -119,20 +119,29 @@ def boot_id():
         return None
 
 
+def output_dirs(job):
+    """The output directories of a job record (job.json): ``output_dirs`` (several, in order), else
+    [``output_dir``], else []; ``~`` expanded."""
+    dirs = job.get("output_dirs") or ([job["output_dir"]] if job.get("output_dir") else [])
+    return [os.path.expanduser(d) for d in dirs]
+
+
 def count_samples(output_dir, layout=None):
-    """(number of sample files (data_<N>.pt by default), highest N or -1)."""
-    count, top = 0, -1
+    """(number of sample files (data_<N>.pt by default), highest N or -1) in ``output_dir``, or in
+    all of a list of directories (one output spread over several disks: each index counted once)."""
+    seen, top = set(), -1
     pattern = sample_re(layout)
-    try:
-        with os.scandir(output_dir) as it:
-            for entry in it:
-                m = pattern.match(entry.name)
-                if m:
-                    count += 1
-                    top = max(top, int(m.group(1)))
-    except OSError:
-        pass
-    return count, top
+    for d in output_dir if isinstance(output_dir, (list, tuple)) else [output_dir]:
+        try:
+            with os.scandir(d) as it:
+                for entry in it:
+                    m = pattern.match(entry.name)
+                    if m:
+                        seen.add(int(m.group(1)))
+                        top = max(top, int(m.group(1)))
+        except OSError:
+            pass
+    return len(seen), top
 
 
 def marker_pids(job_id, exclude=()):
@@ -276,7 +285,7 @@ class Supervisor:
         env.setdefault("PYTHONUNBUFFERED", "1")
         env[MARKER] = self.job_id
         secrets = None
-        output_dir = job.get("output_dir")
+        output_dir = output_dirs(job)
         layout = job.get("layout")
         initial, _ = count_samples(output_dir, layout) if output_dir else (0, -1)
         if job.get("server"):
@@ -644,8 +653,8 @@ def main(argv):
         return Supervisor(jobdir, lock_fd).run()
     finally:      # exit.json is written: the output directory is free for the next job
         job = read_json(os.path.join(jobdir, "job.json")) or {}
-        if job.get("output_dir"):
-            release_output(job["output_dir"], job.get("job_id"))
+        for d in output_dirs(job):
+            release_output(d, job.get("job_id"))
 
 
 if __name__ == "__main__":

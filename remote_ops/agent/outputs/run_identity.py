@@ -13,7 +13,8 @@ computes and checks the same identity itself, so a run started by hand is held t
                   "layer_ids": [...] | null,      # as the command asks; null: the generator's choice
                   "max_model_len": n | null, "flow": "generator" | "server",
                   "playbook": {"name", "sha256"} | null, "shard": {"index", "count"} | null,
-                  "versions": {package: version | null}},
+                  "versions": {package: version | null},
+                  "output_dirs": [absolute path, ...]},   # only for several output directories
      "digest": sha256 of json.dumps(identity, sort_keys=True, separators=(",", ":")),
      "created": ISO-8601 UTC}
 
@@ -21,6 +22,14 @@ The inputs come from the job's command line, by the same flags the extract scrip
 (``command_inputs``): the agent reads the launched command, the script its own argv, so both compute
 one identity. ``lines_sha256`` hashes the dataset lines the run uses (the first ``samples`` non-blank
 lines, each without its line ending), so a dataset edited in place is a different run.
+
+Several output directories (``--output-dir A:B``, ``output_dir: [A, B]`` in a playbook): the
+identity adds ``output_dirs``, their absolute paths in order, and every directory holds the same
+run.json, so any one of them names the others. Sample N lives in directory ``dir_index(N, k, n)``:
+``(N // n) % k`` for k directories and a run sharded n ways (1 when not), i.e. the samples of the
+directory's share alternate over the directories in order (a shard's samples i = K + j*n go round
+robin by j, so a shard count that shares a factor with k still uses every directory). A changed list,
+order included, is another run: sample N would belong elsewhere.
 """
 
 import hashlib
@@ -37,7 +46,8 @@ REPLACED_PREFIX = ".replaced-"
 SAMPLE_RE = re.compile(r"^(?:data_(\d+)\.pt|hs_(\d+)\.safetensors)$")    # both layouts
 TEMP_RE = re.compile(r"^\.data_\d+\.pt\.\d+\.tmp$")
 CONFIG = "data_config.json"
-FLAGS = {"--dataset": "dataset", "--max-samples": "max_samples", "--target-model-path": "model",
+DIR_SEP = ":"       # --output-dir A:B names several directories, as PATH does
+FLAGS = {"--output-dir": "output_dir", "--dataset": "dataset", "--max-samples": "max_samples", "--target-model-path": "model",
          "--layer-ids": "layer_ids", "--max-model-len": "max_model_len", "--shard": "shard"}
 # the versions of PACKAGES as an interpreter sees them: run in-process (the script) or by the job's
 # interpreter (the agent: ``python -c VERSIONS_CODE``); one JSON line
@@ -76,9 +86,40 @@ def command_inputs(argv):
                 raw[name] = words[i + 1]
             elif word.startswith(flag + "="):
                 raw[name] = word[len(flag) + 1:]
+    dirs = split_dirs(raw.get("output_dir") or "")
     return {"dataset": raw.get("dataset") or None, "max_samples": _int(raw.get("max_samples")),
             "model": raw.get("model") or None, "layer_ids": layer_ids(raw.get("layer_ids")),
-            "max_model_len": _int(raw.get("max_model_len")), "shard": shard(raw.get("shard"))}
+            "max_model_len": _int(raw.get("max_model_len")), "shard": shard(raw.get("shard")),
+            "output_dirs": dirs if len(dirs) > 1 else None}
+
+
+def split_dirs(value):
+    """The output directories ``value`` names: a list as it is, a string split at ``DIR_SEP`` (empty
+    parts dropped), ``~`` expanded."""
+    parts = list(value) if isinstance(value, (list, tuple)) else str(value).split(DIR_SEP)
+    return [os.path.expanduser(str(p)) for p in parts if str(p)]
+
+
+def dir_index(index, count, shard_count=1):
+    """Which of ``count`` output directories holds sample ``index`` of a run sharded ``shard_count``
+    ways: ``(index // shard_count) % count`` (the module docstring says why)."""
+    return (index // max(1, shard_count)) % count if count > 1 else 0
+
+
+def same_dirs(dirs):
+    """Two entries of ``dirs`` that are one directory (one path written twice, a symlink, a bind
+    mount: same device and inode), as (a, b), else None. Directories not there yet compare by path."""
+    seen = {}
+    for d in dirs:
+        try:
+            st = os.stat(d)
+            key = ("ino", st.st_dev, st.st_ino)
+        except OSError:
+            key = ("path", os.path.realpath(d))
+        if key in seen:
+            return seen[key], d
+        seen[key] = d
+    return None
 
 
 def _int(text):
@@ -183,11 +224,15 @@ def identity(inputs, *, cwd=None, flow="generator", playbook=None, versions=None
     """The identity of a run from ``inputs`` (``command_inputs``), in the job's working directory."""
     ds = inputs.get("dataset")
     model = inputs.get("model")
-    return {"dataset": dataset_facts(ds, inputs.get("max_samples"), cwd) if ds else None,
-            "model": model_facts(model, cwd) if model else None,
-            "layer_ids": inputs.get("layer_ids"), "max_model_len": inputs.get("max_model_len"),
-            "flow": flow, "playbook": playbook or None, "shard": inputs.get("shard"),
-            "versions": dict(versions or {})}
+    out = {"dataset": dataset_facts(ds, inputs.get("max_samples"), cwd) if ds else None,
+           "model": model_facts(model, cwd) if model else None,
+           "layer_ids": inputs.get("layer_ids"), "max_model_len": inputs.get("max_model_len"),
+           "flow": flow, "playbook": playbook or None, "shard": inputs.get("shard"),
+           "versions": dict(versions or {})}
+    dirs = inputs.get("output_dirs")
+    if dirs and len(dirs) > 1:     # absent for one directory: run.json of one-directory runs is unchanged
+        out["output_dirs"] = [_abspath(d, cwd) for d in dirs]
+    return out
 
 
 def playbook_from_env(environ=None):
@@ -305,6 +350,41 @@ def check(output_dir, ident):
     if samples:
         out.update(state="differs", problem="%s holds %d sample file(s) of another run: %s"
                    % (output_dir, samples, "; ".join(out["differences"]) or "run.json's digest differs"))
+    return out
+
+
+def output_of(output_dir):
+    """The directories of the output ``output_dir`` belongs to, in order: its run.json's
+    ``output_dirs`` when they name it (by path, or as the same directory reached another way), else
+    [``output_dir``] (one directory, no run.json, or one that does not parse: its own check says so).
+    So verify, gather and status find a whole spread output from any one of its directories."""
+    try:
+        doc = read(output_dir)
+    except IdentityError:
+        return [output_dir]
+    dirs = (doc or {}).get("identity", {}).get("output_dirs") if doc else None
+    if not isinstance(dirs, list) or len(dirs) < 2 or not all(isinstance(d, str) for d in dirs):
+        return [output_dir]
+    for d in dirs:
+        try:
+            if os.path.samefile(d, output_dir):
+                return list(dirs)
+        except OSError:
+            continue
+    return [output_dir]
+
+
+def check_dirs(dirs, ident):
+    """``check`` over the directories of one output (one or several): the first problem (it names its
+    directory), ``samples`` summed, state "same" when every directory's run.json is this run's (else
+    the first other state), and ``write``: the directories whose run.json a new run writes."""
+    results = [check(d, ident) for d in dirs]
+    bad = next((r for r in results if r["problem"]), None)
+    out = dict(bad or results[0])
+    out["samples"] = sum(r["samples"] for r in results)
+    if bad is None:
+        out["state"] = next((r["state"] for r in results if r["state"] != "same"), "same")
+    out["write"] = [d for d, r in zip(dirs, results) if r["state"] != "same"]
     return out
 
 
