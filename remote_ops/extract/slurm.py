@@ -116,6 +116,11 @@ def status(session, *, pb, job):
     return jobs.JobStatus(session.label, session.call(*rq.slurm_status(**_ref(pb, job))))
 
 
+def final_status(session, job_id: str) -> dict:
+    """The status record of the Slurm job ``job_id`` (for the end line of a follow)."""
+    return session.call(*rq.slurm_status(job_id=job_id))
+
+
 def stop(session, *, pb, job, grace, on_stopping=None):
     from remote_ops.extract import jobs
     ref = _ref(pb, job)
