@@ -378,6 +378,12 @@ def test_tasks_that_left_the_queue_without_accounting_say_so_in_one_line(slurm, 
     status, out, err = cli("status", "cluster", "-i", str(inv))
     assert status == 1 and "  sacct: Slurm accounting is not configured on this cluster" in out, out
     assert "task 0: lost, " in out
+    status, out, err = cli("status", "cluster", "--all", "--json", "-i", str(inv))     # the login node's jobs
+    listed = json.loads(out)["jobs"]
+    assert status == 0 and [j["job_id"] for j in listed] == [job["job_id"]], out
+    assert listed[0]["accounting"] == job["accounting"] and listed[0]["slurm_id"] == job["slurm_id"]
+    status, out, err = cli("status", "cluster", "--all", "-i", str(inv))
+    assert f"cluster: {job['job_id']} (STAND-IN): lost after " in out, out
     status, out, err = cli("logs", "cluster", "--follow", "-i", str(inv))
     assert status == 1, (out, err)
     end = out.strip().splitlines()[-2:]

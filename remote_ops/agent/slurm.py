@@ -307,6 +307,20 @@ def op_status(args):
     return job_status(_resolve(args))
 
 
+def op_list(args):
+    """Every Slurm job remote-ops submitted from this login node (of playbook ``key`` when given), oldest
+    first: each one's status record (sacct asked once for each ended job, see _accounting)."""
+    root = os.path.join(statedir.root(), "slurm")     # read-only: no state directory made here
+    found = []
+    for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        job = sup.read_json(os.path.join(root, name, "job.json"))
+        if not job or not job.get("slurm_id") or (args.get("key") and job.get("key") != args["key"]):
+            continue
+        found.append(job_status(name))
+    found.sort(key=lambda j: j.get("created_at") or 0)
+    return {"jobs": found}
+
+
 def op_submit(args):
     import secrets as _secrets
     from .job.status import safe_key, standin_label

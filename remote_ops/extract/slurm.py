@@ -116,6 +116,12 @@ def status(session, *, pb, job):
     return jobs.JobStatus(session.label, session.call(*rq.slurm_status(**_ref(pb, job))))
 
 
+def list_jobs(session):
+    """``status --all`` on a login node: the Slurm jobs submitted from it (``jobs.JobList``)."""
+    from remote_ops.extract import jobs
+    return jobs.JobList(session.label, session.call(*rq.slurm_list())["jobs"])
+
+
 def final_status(session, job_id: str) -> dict:
     """The status record of the Slurm job ``job_id`` (for the end line of a follow)."""
     return session.call(*rq.slurm_status(job_id=job_id))
