@@ -214,8 +214,9 @@ def test_slurm_array_of_the_shipped_playbook_with_the_standin(slurm, sshd, tmp_p
     inv = write_inventory(tmp_path / "inv.yaml", {"cluster": entry})
     status, out, err = cli("extract", "cluster", "--skip-check", "--dry-run", "-i", str(inv))
     assert status == 0, err
-    assert ("note: slurm: this preflight (files, dataset, disk, model, imports) ran on the login node cluster, "
-            "not on a compute node") in " ".join(out.split()), out
+    assert (f"note: slurm: files, dataset, disk, model and imports checked on the login node {os.uname().nodename}; "
+            f"tasks run on partition debug (the default), nodes {socket.gethostname().split('.')[0]}: they need "
+            "the same paths and Python there") in " ".join(out.split()), out
     status, out, err = cli("extract", "cluster", "--skip-check", "--json", "-i", str(inv))
     assert status == 0, err
     job = json.loads(out)["job"]
@@ -296,6 +297,10 @@ def test_sbatch_without_a_reachable_controller_says_so(sshd, tmp_path, cli):
                            vars={"scheduler": "slurm", "n": 3, "sleep": 0, "out": str(tmp_path / "out")},
                            playbook=str(pb))
     inv = write_inventory(tmp_path / "inv.yaml", {"cluster": host})
+    status, out, err = cli("extract", "cluster", "--skip-check", "--dry-run", "-i", str(inv))
+    assert status == 0, err        # where the tasks run is a note: sinfo's words, no guess
+    assert (f"checked on the login node {os.uname().nodename}; tasks run on the cluster's default partition "
+            "(sinfo: slurm_load_partitions: Unable to contact slurm controller") in " ".join(out.split()), out
     status, out, err = cli("extract", "cluster", "--skip-check", "-i", str(inv))
     assert status != 0
     assert "sbatch refused the job: Batch job submission failed: Unable to contact slurm controller" in err, err

@@ -151,6 +151,7 @@ OPS = {o.name: o for o in (
     Op("slurm.submit", ("key", "command", "workdir", "env", "output_dir", "tasks", "sbatch", "python",
                         "expected_samples", "secrets", "requeue"), "submit the job as a Slurm job array (sbatch)"),
     Op("slurm.status", _JOB, "a Slurm job's tasks: squeue, their exit files, sacct for those that left the queue"),
+    Op("slurm.where", ("partition",), "the login node's hostname and the partition the tasks run on (sinfo)"),
     Op("slurm.list", ("key",), "the login node's Slurm jobs (status records), oldest first"),
     Op("slurm.stop", _JOB + ("grace",), "scancel a Slurm job"),
     Op("slurm.logs", _JOB + ("lines", "offsets"), "the array tasks' logs (offsets: each from there on)"),

@@ -307,6 +307,32 @@ def op_status(args):
     return job_status(_resolve(args))
 
 
+def op_where(args):
+    """Where a preflight runs and where the tasks will: this login node's hostname, and the partition
+    (``partition``, else the cluster's default: sinfo's ``*``) with its nodes; ``error`` when sinfo
+    could not say."""
+    asked = args.get("partition")
+    out = {"hostname": os.uname().nodename, "partition": asked, "nodes": None, "default": not asked,
+           "error": None}
+    try:
+        rc, text, err = _run(["sinfo", "-h", "-o", "%P|%N"], timeout=30)
+    except AgentFailure as exc:
+        out["error"] = exc.message
+        return out
+    if rc != 0:
+        out["error"] = "sinfo: %s" % (" ".join((err or text).split()) or "exit status %d" % rc)
+        return out
+    for line in text.splitlines():
+        name, _, nodes = line.strip().partition("|")
+        default = name.endswith("*")
+        if (asked and name.rstrip("*") == str(asked)) or (not asked and default):
+            out.update(partition=name.rstrip("*"), nodes=nodes or None)
+            break
+    else:
+        out["error"] = ("sinfo lists no partition %s" % asked) if asked else "sinfo marks no default partition"
+    return out
+
+
 def op_list(args):
     """Every Slurm job remote-ops submitted from this login node (of playbook ``key`` when given), oldest
     first: each one's status record (sacct asked once for each ended job, see _accounting)."""
