@@ -18,9 +18,7 @@ import pytest
 
 from remote_ops.agent.outputs import shares as rule
 from remote_ops.sshd import free_port
-from tests.conftest import REPO, write_inventory
-
-STANDIN = REPO / "remote_ops" / "sandbox_assets" / "extract_standin.py"
+from tests.conftest import REPO, standin_playbook, write_inventory
 
 pytestmark = pytest.mark.skipif(not (shutil.which("slurmctld") and shutil.which("slurmd") and shutil.which("sbatch"))
                                 or os.geteuid() != 0,
@@ -91,16 +89,7 @@ PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubsc
                 p.kill()
 
 
-PLAYBOOK = f"""\
-name: slurm-extract
-extract:
-  command: ["{{python}}", "{STANDIN}", "--output-dir", "{{output_dir}}", "--max-samples", "{{vars.n}}",
-            "--batch-size", "1", "--sleep", "{{vars.sleep}}", "--num-layers", "4", "--hidden-size", "16"]
-  output_dir: "{{vars.out}}"
-  expected_samples: "{{vars.n}}"
-  gpus: 0
-  slurm: {{tasks: 3, time: "00:10:00"}}
-"""
+PLAYBOOK = standin_playbook("slurm-extract", 'slurm: {tasks: 3, time: "00:10:00"}')
 
 
 def _inventory(sshd, slurm, tmp_path, *, n, sleep):
