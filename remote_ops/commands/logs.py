@@ -22,8 +22,6 @@ def collapse(text: str) -> str:
 
 
 def run(args, ctx) -> int:
-    import sys
-
     from remote_ops.commands.follow import print_follow
     from remote_ops.extract import jobs
     from remote_ops.errors import Exit, UsageError
