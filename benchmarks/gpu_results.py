@@ -125,6 +125,11 @@ def throughput_section(name: str, d: dict) -> list[str]:
                    f"{_mb(a0.get('bytes_per_s'))} written {why(a0)} |")
     out.append(f"| (b) the generator alone, no writes | {_rate(b.get('tokens_per_s'))} | {b.get('batches')} "
                f"generate() calls of {b.get('mean_tokens_per_batch')} tokens on average (AFTER's batches) {why(b)} |")
+    b0 = d.get("b_generator_before") or {}
+    if b0:
+        out.append(f"| (b) BEFORE: the generator alone with BEFORE's playbook | {_rate(b0.get('tokens_per_s'))} | "
+                   f"{b0.get('batches')} generate() calls of {b0.get('mean_tokens_per_batch')} tokens on average "
+                   f"(AFTER's batches) {why(b0)} |")
     cb = b.get("count_batches") or {}
     if cb.get("tokens_per_s"):
         out.append(f"| (b) the same, BEFORE's batches | {_rate(cb.get('tokens_per_s'))} | {cb.get('batches')} "
@@ -139,6 +144,7 @@ def throughput_section(name: str, d: dict) -> list[str]:
     out.append(f"Ratios: (a)/(b) {q.get('a/b')}, (b)/(c) {q.get('b/c')}, (c)/(d) {q.get('c/d')}; "
                f"(a)/(c) {q.get('a/c')} (goal 0.9); AFTER/BEFORE {q.get('a_after/a_before')}"
                + (f"; on a tmpfs (a)/(b) {q.get('a_tmpfs/b')}, (a)/(c) {q.get('a_tmpfs/c')}" if t else "")
+               + (f"; BEFORE (b)/(c) {q.get('b_before/c')}, (b) AFTER/BEFORE {q.get('b/b_before')}" if b0 else "")
                + (f"; server flow (a)/(c) {q.get('a_server/c')}, server flow / 0.3.0 flow "
                   f"{q.get('a_server/a_after')}" if srv else "")
                + ".\n")
@@ -151,8 +157,11 @@ def throughput_section(name: str, d: dict) -> list[str]:
                    f"flow's first file on: 0.3.0 flow {_rate(a1)}, server flow {_rate(s1)} tokens/s; whole jobs "
                    f"with the engine's start: 0.3.0 flow {a.get('wall_s')} s, server flow {srv.get('wall_s')} s.\n")
     hand = [f"{k}: {x.get('handoff_line')}" for k, x in (("AFTER", a), ("tmpfs", t)) if x.get("handoff_line")]
-    if b.get("handoff"):
-        hand.append(f"(b): {b['handoff']}")
+    for label, x in (("(b)", b), ("(b) BEFORE", b0)):
+        if x.get("handoff"):
+            hand.append(f"{label}: {x['handoff']}" + (
+                f" ({x['slots']} zero-copy slot(s); {x['slots_full']} batch(es) copied for want of a free one)"
+                if x.get("slots") else ""))
     if hand:
         out.append("Captured states' hand-off, as the runs said: " + "; ".join(hand) + ".\n")
     disk, use = d.get("disk") or {}, d.get("disk_use") or {}
@@ -163,20 +172,22 @@ def throughput_section(name: str, d: dict) -> list[str]:
                f"{_rate(use.get('disk_bound_tokens_per_s'))} tokens/s"
                + (f"; AFTER reached {use['a_after/disk_bound']} of that" if use.get("a_after/disk_bound") else "")
                + ".\n")
-    prof = b.get("profile_s") or {}
-    if prof and b.get("seconds"):
+    for label, x, second in (("(b)", b, cb), ("(b) BEFORE", b0, {})):
+        prof = x.get("profile_s") or {}
+        if not (prof and x.get("seconds")):
+            continue
         total = sum(prof.values())
         # before the harness copied the first pass's profile, a second pass (BEFORE's batches) added
         # its RPC times into the recorded dict: then the profile covers both passes, its "other" the
         # first only, and the shares below are of the profile's own sum
-        both = cb.get("tokens_per_s") and total > 1.01 * b["seconds"]
-        out.append("Where the generator's time goes (b)" + (
+        both = second.get("tokens_per_s") and total > 1.01 * x["seconds"]
+        out.append(f"Where the generator's time goes {label}" + (
             " - this run's profile covers both of (b)'s passes (a harness bug, fixed after it: the second "
             "pass added to the first pass's dict), and \"other\" the first pass only; shares are of the "
             "profile's sum" if both else "") + ":\n\n| in generate() | seconds | share | calls |\n|---|---|---|---|")
-        calls = b.get("profile_calls") or {}
+        calls = x.get("profile_calls") or {}
         for k, secs in sorted(prof.items(), key=lambda kv: -kv[1]):
-            out.append(f"| {k} | {round(secs, 3)} | {secs / (total if both else b['seconds']):.0%} | {calls.get(k, '')} |")
+            out.append(f"| {k} | {round(secs, 3)} | {secs / (total if both else x['seconds']):.0%} | {calls.get(k, '')} |")
         out.append("")
     return out
 

@@ -62,10 +62,12 @@ from gpu_common import HOST_ENV, VERSIONS, WORD_TOKENIZER, last_json  # noqa: E4
 
 PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
 SCRIPT = REPO / "playbooks" / "scripts" / "extract_hidden_states.py"
-BEFORE_REV = "efd360d"   # main before the shared-memory hand-off (the second part of issue 25)
+BEFORE_REV = "7a3c5d8"   # main before the zero-copy hand-off slots (issue 35 item 2; efd360d: before any hand-off)
 H200_BF16_DENSE_FLOPS = 989e12
 PARTS = {"disk": "disk", "a_before": "a_before", "a_after": "a_after", "a_tmpfs": "a_tmpfs",
-         "a_server": "a_server", "b": "b_generator", "c": "c_vllm_prefill"}       # --parts name: the result's key
+         "a_server": "a_server", "b_before": "b_generator_before", "b": "b_generator",
+         "c": "c_vllm_prefill"}       # --parts name: the result's key
+BEFORE_PARTS = ("a_before", "b_before")   # run with BEFORE's playbook patched in, before AFTER's goes on top
 SERVER_PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.9.0.yaml"
 SERVER_PORT = 8810
 DATASET_BUILDER = r'''
@@ -161,12 +163,16 @@ if __name__ == "__main__":
     tokens, secs = one_pass(batches)
     shm = getattr(gen, "_remote_ops_shm_mapped", None)
     first = {k: round(v, 3) for k, v in prof.items()}   # a copy: the second pass below adds to prof
-    first["other (generate's own work: slicing, clone().cpu(), empty_cache)"] = round(secs - sum(first.values()), 3)
+    first["other (generate's own work in this process: requests, results; copies when not zero-copy)"] = round(secs - sum(first.values()), 3)
     doc = {"tokens": tokens, "seconds": round(secs, 3), "tokens_per_s": round(tokens / secs, 1),
            "engine_ready_s": round(ready, 1), "batches": len(batches),
            "mean_tokens_per_batch": round(tokens / len(batches), 1), "engine_budget": [budget_tokens, budget_seqs],
            "batch_size_cap": batch_size, "profile_s": first, "profile_calls": dict(calls), "copy_threads": threads,
-           "handoff": "shared memory: %s" % shm[0] if shm else "vLLM's RPC (handoff dir %s)" % handoff}
+           "handoff": "shared memory: %s" % ", ".join([shm[0]] + [x for x in shm[1:] if isinstance(x, str)])
+           if shm else "vLLM's RPC (handoff dir %s)" % handoff,
+           # zero-copy slots the generator used, and batches that found every slot held (copied instead)
+           "slots": len(getattr(gen, "_remote_ops_slots", {}) or {}),
+           "slots_full": getattr(gen, "_remote_ops_slots_full", 0)}
     with open(out, "w") as fh:
         json.dump(doc, fh)
     if time.time() + 1.3 * secs < float(count_deadline):   # BEFORE's batches: batch_size samples each
@@ -254,8 +260,9 @@ def ratios(doc: dict) -> dict:
     """The ratios the issue asks for, from the parts' tokens/s (None where a part is missing)."""
     tps = lambda key: (doc.get(key) or {}).get("tokens_per_s")   # noqa: E731
     a, a0, b, c, d = tps("a_after"), tps("a_before"), tps("b_generator"), tps("c_vllm_prefill"), tps("d_roofline")
-    t, srv = tps("a_tmpfs"), tps("a_server")
+    t, srv, b0 = tps("a_tmpfs"), tps("a_server"), tps("b_generator_before")
     return {"a/b": ratio(a, b), "b/c": ratio(b, c), "c/d": ratio(c, d), "a/c": ratio(a, c),
+            "b_before/c": ratio(b0, c), "b/b_before": ratio(b, b0),
             "a_server/c": ratio(srv, c), "a_server/a_after": ratio(srv, a), "a_server/b": ratio(srv, b),
             "a_before/b": ratio(a0, b), "a_after/a_before": ratio(a, a0),
             "a_tmpfs/b": ratio(t, b), "a_tmpfs/c": ratio(t, c), "a_before/c": ratio(a0, c)}
@@ -434,8 +441,10 @@ def parse_args(argv=None):
                          "are NOT GPU figures")
     args = ap.parse_args(argv)
     order = [p.strip() for p in args.parts.split(",") if p.strip() not in ("", "disk")]
-    if "a_before" in order and order[0] != "a_before":
-        ap.error("a_before must come before the other GPU parts: AFTER's patch is made on top of BEFORE's")
+    first_after = next((i for i, p in enumerate(order) if p not in BEFORE_PARTS), len(order))
+    if any(p in BEFORE_PARTS for p in order[first_after:]):
+        ap.error("a_before and b_before must come before the other GPU parts: AFTER's patch is made on top of "
+                 "BEFORE's")
     unknown = set(p.strip() for p in args.parts.split(",") if p.strip()) - set(PARTS)
     if unknown:
         ap.error(f"unknown part(s) {', '.join(sorted(unknown))}")
@@ -747,17 +756,21 @@ class Bench:
         doc["from_first_file"] = from_first_file(files, self.lengths, lambda f: int(f.name[3:].split(".")[0]))
         self.doc["a_server"] = doc
 
-    def part_b(self):
+    def part_b(self, which="after"):
+        """(b) with the install as patched now: AFTER's playbook, or BEFORE's for b_before (then with
+        AFTER's batches only: what changed between them is the generator's edits, not the batching)."""
         self.wait_gpu_free()
         s = self.scratch
+        out = s / f"b_{which}.json"
+        out.unlink(missing_ok=True)
+        # a second pass with BEFORE's count batches (AFTER only) only if (c) keeps ~70 s after it
+        second = time.time() + self.left() - 70 if which == "after" else 0
         r = run_cmd([str(s / "bin" / "python"), str(s / "gen_alone.py"), str(SCRIPT), str(s / "model"),
-                     str(s / "dataset.jsonl"), str(self.max_model_len), "8", "0.8", str(s / "b.json"),
-                     # a second pass with BEFORE's count batches only if (c) keeps ~70 s after it
-                     str(time.time() + self.left() - 70)],
+                     str(s / "dataset.jsonl"), str(self.max_model_len), "8", "0.8", str(out), str(second)],
                     timeout=self.timeout(300), env=HOST_ENV | {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"})
-        got = json.loads((s / "b.json").read_text()) if (s / "b.json").exists() else {}
-        self.doc["b_generator"] = {"rc": r["rc"], "wall_s": r["seconds"], **got,
-                                   "stderr_tail": r["stderr"][-1500:] if r["rc"] or not got else ""}
+        got = json.loads(out.read_text()) if out.exists() else {}
+        self.doc["b_generator" if which == "after" else "b_generator_before"] = {
+            "rc": r["rc"], "wall_s": r["seconds"], **got, "stderr_tail": r["stderr"][-1500:] if r["rc"] or not got else ""}
 
     def part_c(self):
         self.wait_gpu_free()
@@ -803,19 +816,23 @@ def main(argv=None) -> int:
     plan = {"disk": (b.part_disk, 15), "a_after": (lambda: b.part_a("after"), 75),
             "a_before": (lambda: b.part_a("before"), 90), "a_tmpfs": (lambda: b.part_a("tmpfs"), 70),
             "a_server": (b.part_a_server, 150),
-            "b": (b.part_b, 75), "c": (b.part_c, 50)}
+            "b_before": (lambda: b.part_b("before"), 75), "b": (b.part_b, 75), "c": (b.part_c, 50)}
     patched = []
     for p in parts:
         # the install is patched by BEFORE's playbook for a_before, by AFTER's for everything else
-        want = None if p == "disk" or args.standin else (
-            "before" if p == "a_before" and b.doc["before_source"]["source"] == "git" else "after")
+        git = b.doc["before_source"]["source"] == "git"
+        if p == "b_before" and not git:   # the flags stand-in is the old loop of the script: not a generator
+            b.doc["b_generator_before"] = {"skipped": "no BEFORE playbook: " + b.doc["before_source"].get("why", "")}
+            continue
+        want = None if p == "disk" or args.standin else ("before" if p in BEFORE_PARTS and git else "after")
         if want and want not in patched:
             patched.append(want)
             b.part("patch" if want == "after" else "patch_before", lambda w=want: b.part_patch(w), 20)
         fn, need = plan[p]
         b.part(PARTS[p], fn, need)
     b.finish()
-    tps = {k: (b.doc.get(k) or {}).get("tokens_per_s") for k in ("a_before", "a_after", "a_tmpfs", "a_server", "b_generator",
+    tps = {k: (b.doc.get(k) or {}).get("tokens_per_s") for k in ("a_before", "a_after", "a_tmpfs", "a_server",
+                                                                  "b_generator_before", "b_generator",
                                                                   "c_vllm_prefill", "d_roofline")}
     print(json.dumps({"tokens_per_s": tps, "ratios": b.doc["ratios"], "disk_use": b.doc["disk_use"],
                       "elapsed_s": b.doc["elapsed_s"]}))

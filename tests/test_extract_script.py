@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -760,3 +761,99 @@ def test_a_real_full_filesystem_stops_the_job_with_the_cause(tmp_path):
             assert torch.load(mnt / f"data_{i}.pt", weights_only=True)["input_ids"].tolist() == [i + 1] * 300
     finally:
         subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+class SlotViewGenerator(FakeGenerator):
+    """TEST FAKE of the zero-copy hand-off (0.3.0 playbook edit captured-states-zero-copy-results): each
+    batch's rows live in a shared buffer of its own (a slot) and every sample's states are
+    torch.frombuffer views of it."""
+
+    def __init__(self, *a, mapped=None, **kw):
+        super().__init__(*a, **kw)
+        self.slots = []                     # [buffer, refcount with nothing viewing it]
+        self._remote_ops_shm_mapped = mapped
+
+    def generate(self, token_ids):
+        import mmap
+        out, at = super().generate(token_ids), 0
+        buffer = mmap.mmap(-1, 1 << 20)
+        self.slots.append([buffer, 0])
+        del buffer
+        self.slots[-1][1] = sys.getrefcount(self.slots[-1][0])
+        for r in out:
+            views = []
+            for h in r["hidden_states"]:
+                n = h.numel()
+                v = torch.frombuffer(self.slots[-1][0], dtype=torch.bfloat16, count=n, offset=at * 2).view(h.shape)
+                v.copy_(h)
+                views.append(v)
+                at += n
+            r["hidden_states"] = views
+        return out
+
+
+@pytest.mark.parametrize("mapped, said", [
+    (("/dev/shm/remote-ops-hs-1-x/slot-9-0-1", "zero-copy slots (2), page-locked: yes"),
+     "captured states came through shared memory (/dev/shm/remote-ops-hs-1-x/slot-9-0-1, zero-copy slots (2), "
+     "page-locked: yes)"),
+    (("/dev/shm/remote-ops-hs-1-x/hs-9-1", torch.zeros(4)),      # the one-file way maps a tensor there
+     "captured states came through shared memory (/dev/shm/remote-ops-hs-1-x/hs-9-1)")])
+def test_views_of_a_hand_off_slot_are_saved_as_their_own_rows_and_let_go(tmp_path, capsys, mapped, said):
+    rows = [{"input_ids": [(j % 20) + 1 for j in range(40 + 7 * i)]} for i in range(6)]
+    made = []
+
+    def make(*a):
+        made.append(SlotViewGenerator(*a, mapped=mapped, hidden=16))
+        return made[-1]
+    ds = write_jsonl(tmp_path / "ds.jsonl", rows)
+    argv = ["--target-model-path", "m", "--dataset", str(ds), "--output-dir", str(tmp_path / "out"),
+            "--batch-size", "2", "--batch-tokens", "0"]
+    assert ehs.main(argv, None, lambda a: {**loaders(hidden=16), "make_generator": make}) == 0
+    assert said in capsys.readouterr().out.splitlines()
+    gen = made[0]
+    assert len(gen.slots) == 3
+    for i, r in enumerate(rows):
+        got = load(tmp_path, i)
+        ids = torch.tensor(r["input_ids"], dtype=torch.float32)
+        for l, h in zip(gen.layer_ids, got["hidden_states"]):
+            assert h.shape == (len(ids), 16) and h.untyped_storage().nbytes() == len(ids) * 16 * 2   # its rows only
+            assert torch.equal(h[:, 0], (ids * 10 + l).to(torch.bfloat16))
+    # once the run is over nothing (batch loop, writer threads) views any slot: each would be free again
+    refs = [sys.getrefcount(slot[0]) for slot in gen.slots]
+    assert refs == [slot[1] for slot in gen.slots]
+
+
+def test_the_batch_loop_and_the_writer_let_go_of_a_slots_views_once_written(tmp_path):
+    """A hand-off slot is reused only when nothing views it: the batch loop must not keep the last batch
+    through the next generate(), nor a writer thread the last sample it wrote while it waits for more."""
+    rows = [{"input_ids": [(j % 20) + 1 for j in range(30 + i)]} for i in range(6)]
+    made, held = [], []
+
+    class Watching(SlotViewGenerator):
+        def generate(self, token_ids):     # with --write-queue-mb 0 the last batch is written by now
+            held.append([sys.getrefcount(slot[0]) - slot[1] for slot in self.slots])
+            return super().generate(token_ids)
+
+    def make(*a):
+        made.append(Watching(*a, hidden=16))
+        return made[-1]
+    ds = write_jsonl(tmp_path / "ds.jsonl", rows)
+    argv = ["--target-model-path", "m", "--dataset", str(ds), "--output-dir", str(tmp_path / "out"),
+            "--batch-size", "2", "--batch-tokens", "0", "--write-queue-mb", "0"]
+    assert ehs.main(argv, None, lambda a: {**loaders(hidden=16), "make_generator": make}) == 0
+    assert held == [[], [0], [0, 0]]
+
+    import mmap
+    import threading
+    slot = [mmap.mmap(-1, 1 << 16), 0]
+    slot[1] = sys.getrefcount(slot[0])
+    done = threading.Event()
+    writer = ehs.Writer(torch, str(tmp_path / "w"), 1 << 20, lambda i: done.set(), threads=1)
+    os.makedirs(tmp_path / "w")
+    view = torch.frombuffer(slot[0], dtype=torch.bfloat16, count=64).view(4, 16)
+    writer.put(0, {"input_ids": torch.arange(4), "hidden_states": [view], "loss_mask": torch.ones(4)})
+    del view
+    assert done.wait(30)
+    refs = sys.getrefcount(slot[0])                  # (not inside assert: its rewriting holds operands)
+    assert refs == slot[1]                           # the thread, now waiting for more, holds nothing
+    writer.close()

@@ -28,18 +28,22 @@ def test_arguments():
     assert (a.samples, a.min_tokens, a.max_tokens, a.model, a.budget_s) == (300, 200, 4000, "1.1b", 510)
     assert a.parts == "disk,a_before,a_after,a_tmpfs,b,c" and a.before_rev == gt.BEFORE_REV
     for argv in (["--out", "x", "--parts", "a,zz"], ["--out", "x", "--min-tokens", "9", "--max-tokens", "3"], [],
-                 ["--out", "x", "--parts", "disk,a_after,a_before"]):    # BEFORE's patch cannot follow AFTER's
+                 ["--out", "x", "--parts", "disk,a_after,a_before"],     # BEFORE's patch cannot follow AFTER's
+                 ["--out", "x", "--parts", "a_before,b,b_before"]):
         with pytest.raises(SystemExit):
             gt.parse_args(argv)
     assert gt.parse_args(["--prepare-before"]).out is None
+    assert gt.parse_args(["--out", "x", "--parts", "disk,b_before,a_before,a_after,b,c"]).parts.startswith("disk,b_before")
 
 
-def test_the_before_revision_is_mains_script_without_the_shared_memory_handoff(tmp_path):
+def test_the_before_revision_is_mains_playbook_without_the_zero_copy_slots(tmp_path):
     got = gt.prepare_before(gt.BEFORE_REV, tmp_path)
     assert got == f"git show {gt.BEFORE_REV}"
     old = (tmp_path / "scripts" / "extract_hidden_states.py").read_text()
-    assert "class Writer" in old and "--handoff-dir" not in old
-    assert "captured-states-through-shared-memory" not in (tmp_path / "eagle3-speculators-0.3.0.yaml").read_text()
+    assert "class Writer" in old and "--handoff-dir" in old
+    playbook = (tmp_path / "eagle3-speculators-0.3.0.yaml").read_text()
+    assert "captured-states-through-shared-memory" in playbook and "zero-copy" not in playbook
+    assert "captured-states-zero-copy-stream" in gt.PLAYBOOK.read_text()
     assert gt.prepare_before("0" * 40, tmp_path / "none") is None
 
 
@@ -58,7 +62,10 @@ def test_dataset_lengths_cut_and_roofline():
     doc["a_server"] = {"tokens_per_s": 120.0}
     assert gt.ratios(doc) == {"a/b": 0.9, "b/c": 0.5, "c/d": 0.5, "a/c": 0.45, "a_before/b": 0.45,
                               "a_after/a_before": 2.0, "a_tmpfs/b": 0.95, "a_tmpfs/c": 0.475, "a_before/c": 0.225,
-                              "a_server/c": 0.6, "a_server/a_after": 1.3333, "a_server/b": 1.2}
+                              "a_server/c": 0.6, "a_server/a_after": 1.3333, "a_server/b": 1.2,
+                              "b_before/c": None, "b/b_before": None}
+    doc["b_generator_before"] = {"tokens_per_s": 50.0}
+    assert (gt.ratios(doc)["b_before/c"], gt.ratios(doc)["b/b_before"]) == (0.25, 2.0)
     assert gt.ratios({})["a/c"] is None
 
 
@@ -219,3 +226,18 @@ def test_the_generator_and_llm_parts_run_their_scripts(tmp_path):
     args = json.loads((tmp_path / "llm_args.json").read_text())
     assert args == {"model": "m", "max_model_len": 16, "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.8,
                     "enforce_eager": True, "enable_prefix_caching": False, "tensor_parallel_size": 1, "seed": 0}
+
+
+def test_the_before_generator_is_rendered_beside_the_after_one_with_both_profiles():
+    prof = {"rpc:execute_model": 1.5, "rpc:_get_captured_states": 0.9}
+    d = {"b_generator_before": {"tokens_per_s": 100000.0, "batches": 63, "mean_tokens_per_batch": 7270.8,
+                                "seconds": 4.0, "profile_s": {**prof, "other": 1.6}, "profile_calls": {}},
+         "b_generator": {"tokens_per_s": 200000.0, "batches": 63, "mean_tokens_per_batch": 7270.8, "seconds": 2.0,
+                         "profile_s": {"rpc:execute_model": 1.5, "other": 0.5}, "profile_calls": {}},
+         "c_vllm_prefill": {"tokens_per_s": 250000.0}}
+    d["ratios"] = gt.ratios(d)
+    text = "\n".join(gpu_results.throughput_section("r.json", d))
+    assert "| (b) BEFORE: the generator alone with BEFORE's playbook | 100.0k | 63 generate() calls" in text
+    assert "BEFORE (b)/(c) 0.4, (b) AFTER/BEFORE 2.0" in text
+    assert "Where the generator's time goes (b):" in text and "Where the generator's time goes (b) BEFORE:" in text
+    assert "| rpc:_get_captured_states | 0.9 | 22% |" in text      # of BEFORE's 4.0 s

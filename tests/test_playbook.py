@@ -52,7 +52,10 @@ def test_shipped_playbook_loads():
             "scheduler-config-chunked-prefill-off", "cache-config-prefix-caching-off",
             "collective-rpc-unique-reply-is-the-reply", "embed-input-ids-rename",
             "worker-text-model-of-multimodal-wrappers", "pydantic-rebuild-knows-torch",
-            "captured-states-from-shared-memory", "captured-states-through-shared-memory"} == set(ids)
+            "captured-states-from-shared-memory", "captured-states-through-shared-memory",
+            "captured-states-zero-copy-slot-plan", "captured-states-zero-copy-results",
+            "captured-states-zero-copy-generator-methods", "captured-states-zero-copy-stream",
+            "captured-states-zero-copy-store", "captured-states-zero-copy-reply"} == set(ids)
     assert [p.module for p in pb.patches] == ["speculators.data_generation.vllm_hidden_states_generator",
                                               "speculators.data_generation.custom_worker",
                                               "speculators.utils.pydantic_utils"]

@@ -88,26 +88,31 @@ def load_patched(src_dir: str, module: str):
 
 def worker_loop(src_dir, conn):
     """vLLM's rank-0 worker, reduced to the extension: a ("start", dir) message begins a new worker
-    life (a fresh extension; $REMOTE_OPS_HS_SHM_DIR set to dir, or unset for None), every other
-    message is one batch's captured layers (lists of per-step chunks) and the reply is what
-    _get_captured_states returns. One process serves every test (torch imports once)."""
+    life (a fresh extension; $REMOTE_OPS_HS_SHM_DIR set to dir, or unset for None); ("reset", plan)
+    is the generator's _reset_capture RPC; ("get", steps) stores each forward step's captured layers
+    as the patched forward does (_store_captured_states), then answers what _get_captured_states
+    returns. One process serves every test (torch imports once)."""
     cw = load_patched(src_dir, "custom_worker")
     ext = None
     while True:
         msg = conn.recv()
         if msg is None:
             return
-        if isinstance(msg, tuple) and msg[0] == "start":
+        if msg[0] == "start":
             if msg[1] is None:
                 os.environ.pop(ENV, None)
             else:
                 os.environ[ENV] = msg[1]
             ext = cw.HiddenStatesWorkerExtension()
             ext._layer_ids = frozenset()
+            ext._captured_states = None
             conn.send(os.getpid())
-            continue
-        ext._captured_states = msg
-        conn.send(ext._get_captured_states())
+        elif msg[0] == "reset":
+            conn.send(ext._reset_capture(*msg[1]))
+        else:
+            for step in msg[1]:
+                ext._store_captured_states(step)
+            conn.send(ext._get_captured_states())
 
 
 _WORKER = {}
@@ -129,17 +134,26 @@ class Side:
     def __init__(self, src_dir: Path, shm_dir: str | None):
         self.conn = _worker(src_dir)
         self.conn.send(("start", shm_dir))
+        self.env = os.environ.get(ENV)                     # the script's process names it, as open_handoff does
+        if shm_dir is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = shm_dir
         assert self.conn.recv() != os.getpid()           # another process
         gen_mod = load_patched(str(src_dir), "vllm_hidden_states_generator")
-        self.replies = []
-        self.batch = None
+        self.replies, self.plans = [], []
+        self.steps = None
         side = self
 
         class Executor:
             def collective_rpc(self, method, args=(), unique_reply_rank=None):
+                if method == "_reset_capture":
+                    side.plans.append(args[0] if args else None)
+                    side.conn.send(("reset", args))
+                    return side.conn.recv()
                 if method != "_get_captured_states":
                     return None
-                side.conn.send(side.batch)
+                side.conn.send(("get", side.steps))
                 reply = side.conn.recv()
                 side.replies.append(reply)
                 return reply
@@ -164,13 +178,16 @@ class Side:
         g = torch.Generator().manual_seed(seed)
         total = sum(lengths)
         full = [torch.randn(total, hidden, generator=g).to(torch.bfloat16) for _ in range(layers)]
-        cut = total // steps
-        self.batch = [[h[:cut], h[cut:]] if steps == 2 else [h] for h in full]
+        cuts = [total * j // steps for j in range(steps + 1)]
+        self.steps = [[h[cuts[j]:cuts[j + 1]] for h in full] for j in range(steps)]
         results = self.gen.generate([[7] * n for n in lengths])
         return results, full
 
-    def close(self):
-        pass   # the worker process serves the next test; it ends with the module (fixture src)
+    def close(self):   # the worker process serves the next test; it ends with the module (fixture src)
+        if self.env is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = self.env
 
 
 def check_results(results, full, lengths):
@@ -192,29 +209,108 @@ def src(tmp_path_factory) -> Path:
         _WORKER.pop("proc").join(20)
 
 
-def test_the_states_come_through_one_file_bit_for_bit_and_the_file_regrows(src, tmp_path):
+def own_bytes(t) -> int:
+    return t.untyped_storage().nbytes()
+
+
+def test_each_step_streams_into_a_slot_and_the_results_are_its_rows_bit_for_bit(src, tmp_path):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    side = Side(src, str(shm))
+    try:
+        lengths = [40, 60, 25]
+        r1, full1 = side.generate(lengths, steps=3, seed=1)
+        check_results(r1, full1, lengths)
+        assert side.plans[-1] == {"slot": 0, "rows": 125}
+        reply = side.replies[-1]
+        assert isinstance(reply, dict) and reply["remote_ops_slot"] == 0 and reply["dtype"] == "bfloat16"
+        # layer-major: layer i's 125 rows start after the rows of the layers before it
+        assert reply["layers"] == [[0, 125, 64], [125 * 64, 125, 64], [2 * 125 * 64, 125, 64]]
+        assert reply["pinned"] is False                   # no CUDA here: plain copies
+        # zero copy: every state views the slot file, and its storage is exactly its own rows, so
+        # torch.save writes those rows and not the whole slot
+        for r, n in zip(r1, lengths):
+            for h in r["hidden_states"]:
+                assert own_bytes(h) == n * 64 * 2
+        saved = tmp_path / "one.pt"
+        torch.save(r1[1], saved)
+        assert saved.stat().st_size < 60 * 64 * 2 * 3 + 4096
+        assert torch.equal(torch.load(saved)["hidden_states"][2], full1[2][40:100])
+        assert sorted(os.listdir(shm)) == [os.path.basename(reply["remote_ops_shm"])]
+    finally:
+        side.close()
+
+
+def test_a_slot_is_reused_only_once_nothing_views_it(src, tmp_path):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    side = Side(src, str(shm))
+    try:
+        r1, full1 = side.generate([30, 20], seed=1)
+        r2, full2 = side.generate([10, 50], seed=2)      # r1 still held: another slot
+        assert [p["slot"] for p in side.plans] == [0, 1]
+        check_results(r1, full1, [30, 20])              # batch 2 did not touch batch 1's rows
+        keep = r2[1]["hidden_states"][0]                # one view of slot 1 outlives the rest of r2
+        del r1, r2
+        r3, full3 = side.generate([25], seed=3)          # slot 0 is free again
+        r4, full4 = side.generate([35], seed=4)          # slot 1 is still viewed by `keep`: slot 2
+        assert [p["slot"] for p in side.plans] == [0, 1, 0, 2]
+        assert torch.equal(keep, full2[0][10:60])
+        check_results(r3, full3, [25])
+        check_results(r4, full4, [35])
+        assert len(os.listdir(shm)) == 3
+    finally:
+        side.close()
+
+
+def test_a_slot_too_small_is_regrown_under_a_new_name(src, tmp_path):
     shm = tmp_path / "shm"
     shm.mkdir()
     side = Side(src, str(shm))
     try:
         small, big = [40, 60], [3000, 2500, 1000]        # 100 rows; then 6,500 x 3 x 64 > 1 Mi elements
-        r1, full1 = side.generate(small, seed=1)
-        check_results(r1, full1, small)
-        first = side.replies[-1]
-        assert isinstance(first, dict) and first["dtype"] == "bfloat16"
-        assert first["shapes"] == [[100, 64]] * 3 and first["capacity"] == 1 << 20
-        r2, full2 = side.generate(big, seed=2)
-        check_results(r2, full2, big)
+        r, full = side.generate(small, seed=1)
+        first = side.replies[-1]["remote_ops_shm"]
+        del r
+        r, full = side.generate(big, seed=2)
+        check_results(r, full, big)
         second = side.replies[-1]
-        assert isinstance(second, dict) and second["remote_ops_shm"] != first["remote_ops_shm"]
-        assert second["capacity"] >= 6500 * 3 * 64
+        assert second["remote_ops_slot"] == 0 and second["remote_ops_shm"] != first
         assert sorted(os.listdir(shm)) == [os.path.basename(second["remote_ops_shm"])]   # the old one is gone
-        r3, full3 = side.generate(small, seed=3)            # fits: the same file, mapped once
-        check_results(r3, full3, small)
-        assert side.replies[-1]["remote_ops_shm"] == second["remote_ops_shm"]
-        # results are copies: the file's later contents did not reach the earlier results
-        check_results(r1, full1, small)
-        check_results(r2, full2, big)
+        assert os.path.getsize(second["remote_ops_shm"]) >= 6500 * 3 * 64 * 2
+    finally:
+        side.close()
+
+
+def test_with_every_slot_held_the_batch_is_concatenated_and_copied_as_before(src, tmp_path):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    side = Side(src, str(shm))
+    side.gen.REMOTE_OPS_MAX_SLOTS = 1
+    try:
+        r1, full1 = side.generate([40, 60], seed=1)
+        r2, full2 = side.generate([30], seed=2)          # slot 0 still viewed by r1: no plan
+        assert side.plans == [{"slot": 0, "rows": 100}, None]
+        reply = side.replies[-1]
+        assert "remote_ops_slot" not in reply and reply["shapes"] == [[30, 64]] * 3   # the one-file way
+        check_results(r2, full2, [30])
+        assert own_bytes(r2[0]["hidden_states"][0]) == 30 * 64 * 2                    # a copy of its own
+        check_results(r1, full1, [40, 60])
+        assert side.gen._remote_ops_slots_full == 1
+    finally:
+        side.close()
+
+
+def test_rows_that_do_not_match_the_prompts_raise_instead_of_misassigning(src, tmp_path):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    side = Side(src, str(shm))
+    try:
+        g = torch.Generator().manual_seed(5)
+        full = [torch.randn(90, 64, generator=g).to(torch.bfloat16) for _ in range(3)]
+        side.steps = [[h for h in full]]                 # the worker captured 90 rows for 100 tokens
+        with pytest.raises(RuntimeError, match=r"captured \[90, 90, 90\] rows for a batch of 100 prompt tokens"):
+            side.gen.generate([[7] * 40, [7] * 60])
     finally:
         side.close()
 

@@ -530,8 +530,8 @@ def open_handoff(setting, out):
 
 def set_copy_threads(torch, setting):
     """torch's thread count in this process, set after the engine started: vLLM's executor sets it to
-    1 (set_multiprocessing_worker_envs, unless OMP_NUM_THREADS is set), and generate() copies every
-    batch's rows (clone) in this process. None: half the CPUs, at most 8. The count set."""
+    1 (set_multiprocessing_worker_envs, unless OMP_NUM_THREADS is set), and generate() may copy a
+    batch's rows (clone, when its hand-off slots are all held) in this process. None: half the CPUs, at most 8. The count set."""
     n = setting if setting else max(1, min(8, (os.cpu_count() or 2) // 2))
     torch.set_num_threads(n)
     return n
@@ -629,6 +629,9 @@ class Writer:
                 self._busy += 1
             try:
                 self._write(index, sample)
+                # let go of the sample at once: its tensors may view the engine's hand-off slot, which the
+                # generator reuses only when nothing views it any more
+                sample = None
             except BaseException as exc:   # kept for the main thread: put()/close() raise it
                 with self._cond:
                     if self.error is None:
@@ -941,13 +944,15 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
                 shm = getattr(generator, "_remote_ops_shm_mapped", None)
                 # a generator that has no worker to hand over from says so itself (the sandbox's stand-in)
                 no_handoff = getattr(generator, "remote_ops_no_handoff", None)
-                print("captured states came through shared memory (%s)" % shm[0] if shm else
+                print("captured states came through shared memory (%s)" % ", ".join(
+                          [shm[0]] + [x for x in shm[1:] if isinstance(x, str)]) if shm else
                       "captured states did not come through shared memory: %s" % (
                           no_handoff if isinstance(no_handoff, str) else
                           "the vLLM worker is not patched for it, or fell back (its warning says why)"
                           if handoff else "no hand-off directory (--handoff-dir)"), file=out, flush=True)
             for i, sample in zip(batch, samples):
                 writer.put(i, sample)
+            results = samples = sample = None    # the writer holds them now (and frees their hand-off slot)
             writer.batch_done()
             progress.poll()
         writer.close()
