@@ -173,9 +173,9 @@ class Inventory(Fleet):
         return results
 
     def jobs(self, target: str | None = None) -> Results:
-        """Every job recorded on each host (``jobs.JobList``)."""
-        from remote_ops.extract import jobs
-        return self.run(target, lambda h, s: jobs.list_jobs(s))
+        """Every job recorded on each host (``jobs.JobList``; a Slurm login node's: the job arrays
+        submitted from it)."""
+        return self.run(target, lambda h, s: _job_ops(h).list_jobs(s))
 
     def logs(self, target: str | None = None, *, playbook: str | None = None, job: str | None = None,
              lines: int = 50) -> Results:

@@ -165,6 +165,28 @@ def write_inventory(path: Path, hosts: dict, groups: dict | None = None, default
     return path
 
 
+STANDIN = REPO / "remote_ops" / "sandbox_assets" / "extract_standin.py"
+
+
+def standin_playbook(name: str, *extract_lines: str) -> str:
+    """A playbook ``name`` whose extract runs the sandbox's stand-in generator (torch on CPU, 4 layers
+    of 16, one sample a batch): ``vars.n`` samples (default 10), ``vars.sleep`` seconds a batch (default
+    0), into ``vars.out``; no GPU, stop grace 1 s. ``extract_lines``: more ``key: value`` lines of
+    extract (``shard: true``, ``slurm: {tasks: 3}``)."""
+    more = "".join(f"  {line}\n" for line in extract_lines)
+    return f"""\
+name: {name}
+vars: {{n: 10, sleep: 0}}
+extract:
+  command: ["{{python}}", "{STANDIN}", "--output-dir", "{{output_dir}}", "--max-samples", "{{vars.n}}",
+            "--batch-size", "1", "--sleep", "{{vars.sleep}}", "--num-layers", "4", "--hidden-size", "16"]
+  output_dir: "{{vars.out}}"
+  expected_samples: "{{vars.n}}"
+  gpus: 0
+  stop_grace_seconds: 1
+{more}"""
+
+
 @pytest.fixture
 def inventory_file(tmp_path, sshd):
     """Factory: inventory with one host ``testhost`` on the sshd (python overridable)."""

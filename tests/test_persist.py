@@ -486,3 +486,33 @@ def test_persist_flag_validation(cli, tmp_path):
     assert status == Exit.USAGE and "--persist must be" in err
     status, _, err = cli("facts", "h", env={"REMOTE_OPS_PERSIST": "soon"})
     assert status != 0 and "REMOTE_OPS_PERSIST must be a number" in err
+
+
+def test_a_mux_started_while_the_old_one_exits_waits_for_it_and_serves(sshd_log, muxdir, tmp_path):
+    """The old mux was told to stop while a call still runs through it: its socket is gone, but it
+    holds the host's lock until that call ends. A command meanwhile finds no kept connection,
+    connects itself and starts a new mux: that one waits for the lock (it used to take a held lock
+    for "another mux serves" and give up at once, so nothing was kept) and then serves."""
+    from remote_ops.connect.transport import ConnectOptions, Session
+    host = _kept_host(sshd_log, muxdir)
+    (old,) = mux_pids(muxdir)
+    busy = Session(host, ConnectOptions(persist=30)).open()
+    try:
+        stream = busy.stream("ping.ticks", {"n": 120, "every": 0.05})
+        assert next(stream)["event"]["i"] == 0                 # a call in flight through the old mux
+        assert mux.stop(host, ConnectOptions(persist=30), {})
+        assert wait_until(lambda: not list(Path(muxdir).glob("*.sock")))   # its socket is gone ...
+        assert mux_pids(muxdir) == [old]                                 # ... it waits for the call
+        direct = Session(host, ConnectOptions(persist=30))
+        with direct:
+            direct.call("ping.ping", {})
+        assert direct.stats.connects == 1
+        assert mux.keep([direct]) == 1                          # a new mux, started while the old holds the lock
+        assert [e["event"]["i"] for e in stream if "event" in e][-1] == 119   # the call ends; the old mux exits
+    finally:
+        busy.close()
+    log = Path(muxdir) / "mux.log"
+    assert wait_until(lambda: live_sockets(muxdir) and old not in mux_pids(muxdir)), log.read_text()
+    with Session(host, ConnectOptions(persist=30)) as sess:
+        assert sess.call("ping.ping", {"echo": 2})["echo"] == 2
+        assert sess.stats.connects == 0 and sess.stats.mux_execs == 1

@@ -20,28 +20,14 @@ import pytest
 from remote_ops.agent.outputs import shares as rule
 from remote_ops.extract import jobs as jobs_mod
 from remote_ops.extract import shard as shard_mod
-from tests.conftest import REPO, write_inventory
+from tests.conftest import standin_playbook, write_inventory
 
-STANDIN = REPO / "remote_ops" / "sandbox_assets" / "extract_standin.py"
 HOSTS = ("node-c", "node-a", "node-b")       # listed out of order: the assignment sorts by name
-
-PLAYBOOK = f"""\
-name: shard-extract
-vars: {{n: 10, sleep: 0}}
-extract:
-  command: ["{{python}}", "{STANDIN}", "--output-dir", "{{output_dir}}", "--max-samples", "{{vars.n}}",
-            "--batch-size", "1", "--sleep", "{{vars.sleep}}", "--num-layers", "4", "--hidden-size", "16"]
-  output_dir: "{{vars.out}}"
-  expected_samples: "{{vars.n}}"
-  gpus: 0
-  stop_grace_seconds: 1
-  shard: {{shard}}
-"""
 
 
 def _inventory(sshd, tmp_path, *, n=10, sleep=0.0, shard="false"):
     pb = tmp_path / "shard.yaml"
-    pb.write_text(PLAYBOOK.replace("{shard}", shard))
+    pb.write_text(standin_playbook("shard-extract", f"shard: {shard}"))
     hosts = {}
     for name in HOSTS:
         hosts[name] = sshd.host_entry(python=sys.executable, workdir=str(tmp_path),

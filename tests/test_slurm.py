@@ -18,9 +18,7 @@ import pytest
 
 from remote_ops.agent.outputs import shares as rule
 from remote_ops.sshd import free_port
-from tests.conftest import REPO, write_inventory
-
-STANDIN = REPO / "remote_ops" / "sandbox_assets" / "extract_standin.py"
+from tests.conftest import REPO, standin_playbook, write_inventory
 
 pytestmark = pytest.mark.skipif(not (shutil.which("slurmctld") and shutil.which("slurmd") and shutil.which("sbatch"))
                                 or os.geteuid() != 0,
@@ -91,16 +89,7 @@ PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubsc
                 p.kill()
 
 
-PLAYBOOK = f"""\
-name: slurm-extract
-extract:
-  command: ["{{python}}", "{STANDIN}", "--output-dir", "{{output_dir}}", "--max-samples", "{{vars.n}}",
-            "--batch-size", "1", "--sleep", "{{vars.sleep}}", "--num-layers", "4", "--hidden-size", "16"]
-  output_dir: "{{vars.out}}"
-  expected_samples: "{{vars.n}}"
-  gpus: 0
-  slurm: {{tasks: 3, time: "00:10:00"}}
-"""
+PLAYBOOK = standin_playbook("slurm-extract", 'slurm: {tasks: 3, time: "00:10:00"}')
 
 
 def _inventory(sshd, slurm, tmp_path, *, n, sleep):
@@ -172,6 +161,10 @@ def test_slurm_tail_follows_every_task(slurm, sshd, tmp_path, cli):
         assert f"[task {k}] shard {k}/3: 2 of 6 samples (i % 3 == {k})" in out
         assert f"[task {k}] wrote 2 sample(s) to {tmp_path}/out/shard-{k}-of-3" in out
     assert "succeeded" in out.splitlines()[-1]
+    # the ended array followed again: its logs, then the same end line, exit 0
+    status, out2, err = cli("logs", "cluster", "--follow", "-i", str(inv))
+    assert status == 0, err
+    assert "== task 2 (succeeded) ==" in out2 and out2.strip().splitlines()[-1] == out.strip().splitlines()[-1]
 
 
 def test_slurm_stop_cancels_the_array(slurm, sshd, tmp_path, cli):
@@ -210,8 +203,9 @@ def test_slurm_array_of_the_shipped_playbook_with_the_standin(slurm, sshd, tmp_p
     inv = write_inventory(tmp_path / "inv.yaml", {"cluster": entry})
     status, out, err = cli("extract", "cluster", "--skip-check", "--dry-run", "-i", str(inv))
     assert status == 0, err
-    assert ("note: slurm: this preflight (files, dataset, disk, model, imports) ran on the login node cluster, "
-            "not on a compute node") in " ".join(out.split()), out
+    assert (f"note: slurm: files, dataset, disk, model and imports checked on the login node {os.uname().nodename}; "
+            f"tasks run on partition debug (the default), nodes {socket.gethostname().split('.')[0]}: they need "
+            "the same paths and Python there") in " ".join(out.split()), out
     status, out, err = cli("extract", "cluster", "--skip-check", "--json", "-i", str(inv))
     assert status == 0, err
     job = json.loads(out)["job"]
@@ -292,6 +286,10 @@ def test_sbatch_without_a_reachable_controller_says_so(sshd, tmp_path, cli):
                            vars={"scheduler": "slurm", "n": 3, "sleep": 0, "out": str(tmp_path / "out")},
                            playbook=str(pb))
     inv = write_inventory(tmp_path / "inv.yaml", {"cluster": host})
+    status, out, err = cli("extract", "cluster", "--skip-check", "--dry-run", "-i", str(inv))
+    assert status == 0, err        # where the tasks run is a note: sinfo's words, no guess
+    assert (f"checked on the login node {os.uname().nodename}; tasks run on the cluster's default partition "
+            "(sinfo: slurm_load_partitions: Unable to contact slurm controller") in " ".join(out.split()), out
     status, out, err = cli("extract", "cluster", "--skip-check", "-i", str(inv))
     assert status != 0
     assert "sbatch refused the job: Batch job submission failed: Unable to contact slurm controller" in err, err
@@ -343,3 +341,91 @@ def test_a_task_near_its_time_limit_requeues_itself_and_resumes(slurm, sshd, tmp
     assert job["samples"] == {"done": 12, "expected": 12}
     d = tmp_path / "out" / "shard-0-of-3"
     assert sorted(int(m.group(1)) for m in map(rule.SAMPLE_RE.match, os.listdir(d)) if m) == list(range(0, 12, 3))
+
+
+
+def _cancel_outside(cli, inv, slurm):
+    """A running array cancelled by scancel behind remote-ops' back (no stop record): its tasks leave
+    the queue without exit files. The job's record when every task has gone."""
+    job = _wait(cli, inv, ("running",), timeout=60)
+    r = subprocess.run(["scancel", str(job["slurm_id"])], env=slurm["env"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return _wait(cli, inv, ("succeeded", "failed", "lost", "stopped"), timeout=60)
+
+
+def test_tasks_that_left_the_queue_without_accounting_say_so_in_one_line(slurm, sshd, tmp_path, cli):
+    """The suite's Slurm has no accounting (AccountingStorageType=accounting_storage/none): a task that
+    left the queue without an exit file stays "lost", and status says in one line that sacct could not
+    tell, in sacct's own words, asked once for the ended job (sacct.json); ``logs --follow`` on the
+    ended array prints its end line and exits 1 as status does."""
+    inv = _inventory(sshd, slurm, tmp_path, n=30, sleep=3)
+    status, out, err = cli("extract", "cluster", "--skip-check", "-i", str(inv))
+    assert status == 0, err
+    job = _cancel_outside(cli, inv, slurm)
+    assert job["state"] == "lost" and {t["state"] for t in job["tasks"]} == {"lost"}, job
+    assert job["accounting"] == ("sacct: Slurm accounting is not configured on this cluster (Slurm accounting "
+                                 "storage is disabled): a task's final state is its exit file's, node and "
+                                 "elapsed time are not known"), job
+    assert all(t["node"] is None and t["slurm_state"] is None for t in job["tasks"])
+    kept = json.loads((tmp_path / "state" / "slurm" / job["job_id"] / "sacct.json").read_text())
+    assert kept == {"tasks": {}, "note": job["accounting"]}
+    status, out, err = cli("status", "cluster", "-i", str(inv))
+    assert status == 1 and "  sacct: Slurm accounting is not configured on this cluster" in out, out
+    assert "task 0: lost, " in out
+    status, out, err = cli("status", "cluster", "--all", "--json", "-i", str(inv))     # the login node's jobs
+    listed = json.loads(out)["jobs"]
+    assert status == 0 and [j["job_id"] for j in listed] == [job["job_id"]], out
+    assert listed[0]["accounting"] == job["accounting"] and listed[0]["slurm_id"] == job["slurm_id"]
+    status, out, err = cli("status", "cluster", "--all", "-i", str(inv))
+    assert f"cluster: {job['job_id']} (STAND-IN): lost after " in out, out
+    status, out, err = cli("logs", "cluster", "--follow", "-i", str(inv))
+    assert status == 1, (out, err)
+    end = out.strip().splitlines()[-2:]
+    assert end[0].startswith(f"{job['job_id']} (STAND-IN): lost after ") and end[0].endswith(
+        " - task 0 lost; task 1 lost; task 2 lost"), out
+    assert end[1] == f"  {job['accounting']}", out
+    status, out, err = cli("logs", "cluster", "--follow", "--json", "-i", str(inv))
+    events = [json.loads(line) for line in out.splitlines()]
+    assert status == 1 and [e["event"] for e in events] == ["logs", "end"], out
+    assert events[-1]["status"]["state"] == "lost" and events[0]["job_id"] == job["job_id"]
+
+
+FAKE_SACCT = """\
+#!/bin/sh
+# sacct of a cluster with accounting, which the suite's Slurm has not: rows in the format sacct
+# documents (--parsable2 --noheader --format=JobID,State,ExitCode,Elapsed,NodeList) for the job "$2"
+printf '%s_0|TIMEOUT|0:0|00:10:03|gpu02\\n%s_0.batch|CANCELLED|0:15|00:10:05|gpu02\\n' "$2" "$2"
+printf '%s_1|CANCELLED by 0|0:0|00:00:00|None assigned\\n%s_2|OUT_OF_MEMORY|0:125|00:01:00|gpu03\\n' "$2" "$2"
+"""
+
+
+def test_tasks_that_left_the_queue_end_as_sacct_says(slurm, sshd, tmp_path, cli):
+    """With accounting (sacct's rows from a script in front of PATH: the suite's Slurm has no slurmdbd;
+    squeue, sbatch and scancel are the real ones): each task that left the queue without an exit file
+    takes sacct's final state, exit code, node and elapsed time."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sacct").write_text(FAKE_SACCT)
+    (fake / "sacct").chmod(0o755)
+    pb = tmp_path / "slurm.yaml"
+    pb.write_text(PLAYBOOK)
+    host = sshd.host_entry(python=sys.executable, workdir=str(tmp_path),
+                           env={"REMOTE_OPS_STATE_DIR": str(tmp_path / "state"), "SLURM_CONF": slurm["conf"],
+                                "PATH": f"{fake}:{os.environ['PATH']}"},
+                           vars={"scheduler": "slurm", "n": 30, "sleep": 3, "out": str(tmp_path / "out")},
+                           playbook=str(pb))
+    inv = write_inventory(tmp_path / "inv.yaml", {"cluster": host})
+    status, out, err = cli("extract", "cluster", "--skip-check", "-i", str(inv))
+    assert status == 0, err
+    job = _cancel_outside(cli, inv, slurm)
+    assert job["accounting"] is None, job
+    t = {x["task"]: x for x in job["tasks"]}
+    assert (t[0]["state"], t[0]["slurm_state"], t[0]["node"], t[0]["elapsed_s"], t[0]["exit_code"]) == \
+        ("failed", "TIMEOUT", "gpu02", 603, 0)
+    assert (t[1]["state"], t[1]["slurm_state"], t[1]["node"]) == ("stopped", "CANCELLED", None)
+    assert (t[2]["state"], t[2]["signal"], t[2]["reason"]) == ("failed", 125, "Slurm: OUT_OF_MEMORY on gpu03 "
+                                                                               "after 60 s, signal 125")
+    assert job["state"] == "failed" and job["reason"].startswith(
+        "task 0 failed (exit code 0), Slurm: TIMEOUT on gpu02 after 603 s; task 2 failed"), job
+    status, out, err = cli("status", "cluster", "-i", str(inv))
+    assert status == 1 and "task 0: failed (Slurm: TIMEOUT on gpu02 after 603 s), " in out, out

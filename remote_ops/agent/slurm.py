@@ -5,7 +5,9 @@
 job's command with ``--shard k/N`` into ``<output_dir>/shard-k-of-N`` (the token ``@SHARD_DIR@`` in
 the command), its log is ``task-k.log`` and its exit status ``task-k.exit.json`` (written by the
 batch script, so a task's end is known after Slurm forgot the job). ``slurm.status`` reads
-``squeue`` for pending and running tasks and those files for ended ones; ``slurm.stop`` runs
+``squeue`` for pending and running tasks, those files for ended ones and ``sacct`` for the tasks
+that left the queue (Slurm's final state, exit code, elapsed time, node; a task killed by Slurm
+has no exit file), or says in one line that the cluster has no accounting; ``slurm.stop`` runs
 ``scancel``; ``slurm.logs`` the tasks' logs. Every command is an argv list, never a shell line.
 """
 
@@ -134,7 +136,90 @@ def _squeue(slurm_id):
     return tasks
 
 
-def job_status(job_id):
+SACCT_FORMAT = "JobID,State,ExitCode,Elapsed,NodeList"
+# sacct's final states (slurm's job_state_string) -> this job's task states; a task with no exit file
+# of its own (killed by Slurm: time limit, memory, node failure, scancel) ends as sacct says
+_SACCT_STATES = {"COMPLETED": "succeeded", "CANCELLED": "stopped", "FAILED": "failed", "TIMEOUT": "failed",
+                 "OUT_OF_MEMORY": "failed", "NODE_FAIL": "failed", "BOOT_FAIL": "failed", "DEADLINE": "failed",
+                 "PREEMPTED": "failed"}
+
+
+def elapsed_seconds(text):
+    """sacct's Elapsed ``[D-][HH:]MM:SS`` in seconds (None when it is not that)."""
+    days, _, rest = text.strip().rpartition("-")
+    parts = rest.split(":")
+    try:
+        nums = [int(p) for p in parts]
+        d = int(days) if days else 0
+    except ValueError:
+        return None
+    if not 2 <= len(nums) <= 3:
+        return None
+    while len(nums) < 3:
+        nums.insert(0, 0)
+    return d * 86400 + nums[0] * 3600 + nums[1] * 60 + nums[2]
+
+
+def parse_sacct(text, slurm_id):
+    """``sacct -j ID --parsable2 --noheader --format=JobID,State,ExitCode,Elapsed,NodeList`` -> task
+    id -> {slurm_state, exit_code, signal, elapsed_s, node} for the array's task rows ``ID_K`` (its steps
+    ``ID_K.batch``/``.extern`` and pending ranges ``ID_[3-5]`` skipped). ``State`` may carry words after
+    the state ("CANCELLED by 0"); ``ExitCode`` is ``exit:signal``."""
+    tasks = {}
+    prefix = "%s_" % slurm_id
+    for line in text.splitlines():
+        parts = line.rstrip("\n").split("|")
+        if len(parts) != 5 or not parts[0].startswith(prefix):
+            continue
+        k = parts[0][len(prefix):]
+        if not k.isdigit():
+            continue
+        code, _, sig = parts[2].partition(":")
+        node = parts[4].strip()
+        tasks[int(k)] = {"slurm_state": (parts[1].split() or ["UNKNOWN"])[0].rstrip("+"),
+                         "exit_code": int(code) if code.isdigit() else None,
+                         "signal": int(sig) if sig.isdigit() and int(sig) else None,
+                         "elapsed_s": elapsed_seconds(parts[3]),
+                         "node": node if node and node != "None assigned" else None}
+    return tasks
+
+
+def _sacct(slurm_id, n):
+    """(task id -> sacct record, None) or ({}, one line saying why sacct gave nothing): accounting not
+    configured on this cluster (sacct's own words), sacct missing or failing."""
+    try:
+        rc, out, err = _run(["sacct", "-j", str(slurm_id), "--parsable2", "--noheader",
+                             "--format=" + SACCT_FORMAT], timeout=30)
+    except AgentFailure as exc:
+        return {}, "sacct: %s" % exc.message
+    words = " ".join((err or out).split())
+    if rc != 0:
+        if "accounting storage is disabled" in words or "accounting_storage/none" in words:
+            return {}, ("sacct: Slurm accounting is not configured on this cluster (%s): a task's final "
+                        "state is its exit file's, node and elapsed time are not known" % words)
+        return {}, "sacct failed: %s" % (words or "exit status %d" % rc)
+    tasks = parse_sacct(out, slurm_id)
+    return tasks, None if tasks else "sacct has no record of Slurm job %s's %d task(s) (yet)" % (slurm_id, n)
+
+
+def _accounting(jobdir, slurm_id, n, final):
+    """sacct's records of the job's tasks that left the queue; kept in sacct.json once every task left
+    it (``final``), so a finished job asks sacct once."""
+    path = os.path.join(jobdir, "sacct.json")
+    kept = sup.read_json(path)
+    if kept is not None:
+        return {int(k): v for k, v in kept["tasks"].items()}, kept["note"]
+    tasks, note = _sacct(slurm_id, n)
+    if final and (len(tasks) == n or (note or "").startswith("sacct: Slurm accounting is not configured")):
+        sup.write_json(path, {"tasks": {str(k): v for k, v in tasks.items()}, "note": note})
+    return tasks, note
+
+
+def job_status(job_id, accounting=True):
+    """The job's status record: squeue for the tasks Slurm still lists, each ended task's exit file,
+    and sacct for the tasks that left the queue (``accounting``: True, or "final": only once no task
+    is queued, as a follow's polls do): Slurm's final state, exit code, elapsed time and node of each,
+    or, in ``accounting``, one line saying why sacct could not tell."""
     jobdir = _jobdir(job_id)
     job = sup.read_json(os.path.join(jobdir, "job.json"))
     if job is None:
@@ -142,14 +227,21 @@ def job_status(job_id):
     n = int(job["tasks"])
     live = _squeue(job["slurm_id"])
     stop = sup.read_json(os.path.join(jobdir, "stop.json"))
+    acct, acct_note = {}, None
+    if (accounting is True and len(live) < n) or (accounting == "final" and not live):
+        acct, acct_note = _accounting(jobdir, job["slurm_id"], n, final=not live)
     tasks, done, expected = [], 0, 0
     for k in range(n):
         ext = sup.read_json(os.path.join(jobdir, "task-%d.exit.json" % k))
+        sa = acct.get(k) if k not in live else None
         if k in live:
             state = {"PENDING": "pending", "RUNNING": "running", "CONFIGURING": "running",
                      "COMPLETING": "running"}.get(live[k][0], live[k][0].lower())
         elif ext is not None:
             state = "succeeded" if ext.get("exit_code") == 0 else ("stopped" if stop else "failed")
+        elif sa is not None and sa["slurm_state"] in _SACCT_STATES:
+            state = _SACCT_STATES[sa["slurm_state"]]
+            ext = {"exit_code": sa["exit_code"]}
         else:
             state = "stopped" if stop else "lost"
         out_dir = os.path.join(job["output_dir"], "shard-%d-of-%d" % (k, n)) if job.get("output_dir") else None
@@ -162,9 +254,11 @@ def job_status(job_id):
             total = asked if isinstance(asked, int) and not isinstance(asked, bool) else total
         share = len(range(k, total, n)) if isinstance(total, int) else None
         expected += share or 0
-        tasks.append({"task": k, "state": state, "reason": live[k][1] if k in live else None,
+        tasks.append({"task": k, "state": state, "reason": live[k][1] if k in live else _sacct_reason(sa),
                       "exit_code": (ext or {}).get("exit_code"), "samples": count, "expected": share,
-                      "log": os.path.join(jobdir, "task-%d.log" % k)})
+                      "log": os.path.join(jobdir, "task-%d.log" % k), "slurm_state": (sa or {}).get("slurm_state"),
+                      "node": (sa or {}).get("node"), "elapsed_s": (sa or {}).get("elapsed_s"),
+                      "signal": (sa or {}).get("signal")})
     states = {t["state"] for t in tasks}
     if states & {"pending", "running"}:
         state = "running" if "running" in states else "starting"
@@ -181,8 +275,9 @@ def job_status(job_id):
     if state == "succeeded":
         reason = "all %d array tasks exit code 0" % n
     elif bad:
-        reason = "; ".join("task %d %s%s" % (t["task"], t["state"], " (exit code %s)" % t["exit_code"]
-                                             if t["exit_code"] is not None else "") for t in bad[:5])
+        reason = "; ".join("task %d %s%s%s" % (t["task"], t["state"], " (exit code %s)" % t["exit_code"]
+                                               if t["exit_code"] is not None else "",
+                                               ", %s" % t["reason"] if t["reason"] else "") for t in bad[:5])
     elif state == "stopped":
         reason = "stopped by remote-ops stop (scancel)"
     t = time.time()
@@ -195,11 +290,61 @@ def job_status(job_id):
             "label": job.get("label"), "created_at": job["created_at"], "elapsed_s": round(elapsed, 1),
             "samples": {"done": done, "expected": expected or job.get("expected_samples")},
             "rate_per_s": round(done / elapsed, 3) if done and elapsed > 0 else None,
-            "exit_code": None, "signal_name": None, "error_lines": [], "warnings": [], "pid": None}
+            "exit_code": None, "signal_name": None, "error_lines": [], "warnings": [], "pid": None,
+            "accounting": acct_note}
+
+
+def _sacct_reason(sa):
+    """A task's end as sacct recorded it, one phrase: "Slurm: TIMEOUT on node1 after 600 s, signal 15"."""
+    if not sa:
+        return None
+    return "Slurm: %s%s%s%s" % (sa["slurm_state"], " on %s" % sa["node"] if sa["node"] else "",
+                                " after %d s" % sa["elapsed_s"] if sa["elapsed_s"] is not None else "",
+                                ", signal %d" % sa["signal"] if sa["signal"] else "")
 
 
 def op_status(args):
     return job_status(_resolve(args))
+
+
+def op_where(args):
+    """Where a preflight runs and where the tasks will: this login node's hostname, and the partition
+    (``partition``, else the cluster's default: sinfo's ``*``) with its nodes; ``error`` when sinfo
+    could not say."""
+    asked = args.get("partition")
+    out = {"hostname": os.uname().nodename, "partition": asked, "nodes": None, "default": not asked,
+           "error": None}
+    try:
+        rc, text, err = _run(["sinfo", "-h", "-o", "%P|%N"], timeout=30)
+    except AgentFailure as exc:
+        out["error"] = exc.message
+        return out
+    if rc != 0:
+        out["error"] = "sinfo: %s" % (" ".join((err or text).split()) or "exit status %d" % rc)
+        return out
+    for line in text.splitlines():
+        name, _, nodes = line.strip().partition("|")
+        default = name.endswith("*")
+        if (asked and name.rstrip("*") == str(asked)) or (not asked and default):
+            out.update(partition=name.rstrip("*"), nodes=nodes or None)
+            break
+    else:
+        out["error"] = ("sinfo lists no partition %s" % asked) if asked else "sinfo marks no default partition"
+    return out
+
+
+def op_list(args):
+    """Every Slurm job remote-ops submitted from this login node (of playbook ``key`` when given), oldest
+    first: each one's status record (sacct asked once for each ended job, see _accounting)."""
+    root = os.path.join(statedir.root(), "slurm")     # read-only: no state directory made here
+    found = []
+    for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        job = sup.read_json(os.path.join(root, name, "job.json"))
+        if not job or not job.get("slurm_id") or (args.get("key") and job.get("key") != args["key"]):
+            continue
+        found.append(job_status(name))
+    found.sort(key=lambda j: j.get("created_at") or 0)
+    return {"jobs": found}
 
 
 def op_submit(args):
@@ -340,8 +485,8 @@ def op_stop(args):
 
 def op_logs(args):
     job_id = _resolve(args)
-    st = job_status(job_id)
     offsets = args.get("offsets")
+    st = job_status(job_id, accounting="final" if isinstance(offsets, list) else True)
     if isinstance(offsets, list):     # follow: each task's log from its offset on (at most 1 MiB each)
         chunks = []
         for t in st["tasks"]:

@@ -165,4 +165,6 @@ def report_end(ctx, st: dict) -> int:
         if st["state"] != "succeeded":
             for line in st.get("error_lines") or []:
                 ctx.console.print(f"  {line}", markup=False, highlight=False)
+            if st.get("accounting"):      # a Slurm array: why sacct could not tell how its tasks ended
+                ctx.console.print(f"  {st['accounting']}", markup=False, highlight=False)
     return jobs.exit_for(st)

@@ -22,8 +22,6 @@ def collapse(text: str) -> str:
 
 
 def run(args, ctx) -> int:
-    import sys
-
     from remote_ops.commands.follow import print_follow
     from remote_ops.extract import jobs
     from remote_ops.errors import Exit, UsageError
@@ -47,13 +45,13 @@ def run(args, ctx) -> int:
     r = results[0].value
     from remote_ops.extract.slurm import is_slurm
     slurm = is_slurm(ctx.hosts(args.host)[0])
-    if slurm and r.state in jobs.TERMINAL:        # an ended job array: its logs as they are
-        if ctx.json:
-            ctx.emit(r)
-        else:
-            sys.stdout.write(collapse(r.text))
-            sys.stdout.flush()
-        return int(Exit.OK)
+    if slurm and r.state in jobs.TERMINAL:
+        # an ended job array: its logs as they are, then the end line and exit status a local job's
+        # follow ends with (the array's summary, each failed task's state and exit code)
+        from remote_ops.commands.follow import report_end
+        from remote_ops.extract.slurm import final_status
+        _print_logs(ctx, r)
+        return report_end(ctx, final_status(ctx.session(ctx.hosts(args.host)[0]), r.job_id))
     if slurm:                                     # a job array: every task's log
         from remote_ops.commands.follow import report_end
         from remote_ops.extract.slurm import follow, print_task_text
@@ -65,6 +63,13 @@ def run(args, ctx) -> int:
     # the same way whether the job still runs or ended meanwhile: the lines so far, then the follow
     # from where they end, which yields the rest its supervisor still writes (its "ended:" line)
     # and the end (summary line, exit status as status says)
+    _print_logs(ctx, r)
+    return print_follow(ctx, args.host, r.job_id, offset=r.next)
+
+
+def _print_logs(ctx, r) -> None:
+    """A followed job's log so far: as text, or with --json the event ``{"event": "logs", ...}``."""
+    import sys
     if ctx.json:
         import json
         from remote_ops.records import to_json
@@ -72,4 +77,3 @@ def run(args, ctx) -> int:
     else:
         sys.stdout.write(collapse(r.text))
     sys.stdout.flush()
-    return print_follow(ctx, args.host, r.job_id, offset=r.next)

@@ -49,6 +49,8 @@ def render(c, host, st) -> None:
                 + (f", exit {t['exit_code']}" if t.get("exit_code") is not None else ""), markup=False)
     if st.get("slurm_id"):
         c.print(f"  Slurm job {st['slurm_id']}", markup=False)
+    if st.get("accounting"):             # why sacct could not tell how the tasks that left the queue ended
+        c.print(f"  {st['accounting']}", markup=False, highlight=False)
     if st.get("pid"):
         c.print(f"  pid {st['pid']} (process group {st.get('pgid')}), supervisor "
                 f"{'alive' if st.get('supervisor_alive') else 'gone'}", markup=False)

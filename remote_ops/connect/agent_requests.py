@@ -201,6 +201,14 @@ def slurm_status(*, key: str = _UNSET, job_id: str = _UNSET) -> Request:
     return _req("slurm.status", key=key, job_id=job_id)
 
 
+def slurm_where(*, partition: str | None) -> Request:
+    return _req("slurm.where", partition=partition)
+
+
+def slurm_list(*, key: str = _UNSET) -> Request:
+    return _req("slurm.list", key=key)
+
+
 def slurm_stop(*, key: str = _UNSET, job_id: str = _UNSET, grace: float = _UNSET) -> Request:
     return _req("slurm.stop", key=key, job_id=job_id, grace=grace)
 

@@ -2,8 +2,9 @@
 
     python .../remote_ops/connect/muxserver.py DIR   < JSON list of host specs (written by mux.spawn)
 
-For each host: take ``DIR/<key>.lock`` (flock; another controller's mux already holding it means
-this host is served, so it is skipped: two controllers racing leave one mux), connect with
+For each host: take ``DIR/<key>.lock`` (flock; another controller's mux holding it while its
+socket answers means this host is served, so it is skipped: two controllers racing leave one mux;
+one holding it without an answering socket is starting or exiting, and is waited for), connect with
 ``transport.Session`` (strict host-key checking against the known_hosts file, ssh_config,
 ProxyJump hops), bind ``<key>.sock`` (0600, under a temporary name, then renamed in place) and
 serve exec requests until no client has come for ``persist`` seconds, the SSH connection dies, or
@@ -40,6 +41,8 @@ import threading  # noqa: E402
 import time  # noqa: E402
 
 from remote_ops.connect import mux  # noqa: E402
+
+LOCK_WAIT_S = 60.0   # how long a new mux waits for one that holds the host's lock without serving
 
 
 def log(msg: str) -> None:
@@ -79,15 +82,14 @@ class Keeper:
         self._spare_lock = threading.Lock()
         self._residents: dict = {}
         self._residents_lock = threading.Lock()
+        self._ino = None
 
     def run(self) -> None:
         name = self.session.host.name
         lock_fd = os.open(os.path.join(self.dir, self.key + ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
-            try:
-                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return                                    # another mux serves (or is starting for) this host
+            if not self._take_lock(lock_fd):
+                return                                    # another mux serves this host
             os.ftruncate(lock_fd, 0)
             os.write(lock_fd, f"{os.getpid()}\n".encode())
             if mux.identity(self.session.host, self.session.options, self.session.inventory_hosts) != self.key:
@@ -105,6 +107,29 @@ class Keeper:
         finally:
             os.close(lock_fd)                             # releases the flock
 
+    def _take_lock(self, lock_fd: int, bound: float = LOCK_WAIT_S) -> bool:
+        """The host's lock, or False when another mux serves the host. A mux that holds the lock
+        without a socket that answers is starting (then its socket answers soon) or exiting (its
+        socket is gone, it still closes its SSH connection or waits for calls in flight): waited
+        for, not taken as serving, or a command that found no kept connection would start a mux
+        that gives up at once and nothing would be kept."""
+        deadline = time.monotonic() + bound
+        while True:
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                pass
+            live = mux._connect(self.path)
+            if live is not None:
+                live.close()
+                return False
+            if time.monotonic() > deadline:
+                log(f"{self.session.host.name}: another mux held {self.key}.lock without serving for "
+                    f"{bound:g}s; not kept")
+                return False
+            time.sleep(0.05)
+
     def serve(self) -> None:
         name = self.session.host.name
         tmp = f"{self.path}.{os.getpid()}"
@@ -117,7 +142,7 @@ class Keeper:
         os.chmod(tmp, 0o600)
         srv.listen(64)
         os.replace(tmp, self.path)                       # a stale socket of a killed mux is replaced
-        ino = os.lstat(self.path).st_ino
+        ino = self._ino = os.lstat(self.path).st_ino
         srv.settimeout(0.25)
         log(f"{name}: keeping the connection ({self.path}, {self.idle:g}s idle)")
         threading.Thread(target=self._prestart, daemon=True).start()
@@ -151,6 +176,16 @@ class Keeper:
             while reason == "stopped" and self.clients and time.monotonic() < deadline:
                 time.sleep(0.05)
             log(f"{name}: exiting ({reason})")
+
+    def _retire(self) -> None:
+        """The SSH link is gone: remove the socket now (before the client that found out is told),
+        so that the command which then connects itself finds no kept connection when it ends and
+        starts a new mux (which waits for this one's lock, _take_lock); the serve loop then exits."""
+        try:
+            if os.lstat(self.path).st_ino == self._ino:
+                os.unlink(self.path)
+        except OSError:
+            pass
 
     # ---------------------------------------------------------------- channels
     def _prestart(self) -> None:
@@ -229,6 +264,8 @@ class Keeper:
         except Exception as exc:  # nothing ran: the client connects itself
             if chan is not None:
                 chan.close()
+            if not self.session.transport.is_active():
+                self._retire()
             mux.send_frame(conn, b"N", str(exc or type(exc).__name__).encode())
             return
         mux.send_frame(conn, b"A")

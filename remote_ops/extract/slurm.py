@@ -9,7 +9,8 @@ it. The playbook's ``extract.slurm``: ``tasks`` (N, default 1), ``time`` (--time
 
 Preflight runs on the login node (shipped files, the call-site check, the import probe with the
 job's interpreter): that is right when the login node shares the compute nodes' environment, the
-usual set-up; GPUs are Slurm's to give (--gres), so the login node's are not checked.
+usual set-up, and its notes say so: the login node's hostname and the partition (sinfo) the tasks
+run on. GPUs are Slurm's to give (--gres), so the login node's are not checked.
 """
 
 from __future__ import annotations
@@ -59,6 +60,21 @@ def options(pb, spec) -> tuple[int, list[str]]:
     return tasks, out + list(extra)
 
 
+def _partition(pb) -> str | None:
+    p = ((pb.extract or {}).get("slurm") or {}).get("partition")
+    return None if p is None else str(p)
+
+
+def where_note(w: dict) -> str:
+    """The preflight's line saying where it ran and where the tasks will (agent op slurm.where)."""
+    part = (f"partition {w['partition']}" + (" (the default)" if w.get("default") else "")
+            if w.get("partition") else "the cluster's default partition")
+    nodes = f", nodes {w['nodes']}" if w.get("nodes") else ""
+    why = f" ({w['error']})" if w.get("error") else ""
+    return (f"slurm: files, dataset, disk, model and imports checked on the login node {w['hostname']}; "
+            f"tasks run on {part}{nodes}{why}: they need the same paths and Python there")
+
+
 def requeue_times(pb) -> int:
     """extract.slurm.requeue: how often a preempted or timed-out task is requeued (options() checked it)."""
     return ((pb.extract or {}).get("slurm") or {}).get("requeue", REQUEUE_DEFAULT)
@@ -92,8 +108,7 @@ def extract(session, pb, spec, *, skip_check: bool, dry_run: bool, strict_drift:
     pf.running = None        # a plain job of the same playbook on the login node is not this one
     import shlex
     pf.notes.append(f"slurm: {tasks} array task(s), sbatch {shlex.join(sbatch) or '(no options)'}")
-    pf.notes.append(f"slurm: this preflight (files, dataset, disk, model, imports) ran on the login node "
-                    f"{host.name}, not on a compute node: the tasks need the same paths and Python there")
+    pf.notes.append(where_note(session.call(*rq.slurm_where(partition=_partition(pb)))))
     if pf.problems:
         raise jobs.refusal(spec, pf, host.name)
     if dry_run:
@@ -118,6 +133,17 @@ def _ref(pb, job) -> dict:
 def status(session, *, pb, job):
     from remote_ops.extract import jobs
     return jobs.JobStatus(session.label, session.call(*rq.slurm_status(**_ref(pb, job))))
+
+
+def list_jobs(session):
+    """``status --all`` on a login node: the Slurm jobs submitted from it (``jobs.JobList``)."""
+    from remote_ops.extract import jobs
+    return jobs.JobList(session.label, session.call(*rq.slurm_list())["jobs"])
+
+
+def final_status(session, job_id: str) -> dict:
+    """The status record of the Slurm job ``job_id`` (for the end line of a follow)."""
+    return session.call(*rq.slurm_status(job_id=job_id))
 
 
 def stop(session, *, pb, job, grace, on_stopping=None):
