@@ -336,21 +336,32 @@ def job_lines(tail_stdout: str) -> list[str]:
 
 
 def prepare_before(rev: str, dest: Path) -> str | None:
-    """Write the playbook and script of ``rev`` into ``dest`` (playbook + scripts/), by git show;
-    None when git cannot show them (no repository on the GPU machine)."""
-    texts = {}
-    for rel in ("playbooks/" + PLAYBOOK.name, "playbooks/scripts/" + SCRIPT.name):
+    """Write the playbook of ``rev`` and every file its extract.files ships (the script, the run identity
+    module ...) into ``dest`` as they sit in the repository (dest/playbooks/<playbook>, and each file at
+    its path relative to it), by git show; None when git cannot show them (no repository on the GPU
+    machine)."""
+    def show(rel):
         try:
             r = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:{rel}"], capture_output=True, text=True,
                                timeout=30)
         except (OSError, subprocess.TimeoutExpired):
             return None
-        if r.returncode != 0:
+        return r.stdout if r.returncode == 0 else None
+    pb_rel = "playbooks/" + PLAYBOOK.name
+    text = show(pb_rel)
+    if text is None:
+        return None
+    import yaml
+    files = ((yaml.safe_load(text) or {}).get("extract") or {}).get("files") or {}
+    texts = {pb_rel: text}
+    for src in files:
+        rel = os.path.normpath(os.path.join("playbooks", src))
+        texts[rel] = show(rel)
+        if texts[rel] is None:
             return None
-        texts[rel] = r.stdout
-    (dest / "scripts").mkdir(parents=True, exist_ok=True)
-    for rel, text in texts.items():
-        (dest / rel.removeprefix("playbooks/")).write_text(text)
+    for rel, body in texts.items():
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / rel).write_text(body)
     return f"git show {rev}"
 
 
@@ -667,13 +678,13 @@ class Bench:
         from git, else from --before-dir (written by --prepare-before where git is), else None."""
         d = self.scratch / "before"
         got = prepare_before(self.args.before_rev, d)
-        if got is None and (Path(self.args.before_dir) / PLAYBOOK.name).exists():
+        if got is None and (Path(self.args.before_dir) / "playbooks" / PLAYBOOK.name).exists():
             shutil.copytree(self.args.before_dir, d, dirs_exist_ok=True)
             got = "copy of " + str(self.args.before_dir)
         if got is None:
             return {"source": "flags", "why": f"git cannot show {self.args.before_rev} here and no {self.args.before_dir}",
                     "flags": "--batch-tokens 0 --write-queue-mb 0 (count batches, writes in the main thread)"}
-        return {"source": "git", "rev": self.args.before_rev, "from": got, "playbook": str(d / PLAYBOOK.name)}
+        return {"source": "git", "rev": self.args.before_rev, "from": got, "playbook": str(d / "playbooks" / PLAYBOOK.name)}
 
     def ro(self, *args, timeout=300) -> dict:
         cmd = [self.base_python, "-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); "

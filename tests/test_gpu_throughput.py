@@ -39,9 +39,11 @@ def test_arguments():
 def test_the_before_revision_is_mains_playbook_without_the_zero_copy_slots(tmp_path):
     got = gt.prepare_before(gt.BEFORE_REV, tmp_path)
     assert got == f"git show {gt.BEFORE_REV}"
-    old = (tmp_path / "scripts" / "extract_hidden_states.py").read_text()
+    old = (tmp_path / "playbooks" / "scripts" / "extract_hidden_states.py").read_text()
     assert "class Writer" in old and "--handoff-dir" in old
-    playbook = (tmp_path / "eagle3-speculators-0.3.0.yaml").read_text()
+    # every file the playbook's extract.files ships, where the playbook's relative paths find it
+    assert (tmp_path / "remote_ops" / "agent" / "outputs" / "run_identity.py").read_text().startswith('"""')
+    playbook = (tmp_path / "playbooks" / "eagle3-speculators-0.3.0.yaml").read_text()
     assert "captured-states-through-shared-memory" in playbook and "zero-copy" not in playbook
     assert "captured-states-zero-copy-stream" in gt.PLAYBOOK.read_text()
     assert gt.prepare_before("0" * 40, tmp_path / "none") is None
@@ -112,19 +114,21 @@ def test_standin_rehearsal_of_part_a_and_its_rendering(tmp_path):
     out = tmp_path / "r.json"
     r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_throughput.py"), "--standin",
                         "--work", str(tmp_path / "w"), "--out", str(out), "--samples", "6", "--min-tokens", "5",
-                        "--max-tokens", "30", "--dd-mib", "64"], capture_output=True, text=True, timeout=400,
+                        "--max-tokens", "30", "--dd-mib", "64", "--parts",
+                        "disk,a_before,a_before_tmpfs,a_after,a_tmpfs,a_2dirs"], capture_output=True, text=True, timeout=400,
                        cwd=REPO)
     assert r.returncode == 0, r.stderr[-2000:]
     d = json.loads(out.read_text())
     assert d["before_source"]["source"] == "git" and d["standin"]
     lengths = [min(len(json.loads(l)["input_ids"]), 2047)
                for l in (tmp_path / "w" / "throughput" / "dataset.jsonl").read_text().splitlines()]
-    for k in ("a_after", "a_before", "a_tmpfs"):
+    for k in ("a_after", "a_before", "a_tmpfs", "a_before_tmpfs", "a_2dirs"):
         assert d[k]["rc"] == 0 and d[k]["complete"] and d[k]["tokens"] == sum(lengths) and d[k]["tokens_per_s"] > 0
-    # this checkout's script says how the states came (the stand-in has no vLLM worker); main's cannot
-    assert d["a_after"]["handoff_line"] == ("captured states did not come through shared memory: the STAND-IN "
-                                            "generator computes them in this process (no vLLM worker to hand them over)")
-    assert d["a_before"]["handoff_line"] is None
+    # the script says how the states came (the stand-in has no vLLM worker), BEFORE's as AFTER's
+    for k in ("a_after", "a_before"):
+        assert d[k]["handoff_line"] == ("captured states did not come through shared memory: the STAND-IN "
+                                        "generator computes them in this process (no vLLM worker to hand them over)")
+    assert d["a_2dirs"]["per_directory"] == [3, 3]          # samples alternate over the two directories
     assert d["ratios"]["a_after/a_before"] == round(d["a_after"]["tokens_per_s"] / d["a_before"]["tokens_per_s"], 4)
     assert d["disk"]["dd_direct"]["bytes"] == 64 << 20
     use = d["disk_use"]
@@ -133,6 +137,8 @@ def test_standin_rehearsal_of_part_a_and_its_rendering(tmp_path):
     assert "STAND-IN rehearsal on the CPU: not GPU figures" in text
     assert f"{d['a_after']['files']} files, {d['a_after']['tokens']} tokens in {d['a_after']['seconds']} s" in text
     assert "(b) the generator alone, no writes | - | None generate() calls" in text and "(not run)" in text
+    assert "| (a) AFTER, files spread over two directories of the same disk |" in text and "6 files (3 + 3)" in text
+    assert "| (a) BEFORE, files on a tmpfs |" in text
 
 
 FAKE_GENERATOR = '''
