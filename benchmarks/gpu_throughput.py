@@ -69,6 +69,7 @@ PARTS = {"disk": "disk", "a_before": "a_before", "a_before_tmpfs": "a_before_tmp
          "b": "b_generator", "c": "c_vllm_prefill"}       # --parts name: the result's key
 # run with BEFORE's playbook patched in, before AFTER's goes on top
 BEFORE_PARTS = ("a_before", "a_before_tmpfs", "b_before")
+UNPATCHED_PARTS = ("disk", "c")   # they use no speculators: run before, between or after either patch
 A_HOSTS = {"a_before": "before", "a_before_tmpfs": "before_tmpfs", "a_after": "after", "a_tmpfs": "tmpfs",
            "a_2dirs": "twodirs"}   # (a)'s parts: the inventory host each one extracts with
 SERVER_PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.9.0.yaml"
@@ -461,7 +462,7 @@ def parse_args(argv=None):
                          "through the same remote-ops extract; no model build, no patch, no (b)/(c); figures "
                          "are NOT GPU figures")
     args = ap.parse_args(argv)
-    order = [p.strip() for p in args.parts.split(",") if p.strip() not in ("", "disk")]
+    order = [p.strip() for p in args.parts.split(",") if p.strip() and p.strip() not in UNPATCHED_PARTS]
     first_after = next((i for i, p in enumerate(order) if p not in BEFORE_PARTS), len(order))
     if any(p in BEFORE_PARTS for p in order[first_after:]):
         ap.error("a_before and b_before must come before the other GPU parts: AFTER's patch is made on top of "
@@ -856,7 +857,7 @@ def main(argv=None) -> int:
         if p == "b_before" and not git:   # the flags stand-in is the old loop of the script: not a generator
             b.doc["b_generator_before"] = {"skipped": "no BEFORE playbook: " + b.doc["before_source"].get("why", "")}
             continue
-        want = None if p == "disk" or args.standin else ("before" if p in BEFORE_PARTS and git else "after")
+        want = None if p in UNPATCHED_PARTS or args.standin else ("before" if p in BEFORE_PARTS and git else "after")
         if want and want not in patched:
             patched.append(want)
             b.part("patch" if want == "after" else "patch_before", lambda w=want: b.part_patch(w), 20)

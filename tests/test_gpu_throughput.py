@@ -34,6 +34,7 @@ def test_arguments():
             gt.parse_args(argv)
     assert gt.parse_args(["--prepare-before"]).out is None
     assert gt.parse_args(["--out", "x", "--parts", "disk,b_before,a_before,a_after,b,c"]).parts.startswith("disk,b_before")
+    assert gt.parse_args(["--out", "x", "--parts", "c,b_before,b,disk"]).parts == "c,b_before,b,disk"   # c: no patch
 
 
 def test_the_before_revision_is_mains_playbook_without_the_zero_copy_slots(tmp_path):
