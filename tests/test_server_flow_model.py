@@ -221,3 +221,20 @@ def test_extract_preflight_refuses_remote_code_without_the_var(sshd, inventory_f
     status, out, err = cli("--json", "extract", "testhost", "--playbook", NOCP, "--dry-run", "-i", str(inv))
     problems = json.loads(out)["preflight"]["problems"]
     assert [p for p in problems if "ids [61] will not be captured" in p and "deepseek_v2.py:1313" in p], problems
+
+
+@pytest.mark.parametrize("version,ok", [("0.20.0", True), ("0.33.0", True), ("0.17.0", False)])
+def test_a_wrapper_whose_text_config_names_no_architecture_is_followed_to_the_model_it_builds(tmp_path, version, ok):
+    """Kimi-K2.5-shaped checkpoints need not list text_config.architectures: kimi_k25.py builds its text
+    model as init_vllm_registered_model(..., architectures=["DeepseekV2ForCausalLM"]), and that model's
+    forward is the one that captures (a GPU fixture without them was refused as 'cannot extract')."""
+    d = _ckpt(tmp_path)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["text_config"].pop("architectures", None)
+    (d / "config.json").write_text(json.dumps(cfg))
+    a = _model_checks(version, _command(target_model=str(d), layer_ids=[2, 30, 58, 60]))["aux-layer-ids"]
+    assert a["ok"] is ok, a
+    if ok:
+        assert a["where"].startswith("vllm/model_executor/models/deepseek_v2.py:")
+    else:
+        assert "vllm/model_executor/models/kimi_k25.py, vllm/model_executor/models/deepseek_v2.py" in a["detail"]

@@ -385,7 +385,7 @@ def _model_checks(c, static, command, flags, spec):
 
 
 def _aux_layer_ids(c, static, cfg, cfg_path, reads, ids):
-    from .check.auxcapture import capture
+    from .check.auxcapture import capture, delegates
     from .check.checkpoint import num_layers
     from .model import registry        # as imports.py: the registry read once, in model.py
     what = "aux layer ids %s captured by the model's forward" % ids
@@ -400,19 +400,22 @@ def _aux_layer_ids(c, static, cfg, cfg_path, reads, ids):
         return
     reg = registry(static, "vllm", reads)
     archs = list(cfg.get("architectures") or []) + list((cfg.get("text_config") or {}).get("architectures") or [])
-    got, tried = None, []
-    for arch in archs:
+    got, tried, queue = None, [], list(archs)
+    while queue:    # a wrapper with no capturing forward of its own: the text model it builds (delegates)
+        arch = queue.pop(0)
         ent = (reg[1] if reg else {}).get(arch)
         if ent is None:
             continue
         rel = "model_executor/models/%s.py" % ent[0]
         src = c.text(rel)
-        if src is None:
+        if src is None or rel in tried:
             continue
         tried.append(rel)
         got = capture("vllm/" + rel, src)
         if got is not None:
             break
+        queue += [a for a in delegates(src) if a not in archs]
+        archs += [a for a in delegates(src) if a not in archs]
     if got is None and tried:
         # no forward of the model's classes gathers aux states: the worker refuses the model at load
         runner = c.text(RUNNER) or ""

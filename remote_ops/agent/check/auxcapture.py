@@ -16,6 +16,9 @@ meets is not an error there: fewer states arrive than ids. Two shapes of forward
 
 ``capture(path, text)`` reads one module: for the class whose ``forward`` touches
 ``aux_hidden_state_layers``, the shape, whether the last id is met, and the lines that say so.
+``delegates(text)``: the architectures a wrapper module builds its text model as
+(``init_vllm_registered_model(..., architectures=[...])``, e.g. Kimi-K2.5's kimi_k25.py builds a
+DeepseekV2ForCausalLM and hands set_aux_hidden_state_layers to it): whose forward captures then.
 """
 
 import ast
@@ -96,3 +99,21 @@ def capture(path, text):
                 out["first_id_adds_none"] = not any(isinstance(x, ast.IfExp) for x in ast.walk(st))
         return out
     return "%s.forward (%s:%d) gathers aux states in a way this check does not know" % (cls, path, fn.lineno)
+
+
+def delegates(text):
+    """Architecture names a module passes to ``init_vllm_registered_model(..., architectures=[...])``
+    (string constants only), in order; [] when none or when it does not parse."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return []
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", None)) == \
+                "init_vllm_registered_model":
+            for kw in n.keywords:
+                if kw.arg == "architectures" and isinstance(kw.value, (ast.List, ast.Tuple)):
+                    out += [e.value for e in kw.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)
+                            and e.value not in out]
+    return out

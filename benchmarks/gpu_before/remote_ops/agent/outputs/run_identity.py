@@ -1,0 +1,339 @@
+"""A run's identity: what the files of an output directory were made from, recorded as
+``run.json`` beside them before the first sample, and compared before any resume.
+
+Stdlib only. The agent uses it (extract's preflight ``jobs.probe``, ``jobs.launch``, ``verify``), and
+it is shipped beside playbooks/scripts/extract_hidden_states.py (``run_identity.py``), which
+computes and checks the same identity itself, so a run started by hand is held to the same rule.
+
+``run.json``::
+
+    {"format": "remote-ops-run/1",
+     "identity": {"dataset": {"path", "size", "samples", "lines_sha256"} | null,
+                  "model": {"path", "config_sha256"} | null,
+                  "layer_ids": [...] | null,      # as the command asks; null: the generator's choice
+                  "max_model_len": n | null, "flow": "generator" | "server",
+                  "playbook": {"name", "sha256"} | null, "shard": {"index", "count"} | null,
+                  "versions": {package: version | null}},
+     "digest": sha256 of json.dumps(identity, sort_keys=True, separators=(",", ":")),
+     "created": ISO-8601 UTC}
+
+The inputs come from the job's command line, by the same flags the extract script takes
+(``command_inputs``): the agent reads the launched command, the script its own argv, so both compute
+one identity. ``lines_sha256`` hashes the dataset lines the run uses (the first ``samples`` non-blank
+lines, each without its line ending), so a dataset edited in place is a different run.
+"""
+
+import hashlib
+import json
+import os
+import re
+import time
+
+FORMAT = "remote-ops-run/1"
+FILE = "run.json"
+PACKAGES = ("torch", "vllm", "transformers", "speculators")
+PLAYBOOK_ENV = "REMOTE_OPS_RUN_PLAYBOOK"   # {"name", "sha256"} as JSON: set by remote-ops extract for the job
+REPLACED_PREFIX = ".replaced-"
+SAMPLE_RE = re.compile(r"^(?:data_(\d+)\.pt|hs_(\d+)\.safetensors)$")    # both layouts
+TEMP_RE = re.compile(r"^\.data_\d+\.pt\.\d+\.tmp$")
+CONFIG = "data_config.json"
+FLAGS = {"--dataset": "dataset", "--max-samples": "max_samples", "--target-model-path": "model",
+         "--layer-ids": "layer_ids", "--max-model-len": "max_model_len", "--shard": "shard"}
+# the versions of PACKAGES as an interpreter sees them: run in-process (the script) or by the job's
+# interpreter (the agent: ``python -c VERSIONS_CODE``); one JSON line
+VERSIONS_CODE = r'''
+import json, sys
+def _versions(names):
+    try:
+        from importlib import metadata
+    except ImportError:
+        return {n: None for n in names}
+    out = {}
+    for n in names:
+        try:
+            out[n] = metadata.version(n)
+        except Exception:
+            out[n] = None
+    return out
+if __name__ == "__main__":
+    print(json.dumps(_versions(json.loads(sys.argv[1]))))
+'''
+
+
+class IdentityError(Exception):
+    """An identity that cannot be computed or read (an unreadable dataset, a garbled run.json)."""
+
+
+# ------------------------------------------------------------------ inputs
+def command_inputs(argv):
+    """The identity's inputs a command line gives: {dataset, max_samples, model, layer_ids,
+    max_model_len, shard}, each None when its flag is absent (``--flag value`` or ``--flag=value``)."""
+    raw = {}
+    words = list(argv)
+    for i, word in enumerate(words):
+        for flag, name in FLAGS.items():
+            if word == flag and i + 1 < len(words):
+                raw[name] = words[i + 1]
+            elif word.startswith(flag + "="):
+                raw[name] = word[len(flag) + 1:]
+    return {"dataset": raw.get("dataset") or None, "max_samples": _int(raw.get("max_samples")),
+            "model": raw.get("model") or None, "layer_ids": layer_ids(raw.get("layer_ids")),
+            "max_model_len": _int(raw.get("max_model_len")), "shard": shard(raw.get("shard"))}
+
+
+def _int(text):
+    if text is None or str(text).strip() == "":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return str(text)      # kept as written: the job refuses it, and it still differs from a number
+
+
+def layer_ids(text):
+    """"2,4,5,7" -> [2, 4, 5, 7]; "", "none", "default" -> None; anything else as written."""
+    if text is None or str(text).strip().lower() in ("", "none", "default"):
+        return None
+    try:
+        return [int(p) for p in str(text).replace(" ", ",").split(",") if p]
+    except ValueError:
+        return str(text)
+
+
+def shard(text):
+    """"K/N" -> {"index": K, "count": N}; None -> None."""
+    if text is None:
+        return None
+    parts = str(text).split("/")
+    if len(parts) == 2 and all(p.strip().isdigit() for p in parts):
+        return {"index": int(parts[0]), "count": int(parts[1])}
+    return str(text)
+
+
+def _abspath(path, cwd):
+    """``path`` from ``cwd``, symlinks resolved (the agent names the workdir, the job its real cwd)."""
+    path = os.path.expanduser(path)
+    return os.path.realpath(path if os.path.isabs(path) else os.path.join(cwd or os.getcwd(), path))
+
+
+def dataset_facts(path, max_samples, cwd=None):
+    """{"path", "size", "samples", "lines_sha256"} of the first ``max_samples`` (None: all) non-blank
+    lines of the JSONL ``path`` (relative to ``cwd``)."""
+    full = _abspath(path, cwd)
+    h = hashlib.sha256()
+    n = 0
+    try:
+        size = os.path.getsize(full)
+        with open(full, "rb") as fh:
+            for line in fh:
+                if max_samples is not None and isinstance(max_samples, int) and n >= max_samples:
+                    break
+                if not line.strip():
+                    continue
+                h.update(line.rstrip(b"\r\n"))
+                h.update(b"\n")
+                n += 1
+    except OSError as exc:
+        raise IdentityError("cannot read dataset %s: %s" % (full, exc.strerror or exc)) from None
+    return {"path": full, "size": size, "samples": n, "lines_sha256": h.hexdigest()}
+
+
+def _hf_config(model_id):
+    """config.json of a hub id in the local Hugging Face cache (refs/main's snapshot), or None."""
+    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface"), "hub")
+    repo = os.path.join(hub, "models--" + model_id.replace("/", "--"))
+    try:
+        with open(os.path.join(repo, "refs", "main"), encoding="utf-8") as fh:
+            rev = fh.read().strip()
+    except OSError:
+        return None
+    path = os.path.join(repo, "snapshots", rev, "config.json")
+    return path if os.path.isfile(path) else None
+
+
+def model_facts(path, cwd=None):
+    """{"path", "config_sha256"}: a local checkpoint directory by its absolute path and the sha256 of
+    its config.json; a hub id as written, with its cached config.json's sha256 (None if not cached)."""
+    full = _abspath(path, cwd)
+    if os.path.isdir(full):
+        config = os.path.join(full, "config.json")
+        shown = full
+    else:
+        config = _hf_config(path)
+        shown = path
+    digest = None
+    if config and os.path.isfile(config):
+        try:
+            with open(config, "rb") as fh:
+                digest = hashlib.sha256(fh.read()).hexdigest()
+        except OSError:
+            digest = None
+    return {"path": shown, "config_sha256": digest}
+
+
+def versions():
+    """The versions of PACKAGES in this interpreter (None: not installed)."""
+    scope = {"__name__": "run_identity_versions"}
+    exec(VERSIONS_CODE, scope)      # the same code the agent runs by the job's interpreter
+    return scope["_versions"](PACKAGES)
+
+
+def identity(inputs, *, cwd=None, flow="generator", playbook=None, versions=None):
+    """The identity of a run from ``inputs`` (``command_inputs``), in the job's working directory."""
+    ds = inputs.get("dataset")
+    model = inputs.get("model")
+    return {"dataset": dataset_facts(ds, inputs.get("max_samples"), cwd) if ds else None,
+            "model": model_facts(model, cwd) if model else None,
+            "layer_ids": inputs.get("layer_ids"), "max_model_len": inputs.get("max_model_len"),
+            "flow": flow, "playbook": playbook or None, "shard": inputs.get("shard"),
+            "versions": dict(versions or {})}
+
+
+def playbook_from_env(environ=None):
+    """The playbook remote-ops launched the job for ({"name", "sha256"}), from $REMOTE_OPS_RUN_PLAYBOOK."""
+    text = (os.environ if environ is None else environ).get(PLAYBOOK_ENV)
+    if not text:
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return {"name": text, "sha256": None}
+    return doc if isinstance(doc, dict) else None
+
+
+def digest(ident):
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def record(ident, created=None):
+    """The run.json document of ``ident``."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created if created is not None else time.time()))
+    return {"format": FORMAT, "identity": ident, "digest": digest(ident), "created": stamp}
+
+
+# ------------------------------------------------------------------ the output directory
+def read(output_dir):
+    """The run.json of ``output_dir``, or None when there is none; IdentityError when it is unreadable."""
+    path = os.path.join(output_dir, FILE)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise IdentityError("%s does not parse: %s" % (path, exc)) from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("identity"), dict):
+        raise IdentityError("%s is not a %s record" % (path, FORMAT))
+    return doc
+
+
+def write(output_dir, ident):
+    """Write ``ident`` as ``output_dir``/run.json (temporary, fsync, rename); returns the document."""
+    doc = record(ident)
+    os.makedirs(output_dir, exist_ok=True)
+    path = os.path.join(output_dir, FILE)
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return doc
+
+
+def sample_files(output_dir):
+    """Names of the sample files (data_<N>.pt, hs_<N>.safetensors) in ``output_dir``."""
+    try:
+        return sorted(n for n in os.listdir(output_dir) if SAMPLE_RE.match(n))
+    except OSError:
+        return []
+
+
+def _show(value):
+    if value is None:
+        return "none"
+    if isinstance(value, str) and re.match(r"^[0-9a-f]{64}$", value):
+        return value[:12]
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, separators=(",", ":"), sort_keys=True)
+    return str(value)
+
+
+def differences(old, new, prefix=""):
+    """What differs between two identities, one "key old -> new" string per leaf, in key order
+    (dataset.lines_sha256 ab12... -> cd34..., layer_ids [2,4,5,7] -> [1,3,5,7])."""
+    out = []
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in sorted(set(old) | set(new)):
+            a, b = old.get(key), new.get(key)
+            name = prefix + key
+            if a == b:
+                continue
+            if isinstance(a, dict) and isinstance(b, dict) and key != "shard":
+                out.extend(differences(a, b, name + "."))
+            else:
+                out.append("%s %s -> %s" % (name, _show(a), _show(b)))
+        return out
+    return [] if old == new else ["%s %s -> %s" % (prefix.rstrip(".") or "identity", _show(old), _show(new))]
+
+
+def check(output_dir, ident):
+    """Can a run of ``ident`` write into ``output_dir``? {"state", "digest", "recorded", "samples",
+    "differences", "problem"}: state "new" (no samples there: run.json is written or replaced),
+    "same" (a resume of this run), "differs", "unrecorded" (samples but no run.json) or "unreadable";
+    ``problem`` is the one-line reason for the last three (None otherwise)."""
+    samples = len(sample_files(output_dir))
+    out = {"state": "new", "digest": digest(ident), "recorded": None, "samples": samples,
+           "differences": [], "problem": None}
+    try:
+        doc = read(output_dir)
+    except IdentityError as exc:
+        if samples:
+            out.update(state="unreadable", problem="%s, beside %d sample file(s)" % (exc, samples))
+        return out
+    if doc is None:
+        if samples:
+            out.update(state="unrecorded", problem="%s holds %d sample file(s) and no %s: which run made them "
+                       "cannot be told" % (output_dir, samples, FILE))
+        return out
+    out["recorded"] = doc.get("digest")
+    if digest(doc["identity"]) == out["digest"]:
+        out["state"] = "same"
+        return out
+    out["differences"] = differences(doc["identity"], ident)
+    if samples:
+        out.update(state="differs", problem="%s holds %d sample file(s) of another run: %s"
+                   % (output_dir, samples, "; ".join(out["differences"]) or "run.json's digest differs"))
+    return out
+
+
+def move_aside(output_dir, now=None):
+    """Move the run's files (samples, unfinished temporaries, data_config.json, then run.json) into
+    ``output_dir``/.replaced-<UTC time>/: renames on the same file system, nothing deleted. run.json
+    goes last, so an interrupted move leaves the old identity on what is left (the next preflight
+    refuses again and --overwrite moves the rest). Returns {"moved_to", "files"}."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now if now is not None else time.time()))
+    dest = os.path.join(output_dir, REPLACED_PREFIX + stamp)
+    k = 1
+    while True:
+        try:
+            os.mkdir(dest, 0o755)
+            break
+        except FileExistsError:
+            k += 1
+            dest = os.path.join(output_dir, "%s%s-%d" % (REPLACED_PREFIX, stamp, k))
+    names = sorted(n for n in os.listdir(output_dir) if SAMPLE_RE.match(n) or TEMP_RE.match(n) or n == CONFIG)
+    if os.path.exists(os.path.join(output_dir, FILE)):
+        names.append(FILE)
+    for name in names:
+        os.rename(os.path.join(output_dir, name), os.path.join(dest, name))
+    return {"moved_to": dest, "files": len(names)}
+
+
+def refusal(problem, *, by_hand=False):
+    """The one line for a run refused by ``check``: what differs, and how to start over."""
+    how = ("a new --output-dir, or run again with --overwrite" if by_hand
+           else "a new output_dir, or start over with: remote-ops extract --overwrite")
+    return ("%s: use %s (it moves the old files into %s<UTC time>/ beside them; nothing is deleted)"
+            % (problem, how, REPLACED_PREFIX))
