@@ -414,6 +414,16 @@ def render_flows(files: list[Path]) -> list[str]:
             out.append("")
         c = st.get("compare") or {}
         res = c.get("result") or {}
+        if "all_ok" not in d:    # the record was taken while the check still ran (see its elapsed time)
+            if any(k.startswith("extract_") for k in st):
+                hosts = {"extract_%s-%s" % (f, m) for f in ("030", "srv") for m in ("deepseek_v3", "kimi_k25")}
+                left = sorted(hosts - set(st)) + ([] if "compare" in st else ["compare"])
+                out.append(f"**Incomplete record**: taken before the check ended; not in it: {', '.join(left) or '-'}. "
+                           + ("No token vector was compared in this record: the runs above only show that the jobs "
+                              "ended and `verify` passed (token ids, shapes, finite values).\n"
+                              if "compare" not in st else "\n"))
+            else:
+                out.append(f"**Incomplete record**: taken before the check ended (after step {list(st)[-1]}).\n")
         if res:
             out.append(f"Against ONE float32 transformers forward of the DeepSeek-V3 checkpoint (every token vector of "
                        f"every layer id; the wrapper's outputs against the same weights):\n")

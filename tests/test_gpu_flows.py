@@ -174,3 +174,18 @@ def test_rate_from_the_first_file_leaves_out_what_came_before_it(tmp_path):
     r = gt.from_first_file(files, lengths, lambda f: int(f.name[3:].split(".")[0]))
     assert r == {"seconds": 4.0, "tokens": 700, "tokens_per_s": 175.0}
     assert gt.from_first_file(files[:1], lengths, lambda f: 0)["tokens_per_s"] is None
+
+
+def test_a_record_taken_before_the_check_ended_says_what_it_lacks(tmp_path):
+    """A flows record collected while the check still ran (no all_ok) names the runs and the compare it
+    lacks, and that no vector was compared; a finished record says nothing of the kind."""
+    run = {"ok": True, "flow": "0.3.0", "rc": 0, "files": 24, "expected": 24, "seconds": 90.0, "verify": {"rc": 0}}
+    partial = {"check": "gpu_flows_check", "code_rev": "abc1234", "verdict": {},
+               "steps": {"build": {"ok": True}, "extract_030-deepseek_v3": run, "extract_030-kimi_k25": run}}
+    f = tmp_path / "gpu_flows_x.json"
+    f.write_text(json.dumps(partial))
+    text = "\n".join(gpu_results.render_flows([f]))
+    assert ("**Incomplete record**: taken before the check ended; not in it: extract_srv-deepseek_v3, "
+            "extract_srv-kimi_k25, compare. No token vector was compared in this record") in text
+    f.write_text(json.dumps({**partial, "all_ok": True}))
+    assert "Incomplete record" not in "\n".join(gpu_results.render_flows([f]))
