@@ -44,6 +44,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = "playbooks/scripts/extract_hidden_states.py"
+RUN_IDENTITY = "remote_ops/agent/outputs/run_identity.py"   # shipped beside the script (0.3.0 playbook extract.files)
 
 
 def load_script(rev: str | None, scratch: Path):
@@ -51,9 +52,15 @@ def load_script(rev: str | None, scratch: Path):
     if rev is None:
         path = REPO / SCRIPT
     else:
-        path = scratch / f"script_{rev}.py"
+        d = scratch / f"script_{rev}"      # the script and what the playbook's extract.files ships beside it
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / "extract_hidden_states.py"
         path.write_text(subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:{SCRIPT}"], check=True,
                                        capture_output=True, text=True).stdout)
+        ident = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:{RUN_IDENTITY}"], capture_output=True,
+                               text=True)
+        if ident.returncode == 0:          # revisions before the run identity have none to ship
+            (d / "run_identity.py").write_text(ident.stdout)
     spec = importlib.util.spec_from_file_location(f"ehs_writer_{rev or 'here'}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
