@@ -78,6 +78,20 @@ class Env:
             time.sleep(0.05)
         raise AssertionError(f"{text!r} never appeared in the log")
 
+    def wait_progress(self, at_least, timeout=60):
+        """Until an extract-progress line counts ``at_least`` samples done. Not one exact count: with
+        several writer threads files finish together, so the count can step over any given number."""
+        import re
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for d in self.jobdirs():
+                log = d / "log"
+                if log.exists() and any(int(n) >= at_least for n in
+                                        re.findall(r'"samples_done":(\d+),', log.read_text(errors="replace"))):
+                    return d
+            time.sleep(0.05)
+        raise AssertionError(f"no progress line with samples_done >= {at_least} in the log")
+
 
 def marker_pids(value=None):
     found = []
@@ -586,7 +600,7 @@ def test_status_and_tail_show_tokens_per_s_and_eta_from_the_jobs_progress_lines(
                                "--progress-seconds", "0"], {"expected_samples": 30})
     s, rec, err = cli_json(cli, env, "extract", "testhost")
     assert s == 0, err
-    env.wait_log('"samples_done":4,')
+    env.wait_progress(4)
     s, rec, _ = cli_json(cli, env, "status", "testhost")
     job = rec["job"]
     assert job["state"] == "running" and job["tokens"]["total"] == 30 * 40

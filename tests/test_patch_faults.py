@@ -119,6 +119,26 @@ def test_agent_killed_mid_transaction(two_files, state_dir, fault):
         assert "recovered" in actions and (out["changed"] or out["recovered"])
 
 
+def contents_when_no_transaction(work, state_dir, timeout=60):
+    """The two files read while holding the agent's transaction lock (the state dir's ``lock``, flock'ed
+    by an agent for its whole transaction): no transaction is in flight while they are read."""
+    import fcntl
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    fd = os.open(state_dir / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                assert time.monotonic() < deadline, "an agent held the transaction lock for %s s" % timeout
+                time.sleep(0.02)
+        return contents(work)
+    finally:
+        os.close(fd)      # releases the lock
+
+
 def test_controller_sigkilled_at_random_points(two_files, state_dir, inventory_file, sshd, tmp_path):
     work, pb, host, pbp = two_files
     inv = inventory_file(python=sys.executable, workdir=str(work), env={"REMOTE_OPS_STATE_DIR": str(state_dir)})
@@ -131,8 +151,10 @@ def test_controller_sigkilled_at_random_points(two_files, state_dir, inventory_f
         time.sleep(d)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        time.sleep(0.3)   # an orphaned agent may still be finishing; the lock serialises it
-        a, b = contents(work)
+        # an orphaned agent may still be finishing its transaction (sshd does not signal it): read the
+        # files under the state dir's lock, as the next command would (a fixed sleep was too short on a
+        # loaded machine: one file renamed, the other not yet)
+        a, b = contents_when_no_transaction(work, state_dir)
         assert (a, b) in ((ORIG_A, ORIG_B), (NEW_A, NEW_B))
         done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
