@@ -105,21 +105,17 @@ def throughput_section(name: str, d: dict) -> list[str]:
     out.append(f"| (a) AFTER: remote-ops extract, shipped script | {_rate(a.get('tokens_per_s'))} | "
                f"{a.get('files')} files, {a.get('tokens')} tokens in {a.get('seconds')} s after the engine was up; "
                f"{_mb(a.get('bytes_per_s'))} written {why(a)} |")
-    t = d.get("a_tmpfs") or {}
+    def a_row(label, x, files_note=""):      # one (a) part's row, from its files' rate
+        out.append(f"| {label} | {_rate(x.get('tokens_per_s'))} | {x.get('files')} files{files_note}, "
+                   f"{x.get('tokens')} tokens in {x.get('seconds')} s; {_mb(x.get('bytes_per_s'))} written {why(x)} |")
+    t, t0, two = d.get("a_tmpfs") or {}, d.get("a_before_tmpfs") or {}, d.get("a_2dirs") or {}
     if t:
-        out.append(f"| (a) AFTER, files on a tmpfs (no disk) | {_rate(t.get('tokens_per_s'))} | "
-                   f"{t.get('files')} files, {t.get('tokens')} tokens in {t.get('seconds')} s; "
-                   f"{_mb(t.get('bytes_per_s'))} written {why(t)} |")
-    t0 = d.get("a_before_tmpfs") or {}
+        a_row("(a) AFTER, files on a tmpfs (no disk)", t)
     if t0:
-        out.append(f"| (a) BEFORE, files on a tmpfs | {_rate(t0.get('tokens_per_s'))} | "
-                   f"{t0.get('files')} files, {t0.get('tokens')} tokens in {t0.get('seconds')} s; "
-                   f"{_mb(t0.get('bytes_per_s'))} written {why(t0)} |")
-    two = d.get("a_2dirs") or {}
+        a_row("(a) BEFORE, files on a tmpfs", t0)
     if two:
-        out.append(f"| (a) AFTER, files spread over two directories of the same disk | {_rate(two.get('tokens_per_s'))} | "
-                   f"{two.get('files')} files ({' + '.join(str(n) for n in two.get('per_directory') or [])}), "
-                   f"{two.get('tokens')} tokens in {two.get('seconds')} s; {_mb(two.get('bytes_per_s'))} written {why(two)} |")
+        a_row("(a) AFTER, files spread over two directories of the same disk", two,
+              f" ({' + '.join(str(n) for n in two.get('per_directory') or [])})")
     srv = d.get("a_server") or {}
     if srv:
         ff = srv.get("from_first_file") or {}

@@ -24,21 +24,10 @@ import pytest
 from remote_ops.agent import shards as rule
 from remote_ops.agent.job import outputlock
 from remote_ops.extract import jobs as jobs_mod
-from tests.conftest import REPO, write_inventory
+from tests.conftest import standin_playbook, write_inventory
 
-STANDIN = REPO / "remote_ops" / "sandbox_assets" / "extract_standin.py"
 
-PLAYBOOK = f"""\
-name: two-disks
-vars: {{n: 10, sleep: 0}}
-extract:
-  command: ["{{python}}", "{STANDIN}", "--output-dir", "{{output_dir}}", "--max-samples", "{{vars.n}}",
-            "--batch-size", "1", "--sleep", "{{vars.sleep}}", "--num-layers", "4", "--hidden-size", "16"]
-  output_dir: "{{vars.out}}"
-  expected_samples: "{{vars.n}}"
-  gpus: 0
-  stop_grace_seconds: 1
-"""
+PLAYBOOK = standin_playbook("two-disks")
 
 
 def _inventory(sshd, tmp_path, hosts: dict, *, n=10, sleep=0.0, playbook=PLAYBOOK):
