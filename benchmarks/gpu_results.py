@@ -496,6 +496,26 @@ def render_flows(files: list[Path]) -> list[str]:
     return out
 
 
+def render_plan_check(name: str, d: dict) -> list[str]:
+    """benchmarks/plan_check.py on the GPU machine: the launch plan's disk write test beside dd on the same
+    disk, each run in turn, and the GPU peak the plan's compute hours use."""
+    out = [f"## Launch plan's measures on the GPU machine: {name}\n",
+           f"- written by `benchmarks/plan_check.py`; directory {d.get('dir')} (filesystem "
+           f"{(d.get('fs') or {}).get('key')}); temporaries left behind: {len(d.get('leftovers') or [])}",
+           f"- GPU peak: " + "; ".join(f"{g.get('name')} -> {(g.get('table') or {}).get('model')}, "
+                                      f"{(g.get('table') or {}).get('bf16_dense_tflops')} TFLOP/s bf16 dense"
+                                      for g in d.get("gpus") or []) + f"; efficiency (c)/(d) {d.get('efficiency')}\n",
+           "| run | plan's write test | dd oflag=direct | dd conv=fsync | write test / dd direct |",
+           "|---|---|---|---|---|"]
+    for i, r in enumerate(d.get("runs") or [], 1):
+        w = (r.get("write_test") or {}).get("bytes_per_s")
+        dd = (r.get("dd_direct") or {}).get("bytes_per_s")
+        fs = (r.get("dd_fsync") or {}).get("bytes_per_s")
+        out.append(f"| {i} | {_mb(w)} | {_mb(dd)} | {_mb(fs)} | "
+                   f"{round(w / dd, 4) if w and dd else '-'} |")
+    return out + [""]
+
+
 def main() -> int:
     throughput = [(f.name, json.loads(f.read_text())) for f in sorted(RESULTS.glob("gpu_throughput*.json"))]
     files = sorted(RESULTS.glob("gpu_extract_*.json"))
@@ -533,6 +553,8 @@ def main() -> int:
     flows_files = sorted(RESULTS.glob("gpu_flows_*.json"))
     if flows_files:
         print("\n".join(render_flows(flows_files)))
+    for f in sorted(RESULTS.glob("plan_check_*.json")):
+        print("\n".join(render_plan_check(f.name, json.loads(f.read_text()))))
     server_files = sorted(RESULTS.glob("gpu_server_*.json"))
     if server_files:      # the server flow (speculators >= 0.5): benchmarks/gpu_server_check.py
         import gpu_server_results
