@@ -1,7 +1,8 @@
 """Summarise the committed GPU results as markdown: benchmarks/results/gpu_extract_*.json (the shipped
 playbook end to end, benchmarks/gpu_extract_check.py), gpu_models_*.json (the model families,
-benchmarks/gpu_model_check.py), gpu_throughput*.json (benchmarks/gpu_throughput.py) and gpu_server_*.json
-(the server flow, benchmarks/gpu_server_check.py, rendered by gpu_server_results.py).
+benchmarks/gpu_model_check.py), gpu_throughput*.json (benchmarks/gpu_throughput.py), gpu_flows_*.json
+(benchmarks/gpu_flows_check.py), plan_check_*.json (the launch plan's measures, benchmarks/plan_check.py) and
+gpu_server_*.json (the server flow, benchmarks/gpu_server_check.py, rendered by gpu_server_results.py).
 
     python benchmarks/gpu_results.py > benchmarks/GPU_RESULTS.md
 
@@ -499,12 +500,14 @@ def render_flows(files: list[Path]) -> list[str]:
 def render_plan_check(name: str, d: dict) -> list[str]:
     """benchmarks/plan_check.py on the GPU machine: the launch plan's disk write test beside dd on the same
     disk, each run in turn, and the GPU peak the plan's compute hours use."""
+    peaks = []
+    for g in d.get("gpus") or []:
+        table = g.get("table") or {}
+        peaks.append(f"{g.get('name')} -> {table.get('model')}, {table.get('bf16_dense_tflops')} TFLOP/s bf16 dense")
     out = [f"## Launch plan's measures on the GPU machine: {name}\n",
            f"- written by `benchmarks/plan_check.py`; directory {d.get('dir')} (filesystem "
            f"{(d.get('fs') or {}).get('key')}); temporaries left behind: {len(d.get('leftovers') or [])}",
-           f"- GPU peak: " + "; ".join(f"{g.get('name')} -> {(g.get('table') or {}).get('model')}, "
-                                      f"{(g.get('table') or {}).get('bf16_dense_tflops')} TFLOP/s bf16 dense"
-                                      for g in d.get("gpus") or []) + f"; efficiency (c)/(d) {d.get('efficiency')}\n",
+           f"- GPU peak: {'; '.join(peaks) or '-'}; efficiency (c)/(d) {d.get('efficiency')}\n",
            "| run | plan's write test | dd oflag=direct | dd conv=fsync | write test / dd direct |",
            "|---|---|---|---|---|"]
     for i, r in enumerate(d.get("runs") or [], 1):

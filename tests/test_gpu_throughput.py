@@ -249,3 +249,20 @@ def test_the_before_generator_is_rendered_beside_the_after_one_with_both_profile
     assert "BEFORE (b)/(c) 0.4, (b) AFTER/BEFORE 2.0" in text
     assert "Where the generator's time goes (b):" in text and "Where the generator's time goes (b) BEFORE:" in text
     assert "| rpc:_get_captured_states | 0.9 | 22% |" in text      # of BEFORE's 4.0 s
+
+
+def test_plan_check_section_renders_each_run_and_its_ratio_to_dd():
+    """gpu_results renders benchmarks/plan_check.py's JSON: one row per run with the write test over dd
+    oflag=direct, '-' where a measure is missing, the GPU peak and the efficiency the plan uses."""
+    d = {"dir": "/root/e2e", "fs": {"key": "65024-root"}, "leftovers": [], "efficiency": 0.4657,
+         "gpus": [{"name": "NVIDIA H200", "table": {"model": "H200 SXM", "bf16_dense_tflops": 989.5}}],
+         "runs": [{"write_test": {"bytes_per_s": 1_500_000_000}, "dd_direct": {"bytes_per_s": 1_600_000_000},
+                   "dd_fsync": {"bytes_per_s": 1_300_000_000}},
+                  {"write_test": {"bytes_per_s": 900_000_000}, "dd_direct": None, "dd_fsync": {}}]}
+    lines = gpu_results.render_plan_check("plan_check_x.json", d)
+    text = "\n".join(lines)
+    assert "## Launch plan's measures on the GPU machine: plan_check_x.json" in text
+    assert "NVIDIA H200 -> H200 SXM, 989.5 TFLOP/s bf16 dense; efficiency (c)/(d) 0.4657" in text
+    assert "| 1 | 1500 MB/s | 1600 MB/s | 1300 MB/s | 0.9375 |" in lines
+    assert "| 2 | 900 MB/s | - | - | - |" in lines
+    assert "filesystem 65024-root); temporaries left behind: 0" in text
