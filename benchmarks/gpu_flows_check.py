@@ -81,6 +81,11 @@ class FlowsCheck:
         self.base_python = args.base_python or sys.executable
         self.run = Run(Path(args.out), 1, args.code_rev, False, check="gpu_flows_check")
         self.run.doc["budget_s"] = args.budget
+        given = [x.strip() for x in getattr(args, "flows", "030,srv").split(",") if x.strip()]
+        self.flow_names = [f for f in ("030", "srv") if f in given]
+        if not self.flow_names or set(given) - {"030", "srv"}:
+            raise SystemExit(f"--flows {','.join(given)!r}: give 030, srv or 030,srv")
+        self.run.doc["flows"] = self.flow_names
         self.log = self.root / "commands.log"
         self.t0 = time.monotonic()
 
@@ -259,7 +264,7 @@ class FlowsCheck:
 
     def flows(self) -> None:
         self.results = {}
-        for flow in ("030", "srv"):
+        for flow in self.flow_names:
             for m in MODELS:
                 host = host_name(flow, m)
                 need = 90 if flow == "030" else 150
@@ -277,7 +282,7 @@ class FlowsCheck:
 
     def compare(self) -> None:
         outs = []
-        for flow in ("030", "srv"):
+        for flow in self.flow_names:
             for m in MODELS:
                 host = host_name(flow, m)
                 if self.files(host):
@@ -296,9 +301,15 @@ class FlowsCheck:
                *(["--negative", neg] if neg else [])]
         r = sh(cmd, timeout=min(400, max(60, self.left())), log=self.log)
         res = json.loads(res_file.read_text()) if res_file.exists() else None
-        four = res is not None and len(res.get("outputs") or {}) == 4 and len(res.get("pairs") or {}) == 4
-        self.run.step("compare", ok=bool(res and res.get("ok")) and four, rc=r["rc"], seconds=r["seconds"],
-                      all_four_outputs=four, result=res, stderr_tail=r["stderr"][-2000:] if r["rc"] else "")
+        # every output of the flows run (2 models each), and every pair whose two outputs are among them
+        want_pairs = sum(1 for a, b in (("030", "030"), ("srv", "srv"), ("srv", "030"), ("srv", "030"))
+                         if a in self.flow_names and b in self.flow_names)
+        every = (res is not None and len(res.get("outputs") or {}) == len(self.flow_names) * len(MODELS)
+                 and len(res.get("pairs") or {}) == want_pairs)
+        self.run.step("compare", ok=bool(res and res.get("ok")) and every, rc=r["rc"], seconds=r["seconds"],
+                      flows=list(self.flow_names), all_outputs=every,
+                      **({"all_four_outputs": every} if len(self.flow_names) == 2 else {}),
+                      result=res, stderr_tail=r["stderr"][-2000:] if r["rc"] else "")
 
     def resume(self) -> None:
         host = "resume"
@@ -412,6 +423,9 @@ def main(argv=None) -> int:
     ap.add_argument("--server-job-timeout", type=float, default=360, help="seconds for one server-flow extract --tail")
     ap.add_argument("--budget", type=float, default=1200, help="seconds for the whole check")
     ap.add_argument("--steps", default="flows,compare,resume")
+    ap.add_argument("--flows", default="030,srv",
+                    help="which flows the flows and compare steps run: 030 (speculators 0.3.0's generator), srv "
+                         "(the server flow of speculators 0.9.0), or both (default)")
     ap.add_argument("--layer-change", action="store_true", help="also check that other layer ids are refused "
                                                                 "on resume (needs issue 32's run identity)")
     ap.add_argument("--probes", action="store_true", help="also run the server flow with ids [2, 4, 5, 8] on "

@@ -80,6 +80,34 @@ def _mb(x) -> str:
     return "-" if not x else f"{x / 1e6:.0f} MB/s"
 
 
+# gpu_throughput.py's TMPFS_VARIANTS: each one's row label
+TMPFS_VARIANT_LABELS = {"a_tmpfs_gil5": "Python's own 5 ms thread switch interval (gil_switch_ms 0)",
+                        "a_tmpfs_w8": "8 writer threads (writer_threads 8)"}
+
+
+def job_profile_table(parts: list[tuple[str, dict]]) -> list[str]:
+    """Where each (a) part's job spent its time, from the script's extract-profile line (parts whose
+    script prints none, BEFORE's, are left out)."""
+    rows = [(label, x["profile"]) for label, x in parts if isinstance(x.get("profile"), dict)]
+    if not rows:
+        return []
+    out = ["Where the job's time went (the script's `extract-profile` line; seconds of the main thread unless "
+           "said; the writer's saves are summed over its threads):\n",
+           "| (a) part | run, s | generate(), s | result checks, s | hand-over to the writer, s (waiting for room) "
+           "| drain at the end, s | files | saves, s (threads) | one save, ms: median / p90 | hand-off slots "
+           "(files mapped; batches with every slot held) | switch interval, ms |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for label, p in rows:
+        w, s = p.get("writer") or {}, p.get("slots") or {}
+        out.append(f"| {label} | {p.get('seconds')} | {p.get('generate_s')} | {p.get('build_s')} | "
+                   f"{p.get('hand_over_s')} ({w.get('put_wait_s')}) | {p.get('drain_s')} | {w.get('files')} | "
+                   f"{w.get('save_s')} ({w.get('threads')}) | {w.get('save_ms_median')} / {w.get('save_ms_p90')} | "
+                   + (f"{s.get('slots')} ({s.get('files')}; {s.get('all_held')})" if s else "-")
+                   + f" | {p.get('gil_switch_ms') if p.get('gil_switch_ms') is not None else '-'} |")
+    out.append("")
+    return out
+
+
 def throughput_section(name: str, d: dict) -> list[str]:
     """The markdown of one benchmarks/gpu_throughput.py result (every figure read from ``d``)."""
     out = [f"## Extraction throughput: {name}\n"]
@@ -110,8 +138,11 @@ def throughput_section(name: str, d: dict) -> list[str]:
         out.append(f"| {label} | {_rate(x.get('tokens_per_s'))} | {x.get('files')} files{files_note}, "
                    f"{x.get('tokens')} tokens in {x.get('seconds')} s; {_mb(x.get('bytes_per_s'))} written {why(x)} |")
     t, t0, two = d.get("a_tmpfs") or {}, d.get("a_before_tmpfs") or {}, d.get("a_2dirs") or {}
+    variants = [(label, part, d.get(part) or {}) for part, label in TMPFS_VARIANT_LABELS.items() if d.get(part)]
     if t:
         a_row("(a) AFTER, files on a tmpfs (no disk)", t)
+    for label, _part, x in variants:
+        a_row(f"(a) AFTER, files on a tmpfs, {label}", x)
     if t0:
         a_row("(a) BEFORE, files on a tmpfs", t0)
     if two:
@@ -155,6 +186,8 @@ def throughput_section(name: str, d: dict) -> list[str]:
                + (f"; BEFORE on a tmpfs (a)/(c) {q.get('a_before_tmpfs/c')}, AFTER/BEFORE on a tmpfs "
                   f"{q.get('a_tmpfs/a_before_tmpfs')}" if t0 else "")
                + (f"; two directories / one {q.get('a_2dirs/a_after')}" if two else "")
+               + "".join(f"; on a tmpfs with {label}: (a)/(c) {q.get(part + '/c')}, against the playbook's "
+                         f"settings {q.get(part + '/a_tmpfs')}" for label, part, _x in variants)
                + (f"; server flow (a)/(c) {q.get('a_server/c')}, server flow / 0.3.0 flow "
                   f"{q.get('a_server/a_after')}" if srv else "")
                + ".\n")
@@ -167,7 +200,9 @@ def throughput_section(name: str, d: dict) -> list[str]:
                    f"flow's first file on: 0.3.0 flow {_rate(a1)}, server flow {_rate(s1)} tokens/s; whole jobs "
                    f"with the engine's start: 0.3.0 flow {a.get('wall_s')} s, server flow {srv.get('wall_s')} s.\n")
     hand = [f"{k}: {x.get('handoff_line')}" for k, x in (("AFTER", a), ("tmpfs", t), ("BEFORE on a tmpfs", t0),
-                                                         ("two directories", two)) if x.get("handoff_line")]
+                                                         *[(f"tmpfs, {p[8:]}", x) for _l, p, x in variants],
+                                                         ("two directories", two))
+            if x.get("handoff_line")]
     for label, x in (("(b)", b), ("(b) BEFORE", b0)):
         if x.get("handoff"):
             hand.append(f"{label}: {x['handoff']}" + (
@@ -183,6 +218,9 @@ def throughput_section(name: str, d: dict) -> list[str]:
                f"{_rate(use.get('disk_bound_tokens_per_s'))} tokens/s"
                + (f"; AFTER reached {use['a_after/disk_bound']} of that" if use.get("a_after/disk_bound") else "")
                + ".\n")
+    out += job_profile_table([("AFTER on the disk", a), ("AFTER on a tmpfs", t),
+                              *[(f"AFTER on a tmpfs, {label}", x) for label, _p, x in variants],
+                              ("AFTER over two directories", two), ("BEFORE on a tmpfs", t0), ("BEFORE", a0)])
     for label, x, second in (("(b)", b, cb), ("(b) BEFORE", b0, {})):
         prof = x.get("profile_s") or {}
         if not (prof and x.get("seconds")):
@@ -370,6 +408,9 @@ def render_flows(files: list[Path]) -> list[str]:
         out.append(f"- written by `benchmarks/gpu_flows_check.py` (compare: `benchmarks/gpu_flows_compare.py`) on "
                    f"remote-ops commit {d.get('code_rev')}; GPUs: {', '.join(d.get('gpus') or ['-'])}; wall time "
                    f"{d.get('elapsed_s')} s")
+        if d.get("flows") and len(d["flows"]) == 1:
+            out.append(f"- flows run: {'the 0.3.0 flow' if d['flows'] == ['030'] else 'the server flow'} only "
+                       f"(`--flows {d['flows'][0]}`)")
         for k in ("models", "server", "client"):
             x = v.get(k) or {}
             if x:
@@ -413,7 +454,8 @@ def render_flows(files: list[Path]) -> list[str]:
         res = c.get("result") or {}
         if "all_ok" not in d:    # the record was taken while the check still ran (see its elapsed time)
             if any(k.startswith("extract_") for k in st):
-                hosts = {"extract_%s-%s" % (f, m) for f in ("030", "srv") for m in ("deepseek_v3", "kimi_k25")}
+                hosts = {"extract_%s-%s" % (f, m) for f in (d.get("flows") or ("030", "srv"))
+                         for m in ("deepseek_v3", "kimi_k25")}
                 left = sorted(hosts - set(st)) + ([] if "compare" in st else ["compare"])
                 out.append(f"**Incomplete record**: taken before the check ended; not in it: {', '.join(left) or '-'}. "
                            + ("No token vector was compared in this record: the runs above only show that the jobs "

@@ -13,7 +13,12 @@ subprocess with a timeout:
       AFTER = this checkout, BEFORE = the script and playbook of --before-rev (git show; without git,
       this script with --batch-tokens 0 --write-queue-mb 0, which is the old loop). Tokens/s once the
       engine is up: tokens of the files / (newest data_<N>.pt mtime - data_config.json mtime; the
-      script writes data_config.json right after the generator is ready, in both versions).
+      script writes data_config.json right after the generator is ready, in both versions). Each part
+      keeps AFTER's `extract-profile` line (where the job's time went: generate(), the hand-over to the
+      writer and its waits, the writer threads' saves, the hand-off slots) and removes its files once
+      measured (--keep-outputs keeps them). Variants of AFTER on a tmpfs, one playbook var changed
+      (TMPFS_VARIANTS): a_tmpfs_gil5, Python's own thread switch interval (gil_switch_ms 0, i.e. 5 ms,
+      beside a_tmpfs at the playbook's 0.5 ms); a_tmpfs_w8, 8 writer threads (the playbook's: 4).
   (a) server flow (--parts a_server): the same rows through playbooks/eagle3-speculators-0.9.0.yaml
       (vLLM's OpenAI server with extract_hidden_states + ExampleHiddenStatesConnector, speculators
       0.9.0's generate-offline-data as the client; the rows given as `speculators prepare-data` writes
@@ -65,13 +70,15 @@ SCRIPT = REPO / "playbooks" / "scripts" / "extract_hidden_states.py"
 BEFORE_REV = "7a3c5d8"   # main before the zero-copy hand-off slots (issue 35 item 2; efd360d: before any hand-off)
 H200_BF16_DENSE_FLOPS = 989e12
 PARTS = {"disk": "disk", "a_before": "a_before", "a_before_tmpfs": "a_before_tmpfs", "a_after": "a_after",
-         "a_tmpfs": "a_tmpfs", "a_2dirs": "a_2dirs", "a_server": "a_server", "b_before": "b_generator_before",
+         "a_tmpfs": "a_tmpfs", "a_tmpfs_gil5": "a_tmpfs_gil5", "a_tmpfs_w8": "a_tmpfs_w8", "a_2dirs": "a_2dirs", "a_server": "a_server", "b_before": "b_generator_before",
          "b": "b_generator", "c": "c_vllm_prefill"}       # --parts name: the result's key
 # run with BEFORE's playbook patched in, before AFTER's goes on top
 BEFORE_PARTS = ("a_before", "a_before_tmpfs", "b_before")
 UNPATCHED_PARTS = ("disk", "c")   # they use no speculators: run before, between or after either patch
 A_HOSTS = {"a_before": "before", "a_before_tmpfs": "before_tmpfs", "a_after": "after", "a_tmpfs": "tmpfs",
-           "a_2dirs": "twodirs"}   # (a)'s parts: the inventory host each one extracts with
+           "a_tmpfs_gil5": "tmpfs_gil5", "a_tmpfs_w8": "tmpfs_w8", "a_2dirs": "twodirs"}   # (a)'s parts: the inventory host each one extracts with
+# AFTER on a tmpfs with one of the playbook's vars changed: part -> the vars (each against a_tmpfs)
+TMPFS_VARIANTS = {"a_tmpfs_gil5": {"gil_switch_ms": 0}, "a_tmpfs_w8": {"writer_threads": 8}}
 SERVER_PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.9.0.yaml"
 SERVER_PORT = 8810
 DATASET_BUILDER = r'''
@@ -271,7 +278,9 @@ def ratios(doc: dict) -> dict:
             "b_before/c": ratio(b0, c), "b/b_before": ratio(b, b0),
             "a_server/c": ratio(srv, c), "a_server/a_after": ratio(srv, a), "a_server/b": ratio(srv, b),
             "a_before/b": ratio(a0, b), "a_after/a_before": ratio(a, a0),
-            "a_tmpfs/b": ratio(t, b), "a_tmpfs/c": ratio(t, c), "a_before/c": ratio(a0, c)}
+            "a_tmpfs/b": ratio(t, b), "a_tmpfs/c": ratio(t, c), "a_before/c": ratio(a0, c),
+            **{k: v for part in TMPFS_VARIANTS for k, v in ((f"{part}/c", ratio(tps(part), c)),
+                                                             (f"{part}/a_tmpfs", ratio(tps(part), t)))}}
 
 
 DD_RE = re.compile(r"(\d+) bytes .* copied, ([\d.]+) s")
@@ -321,6 +330,17 @@ def from_first_file(files: list[Path], lengths: list[int], index) -> dict:
     tokens = sum(lengths[index(f)] for f in files if mt[f] > first and index(f) < len(lengths))
     span = last - first
     return {"seconds": round(span, 3), "tokens": tokens, "tokens_per_s": round(tokens / span, 1) if span > 0 else None}
+
+
+def job_profile(lines: list[str]) -> dict | None:
+    """The script's last ``extract-profile {json}`` line (where the job's time went), or None."""
+    for line in reversed(lines):
+        if line.startswith("extract-profile "):
+            try:
+                return json.loads(line[len("extract-profile "):])
+            except ValueError:
+                return None
+    return None
 
 
 def job_lines(tail_stdout: str) -> list[str]:
@@ -455,6 +475,8 @@ def parse_args(argv=None):
     ap.add_argument("--base-python", default=None, help="the machine's python with torch (default: this one)")
     ap.add_argument("--code-rev", default=None, help="this checkout's commit (recorded)")
     ap.add_argument("--dd-mib", type=int, default=2048, help="MiB written by the disk test")
+    ap.add_argument("--keep-outputs", action="store_true",
+                    help="keep each (a) part's files until the end (default: removed once measured)")
     ap.add_argument("--count-batches", action="store_true",
                     help="(b): a second pass with batches of 8 samples each (the old count batching), time allowing")
     ap.add_argument("--standin", action="store_true",
@@ -630,6 +652,10 @@ class Bench:
         hosts = {"after": host("after", PLAYBOOK),
                  # AFTER with its files on a tmpfs: what the job does when the disk is not the limit
                  "tmpfs": host("tmpfs", PLAYBOOK, {"output_dir": str(self.out_dir("tmpfs"))}),
+                 # the same with one var changed (TMPFS_VARIANTS)
+                 **{A_HOSTS[part]: host(A_HOSTS[part], PLAYBOOK, {"output_dir": str(self.out_dir(A_HOSTS[part])),
+                                                                  **change})
+                    for part, change in TMPFS_VARIANTS.items()},
                  # AFTER spreading its files over two directories (output_dir a list; one disk here)
                  "twodirs": host("twodirs", PLAYBOOK, {"output_dir": [str(d) for d in self.out_dirs("twodirs")]})}
         n = self.model["layers"]
@@ -655,8 +681,8 @@ class Bench:
         self.inv.write_text(json.dumps({"hosts": hosts, "default": "after"}, indent=2))
 
     def out_dir(self, which) -> Path:
-        if which in ("tmpfs", "before_tmpfs") and not self.args.standin:   # the rehearsal keeps to its own scratch
-            return Path(TMPFS_OUT + ("-before" if which == "before_tmpfs" else ""))
+        if which.startswith(("tmpfs", "before_tmpfs")) and not self.args.standin:   # the rehearsal: own scratch
+            return Path(TMPFS_OUT + ("" if which == "tmpfs" else "-" + which))
         return self.scratch / f"out-{which}"
 
     def out_dirs(self, which) -> list[Path]:
@@ -747,8 +773,12 @@ class Bench:
                           "complete": rate.get("files") == self.args.samples,
                           "generator_ready_line": ready, "last_progress": progress[-1] if progress else None,
                           "handoff_line": next((l for l in lines if l.startswith("captured states ")), None),
+                          "profile": job_profile(lines),
                           "stderr_tail": r["stderr"][-1500:] if r["rc"] else "",
                           "log_tail": lines[-8:]}
+        if not self.args.keep_outputs:   # measured: free the disk or RAM for the next part (a long dataset's
+            for d in self.out_dirs(which):   # outputs are tens of GB each)
+                shutil.rmtree(d, ignore_errors=True)
 
     def part_a_server(self):
         s = self.scratch
@@ -817,7 +847,7 @@ class Bench:
     def finish(self):
         a, a0, disk = self.doc.get("a_after") or {}, self.doc.get("a_before") or {}, self.doc.get("disk") or {}
         dd = (disk.get("dd_direct") or {}).get("bytes_per_s")
-        for which in ("after", "before", "tmpfs", "before_tmpfs", "twodirs"):   # ~8 GB each: leave disk and RAM
+        for which in A_HOSTS.values():   # leave disk and RAM
             for d in self.out_dirs(which):
                 shutil.rmtree(d, ignore_errors=True)
         shutil.rmtree(self.scratch / "srv-data" / "hidden_states", ignore_errors=True)
@@ -844,10 +874,11 @@ def main(argv=None) -> int:
     b.build()
     b.inventory()
     if args.standin:
-        parts = [p for p in parts if p in ("disk", "a_after", "a_before", "a_before_tmpfs", "a_tmpfs", "a_2dirs")]
+        parts = [p for p in parts if p == "disk" or p in A_HOSTS]
     plan = {"disk": (b.part_disk, 15), "a_after": (lambda: b.part_a("a_after"), 75),
             "a_before": (lambda: b.part_a("a_before"), 90), "a_tmpfs": (lambda: b.part_a("a_tmpfs"), 70),
             "a_before_tmpfs": (lambda: b.part_a("a_before_tmpfs"), 90), "a_2dirs": (lambda: b.part_a("a_2dirs"), 75),
+            **{part: (lambda part=part: b.part_a(part), 70) for part in TMPFS_VARIANTS},
             "a_server": (b.part_a_server, 150),
             "b_before": (lambda: b.part_b("before"), 75), "b": (b.part_b, 75), "c": (b.part_c, 50)}
     patched = []
@@ -865,7 +896,7 @@ def main(argv=None) -> int:
         b.part(PARTS[p], fn, need)
     b.finish()
     tps = {k: (b.doc.get(k) or {}).get("tokens_per_s") for k in ("a_before", "a_before_tmpfs", "a_after", "a_tmpfs",
-                                                                  "a_2dirs", "a_server",
+                                                                  *TMPFS_VARIANTS, "a_2dirs", "a_server",
                                                                   "b_generator_before", "b_generator",
                                                                   "c_vllm_prefill", "d_roofline")}
     print(json.dumps({"tokens_per_s": tps, "ratios": b.doc["ratios"], "disk_use": b.doc["disk_use"],

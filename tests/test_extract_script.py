@@ -938,3 +938,92 @@ def test_a_shard_spreads_its_own_samples_over_every_directory(tmp_path):
     assert names(b) == ["data_2.pt", "data_6.pt", "data_config.json"]
     assert ehs.pending_indexes("%s:%s" % (a, b), 9, (0, 2)) == []
     assert ehs.pending_indexes([b, a], 9, (1, 2)) == [1, 3, 5, 7]
+
+
+def profile_lines(text):
+    return [json.loads(l[len(ehs.PROFILE_PREFIX):]) for l in text.splitlines() if l.startswith(ehs.PROFILE_PREFIX)]
+
+
+def test_writers_run_under_the_short_switch_interval_and_the_old_one_comes_back(tmp_path, monkeypatch, capsys):
+    """While writer threads run, Python's switch interval is --gil-switch-ms (default 0.5 ms): seen from
+    inside a save; after the run, the interval before it is back. 0 leaves Python's own."""
+    import sys as _sys
+    seen = []
+    real_save = torch.save
+
+    def save(obj, f, *a, **kw):
+        seen.append(_sys.getswitchinterval())
+        return real_save(obj, f, *a, **kw)
+    monkeypatch.setattr(torch, "save", save)
+    before = _sys.getswitchinterval()
+    rows = [{"input_ids": [i + 1, i + 2]} for i in range(4)]
+    assert run(tmp_path, rows, "--batch-size", "2") == 0
+    assert seen and set(seen) == {0.0005} and _sys.getswitchinterval() == before
+    assert profile_lines(capsys.readouterr().out)[-1]["gil_switch_ms"] == 0.5
+    seen.clear()
+    (tmp_path / "b").mkdir()
+    assert run(tmp_path / "b", rows, "--gil-switch-ms", "2") == 0
+    assert set(seen) == {0.002} and _sys.getswitchinterval() == before
+    seen.clear()
+    (tmp_path / "c").mkdir()
+    assert run(tmp_path / "c", rows, "--gil-switch-ms", "0") == 0
+    assert set(seen) == {before}
+    assert profile_lines(capsys.readouterr().out)[-1]["gil_switch_ms"] == 0
+    seen.clear()
+    (tmp_path / "d").mkdir()                   # no writer threads: the interval is never touched
+    assert run(tmp_path / "d", rows, "--write-queue-mb", "0") == 0
+    assert set(seen) == {before}
+    assert profile_lines(capsys.readouterr().out)[-1]["gil_switch_ms"] is None
+
+
+def test_the_profile_line_accounts_for_the_run(tmp_path, capsys):
+    """One extract-profile line at the end: a batch count and generate() calls that match the run, the
+    writer's files and bytes exactly, its save times; a generator without hand-off slots says none."""
+    rows = [{"input_ids": list(range(1, 2 + i))} for i in range(7)]
+    assert run(tmp_path, rows, "--batch-size", "3", "--batch-tokens", "0") == 0
+    out = capsys.readouterr().out
+    (prof,) = profile_lines(out)
+    gen = FakeGenerator.made[-1]
+    assert prof["batches"] == len(gen.calls) == 3
+    tokens = sum(len(r["input_ids"]) for r in rows)
+    assert prof["tokens"] == tokens
+    w = prof["writer"]
+    assert w["threads"] == 4 and w["files"] == 7
+    assert w["bytes"] == sum(ehs.tensor_bytes(load(tmp_path, i)) for i in range(7))
+    assert w["save_s"] > 0 and 0 < w["save_ms_median"] <= w["save_ms_p90"]
+    assert prof["generate_s"] >= 0 and prof["seconds"] >= prof["generate_s"]
+    assert prof["slots"] is None
+    assert out.index(ehs.PROFILE_PREFIX) > out.rindex(ehs.PROGRESS_PREFIX)   # after the last progress line
+
+
+def test_the_profile_says_how_long_the_main_thread_waited_for_the_writers(tmp_path, monkeypatch, capsys):
+    """A writer slower than the generator, with a queue of one sample: put() waits, and says so; with a
+    queue that holds everything it does not wait."""
+    import time as _time
+    real_save = torch.save
+
+    def slow(obj, f, *a, **kw):
+        _time.sleep(0.05)
+        return real_save(obj, f, *a, **kw)
+    monkeypatch.setattr(torch, "save", slow)
+    rows = [{"input_ids": [i + 1] * 50} for i in range(8)]
+    assert run(tmp_path, rows, "--batch-size", "1", "--write-queue-mb", "0.0001", "--writer-threads", "1") == 0
+    slow_w = profile_lines(capsys.readouterr().out)[-1]
+    assert slow_w["writer"]["put_wait_s"] >= 0.2          # ~7 of the 8 saves waited for
+    (tmp_path / "b").mkdir()
+    assert run(tmp_path / "b", rows, "--batch-size", "1", "--writer-threads", "1") == 0
+    fast = profile_lines(capsys.readouterr().out)[-1]
+    assert fast["writer"]["put_wait_s"] == 0
+    assert fast["drain_s"] >= 0.2                          # the saves happen after the loop: in the drain
+
+
+def test_the_profile_counts_the_generators_hand_off_slots(tmp_path, capsys):
+    class Slots(FakeGenerator):
+        def generate(self, token_ids):
+            self._remote_ops_slots = {0: None, 1: None}
+            self._remote_ops_slot_files, self._remote_ops_slots_full = 3, 1
+            return super().generate(token_ids)
+    ds = write_jsonl(tmp_path / "ds.jsonl", [{"input_ids": [1, 2]}])
+    argv = ["--target-model-path", "m", "--dataset", str(ds), "--output-dir", str(tmp_path / "out")]
+    assert ehs.main(argv, None, lambda a: {**loaders(), "make_generator": lambda *x: Slots(*x)}) == 0
+    assert profile_lines(capsys.readouterr().out)[-1]["slots"] == {"slots": 2, "files": 3, "all_held": 1}

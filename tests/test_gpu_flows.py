@@ -189,3 +189,23 @@ def test_a_record_taken_before_the_check_ended_says_what_it_lacks(tmp_path):
             "extract_srv-kimi_k25, compare. No token vector was compared in this record") in text
     f.write_text(json.dumps({**partial, "all_ok": True}))
     assert "Incomplete record" not in "\n".join(gpu_results.render_flows([f]))
+
+
+def test_one_flow_can_be_run_alone_and_its_record_says_so(tmp_path):
+    """--flows 030: the flows and compare steps run the 0.3.0 flow only; a record of one flow names it,
+    and an incomplete one lacks only that flow's runs; a flow that does not exist is refused."""
+    import argparse
+    args = argparse.Namespace(work=str(tmp_path), out=str(tmp_path / "out.json"), code_rev=None, budget=60,
+                              base_python=None, gpu_memory_utilization=0.3, probes=False, flows="030")
+    assert fc.FlowsCheck(args).flow_names == ["030"]
+    assert fc.FlowsCheck(argparse.Namespace(**{**vars(args), "flows": "srv,030"})).flow_names == ["030", "srv"]
+    with pytest.raises(SystemExit):
+        fc.FlowsCheck(argparse.Namespace(**{**vars(args), "flows": "030,server"}))
+    run = {"ok": True, "flow": "0.3.0", "rc": 0, "files": 24, "expected": 24, "seconds": 90.0, "verify": {"rc": 0}}
+    partial = {"check": "gpu_flows_check", "code_rev": "abc1234", "verdict": {}, "flows": ["030"],
+               "steps": {"build": {"ok": True}, "extract_030-deepseek_v3": run}}
+    f = tmp_path / "gpu_flows_x.json"
+    f.write_text(json.dumps(partial))
+    text = "\n".join(gpu_results.render_flows([f]))
+    assert "- flows run: the 0.3.0 flow only (`--flows 030`)" in text
+    assert "not in it: extract_030-kimi_k25, compare." in text

@@ -67,7 +67,12 @@ def test_dataset_lengths_cut_and_roofline():
                               "a_after/a_before": 2.0, "a_tmpfs/b": 0.95, "a_tmpfs/c": 0.475, "a_before/c": 0.225,
                               "a_server/c": 0.6, "a_server/a_after": 1.3333, "a_server/b": 1.2,
                               "b_before/c": None, "b/b_before": None, "a_before_tmpfs/c": None,
-                              "a_tmpfs/a_before_tmpfs": None, "a_2dirs/a_after": None}
+                              "a_tmpfs/a_before_tmpfs": None, "a_2dirs/a_after": None,
+                              "a_tmpfs_gil5/c": None, "a_tmpfs_gil5/a_tmpfs": None,
+                              "a_tmpfs_w8/c": None, "a_tmpfs_w8/a_tmpfs": None}
+    doc["a_tmpfs_gil5"] = {"tokens_per_s": 76.0}
+    assert gt.ratios(doc)["a_tmpfs_gil5/c"] == 0.38 and gt.ratios(doc)["a_tmpfs_gil5/a_tmpfs"] == 0.8
+    assert set(gpu_results.TMPFS_VARIANT_LABELS) == set(gt.TMPFS_VARIANTS)     # each variant has its row
     doc["b_generator_before"] = {"tokens_per_s": 50.0}
     assert (gt.ratios(doc)["b_before/c"], gt.ratios(doc)["b/b_before"]) == (0.25, 2.0)
     assert gt.ratios({})["a/c"] is None
@@ -116,15 +121,25 @@ def test_standin_rehearsal_of_part_a_and_its_rendering(tmp_path):
     r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_throughput.py"), "--standin",
                         "--work", str(tmp_path / "w"), "--out", str(out), "--samples", "6", "--min-tokens", "5",
                         "--max-tokens", "30", "--dd-mib", "64", "--parts",
-                        "disk,a_before,a_before_tmpfs,a_after,a_tmpfs,a_2dirs"], capture_output=True, text=True, timeout=400,
+                        "disk,a_before,a_before_tmpfs,a_after,a_tmpfs,a_tmpfs_gil5,a_tmpfs_w8,a_2dirs"], capture_output=True,
+                       text=True, timeout=400,
                        cwd=REPO)
     assert r.returncode == 0, r.stderr[-2000:]
     d = json.loads(out.read_text())
     assert d["before_source"]["source"] == "git" and d["standin"]
     lengths = [min(len(json.loads(l)["input_ids"]), 2047)
                for l in (tmp_path / "w" / "throughput" / "dataset.jsonl").read_text().splitlines()]
-    for k in ("a_after", "a_before", "a_tmpfs", "a_before_tmpfs", "a_2dirs"):
+    for k in ("a_after", "a_before", "a_tmpfs", "a_before_tmpfs", "a_tmpfs_gil5", "a_tmpfs_w8", "a_2dirs"):
         assert d[k]["rc"] == 0 and d[k]["complete"] and d[k]["tokens"] == sum(lengths) and d[k]["tokens_per_s"] > 0
+    # AFTER's script says where its time went; BEFORE's (7a3c5d8) prints no such line
+    for k, switch, threads in (("a_after", 0.5, 4), ("a_tmpfs", 0.5, 4), ("a_tmpfs_gil5", 0, 4), ("a_tmpfs_w8", 0.5, 8),
+                               ("a_2dirs", 0.5, 4)):
+        prof = d[k]["profile"]
+        assert prof["writer"]["files"] == 6 and prof["tokens"] == sum(lengths) and prof["gil_switch_ms"] == switch
+        assert prof["writer"]["bytes"] > 0 and prof["writer"]["threads"] == threads
+    assert d["a_before"]["profile"] is None and d["a_before_tmpfs"]["profile"] is None
+    # measured, then removed: a long dataset's outputs would fill the disk or the RAM
+    assert not list((tmp_path / "w" / "throughput").glob("out-*/data_*.pt"))
     # the script says how the states came (the stand-in has no vLLM worker), BEFORE's as AFTER's
     for k in ("a_after", "a_before"):
         assert d[k]["handoff_line"] == ("captured states did not come through shared memory: the STAND-IN "
@@ -140,6 +155,12 @@ def test_standin_rehearsal_of_part_a_and_its_rendering(tmp_path):
     assert "(b) the generator alone, no writes | - | None generate() calls" in text and "(not run)" in text
     assert "| (a) AFTER, files spread over two directories of the same disk |" in text and "6 files (3 + 3)" in text
     assert "| (a) BEFORE, files on a tmpfs |" in text
+    assert "| (a) AFTER, files on a tmpfs, Python's own 5 ms thread switch interval (gil_switch_ms 0) |" in text
+    assert "| (a) AFTER, files on a tmpfs, 8 writer threads (writer_threads 8) |" in text
+    p = d["a_tmpfs_gil5"]["profile"]
+    assert (f"| AFTER on a tmpfs, Python's own 5 ms thread switch interval (gil_switch_ms 0) | {p['seconds']} | {p['generate_s']} | {p['build_s']} | {p['hand_over_s']} "
+            f"({p['writer']['put_wait_s']}) | {p['drain_s']} | 6 | {p['writer']['save_s']} (4) |") in text
+    assert "| BEFORE on a tmpfs |" not in text.split("Where the job's time went")[1]
 
 
 FAKE_GENERATOR = '''

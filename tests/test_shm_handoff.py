@@ -221,7 +221,7 @@ def test_each_step_streams_into_a_slot_and_the_results_are_its_rows_bit_for_bit(
         lengths = [40, 60, 25]
         r1, full1 = side.generate(lengths, steps=3, seed=1)
         check_results(r1, full1, lengths)
-        assert side.plans[-1] == {"slot": 0, "rows": 125}
+        assert side.plans[-1] == {"slot": 0, "rows": 125, "reserve": 125}   # no scheduler config: the batch's rows
         reply = side.replies[-1]
         assert isinstance(reply, dict) and reply["remote_ops_slot"] == 0 and reply["dtype"] == "bfloat16"
         # layer-major: layer i's 125 rows start after the rows of the layers before it
@@ -282,6 +282,31 @@ def test_a_slot_too_small_is_regrown_under_a_new_name(src, tmp_path):
         side.close()
 
 
+def test_a_new_slot_holds_one_engine_step_so_fuller_batches_do_not_regrow_it(src, tmp_path):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    side = Side(src, str(shm))
+    side.gen.vllm_config.scheduler_config = types.SimpleNamespace(max_num_batched_tokens=7000)
+    try:
+        r, full = side.generate([40, 60], seed=1)
+        first = side.replies[-1]["remote_ops_shm"]
+        assert side.plans[-1] == {"slot": 0, "rows": 100, "reserve": 7000}
+        assert os.path.getsize(first) >= 7000 * 3 * 64 * 2      # the step's rows, not the batch's 100
+        del r
+        big = [3000, 2500, 1000]                                # 6,500 rows: within the step
+        r, full = side.generate(big, seed=2)
+        check_results(r, full, big)
+        assert side.replies[-1]["remote_ops_shm"] == first      # the same file: not regrown
+        assert sorted(os.listdir(shm)) == [os.path.basename(first)]
+        assert side.gen._remote_ops_slot_files == 1             # one file mapped for both batches
+        del r
+        r, full = side.generate([7200], seed=3)                 # beyond the step (one long prompt): regrown
+        check_results(r, full, [7200])
+        assert side.replies[-1]["remote_ops_shm"] != first and side.gen._remote_ops_slot_files == 2
+    finally:
+        side.close()
+
+
 def test_with_every_slot_held_the_batch_is_concatenated_and_copied_as_before(src, tmp_path):
     shm = tmp_path / "shm"
     shm.mkdir()
@@ -290,7 +315,7 @@ def test_with_every_slot_held_the_batch_is_concatenated_and_copied_as_before(src
     try:
         r1, full1 = side.generate([40, 60], seed=1)
         r2, full2 = side.generate([30], seed=2)          # slot 0 still viewed by r1: no plan
-        assert side.plans == [{"slot": 0, "rows": 100}, None]
+        assert side.plans == [{"slot": 0, "rows": 100, "reserve": 100}, None]
         reply = side.replies[-1]
         assert "remote_ops_slot" not in reply and reply["shapes"] == [[30, 64]] * 3   # the one-file way
         check_results(r2, full2, [30])

@@ -72,6 +72,14 @@ writes each file atomically as below. A crash loses at most the queued samples (
 exist, so the next run redoes exactly them); a failed write stops the run with that error, raised
 in the main thread at the next batch or at the end; on any other error the samples already checked
 are written before the run stops. ``--write-queue-mb 0`` writes in the main thread (the old way).
+While writer threads run, Python's thread switch interval is ``--gil-switch-ms`` (default 0.5; Python's
+own is 5): a writer thread takes the GIL back about ten times a file (after each tensor's write, the
+fsync, the rename) and, while the main thread runs vLLM's scheduler and RPC in Python, waits up to
+that interval each time. At the end one line ``extract-profile {json}`` says where the time went:
+the main thread's generate(), result checks, hand-over to the writer (``writer.put_wait_s``: waiting
+for room in its queue, i.e. the writing side held the GPU back) and the drain at the end; the
+writer threads' saves (count, bytes, seconds, median and 90th percentile of one save); the hand-off
+slots the generator mapped.
 
 Hand-off: with the playbook's edits captured-states-through-shared-memory and
 captured-states-from-shared-memory, vLLM's rank-0 worker hands each batch's captured layers to this
@@ -133,6 +141,9 @@ DEFAULT_MAX_NUM_SEQS = 32
 HANDOFF_ENV = "REMOTE_OPS_HS_SHM_DIR"
 HANDOFF_PREFIX = "remote-ops-hs-"
 HANDOFF_RE = re.compile(r"^remote-ops-hs-(\d+)-")
+PROFILE_PREFIX = "extract-profile "
+# sys.setswitchinterval while writer threads run (--gil-switch-ms): Python's default is 5 ms
+DEFAULT_GIL_SWITCH_MS = 0.5
 
 
 class InputError(Exception):
@@ -211,6 +222,11 @@ def build_parser(required=True):
     p.add_argument("--gpu-memory-utilization", type=float, default=0.8, help="vLLM setting (default 0.8)")
     p.add_argument("--writer-threads", type=int, default=4,
                    help="threads writing files (default 4: several files' writes and fsyncs in flight at once)")
+    p.add_argument("--gil-switch-ms", type=float, default=DEFAULT_GIL_SWITCH_MS,
+                   help="Python's thread switch interval while writer threads run, in ms (default %g; 0: "
+                        "Python's own, 5). Each writer thread takes the GIL back about ten times a file (after "
+                        "each tensor's write, the fsync, the rename), and waits up to this interval each time "
+                        "while the main thread runs vLLM's scheduler and RPC in Python" % DEFAULT_GIL_SWITCH_MS)
     p.add_argument("--copy-threads", type=_auto_int, default=None,
                    help="torch threads of this process, which copies each batch's rows out of the engine's "
                         "hand-off (default or 'auto': half the CPUs, at most 8; vLLM sets 1 when it starts)")
@@ -235,7 +251,7 @@ def parse_args(argv=None, parser=None):
                       ("writer_threads", 1), ("copy_threads", 1)):
         if getattr(args, name) is not None and getattr(args, name) < low:
             raise InputError("--%s must be >= %d, got %d" % (name.replace("_", "-"), low, getattr(args, name)))
-    for name in ("write_queue_mb", "progress_seconds"):
+    for name in ("write_queue_mb", "progress_seconds", "gil_switch_ms"):
         if getattr(args, name) < 0:
             raise InputError("--%s must be >= 0, got %g" % (name.replace("_", "-"), getattr(args, name)))
     if args.max_samples is not None and args.max_samples < 1:
@@ -656,6 +672,8 @@ class Writer:
         self.dirs, self.shard = output_dirs(output_dir), shard
         self.error = None
         self._items, self._bytes, self._busy, self._closed = [], 0, 0, False
+        # the profile (profile()): seconds put() waited for room, and each file's save in its thread
+        self.put_wait_s, self.save_s, self.saved_bytes = 0.0, [], 0
         self._cond = threading.Condition()
         self._threads = []
         if max_bytes > 0:
@@ -669,13 +687,19 @@ class Writer:
 
     def put(self, index, sample):
         if not self._threads:
+            t = time.perf_counter()
             self._write(index, sample)
+            self.save_s.append(time.perf_counter() - t)
+            self.saved_bytes += tensor_bytes(sample)
             self.on_written(index)
             return
         n = tensor_bytes(sample)
         with self._cond:
-            while self.error is None and (self._items or self._busy) and self._bytes + n > self.max_bytes:
-                self._cond.wait()
+            if self.error is None and (self._items or self._busy) and self._bytes + n > self.max_bytes:
+                t = time.perf_counter()
+                while self.error is None and (self._items or self._busy) and self._bytes + n > self.max_bytes:
+                    self._cond.wait()
+                self.put_wait_s += time.perf_counter() - t
             if self.error is not None:
                 self._raise()
             self._items.append((index, sample, n))
@@ -699,7 +723,9 @@ class Writer:
                 index, sample, n = self._items.pop(0)
                 self._busy += 1
             try:
+                t = time.perf_counter()
                 self._write(index, sample)
+                took = time.perf_counter() - t
                 # let go of the sample at once: its tensors may view the engine's hand-off slot, which the
                 # generator reuses only when nothing views it any more
                 sample = None
@@ -714,6 +740,8 @@ class Writer:
                 return
             with self._cond:
                 self.on_written(index)     # the file is in place, whatever another thread met
+                self.save_s.append(took)
+                self.saved_bytes += n
                 self._busy -= 1
                 self._bytes -= n
                 self._cond.notify_all()
@@ -728,6 +756,17 @@ class Writer:
     def pending(self):
         with self._cond:
             return len(self._items) + self._busy
+
+    def profile(self):
+        """What the writing side did: files saved by the threads, their bytes, the seconds of saves
+        summed over threads, the median and 90th percentile of one save, and the seconds put() waited
+        for room in the queue (the main thread held back by the writers)."""
+        with self._cond:
+            s = sorted(self.save_s)
+            q = lambda f: round(s[min(len(s) - 1, int(f * len(s)))] * 1e3, 2) if s else None   # noqa: E731
+            return {"threads": len(self._threads), "files": len(s), "bytes": self.saved_bytes,
+                    "save_s": round(sum(s), 3), "save_ms_median": q(0.5), "save_ms_p90": q(0.9),
+                    "put_wait_s": round(self.put_wait_s, 3)}
 
     def close(self):
         """Write everything queued, stop the threads, raise their error if one had one."""
@@ -890,6 +929,23 @@ def build_sample(torch, index, record, result, n_layers):
     return {"input_ids": ids, "hidden_states": [h.contiguous() for h in hs], "loss_mask": loss_mask}
 
 
+def emit_profile(out, progress, timing, writer, generator, gil_switch_ms):
+    """One ``extract-profile {json}`` line at the end of a run: where the main thread's time went
+    (generate(), checking the results, handing samples to the writer, of which waiting for room in its
+    queue, and the drain at the end), the writing side (Writer.profile) and the hand-off slots the
+    generator mapped (slots, files: new slots and regrown ones, batches that found every slot held)."""
+    secs = progress.clock() - progress.t0 if progress.t0 is not None else None
+    slots = getattr(generator, "_remote_ops_slots", None)
+    doc = {"seconds": round(secs, 3) if secs is not None else None, "tokens": progress.tokens_run,
+           **{k: round(v, 3) if isinstance(v, float) else v for k, v in timing.items()},
+           "writer": writer.profile(), "gil_switch_ms": gil_switch_ms,
+           "slots": {"slots": len(slots), "files": getattr(generator, "_remote_ops_slot_files", None),
+                     "all_held": getattr(generator, "_remote_ops_slots_full", 0)}
+           if isinstance(slots, dict) else None}
+    out.write(PROFILE_PREFIX + json.dumps(doc, separators=(",", ":")) + "\n")
+    out.flush()
+
+
 # ------------------------------------------------------------------ the run
 def _load_generator(model_path, layer_ids, max_model_len, gpu_memory_utilization, tensor_parallel_size):
     import importlib
@@ -988,6 +1044,8 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
         raise
     bar = writer = None
     written = [0]
+    switch = None       # Python's switch interval, put back at the end
+    timing = {"batches": 0, "generate_s": 0.0, "build_s": 0.0, "hand_over_s": 0.0, "drain_s": 0.0}
     try:
         layer_ids = list(getattr(generator, "layer_ids"))
         budget_tokens, budget_seqs = engine_budget(generator, args.max_model_len)
@@ -1019,15 +1077,23 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
             progress.written(index)
         writer = Writer(torch, dirs, int(args.write_queue_mb * (1 << 20)), on_written,
                         threads=writer_threads, shard=shard)
+        gil_ms = getattr(args, "gil_switch_ms", 0) if writer._threads else None
+        if gil_ms:
+            switch = sys.getswitchinterval()
+            sys.setswitchinterval(gil_ms / 1000.0)
         progress.start()
         said_handoff = False
         for batch in pack_batches(todo, lengths, max_tokens, max_samples):
+            t = time.perf_counter()
             results = generator.generate([records[i]["input_ids"] for i in batch])
+            timing["generate_s"] += time.perf_counter() - t
+            t = time.perf_counter()
             if not isinstance(results, list) or len(results) != len(batch):
                 raise ResultError("generate() returned %s results for a batch of %d samples (data_%d.pt..)"
                                   % (len(results) if isinstance(results, list) else type(results).__name__,
                                      len(batch), batch[0]))
             samples = [build_sample(torch, i, records[i], r, len(layer_ids)) for i, r in zip(batch, results)]
+            timing["build_s"] += time.perf_counter() - t
             if not said_handoff:
                 said_handoff = True
                 shm = getattr(generator, "_remote_ops_shm_mapped", None)
@@ -1039,14 +1105,20 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
                           no_handoff if isinstance(no_handoff, str) else
                           "the vLLM worker is not patched for it, or fell back (its warning says why)"
                           if handoff else "no hand-off directory (--handoff-dir)"), file=out, flush=True)
+            t = time.perf_counter()
             for i, sample in zip(batch, samples):
                 writer.put(i, sample)
             results = samples = sample = None    # the writer holds them now (and frees their hand-off slot)
             writer.batch_done()
+            timing["hand_over_s"] += time.perf_counter() - t
+            timing["batches"] += 1
             progress.poll()
+        t = time.perf_counter()
         writer.close()
+        timing["drain_s"] = time.perf_counter() - t
         progress.poll()
         progress.emit()
+        emit_profile(out, progress, timing, writer, generator, gil_ms or (None if gil_ms is None else 0))
     except BaseException as exc:
         if writer is not None and writer.error is None:
             try:    # the samples already checked and queued are written before the run stops
@@ -1059,6 +1131,8 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
                   file=sys.stderr, flush=True)
         raise
     finally:
+        if switch is not None:
+            sys.setswitchinterval(switch)
         if bar is not None:
             bar.close()
         shutdown = getattr(getattr(generator, "executor", None), "shutdown", None)
