@@ -52,7 +52,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_common import HOST_ENV, Run, gpu_names, kill_group, last_json, remote_ops, sh, unpack_bundle  # noqa: E402,F401
-from gpu_model_check import copy_package_as_installed  # noqa: E402
+from gpu_model_check import pristine_package_copy  # noqa: E402
 from gpu_server_check import DATASET_BUILDER, marker_pids, port_free  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -106,7 +106,9 @@ class FlowsCheck:
         shutil.rmtree(self.root, ignore_errors=True)
         self.root.mkdir(parents=True)
         unpack_bundle(w, self.args.bundle)
-        copy = copy_package_as_installed(w / "site", self.root / "spec")
+        # as installed: files an earlier harness patched in place come back from the bundle
+        copy = pristine_package_copy(w / "site", self.root / "spec",
+                                     Path(self.args.bundle) if self.args.bundle else w / "bundle.tar.gz")
         model_dir = [f"{w}/model"] if (w / "model").is_dir() else []
         paths = {"models": [f"{w}/tf", str(self.root / "spec"), f"{w}/site"] + model_dir,
                  "server": [f"{w}/tf", f"{w}/server", f"{w}/site"] + model_dir,

@@ -95,6 +95,29 @@ def copy_package_as_installed(site: Path, dest: Path) -> dict:
             "differ_from_record": differ, "generator_files_as_installed": not any(f in differ for f in GEN_FILES)}
 
 
+def pristine_package_copy(site: Path, dest: Path, bundle: Path | None) -> dict:
+    """copy_package_as_installed, then, when files of the copy differ from the wheel's RECORD (an earlier
+    harness patched ``site`` in place), those files restored from the bundle's tar (members
+    site/<path>) and checked again: a run that patches its own copy starts from the release as installed,
+    whatever ran before it on the machine."""
+    copy = copy_package_as_installed(site, dest)
+    if not copy.get("copied") or copy.get("as_installed") or not bundle or not Path(bundle).is_file():
+        return copy
+    import tarfile
+    want = {f"{site.name}/{rel}": rel for rel in copy["differ_from_record"]}
+    restored = []
+    with tarfile.open(bundle, "r:*") as tf:
+        for m in tf:
+            if m.name in want and m.isfile():
+                (dest / want[m.name]).write_bytes(tf.extractfile(m).read())
+                restored.append(want[m.name])
+    hashes = record_hashes(site)
+    differ = [rel for rel in copy["differ_from_record"] if file_hash(dest / rel) != hashes.get(rel)]
+    return {**copy, "restored_from_bundle": sorted(restored), "differ_from_record": differ,
+            "as_installed": not differ, "generator_files_as_installed": not any(f in differ for f in GEN_FILES),
+            "site_differed_from_record": copy["differ_from_record"]}
+
+
 def _short(r: dict, n: int = 1500) -> dict:
     return {"rc": r["rc"], "seconds": r["seconds"], "stderr_tail": (r.get("stderr") or "")[-n:]}
 

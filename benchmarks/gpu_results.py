@@ -191,6 +191,24 @@ def throughput_section(name: str, d: dict) -> list[str]:
                + (f"; server flow (a)/(c) {q.get('a_server/c')}, server flow / 0.3.0 flow "
                   f"{q.get('a_server/a_after')}" if srv else "")
                + ".\n")
+    # BEFORE_REV precedes the zero-copy slots: a BEFORE job whose states came through a slot file ran over
+    # AFTER's edits (an install an earlier run had patched), so it was not BEFORE
+    over_after = [label for label, x in (("(a) BEFORE on a tmpfs", t0), ("(a) BEFORE", a0))
+                  if "/slot-" in (x.get("handoff_line") or "")]
+    if over_after:
+        out.append(f"**Not BEFORE:** {' and '.join(over_after)} took its states through a zero-copy slot file "
+                   f"(its hand-off line below), which only AFTER's playbook makes: BEFORE's playbook went onto an "
+                   f"install an earlier run had patched with AFTER's, found its own edits there and left AFTER's "
+                   f"in place. So AFTER/BEFORE in this section compares BEFORE's script with AFTER's over the same "
+                   f"patched generator, not BEFORE with AFTER (a harness bug, fixed after this run: each run now "
+                   f"patches its own copy of speculators as installed).\n")
+    copy = d.get("speculators_copy") or {}
+    if copy.get("restored_from_bundle"):
+        out.append(f"The run's copy of speculators: {', '.join(copy['restored_from_bundle'])} restored from the "
+                   f"bundle (the machine's install had been patched in place before this run).\n")
+    if copy and not copy.get("as_installed"):
+        out.append(f"**The run's copy of speculators was NOT as installed** (differing from its RECORD: "
+                   f"{', '.join(copy.get('differ_from_record') or []) or copy.get('error')}).\n")
     if srv.get("tokens_per_s") and a.get("tokens_per_s"):
         fast, slow = ("the server flow", "the 0.3.0 flow") if srv["tokens_per_s"] > a["tokens_per_s"] else \
             ("the 0.3.0 flow", "the server flow")

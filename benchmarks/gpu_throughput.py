@@ -576,7 +576,8 @@ class Bench:
                 tf.extractall(w, members=[m for m in tf if m.name.split("/")[0] in missing], filter="data")
         shutil.rmtree(self.scratch, ignore_errors=True)
         (self.scratch / "bin").mkdir(parents=True)
-        for name, path in (("python", f"{w}/tf:{w}/site"), ("python-llm", f"{w}/tf:{w}/site:{w}/llm"),
+        spec = "" if self.args.standin else self.own_speculators() + ":"
+        for name, path in (("python", f"{spec}{w}/tf:{w}/site"), ("python-llm", f"{spec}{w}/tf:{w}/site:{w}/llm"),
                            # the server flow (gpu_server_check.py's interpreters): vLLM's API server with
                            # transformers 4.57.6, speculators 0.9.0's client with the machine's transformers
                            ("server/python", f"{w}/tf:{w}/server:{w}/site"),
@@ -598,6 +599,17 @@ class Bench:
                                                  timeout=120)["stdout"])
         for name, text in (("gen_alone.py", GEN_ALONE), ("llm_prefill.py", LLM_PREFILL)):
             (self.scratch / name).write_text(text)
+
+    def own_speculators(self) -> str:
+        """This run patches its own copy of speculators (scratch/spec, first on the interpreters' path), as
+        installed (its RECORD; files an earlier run patched in place come back from the bundle): BEFORE's
+        playbook must meet the release, not AFTER's edits left in the install by an earlier run (they were
+        found "applied" and stayed: the repeats of gpu_throughput_h200_zero_copy and _long ran BEFORE's
+        script over AFTER's zero-copy slots). Recorded as speculators_copy; returns the copy's directory."""
+        from gpu_model_check import pristine_package_copy
+        bundle = Path(self.args.bundle) if self.args.bundle else self.work / "bundle.tar.gz"
+        self.doc["speculators_copy"] = pristine_package_copy(self.work / "site", self.scratch / "spec", bundle)
+        return str(self.scratch / "spec")
 
     def build(self):
         s = self.scratch

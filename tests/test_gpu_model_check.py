@@ -174,6 +174,20 @@ def test_package_copy_says_whether_it_is_as_installed(tmp_path):
     r = mc.copy_package_as_installed(site, tmp_path / "spec")
     assert not r["as_installed"] and r["differ_from_record"] == ["speculators/data_generation/custom_worker.py"]
     assert not r["generator_files_as_installed"]
+    # a copy for a run that patches it: the patched-in-place file comes back from the bundle's tar
+    import tarfile
+    pristine = tmp_path / "pristine.py"
+    pristine.write_bytes(files["speculators/data_generation/custom_worker.py"])
+    bundle = tmp_path / "bundle.tar.gz"
+    with tarfile.open(bundle, "w:gz") as tf:
+        tf.add(pristine, arcname="site/speculators/data_generation/custom_worker.py")
+    r = mc.pristine_package_copy(site, tmp_path / "spec", bundle)
+    assert r["as_installed"] and r["restored_from_bundle"] == ["speculators/data_generation/custom_worker.py"]
+    assert r["site_differed_from_record"] == ["speculators/data_generation/custom_worker.py"]
+    assert (tmp_path / "spec/speculators/data_generation/custom_worker.py").read_bytes() == b"x = 1\n"
+    assert (site / "speculators/data_generation/custom_worker.py").read_text() == "x = 2\n"   # site untouched
+    r = mc.pristine_package_copy(site, tmp_path / "spec", None)      # no bundle: said, not hidden
+    assert not r["as_installed"] and "restored_from_bundle" not in r
 
 
 def test_gpu_results_renders_the_model_section(tmp_path):

@@ -287,3 +287,49 @@ def test_plan_check_section_renders_each_run_and_its_ratio_to_dd():
     assert "| 1 | 1500 MB/s | 1600 MB/s | 1300 MB/s | 0.9375 |" in lines
     assert "| 2 | 900 MB/s | - | - | - |" in lines
     assert "filesystem 65024-root); temporaries left behind: 0" in text
+
+
+def test_a_before_that_ran_over_afters_slots_is_flagged():
+    """BEFORE (7a3c5d8) makes no zero-copy slot file: a BEFORE job whose states came through one ran over
+    AFTER's edits left in the install, and the section says it was not BEFORE; a BEFORE through its own
+    shared-memory file is not flagged."""
+    d = {"code_rev": "abc", "a_tmpfs": {"tokens_per_s": 170000.0},
+         "a_before_tmpfs": {"tokens_per_s": 190000.0, "handoff_line": "captured states came through shared memory "
+                            "(/dev/shm/remote-ops-hs-5016-y67txfsq/slot-5098-0-1)"},
+         "ratios": {"a_tmpfs/a_before_tmpfs": 0.8947}}
+    text = "\n".join(gpu_results.throughput_section("r.json", d))
+    assert "**Not BEFORE:** (a) BEFORE on a tmpfs took its states through a zero-copy slot file" in text
+    d["a_before_tmpfs"]["handoff_line"] = "captured states came through shared memory (/dev/shm/remote-ops-hs-1438-x/hs-1528-1)"
+    assert "Not BEFORE" not in "\n".join(gpu_results.throughput_section("r.json", d))
+    d["speculators_copy"] = {"copied": True, "as_installed": False, "differ_from_record": ["speculators/x.py"]}
+    assert "**The run's copy of speculators was NOT as installed** (differing from its RECORD: speculators/x.py)" in \
+        "\n".join(gpu_results.throughput_section("r.json", d))
+
+
+def test_each_run_patches_its_own_copy_of_speculators_as_installed(tmp_path):
+    """The install an earlier run patched in place (custom_worker.py differs from RECORD): the run's own
+    copy gets the file back from the bundle, is recorded as installed, and leaves the install alone."""
+    import base64
+    import hashlib
+    import tarfile
+    work = tmp_path / "w"
+    site = work / "site"
+    (site / "speculators" / "data_generation").mkdir(parents=True)
+    files = {"speculators/__init__.py": b"", "speculators/data_generation/custom_worker.py": b"release = 1\n"}
+    record = []
+    for rel, data in files.items():
+        (site / rel).write_bytes(data)
+        record.append(f"{rel},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},")
+    (site / "speculators-0.3.0.dist-info").mkdir()
+    (site / "speculators-0.3.0.dist-info" / "RECORD").write_text("\n".join(record) + "\n")
+    with tarfile.open(work / "bundle.tar.gz", "w:gz") as tf:
+        tf.add(site / "speculators/data_generation/custom_worker.py",
+               arcname="site/speculators/data_generation/custom_worker.py")
+    (site / "speculators/data_generation/custom_worker.py").write_bytes(b"release = 1\n# patched by AFTER\n")
+    b = gt.Bench(gt.parse_args(["--work", str(work), "--out", str(tmp_path / "r.json")]))
+    spec = Path(b.own_speculators())
+    assert spec == work / "throughput" / "spec"
+    assert (spec / "speculators/data_generation/custom_worker.py").read_bytes() == b"release = 1\n"
+    copy = b.doc["speculators_copy"]
+    assert copy["as_installed"] and copy["restored_from_bundle"] == ["speculators/data_generation/custom_worker.py"]
+    assert b"patched by AFTER" in (site / "speculators/data_generation/custom_worker.py").read_bytes()
