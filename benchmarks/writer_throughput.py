@@ -171,22 +171,35 @@ def gil_part(scripts: dict, torch, sample: dict, where: Path, saves: int) -> dic
         while not stop.is_set():
             x += 1
     out: dict = {}
-    for contended in (False, True):
-        spinner = threading.Thread(target=busy, daemon=True)
-        if contended:
-            stop.clear()
-            spinner.start()
-        times: dict = {name: [] for name in scripts}
-        for k in range(saves):
-            for name, mod in scripts.items():
-                t0 = time.perf_counter()
-                mod.save_atomic(torch, sample, str(where / f"data_{k}.pt"))
-                times[name].append(time.perf_counter() - t0)
-        if contended:
-            stop.set()
-            spinner.join()
-        for name, ts in times.items():
-            out[f"{name}/{'python_thread' if contended else 'alone'}"] = round(1000 * statistics.median(ts), 1)
+    python_default = sys.getswitchinterval()
+    # a script that sets the switch interval while its writers run (--gil-switch-ms) is timed at its own
+    # default too, beside the Python thread
+    short = {name: mod.DEFAULT_GIL_SWITCH_MS for name, mod in scripts.items()
+             if getattr(mod, "DEFAULT_GIL_SWITCH_MS", None)}
+    cases = [("alone", False, None), ("python_thread", True, None)] + \
+        [(f"python_thread_switch_{ms:g}ms", True, ms) for ms in sorted(set(short.values()))]
+    try:
+        for label, contended, ms in cases:
+            spinner = threading.Thread(target=busy, daemon=True)
+            sys.setswitchinterval(ms / 1000.0 if ms else python_default)
+            if contended:
+                stop.clear()
+                spinner.start()
+            mods = {name: mod for name, mod in scripts.items() if ms is None or short.get(name) == ms}
+            times: dict = {name: [] for name in mods}
+            for k in range(saves):
+                for name, mod in mods.items():
+                    t0 = time.perf_counter()
+                    mod.save_atomic(torch, sample, str(where / f"data_{k}.pt"))
+                    times[name].append(time.perf_counter() - t0)
+            if contended:
+                stop.set()
+                spinner.join()
+            for name, ts in times.items():
+                out[f"{name}/{label}"] = round(1000 * statistics.median(ts), 1)
+    finally:
+        sys.setswitchinterval(python_default)
+    out["python_switch_interval_ms"] = round(python_default * 1000, 3)
     shutil.rmtree(where, ignore_errors=True)
     return out
 
@@ -318,6 +331,16 @@ def render(doc: dict, source: str) -> str:
     for n in names:
         a, c = g[f"{n}/alone"], g[f"{n}/python_thread"]
         lines.append(f"| {n} | {a:.1f} | {c:.1f} | {c / a:.2f}x |")
+    short = sorted((k.split("/")[0], k.split("_switch_")[1]) for k in g
+                   if "/python_thread_switch_" in k)
+    if short:
+        lines += ["", f"The same beside the Python thread, with Python's thread switch interval set as the script "
+                  f"sets it while its writer threads run (`--gil-switch-ms`; the figures above: Python's own "
+                  f"{g.get('python_switch_interval_ms', 5):g} ms):", "",
+                  "| script | switch interval | with a Python thread, ms | slowdown against alone |", "|---|---|---|---|"]
+        for n, ms in short:
+            c = g[f"{n}/python_thread_switch_{ms}"]
+            lines.append(f"| {n} | {ms[:-2]} ms | {c:.1f} | {c / g[f'{n}/alone']:.2f}x |")
     return "\n".join(lines) + "\n"
 
 

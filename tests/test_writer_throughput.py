@@ -26,7 +26,13 @@ def test_writer_benchmark_runs_both_scripts_and_renders(tmp_path):
     assert all(v > 0 for v in doc["median_mb_per_s"].values())
     assert doc["tokens"] == sum(bench.lengths_of(3, 200, 4000, 299)) and doc["before_rev"] == rev
     assert {"before/alone", "before/python_thread", "after/alone", "after/python_thread"} <= set(doc["save_ms"])
+    # the script's own switch interval beside the Python thread (both revisions here have one), and
+    # Python's put back after
+    assert {"after/python_thread_switch_0.5ms", "before/python_thread_switch_0.5ms"} <= set(doc["save_ms"])
+    import sys
+    assert sys.getswitchinterval() == doc["save_ms"]["python_switch_interval_ms"] / 1000
     text = md.read_text()
+    assert "| after | 0.5 ms | " in text
     assert "| 2 | " in text and "| after | " in text and f"BEFORE: the script at {rev}" in text
     assert list(tmp_path.glob("writer-bench-*")) == []            # its scratch is removed
     again = tmp_path / "again.md"
