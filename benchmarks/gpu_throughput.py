@@ -464,8 +464,9 @@ def parse_args(argv=None):
     ap.add_argument("--max-tokens", type=int, default=4000)
     ap.add_argument("--model", choices=sorted(MODEL_SHAPES), default="1.1b")
     ap.add_argument("--parts", default="disk,a_before,a_after,a_tmpfs,b,c",
-                    help="comma list of disk, a_before, a_after, a_tmpfs, b, c (d is computed); BEFORE's "
-                         "playbook patches the install before a_before, AFTER's on top before the others")
+                    help=f"comma list of {', '.join(PARTS)} (d is computed); BEFORE's playbook patches the run's "
+                         "copy of speculators before a_before, a_before_tmpfs and b_before, AFTER's on top before "
+                         "the others")
     ap.add_argument("--before-rev", default=BEFORE_REV, help="git revision of the BEFORE script and playbook")
     ap.add_argument("--before-dir", default=str(REPO / "benchmarks" / "gpu_before"),
                     help="where --prepare-before puts them for a GPU machine without git (travels untracked)")
