@@ -60,6 +60,10 @@ BENCH = REPO / "benchmarks"
 PB030 = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
 PB090 = REPO / "playbooks" / "eagle3-speculators-0.9.0.yaml"
 MODELS = ("deepseek_v3", "kimi_k25")
+# the outputs compared with each other (host names, host_name(flow, model)): the wrapper and the plain
+# checkpoint in each flow, then each checkpoint across the flows
+PAIRS = (("030-kimi_k25", "030-deepseek_v3"), ("srv-kimi_k25", "srv-deepseek_v3"),
+         ("srv-deepseek_v3", "030-deepseek_v3"), ("srv-kimi_k25", "030-kimi_k25"))
 IDS_030 = "1,3,5,6"              # data_<i>.pt: the output of decoder layer i
 IDS_SRV = [2, 4, 6, 7]           # hs_<i>.safetensors: aux id k = the output of decoder layer k-1 (same layers)
 IDS_PROBE = [2, 4, 5, 8]         # launch_vllm.py's [2, n//2, n-3, n] for n = 8
@@ -291,8 +295,7 @@ class FlowsCheck:
                     ids = IDS_030 if flow == "030" else ",".join(map(str, IDS_SRV))
                     outs += ["--output", f"{host}={self.out_dir(host)}:{'pt' if flow == '030' else 'hs'}:{ids}"]
         pairs = []
-        for a, b in (("030-kimi_k25", "030-deepseek_v3"), ("srv-kimi_k25", "srv-deepseek_v3"),
-                     ("srv-deepseek_v3", "030-deepseek_v3"), ("srv-kimi_k25", "030-kimi_k25")):
+        for a, b in PAIRS:
             if f"{a}=" in " ".join(outs) and f"{b}=" in " ".join(outs):
                 pairs += ["--pair", f"{a},{b}"]
         res_file = self.root / "compare.json"
@@ -304,8 +307,7 @@ class FlowsCheck:
         r = sh(cmd, timeout=min(400, max(60, self.left())), log=self.log)
         res = json.loads(res_file.read_text()) if res_file.exists() else None
         # every output of the flows run (2 models each), and every pair whose two outputs are among them
-        want_pairs = sum(1 for a, b in (("030", "030"), ("srv", "srv"), ("srv", "030"), ("srv", "030"))
-                         if a in self.flow_names and b in self.flow_names)
+        want_pairs = sum(1 for a, b in PAIRS if {a.split("-")[0], b.split("-")[0]} <= set(self.flow_names))
         every = (res is not None and len(res.get("outputs") or {}) == len(self.flow_names) * len(MODELS)
                  and len(res.get("pairs") or {}) == want_pairs)
         self.run.step("compare", ok=bool(res and res.get("ok")) and every, rc=r["rc"], seconds=r["seconds"],
