@@ -82,7 +82,9 @@ def _mb(x) -> str:
 
 # gpu_throughput.py's TMPFS_VARIANTS: each one's row label
 TMPFS_VARIANT_LABELS = {"a_tmpfs_gil5": "Python's own 5 ms thread switch interval (gil_switch_ms 0)",
-                        "a_tmpfs_w8": "8 writer threads (writer_threads 8)"}
+                        "a_tmpfs_w8": "8 writer threads (writer_threads 8)",
+                        "a_tmpfs_k1": "one engine step a generate() call, in order (batch_steps 1, pack_window 0)",
+                        "a_tmpfs_w0": "steps filled in order (pack_window 0)"}
 
 
 def job_profile_table(parts: list[tuple[str, dict]]) -> list[str]:
@@ -161,8 +163,12 @@ def throughput_section(name: str, d: dict) -> list[str]:
         out.append(f"| (a) BEFORE: the same, main's script | {_rate(a0.get('tokens_per_s'))} | "
                    f"{a0.get('files')} files, {a0.get('tokens')} tokens in {a0.get('seconds')} s; "
                    f"{_mb(a0.get('bytes_per_s'))} written {why(a0)} |")
+    steps = (f"; {b['steps']} engine steps as packed ({b.get('steps_in_order')} packed in order), "
+             f"{b['steps_a_call_and_window'][0]} a call, filled from the next {b['steps_a_call_and_window'][1]}"
+             if b.get("steps_a_call_and_window") else "")
     out.append(f"| (b) the generator alone, no writes | {_rate(b.get('tokens_per_s'))} | {b.get('batches')} "
-               f"generate() calls of {b.get('mean_tokens_per_batch')} tokens on average (AFTER's batches) {why(b)} |")
+               f"generate() calls of {b.get('mean_tokens_per_batch')} tokens on average (AFTER's batches{steps}) "
+               f"{why(b)} |")
     b0 = d.get("b_generator_before") or {}
     if b0:
         out.append(f"| (b) BEFORE: the generator alone with BEFORE's playbook | {_rate(b0.get('tokens_per_s'))} | "

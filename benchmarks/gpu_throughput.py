@@ -18,7 +18,9 @@ subprocess with a timeout:
       writer and its waits, the writer threads' saves, the hand-off slots) and removes its files once
       measured (--keep-outputs keeps them). Variants of AFTER on a tmpfs, one playbook var changed
       (TMPFS_VARIANTS): a_tmpfs_gil5, Python's own thread switch interval (gil_switch_ms 0, i.e. 5 ms,
-      beside a_tmpfs at the playbook's 0.5 ms); a_tmpfs_w8, 8 writer threads (the playbook's: 4).
+      beside a_tmpfs at the playbook's 0.5 ms); a_tmpfs_w8, 8 writer threads (the playbook's: 4);
+      a_tmpfs_k1, one engine step a generate() call in order (batch_steps 1, pack_window 0: the loop
+      before those vars); a_tmpfs_w0, the playbook's steps a call, each filled in order (pack_window 0).
   (a) server flow (--parts a_server): the same rows through playbooks/eagle3-speculators-0.9.0.yaml
       (vLLM's OpenAI server with extract_hidden_states + ExampleHiddenStatesConnector, speculators
       0.9.0's generate-offline-data as the client; the rows given as `speculators prepare-data` writes
@@ -27,7 +29,8 @@ subprocess with a timeout:
       its health check (the supervisor's healthy_at) to the newest hs_<N>.safetensors; also from the
       first file on, and the whole job's wall time with the server's start.
   (b) the generator alone, no writes: the patched speculators VllmHiddenStatesGenerator driven with
-      AFTER's batches (the script's own pack_batches and engine_budget), generate() timed from the
+      AFTER's batches (the script's own pack_batches and engine_budget, at its default steps a call
+      and packing window), generate() timed from the
       first call to the last return; with a profile of where generate() spends its time
       (executor RPCs: execute_model, sample_tokens, _get_captured_states; the scheduler; the rest);
       then, if the budget leaves (c) its time, a second pass with BEFORE's batches (8 samples each).
@@ -70,15 +73,21 @@ SCRIPT = REPO / "playbooks" / "scripts" / "extract_hidden_states.py"
 BEFORE_REV = "7a3c5d8"   # main before the zero-copy hand-off slots (issue 35 item 2; efd360d: before any hand-off)
 H200_BF16_DENSE_FLOPS = 989e12
 PARTS = {"disk": "disk", "a_before": "a_before", "a_before_tmpfs": "a_before_tmpfs", "a_after": "a_after",
-         "a_tmpfs": "a_tmpfs", "a_tmpfs_gil5": "a_tmpfs_gil5", "a_tmpfs_w8": "a_tmpfs_w8", "a_2dirs": "a_2dirs", "a_server": "a_server", "b_before": "b_generator_before",
+         "a_tmpfs": "a_tmpfs", "a_tmpfs_gil5": "a_tmpfs_gil5", "a_tmpfs_w8": "a_tmpfs_w8",
+         "a_tmpfs_k1": "a_tmpfs_k1", "a_tmpfs_w0": "a_tmpfs_w0", "a_2dirs": "a_2dirs", "a_server": "a_server", "b_before": "b_generator_before",
          "b": "b_generator", "c": "c_vllm_prefill"}       # --parts name: the result's key
 # run with BEFORE's playbook patched in, before AFTER's goes on top
 BEFORE_PARTS = ("a_before", "a_before_tmpfs", "b_before")
 UNPATCHED_PARTS = ("disk", "c")   # they use no speculators: run before, between or after either patch
 A_HOSTS = {"a_before": "before", "a_before_tmpfs": "before_tmpfs", "a_after": "after", "a_tmpfs": "tmpfs",
-           "a_tmpfs_gil5": "tmpfs_gil5", "a_tmpfs_w8": "tmpfs_w8", "a_2dirs": "twodirs"}   # (a)'s parts: the inventory host each one extracts with
+           "a_tmpfs_gil5": "tmpfs_gil5", "a_tmpfs_w8": "tmpfs_w8", "a_tmpfs_k1": "tmpfs_k1", "a_tmpfs_w0": "tmpfs_w0",
+           "a_2dirs": "twodirs"}   # (a)'s parts: the inventory host each one extracts with
 # AFTER on a tmpfs with one of the playbook's vars changed: part -> the vars (each against a_tmpfs)
-TMPFS_VARIANTS = {"a_tmpfs_gil5": {"gil_switch_ms": 0}, "a_tmpfs_w8": {"writer_threads": 8}}
+TMPFS_VARIANTS = {"a_tmpfs_gil5": {"gil_switch_ms": 0}, "a_tmpfs_w8": {"writer_threads": 8},
+                  # one engine step a generate() call, steps in order: the loop before batch_steps/pack_window
+                  "a_tmpfs_k1": {"batch_steps": 1, "pack_window": 0},
+                  # several steps a call, but each step filled in order
+                  "a_tmpfs_w0": {"pack_window": 0}}
 SERVER_PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.9.0.yaml"
 SERVER_PORT = 8810
 DATASET_BUILDER = r'''
@@ -146,7 +155,9 @@ if __name__ == "__main__":
     import torch
     threads = ehs.set_copy_threads(torch, None)          # as the script does once the engine is up
     budget_tokens, budget_seqs = ehs.engine_budget(gen, max_model_len)
-    batches = list(ehs.pack_batches(list(range(len(records))), lengths, budget_tokens, batch_size))
+    # the script's own defaults: steps a call and packing window where it has them (BEFORE's has neither)
+    own = (ehs.DEFAULT_BATCH_STEPS, ehs.DEFAULT_PACK_WINDOW) if hasattr(ehs, "DEFAULT_BATCH_STEPS") else ()
+    batches = list(ehs.pack_batches(list(range(len(records))), lengths, budget_tokens, batch_size, *own))
     prof, calls = defaultdict(float), defaultdict(int)
     ex, sched = gen.executor, gen.scheduler
     rpc, schedule = ex.collective_rpc, sched.schedule
@@ -176,7 +187,11 @@ if __name__ == "__main__":
     first = {k: round(v, 3) for k, v in prof.items()}   # a copy: the second pass below adds to prof
     first["other (generate's own work in this process: requests, results; copies when not zero-copy)"] = round(secs - sum(first.values()), 3)
     doc = {"tokens": tokens, "seconds": round(secs, 3), "tokens_per_s": round(tokens / secs, 1),
-           "engine_ready_s": round(ready, 1), "batches": len(batches),
+           "engine_ready_s": round(ready, 1), "batches": len(batches), "steps_a_call_and_window": list(own),
+           # the engine steps those calls hold as packed (the scheduler may fill one fuller), and in order
+           "steps": len(list(ehs.pack_steps(list(range(len(records))), lengths, budget_tokens, batch_size, own[1])))
+           if own else len(batches),
+           "steps_in_order": len(list(ehs.pack_batches(list(range(len(records))), lengths, budget_tokens, batch_size))),
            "mean_tokens_per_batch": round(tokens / len(batches), 1), "engine_budget": [budget_tokens, budget_seqs],
            "batch_size_cap": batch_size, "profile_s": first, "profile_calls": dict(calls), "copy_threads": threads,
            "handoff": "shared memory: %s" % ", ".join([shm[0]] + [x for x in shm[1:] if isinstance(x, str)])

@@ -73,8 +73,14 @@ def write_jsonl(path: Path, rows):
     return path
 
 
+# one engine step per generate() call, samples in order: the loop most tests below look at call by call
+# (the defaults, several steps a call and steps filled out of order, have their own tests)
+ONE_STEP = ("--batch-steps", "1", "--pack-window", "0")
+
+
 def run(tmp_path, rows, *extra, **gen_kw):
     ds = write_jsonl(tmp_path / "ds.jsonl", rows)
+    extra = extra if "--batch-steps" in extra else (*ONE_STEP, *extra)
     argv = ["--target-model-path", "m", "--dataset", str(ds), "--output-dir", str(tmp_path / "out"), *extra]
     return ehs.main(argv, None, lambda args: loaders(**gen_kw))
 
@@ -366,6 +372,76 @@ def test_pack_batches_keeps_the_order_and_both_bounds():
     assert list(ehs.pack_batches([], lengths, 10, 3)) == []
 
 
+def test_pack_steps_fills_each_step_from_a_window_and_takes_every_sample_once():
+    import random
+    rng = random.Random(7)
+    lengths = [rng.randint(200, 2047) for _ in range(1000)]      # the GPU benchmark's shape, cut to 2047
+    todo = list(range(1000))
+    in_order = list(ehs.pack_steps(todo, lengths, 8192, 32))
+    filled = list(ehs.pack_steps(todo, lengths, 8192, 32, window=16))
+    for steps in (in_order, filled):
+        assert sorted(i for s in steps for i in s) == todo                       # each sample once
+        assert all(sum(lengths[i] for i in s) <= 8192 and len(s) <= 32 for s in steps)
+    assert [i for s in in_order for i in s] == todo                              # window 0: in order
+    # fuller steps: within 2 % of the fewest possible, and fewer than in order by more than 5 %
+    assert len(filled) <= 1.02 * -(-sum(lengths) // 8192) and len(filled) < 0.95 * len(in_order)
+    # the oldest pending sample opens every step, so none waits more than `window` steps past its turn
+    assert all(filled[k][0] == min(i for s in filled[k:] for i in s) for k in range(len(filled)))
+    order = [i for s in filled for i in s]
+    assert order != todo and max(abs(pos - i) for pos, i in enumerate(order)) <= 16 * 32
+    # the sample cap and an over-long sample (alone) hold with the window too
+    assert list(ehs.pack_steps([0, 1, 2, 3], [3, 20, 3, 3], 10, 2, window=4)) == [[0, 2], [1], [3]]
+    assert list(ehs.pack_steps([], lengths, 10, 3, window=4)) == []
+
+
+def test_pack_batches_joins_steps_into_calls_in_step_order():
+    lengths = {0: 5, 1: 5, 2: 3, 3: 9, 4: 12, 5: 1, 6: 1, 7: 1}
+    todo = list(range(8))
+    steps = list(ehs.pack_steps(todo, lengths, 10, 32))
+    assert list(ehs.pack_batches(todo, lengths, 10, 32, steps=2)) == [steps[0] + steps[1], steps[2] + steps[3],
+                                                                      steps[4]]
+    assert list(ehs.pack_batches(todo, lengths, 10, 32, steps=9)) == [todo]
+    filled = list(ehs.pack_steps(todo, lengths, 10, 32, window=8))
+    assert filled == [[0, 1], [2, 5, 6, 7], [3], [4]]                      # 3 + 1 + 1 + 1 fills the room 9 left
+    assert list(ehs.pack_batches(todo, lengths, 10, 32, steps=3, window=8)) == [[0, 1, 2, 5, 6, 7, 3], [4]]
+
+
+def test_the_defaults_call_generate_with_several_full_steps_and_every_file_holds_its_own_rows(tmp_path, capsys):
+    rows = [{"input_ids": [(i % 50) + 1] * n} for i, n in enumerate([4, 4, 4, 9, 2, 2, 2, 2, 12, 7, 3, 1, 6, 5, 8])]
+    ds = write_jsonl(tmp_path / "ds.jsonl", rows)
+    argv = ["--target-model-path", "m", "--dataset", str(ds), "--output-dir", str(tmp_path / "out")]
+    lo = {**loaders(), "make_generator": lambda *a: BudgetGenerator(*a)}     # steps of 10 tokens, 3 samples
+    assert ehs.main(argv, None, lambda args: lo) == 0
+    out = capsys.readouterr().out
+    assert "%d step(s) per generate() call, each of up to 10 tokens and 3 samples, filled from the next %d pending" % (
+        ehs.DEFAULT_BATCH_STEPS, ehs.DEFAULT_PACK_WINDOW) in out
+    lengths = [len(r["input_ids"]) for r in rows]
+    want = list(ehs.pack_batches(list(range(len(rows))), lengths, 10, 3, ehs.DEFAULT_BATCH_STEPS,
+                                 ehs.DEFAULT_PACK_WINDOW))
+    calls = FakeGenerator.made[-1].calls
+    assert [[len(ids) for ids in c] for c in calls] == [[lengths[i] for i in b] for b in want]
+    assert len(calls) < len(list(ehs.pack_steps(list(range(len(rows))), lengths, 10, 3)))   # fewer calls than steps
+    assert [i for b in want for i in b] != list(range(len(rows)))            # some samples out of order ...
+    for i, r in enumerate(rows):                                             # ... yet each file is its own sample
+        d = load(tmp_path, i)
+        assert d["input_ids"].tolist() == r["input_ids"]
+        assert [int(h[0, 0]) for h in d["hidden_states"]] == [r["input_ids"][0] * 10 + l for l in (2, 4, 5, 7)]
+    # --batch-tokens 0 is the old loop whatever the defaults: calls of --batch-size samples, in order
+    argv = ["--target-model-path", "m", "--dataset", str(ds), "--output-dir", str(tmp_path / "old"),
+            "--batch-tokens", "0", "--batch-size", "4"]
+    assert ehs.main(argv, None, lambda args: lo) == 0
+    assert [len(c) for c in FakeGenerator.made[-1].calls] == [4, 4, 4, 3]
+    assert [c[0][0] for c in FakeGenerator.made[-1].calls] == [1, 5, 9, 13]
+
+
+def test_batch_steps_and_pack_window_are_checked():
+    for flags in (("--batch-steps", "0"), ("--pack-window", "-1")):
+        with pytest.raises(ehs.InputError, match=flags[0]):
+            ehs.parse_args(["--target-model-path", "m", "--dataset", "d", "--output-dir", "o", *flags])
+    args = ehs.parse_args(["--target-model-path", "m", "--dataset", "d", "--output-dir", "o", "--batch-steps", "auto"])
+    assert args.batch_steps is None and args.pack_window == ehs.DEFAULT_PACK_WINDOW
+
+
 class BudgetGenerator(FakeGenerator):
     """TEST FAKE exposing a scheduler with the attribute names of vLLM 0.20.0's Scheduler."""
 
@@ -379,12 +455,13 @@ def test_batches_fill_the_engines_token_budget_and_the_flags_override_it(tmp_pat
     ds = write_jsonl(tmp_path / "ds.jsonl", rows)
 
     def go(out, *extra):
-        argv = ["--target-model-path", "m", "--dataset", str(ds), "--output-dir", str(tmp_path / out), *extra]
+        argv = ["--target-model-path", "m", "--dataset", str(ds), "--output-dir", str(tmp_path / out), *extra, *ONE_STEP]
         lo = {**loaders(), "make_generator": lambda *a: BudgetGenerator(*a)}
         assert ehs.main(argv, None, lambda args: lo) == 0
         return [[len(ids) for ids in call] for call in FakeGenerator.made[-1].calls]
     assert go("a") == [[4, 4], [4], [9], [2, 2, 2], [2], [12]]            # 10 tokens, 3 samples per step
-    assert "batches of up to 10 tokens and 3 samples (engine step: 10 tokens, 3 samples)" in capsys.readouterr().out
+    assert ("1 step(s) per generate() call, each of up to 10 tokens and 3 samples (engine step: 10 tokens, 3 samples)"
+            in capsys.readouterr().out)
     assert go("b", "--batch-tokens", "20", "--batch-size", "8") == [[4, 4, 4], [9, 2, 2, 2, 2], [12]]
     assert go("c", "--batch-tokens", "0", "--batch-size", "4") == [[4, 4, 4, 9], [2, 2, 2, 2], [12]]
     # a generator without a scheduler: speculators 0.3.0's own budget, max(8192, max_model_len) and 32
@@ -438,7 +515,7 @@ def test_writes_overlap_the_next_generate(tmp_path, monkeypatch):
             return super().generate(token_ids)
     ds = write_jsonl(tmp_path / "ds.jsonl", [{"input_ids": [i + 1]} for i in range(4)])
     argv = ["--target-model-path", "m", "--dataset", str(ds), "--output-dir", str(tmp_path / "out"),
-            "--batch-size", "1"]
+            "--batch-size", "1", *ONE_STEP]
     assert ehs.main(argv, None, lambda a: {**loaders(), "make_generator": lambda *x: Watching(*x)}) == 0
     assert sorted(p.name for p in (tmp_path / "out").glob("data_*.pt")) == [f"data_{i}.pt" for i in range(4)]
 
@@ -484,7 +561,7 @@ def test_copy_threads_are_set_after_the_engine_starts(tmp_path, capsys):
     try:
         ds = write_jsonl(tmp_path / "ds.jsonl", [{"input_ids": [1, 2]}])
         argv = ["--target-model-path", "m", "--dataset", str(ds), "--output-dir", str(tmp_path / "out"),
-                "--copy-threads", "3", "--write-queue-mb", "0"]
+                "--copy-threads", "3", "--write-queue-mb", "0", *ONE_STEP]
         assert ehs.main(argv, None, lambda a: {**loaders(), "make_generator": lambda *x: OneThreadEngine(*x)}) == 0
         assert seen == [3] and "; 3 copy thread(s), 0 writer thread(s)" in capsys.readouterr().out
     finally:
@@ -502,7 +579,7 @@ def test_write_queue_0_writes_each_batch_before_the_next_generate(tmp_path, monk
             return super().generate(token_ids)
     ds = write_jsonl(tmp_path / "ds.jsonl", [{"input_ids": [i + 1]} for i in range(3)])
     argv = ["--target-model-path", "m", "--dataset", str(ds), "--output-dir", str(tmp_path / "out"),
-            "--batch-size", "1", "--write-queue-mb", "0"]
+            "--batch-size", "1", "--write-queue-mb", "0", *ONE_STEP]
     assert ehs.main(argv, None, lambda a: {**loaders(), "make_generator": lambda *x: Recording(*x)}) == 0
     assert order == ["generate", "save"] * 3
 
@@ -592,7 +669,7 @@ def test_a_hard_crash_mid_queue_loses_only_queued_samples_and_resume_is_exact(tm
     ds = write_jsonl(tmp_path / "ds.jsonl", [{"input_ids": [i + 1] * 3} for i in range(40)])
     out = tmp_path / "out"
     argv = ["--target-model-path", "m", "--dataset", str(ds), "--output-dir", str(out), "--batch-size", "2",
-            "--writer-threads", str(threads)]
+            "--writer-threads", str(threads), *ONE_STEP]
     r = subprocess.run([sys.executable, str(driver), str(SCRIPT), "12", *argv], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 137, r.stderr
@@ -862,7 +939,7 @@ def test_the_batch_loop_and_the_writer_let_go_of_a_slots_views_once_written(tmp_
 # ------------------------------------------------------------------ several output directories
 def run_dirs(tmp_path, rows, dirs, *extra, **gen_kw):
     ds = write_jsonl(tmp_path / "ds.jsonl", rows)
-    argv = ["--target-model-path", "m", "--dataset", str(ds), "--output-dir", ":".join(str(d) for d in dirs), *extra]
+    argv = ["--target-model-path", "m", "--dataset", str(ds), "--output-dir", ":".join(str(d) for d in dirs), *extra, *ONE_STEP]
     return ehs.main(argv, None, lambda args: loaders(**gen_kw))
 
 
@@ -1024,6 +1101,6 @@ def test_the_profile_counts_the_generators_hand_off_slots(tmp_path, capsys):
             self._remote_ops_slot_files, self._remote_ops_slots_full = 3, 1
             return super().generate(token_ids)
     ds = write_jsonl(tmp_path / "ds.jsonl", [{"input_ids": [1, 2]}])
-    argv = ["--target-model-path", "m", "--dataset", str(ds), "--output-dir", str(tmp_path / "out")]
+    argv = ["--target-model-path", "m", "--dataset", str(ds), "--output-dir", str(tmp_path / "out"), *ONE_STEP]
     assert ehs.main(argv, None, lambda a: {**loaders(), "make_generator": lambda *x: Slots(*x)}) == 0
     assert profile_lines(capsys.readouterr().out)[-1]["slots"] == {"slots": 2, "files": 3, "all_held": 1}

@@ -253,7 +253,7 @@ def test_extract_status_stop_on_group_with_per_host_vars(fleet, cli, tmp_path):
     pb_path = tmp_path / "pb.yaml"
     pb_path.write_text(yaml.safe_dump(pb, sort_keys=False))
     hosts = {}
-    for server, (name, samples, sleep) in zip(fleet["servers"], (("x1", 4, 0), ("x2", 8, 0), ("x3", 400, 1))):
+    for server, (name, samples, sleep) in zip(fleet["servers"], (("x1", 4, 0), ("x2", 8, 0), ("x3", 400, 3))):
         state = tmp_path / f"state-{name}"
         state.mkdir()
         hosts[name] = {"hostname": server.address, "port": server.port, "user": server.user,

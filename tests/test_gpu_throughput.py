@@ -69,7 +69,9 @@ def test_dataset_lengths_cut_and_roofline():
                               "b_before/c": None, "b/b_before": None, "a_before_tmpfs/c": None,
                               "a_tmpfs/a_before_tmpfs": None, "a_2dirs/a_after": None,
                               "a_tmpfs_gil5/c": None, "a_tmpfs_gil5/a_tmpfs": None,
-                              "a_tmpfs_w8/c": None, "a_tmpfs_w8/a_tmpfs": None}
+                              "a_tmpfs_w8/c": None, "a_tmpfs_w8/a_tmpfs": None,
+                              "a_tmpfs_k1/c": None, "a_tmpfs_k1/a_tmpfs": None,
+                              "a_tmpfs_w0/c": None, "a_tmpfs_w0/a_tmpfs": None}
     doc["a_tmpfs_gil5"] = {"tokens_per_s": 76.0}
     assert gt.ratios(doc)["a_tmpfs_gil5/c"] == 0.38 and gt.ratios(doc)["a_tmpfs_gil5/a_tmpfs"] == 0.8
     assert set(gpu_results.TMPFS_VARIANT_LABELS) == set(gt.TMPFS_VARIANTS)     # each variant has its row
@@ -121,7 +123,8 @@ def test_standin_rehearsal_of_part_a_and_its_rendering(tmp_path):
     r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_throughput.py"), "--standin",
                         "--work", str(tmp_path / "w"), "--out", str(out), "--samples", "6", "--min-tokens", "5",
                         "--max-tokens", "30", "--dd-mib", "64", "--parts",
-                        "disk,a_before,a_before_tmpfs,a_after,a_tmpfs,a_tmpfs_gil5,a_tmpfs_w8,a_2dirs"], capture_output=True,
+                        "disk,a_before,a_before_tmpfs,a_after,a_tmpfs,a_tmpfs_gil5,a_tmpfs_w8,a_tmpfs_k1,a_tmpfs_w0,a_2dirs"],
+                       capture_output=True,
                        text=True, timeout=400,
                        cwd=REPO)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -129,7 +132,8 @@ def test_standin_rehearsal_of_part_a_and_its_rendering(tmp_path):
     assert d["before_source"]["source"] == "git" and d["standin"]
     lengths = [min(len(json.loads(l)["input_ids"]), 2047)
                for l in (tmp_path / "w" / "throughput" / "dataset.jsonl").read_text().splitlines()]
-    for k in ("a_after", "a_before", "a_tmpfs", "a_before_tmpfs", "a_tmpfs_gil5", "a_tmpfs_w8", "a_2dirs"):
+    for k in ("a_after", "a_before", "a_tmpfs", "a_before_tmpfs", "a_tmpfs_gil5", "a_tmpfs_w8", "a_tmpfs_k1", "a_tmpfs_w0",
+              "a_2dirs"):
         assert d[k]["rc"] == 0 and d[k]["complete"] and d[k]["tokens"] == sum(lengths) and d[k]["tokens_per_s"] > 0
     # AFTER's script says where its time went; BEFORE's (7a3c5d8) prints no such line
     for k, switch, threads in (("a_after", 0.5, 4), ("a_tmpfs", 0.5, 4), ("a_tmpfs_gil5", 0, 4), ("a_tmpfs_w8", 0.5, 8),
@@ -156,6 +160,12 @@ def test_standin_rehearsal_of_part_a_and_its_rendering(tmp_path):
     assert "| (a) AFTER, files spread over two directories of the same disk |" in text and "6 files (3 + 3)" in text
     assert "| (a) BEFORE, files on a tmpfs |" in text
     assert "| (a) AFTER, files on a tmpfs, Python's own 5 ms thread switch interval (gil_switch_ms 0) |" in text
+    # the variants' own settings reached the script: its ready line says the steps a call and the window (the
+    # stand-in's engine takes batch_steps auto as 1)
+    assert "1 step(s) per generate() call" in d["a_tmpfs_k1"]["generator_ready_line"]
+    assert "filled from" not in d["a_tmpfs_k1"]["generator_ready_line"]
+    assert "filled from" not in d["a_tmpfs_w0"]["generator_ready_line"]
+    assert "filled from the next 16 pending" in d["a_tmpfs"]["generator_ready_line"]
     assert "| (a) AFTER, files on a tmpfs, 8 writer threads (writer_threads 8) |" in text
     p = d["a_tmpfs_gil5"]["profile"]
     assert (f"| AFTER on a tmpfs, Python's own 5 ms thread switch interval (gil_switch_ms 0) | {p['seconds']} | {p['generate_s']} | {p['build_s']} | {p['hand_over_s']} "
@@ -239,8 +249,15 @@ def test_the_generator_and_llm_parts_run_their_scripts(tmp_path):
     assert b["batches"] == b["profile_calls"]["rpc:execute_model"] == b["profile_calls"]["scheduler.schedule"]
     assert set(b["profile_s"]) >= {"rpc:_get_captured_states", "rpc:execute_model", "rpc:_reset_capture"}
     ehs = load_extract_script("ehs_gt")
-    want = list(ehs.pack_batches(list(range(20)), [len(r) for r in rows], 50, 8))   # the (fake) engine's budget
-    assert b["batches"] == len(want) > 3
+    # the (fake) engine's budget, at the script's own steps a call and packing window
+    want = list(ehs.pack_batches(list(range(20)), [len(r) for r in rows], 50, 8, ehs.DEFAULT_BATCH_STEPS,
+                                 ehs.DEFAULT_PACK_WINDOW))
+    assert b["steps_a_call_and_window"] == [ehs.DEFAULT_BATCH_STEPS, ehs.DEFAULT_PACK_WINDOW]
+    lengths = [len(r) for r in rows]
+    assert b["steps"] == len(list(ehs.pack_steps(list(range(20)), lengths, 50, 8, ehs.DEFAULT_PACK_WINDOW)))
+    assert b["steps_in_order"] == len(list(ehs.pack_steps(list(range(20)), lengths, 50, 8))) >= b["steps"]
+    assert b["batches"] == len(want) >= 2 and len(want) < len(list(ehs.pack_batches(list(range(20)),
+                                                                                 [len(r) for r in rows], 50, 8)))
     r = subprocess.run([sys.executable, str(tmp_path / "gen.py"), str(gt.SCRIPT), "m", str(ds), "2048", "8", "0.8",
                         str(tmp_path / "b2.json"), str(time.time() - 1)], env=env, capture_output=True, text=True,
                        timeout=120)

@@ -56,9 +56,10 @@ def _wait(cli, inv, target, timeout=120):
 
 def test_two_directories_alternate_resume_verify_and_gather(sshd, tmp_path, cli):
     a, b = tmp_path / "nvme0", tmp_path / "nvme1"
-    # 0.6 s a sample and a stop once 2 files are there: the stop has ~4.8 s to land before the job would
-    # end by itself (with 0.4 s and 4 files, 2.4 s: a loaded CI machine once let all 10 through)
-    inv = _inventory(sshd, tmp_path, {"node": (["nvme0", "nvme1"], "state")}, n=10, sleep=0.6)
+    # 1 s a sample and a stop once 2 files are there: the stop has ~8 s to land before the job would end
+    # by itself (with 0.4 s and 4 files, 2.4 s: a loaded CI machine once let all 10 through; with 0.6 s, 8
+    # test processes on 2 CPUs did once)
+    inv = _inventory(sshd, tmp_path, {"node": (["nvme0", "nvme1"], "state")}, n=10, sleep=1.0)
     status, out, err = cli("extract", "node", "--skip-check", "--json", "-i", str(inv))
     assert status == 0, err
     job = json.loads(out)["job"]

@@ -73,7 +73,7 @@ def test_sandbox_round_trip(sshd, fresh_env017, state_dir, inventory_file, cli):
     assert "execute-model-then-sample-tokens" in ver["line"] and "declare no fixes" in ver["line"]
     patched = target.read_bytes()
     assert patched != original and b"block_size=VLLM_BLOCK_SIZE" in patched
-    assert b"self.executor.sample_tokens(None)" in patched
+    assert b"self.executor.sample_tokens(None, non_block=True)" in patched
     # the behaviour fixes measured on a real GPU (issue 10): prefix caching and chunked prefill off,
     # rank 0's reply used as is, the renamed embedding method in the bound forward
     assert b"enable_prefix_caching=False" in patched and b"enable_chunked_prefill=False" in patched

@@ -55,7 +55,8 @@ def test_shipped_playbook_loads():
             "captured-states-from-shared-memory", "captured-states-through-shared-memory",
             "captured-states-zero-copy-slot-plan", "captured-states-zero-copy-results",
             "captured-states-zero-copy-generator-methods", "captured-states-zero-copy-stream",
-            "captured-states-zero-copy-store", "captured-states-zero-copy-reply", "tokenizer-trust-remote-code"} == set(ids)
+            "captured-states-zero-copy-store", "captured-states-zero-copy-reply", "tokenizer-trust-remote-code",
+            "sample-tokens-not-waited-for", "sample-tokens-resolved-before-capture"} == set(ids)
     assert [p.module for p in pb.patches] == ["speculators.data_generation.vllm_hidden_states_generator",
                                               "speculators.data_generation.custom_worker",
                                               "speculators.utils.pydantic_utils"]

@@ -300,9 +300,97 @@ def test_a_new_slot_holds_one_engine_step_so_fuller_batches_do_not_regrow_it(src
         assert sorted(os.listdir(shm)) == [os.path.basename(first)]
         assert side.gen._remote_ops_slot_files == 1             # one file mapped for both batches
         del r
-        r, full = side.generate([7200], seed=3)                 # beyond the step (one long prompt): regrown
+        r, full = side.generate([7200], seed=3)                 # beyond the step: a batch of two steps
         check_results(r, full, [7200])
-        assert side.replies[-1]["remote_ops_shm"] != first and side.gen._remote_ops_slot_files == 2
+        assert side.plans[-1] == {"slot": 0, "rows": 7200, "reserve": 14000}   # whole steps: two
+        second = side.replies[-1]["remote_ops_shm"]
+        assert second != first and side.gen._remote_ops_slot_files == 2
+        del r
+        two = [5000, 4000, 4500]                                # another batch of two steps: fits
+        r, full = side.generate(two, steps=2, seed=4)
+        check_results(r, full, two)
+        assert side.replies[-1]["remote_ops_shm"] == second and side.gen._remote_ops_slot_files == 2
+    finally:
+        side.close()
+
+
+class _Future:
+    """What MultiprocExecutor's non_block calls return: a future read later (FutureWrapper)."""
+
+    def __init__(self, log, step, error=None):
+        self.log, self.step, self.error = log, step, error
+
+    def result(self):
+        self.log.append(("result", self.step))
+        if self.error:
+            raise self.error
+        return None
+
+
+def test_sample_tokens_is_not_waited_for_in_the_step_loop_but_resolved_before_the_states(src, tmp_path):
+    """Edits execute-model-then-sample-tokens / sample-tokens-*: each step's sample_tokens is sent with
+    non_block=True and not read until every step of the batch has been sent; all are read, in order,
+    before _get_captured_states; a worker error in any step is raised from generate()."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    side = Side(src, str(shm))
+    log = []
+    inner = side.gen.executor
+
+    class Executor:
+        fail_at = None
+
+        def collective_rpc(self, method, args=(), unique_reply_rank=None):
+            log.append(("rpc", method))
+            return inner.collective_rpc(method, args=args, unique_reply_rank=unique_reply_rank)
+
+        def execute_model(self, scheduler_output):
+            log.append(("execute", scheduler_output.step))
+            return None
+
+        def sample_tokens(self, grammar_output, non_block=False):
+            assert grammar_output is None
+            log.append(("sample", scheduler_output_step[0], non_block))
+            return _Future(log, scheduler_output_step[0],
+                           RuntimeError("worker failed in step %d" % scheduler_output_step[0])
+                           if self.fail_at == scheduler_output_step[0] else None)
+
+    scheduler_output_step = [0]
+
+    class Scheduler:
+        def __init__(self):
+            self.left, self.finished = 0, []
+
+        def add_request(self, req):
+            self.left += 1
+
+        def schedule(self):
+            if not self.left:
+                return types.SimpleNamespace(total_num_scheduled_tokens=0, num_scheduled_tokens={})
+            self.left -= 1                                     # one request a step
+            scheduler_output_step[0] += 1
+            return types.SimpleNamespace(total_num_scheduled_tokens=10, step=scheduler_output_step[0],
+                                         num_scheduled_tokens={"r%d" % scheduler_output_step[0]: 10})
+
+        def finish_requests(self, ids, status):
+            self.finished.extend(ids)
+
+    side.gen.executor, side.gen.scheduler = Executor(), Scheduler()
+    try:
+        lengths = [30, 20, 25]
+        r, full = side.generate(lengths, steps=3, seed=1)
+        check_results(r, full, lengths)
+        steps = [e for e in log if e[0] in ("execute", "sample", "result")]
+        assert steps == [("execute", 1), ("sample", 1, True), ("execute", 2), ("sample", 2, True),
+                         ("execute", 3), ("sample", 3, True), ("result", 1), ("result", 2), ("result", 3)]
+        assert log.index(("result", 3)) < log.index(("rpc", "_get_captured_states"))
+        assert side.gen.scheduler.finished == ["r1", "r2", "r3"]
+        del r
+        log.clear()
+        side.gen.executor.fail_at = scheduler_output_step[0] + 2       # the second step of the next batch
+        with pytest.raises(RuntimeError, match="worker failed in step"):
+            side.generate([10, 10, 10], steps=3, seed=2)
+        assert ("rpc", "_get_captured_states") not in log
     finally:
         side.close()
 

@@ -144,6 +144,10 @@ HANDOFF_RE = re.compile(r"^remote-ops-hs-(\d+)-")
 PROFILE_PREFIX = "extract-profile "
 # sys.setswitchinterval while writer threads run (--gil-switch-ms): Python's default is 5 ms
 DEFAULT_GIL_SWITCH_MS = 0.5
+# engine steps per generate() call (--batch-steps auto), and how far ahead a step is filled from
+# (--pack-window): see pack_batches
+DEFAULT_BATCH_STEPS = 4
+DEFAULT_PACK_WINDOW = 16
 
 
 class InputError(Exception):
@@ -206,10 +210,19 @@ def build_parser(required=True):
                         "written A:B:...: sample N goes to the ((N // shard count) %% k)-th of the k")
     p.add_argument("--max-samples", type=int, default=None, help="first N samples of the dataset (default: all)")
     p.add_argument("--batch-size", type=int, default=None,
-                   help="at most this many samples per generate() call (default: the scheduler's max_num_seqs)")
+                   help="at most this many samples per engine step (default: the scheduler's max_num_seqs)")
     p.add_argument("--batch-tokens", type=_auto_int, default=None,
-                   help="pack each generate() call up to this many tokens (default or 'auto': the scheduler's "
-                        "token budget; 0: batches of --batch-size samples whatever their lengths)")
+                   help="pack each engine step up to this many tokens (default or 'auto': the scheduler's "
+                        "token budget; 0: generate() calls of --batch-size samples whatever their lengths, "
+                        "in order)")
+    p.add_argument("--batch-steps", type=_auto_int, default=None,
+                   help="engine steps per generate() call (default or 'auto': %d): the generator sends a "
+                        "step while the one before computes, and waits for the GPU once per call"
+                        % DEFAULT_BATCH_STEPS)
+    p.add_argument("--pack-window", type=int, default=DEFAULT_PACK_WINDOW,
+                   help="each step is filled with the longest samples that fit among the next N pending "
+                        "ones, the oldest always first (default %d; 0: in order). Files are still named by "
+                        "sample index; one is written at most N steps out of order" % DEFAULT_PACK_WINDOW)
     p.add_argument("--write-queue-mb", type=float, default=2048,
                    help="bound of the samples waiting for the writer thread, in MiB (default 2048; "
                         "0: write in the main thread, no overlap)")
@@ -247,8 +260,8 @@ def parse_args(argv=None, parser=None):
     p = parser or build_parser()
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)     # the run identity reads the flags given
-    for name, low in (("batch_size", 1), ("batch_tokens", 0), ("tensor_parallel_size", 1), ("max_model_len", 2),
-                      ("writer_threads", 1), ("copy_threads", 1)):
+    for name, low in (("batch_size", 1), ("batch_tokens", 0), ("batch_steps", 1), ("pack_window", 0),
+                      ("tensor_parallel_size", 1), ("max_model_len", 2), ("writer_threads", 1), ("copy_threads", 1)):
         if getattr(args, name) is not None and getattr(args, name) < low:
             raise InputError("--%s must be >= %d, got %d" % (name.replace("_", "-"), low, getattr(args, name)))
     for name in ("write_queue_mb", "progress_seconds", "gil_switch_ms"):
@@ -639,19 +652,65 @@ def engine_budget(generator, max_model_len):
             seqs if ok(seqs) else DEFAULT_MAX_NUM_SEQS)
 
 
-def pack_batches(todo, lengths, max_tokens, max_samples):
-    """Consecutive runs of ``todo`` (in order) of at most ``max_samples`` samples and, unless
-    ``max_tokens`` is 0, at most ``max_tokens`` tokens (a longer sample goes alone)."""
-    batch, tokens = [], 0
-    for i in todo:
-        n = lengths[i]
-        if batch and (len(batch) >= max_samples or (max_tokens and tokens + n > max_tokens)):
-            yield batch
-            batch, tokens = [], 0
-        batch.append(i)
-        tokens += n
-    if batch:
-        yield batch
+def pack_steps(todo, lengths, max_tokens, max_samples, window=0):
+    """Engine steps: lists of samples of ``todo``, each of at most ``max_samples`` samples and, unless
+    ``max_tokens`` is 0, at most ``max_tokens`` tokens (a longer sample goes alone). ``window`` 0:
+    consecutive runs, in order. Otherwise a step takes the oldest pending sample, then, while room is
+    left, the longest that fits among the next ``window`` pending ones: fuller steps (fewer of them),
+    and a sample is taken at most ``window`` steps after its turn. Every sample of ``todo`` comes once."""
+    if not window or not max_tokens:
+        step, tokens = [], 0
+        for i in todo:
+            n = lengths[i]
+            if step and (len(step) >= max_samples or (max_tokens and tokens + n > max_tokens)):
+                yield step
+                step, tokens = [], 0
+            step.append(i)
+            tokens += n
+        if step:
+            yield step
+        return
+    rest, ahead = iter(todo), []
+
+    def refill():
+        while len(ahead) < window:
+            i = next(rest, None)
+            if i is None:
+                return
+            ahead.append(i)
+    refill()
+    while ahead:
+        step = [ahead.pop(0)]
+        tokens = lengths[step[0]]
+        refill()
+        while len(step) < max_samples and ahead:
+            room, best = max_tokens - tokens, None
+            for j, i in enumerate(ahead):
+                if lengths[i] <= room and (best is None or lengths[i] > lengths[ahead[best]]):
+                    best = j
+            if best is None:
+                break
+            i = ahead.pop(best)
+            step.append(i)
+            tokens += lengths[i]
+            refill()
+        yield step
+
+
+def pack_batches(todo, lengths, max_tokens, max_samples, steps=1, window=0):
+    """generate() calls: ``steps`` consecutive engine steps of ``pack_steps`` each, their samples in
+    step order. The generator's scheduler (chunked prefill off) takes waiting prompts in that order
+    and stops a step at the first that does not fit, so the steps it runs are these or fuller; the
+    rows come back in the call's order either way."""
+    call, n = [], 0
+    for step in pack_steps(todo, lengths, max_tokens, max_samples, window):
+        call.extend(step)
+        n += 1
+        if n >= steps:
+            yield call
+            call, n = [], 0
+    if call:
+        yield call
 
 
 # ------------------------------------------------------------------ writing behind the GPU
@@ -1051,15 +1110,19 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
         budget_tokens, budget_seqs = engine_budget(generator, args.max_model_len)
         max_tokens = budget_tokens if args.batch_tokens is None else args.batch_tokens
         max_samples = budget_seqs if args.batch_size is None else args.batch_size
+        # --batch-tokens 0 is the old loop: calls of --batch-size samples, in order
+        steps = 1 if not max_tokens else (getattr(args, "batch_steps", None) or DEFAULT_BATCH_STEPS)
+        window = getattr(args, "pack_window", 0) if max_tokens else 0
         threads = set_copy_threads(torch, getattr(args, "copy_threads", None))
         # at least one writer thread per output directory, so that every disk has a write in flight
         writer_threads = max(getattr(args, "writer_threads", 1), len(dirs))
-        print("generator ready in %.1fs: %s, layers %s, hidden size %d, tensor parallel %d; batches of up to "
-              "%s tokens and %d samples (engine step: %d tokens, %d samples); %d copy thread(s), %d writer "
-              "thread(s)"
-              % (time.time() - t0, args.target_model_path, layer_ids, hidden, args.tensor_parallel_size,
-                 max_tokens or "any", max_samples, budget_tokens, budget_seqs, threads,
-                 writer_threads if args.write_queue_mb else 0), file=out, flush=True)
+        print("generator ready in %.1fs: %s, layers %s, hidden size %d, tensor parallel %d; %d step(s) per "
+              "generate() call, each of up to %s tokens and %d samples%s (engine step: %d tokens, %d samples); "
+              "%d copy thread(s), %d writer thread(s)"
+              % (time.time() - t0, args.target_model_path, layer_ids, hidden, args.tensor_parallel_size, steps,
+                 max_tokens or "any", max_samples, ", filled from the next %d pending" % window if window else "",
+                 budget_tokens, budget_seqs, threads, writer_threads if args.write_queue_mb else 0),
+              file=out, flush=True)
         config = data_config(torch, args, layer_ids, hidden,
                              getattr(generator, "tensor_parallel_size", args.tensor_parallel_size), len(records),
                              shard=shard)
@@ -1083,7 +1146,7 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
             sys.setswitchinterval(gil_ms / 1000.0)
         progress.start()
         said_handoff = False
-        for batch in pack_batches(todo, lengths, max_tokens, max_samples):
+        for batch in pack_batches(todo, lengths, max_tokens, max_samples, steps, window):
             t = time.perf_counter()
             results = generator.generate([records[i]["input_ids"] for i in batch])
             timing["generate_s"] += time.perf_counter() - t

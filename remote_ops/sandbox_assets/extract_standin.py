@@ -101,14 +101,15 @@ def spawn_workers(k, stubborn, clean_env=False):
 
 class StandinGenerator:
     """STAND-IN for speculators' VllmHiddenStatesGenerator: same constructor and generate(), a tiny
-    seeded torch model on the CPU. ``indexes`` maps the n-th generated sample to its data_<N> index
-    (for --crash-at / --hang-at)."""
+    seeded torch model on the CPU. ``indexes`` are the data_<N> indexes still to do and ``prompts``
+    their prompts: a generated prompt is the first of them with its tokens (for --crash-at / --hang-at;
+    without ``prompts``, the n-th generated sample is ``indexes[n]``)."""
 
     # read by the shipped script's hand-off line: a patch of vLLM's worker cannot change this
     remote_ops_no_handoff = "the STAND-IN generator computes them in this process (no vLLM worker to hand them over)"
 
     def __init__(self, model_path, layer_ids, max_model_len, gpu_memory_utilization, tensor_parallel_size,
-                 *, opts, indexes):
+                 *, opts, indexes, prompts=None):
         import torch
         self.torch = torch
         self.model_path = model_path
@@ -120,6 +121,9 @@ class StandinGenerator:
             if layer < 0 or layer >= n:
                 raise ValueError("Layer index %d out of bounds [0, %d]" % (layer, n - 1))
         self.opts, self.indexes, self.count = opts, indexes, 0
+        self.by_prompt = {}
+        for i, ids in zip(indexes, prompts or []):
+            self.by_prompt.setdefault(tuple(ids), []).append(i)
         torch.manual_seed(opts.seed)
         self.emb = torch.nn.Embedding(opts.vocab_size, opts.hidden_size)
         self.blocks = torch.nn.ModuleList(torch.nn.Linear(opts.hidden_size, opts.hidden_size) for _ in range(n))
@@ -146,7 +150,9 @@ class StandinGenerator:
         limit = self.max_model_len - 1
         results = []
         for ids in token_ids:
-            idx = self.indexes[self.count] if self.count < len(self.indexes) else None
+            same = self.by_prompt.get(tuple(list(ids)[: self.max_model_len - 1]))
+            idx = same.pop(0) if same else (self.indexes[self.count] if self.count < len(self.indexes)
+                                            and not self.by_prompt else None)
             self.count += 1
             if self.opts.crash_at is not None and idx == self.opts.crash_at:
                 raise RuntimeError("simulated failure while generating sample %d "
@@ -177,6 +183,24 @@ def byte_tokenizer(model_path):
     return lambda text: {"input_ids": list(text.encode("utf-8"))}
 
 
+def standin_batch_steps(argv):
+    """``argv`` with --batch-steps auto (or absent, or empty) as 1."""
+    out, i, said = [], 0, False
+    while i < len(argv):
+        a = argv[i]
+        if a == "--batch-steps" and i + 1 < len(argv):
+            value, i = argv[i + 1], i + 2
+        elif a.startswith("--batch-steps="):
+            value, i = a.split("=", 1)[1], i + 1
+        else:
+            out.append(a)
+            i += 1
+            continue
+        said = True
+        out += ["--batch-steps", "1" if value.strip().lower() in ("", "auto") else value]
+    return out if said else out + ["--batch-steps", "1"]
+
+
 def synthetic_dataset(args):
     import random
     fd, path = tempfile.mkstemp(prefix="standin-dataset-", suffix=".jsonl")
@@ -203,6 +227,11 @@ def main(argv=None):
             return 2
         print("%s is set (%d characters)" % (name, len(os.environ[name])), flush=True)
     given = list(argv)
+    # "auto" steps a generate() call are the engine's choice: this stand-in's engine takes one. The script's
+    # several steps a call keep a GPU busy while the host works; here they would only make every batch (and
+    # its --sleep, --ticks, files) come in fours. An explicit number is kept.
+    if hasattr(pre, "batch_steps"):         # (an older script has no such flag)
+        argv = standin_batch_steps(argv)
     synthetic = None
     if not pre.dataset:
         synthetic = synthetic_dataset(pre)
@@ -224,8 +253,15 @@ def main(argv=None):
             records = script.read_dataset(args.dataset, args.max_samples)
             shard = getattr(args, "shard", None)      # (a script without --shard, e.g. an older one, takes 2 arguments)
             todo = script.pending_indexes(args.output_dir, len(records), *([shard] if shard else []))
+            # the script may take samples out of order (--pack-window): which sample a prompt is comes from
+            # its tokens, as the script cuts them (samples with the same tokens are taken in order)
+            prompts = None
+            if hasattr(script, "tokenize") and hasattr(script, "truncate"):
+                script.tokenize(records, byte_tokenizer, model_path)
+                script.truncate(records, max_model_len)
+                prompts = [records[i]["input_ids"] for i in todo]
             holder["gen"] = StandinGenerator(model_path, layer_ids, max_model_len, gpu_memory_utilization,
-                                             tensor_parallel_size, opts=args, indexes=todo)
+                                             tensor_parallel_size, opts=args, indexes=todo, prompts=prompts)
             return holder["gen"]
         return {"make_generator": make, "load_tokenizer": byte_tokenizer,
                 "hidden_size_of": lambda model_path: args.hidden_size}
