@@ -87,6 +87,20 @@ def test_huge_file_is_checked_in_bounded_time(tmp_path):
     assert out["exact"] and out["samples"] == 5000 and out["parsed"] == 5000
 
 
+def test_count_moves_on_even_when_its_time_is_already_gone(tmp_path):
+    # a loaded host can reach the count after its deadline: one block is still counted
+    path = tmp_path / "lines.jsonl"
+    path.write_bytes(b'{"text": "x"}\n' * 1000)
+    with open(path, "rb") as fh:
+        samples, ended = dataset_check._count(fh, 7, None, time.monotonic() - 1.0)
+    assert (samples, ended) == (1007, True)
+    big = tmp_path / "big.jsonl"
+    big.write_bytes(b'{"text": "x"}\n' * (3 * dataset_check.BLOCK // 14))
+    with open(big, "rb") as fh:
+        samples, ended = dataset_check._count(fh, 0, None, time.monotonic() - 1.0)
+    assert not ended and 0 < samples < 3 * dataset_check.BLOCK // 14
+
+
 # ------------------------------------------------------------------ over the real sshd
 class Job:
     def __init__(self, tmp_path, sshd, command, data: str | None = "", max_samples=24):

@@ -115,17 +115,22 @@ def check(path, full, max_samples=None, budget=2.0):
 
 
 def _count(fh, samples, max_samples, deadline):
-    """Non-blank lines from here (a lower bound when time ran out); (count, reached the end or max)."""
+    """Non-blank lines from here (a lower bound when time ran out); (count, reached the end or max).
+    At least one block is counted, however late it starts (a loaded host must still move on)."""
     rest = b""
-    while time.monotonic() < deadline:
-        block = fh.read(BLOCK)
-        if not block:
-            return samples + (1 if rest.strip() else 0), True
+    first = True
+    while first or time.monotonic() < deadline:
+        first = False
+        block = fh.read(BLOCK)      # a whole block, or what is left of a file: short means its end
         lines = (rest + block).split(b"\n")
         rest = lines.pop()
         samples += sum(1 for x in lines if x.strip())
+        if len(block) < BLOCK:
+            samples += 1 if rest.strip() else 0
         if max_samples is not None and samples >= max_samples:
             return max_samples, True
+        if len(block) < BLOCK:
+            return samples, True
     return samples, False
 
 
