@@ -543,6 +543,7 @@ class Bench:
         self.scratch = self.work / "throughput"
         self.base_python = args.base_python or sys.executable
         self.t0 = time.monotonic()
+        self.patched_before = False   # the run's copy of speculators carries BEFORE's patch
         self.doc: dict = {"check": "gpu_throughput", "code_rev": args.code_rev,
                           "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                           "settings": {"samples": args.samples, "tokens": [args.min_tokens, args.max_tokens],
@@ -779,13 +780,25 @@ class Bench:
                                                "bytes_per_s": round((n // 64) * (64 << 20) / secs)}}
 
     def part_patch(self, which="after"):
-        """Patch the bundle's speculators with ``which``'s playbook (BEFORE's first, for a_before; then
-        AFTER's on top: its edits that BEFORE already made are found applied, the rest are made)."""
-        r = self.ro("patch", which, "--yes", "--json", timeout=180)
+        """Patch the run's copy of speculators with ``which``'s playbook: BEFORE's first, for the BEFORE
+        parts; then BEFORE's patch rolled back byte for byte (``remote-ops rollback``) and AFTER's made on
+        the files as installed (an edit whose text changed since BEFORE finds neither its old nor its new
+        text on top of BEFORE's: on 6d8387f's first run AFTER's patch failed there, and the AFTER parts ran
+        on BEFORE's generator)."""
         key = "patch" if which == "after" else f"patch_{which}"
-        self.doc[key] = {"rc": r["rc"], "seconds": r["seconds"], "stderr": r["stderr"][-800:]}
+        doc = self.doc[key] = {}
+        if which == "after" and self.patched_before:
+            rb = self.ro("rollback", "before", "--json", timeout=120)
+            doc["rollback_before"] = {"rc": rb["rc"], "seconds": rb["seconds"], "stderr": rb["stderr"][-800:]}
+            if rb["rc"] != 0:
+                doc["rc"] = rb["rc"]
+                raise RuntimeError(f"rollback of BEFORE's patch failed (exit {rb['rc']}): {rb['stderr'][-300:]}")
+            self.patched_before = False
+        r = self.ro("patch", which, "--yes", "--json", timeout=180)
+        doc.update(rc=r["rc"], seconds=r["seconds"], stderr=r["stderr"][-800:])
         if r["rc"] != 0:
             raise RuntimeError(f"patch {which} failed (exit {r['rc']}): {r['stderr'][-300:]}")
+        self.patched_before = which == "before"
 
     def part_a(self, name):
         which = A_HOSTS[name]
@@ -890,6 +903,30 @@ class Bench:
         self.save()
 
 
+def run_parts(b: "Bench", parts: list, plan: dict, standin: bool) -> None:
+    """The parts in order, each on the install its side's playbook patched: BEFORE's for the BEFORE
+    parts, AFTER's for the others (patched once, before the first part that needs it); a part whose
+    patch was not made is skipped, never measured on the other side's code."""
+    patched = []
+    for p in parts:
+        # the install is patched by BEFORE's playbook for a_before, by AFTER's for everything else
+        git = b.doc["before_source"]["source"] == "git"
+        if p == "b_before" and not git:   # the flags stand-in is the old loop of the script: not a generator
+            b.doc["b_generator_before"] = {"skipped": "no BEFORE playbook: " + b.doc["before_source"].get("why", "")}
+            continue
+        want = None if p in UNPATCHED_PARTS or standin else ("before" if p in BEFORE_PARTS and git else "after")
+        key = "patch" if want == "after" else "patch_before"
+        if want and want not in patched:
+            patched.append(want)
+            b.part(key, lambda w=want: b.part_patch(w), 20)
+        if want and (b.doc.get(key) or {}).get("rc") != 0:   # failed or skipped: the part would measure
+            why = (b.doc.get(key) or {}).get("error") or (b.doc.get(key) or {}).get("skipped")  # the other code
+            b.doc[PARTS[p]] = {"skipped": f"{want.upper()}'s patch was not made ({why}): not run"}
+            continue
+        fn, need = plan[p]
+        b.part(PARTS[p], fn, need)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.prepare_before:
@@ -909,19 +946,7 @@ def main(argv=None) -> int:
             **{part: (lambda part=part: b.part_a(part), 70) for part in TMPFS_VARIANTS},
             "a_server": (b.part_a_server, 150),
             "b_before": (lambda: b.part_b("before"), 75), "b": (b.part_b, 75), "c": (b.part_c, 50)}
-    patched = []
-    for p in parts:
-        # the install is patched by BEFORE's playbook for a_before, by AFTER's for everything else
-        git = b.doc["before_source"]["source"] == "git"
-        if p == "b_before" and not git:   # the flags stand-in is the old loop of the script: not a generator
-            b.doc["b_generator_before"] = {"skipped": "no BEFORE playbook: " + b.doc["before_source"].get("why", "")}
-            continue
-        want = None if p in UNPATCHED_PARTS or args.standin else ("before" if p in BEFORE_PARTS and git else "after")
-        if want and want not in patched:
-            patched.append(want)
-            b.part("patch" if want == "after" else "patch_before", lambda w=want: b.part_patch(w), 20)
-        fn, need = plan[p]
-        b.part(PARTS[p], fn, need)
+    run_parts(b, parts, plan, args.standin)
     b.finish()
     tps = {k: (b.doc.get(k) or {}).get("tokens_per_s") for k in ("a_before", "a_before_tmpfs", "a_after", "a_tmpfs",
                                                                   *TMPFS_VARIANTS, "a_2dirs", "a_server",

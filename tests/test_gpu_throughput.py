@@ -350,3 +350,50 @@ def test_each_run_patches_its_own_copy_of_speculators_as_installed(tmp_path):
     copy = b.doc["speculators_copy"]
     assert copy["as_installed"] and copy["restored_from_bundle"] == ["speculators/data_generation/custom_worker.py"]
     assert b"patched by AFTER" in (site / "speculators/data_generation/custom_worker.py").read_bytes()
+
+
+def test_afters_patch_is_made_on_the_files_as_installed_after_befores_is_rolled_back(tmp_path):
+    """BEFORE's patch, then AFTER's: BEFORE's is rolled back first (an edit whose text changed since
+    BEFORE finds neither text on top of it); a failed rollback or patch raises, and nothing is
+    recorded as patched."""
+    b = gt.Bench(gt.parse_args(["--work", str(tmp_path / "w"), "--out", str(tmp_path / "r.json")]))
+    calls, replies = [], {}
+
+    def ro(*args, timeout=300):
+        calls.append(args[:2])
+        return {"rc": replies.get(args[:2], 0), "seconds": 0.1, "stdout": "", "stderr": "boom" if replies.get(args[:2]) else ""}
+    b.ro = ro
+    b.part_patch("before")
+    assert b.patched_before and calls == [("patch", "before")]
+    b.part_patch("after")
+    assert calls[1:] == [("rollback", "before"), ("patch", "after")] and not b.patched_before
+    assert b.doc["patch"]["rc"] == 0 and b.doc["patch"]["rollback_before"]["rc"] == 0
+    # AFTER alone (no BEFORE part): nothing to roll back
+    calls.clear()
+    b.part_patch("after")
+    assert calls == [("patch", "after")]
+    # a rollback that fails: AFTER's patch is not tried, the part's rc says so
+    b.patched_before, replies[("rollback", "before")] = True, 8
+    calls.clear()
+    with pytest.raises(RuntimeError, match="rollback of BEFORE's patch failed"):
+        b.part_patch("after")
+    assert calls == [("rollback", "before")] and b.doc["patch"]["rc"] == 8
+
+
+def test_parts_whose_patch_failed_are_skipped_not_measured_on_the_other_code(tmp_path):
+    b = gt.Bench(gt.parse_args(["--work", str(tmp_path / "w"), "--out", str(tmp_path / "r.json")]))
+    b.doc["before_source"] = {"source": "git"}
+    ran = []
+
+    def patch(which):
+        b.doc["patch" if which == "after" else "patch_before"] = {"rc": 8 if which == "after" else 0}
+        if which == "after":
+            raise RuntimeError("patch after failed (exit 8): anchor not found")
+    b.part_patch = patch
+    plan = {p: ((lambda p=p: ran.append(p) or b.doc.__setitem__(gt.PARTS[p], {"tokens_per_s": 1.0})), 0)
+            for p in ("c", "a_before_tmpfs", "a_tmpfs", "b")}
+    gt.run_parts(b, ["c", "a_before_tmpfs", "a_tmpfs", "b"], plan, standin=False)
+    assert ran == ["c", "a_before_tmpfs"]
+    for key in ("a_tmpfs", "b_generator"):
+        assert b.doc[key]["skipped"].startswith("AFTER's patch was not made (RuntimeError: patch after failed")
+    assert b.doc["patch"]["rc"] == 8 and "error" in b.doc["patch"]

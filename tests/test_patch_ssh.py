@@ -225,6 +225,34 @@ def test_import_check_success_symlink_crlf(workhost, state_dir):
     assert real.read_bytes().endswith(b"VALUE = f(a=1, b=2)\r\n")
 
 
+def test_an_edit_whose_text_changed_since_the_host_was_patched_names_that_patch(workhost, state_dir):
+    """A newer playbook whose edit writes other text than the one that patched the host: its old text
+    is gone and its new one is not there. The refusal names the patch that wrote the file and the way
+    out (rollback, then patch); after the rollback the newer playbook applies."""
+    work, host, sess, book = workhost
+    original = (work / "app" / "mod.py").read_bytes()
+    first = patching.run_host(sess, host, book(
+        "  - path: app/mod.py\n    edits:\n      - id: block\n        replace: {old: 'BLOCK = 16', new: 'BLOCK = 32'}\n"))
+    txid = first["journal"]["txid"]
+    newer = book("  - path: app/mod.py\n    edits:\n      - id: block\n        replace: {old: 'BLOCK = 16', new: 'BLOCK = 64'}\n")
+    patched = snapshot(work)
+    with pytest.raises(RefusedError, match="anchor not found") as info:
+        patching.run_host(sess, host, newer)
+    line = info.value.one_line()
+    assert f"the file is as patch {txid} (playbook {first['playbook']}, " in line, line
+    assert f"run `remote-ops rollback {host.name}` (or --to {txid})" in line
+    assert snapshot(work) == patched and [e["action"] for e in journal(state_dir)] == ["patch"]
+    assert patching.rollback(sess, to=None, force=False)["changed"]
+    assert (work / "app" / "mod.py").read_bytes() == original
+    assert patching.run_host(sess, host, newer)["changed"]
+    assert "BLOCK = 64" in (work / "app" / "mod.py").read_text()
+    # a file no patch of this host wrote (edited by hand): the refusal has no such tail
+    (work / "app" / "mod.py").write_text("BLOCK = 8\n")
+    with pytest.raises(RefusedError, match="anchor not found") as info:
+        patching.run_host(sess, host, newer)
+    assert "remote-ops rollback" not in info.value.one_line()
+
+
 def test_rollback_refuses_when_file_changed(workhost, state_dir):
     work, host, sess, book = workhost
     pb = book("  - module: app.mod\n    edits:\n      - id: ok\n        call: f\n        drop: [b]\n")

@@ -68,6 +68,7 @@ def op_read(args):
         info = package_info(name)          # METADATA headers only (facts.find_distribution)
         packages[name] = info.get("version") if info["present"] else None
     targets = []
+    journal = _read_journal()[0] if args.get("targets") else []   # as far as it reads: apply refuses a corrupt one
     for t in args.get("targets") or []:
         label = t.get("module") or t.get("path")
         found, real, roots = _resolve(t, args.get("workdir"))
@@ -80,6 +81,7 @@ def op_read(args):
             "uid": st.st_uid, "gid": st.st_gid, "nlink": st.st_nlink, "mtime_ns": st.st_mtime_ns,
             "roots": roots, "writable": os.access(real, os.W_OK) or st.st_uid == os.geteuid(),
             "dir_writable": os.access(folder, os.W_OK),
+            "written_by": _written_by(real, _sha(data), journal),
         })
     out = {"python": list(sys.version_info[:3]), "executable": sys.executable,
            "packages": packages, "targets": targets, "recovered": recovered,
@@ -95,6 +97,18 @@ def op_read(args):
             t["data"] = None
         out["data_omitted"] = True
     return out
+
+
+def _written_by(real, sha, journal):
+    """The journal's latest patch that left ``real`` with exactly these bytes: {txid, playbook, when,
+    edits}; None when no patch of this host's journal wrote them (the release's bytes, a hand edit)."""
+    for e in reversed(journal):
+        if e.get("action") != "patch":
+            continue
+        for t in e.get("targets") or []:
+            if t.get("real") == real and t.get("after") == sha:
+                return {k: e.get(k) for k in ("txid", "playbook", "when", "edits")}
+    return None
 
 
 def op_verify(args):

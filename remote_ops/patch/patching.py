@@ -217,6 +217,17 @@ def select(pb: Playbook, patch, packages: dict, text: str | None, present: dict 
     return sel
 
 
+def earlier_patch(by: dict | None, host_name: str) -> str:
+    """The hint's tail when an edit does not apply to a file an earlier patch of this host wrote (an
+    earlier version of the playbook, most often: its edit's new text is not this one's)."""
+    if not by:
+        return ""
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(by["when"])) if by.get("when") else "an unknown time"
+    return (f"; the file is as patch {by.get('txid')} (playbook {by.get('playbook') or 'unnamed'}, {when}) left it: "
+            f"run `remote-ops rollback {host_name}` (or --to {by.get('txid')}) to restore what it replaced, "
+            "then patch again")
+
+
 def check_args(pb: Playbook) -> dict | None:
     if not pb.check:
         return None
@@ -266,7 +277,8 @@ def compute(pb: Playbook, raw: dict, host_name: str) -> PatchPlan:
                                       f"({t['real']})") from None
                 except edits_mod.EditError as exc:
                     raise RefusedError(f"{exc} (playbook {pb.path}:{pb.edit_line(exc.edit_id)})",
-                                       "nothing was changed on the host", host=host_name) from None
+                                       "nothing was changed on the host" + earlier_patch(t.get("written_by"), host_name),
+                                       host=host_name) from None
                 problems = []
                 skipped = []
                 if result.changed:
