@@ -132,6 +132,16 @@ def throughput_section(name: str, d: dict) -> list[str]:
         if not x:
             return "(not run)"
         return x.get("skipped") or x.get("error") or (f"exit {x['rc']}" if x.get("rc") else "")
+    patch = d.get("patch") or {}
+    if patch.get("rc"):
+        after_parts = [k for k in ("a_after", "a_tmpfs", *TMPFS_VARIANT_LABELS, "a_2dirs", "b_generator")
+                       if (d.get(k) or {}).get("tokens_per_s")]
+        out.append(f"**AFTER's patch failed in this run** (exit {patch['rc']}: "
+                   f"{(patch.get('stderr') or patch.get('error') or '').strip()[:400]})"
+                   + (f". The parts after it ({', '.join(after_parts)}) ran on the generator as BEFORE's playbook "
+                      f"patched it, with AFTER's script: their rows below are not AFTER's figures (the harness then "
+                      f"ran them anyway; it now rolls BEFORE's patch back first, and skips a part whose patch was "
+                      f"not made)" if after_parts else "") + ".\n")
     out.append("| part | tokens/s | how measured |\n|---|---|---|")
     out.append(f"| (a) AFTER: remote-ops extract, shipped script | {_rate(a.get('tokens_per_s'))} | "
                f"{a.get('files')} files, {a.get('tokens')} tokens in {a.get('seconds')} s after the engine was up; "
@@ -163,7 +173,10 @@ def throughput_section(name: str, d: dict) -> list[str]:
         out.append(f"| (a) BEFORE: the same, main's script | {_rate(a0.get('tokens_per_s'))} | "
                    f"{a0.get('files')} files, {a0.get('tokens')} tokens in {a0.get('seconds')} s; "
                    f"{_mb(a0.get('bytes_per_s'))} written {why(a0)} |")
-    steps = (f"; {b['steps']} engine steps as packed ({b.get('steps_in_order')} packed in order), "
+    fewest = (-(-(b.get("tokens") or 0) // b["engine_budget"][0]) if b.get("engine_budget") and b.get("tokens")
+              else None)
+    steps = (f"; {b['steps']} engine steps as packed ({b.get('steps_in_order')} packed in order, at least {fewest}: "
+             f"the tokens over the step budget), "
              f"{b['steps_a_call_and_window'][0]} a call, filled from the next {b['steps_a_call_and_window'][1]}"
              if b.get("steps_a_call_and_window") else "")
     out.append(f"| (b) the generator alone, no writes | {_rate(b.get('tokens_per_s'))} | {b.get('batches')} "
@@ -262,6 +275,45 @@ def throughput_section(name: str, d: dict) -> list[str]:
         for k, secs in sorted(prof.items(), key=lambda kv: -kv[1]):
             out.append(f"| {k} | {round(secs, 3)} | {secs / (total if both else x['seconds']):.0%} | {calls.get(k, '')} |")
         out.append("")
+    return out
+
+
+def paired_section(name0: str, d0: dict, name1: str, d1: dict) -> list[str]:
+    """``X_after.json`` beside ``X.json``: a second harness run on the same machine lease that measured
+    AFTER's parts the first could not (its AFTER patch failed). The pair's ratios, if both runs had the
+    same GPU, versions, model shape and dataset; else why they are not paired."""
+    tps = lambda d, k: (d.get(k) or {}).get("tokens_per_s")   # noqa: E731
+    same = {what: (f(d0), f(d1)) for what, f in (
+        ("GPUs", lambda d: d.get("gpus")), ("versions", lambda d: d.get("versions")),
+        ("model", lambda d: {k: (d.get("model") or {}).get(k) for k in ("params", "layers", "hidden")}),
+        ("dataset", lambda d: {k: (d.get("dataset") or {}).get(k) for k in ("samples", "tokens", "max_model_len")}),
+        ("settings", lambda d: d.get("settings")))}
+    differ = [what for what, (x, y) in same.items() if x != y]
+    out = [f"## {name1} with {name0}: AFTER beside (c) and BEFORE of the run before it\n"]
+    if differ:
+        return out + [f"Not paired: the runs differ in {', '.join(differ)}.\n"]
+    c, t0, b0 = tps(d0, "c_vllm_prefill"), tps(d0, "a_before_tmpfs"), tps(d0, "b_generator_before")
+    t, b = tps(d1, "a_tmpfs"), tps(d1, "b_generator")
+    r = lambda x, y: round(x / y, 4) if x and y else None   # noqa: E731
+    ds = d0.get("dataset") or {}
+    out.append(f"- the same GPU ({', '.join(d0.get('gpus') or [])}), versions, model shape ({(d0.get('model') or {}).get('params')} "
+               f"parameters; each run builds it anew from torch.manual_seed(1234): the weights' hashes are not recorded, so "
+               f"that they are the same tensors is not checked - it matters little for a speed) and "
+               f"dataset ({ds.get('samples')} samples, {ds.get('tokens')} tokens); runs started {d0.get('started_at')} "
+               f"and {d1.get('started_at')}, remote-ops commits {d0.get('code_rev')} and {d1.get('code_rev')}")
+    out.append(f"- (c) {_rate(c)}, BEFORE on a tmpfs {_rate(t0)}, BEFORE's generator alone {_rate(b0)} tokens/s "
+               f"(from {name0}); AFTER on a tmpfs {_rate(t)}, AFTER's generator alone {_rate(b)} tokens/s (from {name1})\n")
+    out.append("| ratio | value |\n|---|---|")
+    out.append(f"| (a) AFTER on a tmpfs / (c) (goal 0.8) | {r(t, c)} |")
+    out.append(f"| (b) AFTER / (c) | {r(b, c)} |")
+    out.append(f"| (a) on a tmpfs AFTER / BEFORE | {r(t, t0)} |")
+    out.append(f"| (b) AFTER / BEFORE | {r(b, b0)} |")
+    p0 = d0.get("patch") or {}
+    b_mixed = tps(d0, "b_generator")
+    if p0.get("rc") and b_mixed:
+        out.append(f"| (b) AFTER / AFTER's batches over BEFORE's generator ({name0}'s (b), run after its AFTER patch "
+                   f"failed): what the playbook's generator edits since BEFORE add at the same batches | {r(b, b_mixed)} |")
+    out.append("")
     return out
 
 
@@ -617,6 +669,11 @@ def main() -> int:
         print()
     for name, d in throughput:
         print("\n".join(throughput_section(name, d)))
+    docs = dict(throughput)
+    for name, d in throughput:
+        first = name.replace("_after.json", ".json")
+        if name.endswith("_after.json") and first in docs:
+            print("\n".join(paired_section(first, docs[first], name, d)))
     if model_files:
         print("\n".join(render_models(model_files)))
     flows_files = sorted(RESULTS.glob("gpu_flows_*.json"))

@@ -397,3 +397,22 @@ def test_parts_whose_patch_failed_are_skipped_not_measured_on_the_other_code(tmp
     for key in ("a_tmpfs", "b_generator"):
         assert b.doc[key]["skipped"].startswith("AFTER's patch was not made (RuntimeError: patch after failed")
     assert b.doc["patch"]["rc"] == 8 and "error" in b.doc["patch"]
+
+
+def test_a_failed_after_patch_is_said_and_a_second_run_is_paired_with_the_first():
+    base = {"gpus": ["G"], "versions": {"vllm": "0.20.0"}, "model": {"params": 5, "layers": 2, "hidden": 8},
+            "dataset": {"samples": 10, "tokens": 100, "max_model_len": 64}, "settings": {"samples": 10}}
+    first = {**base, "code_rev": "r1", "patch": {"rc": 8, "stderr": "anchor not found"},
+             "c_vllm_prefill": {"tokens_per_s": 200.0}, "a_before_tmpfs": {"tokens_per_s": 100.0},
+             "b_generator_before": {"tokens_per_s": 110.0}, "b_generator": {"tokens_per_s": 120.0},
+             "a_tmpfs": {"tokens_per_s": 101.0}}
+    text = "\n".join(gpu_results.throughput_section("x.json", first))
+    assert "**AFTER's patch failed in this run** (exit 8: anchor not found). The parts after it (a_tmpfs, b_generator)" in text
+    second = {**base, "code_rev": "r1", "a_tmpfs": {"tokens_per_s": 170.0}, "b_generator": {"tokens_per_s": 190.0}}
+    assert "AFTER's patch failed" not in "\n".join(gpu_results.throughput_section("x_after.json", second))
+    pair = "\n".join(gpu_results.paired_section("x.json", first, "x_after.json", second))
+    assert "| (a) AFTER on a tmpfs / (c) (goal 0.8) | 0.85 |" in pair and "| (b) AFTER / (c) | 0.95 |" in pair
+    assert "| (a) on a tmpfs AFTER / BEFORE | 1.7 |" in pair and "| (b) AFTER / BEFORE | 1.7273 |" in pair
+    assert "what the playbook's generator edits since BEFORE add at the same batches | 1.5833 |" in pair
+    other = {**second, "dataset": {**base["dataset"], "tokens": 99}}
+    assert "Not paired: the runs differ in dataset." in "\n".join(gpu_results.paired_section("x.json", first, "y.json", other))
