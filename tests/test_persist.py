@@ -72,6 +72,9 @@ def muxdir(monkeypatch, tmp_path):
         return not pids
     time.sleep(0.3)
     assert wait_until(kill_all, 20), "a mux process outlived its test"
+    log = Path(d) / "mux.log"          # shown by pytest with a failed test's output (what the mux said)
+    if log.is_file():
+        print(f"--- {log}\n{log.read_text(errors='replace')[-4000:]}")
     shutil.rmtree(d, ignore_errors=True)
 
 
@@ -516,3 +519,26 @@ def test_a_mux_started_while_the_old_one_exits_waits_for_it_and_serves(sshd_log,
     with Session(host, ConnectOptions(persist=30)) as sess:
         assert sess.call("ping.ping", {"echo": 2})["echo"] == 2
         assert sess.stats.connects == 0 and sess.stats.mux_execs == 1
+
+
+def test_a_command_that_ends_before_reading_its_stdin_is_reported_by_its_exit_not_a_broken_pipe():
+    """The mux relays the end of a command that exited before its stdin came (its stderr, its exit
+    status) and closes the client's connection: the client's stdin then finds a broken pipe, and the
+    status is still read (a mux that died instead is a lost link: EOF)."""
+    import json as _json
+    import socket
+    client, keeper = socket.socketpair()
+    mux.send_frame(keeper, b"R", b"bash: /nope/python3: No such file or directory\n")
+    mux.send_frame(keeper, b"S", _json.dumps({"status": 127}).encode())
+    keeper.close()
+    chan = mux.MuxChannel(client)
+    chan.sendall(b"x" * (1 << 20))          # more than the socket buffers: the peer is gone
+    chan.shutdown_write()
+    assert chan.recv(65536) == b"" and chan.recv_exit_status() == 127
+    assert b"No such file" in chan.recv_stderr(65536)
+    client, keeper = socket.socketpair()
+    keeper.close()
+    chan = mux.MuxChannel(client)
+    chan.sendall(b"request")
+    with pytest.raises(EOFError, match="went away"):
+        chan.recv(65536)

@@ -244,12 +244,25 @@ class MuxChannel:
         self.sock = sock
         self._stderr = b""
         self._status: int | None = None
+        self._stdin_gone = False
 
     def sendall(self, data: bytes) -> None:
-        send_frame(self.sock, b"I", data)
+        self._send(b"I", data)
 
     def shutdown_write(self) -> None:
-        send_frame(self.sock, b"E")
+        self._send(b"E")
+
+    def _send(self, kind: bytes, data: bytes = b"") -> None:
+        """A frame of stdin; none once the mux has ended this exec: a command that exits before reading
+        its stdin (an interpreter not found) ends it, and what the mux sent before closing (the exit
+        status, stderr) is still there to read, so the caller reports that, not a broken pipe. A mux
+        that died sent nothing: recv() then fails as a lost link."""
+        if self._stdin_gone:
+            return
+        try:
+            send_frame(self.sock, kind, data)
+        except (BrokenPipeError, ConnectionResetError):
+            self._stdin_gone = True
 
     def recv(self, _n: int) -> bytes:
         """The next stdout chunk; b"" at the end (socket.timeout, EOFError, OSError as paramiko)."""
