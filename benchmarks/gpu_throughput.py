@@ -138,7 +138,7 @@ print(json.dumps({"params": total, "decoder_params": total - emb, "layers": cfg.
 '''
 
 GEN_ALONE = r'''
-import importlib.util, json, sys, time
+import importlib.util, json, os, sys, time
 from collections import defaultdict
 if __name__ == "__main__":
     script, model, dataset, max_model_len, batch_size, util, out, count_deadline = sys.argv[1:9]
@@ -156,7 +156,14 @@ if __name__ == "__main__":
     threads = ehs.set_copy_threads(torch, None)          # as the script does once the engine is up
     budget_tokens, budget_seqs = ehs.engine_budget(gen, max_model_len)
     # the script's own defaults: steps a call and packing window where it has them (BEFORE's has neither)
-    own = (ehs.DEFAULT_BATCH_STEPS, ehs.DEFAULT_PACK_WINDOW) if hasattr(ehs, "DEFAULT_BATCH_STEPS") else ()
+    try:                                                  # the model's width, as auto_batch_steps wants it
+        cfg = json.load(open(os.path.join(model, "config.json")))
+        hidden = cfg.get("hidden_size") or (cfg.get("text_config") or {}).get("hidden_size") or 0
+    except (OSError, ValueError):
+        hidden = 0                                        # (then auto_batch_steps gives its default)
+    auto = (ehs.auto_batch_steps(budget_tokens, len(gen.layer_ids), hidden) if hasattr(ehs, "auto_batch_steps")
+            else getattr(ehs, "DEFAULT_BATCH_STEPS", None))
+    own = (auto, ehs.DEFAULT_PACK_WINDOW) if hasattr(ehs, "DEFAULT_BATCH_STEPS") else ()
     batches = list(ehs.pack_batches(list(range(len(records))), lengths, budget_tokens, batch_size, *own))
     prof, calls = defaultdict(float), defaultdict(int)
     ex, sched = gen.executor, gen.scheduler
@@ -219,7 +226,7 @@ if __name__ == "__main__":
 '''
 
 LLM_PREFILL = r'''
-import importlib.util, json, sys, time
+import importlib.util, json, os, sys, time
 if __name__ == "__main__":
     script, model, dataset, max_model_len, budget, util, out = sys.argv[1:8]
     spec = importlib.util.spec_from_file_location("ehs", script)

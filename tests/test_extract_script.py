@@ -442,6 +442,36 @@ def test_batch_steps_and_pack_window_are_checked():
     assert args.batch_steps is None and args.pack_window == ehs.DEFAULT_PACK_WINDOW
 
 
+def test_auto_batch_steps_keep_a_calls_captured_states_within_the_budget():
+    gib = 1 << 30
+    assert ehs.auto_batch_steps(8192, 4, 2048) == ehs.DEFAULT_BATCH_STEPS == 4    # 128 MiB a step
+    assert ehs.auto_batch_steps(8192, 4, 7168) == 2          # Kimi-K2.5: 448 MiB a step
+    assert ehs.auto_batch_steps(8192, 4, 16384) == 1         # 1 GiB a step: one, never none
+    assert ehs.auto_batch_steps(65536, 8, 16384) == 1
+    assert ehs.auto_batch_steps(8192, 4, 7168, budget=4 * gib) == 4
+    assert ehs.auto_batch_steps(0, 4, 7168) == ehs.DEFAULT_BATCH_STEPS
+
+
+def test_auto_steps_follow_the_capture_budget_and_the_ready_line_says_so(tmp_path, capsys, monkeypatch):
+    rows = [{"input_ids": [(i % 50) + 1] * n} for i, n in enumerate([4, 4, 4, 9, 2, 2, 2, 2, 12, 7, 3, 1])]
+    ds = write_jsonl(tmp_path / "ds.jsonl", rows)
+    lo = {**loaders(), "make_generator": lambda *a: BudgetGenerator(*a)}     # steps of 10 tokens, 3 samples
+    # 10 tokens x 4 layers x hidden 8 x 2 bytes = 640 bytes a step: a budget of 1,300 allows 2 steps a call
+    monkeypatch.setattr(ehs, "CAPTURE_BUDGET_BYTES", 1300)
+    argv = ["--target-model-path", "m", "--dataset", str(ds), "--output-dir", str(tmp_path / "out")]
+    assert ehs.main(argv, None, lambda args: lo) == 0
+    out = capsys.readouterr().out
+    assert "2 step(s) per generate() call" in out and "auto: 2 steps a call keep a call's captured states within 0 MiB" in out
+    lengths = [len(r["input_ids"]) for r in rows]
+    want = list(ehs.pack_batches(list(range(len(rows))), lengths, 10, 3, 2, ehs.DEFAULT_PACK_WINDOW))
+    assert [[len(ids) for ids in c] for c in FakeGenerator.made[-1].calls] == [[lengths[i] for i in b] for b in want]
+    # an explicit --batch-steps is taken as given
+    argv = ["--target-model-path", "m", "--dataset", str(ds), "--output-dir", str(tmp_path / "out3"), "--batch-steps", "3"]
+    assert ehs.main(argv, None, lambda args: lo) == 0
+    out = capsys.readouterr().out
+    assert "3 step(s) per generate() call" in out and "auto:" not in out
+
+
 class BudgetGenerator(FakeGenerator):
     """TEST FAKE exposing a scheduler with the attribute names of vLLM 0.20.0's Scheduler."""
 

@@ -148,6 +148,19 @@ DEFAULT_GIL_SWITCH_MS = 0.5
 # (--pack-window): see pack_batches
 DEFAULT_BATCH_STEPS = 4
 DEFAULT_PACK_WINDOW = 16
+# --batch-steps auto: DEFAULT_BATCH_STEPS, fewer where a call's captured states (kept on the GPU until the
+# call ends: steps x step tokens x layers x hidden x 2 bytes) would pass this (auto_batch_steps)
+CAPTURE_BUDGET_BYTES = 1 << 30
+
+
+def auto_batch_steps(step_tokens, layers, hidden, budget=None):
+    """Engine steps per generate() call for --batch-steps auto: up to DEFAULT_BATCH_STEPS while the
+    call's captured states stay within ``budget`` bytes a GPU, and at least one (Kimi-K2.5's 4 layers x
+    7,168 at 8,192 tokens a step: 2; a 2,048-wide model's: 4)."""
+    per_step = int(step_tokens) * int(layers) * int(hidden) * 2
+    if per_step <= 0:
+        return DEFAULT_BATCH_STEPS
+    return max(1, min(DEFAULT_BATCH_STEPS, (CAPTURE_BUDGET_BYTES if budget is None else budget) // per_step))
 
 
 class InputError(Exception):
@@ -216,9 +229,10 @@ def build_parser(required=True):
                         "token budget; 0: generate() calls of --batch-size samples whatever their lengths, "
                         "in order)")
     p.add_argument("--batch-steps", type=_auto_int, default=None,
-                   help="engine steps per generate() call (default or 'auto': %d): the generator sends a "
-                        "step while the one before computes, and waits for the GPU once per call"
-                        % DEFAULT_BATCH_STEPS)
+                   help="engine steps per generate() call (default or 'auto': %d, fewer where a call's "
+                        "captured states, kept on the GPU until it ends, would pass %d MiB): the generator "
+                        "sends a step while the one before computes, and waits for the GPU once per call"
+                        % (DEFAULT_BATCH_STEPS, CAPTURE_BUDGET_BYTES >> 20))
     p.add_argument("--pack-window", type=int, default=DEFAULT_PACK_WINDOW,
                    help="each step is filled with the longest samples that fit among the next N pending "
                         "ones, the oldest always first (default %d; 0: in order). Files are still named by "
@@ -1111,17 +1125,22 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
         max_tokens = budget_tokens if args.batch_tokens is None else args.batch_tokens
         max_samples = budget_seqs if args.batch_size is None else args.batch_size
         # --batch-tokens 0 is the old loop: calls of --batch-size samples, in order
-        steps = 1 if not max_tokens else (getattr(args, "batch_steps", None) or DEFAULT_BATCH_STEPS)
+        steps = 1 if not max_tokens else (getattr(args, "batch_steps", None)
+                                          or auto_batch_steps(max_tokens, len(layer_ids), hidden))
         window = getattr(args, "pack_window", 0) if max_tokens else 0
         threads = set_copy_threads(torch, getattr(args, "copy_threads", None))
         # at least one writer thread per output directory, so that every disk has a write in flight
         writer_threads = max(getattr(args, "writer_threads", 1), len(dirs))
         print("generator ready in %.1fs: %s, layers %s, hidden size %d, tensor parallel %d; %d step(s) per "
-              "generate() call, each of up to %s tokens and %d samples%s (engine step: %d tokens, %d samples); "
+              "generate() call, each of up to %s tokens and %d samples%s (engine step: %d tokens, %d samples%s); "
               "%d copy thread(s), %d writer thread(s)"
               % (time.time() - t0, args.target_model_path, layer_ids, hidden, args.tensor_parallel_size, steps,
                  max_tokens or "any", max_samples, ", filled from the next %d pending" % window if window else "",
-                 budget_tokens, budget_seqs, threads, writer_threads if args.write_queue_mb else 0),
+                 budget_tokens, budget_seqs,
+                 "; auto: %d steps a call keep a call's captured states within %d MiB a GPU"
+                 % (steps, CAPTURE_BUDGET_BYTES >> 20)
+                 if max_tokens and not getattr(args, "batch_steps", None) and steps < DEFAULT_BATCH_STEPS else "",
+                 threads, writer_threads if args.write_queue_mb else 0),
               file=out, flush=True)
         config = data_config(torch, args, layer_ids, hidden,
                              getattr(generator, "tensor_parallel_size", args.tensor_parallel_size), len(records),
