@@ -290,3 +290,39 @@ def test_edit_that_does_not_fix_what_it_claims_is_refused_on_the_host(sshd, fres
     assert "still has 1 finding" in err and "eos_token_id" in err
     assert target.read_bytes() == original
     assert journal(state_dir) == []
+
+
+@pytest.mark.long
+def test_a_host_patched_by_an_earlier_playbook_is_told_to_roll_back_then_takes_the_new_one(
+        sshd, fresh_env017, state_dir, tmp_path):
+    """The upgrade path on the real speculators 0.3.0 sources: the shipped playbook of an earlier
+    remote-ops (7a3c5d8, before the generator's non-blocking sample_tokens) patched the host; today's
+    playbook rewrote one of its edits' texts, so it finds neither text there. It refuses, naming the
+    earlier patch and `remote-ops rollback`; after the rollback it applies, and the file is exactly
+    what today's playbook makes of the release."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gt", REPO / "benchmarks" / "gpu_throughput.py")
+    gt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gt)
+    if gt.prepare_before(gt.BEFORE_REV, tmp_path / "before") is None:
+        pytest.skip(f"git cannot show {gt.BEFORE_REV} here (not a clone with history)")
+    earlier = playbook.load(tmp_path / "before" / "playbooks" / SHIPPED.name)
+    target = site_file(fresh_env017, GEN)
+    release = target.read_bytes()
+    host = sshd.host(python=str(fresh_env017), env={"REMOTE_OPS_STATE_DIR": str(state_dir)})
+    from remote_ops.connect.transport import ConnectOptions, Session
+    with Session(host, ConnectOptions()).open() as sess:
+        first = patching.run_host(sess, host, earlier)
+        assert first["changed"]
+        by_earlier = target.read_bytes()
+        with pytest.raises(RefusedError, match="anchor not found") as info:
+            patching.run_host(sess, host, playbook.load(SHIPPED))
+        line = info.value.one_line()
+        assert f"the file is as patch {first['journal']['txid']} (playbook {first['playbook']}, " in line, line
+        assert f"run `remote-ops rollback {host.name}`" in line
+        assert target.read_bytes() == by_earlier
+        assert patching.rollback(sess, to=None, force=False)["changed"]
+        assert target.read_bytes() == release
+        assert patching.run_host(sess, host, playbook.load(SHIPPED))["changed"]
+        assert b"non_block=True" in target.read_bytes()
+    assert [e["action"] for e in journal(state_dir)] == ["patch", "rollback", "patch"]
