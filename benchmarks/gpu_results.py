@@ -625,7 +625,10 @@ def render_plan_check(name: str, d: dict) -> list[str]:
     out = [f"## Launch plan's measures on the GPU machine: {name}\n",
            f"- written by `benchmarks/plan_check.py`; directory {d.get('dir')} (filesystem "
            f"{(d.get('fs') or {}).get('key')}); temporaries left behind: {len(d.get('leftovers') or [])}",
-           f"- GPU peak: {'; '.join(peaks) or '-'}; efficiency (c)/(d) {d.get('efficiency')}\n",
+           f"- GPU peak: {'; '.join(peaks) or '-'}; efficiency (c)/(d) " + (
+               str(d.get("efficiency")) if "efficiency" in d else "by model size: " + ", ".join(
+                   f"{p.get('factor')} at {p.get('active_params', 0) / 1e9:.2f}B" for p in d.get("efficiency_points") or []))
+           + "\n",
            "| run | plan's write test | dd oflag=direct | dd conv=fsync | write test / dd direct |",
            "|---|---|---|---|---|"]
     for i, r in enumerate(d.get("runs") or [], 1):

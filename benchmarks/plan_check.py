@@ -60,7 +60,7 @@ def main() -> int:
     gpus = [{"name": n.strip(), "table": plan.gpu_peak(n.strip())} for n in names if n.strip()]
     leftovers = [n for n in os.listdir(d) if n.startswith(diskspeed.PREFIX) or n.startswith(".plan-check-dd-")]
     print(json.dumps({"dir": d, "fs": diskspeed.fs_key(d), "runs": runs, "gpus": gpus, "leftovers": leftovers,
-                      "efficiency": plan.peaks()["efficiency"]["factor"]}, indent=1))
+                      "efficiency_points": plan.peaks()["efficiency"]["points"]}, indent=1))
     return 0
 
 

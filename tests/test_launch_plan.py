@@ -167,7 +167,7 @@ def test_the_plans_figures_are_the_recorded_statvfs_and_write_test(tmp_path, mon
     assert p.bytes == diskneed.need_bytes(2048, 4, tokens, 10) == need["need_bytes"]
     assert p.disk_bytes_per_s == 1_250_000_000 and p.disk_hours == p.bytes / 1.25e9 / 3600
     assert p.disk_speed["age_s"] == 120.0 and p.disk_speed["cached"] is True
-    eff = P.peaks()["efficiency"]["factor"]
+    eff = P.efficiency_for(968_884_224)["factor"]
     assert [g["model"] for g in p.gpus] == ["H200 SXM"] * 2            # gpu_count 2 of the host's 8
     assert p.flops_per_token == 2 * 968_884_224
     assert p.compute_hours == pytest.approx(tokens * 2 * 968_884_224 / (2 * 989.5e12 * eff) / 3600, rel=1e-12)
@@ -175,7 +175,8 @@ def test_the_plans_figures_are_the_recorded_statvfs_and_write_test(tmp_path, mon
     line = plan_line(p.to_json())
     assert line.startswith(f"plan: 10 samples, {tokens:,} tokens (exact), ")
     assert "writes 1.25 GB/s (cached 2m00s ago)" in line and line.endswith("bound: disk")
-    assert f"{P.peaks()['efficiency']['factor']:g} of peak" in line and "2 x H200 SXM" in line
+    assert f"{eff:g} of peak as measured on a dense model of 0.97B parameters" in line and "2 x H200 SXM" in line
+    assert p.efficiency_from.startswith("dense model of 0.97B parameters, median of ")
 
 
 def test_a_slow_gpu_table_entry_makes_it_compute_bound(tmp_path, monkeypatch):
@@ -203,11 +204,26 @@ def test_an_unknown_gpu_or_model_leaves_the_compute_bound_unknown(tmp_path, monk
 def test_every_table_figure_has_a_source():
     data = P.peaks()
     assert all(e["source"].startswith("http") and e["bf16_dense_tflops"] > 0 for e in data["gpus"])
-    assert "benchmarks/GPU_RESULTS.md" in data["efficiency"]["source"]
-    section = data["efficiency"]["source"].split("section '")[1].split("'")[0]
-    results = (P.PEAKS_FILE.parents[2] / "benchmarks" / "GPU_RESULTS.md").read_text()
-    body = results.split(f"## {section}\n")[1].split("\n## ")[0]
-    assert f"(c)/(d) {data['efficiency']['factor']}" in body
+    # the efficiency points are the committed GPU results' (c)/(d), as benchmarks/plan_efficiency.py
+    # computes them now: the table cannot drift from the results, nor the markdown from either
+    import importlib.util
+    root = P.PEAKS_FILE.parents[2]
+    spec = importlib.util.spec_from_file_location("plan_efficiency", root / "benchmarks" / "plan_efficiency.py")
+    pe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pe)
+    runs = pe.runs()
+    assert data["efficiency"]["points"] == pe.points(runs) and len(runs) >= 2
+    assert (root / "benchmarks" / "PLAN_EFFICIENCY.md").read_text() == pe.markdown(runs, pe.points(runs))
+    assert all(0 < p["factor"] < 1 and p["source"].startswith("benchmarks/PLAN_EFFICIENCY.md") for p in data["efficiency"]["points"])
+
+
+def test_the_efficiency_is_the_point_nearest_the_models_size():
+    pts = sorted(P.peaks()["efficiency"]["points"], key=lambda p: p["active_params"])
+    small, large = pts[0], pts[-1]
+    assert P.efficiency_for(small["active_params"]) == small and P.efficiency_for(1) == small
+    assert P.efficiency_for(large["active_params"] * 1000) == large           # beyond the largest: the largest's
+    mid = int((small["active_params"] * large["active_params"]) ** 0.5)    # the geometric middle splits them
+    assert P.efficiency_for(int(mid * 0.9)) == small and P.efficiency_for(int(mid * 1.1)) == large
 
 
 def test_the_preflight_plan_and_the_refusal_share_the_numbers(tmp_path, monkeypatch):

@@ -4,7 +4,7 @@ and which of the two bounds it; and, for a running job, which bound it is at.
 ``build`` computes the plan from the preflight's agent answers (the disk need of agent/job/diskneed.py,
 the disk's write speed of agent/job/diskspeed.py, the model's active parameters of
 agent/job/activeparams.py, nvidia-smi's GPU names) and the GPU table ``gpu_peaks.json`` (dense BF16
-peaks with their sources, and the efficiency factor with where it was measured). The disk figures are the
+peaks with their sources, and the efficiency points by model size with where they were measured). The disk figures are the
 disk need's own (the refusal of a job that cannot fit uses the same numbers). The CLI renders the plan.
 """
 
@@ -39,6 +39,15 @@ def gpu_peak(name: str | None) -> dict | None:
     return None
 
 
+def efficiency_for(active_params: int) -> dict:
+    """The table's efficiency point nearest ``active_params`` on a log scale ({active_params, factor,
+    source, ...}): the share of the dense BF16 peak vLLM's prefill reached on a model of about that size
+    (benchmarks/plan_efficiency.py writes the points; beyond the largest, the largest's)."""
+    import math
+    pts = peaks()["efficiency"]["points"]
+    return min(pts, key=lambda p: abs(math.log(max(active_params, 1) / p["active_params"])))
+
+
 @dataclass(frozen=True)
 class Plan:
     samples: int | None = None
@@ -59,6 +68,7 @@ class Plan:
     params_how: str | None = None
     flops_per_token: int | None = None
     efficiency: float | None = None
+    efficiency_from: str | None = None     # the measured point it comes from (efficiency_for)
     compute_tokens_per_s: float | None = None
     compute_hours: float | None = None
     compute_unknown: str | None = None
@@ -100,7 +110,8 @@ def build(need: dict | None, speed: dict | None, gpu: dict | None, gpu_count: in
 
 def _compute(active: dict, gpu: dict, gpu_count: int | None, tokens: int) -> dict:
     """The compute bound's fields: FLOPs per token = 2 x active parameters, over the job's GPUs' dense
-    BF16 peak times the table's efficiency factor; ``compute_unknown`` says what is missing."""
+    BF16 peak times the table's efficiency for a model of that size (efficiency_for); ``compute_unknown``
+    says what is missing."""
     out: dict = {}
     if active.get("active_params"):
         out.update(active_params=active["active_params"], params_how=active.get("how"),
@@ -118,9 +129,12 @@ def _compute(active: dict, gpu: dict, gpu_count: int | None, tokens: int) -> dic
         names = sorted({g["name"] for g in out["gpus"] if "bf16_dense_tflops" not in g})
         out["compute_unknown"] = f"no peak figure for {', '.join(map(str, names))} in {PEAKS_FILE.name}"
     else:
-        eff = peaks()["efficiency"]["factor"]
+        point = efficiency_for(active["active_params"])
+        eff = point["factor"]
         flops = sum(g["bf16_dense_tflops"] for g in out["gpus"]) * 1e12 * eff
-        out.update(efficiency=eff, compute_tokens_per_s=round(flops / out["flops_per_token"], 1),
+        out.update(efficiency=eff, efficiency_from=(f"dense model of {point['active_params'] / 1e9:.2f}B "
+                                                    f"parameters, median of {point['runs']} run(s) on {point['gpu']}"),
+                   compute_tokens_per_s=round(flops / out["flops_per_token"], 1),
                    compute_hours=tokens * out["flops_per_token"] / flops / 3600)
     return out
 
