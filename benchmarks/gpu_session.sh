@@ -19,6 +19,7 @@
 #                                                     # (setsid: the call may return), log $E2E/batch/
 #   bash benchmarks/gpu_session.sh collect SECONDS    # wait until the batch ends or SECONDS pass, then
 #                                                     # pack $E2E/batch into $OUT/batch.tar.gz
+#   bash benchmarks/gpu_session.sh stop               # end the batch: every process of its session
 #   PLAN: benchmarks/gpu_plan.txt by default: one harness command a line, with DEADLINE (epoch seconds
 #   the batch must end by, from BATCH_SECONDS) and REV substituted; a line starting with "if-time N"
 #   runs only when N seconds are left before DEADLINE.
@@ -98,7 +99,15 @@ case "${1:-}" in
     unpack
     mkdir -p "$E2E/batch/results"
     setsid nohup bash "$0" batch-run "$plan" > "$E2E/batch/batch.log" 2>&1 < /dev/null &
+    echo $! > "$E2E/batch/pid"                       # setsid: its pid is the session id of everything it runs
     echo "batch started: pid $!, plan $plan" ;;
+  stop)   # end the batch and everything it started (its session), then say what GPU memory is left
+    sid="$(cat "$E2E/batch/pid" 2>/dev/null || true)"
+    if [ -n "$sid" ]; then
+      pkill -TERM -s "$sid" || true; sleep 5; pkill -KILL -s "$sid" || true
+      echo "stopped session $sid" >> "$E2E/batch/status"
+    fi
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null || true ;;
   batch-run) batch_run "$2" ;;
   collect) collect "${2:-480}" ;;
   run)
