@@ -1200,7 +1200,7 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
         timing["drain_s"] = time.perf_counter() - t
         progress.poll()
         progress.emit()
-        emit_profile(out, progress, timing, writer, generator, gil_ms or (None if gil_ms is None else 0))
+        emit_profile(out, progress, timing, writer, generator, gil_ms)
     except BaseException as exc:
         if writer is not None and writer.error is None:
             try:    # the samples already checked and queued are written before the run stops
