@@ -1134,3 +1134,21 @@ def test_the_profile_counts_the_generators_hand_off_slots(tmp_path, capsys):
     argv = ["--target-model-path", "m", "--dataset", str(ds), "--output-dir", str(tmp_path / "out"), *ONE_STEP]
     assert ehs.main(argv, None, lambda a: {**loaders(), "make_generator": lambda *x: Slots(*x)}) == 0
     assert profile_lines(capsys.readouterr().out)[-1]["slots"] == {"slots": 2, "files": 3, "all_held": 1}
+
+
+def test_save_times_keep_bounded_memory_and_quantiles_within_one_percent():
+    import random
+    rng = random.Random(7)
+    times = [rng.lognormvariate(-3.5, 0.6) for _ in range(20_000)]
+    st = ehs.SaveTimes()
+    for t in times:
+        st.add(t)
+    assert st.count == 20_000 and abs(st.total - sum(times)) < 1e-9
+    exact = sorted(times)
+    for f in (0.0, 0.5, 0.9, 0.99):
+        want = exact[min(len(exact) - 1, int(f * len(exact)))]
+        assert abs(st.quantile(f) / want - 1) < 0.0101, f
+    assert len(st._buckets) < 400                       # not one entry per file
+    one = ehs.SaveTimes()
+    one.add(0.025)
+    assert abs(one.quantile(0.5) / 0.025 - 1) < 0.0101 and one.quantile(0.9) == one.quantile(0.5)

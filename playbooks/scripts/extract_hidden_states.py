@@ -118,6 +118,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import math
 import os
 import re
 import shutil
@@ -728,6 +729,32 @@ def pack_batches(todo, lengths, max_tokens, max_samples, steps=1, window=0):
 
 
 # ------------------------------------------------------------------ writing behind the GPU
+class SaveTimes:
+    """The writer's save durations in bounded memory, however many files a run writes: their count and
+    sum, and a histogram of buckets RATIO wide (a quantile is its bucket's geometric middle: within 1 %
+    of the exact one)."""
+
+    RATIO = 1.02
+
+    def __init__(self):
+        self.count, self.total, self._buckets = 0, 0.0, {}
+
+    def add(self, seconds):
+        self.count += 1
+        self.total += seconds
+        k = math.floor(math.log(max(seconds, 1e-9), self.RATIO))
+        self._buckets[k] = self._buckets.get(k, 0) + 1
+
+    def quantile(self, f):
+        """The duration below which a share ``f`` of the saves fall (the ``int(f * count)``-th, 0-based)."""
+        want, seen = min(self.count - 1, int(f * self.count)), 0
+        for k in sorted(self._buckets):
+            seen += self._buckets[k]
+            if seen > want:
+                return self.RATIO ** (k + 0.5)
+        return None
+
+
 class Writer:
     """Writes samples (save_atomic) in ``threads`` threads, behind a queue bounded by ``max_bytes`` of
     tensor data (one sample larger than that still goes, alone). ``max_bytes`` 0: put() writes at
@@ -746,7 +773,7 @@ class Writer:
         self.error = None
         self._items, self._bytes, self._busy, self._closed = [], 0, 0, False
         # the profile (profile()): seconds put() waited for room, and each file's save in its thread
-        self.put_wait_s, self.save_s, self.saved_bytes = 0.0, [], 0
+        self.put_wait_s, self.save_s, self.saved_bytes = 0.0, SaveTimes(), 0
         self._cond = threading.Condition()
         self._threads = []
         if max_bytes > 0:
@@ -762,7 +789,7 @@ class Writer:
         if not self._threads:
             t = time.perf_counter()
             self._write(index, sample)
-            self.save_s.append(time.perf_counter() - t)
+            self.save_s.add(time.perf_counter() - t)
             self.saved_bytes += tensor_bytes(sample)
             self.on_written(index)
             return
@@ -813,7 +840,7 @@ class Writer:
                 return
             with self._cond:
                 self.on_written(index)     # the file is in place, whatever another thread met
-                self.save_s.append(took)
+                self.save_s.add(took)
                 self.saved_bytes += n
                 self._busy -= 1
                 self._bytes -= n
@@ -835,10 +862,10 @@ class Writer:
         summed over threads, the median and 90th percentile of one save, and the seconds put() waited
         for room in the queue (the main thread held back by the writers)."""
         with self._cond:
-            s = sorted(self.save_s)
-            q = lambda f: round(s[min(len(s) - 1, int(f * len(s)))] * 1e3, 2) if s else None   # noqa: E731
-            return {"threads": len(self._threads), "files": len(s), "bytes": self.saved_bytes,
-                    "save_s": round(sum(s), 3), "save_ms_median": q(0.5), "save_ms_p90": q(0.9),
+            s = self.save_s
+            q = lambda f: round(s.quantile(f) * 1e3, 2) if s.count else None   # noqa: E731
+            return {"threads": len(self._threads), "files": s.count, "bytes": self.saved_bytes,
+                    "save_s": round(s.total, 3), "save_ms_median": q(0.5), "save_ms_p90": q(0.9),
                     "put_wait_s": round(self.put_wait_s, 3)}
 
     def close(self):
