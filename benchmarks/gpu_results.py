@@ -180,8 +180,8 @@ def throughput_section(name: str, d: dict) -> list[str]:
              f"{b['steps_a_call_and_window'][0]} a call, filled from the next {b['steps_a_call_and_window'][1]}"
              if b.get("steps_a_call_and_window") else "")
     out.append(f"| (b) the generator alone, no writes | {_rate(b.get('tokens_per_s'))} | {b.get('batches')} "
-               f"generate() calls of {b.get('mean_tokens_per_batch')} tokens on average (AFTER's batches{steps}) "
-               f"{why(b)} |")
+               f"generate() calls of {b.get('mean_tokens_per_batch')} tokens on average (AFTER's batches{steps})"
+               + (f", {b.get('tokens')} tokens in {b['seconds']} s" if b.get("seconds") else "") + f" {why(b)} |")
     b0 = d.get("b_generator_before") or {}
     if b0:
         out.append(f"| (b) BEFORE: the generator alone with BEFORE's playbook | {_rate(b0.get('tokens_per_s'))} | "
