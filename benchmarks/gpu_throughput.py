@@ -226,7 +226,7 @@ if __name__ == "__main__":
 '''
 
 LLM_PREFILL = r'''
-import importlib.util, json, os, sys, time
+import importlib.util, json, sys, time
 if __name__ == "__main__":
     script, model, dataset, max_model_len, budget, util, out = sys.argv[1:8]
     spec = importlib.util.spec_from_file_location("ehs", script)
@@ -926,9 +926,10 @@ def run_parts(b: "Bench", parts: list, plan: dict, standin: bool) -> None:
         if want and want not in patched:
             patched.append(want)
             b.part(key, lambda w=want: b.part_patch(w), 20)
-        if want and (b.doc.get(key) or {}).get("rc") != 0:   # failed or skipped: the part would measure
-            why = (b.doc.get(key) or {}).get("error") or (b.doc.get(key) or {}).get("skipped")  # the other code
-            b.doc[PARTS[p]] = {"skipped": f"{want.upper()}'s patch was not made ({why}): not run"}
+        done = b.doc.get(key) or {}
+        if want and done.get("rc") != 0:   # failed or skipped: the part would measure the other side's code
+            b.doc[PARTS[p]] = {"skipped": f"{want.upper()}'s patch was not made "
+                                          f"({done.get('error') or done.get('skipped')}): not run"}
             continue
         fn, need = plan[p]
         b.part(PARTS[p], fn, need)

@@ -118,20 +118,18 @@ def _count(fh, samples, max_samples, deadline):
     """Non-blank lines from here (a lower bound when time ran out); (count, reached the end or max).
     At least one block is counted, however late it starts (a loaded host must still move on)."""
     rest = b""
-    first = True
-    while first or time.monotonic() < deadline:
-        first = False
+    while True:
         block = fh.read(BLOCK)      # a whole block, or what is left of a file: short means its end
+        at_end = len(block) < BLOCK
         lines = (rest + block).split(b"\n")
         rest = lines.pop()
-        samples += sum(1 for x in lines if x.strip())
-        if len(block) < BLOCK:
-            samples += 1 if rest.strip() else 0
+        samples += sum(1 for x in lines if x.strip()) + (1 if at_end and rest.strip() else 0)
         if max_samples is not None and samples >= max_samples:
             return max_samples, True
-        if len(block) < BLOCK:
+        if at_end:
             return samples, True
-    return samples, False
+        if time.monotonic() >= deadline:
+            return samples, False
 
 
 def _done(out, t0):

@@ -74,14 +74,15 @@ def op_read(args):
         found, real, roots = _resolve(t, args.get("workdir"))
         st, data = _describe(label, found, real)
         folder = os.path.dirname(real)
+        sha = _sha(data)
         targets.append({
             "label": label, "module": t.get("module"), "path": found, "real": real,
             "is_link": os.path.islink(found), "data": base64.b64encode(data).decode(),
-            "sha256": _sha(data), "size": st.st_size, "mode": stat.S_IMODE(st.st_mode),
+            "sha256": sha, "size": st.st_size, "mode": stat.S_IMODE(st.st_mode),
             "uid": st.st_uid, "gid": st.st_gid, "nlink": st.st_nlink, "mtime_ns": st.st_mtime_ns,
             "roots": roots, "writable": os.access(real, os.W_OK) or st.st_uid == os.geteuid(),
             "dir_writable": os.access(folder, os.W_OK),
-            "written_by": _written_by(real, _sha(data), journal),
+            "written_by": _written_by(real, sha, journal),
         })
     out = {"python": list(sys.version_info[:3]), "executable": sys.executable,
            "packages": packages, "targets": targets, "recovered": recovered,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -43,7 +44,6 @@ def efficiency_for(active_params: int) -> dict:
     """The table's efficiency point nearest ``active_params`` on a log scale ({active_params, factor,
     source, ...}): the share of the dense BF16 peak vLLM's prefill reached on a model of about that size
     (benchmarks/plan_efficiency.py writes the points; beyond the largest, the largest's)."""
-    import math
     pts = peaks()["efficiency"]["points"]
     return min(pts, key=lambda p: abs(math.log(max(active_params, 1) / p["active_params"])))
 
