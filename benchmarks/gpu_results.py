@@ -80,11 +80,16 @@ def _mb(x) -> str:
     return "-" if not x else f"{x / 1e6:.0f} MB/s"
 
 
+def _gb(x) -> str:
+    return "-" if not x else f"{x / 1e9:.1f} GB"
+
+
 # gpu_throughput.py's TMPFS_VARIANTS: each one's row label
 TMPFS_VARIANT_LABELS = {"a_tmpfs_gil5": "Python's own 5 ms thread switch interval (gil_switch_ms 0)",
                         "a_tmpfs_w8": "8 writer threads (writer_threads 8)",
                         "a_tmpfs_k1": "one engine step a generate() call, in order (batch_steps 1, pack_window 0)",
                         "a_tmpfs_w0": "steps filled in order (pack_window 0)"}
+DISK_VARIANT_LABELS = {"a_after_w8": "8 writer threads (writer_threads 8)"}
 
 
 def job_profile_table(parts: list[tuple[str, dict]]) -> list[str]:
@@ -155,6 +160,9 @@ def throughput_section(name: str, d: dict) -> list[str]:
         a_row("(a) AFTER, files on a tmpfs (no disk)", t)
     for label, _part, x in variants:
         a_row(f"(a) AFTER, files on a tmpfs, {label}", x)
+    dvariants = [(label, part, d.get(part) or {}) for part, label in DISK_VARIANT_LABELS.items() if d.get(part)]
+    for label, _part, x in dvariants:
+        a_row(f"(a) AFTER on the disk, {label}", x)
     if t0:
         a_row("(a) BEFORE, files on a tmpfs", t0)
     if two:
@@ -207,6 +215,8 @@ def throughput_section(name: str, d: dict) -> list[str]:
                + (f"; two directories / one {q.get('a_2dirs/a_after')}" if two else "")
                + "".join(f"; on a tmpfs with {label}: (a)/(c) {q.get(part + '/c')}, against the playbook's "
                          f"settings {q.get(part + '/a_tmpfs')}" for label, part, _x in variants)
+               + "".join(f"; on the disk with {label}: against the playbook's settings {q.get(part + '/a_after')}"
+                         for label, part, _x in dvariants)
                + (f"; server flow (a)/(c) {q.get('a_server/c')}, server flow / 0.3.0 flow "
                   f"{q.get('a_server/a_after')}" if srv else "")
                + ".\n")
@@ -248,14 +258,25 @@ def throughput_section(name: str, d: dict) -> list[str]:
     if hand:
         out.append("Captured states' hand-off, as the runs said: " + "; ".join(hand) + ".\n")
     disk, use = d.get("disk") or {}, d.get("disk_use") or {}
-    out.append(f"Disk: dd oflag=direct {_mb((disk.get('dd_direct') or {}).get('bytes_per_s'))}, buffered + fsync "
-               f"{_mb((disk.get('buffered_fsync') or {}).get('bytes_per_s'))}; AFTER wrote "
-               f"{_mb(use.get('a_after_bytes_per_s'))} ({use.get('fraction_of_dd')} of dd), "
-               f"{use.get('bytes_per_token')} bytes per token, so the disk alone bounds any extraction at "
+    sus = disk.get("dd_direct_sustained") or {}
+    out.append(f"Disk: dd oflag=direct {_mb((disk.get('dd_direct') or {}).get('bytes_per_s'))}"
+               f" ({_gb((disk.get('dd_direct') or {}).get('bytes'))})"
+               + (f", the same over {_gb(sus.get('bytes'))} (as many bytes as a job writes) "
+                  f"{_mb(sus.get('bytes_per_s'))}" if sus.get("bytes_per_s") else "")
+               + f", buffered + fsync {_mb((disk.get('buffered_fsync') or {}).get('bytes_per_s'))}; AFTER wrote "
+               f"{_mb(use.get('a_after_bytes_per_s'))} ({use.get('fraction_of_dd')} of dd"
+               + (f", {use.get('fraction_of_sustained_dd')} of the long dd" if sus.get("bytes_per_s") else "")
+               + f"), {use.get('bytes_per_token')} bytes per token, so the disk alone bounds any extraction at "
                f"{_rate(use.get('disk_bound_tokens_per_s'))} tokens/s"
+               + (" (the long dd)" if use.get("disk_bound_from") == "dd_direct_sustained" else "")
                + (f"; AFTER reached {use['a_after/disk_bound']} of that" if use.get("a_after/disk_bound") else "")
+               + (f", {use['a_after/burst_bound']} of the short dd's bound" if use.get("a_after/burst_bound")
+                  and use.get("disk_bound_from") == "dd_direct_sustained" else "")
+               + (f"; (a)/min((c), disk bound) {use['a_after/min(c,disk_bound)']} (goal 0.9)"
+                  if use.get("a_after/min(c,disk_bound)") else "")
                + ".\n")
-    out += job_profile_table([("AFTER on the disk", a), ("AFTER on a tmpfs", t),
+    out += job_profile_table([("AFTER on the disk", a), *[(f"AFTER on the disk, {label}", x) for label, _p, x in dvariants],
+                              ("AFTER on a tmpfs", t),
                               *[(f"AFTER on a tmpfs, {label}", x) for label, _p, x in variants],
                               ("AFTER over two directories", two), ("BEFORE on a tmpfs", t0), ("BEFORE", a0)])
     for label, x, second in (("(b)", b, cb), ("(b) BEFORE", b0, {})):

@@ -71,9 +71,11 @@ def test_dataset_lengths_cut_and_roofline():
                               "a_tmpfs_gil5/c": None, "a_tmpfs_gil5/a_tmpfs": None,
                               "a_tmpfs_w8/c": None, "a_tmpfs_w8/a_tmpfs": None,
                               "a_tmpfs_k1/c": None, "a_tmpfs_k1/a_tmpfs": None,
-                              "a_tmpfs_w0/c": None, "a_tmpfs_w0/a_tmpfs": None}
+                              "a_tmpfs_w0/c": None, "a_tmpfs_w0/a_tmpfs": None, "a_after_w8/a_after": None}
     doc["a_tmpfs_gil5"] = {"tokens_per_s": 76.0}
     assert gt.ratios(doc)["a_tmpfs_gil5/c"] == 0.38 and gt.ratios(doc)["a_tmpfs_gil5/a_tmpfs"] == 0.8
+    doc["a_after_w8"] = {"tokens_per_s": 117.0}
+    assert gt.ratios(doc)["a_after_w8/a_after"] == 1.3
     assert set(gpu_results.TMPFS_VARIANT_LABELS) == set(gt.TMPFS_VARIANTS)     # each variant has its row
     doc["b_generator_before"] = {"tokens_per_s": 50.0}
     assert (gt.ratios(doc)["b_before/c"], gt.ratios(doc)["b/b_before"]) == (0.25, 2.0)
@@ -123,7 +125,8 @@ def test_standin_rehearsal_of_part_a_and_its_rendering(tmp_path):
     r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_throughput.py"), "--standin",
                         "--work", str(tmp_path / "w"), "--out", str(out), "--samples", "6", "--min-tokens", "5",
                         "--max-tokens", "30", "--dd-mib", "64", "--parts",
-                        "disk,a_before,a_before_tmpfs,a_after,a_tmpfs,a_tmpfs_gil5,a_tmpfs_w8,a_tmpfs_k1,a_tmpfs_w0,a_2dirs"],
+                        "disk,a_before,a_before_tmpfs,a_after,a_tmpfs,a_tmpfs_gil5,a_tmpfs_w8,a_tmpfs_k1,a_tmpfs_w0,"
+                        "a_after_w8,a_2dirs"],
                        capture_output=True,
                        text=True, timeout=400,
                        cwd=REPO)
@@ -133,11 +136,11 @@ def test_standin_rehearsal_of_part_a_and_its_rendering(tmp_path):
     lengths = [min(len(json.loads(l)["input_ids"]), 2047)
                for l in (tmp_path / "w" / "throughput" / "dataset.jsonl").read_text().splitlines()]
     for k in ("a_after", "a_before", "a_tmpfs", "a_before_tmpfs", "a_tmpfs_gil5", "a_tmpfs_w8", "a_tmpfs_k1", "a_tmpfs_w0",
-              "a_2dirs"):
+              "a_after_w8", "a_2dirs"):
         assert d[k]["rc"] == 0 and d[k]["complete"] and d[k]["tokens"] == sum(lengths) and d[k]["tokens_per_s"] > 0
     # AFTER's script says where its time went; BEFORE's (7a3c5d8) prints no such line
     for k, switch, threads in (("a_after", 0.5, 4), ("a_tmpfs", 0.5, 4), ("a_tmpfs_gil5", 0, 4), ("a_tmpfs_w8", 0.5, 8),
-                               ("a_2dirs", 0.5, 4)):
+                               ("a_after_w8", 0.5, 8), ("a_2dirs", 0.5, 4)):
         prof = d[k]["profile"]
         assert prof["writer"]["files"] == 6 and prof["tokens"] == sum(lengths) and prof["gil_switch_ms"] == switch
         assert prof["writer"]["bytes"] > 0 and prof["writer"]["threads"] == threads
@@ -151,14 +154,22 @@ def test_standin_rehearsal_of_part_a_and_its_rendering(tmp_path):
     assert d["a_2dirs"]["per_directory"] == [3, 3]          # samples alternate over the two directories
     assert d["ratios"]["a_after/a_before"] == round(d["a_after"]["tokens_per_s"] / d["a_before"]["tokens_per_s"], 4)
     assert d["disk"]["dd_direct"]["bytes"] == 64 << 20
+    # the long dd: as many bytes as a job writes (the stand-in's few KB), never fewer than --dd-mib
+    assert d["disk"]["dd_direct_sustained"]["bytes"] == 64 << 20 and d["disk"]["dd_sustained_rc"] == 0
     use = d["disk_use"]
-    assert use["disk_bound_tokens_per_s"] == round(use["dd_direct_bytes_per_s"] / use["bytes_per_token"], 1)
+    assert use["disk_bound_from"] == "dd_direct_sustained"
+    assert use["disk_bound_tokens_per_s"] == round(use["dd_direct_sustained_bytes_per_s"] / use["bytes_per_token"], 1)
+    assert use["burst_bound_tokens_per_s"] == round(use["dd_direct_bytes_per_s"] / use["bytes_per_token"], 1)
+    assert use["a_after/min(c,disk_bound)"] == round(d["a_after"]["tokens_per_s"] / use["disk_bound_tokens_per_s"], 4)
+    assert d["ratios"]["a_after_w8/a_after"] == round(d["a_after_w8"]["tokens_per_s"] / d["a_after"]["tokens_per_s"], 4)
     text = "\n".join(gpu_results.throughput_section("r.json", d))
     assert "STAND-IN rehearsal on the CPU: not GPU figures" in text
     assert f"{d['a_after']['files']} files, {d['a_after']['tokens']} tokens in {d['a_after']['seconds']} s" in text
     assert "(b) the generator alone, no writes | - | None generate() calls" in text and "(not run)" in text
     assert "| (a) AFTER, files spread over two directories of the same disk |" in text and "6 files (3 + 3)" in text
     assert "| (a) BEFORE, files on a tmpfs |" in text
+    assert "| (a) AFTER on the disk, 8 writer threads (writer_threads 8) |" in text
+    assert "(as many bytes as a job writes)" in text and "(a)/min((c), disk bound)" in text
     assert "| (a) AFTER, files on a tmpfs, Python's own 5 ms thread switch interval (gil_switch_ms 0) |" in text
     # the variants' own settings reached the script: its ready line says the steps a call and the window (the
     # stand-in's engine takes batch_steps auto as 1)
