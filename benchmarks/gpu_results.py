@@ -88,8 +88,10 @@ def _gb(x) -> str:
 TMPFS_VARIANT_LABELS = {"a_tmpfs_gil5": "Python's own 5 ms thread switch interval (gil_switch_ms 0)",
                         "a_tmpfs_w8": "8 writer threads (writer_threads 8)",
                         "a_tmpfs_k1": "one engine step a generate() call, in order (batch_steps 1, pack_window 0)",
-                        "a_tmpfs_w0": "steps filled in order (pack_window 0)"}
-DISK_VARIANT_LABELS = {"a_after_w8": "8 writer threads (writer_threads 8)"}
+                        "a_tmpfs_w0": "steps filled in order (pack_window 0)",
+                        "a_tmpfs_w4": "4 writer threads (writer_threads 4)"}
+DISK_VARIANT_LABELS = {"a_after_w8": "8 writer threads (writer_threads 8)",
+                       "a_after_w4": "4 writer threads (writer_threads 4)"}
 
 
 def job_profile_table(parts: list[tuple[str, dict]]) -> list[str]:
@@ -258,6 +260,11 @@ def throughput_section(name: str, d: dict) -> list[str]:
     if hand:
         out.append("Captured states' hand-off, as the runs said: " + "; ".join(hand) + ".\n")
     disk, use = d.get("disk") or {}, d.get("disk_use") or {}
+    if not use and disk:   # the run ended before finish(): the same figures from its parts
+        from gpu_throughput import disk_use
+        use = disk_use(d)
+        out.append("(The run ended before its last part: the disk figures below are computed from its parts by "
+                   "gpu_throughput.disk_use.)\n")
     sus = disk.get("dd_direct_sustained") or {}
     out.append(f"Disk: dd oflag=direct {_mb((disk.get('dd_direct') or {}).get('bytes_per_s'))}"
                f" ({_gb((disk.get('dd_direct') or {}).get('bytes'))})"

@@ -18,9 +18,12 @@ subprocess with a timeout:
       writer and its waits, the writer threads' saves, the hand-off slots) and removes its files once
       measured (--keep-outputs keeps them). Variants of AFTER on a tmpfs, one playbook var changed
       (TMPFS_VARIANTS): a_tmpfs_gil5, Python's own thread switch interval (gil_switch_ms 0, i.e. 5 ms,
-      beside a_tmpfs at the playbook's 0.5 ms); a_tmpfs_w8, 8 writer threads (the playbook's: 4);
-      a_tmpfs_k1, one engine step a generate() call in order (batch_steps 1, pack_window 0: the loop
-      before those vars); a_tmpfs_w0, the playbook's steps a call, each filled in order (pack_window 0).
+      beside a_tmpfs at the playbook's 0.5 ms); a_tmpfs_w8 and a_tmpfs_w4, 8 and 4 writer threads (the
+      playbook's: 8 since 7749280, 4 before); a_tmpfs_k1, one engine step a generate() call in order
+      (batch_steps 1, pack_window 0: the loop before those vars); a_tmpfs_w0, the playbook's steps a call,
+      each filled in order (pack_window 0). Variants of AFTER on the disk (DISK_VARIANTS): a_after_w8,
+      a_after_w4. The disk part times dd over 2 GiB and again over as many bytes as a job writes
+      (--dd-sustained-mib): the disk bound is the second.
   (a) server flow (--parts a_server): the same rows through playbooks/eagle3-speculators-0.9.0.yaml
       (vLLM's OpenAI server with extract_hidden_states + ExampleHiddenStatesConnector, speculators
       0.9.0's generate-offline-data as the client; the rows given as `speculators prepare-data` writes
@@ -74,22 +77,26 @@ BEFORE_REV = "7a3c5d8"   # main before the zero-copy hand-off slots (issue 35 it
 H200_BF16_DENSE_FLOPS = 989e12
 PARTS = {"disk": "disk", "a_before": "a_before", "a_before_tmpfs": "a_before_tmpfs", "a_after": "a_after",
          "a_tmpfs": "a_tmpfs", "a_tmpfs_gil5": "a_tmpfs_gil5", "a_tmpfs_w8": "a_tmpfs_w8",
-         "a_tmpfs_k1": "a_tmpfs_k1", "a_tmpfs_w0": "a_tmpfs_w0", "a_after_w8": "a_after_w8", "a_2dirs": "a_2dirs", "a_server": "a_server", "b_before": "b_generator_before",
+         "a_tmpfs_k1": "a_tmpfs_k1", "a_tmpfs_w0": "a_tmpfs_w0", "a_after_w8": "a_after_w8",
+         "a_after_w4": "a_after_w4", "a_tmpfs_w4": "a_tmpfs_w4", "a_2dirs": "a_2dirs", "a_server": "a_server", "b_before": "b_generator_before",
          "b": "b_generator", "c": "c_vllm_prefill"}       # --parts name: the result's key
 # run with BEFORE's playbook patched in, before AFTER's goes on top
 BEFORE_PARTS = ("a_before", "a_before_tmpfs", "b_before")
 UNPATCHED_PARTS = ("disk", "c")   # they use no speculators: run before, between or after either patch
 A_HOSTS = {"a_before": "before", "a_before_tmpfs": "before_tmpfs", "a_after": "after", "a_tmpfs": "tmpfs",
            "a_tmpfs_gil5": "tmpfs_gil5", "a_tmpfs_w8": "tmpfs_w8", "a_tmpfs_k1": "tmpfs_k1", "a_tmpfs_w0": "tmpfs_w0",
-           "a_after_w8": "after_w8", "a_2dirs": "twodirs"}   # (a)'s parts: the inventory host each one extracts with
+           "a_after_w8": "after_w8", "a_after_w4": "after_w4", "a_tmpfs_w4": "tmpfs_w4",
+           "a_2dirs": "twodirs"}   # (a)'s parts: the inventory host each one extracts with
 # AFTER on a tmpfs with one of the playbook's vars changed: part -> the vars (each against a_tmpfs)
 TMPFS_VARIANTS = {"a_tmpfs_gil5": {"gil_switch_ms": 0}, "a_tmpfs_w8": {"writer_threads": 8},
                   # one engine step a generate() call, steps in order: the loop before batch_steps/pack_window
                   "a_tmpfs_k1": {"batch_steps": 1, "pack_window": 0},
                   # several steps a call, but each step filled in order
-                  "a_tmpfs_w0": {"pack_window": 0}}
+                  "a_tmpfs_w0": {"pack_window": 0},
+                  # the playbook's writer_threads before 7749280 (8 since)
+                  "a_tmpfs_w4": {"writer_threads": 4}}
 # AFTER on the disk with one var changed (each against a_after): more fsyncs in flight at once
-DISK_VARIANTS = {"a_after_w8": {"writer_threads": 8}}
+DISK_VARIANTS = {"a_after_w8": {"writer_threads": 8}, "a_after_w4": {"writer_threads": 4}}
 CAPTURED_LAYERS = 4   # the generator's layer ids for these models (3 auxiliary + the last): bytes a token / hidden / 2
 SERVER_PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.9.0.yaml"
 SERVER_PORT = 8810
@@ -918,34 +925,37 @@ class Bench:
                                       "stderr_tail": r["stderr"][-1500:] if r["rc"] or not got else ""}
 
     def finish(self):
-        a, a0, disk = self.doc.get("a_after") or {}, self.doc.get("a_before") or {}, self.doc.get("disk") or {}
-        dd = (disk.get("dd_direct") or {}).get("bytes_per_s")
-        # the disk bound: dd over as many bytes as the job writes where measured, else the --dd-mib burst
-        sus = (disk.get("dd_direct_sustained") or {}).get("bytes_per_s")
-        bound = sus or dd
         for which in A_HOSTS.values():   # leave disk and RAM
             for d in self.out_dirs(which):
                 shutil.rmtree(d, ignore_errors=True)
         shutil.rmtree(self.scratch / "srv-data" / "hidden_states", ignore_errors=True)
-        self.doc["disk_use"] = {"a_after_bytes_per_s": a.get("bytes_per_s"), "a_before_bytes_per_s": a0.get("bytes_per_s"),
-                                "dd_direct_bytes_per_s": dd, "fraction_of_dd": ratio(a.get("bytes_per_s"), dd),
-                                "dd_direct_sustained_bytes_per_s": sus,
-                                "fraction_of_sustained_dd": ratio(a.get("bytes_per_s"), sus),
-                                "bytes_per_token": a.get("bytes_per_token"),
-                                # the most any extraction can write: the disk's speed over a token's bytes
-                                "disk_bound_from": "dd_direct_sustained" if sus else "dd_direct",
-                                "disk_bound_tokens_per_s": round(bound / a["bytes_per_token"], 1)
-                                if bound and a.get("bytes_per_token") else None,
-                                "burst_bound_tokens_per_s": round(dd / a["bytes_per_token"], 1)
-                                if dd and a.get("bytes_per_token") else None}
-        use = self.doc["disk_use"]
-        use["a_after/disk_bound"] = ratio(a.get("tokens_per_s"), use["disk_bound_tokens_per_s"])
-        use["a_after/burst_bound"] = ratio(a.get("tokens_per_s"), use["burst_bound_tokens_per_s"])
-        # issue 35's disk goal: (a) over the lesser of vLLM's prefill and the disk's bound
-        c = (self.doc.get("c_vllm_prefill") or {}).get("tokens_per_s")
-        lesser = min(x for x in (c, use["disk_bound_tokens_per_s"]) if x) if (c or use["disk_bound_tokens_per_s"]) else None
-        use["a_after/min(c,disk_bound)"] = ratio(a.get("tokens_per_s"), lesser)
+        self.doc["disk_use"] = disk_use(self.doc)
         self.save()
+
+
+def disk_use(doc: dict) -> dict:
+    """What the disk part says of AFTER on the disk: the fraction of dd it wrote, the disk's bound in
+    tokens/s (dd over as many bytes as the job writes where measured, else the --dd-mib burst) and issue
+    35's disk goal, (a) over the lesser of vLLM's prefill and that bound. From the parts alone, so that
+    gpu_results.py computes it for a run that ended before finish()."""
+    a, a0, disk = doc.get("a_after") or {}, doc.get("a_before") or {}, doc.get("disk") or {}
+    dd = (disk.get("dd_direct") or {}).get("bytes_per_s")
+    sus = (disk.get("dd_direct_sustained") or {}).get("bytes_per_s")
+    bound, per_token = sus or dd, a.get("bytes_per_token")
+    use = {"a_after_bytes_per_s": a.get("bytes_per_s"), "a_before_bytes_per_s": a0.get("bytes_per_s"),
+           "dd_direct_bytes_per_s": dd, "fraction_of_dd": ratio(a.get("bytes_per_s"), dd),
+           "dd_direct_sustained_bytes_per_s": sus, "fraction_of_sustained_dd": ratio(a.get("bytes_per_s"), sus),
+           "bytes_per_token": per_token,
+           # the most any extraction can write: the disk's speed over a token's bytes
+           "disk_bound_from": "dd_direct_sustained" if sus else "dd_direct",
+           "disk_bound_tokens_per_s": round(bound / per_token, 1) if bound and per_token else None,
+           "burst_bound_tokens_per_s": round(dd / per_token, 1) if dd and per_token else None}
+    use["a_after/disk_bound"] = ratio(a.get("tokens_per_s"), use["disk_bound_tokens_per_s"])
+    use["a_after/burst_bound"] = ratio(a.get("tokens_per_s"), use["burst_bound_tokens_per_s"])
+    c = (doc.get("c_vllm_prefill") or {}).get("tokens_per_s")
+    bounds = [x for x in (c, use["disk_bound_tokens_per_s"]) if x]
+    use["a_after/min(c,disk_bound)"] = ratio(a.get("tokens_per_s"), min(bounds)) if bounds else None
+    return use
 
 
 def run_parts(b: "Bench", parts: list, plan: dict, standin: bool) -> None:

@@ -550,7 +550,7 @@ def test_writes_overlap_the_next_generate(tmp_path, monkeypatch):
     assert sorted(p.name for p in (tmp_path / "out").glob("data_*.pt")) == [f"data_{i}.pt" for i in range(4)]
 
 
-def test_writer_threads_write_two_files_at_once_and_the_default_is_four(tmp_path, monkeypatch, capsys):
+def test_writer_threads_write_two_files_at_once_and_the_default_is_eight(tmp_path, monkeypatch, capsys):
     """The first file's save is held until a second save has started: only a second writer thread
     lets that happen (with one, the first would wait for ever). Every file is whole at the end."""
     import threading
@@ -571,7 +571,7 @@ def test_writer_threads_write_two_files_at_once_and_the_default_is_four(tmp_path
     for i in range(6):
         assert load(tmp_path, i)["input_ids"].tolist() == [i + 1, i + 2]
     auto = max(1, min(8, (os.cpu_count() or 2) // 2))
-    assert f"; {auto} copy thread(s), 4 writer thread(s)" in capsys.readouterr().out
+    assert f"; {auto} copy thread(s), 8 writer thread(s)" in capsys.readouterr().out
 
 
 def test_copy_threads_are_set_after_the_engine_starts(tmp_path, capsys):

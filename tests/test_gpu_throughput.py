@@ -71,7 +71,8 @@ def test_dataset_lengths_cut_and_roofline():
                               "a_tmpfs_gil5/c": None, "a_tmpfs_gil5/a_tmpfs": None,
                               "a_tmpfs_w8/c": None, "a_tmpfs_w8/a_tmpfs": None,
                               "a_tmpfs_k1/c": None, "a_tmpfs_k1/a_tmpfs": None,
-                              "a_tmpfs_w0/c": None, "a_tmpfs_w0/a_tmpfs": None, "a_after_w8/a_after": None}
+                              "a_tmpfs_w0/c": None, "a_tmpfs_w0/a_tmpfs": None, "a_tmpfs_w4/c": None,
+                              "a_tmpfs_w4/a_tmpfs": None, "a_after_w8/a_after": None, "a_after_w4/a_after": None}
     doc["a_tmpfs_gil5"] = {"tokens_per_s": 76.0}
     assert gt.ratios(doc)["a_tmpfs_gil5/c"] == 0.38 and gt.ratios(doc)["a_tmpfs_gil5/a_tmpfs"] == 0.8
     doc["a_after_w8"] = {"tokens_per_s": 117.0}
@@ -126,7 +127,7 @@ def test_standin_rehearsal_of_part_a_and_its_rendering(tmp_path):
                         "--work", str(tmp_path / "w"), "--out", str(out), "--samples", "6", "--min-tokens", "5",
                         "--max-tokens", "30", "--dd-mib", "64", "--parts",
                         "disk,a_before,a_before_tmpfs,a_after,a_tmpfs,a_tmpfs_gil5,a_tmpfs_w8,a_tmpfs_k1,a_tmpfs_w0,"
-                        "a_after_w8,a_2dirs"],
+                        "a_after_w8,a_after_w4,a_tmpfs_w4,a_2dirs"],
                        capture_output=True,
                        text=True, timeout=400,
                        cwd=REPO)
@@ -136,11 +137,11 @@ def test_standin_rehearsal_of_part_a_and_its_rendering(tmp_path):
     lengths = [min(len(json.loads(l)["input_ids"]), 2047)
                for l in (tmp_path / "w" / "throughput" / "dataset.jsonl").read_text().splitlines()]
     for k in ("a_after", "a_before", "a_tmpfs", "a_before_tmpfs", "a_tmpfs_gil5", "a_tmpfs_w8", "a_tmpfs_k1", "a_tmpfs_w0",
-              "a_after_w8", "a_2dirs"):
+              "a_after_w8", "a_after_w4", "a_tmpfs_w4", "a_2dirs"):
         assert d[k]["rc"] == 0 and d[k]["complete"] and d[k]["tokens"] == sum(lengths) and d[k]["tokens_per_s"] > 0
     # AFTER's script says where its time went; BEFORE's (7a3c5d8) prints no such line
-    for k, switch, threads in (("a_after", 0.5, 4), ("a_tmpfs", 0.5, 4), ("a_tmpfs_gil5", 0, 4), ("a_tmpfs_w8", 0.5, 8),
-                               ("a_after_w8", 0.5, 8), ("a_2dirs", 0.5, 4)):
+    for k, switch, threads in (("a_after", 0.5, 8), ("a_tmpfs", 0.5, 8), ("a_tmpfs_gil5", 0, 8), ("a_tmpfs_w8", 0.5, 8),
+                               ("a_after_w8", 0.5, 8), ("a_after_w4", 0.5, 4), ("a_tmpfs_w4", 0.5, 4), ("a_2dirs", 0.5, 8)):
         prof = d[k]["profile"]
         assert prof["writer"]["files"] == 6 and prof["tokens"] == sum(lengths) and prof["gil_switch_ms"] == switch
         assert prof["writer"]["bytes"] > 0 and prof["writer"]["threads"] == threads
@@ -169,6 +170,7 @@ def test_standin_rehearsal_of_part_a_and_its_rendering(tmp_path):
     assert "| (a) AFTER, files spread over two directories of the same disk |" in text and "6 files (3 + 3)" in text
     assert "| (a) BEFORE, files on a tmpfs |" in text
     assert "| (a) AFTER on the disk, 8 writer threads (writer_threads 8) |" in text
+    assert "| (a) AFTER on the disk, 4 writer threads (writer_threads 4) |" in text
     assert "(as many bytes as a job writes)" in text and "(a)/min((c), disk bound)" in text
     assert "| (a) AFTER, files on a tmpfs, Python's own 5 ms thread switch interval (gil_switch_ms 0) |" in text
     # the variants' own settings reached the script: its ready line says the steps a call and the window (the
@@ -180,7 +182,7 @@ def test_standin_rehearsal_of_part_a_and_its_rendering(tmp_path):
     assert "| (a) AFTER, files on a tmpfs, 8 writer threads (writer_threads 8) |" in text
     p = d["a_tmpfs_gil5"]["profile"]
     assert (f"| AFTER on a tmpfs, Python's own 5 ms thread switch interval (gil_switch_ms 0) | {p['seconds']} | {p['generate_s']} | {p['build_s']} | {p['hand_over_s']} "
-            f"({p['writer']['put_wait_s']}) | {p['drain_s']} | 6 | {p['writer']['save_s']} (4) |") in text
+            f"({p['writer']['put_wait_s']}) | {p['drain_s']} | 6 | {p['writer']['save_s']} (8) |") in text
     assert "| BEFORE on a tmpfs |" not in text.split("Where the job's time went")[1]
 
 

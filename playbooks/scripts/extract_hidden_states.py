@@ -248,8 +248,8 @@ def build_parser(required=True):
                    help="comma list of layers to capture (default: the generator's choice)")
     p.add_argument("--max-model-len", type=int, default=2048, help="vLLM max_model_len (default 2048)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.8, help="vLLM setting (default 0.8)")
-    p.add_argument("--writer-threads", type=int, default=4,
-                   help="threads writing files (default 4: several files' writes and fsyncs in flight at once)")
+    p.add_argument("--writer-threads", type=int, default=8,
+                   help="threads writing files (default 8: several files' writes and fsyncs in flight at once)")
     p.add_argument("--gil-switch-ms", type=float, default=DEFAULT_GIL_SWITCH_MS,
                    help="Python's thread switch interval while writer threads run, in ms (default %g; 0: "
                         "Python's own, 5). Each writer thread takes the GIL back about ten times a file (after "
