@@ -1095,7 +1095,7 @@ def test_the_profile_line_accounts_for_the_run(tmp_path, capsys):
     tokens = sum(len(r["input_ids"]) for r in rows)
     assert prof["tokens"] == tokens
     w = prof["writer"]
-    assert w["threads"] == 4 and w["files"] == 7
+    assert w["threads"] == 8 and w["files"] == 7
     assert w["bytes"] == sum(ehs.tensor_bytes(load(tmp_path, i)) for i in range(7))
     assert w["save_s"] > 0 and 0 < w["save_ms_median"] <= w["save_ms_p90"]
     assert prof["generate_s"] >= 0 and prof["seconds"] >= prof["generate_s"]
