@@ -784,10 +784,13 @@ class Bench:
         deadline = time.time() + seconds
         while time.time() < deadline and proc.poll() is None:
             time.sleep(0.1)
-        # Only live lines count: a line written before the follower printed its first line is
-        # history it caught up on (the follower's own start costs a connection at this RTT).
+        # Only live lines count. A line written before the follower printed its first line is history
+        # it caught up on (the follower's own start costs a connection at this RTT), and so is a line
+        # written while it was still catching up: it has caught up once it printed a line written after
+        # it attached; the lines written after that moment are live.
         attached = seen[0][0] if seen else 0.0
-        lat = [got - wrote for got, wrote in seen if wrote >= attached]
+        caught_up = next((got for got, wrote in seen if wrote >= attached), None)
+        lat = [got - wrote for got, wrote in seen if caught_up is not None and wrote >= caught_up]
         if not seen:
             self.extra.setdefault("tail_missing", []).append(self.lab.rtt)
         proc.send_signal(signal.SIGINT)
@@ -1333,7 +1336,7 @@ def main(argv: list[str] | None = None) -> int:
                 if name in cases:
                     getattr(b, f"case_{name}")()
             if "tail" in cases:
-                b.case_tail(6)
+                b.case_tail(20)   # seconds after the first line: ~150 live lines at 0.05 s a batch
         report = build_report(b, rtts, argv, started)
     finally:
         lab.stop()
