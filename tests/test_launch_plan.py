@@ -177,6 +177,7 @@ def test_the_plans_figures_are_the_recorded_statvfs_and_write_test(tmp_path, mon
     assert "writes 1.25 GB/s (cached 2m00s ago)" in line and line.endswith("bound: disk")
     assert f"{eff:g} of peak as measured on a dense model of 0.97B parameters" in line and "2 x H200 SXM" in line
     assert p.efficiency_from.startswith("dense model of 0.97B parameters, median of ")
+    assert p.efficiency_model == "dense model of 0.97B parameters"
 
 
 def test_a_slow_gpu_table_entry_makes_it_compute_bound(tmp_path, monkeypatch):

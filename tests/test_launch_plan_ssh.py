@@ -22,7 +22,7 @@ CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_size": 256, "intermedia
           "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 2}
 PLAN_KEYS = {"samples", "tokens", "tokens_exact", "tokens_how", "bytes", "bytes_per_token", "free_bytes", "fits",
              "disk_path", "disk_bytes_per_s", "disk_speed", "disk_hours", "disk_unknown", "gpus", "active_params",
-             "params_how", "flops_per_token", "efficiency", "efficiency_from", "compute_tokens_per_s", "compute_hours",
+             "params_how", "flops_per_token", "efficiency", "efficiency_model", "efficiency_from", "compute_tokens_per_s", "compute_hours",
              "compute_unknown", "bound"}
 
 

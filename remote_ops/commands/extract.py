@@ -137,7 +137,7 @@ def plan_line(p: dict) -> str:
         g = p["gpus"]
         parts.append(f"compute ~{_hours(p['compute_hours'])} (estimate: {len(g)} x {g[0].get('model')}, "
                      f"{p['active_params'] / 1e9:.2f}B active params, {p['efficiency']:g} of peak as measured on a "
-                     f"{(p.get('efficiency_from') or '?').split(',')[0]})")
+                     f"{p.get('efficiency_model') or '?'})")
     else:
         parts.append(f"compute unknown ({p.get('compute_unknown')})")
     bound = {"disk": "bound: disk", "compute": "bound: compute"}.get(p.get("bound"), "bound: unknown")

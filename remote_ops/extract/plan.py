@@ -68,7 +68,8 @@ class Plan:
     params_how: str | None = None
     flops_per_token: int | None = None
     efficiency: float | None = None
-    efficiency_from: str | None = None     # the measured point it comes from (efficiency_for)
+    efficiency_model: str | None = None    # the model the measured point was measured on (efficiency_for)
+    efficiency_from: str | None = None     # that model and the runs the point comes from
     compute_tokens_per_s: float | None = None
     compute_hours: float | None = None
     compute_unknown: str | None = None
@@ -132,8 +133,9 @@ def _compute(active: dict, gpu: dict, gpu_count: int | None, tokens: int) -> dic
         point = efficiency_for(active["active_params"])
         eff = point["factor"]
         flops = sum(g["bf16_dense_tflops"] for g in out["gpus"]) * 1e12 * eff
-        out.update(efficiency=eff, efficiency_from=(f"dense model of {point['active_params'] / 1e9:.2f}B "
-                                                    f"parameters, median of {point['runs']} run(s) on {point['gpu']}"),
+        model = f"dense model of {point['active_params'] / 1e9:.2f}B parameters"
+        out.update(efficiency=eff, efficiency_model=model,
+                   efficiency_from=f"{model}, median of {point['runs']} run(s) on {point['gpu']}",
                    compute_tokens_per_s=round(flops / out["flops_per_token"], 1),
                    compute_hours=tokens * out["flops_per_token"] / flops / 3600)
     return out
