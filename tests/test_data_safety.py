@@ -71,7 +71,7 @@ def _supervise(tmp_path, secrets: bytes | None, names):
     if secrets is not None:
         (jobdir / "secrets.json").write_bytes(secrets)
     script = jobdir / "supervisor.py"
-    script.write_text(jobs._supervisor_source())
+    script.write_text(jobs._module_source(jobs.sup))
     subprocess.run([sys.executable, str(script), str(jobdir)], timeout=60, check=True)
     return json.loads((jobdir / "exit.json").read_text()), marker.exists(), jobdir
 

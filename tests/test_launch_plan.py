@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import types
 
 import pytest
@@ -97,6 +98,118 @@ def test_the_speed_is_cached_per_filesystem_and_remeasured_on_refresh(tmp_path, 
     assert diskspeed.lookup(str(tmp_path), now=saved["measured_at"] + 90)["age_s"] == 90.0
     diskspeed.for_dir(str(tmp_path / "a"), refresh=True, measure_fn=recorded)
     assert len(calls) == 2
+
+
+def _profile(seconds, nbytes, waited):
+    return {"seconds": seconds, "tokens": 1000, "writer": {"threads": 8, "files": 10, "bytes": nbytes,
+                                                           "put_wait_s": waited}}
+
+
+def test_a_jobs_writes_measure_its_disk_only_when_held_back_and_longer_than_the_test():
+    gib = 2**30
+    obs, why = diskspeed.observed_from_profile(_profile(20.0, 25 * gib, 6.0), test_bytes=2**28)
+    assert why is None and obs == {"bytes_per_s": int(25 * gib / 20.0), "bytes": 25 * gib, "seconds": 20.0,
+                                   "waited_s": 6.0}
+    # held back for under a tenth of its run: the GPU, not the disk, set its pace
+    obs, why = diskspeed.observed_from_profile(_profile(20.0, 25 * gib, 1.9), test_bytes=2**28)
+    assert obs is None and why.startswith("the disk did not hold it back (it waited 1.9 s of 20.0 s")
+    # no more bytes than 4 write tests: a burst like the test itself
+    obs, why = diskspeed.observed_from_profile(_profile(1.0, 4 * 2**28 - 1, 0.5), test_bytes=2**28)
+    assert obs is None and "under the %d that make a measure" % (4 * 2**28) in why
+    assert diskspeed.observed_from_profile(_profile(1.0, 4 * 2**28, 0.5), test_bytes=2**28)[0] is not None
+    # without a test: TEST_BYTES is the yardstick
+    assert diskspeed.observed_from_profile(_profile(1.0, 4 * diskspeed.TEST_BYTES - 1, 0.5))[0] is None
+    for bad in (None, {"seconds": 1.0}, _profile(0, gib, 0), _profile(None, gib, 1.0), _profile(2.0, gib, True)):
+        assert diskspeed.observed_from_profile(bad)[0] is None
+
+
+def _test_record(tmp_path, bytes_per_s):
+    fs = diskspeed.fs_key(str(tmp_path))
+    path = tmp_path / "state" / "diskspeed" / f"{fs['key']}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"bytes_per_s": bytes_per_s, "bytes": 2**28, "seconds": 2**28 / bytes_per_s,
+                                "method": "recorded", "dev": fs["dev"], "mount": fs["mount"], "key": fs["key"],
+                                "measured_at": 1000.0}))
+    return path
+
+
+def test_the_lower_of_the_write_test_and_a_jobs_own_writes_is_the_plans_speed(tmp_path, monkeypatch):
+    monkeypatch.setenv("REMOTE_OPS_STATE_DIR", str(tmp_path / "state"))
+    path = _test_record(tmp_path, 1_600_000_000)
+    out = tmp_path / "out"
+    r = diskspeed.record_observed([str(out)], _profile(24.55, 25_669_140_480, 6.2), "job-1", now=2000.0)
+    assert r["recorded"] is True and r["observed"]["bytes_per_s"] == int(25_669_140_480 / 24.55)
+    saved = json.loads(path.read_text())
+    assert saved["bytes_per_s"] == 1_600_000_000 and saved["observed"]["job_id"] == "job-1"
+    got = diskspeed.lookup(str(out), now=2090.0)
+    assert got["source"] == "job" and got["bytes_per_s"] == r["observed"]["bytes_per_s"] and got["cached"] is True
+    assert got["age_s"] == 90.0 and got["job_id"] == "job-1" and got["test"]["bytes_per_s"] == 1_600_000_000
+    assert got["method"].startswith("the writes of job job-1: 25669140480 bytes in 24.6 s, 6.2 s of it waiting")
+    # the plan is made from it (same figures as the refusal's)
+    need = {"samples": 10, "tokens": 1000, "need_bytes": 10**12, "free_bytes": 10**13, "fits": True}
+    plan = P.build(need, got, None, None, str(out))
+    assert plan.disk_hours == 10**12 / got["bytes_per_s"] / 3600
+    assert plan.disk_bytes_per_s == got["bytes_per_s"] and plan.disk_speed["source"] == "job"
+    line = plan_line(plan.to_json())
+    assert "writes 1.05 GB/s (job job-1's own writes, 1m30s ago; the write test: 1.60 GB/s) -> " in line
+    # a job faster than the test: the test's figure stays the plan's (the lower one)
+    _test_record(tmp_path, 500_000_000)
+    diskspeed.record_observed([str(out)], _profile(24.55, 25_669_140_480, 6.2), "job-2", now=3000.0)
+    got = diskspeed.lookup(str(out), now=3000.0)
+    assert got["source"] == "test" and got["bytes_per_s"] == 500_000_000 and got["observed"]["job_id"] == "job-2"
+
+
+def test_a_later_job_faster_without_waiting_drops_the_figure(tmp_path, monkeypatch):
+    monkeypatch.setenv("REMOTE_OPS_STATE_DIR", str(tmp_path / "state"))
+    path = _test_record(tmp_path, 1_600_000_000)
+    diskspeed.record_observed([str(tmp_path)], _profile(25.0, 25 * 10**9, 6.0), "slow", now=1.0)   # 1.0 GB/s
+    # slower and not held back: says nothing of the disk, the figure stays
+    r = diskspeed.record_observed([str(tmp_path)], _profile(50.0, 25 * 10**9, 0.0), "gpu-bound", now=2.0)
+    assert r["recorded"] is False and "dropped" not in r and json.loads(path.read_text())["observed"]["job_id"] == "slow"
+    # faster than the figure without waiting: the disk is faster now than "slow" found it
+    r = diskspeed.record_observed([str(tmp_path)], _profile(20.0, 25 * 10**9, 0.0), "fast", now=3.0)
+    assert r["recorded"] is False and r["dropped"]["job_id"] == "slow"
+    assert "observed" not in json.loads(path.read_text())
+    assert diskspeed.lookup(str(tmp_path))["source"] == "test"
+
+
+def test_no_figure_from_an_output_over_several_filesystems_or_without_a_profile(tmp_path, monkeypatch):
+    monkeypatch.setenv("REMOTE_OPS_STATE_DIR", str(tmp_path / "state"))
+    assert os.stat("/proc").st_dev != os.stat(tmp_path).st_dev
+    r = diskspeed.record_observed([str(tmp_path), "/proc"], _profile(20.0, 25 * 2**30, 6.0), "j")
+    assert r == {"recorded": False, "why": "its output spans 2 filesystems"}
+    assert diskspeed.record_observed([], _profile(20.0, 25 * 2**30, 6.0), "j")["recorded"] is False
+    assert diskspeed.lookup(str(tmp_path)) is None
+
+
+def test_for_dir_keeps_a_jobs_figure_and_refresh_forgets_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("REMOTE_OPS_STATE_DIR", str(tmp_path / "state"))
+    diskspeed.record_observed([str(tmp_path)], _profile(25.0, 25 * 10**9, 6.0), "j", now=time.time())
+    calls = []
+
+    def recorded(path, size):
+        calls.append(size)
+        return {"bytes_per_s": 2_000_000_000, "bytes": size, "seconds": size / 2e9, "method": "recorded"}
+    # a job's figure alone: the test is still made, and the lower one used
+    got = diskspeed.for_dir(str(tmp_path), size=2**27, measure_fn=recorded)
+    assert len(calls) == 1 and got["source"] == "job" and got["bytes_per_s"] == 10**9 and got["cached"] is False
+    again = diskspeed.for_dir(str(tmp_path), measure_fn=recorded)
+    assert len(calls) == 1 and again["source"] == "job" and again["cached"] is True
+    fresh = diskspeed.for_dir(str(tmp_path), refresh=True, size=2**27, measure_fn=recorded)
+    assert len(calls) == 2 and fresh["source"] == "test" and fresh["bytes_per_s"] == 2_000_000_000
+
+
+def test_last_profile_reads_this_jobs_part_of_the_log(tmp_path):
+    log = tmp_path / "log"
+    first = "extract-profile " + json.dumps(_profile(1.0, 1, 0.0)) + "\n"
+    log.write_text("x\n" + first)
+    start = log.stat().st_size
+    assert diskspeed.last_profile(str(log)) == _profile(1.0, 1, 0.0)
+    assert diskspeed.last_profile(str(log), start) is None           # the earlier run's line is not this job's
+    with open(log, "a") as fh:
+        fh.write("extract-profile " + json.dumps(_profile(2.0, 2, 1.0)) + "\nextract-profile {broken\ndone\n")
+    assert diskspeed.last_profile(str(log), start) == _profile(2.0, 2, 1.0)
+    assert diskspeed.last_profile(str(tmp_path / "none")) is None
 
 
 def test_no_test_on_a_disk_too_small_for_one_block(tmp_path, monkeypatch):

@@ -55,12 +55,12 @@ def _cache_file(env):
     return env.state / "diskspeed" / (diskspeed.fs_key(str(env.out))["key"] + ".json")
 
 
-def _record_write_test(env, bytes_per_s):
+def _record_write_test(env, bytes_per_s, nbytes=2**28):
     """A recorded write test in the host's cache for the output directory's filesystem."""
     fs = diskspeed.fs_key(str(env.out))
     path = _cache_file(env)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"bytes_per_s": bytes_per_s, "bytes": 2**28, "seconds": 2**28 / bytes_per_s,
+    path.write_text(json.dumps({"bytes_per_s": bytes_per_s, "bytes": nbytes, "seconds": nbytes / bytes_per_s,
                                 "method": "recorded", "dev": fs["dev"], "mount": fs["mount"], "key": fs["key"],
                                 "measured_at": time.time() - 600}))
 
@@ -166,5 +166,63 @@ def test_status_and_tail_say_which_bound_the_running_job_is_at(tmp_path, sshd, c
     assert snaps and all(e["bound"]["bound"] == "gpu" for e in snaps)
     end = [e for e in events if e.get("event") == "end"][-1]["status"]
     assert end["state"] == "succeeded" and "bound" not in end
+    # the job was held back by its --sleep, not by its disk: its writes are no measure of the disk
+    obs = end["disk_observed"]
+    assert obs["recorded"] is False and obs["why"].startswith("the disk did not hold it back"), obs
+    assert "observed" not in json.loads(_cache_file(env).read_text())
     assert [p for p in tmp_path.rglob(diskspeed.PREFIX + "*")] == []
     assert os.path.exists(env.out)
+
+
+def _wait_end(cli, env, timeout=90):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        s, rec, _ = cli_json(cli, env, "status", "testhost")
+        if rec["job"]["state"] not in ("starting", "running") and rec["job"].get("disk_observed") is not None:
+            return rec["job"]
+        time.sleep(0.3)
+    raise AssertionError("the job did not end")
+
+
+def test_a_disk_bound_jobs_own_writes_are_the_next_plans_disk_speed(tmp_path, sshd, cli):
+    """A job held back by its disk (a save of 40 ms a file, one writer thread, a 0.1 MB queue) ends: its
+    supervisor keeps its own write speed beside the write test (a 256 KiB burst at 10 GB/s), status says
+    so, the next plan uses the lower figure and names the job, and --remeasure-disk forgets it."""
+    env = _env(tmp_path, sshd, samples=60,
+               extra=["--writer-threads", "1", "--write-queue-mb", "0.1", "--save-ms", "40"])
+    _record_write_test(env, 10**10, nbytes=2**18)
+    s, rec, err = cli_json(cli, env, "extract", "testhost")
+    assert s == 0, err
+    assert rec["preflight"]["plan"]["disk_speed"]["source"] == "test"
+    job = _wait_end(cli, env)
+    assert job["state"] == "succeeded", job
+    d = job["disk_observed"]
+    assert d["recorded"] is True, d
+    o = d["observed"]
+    assert o["bytes"] >= 4 * 2**18 and o["bytes_per_s"] == int(o["bytes"] / o["seconds"])
+    assert o["waited_s"] >= 0.1 * o["seconds"] and o["job_id"] == job["job_id"]
+    # the job's own figure: its extract-profile line, as the script printed it in the job's log
+    (line,) = [l for l in Path(job["log"]).read_text().splitlines() if l.startswith("extract-profile ")]
+    prof = json.loads(line[len("extract-profile "):])
+    assert (o["bytes"], o["seconds"], o["waited_s"]) == (prof["writer"]["bytes"], prof["seconds"],
+                                                         prof["writer"]["put_wait_s"])
+    cached = json.loads(_cache_file(env).read_text())
+    assert cached["bytes_per_s"] == 10**10 and cached["observed"]["bytes_per_s"] == o["bytes_per_s"]
+    s, out, _ = cli(*env.argv("status", "testhost"))
+    assert f"disk: this job wrote {o['bytes_per_s'] / 1e9:.2f} GB/s, waiting {o['waited_s']:.1f} s" in out
+
+    s, rec, err = cli_json(cli, env, "extract", "testhost", "--dry-run", "--overwrite")
+    assert s == 0, err
+    plan = rec["preflight"]["plan"]
+    assert plan["disk_bytes_per_s"] == o["bytes_per_s"] and plan["disk_speed"]["source"] == "job"
+    assert plan["disk_speed"]["job_id"] == job["job_id"] and plan["disk_speed"]["test"]["bytes_per_s"] == 10**10
+    assert plan["disk_hours"] == pytest.approx(plan["bytes"] / o["bytes_per_s"] / 3600, rel=1e-9)
+    s, out, err = cli(*env.argv("extract", "testhost", "--dry-run", "--overwrite"))
+    (line,) = [l.strip() for l in out.splitlines() if l.strip().startswith("plan: ")]
+    assert f"writes {o['bytes_per_s'] / 1e9:.2f} GB/s (job {job['job_id']}'s own writes, " in line
+    assert "; the write test: 10.00 GB/s) -> " in line
+    # --remeasure-disk: a new write test, the job's figure forgotten
+    s, rec, err = cli_json(cli, env, "extract", "testhost", "--dry-run", "--overwrite", "--remeasure-disk")
+    assert s == 0, err
+    assert rec["preflight"]["plan"]["disk_speed"]["source"] == "test"
+    assert "observed" not in json.loads(_cache_file(env).read_text())

@@ -9,7 +9,7 @@ Layout (private: directories 0700, files 0600)::
         <job-id>/run.json                 written by the supervisor: pid, pgid, start time
         <job-id>/run.lock                 flock held by the live supervisor, and only by it
         <job-id>/exit.json                real exit status, written by the supervisor
-        <job-id>/stop.json, watchdog.json, log, supervisor.py, supervisor.log
+        <job-id>/stop.json, watchdog.json, log, supervisor.py (diskspeed.py beside it), supervisor.log
     <output_dir>/.remote-ops-job.json     the job writing there now (job/outputlock.py)
 
 A slot is what the job is (``job/status.slot``): the playbook's key and the real path of its output
@@ -39,22 +39,23 @@ from .protocol import AgentFailure
 
 
 # ------------------------------------------------------------------ launching
-def _supervisor_source():
-    """The supervisor's source, to run it as its own script outside the agent."""
-    path = getattr(sup, "__file__", "") or ""
+def _module_source(mod):
+    """A module's source (the supervisor, and diskspeed beside it), to run it as its own script outside
+    the agent."""
+    path = getattr(mod, "__file__", "") or ""
     if os.path.isfile(path):
         with open(path, encoding="utf-8") as fh:
             return fh.read()
     # shipped by the bootstrap (bundle.py): its importer is the module's loader and serves the source
-    loader = getattr(sup, "__loader__", None)
+    loader = getattr(mod, "__loader__", None)
     if loader is not None and hasattr(loader, "get_source"):
         try:
-            src = loader.get_source(sup.__name__)
+            src = loader.get_source(mod.__name__)
             if src:
                 return src
         except ImportError:
             pass
-    raise AgentFailure("internal", "cannot find the supervisor's source to start the job")
+    raise AgentFailure("internal", "cannot find the source of %s to start the job" % mod.__name__)
 
 
 class _LaunchLock:
@@ -404,6 +405,7 @@ def _start(args, job_id, jobdir, key, name, command, workdir, env, secret_values
         undo()
         raise
     log = os.path.join(jobdir, "log")
+    from .job import diskspeed
     sup.write_json(os.path.join(jobdir, "job.json"), {
         "job_id": job_id, "key": key, "command": command, "workdir": workdir, "env": env,
         "secret_names": sorted(secret_values), "output_dir": output_dir, "log": log,
@@ -415,6 +417,8 @@ def _start(args, job_id, jobdir, key, name, command, workdir, env, secret_values
         "label": standin_label(command, workdir),
         "layout": args.get("layout"), "server": _server_args(args.get("server")), "shard": shard,
         "plan": _plan_arg(args.get("plan")),
+        # where the supervisor keeps the job's own write speed for the next plan (diskspeed.record_observed)
+        "diskspeed_cache": diskspeed.cache_dir() if dirs else None,
     })
     if secret_values:
         fd = os.open(os.path.join(jobdir, "secrets.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -424,7 +428,10 @@ def _start(args, job_id, jobdir, key, name, command, workdir, env, secret_values
     script = os.path.join(jobdir, "supervisor.py")
     fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:
-        fh.write(_supervisor_source())
+        fh.write(_module_source(sup))
+    fd = os.open(os.path.join(jobdir, "diskspeed.py"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:      # imported by the supervisor when the job ends
+        fh.write(_module_source(diskspeed))
     os.close(os.open(log, os.O_WRONLY | os.O_CREAT, 0o600))
     sup.write_json(os.path.join(root, name + ".current"), {"job_id": job_id})
     sup_env = {k: v for k, v in os.environ.items() if k != sup.MARKER}

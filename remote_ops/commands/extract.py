@@ -128,7 +128,12 @@ def plan_line(p: dict) -> str:
     free = human_bytes(p.get("free_bytes"))
     if p.get("disk_bytes_per_s"):
         sp = p.get("disk_speed") or {}
-        age = (f"cached {_age(sp.get('age_s'))} ago" if sp.get("cached") else "measured now")
+        if sp.get("source") == "job":      # a finished job's own writes, slower than the write test
+            test = (sp.get("test") or {}).get("bytes_per_s")
+            age = (f"job {sp.get('job_id')}'s own writes, {_age(sp.get('age_s'))} ago"
+                   + (f"; the write test: {test / 1e9:.2f} GB/s" if test else ""))
+        else:
+            age = f"cached {_age(sp.get('age_s'))} ago" if sp.get("cached") else "measured now"
         parts.append(f"disk {free} free, writes {p['disk_bytes_per_s'] / 1e9:.2f} GB/s ({age}) -> "
                      f"{_hours(p['disk_hours'])}")
     else:

@@ -43,6 +43,9 @@ def render(c, host, st) -> None:
     from remote_ops.extract.tail import bound_text
     if bound_text(st):
         c.print(f"  {bound_text(st)}", markup=False, highlight=False)
+    from remote_ops.extract.tail import disk_observed_text
+    if disk_observed_text(st):
+        c.print(f"  {disk_observed_text(st)}", markup=False, highlight=False)
     for t in st.get("tasks") or []:      # a Slurm job array (extract/slurm.py)
         c.print(f"  task {t['task']}: {t['state']}" + (f" ({t['reason']})" if t.get("reason") else "") +
                 f", {t['samples']}" + (f"/{t['expected']}" if t.get("expected") is not None else "") + " samples"

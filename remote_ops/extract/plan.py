@@ -60,7 +60,8 @@ class Plan:
     fits: bool | None = None
     disk_path: str | None = None
     disk_bytes_per_s: int | None = None
-    disk_speed: dict | None = None         # the measurement: method, bytes, seconds, mount, cached, age_s
+    disk_speed: dict | None = None         # the measurement: method, bytes, seconds, mount, cached, age_s,
+                                           # source (test | job: a finished job's own writes), job_id, test
     disk_hours: float | None = None
     disk_unknown: str | None = None
     gpus: list | None = None               # [{name, model, bf16_dense_tflops, source}] the job's GPUs
@@ -100,7 +101,8 @@ def build(need: dict | None, speed: dict | None, gpu: dict | None, gpu_count: in
         f["disk_unknown"] = (speed or {}).get("error") or "the disk's write speed was not measured"
     else:
         f["disk_bytes_per_s"] = int(speed["bytes_per_s"])
-        f["disk_speed"] = {k: speed.get(k) for k in ("method", "bytes", "seconds", "mount", "cached", "age_s")}
+        f["disk_speed"] = {k: speed.get(k) for k in ("method", "bytes", "seconds", "mount", "cached", "age_s",
+                                                      "source", "job_id", "test")}
         f["disk_hours"] = nbytes / speed["bytes_per_s"] / 3600
     f.update(_compute(need.get("active") or {}, gpu or {}, gpu_count, tokens))
     disk_h, comp_h = f.get("disk_hours"), f.get("compute_hours")

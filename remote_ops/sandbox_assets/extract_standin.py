@@ -78,6 +78,8 @@ def add_standin_arguments(p):
                    help="fail unless this variable is set (prints only its length)")
     g.add_argument("--ticks", action="store_true",
                    help="print 'tick <unix time>' per batch (latency measurements)")
+    g.add_argument("--save-ms", type=float, default=0.0,
+                   help="a slow disk: each file's save takes this many milliseconds more")
 
 
 def worker_main(stubborn):
@@ -240,6 +242,13 @@ def main(argv=None):
             argv += ["--max-samples", "16"]
     if not pre.target_model_path:
         argv += ["--target-model-path", "tiny-standin"]
+    if pre.save_ms > 0 and hasattr(script, "save_atomic"):
+        fast_save = script.save_atomic
+
+        def slow_save(*a, **k):
+            time.sleep(pre.save_ms / 1000.0)
+            return fast_save(*a, **k)
+        script.save_atomic = slow_save
     import warnings
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     holder = {}

@@ -213,7 +213,7 @@ def write_rate(bytes_per_token, tokens_per_s, output_dir):
     rate = round(tokens_per_s * bytes_per_token) if bytes_per_token and tokens_per_s else None
     disk = diskspeed.lookup(output_dir)
     if disk is not None:
-        disk = {k: disk.get(k) for k in ("bytes_per_s", "age_s", "mount", "bytes", "seconds", "method")}
+        disk = {k: disk.get(k) for k in ("bytes_per_s", "age_s", "mount", "bytes", "seconds", "method", "source")}
     return {"bytes_per_token": bytes_per_token, "bytes_per_s": rate, "disk": disk}
 
 
@@ -237,6 +237,8 @@ def job_status(job_id):
         "supervisor_pid": run.get("supervisor_pid"), "supervisor_alive": held,
         "exit_code": None, "signal": None, "signal_name": None, "reason": None, "error_lines": [],
         "stop_requested": bool(stop), "watchdog": None, "warnings": [], "label": job.get("label"),
+        # what its supervisor kept of the job's own write speed for the next plan (diskspeed.record_observed)
+        "disk_observed": (ext or {}).get("disk_observed"),
     }
     if ext is not None:
         out.update(exit_code=ext.get("exit_code"), signal=ext.get("signal"),

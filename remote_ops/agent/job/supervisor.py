@@ -270,6 +270,7 @@ class Supervisor:
         job = self.job
         log_path = job.get("log") or self.path("log")
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self.log_start = os.fstat(log_fd).st_size      # this job's part of the log starts here
         secrets, problem = load_secrets(self.path("secrets.json"), job.get("secret_names") or [])
         if problem:
             # never start a job without the secrets it was launched with: it would run (and perhaps
@@ -338,9 +339,28 @@ class Supervisor:
         log_line(log_fd, "job %s ended: %s" % (
             self.job_id, "exit code %d" % rc if rc >= 0 else "killed by %s" % exit_rec["signal_name"]))
         exit_rec["cleanup"] = self._cleanup(log_fd)
+        exit_rec["disk_observed"] = self._disk_observed(log_path, output_dir)
         write_json(self.path("exit.json"), exit_rec)
         os.close(log_fd)
         return 0
+
+    def _disk_observed(self, log_path, output_dir):
+        """The job's own write speed kept for the next launch plan (diskspeed.record_observed), from
+        its ``extract-profile`` line: {recorded, why?, observed?}. Never fails the job's ending."""
+        cache = self.job.get("diskspeed_cache")
+        if not cache:
+            return {"recorded": False, "why": "launched without a disk-speed cache (no plan)"}
+        try:
+            try:
+                from . import diskspeed          # imported by the agent (tests)
+            except ImportError:
+                import diskspeed                 # run as a script: jobs.op_launch wrote it beside this file
+            profile = diskspeed.last_profile(log_path, self.log_start)
+            if profile is None:
+                return {"recorded": False, "why": "the job printed no extract-profile line"}
+            return diskspeed.record_observed(output_dir, profile, self.job_id, cache=cache)
+        except Exception as exc:     # noqa: BLE001 (a cache problem must not turn into a lost job)
+            return {"recorded": False, "why": "%s: %s" % (type(exc).__name__, exc)}
 
     def _wait(self, log_fd, output_dir, started):
         import subprocess
