@@ -351,10 +351,7 @@ class Supervisor:
         if not cache:
             return {"recorded": False, "why": "launched without a disk-speed cache (no plan)"}
         try:
-            try:
-                from . import diskspeed          # imported by the agent (tests)
-            except ImportError:
-                import diskspeed                 # run as a script: jobs.op_launch wrote it beside this file
+            diskspeed = _sibling("diskspeed")
             profile = diskspeed.last_profile(log_path, self.log_start)
             if profile is None:
                 return {"recorded": False, "why": "the job printed no extract-profile line"}
@@ -638,6 +635,20 @@ class Server:
             self.state = "stopped"
             self.save(exit=describe_rc(rc), ended_at=now())
         return {"exit": describe_rc(rc), "how": how}
+
+
+def _sibling(name):
+    """A module of this folder: imported as a package module inside the agent, loaded from the file
+    beside this one when this file runs as its own script (jobs.op_launch writes both there)."""
+    if __package__:
+        import importlib
+        return importlib.import_module("%s.%s" % (__package__, name))
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".py")
+    spec = importlib.util.spec_from_file_location("remote_ops_job_" + name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def describe_rc(rc):
