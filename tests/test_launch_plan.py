@@ -171,6 +171,11 @@ def test_a_later_job_faster_without_waiting_drops_the_figure(tmp_path, monkeypat
     assert r["recorded"] is False and r["dropped"]["job_id"] == "slow"
     assert "observed" not in json.loads(path.read_text())
     assert diskspeed.lookup(str(tmp_path))["source"] == "test"
+    # held back but too short to be a measure: a burst, which drops nothing
+    diskspeed.record_observed([str(tmp_path)], _profile(25.0, 25 * 10**9, 6.0), "slow", now=4.0)
+    r = diskspeed.record_observed([str(tmp_path)], _profile(0.1, 10**9, 0.05), "burst", now=5.0)
+    assert r["recorded"] is False and "dropped" not in r and "under the" in r["why"]
+    assert json.loads(path.read_text())["observed"]["job_id"] == "slow"
 
 
 def test_no_figure_from_an_output_over_several_filesystems_or_without_a_profile(tmp_path, monkeypatch):

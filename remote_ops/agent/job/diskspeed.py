@@ -238,10 +238,14 @@ def observed_from_profile(profile, test_bytes=None):
 
 
 def _rate(profile):
+    """(bytes/s the job wrote, whether its writers held it back) from its profile; (None, None) unknown."""
     try:
-        return profile["writer"]["bytes"] / profile["seconds"] if profile["seconds"] > 0 else None
-    except (KeyError, TypeError):
-        return None
+        secs, w = float(profile["seconds"]), profile["writer"]
+        if secs <= 0:
+            return None, None
+        return w["bytes"] / secs, w["put_wait_s"] >= OBSERVED_WAIT_SHARE * secs
+    except (KeyError, TypeError, ValueError):
+        return None, None
 
 
 def last_profile(log_path, start=0, max_bytes=262144):
@@ -287,8 +291,8 @@ def record_observed(dirs, profile, job_id, now=None, cache=None):
     obs, why = observed_from_profile(profile, rec.get("bytes") if rec.get("bytes_per_s") else None)
     if obs is None:
         old = rec.get("observed") if isinstance(rec.get("observed"), dict) else None
-        rate = _rate(profile)
-        if old and rate and rate > (old.get("bytes_per_s") or 0):
+        rate, held = _rate(profile)
+        if old and rate and not held and rate > (old.get("bytes_per_s") or 0):
             # a later job wrote faster than the recorded figure without being held back: the disk is
             # faster now than that job found it (another writer, a burst's end): the figure goes
             rec.pop("observed")
