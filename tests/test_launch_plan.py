@@ -217,6 +217,15 @@ def test_last_profile_reads_this_jobs_part_of_the_log(tmp_path):
     assert diskspeed.last_profile(str(tmp_path / "none")) is None
 
 
+def test_a_test_without_a_speed_is_returned_as_measured(tmp_path, monkeypatch):
+    """A measure of no time (bytes_per_s None) is still the answer, not a crash; the plan has no speed."""
+    monkeypatch.setenv("REMOTE_OPS_STATE_DIR", str(tmp_path / "state"))
+    got = diskspeed.for_dir(str(tmp_path), size=2**27, measure_fn=lambda path, size: {
+        "bytes_per_s": None, "bytes": 0, "seconds": 0.0, "method": "recorded"})
+    assert got["bytes_per_s"] is None and got["cached"] is False and got["source"] == "test"
+    assert diskspeed.lookup(str(tmp_path)) is None
+
+
 def test_no_test_on_a_disk_too_small_for_one_block(tmp_path, monkeypatch):
     monkeypatch.setenv("REMOTE_OPS_STATE_DIR", str(tmp_path / "state"))
     r = diskspeed.for_dir(str(tmp_path), size=2**20, measure_fn=lambda *a, **k: pytest.fail("measured"))

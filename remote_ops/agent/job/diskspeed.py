@@ -334,4 +334,4 @@ def for_dir(path, refresh=False, size=TEST_BYTES, measure_fn=None):
         if isinstance(obs, dict):
             rec["observed"] = obs
     _write_cache(fs, rec)
-    return dict(effective(rec), cached=False)
+    return dict(effective(rec) or dict(rec, source="test", age_s=0.0), cached=False)
