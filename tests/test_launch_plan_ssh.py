@@ -209,7 +209,9 @@ def test_a_disk_bound_jobs_own_writes_are_the_next_plans_disk_speed(tmp_path, ss
     cached = json.loads(_cache_file(env).read_text())
     assert cached["bytes_per_s"] == 10**10 and cached["observed"]["bytes_per_s"] == o["bytes_per_s"]
     s, out, _ = cli(*env.argv("status", "testhost"))
-    assert f"disk: this job wrote {o['bytes_per_s'] / 1e9:.2f} GB/s, waiting {o['waited_s']:.1f} s" in out
+    assert (f"disk: this job wrote {o['bytes_per_s'] / 1e9:.2f} GB/s, waiting {o['waited_s']:.1f} s of "
+            f"{o['seconds']:.1f} s for it; kept for the next plan on {d['mount']} (the lower of it and the write "
+            "test)") in out
 
     s, rec, err = cli_json(cli, env, "extract", "testhost", "--dry-run", "--overwrite")
     assert s == 0, err

@@ -253,14 +253,15 @@ def bound_text(st: dict, brief: bool = False) -> str:
 
 def disk_observed_text(st: dict) -> str:
     """For an ended job whose writes were held back by its disk: "disk: this job wrote 1.05 GB/s, waiting
-    6.2 s of 16.5 s for it; the next plan for /mnt uses that" (agent/job/diskspeed.py record_observed);
-    "" otherwise (the JSON's ``disk_observed`` says why not)."""
+    6.2 s of 16.5 s for it; kept for the next plan on /mnt (the lower of it and the write test)"
+    (agent/job/diskspeed.py record_observed); "" otherwise (the JSON's ``disk_observed`` says why not)."""
     d = st.get("disk_observed") or {}
     o = d.get("observed") or {}
     if not d.get("recorded") or not o.get("bytes_per_s"):
         return ""
     return (f"disk: this job wrote {o['bytes_per_s'] / 1e9:.2f} GB/s, waiting {o.get('waited_s', 0):.1f} s of "
-            f"{o.get('seconds', 0):.1f} s for it; the next plan for {d.get('mount')} uses that")
+            f"{o.get('seconds', 0):.1f} s for it; kept for the next plan on {d.get('mount')} (the lower of it and "
+            "the write test)")
 
 
 def snapshot_text(snap: dict) -> str:

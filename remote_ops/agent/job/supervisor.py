@@ -349,7 +349,7 @@ class Supervisor:
         its ``extract-profile`` line: {recorded, why?, observed?}. Never fails the job's ending."""
         cache = self.job.get("diskspeed_cache")
         if not cache:
-            return {"recorded": False, "why": "launched without a disk-speed cache (no plan)"}
+            return {"recorded": False, "why": "no output directory (or launched by an agent before 64bf0a5)"}
         try:
             diskspeed = _sibling("diskspeed")
             profile = diskspeed.last_profile(log_path, self.log_start)
