@@ -215,6 +215,22 @@ def lookup(path, now=None):
     return rec
 
 
+def _figures(profile):
+    """(seconds, bytes written, seconds waited for the writers) of a job's ``extract-profile`` doc, each a
+    number and seconds > 0; else None."""
+    if not isinstance(profile, dict) or not isinstance(profile.get("writer"), dict):
+        return None
+    w = profile["writer"]
+    secs, nbytes, waited = profile.get("seconds"), w.get("bytes"), w.get("put_wait_s")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (secs, nbytes, waited)) or secs <= 0:
+        return None
+    return secs, nbytes, waited
+
+
+def _held_back(secs, waited):
+    return waited >= OBSERVED_WAIT_SHARE * secs
+
+
 def observed_from_profile(profile, test_bytes=None):
     """(measure, why_not) from a job's ``extract-profile`` doc: its writes are a measure of its disk
     only when they held the job back (writer.put_wait_s >= OBSERVED_WAIT_SHARE of its seconds) and
@@ -222,12 +238,12 @@ def observed_from_profile(profile, test_bytes=None):
     measure: {bytes_per_s, bytes, seconds, waited_s}."""
     if not isinstance(profile, dict) or not isinstance(profile.get("writer"), dict):
         return None, "the job printed no extract-profile line with its writer's figures"
-    w = profile["writer"]
-    secs, nbytes, waited = profile.get("seconds"), w.get("bytes"), w.get("put_wait_s")
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (secs, nbytes, waited)) or secs <= 0:
+    figures = _figures(profile)
+    if figures is None:
         return None, "its extract-profile line lacks seconds, writer.bytes or writer.put_wait_s"
+    secs, nbytes, waited = figures
     need = OBSERVED_TEST_MULTIPLE * (test_bytes or TEST_BYTES)
-    if waited < OBSERVED_WAIT_SHARE * secs:
+    if not _held_back(secs, waited):
         return None, ("the disk did not hold it back (it waited %.1f s of %.1f s for its writers, under %g of its run)"
                       % (waited, secs, OBSERVED_WAIT_SHARE))
     if nbytes < need:
@@ -235,17 +251,6 @@ def observed_from_profile(profile, test_bytes=None):
             nbytes, need, OBSERVED_TEST_MULTIPLE)
     return {"bytes_per_s": int(nbytes / secs), "bytes": int(nbytes), "seconds": round(float(secs), 3),
             "waited_s": round(float(waited), 3)}, None
-
-
-def _rate(profile):
-    """(bytes/s the job wrote, whether its writers held it back) from its profile; (None, None) unknown."""
-    try:
-        secs, w = float(profile["seconds"]), profile["writer"]
-        if secs <= 0:
-            return None, None
-        return w["bytes"] / secs, w["put_wait_s"] >= OBSERVED_WAIT_SHARE * secs
-    except (KeyError, TypeError, ValueError):
-        return None, None
 
 
 def last_profile(log_path, start=0, max_bytes=262144):
@@ -291,8 +296,9 @@ def record_observed(dirs, profile, job_id, now=None, cache=None):
     obs, why = observed_from_profile(profile, rec.get("bytes") if rec.get("bytes_per_s") else None)
     if obs is None:
         old = rec.get("observed") if isinstance(rec.get("observed"), dict) else None
-        rate, held = _rate(profile)
-        if old and rate and not held and rate > (old.get("bytes_per_s") or 0):
+        figures = _figures(profile)
+        if old and figures and not _held_back(figures[0], figures[2]) and \
+                figures[1] / figures[0] > (old.get("bytes_per_s") or 0):
             # a later job wrote faster than the recorded figure without being held back: the disk is
             # faster now than that job found it (another writer, a burst's end): the figure goes
             rec.pop("observed")
