@@ -70,6 +70,13 @@ def _keep_the_checkout_clean(tmp_path, monkeypatch):
     plancache.clear_memory()
 
 
+# A live sandbox sshd's connect timeout. The default (10 s, the SSH greeting included) is the product's,
+# for a host that answers TCP but never speaks SSH; on a loaded CI machine (2 CPUs, 4 test workers)
+# a live sandbox sshd once took longer than that to send its greeting (tests/test_fleet.py, CI on
+# 0567699), which no test here is about. Tests of the timeout itself set their own.
+LIVE_CONNECT_TIMEOUT = 60
+
+
 class SshdFixture:
     """A running sshd plus helpers to describe it as an inventory host."""
 
@@ -96,7 +103,7 @@ class SshdFixture:
         """Inventory mapping (for YAML) describing this sshd."""
         entry = {"hostname": self.server.address, "port": self.port, "user": self.user,
                  "identity_file": str(self.identity_file), "known_hosts": str(self.known_hosts),
-                 "python": str(python or sys.executable)}
+                 "python": str(python or sys.executable), "connect_timeout": LIVE_CONNECT_TIMEOUT}
         entry.update(overrides)
         return entry
 

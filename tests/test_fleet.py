@@ -18,7 +18,7 @@ import pytest
 
 from remote_ops import pkgsource
 from remote_ops.sshd import SshdServer, free_port
-from tests.conftest import REPO, SPECULATORS, VLLM_NEW, write_inventory
+from tests.conftest import LIVE_CONNECT_TIMEOUT, REPO, SPECULATORS, VLLM_NEW, write_inventory
 
 PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
 LIVE = ("gpu1", "gpu2", "gpu3")
@@ -75,6 +75,7 @@ def fleet(tmp_path_factory):
             state.mkdir()
             hosts[name] = {"hostname": server.address, "port": server.port, "user": server.user,
                            "identity_file": str(server.identity_file), "known_hosts": str(server.known_hosts),
+                           "connect_timeout": LIVE_CONNECT_TIMEOUT,
                            "python": str(py), "workdir": str(root / name), "playbook": str(PLAYBOOK),
                            "env": {"REMOTE_OPS_STATE_DIR": str(state)},
                            "vars": {"output_dir": str(root / name / "out")}}
@@ -258,6 +259,7 @@ def test_extract_status_stop_on_group_with_per_host_vars(fleet, cli, tmp_path):
         state.mkdir()
         hosts[name] = {"hostname": server.address, "port": server.port, "user": server.user,
                        "identity_file": str(server.identity_file), "known_hosts": str(server.known_hosts),
+                       "connect_timeout": LIVE_CONNECT_TIMEOUT,
                        "python": str(py), "workdir": str(tmp_path), "playbook": str(pb_path),
                        "env": {"REMOTE_OPS_STATE_DIR": str(state)},
                        "vars": {"script": str(standin), "samples": samples, "sleep": sleep, "target_model": "tiny-standin",
