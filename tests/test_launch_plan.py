@@ -13,6 +13,7 @@ import types
 import pytest
 
 from remote_ops.agent.job import activeparams, diskneed, diskspeed
+from remote_ops.agent.job import supervisor as sup
 from remote_ops.commands.extract import plan_line
 from remote_ops.extract import plan as P
 from remote_ops.extract import preflight as PF
@@ -204,17 +205,17 @@ def test_for_dir_keeps_a_jobs_figure_and_refresh_forgets_it(tmp_path, monkeypatc
     assert len(calls) == 2 and fresh["source"] == "test" and fresh["bytes_per_s"] == 2_000_000_000
 
 
-def test_last_profile_reads_this_jobs_part_of_the_log(tmp_path):
+def test_the_profile_line_is_read_from_this_jobs_part_of_the_log(tmp_path):
     log = tmp_path / "log"
     first = "extract-profile " + json.dumps(_profile(1.0, 1, 0.0)) + "\n"
     log.write_text("x\n" + first)
     start = log.stat().st_size
-    assert diskspeed.last_profile(str(log)) == _profile(1.0, 1, 0.0)
-    assert diskspeed.last_profile(str(log), start) is None           # the earlier run's line is not this job's
+    assert sup.last_json_line(str(log), "extract-profile ") == _profile(1.0, 1, 0.0)
+    assert sup.last_json_line(str(log), "extract-profile ", start) is None   # the earlier run's line is not this job's
     with open(log, "a") as fh:
         fh.write("extract-profile " + json.dumps(_profile(2.0, 2, 1.0)) + "\nextract-profile {broken\ndone\n")
-    assert diskspeed.last_profile(str(log), start) == _profile(2.0, 2, 1.0)
-    assert diskspeed.last_profile(str(tmp_path / "none")) is None
+    assert sup.last_json_line(str(log), "extract-profile ", start) == _profile(2.0, 2, 1.0)
+    assert sup.last_json_line(str(tmp_path / "none"), "extract-profile ") is None
 
 
 def test_a_test_without_a_speed_is_returned_as_measured(tmp_path, monkeypatch):

@@ -40,12 +40,10 @@ def render(c, host, st) -> None:
     c.print(Text(f"{host}: " + jobs.summary_line(st), style=color))
     if st.get("label"):
         c.print(Text(f"  {st['label']}", style="yellow"))
-    from remote_ops.extract.tail import bound_text
-    if bound_text(st):
-        c.print(f"  {bound_text(st)}", markup=False, highlight=False)
-    from remote_ops.extract.tail import disk_observed_text
-    if disk_observed_text(st):
-        c.print(f"  {disk_observed_text(st)}", markup=False, highlight=False)
+    from remote_ops.extract.tail import bound_text, disk_observed_text
+    for line in (bound_text(st), disk_observed_text(st)):
+        if line:
+            c.print(f"  {line}", markup=False, highlight=False)
     for t in st.get("tasks") or []:      # a Slurm job array (extract/slurm.py)
         c.print(f"  task {t['task']}: {t['state']}" + (f" ({t['reason']})" if t.get("reason") else "") +
                 f", {t['samples']}" + (f"/{t['expected']}" if t.get("expected") is not None else "") + " samples"

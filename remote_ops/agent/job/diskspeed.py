@@ -253,30 +253,6 @@ def observed_from_profile(profile, test_bytes=None):
             "waited_s": round(float(waited), 3)}, None
 
 
-def last_profile(log_path, start=0, max_bytes=262144):
-    """The last ``extract-profile {json}`` line of the log written after byte ``start`` (this job's part
-    of a log another run may share), as a dict, else None."""
-    try:
-        with open(log_path, "rb") as fh:
-            end = fh.seek(0, os.SEEK_END)
-            fh.seek(max(start, end - max_bytes))
-            data = fh.read()
-    except (OSError, TypeError):
-        return None
-    marker = b"extract-profile {"
-    at = data.rfind(marker)
-    while at >= 0:
-        line = data[at + len(marker) - 1:].split(b"\n", 1)[0]
-        try:
-            doc = json.loads(line.decode("utf-8", "replace"))
-        except ValueError:
-            doc = None
-        if isinstance(doc, dict):
-            return doc
-        at = data.rfind(marker, 0, at)
-    return None
-
-
 def record_observed(dirs, profile, job_id, now=None, cache=None):
     """Keep a finished job's own write speed (``observed_from_profile``) in the cache of its output's
     filesystem, beside the write test. ``dirs``: the job's output directories; several filesystems
@@ -320,24 +296,24 @@ def record_observed(dirs, profile, job_id, now=None, cache=None):
 def for_dir(path, refresh=False, size=TEST_BYTES, measure_fn=None):
     """The write speed of ``path``'s filesystem: the cached measurement (``cached`` True, ``age_s``),
     else (or with ``refresh``) a new one of ``size`` bytes at most, written to the cache. {"error": why}
-    when it cannot measure."""
-    if not refresh:
-        rec = lookup(path)
-        if rec is not None and rec.get("source") == "job" and rec.get("test") is None:
-            rec = None       # only a job's figure: the test is still made, and the lower one used
-        if rec is not None:
-            return rec
+    when it cannot measure. A cache with only a job's figure (record_observed) still has the test made,
+    and keeps the figure beside it: the lower one is used (``effective``); ``refresh`` forgets it."""
+    try:
+        fs = fs_key(path)
+    except OSError:
+        fs = None       # said below, where the measurement needs it
+    kept = _read_cache(fs) if fs is not None and not refresh else None
+    if kept is not None and kept.get("bytes_per_s"):
+        return dict(effective(kept), cached=True)
     if size < BLOCK_BYTES:
         return {"error": "not measured: the test would write less than one %d MiB block" % (BLOCK_BYTES // 2 ** 20)}
     try:
-        fs = fs_key(path)
+        fs = fs or fs_key(path)
         rec = (measure_fn or measure)(path, size=size)
     except OSError as exc:      # an interrupt propagates (the file is gone by then)
         return {"error": "cannot measure the write speed at %s: %s" % (path, getattr(exc, "strerror", None) or exc)}
     rec.update(dev=fs["dev"], mount=fs["mount"], key=fs["key"], measured_at=time.time())
-    if not refresh:      # a job's figure recorded before any test is kept (refresh forgets it)
-        obs = (_read_cache(fs) or {}).get("observed")
-        if isinstance(obs, dict):
-            rec["observed"] = obs
+    if kept is not None and isinstance(kept.get("observed"), dict):
+        rec["observed"] = kept["observed"]
     _write_cache(fs, rec)
     return dict(effective(rec) or dict(rec, source="test", age_s=0.0), cached=False)

@@ -26,8 +26,7 @@ def _re(name):
         import re
         _PATTERNS.update(
             key=re.compile(r"[^A-Za-z0-9_.-]+"), job=re.compile(r"^[A-Za-z0-9_.-]+$"),
-            err=re.compile(r"(Error|Exception|error:|FAILED|Killed|Aborted|Traceback|CUDA out of memory)"),
-            progress=re.compile(r"extract-progress (\{[^\r\n]*\})"))
+            err=re.compile(r"(Error|Exception|error:|FAILED|Killed|Aborted|Traceback|CUDA out of memory)"))
     return _PATTERNS[name]
 
 
@@ -176,18 +175,8 @@ PROGRESS_KEYS = ("samples_done", "samples_total", "tokens_done", "tokens_total",
 def last_progress(log_path, max_bytes=65536):
     """The last ``extract-progress {json}`` line of the log's last ``max_bytes`` (the shipped
     extraction script prints one every few seconds), as a dict of PROGRESS_KEYS, else None."""
-    data = _read_tail(log_path or "", max_bytes)
-    if b"extract-progress {" not in data:
-        return None
-    import json
-    for m in reversed(list(_re("progress").finditer(data.decode("utf-8", "replace")))):
-        try:
-            rec = json.loads(m.group(1))
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            return {k: rec.get(k) for k in PROGRESS_KEYS}
-    return None
+    rec = sup.last_json_line(log_path or "", "extract-progress ", max_bytes=max_bytes)
+    return {k: rec.get(k) for k in PROGRESS_KEYS} if rec is not None else None
 
 
 def _tokens(progress, state, now):

@@ -236,6 +236,34 @@ def log_line(log_fd, text):
         pass
 
 
+def last_json_line(log_path, marker, start=0, max_bytes=65536):
+    """The last ``<marker>{json}`` line of a job's log (the extraction script's ``extract-progress`` and
+    ``extract-profile`` lines) as a dict, else None: read from the log's last ``max_bytes`` and not before
+    byte ``start`` (this job's part of a log an earlier run shares). A line ends at \\n or \\r (tqdm's
+    rewrites share the log) and its JSON at its last "}"; a line cut mid-write is passed over."""
+    try:
+        with open(log_path, "rb") as fh:
+            end = fh.seek(0, os.SEEK_END)
+            fh.seek(max(start, end - max_bytes))
+            data = fh.read()
+    except (OSError, TypeError):
+        return None
+    import json
+    marker = marker.encode() + b"{"
+    at = data.rfind(marker)
+    while at >= 0:
+        line = data[at + len(marker) - 1:].split(b"\n", 1)[0].split(b"\r", 1)[0]
+        line = line[:line.rfind(b"}") + 1]
+        try:
+            doc = json.loads(line.decode("utf-8", "replace")) if line else None
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict):
+            return doc
+        at = data.rfind(marker, 0, at)
+    return None
+
+
 class Supervisor:
     def __init__(self, jobdir, lock_fd):
         self.jobdir = jobdir
@@ -349,13 +377,12 @@ class Supervisor:
         its ``extract-profile`` line: {recorded, why?, observed?}. Never fails the job's ending."""
         cache = self.job.get("diskspeed_cache")
         if not cache:
-            return {"recorded": False, "why": "no output directory (or launched by an agent before 64bf0a5)"}
+            return {"recorded": False, "why": "no output directory (or launched by an older remote-ops, which kept no job speeds)"}
         try:
-            diskspeed = _sibling("diskspeed")
-            profile = diskspeed.last_profile(log_path, self.log_start)
+            profile = last_json_line(log_path, "extract-profile ", self.log_start, max_bytes=262144)
             if profile is None:
                 return {"recorded": False, "why": "the job printed no extract-profile line"}
-            return diskspeed.record_observed(output_dir, profile, self.job_id, cache=cache)
+            return _sibling("diskspeed").record_observed(output_dir, profile, self.job_id, cache=cache)
         except Exception as exc:     # noqa: BLE001 (a cache problem must not turn into a lost job)
             return {"recorded": False, "why": "%s: %s" % (type(exc).__name__, exc)}
 
