@@ -244,7 +244,7 @@ def test_fleet_parses_known_hosts_once_and_checks_each_host_against_its_own_entr
                                                                                    cli):
     """Two hosts through one known_hosts file: parsed once, yet each host's offered key is checked
     against that host's own line (the wrong line of one host refuses that host only)."""
-    import paramiko
+    from remote_ops.connect import hostkeys
     from tests.conftest import write_inventory
 
     good = sshd.known_hosts.read_text().split()
@@ -252,8 +252,8 @@ def test_fleet_parses_known_hosts_once_and_checks_each_host_against_its_own_entr
     kh.write_text(f"[127.0.0.1]:{sshd.port} {good[-2]} {good[-1]}\n"
                   + _other_key_line(tmp_path, f"[localhost]:{sshd.port}"))
     loads = []
-    real_load = paramiko.HostKeys.load
-    monkeypatch.setattr(paramiko.HostKeys, "load", lambda self, f: (loads.append(f), real_load(self, f))[1])
+    real_parse = hostkeys.parse_known_hosts
+    monkeypatch.setattr(hostkeys, "parse_known_hosts", lambda text, f: (loads.append(f), real_parse(text, f))[1])
     inv = write_inventory(tmp_path / "inv.yaml", {
         "ok": sshd.host_entry(known_hosts=str(kh)),
         "bad": sshd.host_entry(known_hosts=str(kh), hostname="localhost"),
