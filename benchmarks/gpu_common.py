@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
+PLAYBOOK = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.3.0.yaml"
 
 # Environment every host operation gets (GPU-NOTES.md: offline, NVLink multicast off).
 HOST_ENV = {

@@ -57,8 +57,8 @@ from gpu_server_check import DATASET_BUILDER, marker_pids, port_free  # noqa: E4
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "benchmarks"
-PB030 = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
-PB090 = REPO / "playbooks" / "eagle3-speculators-0.9.0.yaml"
+PB030 = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.3.0.yaml"
+PB090 = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.9.0.yaml"
 MODELS = ("deepseek_v3", "kimi_k25")
 # the outputs compared with each other (host names, host_name(flow, model)): the wrapper and the plain
 # checkpoint in each flow, then each checkpoint across the flows

@@ -52,7 +52,7 @@ import gpu_common as common  # noqa: E402
 from gpu_common import run_steps  # noqa: E402
 from remote_ops.agent import jobs as agent_jobs  # noqa: E402  (stdlib-only: the host's agent)
 
-PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.9.0.yaml"
+PLAYBOOK = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.9.0.yaml"
 KEY = "eagle3-speculators-0.9.0"
 LAYER_IDS = [2, 4, 5, 8]          # launch_vllm.py's [2, n//2, n-3, n] for the 8-layer model
 MAX_MODEL_LEN = 2048

@@ -71,8 +71,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_common import HOST_ENV, VERSIONS, WORD_TOKENIZER, last_json  # noqa: E402  (one copy of each)
 
-PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
-SCRIPT = REPO / "playbooks" / "scripts" / "extract_hidden_states.py"
+PLAYBOOK = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.3.0.yaml"
+SCRIPT = REPO / "remote_ops" / "playbook" / "shipped" / "scripts" / "extract_hidden_states.py"
 BEFORE_REV = "7a3c5d8"   # main before the zero-copy hand-off slots (issue 35 item 2; efd360d: before any hand-off)
 H200_BF16_DENSE_FLOPS = 989e12
 PARTS = {"disk": "disk", "a_before": "a_before", "a_before_tmpfs": "a_before_tmpfs", "a_after": "a_after",
@@ -98,7 +98,7 @@ TMPFS_VARIANTS = {"a_tmpfs_gil5": {"gil_switch_ms": 0}, "a_tmpfs_w8": {"writer_t
 # AFTER on the disk with one var changed (each against a_after): more fsyncs in flight at once
 DISK_VARIANTS = {"a_after_w8": {"writer_threads": 8}, "a_after_w4": {"writer_threads": 4}}
 CAPTURED_LAYERS = 4   # the generator's layer ids for these models (3 auxiliary + the last): bytes a token / hidden / 2
-SERVER_PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.9.0.yaml"
+SERVER_PLAYBOOK = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.9.0.yaml"
 SERVER_PORT = 8810
 DATASET_BUILDER = r'''
 import json, sys

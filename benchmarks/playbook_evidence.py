@@ -102,7 +102,7 @@ def in_range(pb) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--playbook", default=str(REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"))
+    ap.add_argument("--playbook", default=str(REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.3.0.yaml"))
     ap.add_argument("--vllm", help="comma list of vLLM releases, or all (the playbook's range + the first past it)")
     ap.add_argument("--records", help="instead of running: the records of an earlier run (its --json)")
     ap.add_argument("--speculators", default="0.3.0")

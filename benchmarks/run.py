@@ -69,7 +69,7 @@ from remote_ops.sshd import SshdServer  # noqa: E402
 
 SPECULATORS = ("speculators", "0.3.0")
 VLLM = ("vllm", "0.17.0")
-PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
+PLAYBOOK = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.3.0.yaml"
 ANSIBLE_VENV = BENCH / ".venv-ansible"
 CLI = str(Path(sys.executable).parent / "remote-ops")
 
@@ -211,7 +211,7 @@ class Lab:
             h.workdir.mkdir()
             shutil.copy2(REPO / "remote_ops" / "sandbox_assets" / "extract_standin.py", h.workdir)
             # the stand-in drives the shipped script (found next to it) with a torch-CPU generator
-            shutil.copy2(REPO / "playbooks" / "scripts" / "extract_hidden_states.py", h.workdir)
+            shutil.copy2(REPO / "remote_ops" / "playbook" / "shipped" / "scripts" / "extract_hidden_states.py", h.workdir)
             shutil.copy2(REPO / "remote_ops" / "agent" / "outputs" / "run_identity.py", h.workdir)   # the run identity it checks
             h.reset()
             self.hosts.append(h)

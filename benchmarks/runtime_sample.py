@@ -138,7 +138,7 @@ def one(vllm: str, work: Path, playbook: Path, pins: list[str] = ()) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vllm", default="0.16.0,0.25.0,0.32.0")
-    ap.add_argument("--playbook", default=str(REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"))
+    ap.add_argument("--playbook", default=str(REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.3.0.yaml"))
     ap.add_argument("--json", default=str(REPO / "benchmarks" / "results" / "runtime_sample.json"))
     ap.add_argument("--workdir", help="where the venvs are built (default: a temporary directory)")
     ap.add_argument("--pin", action="append", default=[], metavar="REQ",

@@ -30,8 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-PLAYBOOKS = [REPO / "playbooks" / "eagle3-speculators-0.9.0.yaml",
-             REPO / "playbooks" / "eagle3-speculators-0.9.0-no-chunked-prefill.yaml"]
+PLAYBOOKS = [REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.9.0.yaml",
+             REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.9.0-no-chunked-prefill.yaml"]
 PLAYBOOK = PLAYBOOKS[0]
 SPECULATORS = ["0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "0.9.0"]
 FIRST, LAST = "0.16.0", "0.33.0"       # every release from FIRST to LAST on PyPI (patch releases included)

@@ -142,7 +142,7 @@ def app_probe(work: Path, out: Path) -> dict:
                     (real / e.name).symlink_to(e)
         with zipfile.ZipFile(pkgsource.fetch_wheel("vllm", "0.20.0")) as zf:
             zf.extractall(real)
-    spec = jobs.parse_spec(playbook.load(str(REPO / "playbooks" / "eagle3-speculators-0.9.0.yaml")),
+    spec = jobs.parse_spec(playbook.load(str(REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.9.0.yaml")),
                            Host(name="rehearsal", hostname="localhost", python=sys.executable,
                                 vars={"layer_ids": [2, 4, 5, 8], "target_model": str(work / "model")}))
     env = {**os.environ, "PYTHONPATH": f"{work / 'server'}:{real}:{work / 'machine'}"}

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 HOST = "trialhost"
-PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
+PLAYBOOK = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.3.0.yaml"
 
 
 class Rig:

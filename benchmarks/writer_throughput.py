@@ -43,7 +43,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPT = "playbooks/scripts/extract_hidden_states.py"
+SCRIPT = "remote_ops/playbook/shipped/scripts/extract_hidden_states.py"
+OLD_SCRIPT = "playbooks/scripts/extract_hidden_states.py"   # where revisions before remote-ops 0.2.0 keep it
 RUN_IDENTITY = "remote_ops/agent/outputs/run_identity.py"   # shipped beside the script (0.3.0 playbook extract.files)
 
 
@@ -55,8 +56,11 @@ def load_script(rev: str | None, scratch: Path):
         d = scratch / f"script_{rev}"      # the script and what the playbook's extract.files ships beside it
         d.mkdir(parents=True, exist_ok=True)
         path = d / "extract_hidden_states.py"
-        path.write_text(subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:{SCRIPT}"], check=True,
-                                       capture_output=True, text=True).stdout)
+        shown = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:{SCRIPT}"], capture_output=True, text=True)
+        if shown.returncode != 0:
+            shown = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:{OLD_SCRIPT}"], check=True,
+                                   capture_output=True, text=True)
+        path.write_text(shown.stdout)
         ident = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:{RUN_IDENTITY}"], capture_output=True,
                                text=True)
         if ident.returncode == 0:          # revisions before the run identity have none to ship

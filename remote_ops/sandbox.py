@@ -27,7 +27,7 @@ from remote_ops.sshd import SshdServer
 HOST_NAME = "sandbox"
 DATASET = "dataset.jsonl"
 STANDIN_IMPORTS = ["torch", "tqdm"]     # what the stand-in imports (it imports no speculators, no vLLM)
-DEFAULT_PLAYBOOK = "playbooks/eagle3-speculators-0.3.0.yaml"
+DEFAULT_PLAYBOOK = "eagle3-speculators-0.3.0"      # a name: found in the shipped playbooks (playbook/loader.py)
 BEGIN = "  # >>> sandbox: written by `remote-ops sandbox up`; edits between these markers are overwritten"
 END = "  # <<< sandbox"
 

@@ -22,7 +22,7 @@ from remote_ops.sshd import SshdServer
 from remote_ops.connect.transport import ConnectOptions, Session
 
 REPO = Path(__file__).resolve().parent.parent
-EXTRACT_SCRIPT = REPO / "playbooks" / "scripts" / "extract_hidden_states.py"
+EXTRACT_SCRIPT = REPO / "remote_ops" / "playbook" / "shipped" / "scripts" / "extract_hidden_states.py"
 
 
 def load_extract_script(name: str = "extract_hidden_states_under_test"):

@@ -15,7 +15,7 @@ import yaml
 from remote_ops import pkgsource
 from tests.conftest import REPO, SPECULATORS, VLLM_NEW, write_inventory
 
-PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
+PLAYBOOK = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.3.0.yaml"
 
 def _readme_example() -> str:
     """The README's "Python API" example, as written there (it expects ./inventory.yaml with the

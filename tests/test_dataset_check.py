@@ -1,5 +1,5 @@
 """The dataset preflight (issue 28): the agent's check (agent/dataset.py) and the job's own
-reader (playbooks/scripts/extract_hidden_states.py read_dataset) give the same verdict on the same
+reader (remote_ops/playbook/shipped/scripts/extract_hidden_states.py read_dataset) give the same verdict on the same
 files; extract over a real sshd refuses a bad dataset with one line before anything is launched,
 notes a dataset smaller than max_samples (and expects that many), and reports a job that dies at
 once with its error line and a non-zero exit."""

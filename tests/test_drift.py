@@ -433,7 +433,7 @@ def test_real_wheels_report_the_four_measured_items(spec_src, version):
 def test_shipped_playbook_removes_the_four(spec_src):
     from remote_ops.playbook import edits
     from remote_ops.playbook import loader as playbook
-    pb = playbook.load(ROOT / "playbooks" / "eagle3-speculators-0.3.0.yaml")
+    pb = playbook.load(ROOT / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.3.0.yaml")
     overrides = {}
     for p in pb.patches:
         path = Path(spec_src, *p.module.split(".")).with_suffix(".py")

@@ -13,7 +13,7 @@ from remote_ops.playbook import loader as playbook
 from remote_ops.errors import ConfigError, Exit
 
 REPO = Path(__file__).resolve().parent.parent
-SHIPPED = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
+SHIPPED = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.3.0.yaml"
 
 HEAD = "name: t\ncheck:\n  targets: [a.b]\n  against: [vllm]\n  accepted_drift:\n"
 

@@ -1,4 +1,4 @@
-"""playbooks/scripts/extract_hidden_states.py on the CPU (torch 2.13.0): dataset, batching, truncation,
+"""remote_ops/playbook/shipped/scripts/extract_hidden_states.py on the CPU (torch 2.13.0): dataset, batching, truncation,
 resume, atomic writing and the output layout, with a TEST FAKE generator injected in place of
 speculators' VllmHiddenStatesGenerator (the real generator runs on a GPU host only; the lead's GPU
 check drives it). The layout and the generator's interface are compared with the REAL speculators

@@ -11,7 +11,7 @@ from remote_ops.errors import ConfigError
 from remote_ops.connect.inventory import Host
 from tests.conftest import REPO
 
-SHIPPED = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
+SHIPPED = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.3.0.yaml"
 
 
 def test_defaults_for_a_real_gpu_host():
@@ -26,7 +26,7 @@ def test_defaults_for_a_real_gpu_host():
     # the shipped script goes into the workdir under the name the command runs
     shipped, identity = spec.files
     assert shipped.name == "extract_hidden_states.py"
-    assert shipped.local == REPO / "playbooks" / "scripts" / "extract_hidden_states.py"
+    assert shipped.local == REPO / "remote_ops" / "playbook" / "shipped" / "scripts" / "extract_hidden_states.py"
     assert shipped.data == shipped.local.read_bytes()
     # beside it, the run identity it checks (one definition: the agent's own module)
     assert identity.name == "run_identity.py"

@@ -20,7 +20,7 @@ from remote_ops import pkgsource
 from remote_ops.sshd import SshdServer, free_port
 from tests.conftest import LIVE_CONNECT_TIMEOUT, REPO, SPECULATORS, VLLM_NEW, write_inventory
 
-PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
+PLAYBOOK = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.3.0.yaml"
 LIVE = ("gpu1", "gpu2", "gpu3")
 
 

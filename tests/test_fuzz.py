@@ -214,7 +214,7 @@ def test_fuzz_inventory_through_connect(tmp_path_factory, data, spec):
 
 
 # ------------------------------------------------------------------------------ playbooks
-VALID_PLAYBOOK = (Path(__file__).resolve().parent.parent / "playbooks" / "eagle3-speculators-0.3.0.yaml").read_text()
+VALID_PLAYBOOK = (Path(__file__).resolve().parent.parent / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.3.0.yaml").read_text()
 
 
 @st.composite

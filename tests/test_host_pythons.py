@@ -40,7 +40,7 @@ def test_check_patch_rollback_with_host_python(minor, sshd, tmp_path, cli):
     from tests.conftest import write_inventory
     inv = write_inventory(tmp_path / "inv.yaml", {"h": sshd.host_entry(
         str(python), env={"REMOTE_OPS_STATE_DIR": str(tmp_path / "state")},
-        playbook=str(REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"))})
+        playbook=str(REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.3.0.yaml"))})
 
     status, out, err = cli("facts", "--json", "-i", str(inv))
     assert status == 0, err

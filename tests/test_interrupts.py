@@ -21,7 +21,7 @@ from remote_ops.connect import transport
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.usefixtures("sigint_default")
-SHIPPED = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
+SHIPPED = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.3.0.yaml"
 
 
 def journal(state: Path) -> list[dict]:

@@ -18,7 +18,7 @@ hosts:
     proxy_jump: bastion.example.internal, jump2
     python: /opt/venvs/eagle3/bin/python
     workdir: /data/eagle3
-    playbook: playbooks/eagle3-speculators-0.3.0.yaml
+    playbook: eagle3-speculators-0.3.0
     env: {HF_HOME: /data/hf}
     vars: {output_dir: /data/out}
   gpu-2:

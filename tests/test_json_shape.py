@@ -21,7 +21,7 @@ from remote_ops.sshd import free_port
 from tests.conftest import write_inventory
 
 REPO = Path(__file__).resolve().parent.parent
-SHIPPED = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
+SHIPPED = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.3.0.yaml"
 ERROR_KEYS = {"error", "message", "hint", "exit_status", "host"}
 
 pytestmark = pytest.mark.timeout(600)

@@ -19,7 +19,7 @@ from remote_ops.errors import Exit
 from tests.conftest import write_inventory
 
 REPO = Path(__file__).resolve().parent.parent
-SHIPPED = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
+SHIPPED = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.3.0.yaml"
 
 
 def journal(state: Path) -> list[dict]:

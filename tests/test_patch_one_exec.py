@@ -25,7 +25,7 @@ from tests.conftest import SPECULATORS, VLLM_NEW, write_inventory
 from tests.test_persist import muxdir, sshd_log  # noqa: F401  (fixtures)
 
 REPO = Path(__file__).resolve().parent.parent
-SHIPPED = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
+SHIPPED = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.3.0.yaml"
 GEN = "speculators/data_generation/vllm_hidden_states_generator.py"
 READ, APPLY = "patching.read", "patching.apply"
 # what differs between two runs of the same patch whatever the path (ids, clocks)

@@ -15,7 +15,7 @@ from remote_ops.playbook import loader as playbook
 from remote_ops.errors import RefusedError
 
 REPO = Path(__file__).resolve().parent.parent
-SHIPPED = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
+SHIPPED = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.3.0.yaml"
 GEN = "speculators/data_generation/vllm_hidden_states_generator.py"
 FIXED_KINDS = {"unexpected-keyword", "missing-argument"}
 

@@ -12,7 +12,7 @@ from remote_ops.playbook.edits import CallEdit, TextEdit
 from remote_ops.errors import ConfigError, Exit, RefusedError
 
 REPO = Path(__file__).resolve().parent.parent
-SHIPPED = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
+SHIPPED = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.3.0.yaml"
 
 GOOD = """\
 name: demo

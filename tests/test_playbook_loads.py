@@ -13,7 +13,7 @@ from remote_ops.playbook import loader as pbmod
 from tests.conftest import REPO, write_inventory
 from tests.test_jobs_ssh import Env, _no_job_left_behind  # noqa: F401  (its autouse fixture applies here)
 
-SHIPPED = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
+SHIPPED = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.3.0.yaml"
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -14,7 +14,7 @@ from remote_ops.extract import jobs
 from remote_ops.playbook import loader as playbook
 from tests.conftest import REPO
 
-SHIPPED = REPO / "playbooks" / "eagle3-speculators-0.9.0.yaml"
+SHIPPED = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.9.0.yaml"
 
 
 def test_shipped_playbook_is_speculators_launch_vllm_plus_generate_offline_data():

@@ -184,11 +184,11 @@ def test_slurm_stop_cancels_the_array(slurm, sshd, tmp_path, cli):
     sys.__stdout__.write(f"\n[timing] stop (scancel) to no task left: {time.time() - t0:.1f} s\n")
 
 
-SHIPPED = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
+SHIPPED = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.3.0.yaml"
 
 
 def test_slurm_array_of_the_shipped_playbook_with_the_standin(slurm, sshd, tmp_path, cli, monkeypatch):
-    """playbooks/eagle3-speculators-0.3.0.yaml (its optional HF_TOKEN unset) with the sandbox's
+    """The playbook eagle3-speculators-0.3.0 (its optional HF_TOKEN unset) with the sandbox's
     stand-in command, on the real Slurm: submitted, run to the end, every sample verified."""
     from remote_ops import sandbox
 

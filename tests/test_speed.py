@@ -22,7 +22,7 @@ from remote_ops.patch import plancache
 from remote_ops.connect.transport import ConnectOptions, Session
 
 REPO = Path(__file__).resolve().parent.parent
-SHIPPED = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
+SHIPPED = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.3.0.yaml"
 GEN = "speculators/data_generation/vllm_hidden_states_generator.py"
 
 

@@ -18,8 +18,8 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.timeout(240)
 
-PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
-SCRIPT = REPO / "playbooks" / "scripts" / "extract_hidden_states.py"
+PLAYBOOK = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.3.0.yaml"
+SCRIPT = REPO / "remote_ops" / "playbook" / "shipped" / "scripts" / "extract_hidden_states.py"
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from remote_ops.playbook import conditions
 from remote_ops.playbook import loader as playbook
 
 REPO = Path(__file__).resolve().parent.parent
-SHIPPED = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
+SHIPPED = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.3.0.yaml"
 GEN = "speculators/data_generation/vllm_hidden_states_generator.py"
 SPEC_RELEASES = ["0.3.0", "0.4.0", "0.4.0.1", "0.5.0", "0.6.0", "0.6.0.1", "0.6.0.2", "0.7.0", "0.7.0.1",
                  "0.7.0.2", "0.8.0", "0.8.1", "0.9.0"]

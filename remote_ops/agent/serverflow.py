@@ -1,6 +1,6 @@
 """Agent op ``serverflow.check``: what a server-flow playbook's server command needs of the host's vLLM.
 
-The server flow (playbooks/eagle3-speculators-0.9.0.yaml) patches nothing and calls no vLLM function
+The server flow (the playbook eagle3-speculators-0.9.0) patches nothing and calls no vLLM function
 from speculators' modules, so ``compat.check`` has nothing to bind there. What can break instead is
 the server: the speculative method, the KV connector named on its command line, the config keys the
 command passes, its flags, what the connector writes and returns, and the request/response fields
@@ -270,7 +270,7 @@ def check(root, site, command, client, sys_path):
                   "" if off else "this vLLM raises ValueError at start-up ('%s does not support chunked "
                   "prefill') unless the server runs with %s" % (name, NO_CHUNKED),
                   where=lib + "config/vllm.py:%d" % _line_of(vcfg, pat.group(0)),
-                  fix="add %s to the server command (playbooks/eagle3-speculators-0.9.0-no-chunked-prefill.yaml "
+                  fix="add %s to the server command (the playbook eagle3-speculators-0.9.0-no-chunked-prefill "
                       "does)" % NO_CHUNKED)
         else:
             c.add("chunked-prefill", "%s allows chunked prefill (vLLM's default)" % name, True,

@@ -4,7 +4,7 @@ dataset refuse the launch with one line; fewer samples than ``max_samples`` is a
 the job's expected count to what the dataset holds.
 
 Which file and how many samples are read from the job's own command line (``--dataset PATH``,
-``--max-samples N``, as playbooks/scripts/extract_hidden_states.py and the sandbox's stand-in take
+``--max-samples N``, as remote_ops/playbook/shipped/scripts/extract_hidden_states.py and the sandbox's stand-in take
 them); a command without ``--dataset`` gets no dataset check.
 """
 

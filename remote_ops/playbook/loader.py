@@ -58,6 +58,7 @@ PATCH_KEYS = {"module", "path", "edits", "allow_outside", "when"}
 FIX_KEYS = {"kind", "symbol", "name"}
 _DOTTED = edits.DOTTED
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
 
 
 @dataclass
@@ -400,8 +401,7 @@ def find(spec: str | None, host=None, search_dirs: list[Path] | None = None) -> 
         p = Path(host.resolve_path(chosen))
     if p.exists():
         return p
-    repo = Path(__file__).resolve().parent.parent.parent
-    dirs = list(search_dirs or []) + [Path.cwd(), Path.cwd() / "playbooks", repo, repo / "playbooks"]
+    dirs = list(search_dirs or []) + [Path.cwd(), Path.cwd() / "playbooks", SHIPPED_DIR]
     for d in dirs:
         for cand in (d / chosen, d / f"{chosen}.yaml"):
             if cand.exists():
@@ -410,11 +410,11 @@ def find(spec: str | None, host=None, search_dirs: list[Path] | None = None) -> 
 
 
 def shipped() -> list:
-    """Every playbook in the repository's playbooks/ that loads (a broken one is not a candidate)."""
+    """Every shipped playbook (remote_ops/playbook/shipped/) that loads (a broken one is not a candidate)."""
     from remote_ops.errors import RemoteOpsError
 
     out = []
-    for p in sorted((Path(__file__).resolve().parent.parent.parent / "playbooks").glob("*.yaml")):
+    for p in sorted(SHIPPED_DIR.glob("*.yaml")):
         try:
             out.append(load(p))
         except RemoteOpsError:

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 # remote-ops: STAND-IN torch-CPU stand-in for extract_hidden_states.py: no vLLM, no speculators, no GPU
-"""STAND-IN for playbooks/scripts/extract_hidden_states.py: the sandbox's extraction job (runs on the host).
+"""STAND-IN for remote_ops/playbook/shipped/scripts/extract_hidden_states.py: the sandbox's extraction job (runs on the host).
 
 What it runs: the shipped script itself (found next to this file, in the working directory, where
-``remote-ops extract`` uploads it, or in the repository's playbooks/scripts/; or at
+``remote-ops extract`` uploads it, or in remote-ops' own remote_ops/playbook/shipped/scripts/; or at
 $REMOTE_OPS_EXTRACT_SCRIPT), imported and driven through its own ``main`` - its arguments,
 dataset reading and validation, truncation to max_model_len - 1, batching, resume, atomic writes,
 tqdm bar, ``data_config.json`` and ``data_<N>.pt`` layout - with ONE part replaced: instead of
@@ -42,7 +42,7 @@ def find_script():
     candidates = [os.environ.get("REMOTE_OPS_EXTRACT_SCRIPT") or "",
                   os.path.join(here, "extract_hidden_states.py"),
                   os.path.join(os.getcwd(), "extract_hidden_states.py"),
-                  os.path.join(here, "..", "..", "playbooks", "scripts", "extract_hidden_states.py")]
+                  os.path.join(here, "..", "playbook", "shipped", "scripts", "extract_hidden_states.py")]
     for path in candidates:
         if path and os.path.isfile(path):
             return os.path.realpath(path)

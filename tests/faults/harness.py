@@ -49,7 +49,7 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-PLAYBOOK = REPO / "playbooks" / "eagle3-speculators-0.3.0.yaml"
+PLAYBOOK = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.3.0.yaml"
 MODULE = "speculators.data_generation.vllm_hidden_states_generator"
 SPECULATORS = ("speculators", "0.3.0")
 VLLM = ("vllm", "0.17.0")

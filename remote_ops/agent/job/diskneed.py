@@ -1,6 +1,6 @@
 """The disk an extraction's outputs will take, from real sizes (stdlib only, runs on the host).
 
-A ``data_<N>.pt`` of the shipped script (playbooks/scripts/extract_hidden_states.py) holds, for a
+A ``data_<N>.pt`` of the shipped script (remote_ops/playbook/shipped/scripts/extract_hidden_states.py) holds, for a
 sample of T tokens: ``hidden_states``, n_layers tensors [T, hidden] in the model's dtype; and
 ``input_ids`` and ``loss_mask``, two int64 tensors [T]; plus torch.save's zip and pickle framing
 (measured with torch 2.13: 1.9-2.8 KiB per file for 1-4 layers; FILE_OVERHEAD is an upper bound).

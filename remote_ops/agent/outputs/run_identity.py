@@ -2,7 +2,7 @@
 ``run.json`` beside them before the first sample, and compared before any resume.
 
 Stdlib only. The agent uses it (extract's preflight ``jobs.probe``, ``jobs.launch``, ``verify``), and
-it is shipped beside playbooks/scripts/extract_hidden_states.py (``run_identity.py``), which
+it is shipped beside remote_ops/playbook/shipped/scripts/extract_hidden_states.py (``run_identity.py``), which
 computes and checks the same identity itself, so a run started by hand is held to the same rule.
 
 ``run.json``::

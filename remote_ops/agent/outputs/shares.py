@@ -2,7 +2,7 @@
 
 Stdlib only; the controller imports it too (``remote_ops.agent.outputs.shares``), so the rule is written
 once for remote-ops (the job script, which never imports remote-ops, has its own three-line copy:
-``shard_indexes`` in playbooks/scripts/extract_hidden_states.py). Round robin: every shard gets an even
+``shard_indexes`` in remote_ops/playbook/shipped/scripts/extract_hidden_states.py). Round robin: every shard gets an even
 mix of short and long samples, and shard sizes differ by at most one. Files keep their global index
 (``data_<i>.pt``), so the union of the shards' directories is one dataset in speculators' layout. A
 directory holding a share moved to another host is named ``shard-<k>-of-<n>`` inside that host's

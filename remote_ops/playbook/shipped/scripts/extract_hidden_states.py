@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Extract EAGLE-3 training hidden states with speculators' vLLM generator (runs on the GPU host).
 
-Shipped with playbooks/eagle3-speculators-0.3.0.yaml; ``remote-ops extract`` uploads it into the
+Shipped with the playbook eagle3-speculators-0.3.0 (remote_ops/playbook/shipped/); ``remote-ops extract`` uploads it into the
 host's workdir and runs it with the host's interpreter. It imports torch, tqdm, transformers (only
 to tokenize ``text`` lines and read the model's hidden size) and speculators; never remote_ops.
 
@@ -540,8 +540,8 @@ def _run_identity_module():
     here = os.path.dirname(os.path.realpath(__file__))
     path = os.path.join(here, "run_identity.py")
     if not os.path.isfile(path):
-        # run from a remote-ops checkout (playbooks/scripts/): the module where it is defined
-        path = os.path.join(here, os.pardir, os.pardir, "remote_ops", "agent", "outputs", "run_identity.py")
+        # run from remote-ops' own copy (remote_ops/playbook/shipped/scripts/): the module where it is defined
+        path = os.path.join(here, os.pardir, os.pardir, os.pardir, "agent", "outputs", "run_identity.py")
     if not os.path.isfile(path):
         raise InputError("run_identity.py is not beside %s: copy it from remote-ops (remote_ops/agent/"
                          "outputs/run_identity.py; the playbook's extract.files ships both)" % os.path.join(here, PROG + ".py"))
