@@ -222,3 +222,88 @@ def test_import_probe_names_the_versions_outside_site_packages(tmp_path, sshd, c
     assert versions["fakespec"] == "0.3.0" and versions["fakeconfigs"] == "5.17.0"
     assert versions["pydantic"] == version("pydantic") and "notinstalled" not in versions
     assert "fakeconfigs 5.17.0" in doc["message"]
+
+
+def _find_key(doc, key):
+    """The first value of ``key`` anywhere in a JSON document (a host's record sits under its name)."""
+    if isinstance(doc, dict):
+        if key in doc:
+            return doc[key]
+        doc = list(doc.values())
+    for v in doc if isinstance(doc, list) else []:
+        got = _find_key(v, key)
+        if got is not None:
+            return got
+    return None
+
+
+def _mode(path: Path) -> int:
+    return os.stat(path, follow_symlinks=False).st_mode & 0o7777
+
+
+def test_laptop_files_keep_their_mode_capped_at_0700_and_are_listed_by_full_path(tmp_path, sshd, cli):
+    """A key file stays 0600 on the host (it used to land 0644), a script 0644 here is 0600 there, an
+    executable stays its owner's executable (0700), a folder made for a file is 0700; the dry run and
+    the launch name every laptop file the playbook reads, by full path, flagging any outside its folder."""
+    home = tmp_path / "home" / ".ssh"
+    home.mkdir(parents=True)
+    key = home / "id_test"
+    key.write_text("PRIVATE KEY BYTES\n")
+    key.chmod(0o600)
+    token = tmp_path / "home" / "token"
+    token.write_text("tok-SECRET-value\n")
+    h = Host(tmp_path, sshd, files={str(key): "k", "scripts/job.py": "job.py", "scripts/run.sh": "bin/run.sh",
+                                    "scripts/link.py": "link.py"},
+             extra={"secrets": {"TOKEN": {"from_file": str(token)}}})
+    (h.local / "scripts" / "job.py").write_text("print('job')\n")
+    (h.local / "scripts" / "job.py").chmod(0o644)
+    (h.local / "scripts" / "run.sh").write_text("#!/bin/sh\n")
+    (h.local / "scripts" / "run.sh").chmod(0o755)
+    (h.local / "scripts" / "link.py").symlink_to(key)          # a link in the playbook's folder, to the key
+
+    status, out, err = cli(*h.argv("extract", "testhost", "--dry-run"))
+    assert status == 0, err
+    flat = " ".join(out.split())                               # rich may wrap a long note
+    outside = f"(outside the playbook's folder {h.local.resolve()})"
+    assert f"file k: would-write (sha256 {_sha(key)[:12]}, mode 0600) from laptop file {key.resolve()} {outside}" in flat
+    assert f"file link.py: would-write (sha256 {_sha(key)[:12]}, mode 0600) from laptop file {key.resolve()} {outside}" in flat
+    assert f"file job.py: would-write" in flat and f"mode 0600) from laptop file {h.local.resolve()}/scripts/job.py" in flat
+    assert f"file bin/run.sh: would-write" in flat and "mode 0700" in flat
+    assert f"secret TOKEN: read from laptop file {token.resolve()} {outside}" in flat
+    assert "tok-SECRET-value" not in out + err
+    assert not (h.work / "k").exists()
+
+    status, out, err = cli(*h.argv("extract", "testhost", "--json"))
+    assert status == 0, err
+    assert "tok-SECRET-value" not in out + err
+    shipped = {f["name"]: f for f in _find_key(json.loads(out), "preflight")["files"]}
+    assert shipped["k"]["local"] == str(key.resolve()) and shipped["k"]["mode"] == "0600"
+    assert shipped["k"]["action"] == "written" and shipped["bin/run.sh"]["mode"] == "0700"
+    assert _mode(h.work / "k") == 0o600 and (h.work / "k").read_text() == "PRIVATE KEY BYTES\n"
+    assert _mode(h.work / "link.py") == 0o600 and not (h.work / "link.py").is_symlink()
+    assert _mode(h.work / "job.py") == 0o600
+    assert _mode(h.work / "bin" / "run.sh") == 0o700 and _mode(h.work / "bin") == 0o700
+
+
+def test_an_unchanged_file_left_wider_is_brought_to_the_shipped_mode_and_a_link_is_replaced(tmp_path, sshd):
+    h = Host(tmp_path, sshd, files={"scripts/job.py": "job.py", "scripts/cfg.json": "cfg.json"})
+    (h.local / "scripts" / "job.py").write_text("print('job')\n")
+    (h.local / "scripts" / "cfg.json").write_text("{}\n")
+    (h.work / "job.py").write_text("print('job')\n")           # same bytes, 0644 from an older remote-ops
+    (h.work / "job.py").chmod(0o644)
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text("{}\n")
+    elsewhere.chmod(0o644)
+    (h.work / "cfg.json").symlink_to(elsewhere)                # same bytes, behind a link
+    host, pb, spec = h.spec()
+    with Session(host, ConnectOptions()).open() as sess:
+        pf = jobs.preflight(sess, spec, pb, dry_run=True)
+        assert [f["action"] for f in pf.files] == ["would-chmod", "would-write"]
+        assert _mode(h.work / "job.py") == 0o644
+        pf = jobs.preflight(sess, spec, pb)
+        assert [f["action"] for f in pf.files] == ["chmod", "written"]
+        pf = jobs.preflight(sess, spec, pb)
+        assert [f["action"] for f in pf.files] == ["unchanged", "unchanged"]
+    assert _mode(h.work / "job.py") == 0o600
+    assert not (h.work / "cfg.json").is_symlink() and _mode(h.work / "cfg.json") == 0o600
+    assert _mode(elsewhere) == 0o644                           # the link's target untouched

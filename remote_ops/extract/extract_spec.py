@@ -19,7 +19,8 @@ side; ``jobs.py`` runs it: preflight, launch, the records status / logs / stop /
         HF_TOKEN: {from_env: HF_TOKEN}
         WANDB_API_KEY: {from_file: ~/.wandb_key}
       files:                             # local files (relative to the playbook) -> names in the
-        scripts/extract.py: extract.py   # workdir: uploaded before launch when their sha256 differs
+        scripts/extract.py: extract.py   # workdir: uploaded before launch when their sha256 differs,
+                                         # with the local mode capped at 0700; listed by full path
       import_check: [speculators.data_generation.vllm_hidden_states_generator]   # imported by the
       import_check_timeout_seconds: 120  # job's interpreter with the job's env before launch
       gpus: {count: 8, free: true}       # refuse unless 8 GPUs and no foreign compute process
@@ -82,8 +83,13 @@ class ShippedFile:
     name: str          # relative to the job's workdir on the host
     data: bytes
     sha256: str
-    mode: int
+    mode: int          # the local file's, capped at 0700 (shipped_mode)
     line: int | None = None
+
+    @property
+    def full_path(self) -> str:
+        """The laptop file read, as a full path with every link followed: what a launch shows."""
+        return str(self.local.resolve())
 
     def to_wire(self) -> dict:
         import base64
@@ -156,7 +162,8 @@ class ExtractSpec:
                 "env": self.env, "secrets": {s.name: f"{s.source}:{s.ref}" for s in self.secrets},
                 "gpus": {"count": self.gpu_count, "free": self.gpus_free},
                 "watchdog_seconds": self.watchdog_seconds, "stop_grace_seconds": self.stop_grace,
-                "files": {f.name: {"local": str(f.local), "sha256": f.sha256} for f in self.files},
+                "files": {f.name: {"local": f.full_path, "sha256": f.sha256, "mode": f"{f.mode:04o}"}
+                          for f in self.files},
                 "import_check": self.import_check, "import_check_timeout_seconds": self.import_timeout,
                 **({"shard": list(self.shard)} if self.shard else {})}
 
@@ -497,6 +504,12 @@ def _server_spec(raw, ctx, err_at, argv, templated_number, text, whole_var) -> S
     return ServerSpec(command, port, path, float(timeout), env, list(checks))
 
 
+def shipped_mode(path: Path) -> int:
+    """The mode a laptop file gets on the host: its own, capped at 0700 (a key file stays 0600, a
+    script that is executable here stays executable, nobody else on the host reads either)."""
+    return os.stat(path).st_mode & 0o700
+
+
 def _shipped_files(playbook, raw, err_at) -> list[ShippedFile]:
     """``files: {local path (relative to the playbook): name in the workdir}``, read now."""
     import hashlib
@@ -526,10 +539,17 @@ def _shipped_files(playbook, raw, err_at) -> list[ShippedFile]:
         except OSError as exc:
             raise err_at(keys)(f"cannot read {path}: {exc.strerror or exc}",
                                "paths are relative to the playbook file") from None
-        mode = 0o755 if os.access(path, os.X_OK) else 0o644
-        out.append(ShippedFile(path, name, data, hashlib.sha256(data).hexdigest(), mode,
+        out.append(ShippedFile(path, name, data, hashlib.sha256(data).hexdigest(), shipped_mode(path),
                                playbook.line("extract", "files", local)))
     return out
+
+
+def secret_path(spec: ExtractSpec, s: SecretRef) -> Path:
+    """The laptop file a ``from_file`` secret is read from (relative: to the playbook's folder)."""
+    path = Path(os.path.expanduser(s.ref))
+    if not path.is_absolute() and spec.playbook_path:
+        path = Path(spec.playbook_path).parent / path
+    return path
 
 
 def resolve_secrets(spec: ExtractSpec) -> dict[str, str]:
@@ -537,7 +557,7 @@ def resolve_secrets(spec: ExtractSpec) -> dict[str, str]:
     out = {}
     for s in spec.secrets:
         if s.optional and ((s.source == "env" and not os.environ.get(s.ref)) or
-                           (s.source == "file" and not Path(os.path.expanduser(s.ref)).exists())):
+                           (s.source == "file" and not secret_path(spec, s).exists())):
             continue  # optional and not provided here: the job runs without it
         if s.source == "env":
             value = os.environ.get(s.ref)
@@ -546,9 +566,7 @@ def resolve_secrets(spec: ExtractSpec) -> dict[str, str]:
                                   f"secret {s.name}: environment variable {s.ref} is not set here",
                                   f"export {s.ref}=... before running remote-ops")
         else:
-            path = Path(os.path.expanduser(s.ref))
-            if not path.is_absolute() and spec.playbook_path:
-                path = Path(spec.playbook_path).parent / path
+            path = secret_path(spec, s)
             try:
                 value = path.read_text().strip()
             except OSError as exc:

@@ -11,10 +11,11 @@ problem; the playbook's coverage of the host's versions last of all. Each part h
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from remote_ops.connect import agent_requests as rq
 from remote_ops.errors import Exit, RefusedError
-from remote_ops.extract.extract_spec import ExtractSpec, assignment_changed
+from remote_ops.extract.extract_spec import ExtractSpec, assignment_changed, secret_path
 from remote_ops.units import human_bytes
 
 
@@ -277,16 +278,41 @@ class Files(Part):
                                       dry_run=c.dry_run, unless_running=spec.key)}
 
     def read(self, c, pf, raw):
+        res = raw.get("files") or {}
+        if not (res.get("result") or {}).get("skipped"):   # (under a running job nothing is sent)
+            for s in c.spec.secrets:
+                if s.source == "file":
+                    pf.notes.append(f"secret {s.name}: read from laptop file "
+                                    f"{shipped_from(secret_path(c.spec, s), c.spec)} (sent on stdin, never shown)")
         if "files" not in raw:
             return
-        res = raw["files"]
+        local = {f.name: f for f in c.spec.files}
         if res.get("ok"):
             pf.files = res["result"].get("files") or []
             for f in pf.files:
-                pf.notes.append(f"file {f['name']}: {f['action']} (sha256 {f['sha256'][:12]})")
+                mine = local.get(f["name"])
+                if mine is not None:
+                    f["local"] = mine.full_path
+                pf.notes.append(f"file {f['name']}: {f['action']} (sha256 {f['sha256'][:12]}, mode "
+                                f"{f.get('mode', '?')}) from laptop file {shipped_from(mine, c.spec)}")
         else:
             err = res.get("error") or {}
-            pf.problems.append(f"cannot upload {', '.join(f.name for f in c.spec.files)}: {err.get('message')}")
+            pf.problems.append(f"cannot upload {', '.join(shipped_from(f, c.spec) for f in c.spec.files)}: "
+                               f"{err.get('message')}")
+
+
+def shipped_from(f, spec) -> str:
+    """A laptop file (a ShippedFile, or a secret's Path) a playbook ships, by full path (links
+    followed), flagged when it lies outside the playbook's folder: a playbook from elsewhere cannot
+    read, say, ~/.ssh unseen."""
+    if f is None:
+        return "?"
+    full = Path(f).resolve() if isinstance(f, Path) else Path(f.full_path)
+    if spec.playbook_path:
+        home = Path(spec.playbook_path).resolve().parent
+        if home != full and home not in full.parents:
+            return f"{full} (outside the playbook's folder {home})"
+    return str(full)
 
 
 class CallSites(Part):
