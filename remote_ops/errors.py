@@ -41,10 +41,11 @@ class RemoteOpsError(Exception):
         where = f"{self.host}: " if self.host else ""
         hint = f" ({self.hint})" if self.hint else ""
         line = f"{where}{self.message}{hint}"
-        # a user value holding a line break (host name, path, payload) must not split the line:
-        # every character str.splitlines() breaks on, and other control characters, is escaped
-        return "".join(ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode()
-                       for ch in line)
+        # a user or host value holding a line break (host name, path, payload) must not split the
+        # line, nor an escape sequence act on the terminal: every character str.splitlines() breaks
+        # on, and every other control character (tab kept), is escaped (remote_ops/termsafe.py)
+        from remote_ops.termsafe import clean
+        return clean(line)
 
     def to_json(self) -> dict:
         return {"error": type(self).__name__, "message": self.message, "hint": self.hint,

@@ -86,7 +86,7 @@ def explain(f: dict, style: str = "line") -> str:
 
 
 def render(console, result: dict, verbose: int = 0) -> None:
-    from rich.markup import escape
+    from remote_ops.termsafe import markup as escape   # cleaned, then [ escaped: the host's text
 
     versions = ", ".join(f"{k} {v}" for k, v in sorted(result["versions"].items()))
     t = result.get("timing") or {}
@@ -128,7 +128,7 @@ def render_model(console, m: dict | None) -> None:
     """The model preflight's lines: what was resolved, each finding with its fix, each unknown."""
     if not m:
         return
-    from rich.markup import escape
+    from remote_ops.termsafe import markup as escape   # cleaned, then [ escaped: the host's text
 
     from remote_ops.check import model as model_mod
     console.print(f"[bold]{escape(model_mod.summary(m))}[/bold]")
@@ -146,7 +146,7 @@ def render_server_flow(console, sf: dict | None, verbose: int = 0) -> None:
     """A server-flow playbook's checks on the host's vLLM: the count, each failed or undecided one."""
     if not sf:
         return
-    from rich.markup import escape
+    from remote_ops.termsafe import markup as escape   # cleaned, then [ escaped: the host's text
 
     from remote_ops.check import serverflow
     lib = sf.get("library") or {}
@@ -167,7 +167,7 @@ def render_server_flow(console, sf: dict | None, verbose: int = 0) -> None:
 
 
 def render_drift(console, result: dict, verbose: int = 0) -> None:
-    from rich.markup import escape
+    from remote_ops.termsafe import markup as escape   # cleaned, then [ escaped: the host's text
 
     from remote_ops.check import drift
 
@@ -208,7 +208,7 @@ def render_drift(console, result: dict, verbose: int = 0) -> None:
 
 def render_candidates(console, result) -> None:
     """The candidates table: one row per release of the package."""
-    from rich.markup import escape
+    from remote_ops.termsafe import markup as escape   # cleaned, then [ escaped: the host's text
     from rich.table import Table
 
     pkg, lib = result["package"], result["library"]

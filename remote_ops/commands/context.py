@@ -17,6 +17,7 @@ from typing import Any, Callable
 from remote_ops.errors import Exit
 from remote_ops.fleet import HostResult, Results
 from remote_ops.records import to_json
+from remote_ops.termsafe import clean, lines
 
 __all__ = ["Context", "HostResult", "Results"]
 
@@ -45,7 +46,7 @@ class Context:
             from remote_ops.api import Inventory
             self._fleet = Inventory(self.inventory_file, parallel=self.parallel, accept_new=self.accept_new,
                                     connect_timeout=self.connect_timeout, python=self.python,
-                                    workdir=self.workdir, warn=lambda line: sys.stderr.write(f"remote-ops: {line}\n"),
+                                    workdir=self.workdir, warn=self._note,
                                     persist=self.persist, note=self._note if self.verbose else None)
         return self._fleet
 
@@ -60,7 +61,7 @@ class Context:
         return self.fleet.session(host)
 
     def _note(self, msg: str) -> None:
-        sys.stderr.write(f"remote-ops: {msg}\n")
+        sys.stderr.write(f"remote-ops: {clean(msg)}\n")     # a warning may quote the host
 
     def drop_session(self, host) -> None:
         self.fleet.drop_session(host)
@@ -90,19 +91,20 @@ class Context:
     @property
     def console(self):
         if self._console is None:
-            from rich.console import Console
-            # piped output (scripts, CI logs) must not be cut to 80 columns: tables would truncate
+            from remote_ops.termsafe import console_class
+            # piped output (scripts, CI logs) must not be cut to 80 columns: tables would truncate;
+            # no emoji codes, and control characters escaped in all it writes (remote_ops/termsafe.py)
             wide = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 200
-            self._console = Console(highlight=False, soft_wrap=True, width=wide)
+            self._console = console_class()(highlight=False, soft_wrap=True, width=wide, emoji=False)
         return self._console
 
     @property
     def err(self):
         if self._err is None:
-            from rich.console import Console
+            from remote_ops.termsafe import console_class
             # redirected (a log file, CI): no wrapping at all, a job id or pid must stay on its line;
             # at a terminal rich uses its real width
-            self._err = Console(stderr=True, highlight=False, soft_wrap=not sys.stderr.isatty())
+            self._err = console_class()(stderr=True, highlight=False, soft_wrap=not sys.stderr.isatty(), emoji=False)
         return self._err
 
     def emit(self, data: Any, human: Callable[[Any], None] | None = None) -> None:
@@ -142,10 +144,10 @@ class Context:
                     render_failure(r)
                 sys.stderr.write(f"remote-ops: {r.error.one_line()}\n")
                 if self.debug and r.traceback:
-                    sys.stderr.write(r.traceback)
+                    sys.stderr.write(lines(r.traceback))
                     remote = getattr(r.error, "remote_traceback", None)
                     if remote:
-                        sys.stderr.write("--- remote traceback ---\n" + remote + "\n")
+                        sys.stderr.write("--- remote traceback ---\n" + lines(remote) + "\n")
         if results.group is not None and group_exit is not None:
             return max(group_exit(results.group), 0 if results.ok else results.exit_status)
         if not results.ok:
@@ -156,16 +158,17 @@ class Context:
         from rich.table import Table
         from rich.text import Text
 
+        from remote_ops.termsafe import text
         t = Table(title_justify="left", show_edge=False)
         t.add_column("host")
         t.add_column("status")
         t.add_column("result")
         for r in results:
             if r.ok:
-                t.add_row(r.host, Text("ok", style="green"), Text(summary(r.value) if summary else "done"))
+                t.add_row(text(r.host), Text("ok", style="green"), text(summary(r.value) if summary else "done"))
             else:
                 # the error's own line follows the table on stderr (once): the row only says which kind
-                t.add_row(r.host, Text("FAILED", style="red"), Text(_failure_word(r.error)))
+                t.add_row(text(r.host), Text("FAILED", style="red"), Text(_failure_word(r.error)))
         self.console.print(t)
 
 

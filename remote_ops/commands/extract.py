@@ -2,6 +2,7 @@
 supervisor on the host (or attach to the one already running), optionally following its log."""
 
 from remote_ops.commands.params import cli_flag, flag
+from remote_ops.termsafe import clean, lines, text
 
 NAME = "extract"
 HELP = "start the playbook's extraction job on a host (detached, supervised); --tail follows it"
@@ -43,9 +44,9 @@ def run(args, ctx) -> int:
         pf = (r.error.details or {}).get("preflight") or {}
         lead = f"{r.host}: " if not results.single else ""
         if pf.get("plan"):
-            sys.stderr.write(f"  {lead}{plan_line(pf['plan'])}\n")
+            sys.stderr.write(f"  {clean(lead + plan_line(pf['plan']))}\n")
         for p in (pf.get("problems") or [])[:-1]:
-            sys.stderr.write(f"  refused: {lead}{p}\n")
+            sys.stderr.write(f"  refused: {clean(lead + str(p))}\n")
 
     if not (args.tail and results.ok and not args.dry_run):
         return ctx.show(results, render, summary=summary, render_failure=refused,
@@ -60,12 +61,12 @@ def run(args, ctx) -> int:
         sys.stdout.flush()
     else:
         what = "attached to running job" if v.attached else "started job"
-        ctx.err.print(f"{host.name}: {what} {job['job_id']} (pid {job.get('pid')}); "
-                      "Ctrl-C detaches, the job keeps running", markup=False, highlight=False)
+        ctx.err.print(text(f"{host.name}: {what} {job['job_id']} (pid {job.get('pid')}); "
+                           "Ctrl-C detaches, the job keeps running"), highlight=False)
         if job.get("label"):
-            ctx.err.print(f"  {job['label']}", markup=False, highlight=False)
+            ctx.err.print(text(f"  {job['label']}"), highlight=False)
         if v.preflight.get("plan") and not v.attached:
-            ctx.err.print(f"  {plan_line(v.preflight['plan'])}", markup=False, highlight=False)
+            ctx.err.print(text(f"  {plan_line(v.preflight['plan'])}"), highlight=False)
     if job.get("scheduler") == "slurm":      # a job array: its tasks' logs, each line "[task k] ..."
         from remote_ops.commands.follow import report_end
         from remote_ops.extract.slurm import follow, print_task_text
@@ -76,7 +77,7 @@ def run(args, ctx) -> int:
         return report_end(ctx, final)
     if v.attached and job.get("log_size", 0) > 8192:
         r = ctx.fleet.logs(args.host, job=job["job_id"], lines=20).raise_for_failures()[0].value
-        sys.stdout.write(r.text.replace("\r", "\n") if not ctx.json else "")
+        sys.stdout.write(lines(r.text.replace("\r", "\n")) if not ctx.json else "")
         offset = r.next
     return print_follow(ctx, args.host, job["job_id"], offset=offset)
 
@@ -91,33 +92,32 @@ def summary(v) -> str:
 def render(c, name, v) -> None:
     if v.get("dry_run"):
         import shlex   # copyable as printed: an empty or spaced argument stays one argument
-        c.print(f"{name}: preflight passed; would run: {shlex.join(v.spec['command'])}", markup=False)
+        c.print(text(f"{name}: preflight passed; would run: {shlex.join(v.spec['command'])}"))
         if v.preflight.get("plan"):
-            c.print(f"  {plan_line(v.preflight['plan'])}", markup=False, highlight=False)
+            c.print(text(f"  {plan_line(v.preflight['plan'])}"), highlight=False)
         for n in v.preflight.get("notes") or []:
-            c.print(f"  note: {n}", markup=False)
+            c.print(text(f"  note: {n}"))
         return
     job = v.job
     verb = "already running, not started again" if v.attached else "started"
-    c.print(f"{name}: job {job['job_id']} {verb} (pid {job.get('pid')}, state {job['state']})", markup=False)
+    c.print(text(f"{name}: job {job['job_id']} {verb} (pid {job.get('pid')}, state {job['state']})"))
     if "--shard" in (job.get("command") or [])[-2:]:
-        c.print(f"  shard {job['command'][-1]} into {job.get('output_dir')}", markup=False)
+        c.print(text(f"  shard {job['command'][-1]} into {job.get('output_dir')}"))
     if job["state"] not in ("starting", "running", "succeeded"):   # died within its first seconds
-        c.print(f"  {job['job_id']} {job['state']}: {job.get('reason')}", style="red", markup=False)
+        c.print(text(f"  {job['job_id']} {job['state']}: {job.get('reason')}", "red"))
         for line in job.get("error_lines") or []:
-            c.print(f"  {line}", markup=False)
+            c.print(text(f"  {line}"))
     if job.get("label"):
-        c.print(f"  {job['label']}", markup=False)
+        c.print(text(f"  {job['label']}"))
     if v.preflight.get("plan") and not v.attached:
-        c.print(f"  {plan_line(v.preflight['plan'])}", markup=False, highlight=False)
+        c.print(text(f"  {plan_line(v.preflight['plan'])}"), highlight=False)
     moved = (v.get("identity") or {}).get("moved")
     if moved:
-        c.print(f"  --overwrite: moved {moved['files']} file(s) of the earlier run into {moved['moved_to']}",
-                markup=False)
+        c.print(text(f"  --overwrite: moved {moved['files']} file(s) of the earlier run into {moved['moved_to']}"))
     for n in v.preflight.get("notes") or []:
-        c.print(f"  note: {n}", markup=False)
-    c.print(f"  log: {job.get('log')}", markup=False)
-    c.print(f"  follow: remote-ops extract {name} --tail   |   status / logs / stop {name}", markup=False)
+        c.print(text(f"  note: {n}"))
+    c.print(text(f"  log: {job.get('log')}"))
+    c.print(text(f"  follow: remote-ops extract {name} --tail   |   status / logs / stop {name}"))
 
 
 def plan_line(p: dict) -> str:

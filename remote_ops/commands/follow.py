@@ -9,10 +9,12 @@ import time
 
 from remote_ops.extract.follow import End, FollowEvent, Line, Progress, Reconnecting, Snapshot, Transient
 from remote_ops.extract.tail import PROGRESS_PREFIX, snapshot_text
+from remote_ops.termsafe import clean, text as safe_text
 
 
 class PlainPrinter:
-    """For pipes and logs: finished lines at once, bar updates at most every ``progress_every`` s."""
+    """For pipes and logs: finished lines at once, bar updates at most every ``progress_every`` s.
+    Every line is the host's text: its control characters are escaped (remote_ops/termsafe.py)."""
 
     def __init__(self, out=None, progress_every: float = 10.0, snapshot_every: float = 60.0):
         self.out = out or sys.stdout
@@ -29,27 +31,29 @@ class PlainPrinter:
     def __call__(self, ev: FollowEvent) -> None:
         now = time.monotonic()
         if isinstance(ev, Line):
-            self.write(ev.text + "\n")
+            self.write(clean(ev.text) + "\n")
         elif isinstance(ev, Progress) and ev.done:
-            self.write(ev.state.text + "\n")
+            self.write(clean(ev.state.text) + "\n")
             self._last_desc = None
         elif isinstance(ev, Progress):
             if ev.state.desc != self._last_desc or now - self._last_prog >= self.progress_every:
                 self._last_desc, self._last_prog = ev.state.desc, now
-                self.write(ev.state.text + "\n")
+                self.write(clean(ev.state.text) + "\n")
         elif isinstance(ev, Snapshot):
             if now - self._last_snap >= self.snapshot_every:
                 self._last_snap = now
-                self.write(f"[remote-ops] {snapshot_text(ev.status)}\n")
+                self.write(f"[remote-ops] {clean(snapshot_text(ev.status))}\n")
         elif isinstance(ev, Reconnecting):
-            self.write(f"[remote-ops] connection lost: {ev.message}\n")
+            self.write(f"[remote-ops] connection lost: {clean(ev.message)}\n")
 
     def close(self) -> None:
         pass
 
 
 class LivePrinter:
-    """For a terminal: log lines scroll above one rich progress bar and a GPU / output status line."""
+    """For a terminal: log lines scroll above one rich progress bar and a GPU / output status line.
+    The host's text (lines, a bar's description and rate, the status line) is cleaned and never read
+    as markup: the bar's columns have markup off."""
 
     def __init__(self, console):
         from rich.console import Group
@@ -58,9 +62,9 @@ class LivePrinter:
         from rich.text import Text
 
         self.console = console
-        self.progress = Bars(TextColumn("{task.description}"), BarColumn(),
-                             TextColumn("{task.completed:.0f}/{task.fields[total_text]}"),
-                             TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
+        self.progress = Bars(TextColumn("{task.description}", markup=False), BarColumn(),
+                             TextColumn("{task.completed:.0f}/{task.fields[total_text]}", markup=False),
+                             TextColumn("{task.fields[rate]}", markup=False), TimeRemainingColumn(),
                              console=console, auto_refresh=False)
         self.status = Text("", style="dim")
         self.tasks: dict[str, int] = {}
@@ -69,24 +73,23 @@ class LivePrinter:
         self.live.start()
 
     def __call__(self, ev: FollowEvent) -> None:
-        from rich.text import Text
         if isinstance(ev, Line):
             if ev.text.startswith(PROGRESS_PREFIX):
                 return    # the job's machine-readable progress: the status line shows it (snapshot_text)
-            self.console.print(Text(ev.text), highlight=False, markup=False, soft_wrap=True)
+            self.console.print(safe_text(ev.text), highlight=False, markup=False, soft_wrap=True)
         elif isinstance(ev, Progress):
             st = ev.state
             key = st.desc or "progress"
             if key not in self.tasks:
-                self.tasks[key] = self.progress.add_task(key, total=st.total, total_text="?", rate="")
+                self.tasks[key] = self.progress.add_task(clean(key), total=st.total, total_text="?", rate="")
             self.progress.update(self.tasks[key], completed=st.n, total=st.total,
-                                 total_text=f"{st.total:.0f}" if st.total else "?", rate=st.rate or "")
+                                 total_text=f"{st.total:.0f}" if st.total else "?", rate=clean(st.rate or ""))
         elif isinstance(ev, Transient):
-            self.status.plain = ev.text[-200:]
+            self.status.plain = clean(ev.text[-200:])
         elif isinstance(ev, Snapshot):
-            self.status.plain = snapshot_text(ev.status)
+            self.status.plain = clean(snapshot_text(ev.status))
         elif isinstance(ev, Reconnecting):
-            self.console.print(f"[yellow]connection lost: {ev.message}[/]", highlight=False)
+            self.console.print(safe_text(f"connection lost: {ev.message}", "yellow"), highlight=False)
         self.live.refresh()
 
     def close(self) -> None:
@@ -140,7 +143,7 @@ def print_follow(ctx, target: str | None, job_id: str, *, offset: int = 0) -> in
         msg = f"job {job_id} still running; reattach with: remote-ops extract {host} --tail"
         if ctx.json:
             JsonPrinter().emit({"event": "detached", "job_id": job_id, "message": msg})
-        sys.stderr.write(f"\n{msg}\n")
+        sys.stderr.write(f"\n{clean(msg)}\n")
         return int(Exit.INTERRUPTED)
     except BaseException:
         try:
@@ -159,12 +162,11 @@ def report_end(ctx, st: dict) -> int:
     if ctx.json:
         JsonPrinter().emit(End(st).to_json())
     else:
-        from rich.text import Text
         style = "green" if st["state"] == "succeeded" else "red"
-        ctx.console.print(Text(jobs.summary_line(st), style=style), highlight=False)
+        ctx.console.print(safe_text(jobs.summary_line(st), style), highlight=False)
         if st["state"] != "succeeded":
-            for line in st.get("error_lines") or []:
-                ctx.console.print(f"  {line}", markup=False, highlight=False)
+            for line in st.get("error_lines") or []:      # the job's last stderr lines
+                ctx.console.print(safe_text(f"  {line}"), markup=False, highlight=False)
             if st.get("accounting"):      # a Slurm array: why sacct could not tell how its tasks ended
-                ctx.console.print(f"  {st['accounting']}", markup=False, highlight=False)
+                ctx.console.print(safe_text(f"  {st['accounting']}"), markup=False, highlight=False)
     return jobs.exit_for(st)

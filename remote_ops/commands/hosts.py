@@ -23,9 +23,13 @@ def run(args, ctx) -> int:
             "groups": inv.groups, "ignored": inv.ignored}
 
     def human(console):
+        # an inventory may come from elsewhere (an Ansible one): its names and values are cleaned
+        # and never read as markup (remote_ops/termsafe.py)
         from rich.table import Table
+
+        from remote_ops.termsafe import text
         fmt = "" if inv.format == "remote-ops" else f" ({inv.format.replace('-', ' ')})"
-        t = Table(title=f"{inv.path}{fmt}", title_justify="left")
+        t = Table(title=text(f"{inv.path}{fmt}"), title_justify="left")
         for col in ("host", "address", "user", "python", "groups"):
             t.add_column(col)
         for r in rows:
@@ -33,7 +37,8 @@ def run(args, ctx) -> int:
             if r["proxy_jump"]:
                 addr += " via " + ",".join(r["proxy_jump"])
             name = r["name"] + (" (default)" if r["default"] else "")
-            t.add_row(name, addr, r["user"] or "-", r["python"] or "python3 (login shell PATH)", ", ".join(r["groups"]) or "-")
+            t.add_row(*(text(x) for x in (name, addr, r["user"] or "-", r["python"] or "python3 (login shell PATH)",
+                                          ", ".join(r["groups"]) or "-")))
         console.print(t)
     ctx.emit(data, human)
     return 0

@@ -23,7 +23,7 @@ def run(args, ctx) -> int:
 
 
 def render(console, result) -> None:
-    from rich.markup import escape
+    from remote_ops.termsafe import markup as escape   # cleaned, then [ escaped: the host's text
     from rich.table import Table
 
     versions = ", ".join(f"{k} {v}" for k, v in sorted((result.get("versions") or {}).items()))

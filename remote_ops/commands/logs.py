@@ -13,12 +13,14 @@ FLAGS = {
 
 
 def collapse(text: str) -> str:
-    """A log as a person reads it: of each tqdm \\r-rewritten line only its last state."""
+    """A log as a person reads it: of each tqdm \\r-rewritten line only its last state, with every
+    control character but tab and newline escaped (remote_ops/termsafe.py): the host wrote it."""
+    from remote_ops.termsafe import lines
     out = []
     for line in text.split("\n"):
         parts = [p for p in line.split("\r") if p.strip()]
         out.append(parts[-1] if parts else "")
-    return "\n".join(out)
+    return lines("\n".join(out))
 
 
 def run(args, ctx) -> int:
@@ -38,7 +40,8 @@ def run(args, ctx) -> int:
             if results.single:
                 c.out(collapse(v.text), highlight=False, end="")
             else:
-                c.rule(f"{name}: {v.job_id} ({v.state})")
+                from remote_ops.termsafe import text
+                c.rule(text(f"{name}: {v.job_id} ({v.state})"))
                 c.out(collapse(v.text), highlight=False)
         return ctx.show(results, render_one, summary=lambda v: f"{v.job_id} ({v.state})")
     # --follow: the log so far, then the live tail (JSON Lines with --json) until the job ends

@@ -1,6 +1,7 @@
 """remote-ops patch: apply a playbook's edits to a host (or group) in one atomic remote transaction."""
 
 from remote_ops.commands.params import cli_flag
+from remote_ops.termsafe import text   # paths, notes and source lines come from the host
 
 NAME = "patch"
 HELP = "apply a playbook's edits: diff, validate locally, then one atomic, journaled transaction per host"
@@ -16,8 +17,6 @@ FLAGS = {
 
 
 def _render_diff(console, diff: str) -> None:
-    from rich.text import Text
-
     for line in diff.splitlines():
         style = None
         if line.startswith(("+++", "---")):
@@ -28,7 +27,7 @@ def _render_diff(console, diff: str) -> None:
             style = "green"
         elif line.startswith("-"):
             style = "red"
-        console.print(Text(line, style=style), soft_wrap=True)
+        console.print(text(line, style or ""), soft_wrap=True)     # the host's source: cleaned
 
 
 def edit_line(e: dict) -> str:
@@ -66,33 +65,33 @@ def run(args, ctx) -> int:
         for e in v.get("edits") or []:
             # a dry run says what each edit does here; a real run names only the edits left out
             if args.dry_run or e["state"] == "not-applicable":
-                c.print(f"  edit {e['edit']}: {edit_line(e)}", soft_wrap=True, markup=False,
+                c.print(text(f"  edit {e['edit']}: {edit_line(e)}"), soft_wrap=True, markup=False,
                         style="dim" if e["state"] == "not-applicable" else None)
         if v.get("recovered"):
-            c.print(f"{name}: recovered an interrupted transaction: {v['recovered']}", soft_wrap=True)
+            c.print(text(f"{name}: recovered an interrupted transaction: {v['recovered']}"), soft_wrap=True)
         if args.dry_run:
             state = "would change" if v["diff"] else "no changes"
-            c.print(f"{name}: dry run, {state} ({v['round_trips']} round trip, {v['wall_s']}s)", soft_wrap=True)
+            c.print(text(f"{name}: dry run, {state} ({v['round_trips']} round trip, {v['wall_s']}s)"), soft_wrap=True)
         elif v.get("declined"):
-            c.print(f"{name}: not applied", soft_wrap=True)
+            c.print(text(f"{name}: not applied"), soft_wrap=True)
         elif v.get("changed"):
             j = v["journal"]
-            c.print(f"{name}: patched {len(j['targets'])} file(s), journal {j['txid']} "
-                    f"({v['round_trips']} round trips, {v['wall_s']}s)", soft_wrap=True)
+            c.print(text(f"{name}: patched {len(j['targets'])} file(s), journal {j['txid']} "
+                    f"({v['round_trips']} round trips, {v['wall_s']}s)"), soft_wrap=True)
             for t in j["targets"]:
-                c.print(f"  {t['real']}  backup {t['backup']}", soft_wrap=True)
+                c.print(text(f"  {t['real']}  backup {t['backup']}"), soft_wrap=True)
             if v.get("import_check"):
-                c.print(f"  import check: ok ({', '.join(v['import_check']['modules'])})", soft_wrap=True)
+                c.print(text(f"  import check: ok ({', '.join(v['import_check']['modules'])})"), soft_wrap=True)
         else:
-            c.print(f"{name}: no changes ({v.get('note') or 'every edit is already applied'}; "
-                    f"{v['round_trips']} round trip{'s' if v['round_trips'] != 1 else ''}, {v['wall_s']}s)",
+            c.print(text(f"{name}: no changes ({v.get('note') or 'every edit is already applied'}; "
+                    f"{v['round_trips']} round trip{'s' if v['round_trips'] != 1 else ''}, {v['wall_s']}s)"),
                     soft_wrap=True)
         for n in v.get("notes") or []:     # stale bytecode left behind, checks that could not run
-            c.print(f"  note: {n}", style="yellow", soft_wrap=True, markup=False)
+            c.print(text(f"  note: {n}"), style="yellow", soft_wrap=True, markup=False)
         ver = v["verification"]
-        c.print(f"  {ver['line']}", style=None if ver["verified"] else "yellow", soft_wrap=True, markup=False)
+        c.print(text(f"  {ver['line']}"), style=None if ver["verified"] else "yellow", soft_wrap=True, markup=False)
         for f in ver.get("remaining") or []:
-            c.print(f"    {f['path']}:{f['line']}: {f['kind']}: {f['message']}", soft_wrap=True, markup=False)
+            c.print(text(f"    {f['path']}:{f['line']}: {f['kind']}: {f['message']}"), soft_wrap=True, markup=False)
 
     def summary(v) -> str:
         if args.dry_run:

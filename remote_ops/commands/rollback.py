@@ -1,6 +1,7 @@
 """remote-ops rollback: restore the exact original bytes of a patch from its journaled backup."""
 
 from remote_ops.commands.params import flag
+from remote_ops.termsafe import text   # paths and notes come from the host's journal
 
 NAME = "rollback"
 HELP = "undo the latest patch on a host (or every patch back to --to JOURNAL_ID), byte for byte"
@@ -14,15 +15,15 @@ FLAGS = {
 def run(args, ctx) -> int:
     def render_one(c, name, v):
         if not v.get("changed"):
-            c.print(f"{name}: {v.get('message') or 'nothing to roll back (files already original)'}", soft_wrap=True)
+            c.print(text(f"{name}: {v.get('message') or 'nothing to roll back (files already original)'}"), soft_wrap=True)
         for d in v.get("rolled_back") or []:
             e = d["entry"]
             if e:
-                c.print(f"{name}: rolled back {d['of']} -> journal {e['txid']}", soft_wrap=True)
+                c.print(text(f"{name}: rolled back {d['of']} -> journal {e['txid']}"), soft_wrap=True)
                 for t in e["targets"]:
-                    c.print(f"  {t['real']} restored (sha256 {t['after'][:12]})", soft_wrap=True)
+                    c.print(text(f"  {t['real']} restored (sha256 {t['after'][:12]})"), soft_wrap=True)
                 for n in e.get("notes") or []:     # e.g. stale bytecode that could not be removed
-                    c.print(f"  note: {n}", style="yellow", soft_wrap=True, markup=False)
+                    c.print(text(f"  note: {n}"), style="yellow", soft_wrap=True, markup=False)
 
     from remote_ops.commands.params import call
     return ctx.show(call(ctx.fleet.rollback, args), render_one,

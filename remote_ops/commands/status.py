@@ -1,6 +1,7 @@
 """remote-ops status: running / succeeded / failed / stopped / lost, progress, elapsed and rate."""
 
 from remote_ops.commands.params import cli_flag
+from remote_ops.termsafe import text
 
 NAME = "status"
 HELP = "state of the extraction job on a host: progress, elapsed time, rate, exit code and reason"
@@ -18,9 +19,9 @@ def run(args, ctx) -> int:
     if args.all:
         def render_all(c, name, v):
             for r in v.jobs:
-                c.print(f"{name}: " + jobs.summary_line(r), markup=False, highlight=False)
+                c.print(text(f"{name}: " + jobs.summary_line(r)), highlight=False)
             if not v.jobs:
-                c.print(f"{name}: no jobs", markup=False)
+                c.print(text(f"{name}: no jobs"))
         return ctx.show(call(ctx.fleet.jobs, args), render_all, summary=lambda v: f"{len(v.jobs)} job(s)")
     return ctx.show(call(ctx.fleet.status, args),
                     lambda c, name, v: render(c, name, v.job), summary=lambda v: jobs.summary_line(v.job),
@@ -29,41 +30,39 @@ def run(args, ctx) -> int:
 
 def render_group(c, g) -> None:
     from remote_ops.extract.shard import progress_line
-    c.print(progress_line(g), markup=False, highlight=False)
+    c.print(text(progress_line(g)), highlight=False)
 
 
 def render(c, host, st) -> None:
-    from rich.text import Text
-
+    """A job's status record for people. Every line is built from the host's record (its label, last
+    stderr lines, warnings, paths): each goes out as ``termsafe.text``, escaped, never markup."""
     from remote_ops.extract import jobs
     color = {"running": "cyan", "starting": "cyan", "succeeded": "green"}.get(st["state"], "red")
-    c.print(Text(f"{host}: " + jobs.summary_line(st), style=color))
+    c.print(text(f"{host}: " + jobs.summary_line(st), color))
     if st.get("label"):
-        c.print(Text(f"  {st['label']}", style="yellow"))
+        c.print(text(f"  {st['label']}", "yellow"))
     from remote_ops.extract.tail import bound_text, disk_observed_text
     for line in (bound_text(st), disk_observed_text(st)):
         if line:
-            c.print(f"  {line}", markup=False, highlight=False)
+            c.print(text(f"  {line}"), highlight=False)
     for t in st.get("tasks") or []:      # a Slurm job array (extract/slurm.py)
-        c.print(f"  task {t['task']}: {t['state']}" + (f" ({t['reason']})" if t.get("reason") else "") +
-                f", {t['samples']}" + (f"/{t['expected']}" if t.get("expected") is not None else "") + " samples"
-                + (f", exit {t['exit_code']}" if t.get("exit_code") is not None else ""), markup=False)
+        c.print(text(f"  task {t['task']}: {t['state']}" + (f" ({t['reason']})" if t.get("reason") else "") +
+                     f", {t['samples']}" + (f"/{t['expected']}" if t.get("expected") is not None else "") + " samples"
+                     + (f", exit {t['exit_code']}" if t.get("exit_code") is not None else "")))
     if st.get("slurm_id"):
-        c.print(f"  Slurm job {st['slurm_id']}", markup=False)
+        c.print(text(f"  Slurm job {st['slurm_id']}"))
     if st.get("accounting"):             # why sacct could not tell how the tasks that left the queue ended
-        c.print(f"  {st['accounting']}", markup=False, highlight=False)
+        c.print(text(f"  {st['accounting']}"), highlight=False)
     if st.get("pid"):
-        c.print(f"  pid {st['pid']} (process group {st.get('pgid')}), supervisor "
-                f"{'alive' if st.get('supervisor_alive') else 'gone'}", markup=False)
+        c.print(text(f"  pid {st['pid']} (process group {st.get('pgid')}), supervisor "
+                     f"{'alive' if st.get('supervisor_alive') else 'gone'}"))
     if jobs.server_line(st):
-        c.print(f"  {jobs.server_line(st)}", markup=False, highlight=False)
+        c.print(text(f"  {jobs.server_line(st)}"), highlight=False)
     if st.get("exit_code") is not None or st.get("signal_name"):
-        c.print(f"  exit: {st.get('exit_code') if st.get('exit_code') is not None else st.get('signal_name')}",
-                markup=False)
+        c.print(text(f"  exit: {st.get('exit_code') if st.get('exit_code') is not None else st.get('signal_name')}"))
     for line in st.get("error_lines") or []:
-        c.print(f"  | {line}", markup=False, highlight=False)
+        c.print(text(f"  | {line}"), highlight=False)
     for w in st.get("warnings") or []:
-        c.print(Text(f"  warning: {w}", style="yellow"))
-    where = " + ".join(st.get("output_dirs") or [st.get("output_dir")])   # several disks: every directory
-    c.print(f"  output: {where}   log: {st.get('log')}", markup=False, highlight=False)
-
+        c.print(text(f"  warning: {w}", "yellow"))
+    where = " + ".join(map(str, st.get("output_dirs") or [st.get("output_dir")]))   # several disks: every directory
+    c.print(text(f"  output: {where}   log: {st.get('log')}"), highlight=False)

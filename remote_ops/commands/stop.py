@@ -2,6 +2,7 @@
 sure nothing of the job is left (marker scan and the GPU process list) and report GPU holders."""
 
 from remote_ops.commands.params import flag
+from remote_ops.termsafe import text   # process names and job records come from the host
 
 NAME = "stop"
 HELP = "stop the extraction job: TERM, grace, KILL; confirm no process of it is left on CPU or GPU"
@@ -18,7 +19,7 @@ def run(args, ctx) -> int:
     from remote_ops.errors import Exit
 
     def say(host, st, grace):
-        ctx.err.print(f"{host.name}: stopping {st['job_id']} (SIGTERM, SIGKILL after {grace:g}s)...",
+        ctx.err.print(text(f"{host.name}: stopping {st['job_id']} (SIGTERM, SIGKILL after {grace:g}s)..."),
                       markup=False, highlight=False)
 
     results = call(ctx.fleet.stop, args, on_stopping=None if ctx.json else say)
@@ -36,20 +37,20 @@ def render(c, host, rep, clean) -> None:
         return ", ".join(f"{p['pid']} ({p.get('name')})" for p in ps)
 
     if rep["was"] in jobs.TERMINAL and not rep["terminated"]:
-        c.print(f"{host}: job {rep['job_id']} was not running ({rep['was']})", markup=False)
+        c.print(text(f"{host}: job {rep['job_id']} was not running ({rep['was']})"), markup=False)
     if rep["terminated"]:
-        c.print(f"  SIGTERM: {names(rep['terminated'])}", markup=False)
+        c.print(text(f"  SIGTERM: {names(rep['terminated'])}"), markup=False)
     if rep["killed"]:
-        c.print(f"  SIGKILL after grace: {names(rep['killed'])}", markup=False)
+        c.print(text(f"  SIGKILL after grace: {names(rep['killed'])}"), markup=False)
     for p in rep.get("gpu_killed") or []:
-        c.print(f"  killed GPU holder of the job: pid {p['pid']} ({p.get('name')}) {p.get('used_memory_mib')} MiB",
+        c.print(text(f"  killed GPU holder of the job: pid {p['pid']} ({p.get('name')}) {p.get('used_memory_mib')} MiB"),
                 markup=False)
     if rep["remaining"]:
-        c.print(Text(f"  STILL ALIVE: {names(rep['remaining'])}", style="red"))
+        c.print(text(f"  STILL ALIVE: {names(rep['remaining'])}", "red"))
     else:
         c.print(Text("  no process of the job is left", style="green"))
     for h in rep.get("gpu_holders") or []:
         who = "of this job" if h.get("job") else "not of this job"
-        c.print(Text(f"  GPU {h.get('gpu_index')}: pid {h['pid']} ({h.get('name')}) holds "
-                     f"{h.get('used_memory_mib')} MiB ({who})", style="yellow"))
-    c.print(jobs.summary_line(rep["job"]), markup=False, highlight=False)
+        c.print(text(f"  GPU {h.get('gpu_index')}: pid {h['pid']} ({h.get('name')}) holds "
+                     f"{h.get('used_memory_mib')} MiB ({who})", "yellow"))
+    c.print(text(jobs.summary_line(rep["job"])), highlight=False)

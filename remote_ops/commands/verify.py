@@ -1,5 +1,7 @@
 """remote-ops verify: check the job's outputs on the host with the host's own torch."""
 
+from remote_ops.termsafe import text
+
 NAME = "verify"
 HELP = "check data_<N>.pt outputs on the host: count, gaps, unloadable files, layout, NaN/inf"
 FLAGS = {
@@ -34,13 +36,11 @@ def run(args, ctx) -> int:
 
 
 def render_union(c, u) -> None:
-    from rich.text import Text
-
     from remote_ops.extract.shard import union_lines
     lines = union_lines(u)
-    c.print(Text(lines[0], style="green" if u.ok else "red"))
+    c.print(text(lines[0], "green" if u.ok else "red"))
     for line in lines[1:]:
-        c.print(line, markup=False, highlight=False)
+        c.print(text(line), highlight=False)
 
 
 def _summary(v) -> str:
@@ -48,44 +48,44 @@ def _summary(v) -> str:
 
 
 def render(c, host, r) -> None:
-    from rich.text import Text
+    """One host's verify record for people. File names, paths and problems come from the host: each
+    line goes out as ``termsafe.text``, escaped, never markup."""
     exp = f" of {r['expected']} expected" if r.get("expected") else ""
-    where = " + ".join(r.get("output_dirs") or [r["output_dir"]])      # an output spread over several disks
+    where = " + ".join(map(str, r.get("output_dirs") or [r["output_dir"]]))   # an output spread over several disks
     head = f"{host}: {r['files']} data_<N>.pt files{exp} in {where}; loaded {r['checked']} ({r['mode']})"
     if r.get("shard_dirs"):      # only shard subdirectories: each is a part of the union below
-        c.print(Text(f"{host}: {r['files']} data_<N>.pt files in {len(r['shard_dirs'])} shard dir(s) of "
-                     f"{r['output_dir']}: {', '.join(r['shard_dirs'])}", style="green" if r["ok"] else "red"))
+        c.print(text(f"{host}: {r['files']} data_<N>.pt files in {len(r['shard_dirs'])} shard dir(s) of "
+                     f"{r['output_dir']}: {', '.join(map(str, r['shard_dirs']))}", "green" if r["ok"] else "red"))
         return
-    c.print(Text(head, style="green" if r["ok"] else "red"))
+    c.print(text(head, "green" if r["ok"] else "red"))
     if r["gap_count"]:
-        c.print(f"  gaps: {r['gap_count']} missing index(es) below {r['max_index']}: "
-                f"{', '.join(map(str, r['gaps'][:20]))}", markup=False)
+        c.print(text(f"  gaps: {r['gap_count']} missing index(es) below {r['max_index']}: "
+                     f"{', '.join(map(str, r['gaps'][:20]))}"))
     if r["missing_after_last"]:
-        c.print(f"  missing: {r['missing_after_last']} sample(s) after index {r['max_index']}", markup=False)
+        c.print(text(f"  missing: {r['missing_after_last']} sample(s) after index {r['max_index']}"))
     for u in r["unloadable"]:
-        c.print(f"  does not load: {u['file']}: {u['error']}", markup=False, highlight=False)
+        c.print(text(f"  does not load: {u['file']}: {u['error']}"), highlight=False)
     for i in r["inconsistent"]:
-        c.print(f"  inconsistent: data_{i['index']}.pt {i['problem']}", markup=False, highlight=False)
+        c.print(text(f"  inconsistent: data_{i['index']}.pt {i['problem']}"), highlight=False)
     for n in r["non_finite"]:
-        c.print(f"  NaN/inf: data_{n['index']}.pt {n['problem']}", markup=False, highlight=False)
+        c.print(text(f"  NaN/inf: data_{n['index']}.pt {n['problem']}"), highlight=False)
     for p in r.get("config_problems") or []:
-        c.print(f"  data_config.json: {p}", markup=False, highlight=False)
+        c.print(text(f"  data_config.json: {p}"), highlight=False)
     ident = r.get("identity") or {}
     for p in ident.get("problems") or []:
-        c.print(f"  run identity: {p}", markup=False, highlight=False)
+        c.print(text(f"  run identity: {p}"), highlight=False)
     if ident.get("recorded"):
-        c.print(f"  run identity {str(ident.get('digest'))[:12]} (run.json): token ids of {ident.get('ids_compared')} "
-                f"file(s) compared with their dataset lines, {ident.get('ids_differ')} differ", markup=False,
-                highlight=False)
+        c.print(text(f"  run identity {str(ident.get('digest'))[:12]} (run.json): token ids of "
+                     f"{ident.get('ids_compared')} file(s) compared with their dataset lines, "
+                     f"{ident.get('ids_differ')} differ"), highlight=False)
     if r.get("temporaries"):
-        c.print(f"  note: {len(r['temporaries'])} unfinished temporary file(s) such as {r['temporaries'][0]} "
-                "(a run stopped while writing; the next run removes them)", markup=False, highlight=False)
+        c.print(text(f"  note: {len(r['temporaries'])} unfinished temporary file(s) such as {r['temporaries'][0]} "
+                     "(a run stopped while writing; the next run removes them)"), highlight=False)
     if not r.get("data_config"):
-        c.print("  note: no data_config.json", markup=False)
+        c.print(text("  note: no data_config.json"))
     elif r.get("layers_hidden"):
         cfg = r.get("config") or {}
         shapes = ", ".join(f"{lay} layers x {hid}" for lay, hid in r["layers_hidden"])
-        c.print(f"  layout: {shapes} (data_config.json: {cfg.get('layers')} layers x {cfg.get('hidden')})",
-                markup=False)
+        c.print(text(f"  layout: {shapes} (data_config.json: {cfg.get('layers')} layers x {cfg.get('hidden')})"))
     if r["ok"]:
-        c.print(Text("  outputs look complete and consistent", style="green"))
+        c.print(text("  outputs look complete and consistent", "green"))

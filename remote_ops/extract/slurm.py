@@ -187,12 +187,15 @@ def follow(session, job_id: str, on_text, *, poll: float = 1.0, clock=None) -> d
 
 
 def print_task_text(ctx, task: int, text: str) -> None:
-    """A followed task's new log text: ``[task k] line`` for people, JSON Lines events with --json."""
+    """A followed task's new log text: ``[task k] line`` for people (control characters escaped: the
+    host wrote it), JSON Lines events with --json."""
     import json
     import sys
+
+    from remote_ops.termsafe import clean
     for line in text.replace("\r", "\n").splitlines():
         if not line.strip():
             continue
         sys.stdout.write(json.dumps({"event": "log", "task": task, "line": line}) + "\n" if ctx.json
-                         else f"[task {task}] {line}\n")
+                         else f"[task {task}] {clean(line)}\n")
     sys.stdout.flush()
