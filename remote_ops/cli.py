@@ -158,7 +158,8 @@ def _main(argv: list[str] | None, as_program: bool) -> int:
     except Exception as exc:  # a bug: one line unless --debug
         if debug:
             raise
-        sys.stderr.write(f"remote-ops: internal error: {type(exc).__name__}: {exc} "
+        from remote_ops.termsafe import clean    # the message may quote the host
+        sys.stderr.write(f"remote-ops: internal error: {type(exc).__name__}: {clean(exc)} "
                          "(rerun with --debug for the traceback)\n")
         return int(Exit.REMOTE)
 
@@ -199,7 +200,8 @@ def _report(exc, debug: bool, json_mode: bool) -> None:
         traceback.print_exc()
         rt = getattr(exc, "remote_traceback", None)
         if rt:
-            sys.stderr.write("--- remote traceback ---\n" + rt + "\n")
+            from remote_ops.termsafe import lines
+            sys.stderr.write("--- remote traceback ---\n" + lines(rt) + "\n")
     if json_mode:
         sys.stdout.write(json.dumps(exc.to_json()) + "\n")
     sys.stderr.write(f"remote-ops: {exc.one_line()}\n")

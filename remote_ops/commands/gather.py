@@ -27,7 +27,8 @@ def run(args, ctx) -> int:
 
     def on_file(host, item):
         if redraw:
-            sys.stderr.write(f"\r  {host}: {item['name']} ({human_bytes(item['size'])})          ")
+            from remote_ops.termsafe import clean    # the name is the host's
+            sys.stderr.write(f"\r  {clean(host)}: {clean(item['name'])} ({human_bytes(item['size'])})          ")
             sys.stderr.flush()
             drawn.append(1)
 
