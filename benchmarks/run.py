@@ -213,6 +213,7 @@ class Lab:
             # the stand-in drives the shipped script (found next to it) with a torch-CPU generator
             shutil.copy2(REPO / "remote_ops" / "playbook" / "shipped" / "scripts" / "extract_hidden_states.py", h.workdir)
             shutil.copy2(REPO / "remote_ops" / "agent" / "outputs" / "run_identity.py", h.workdir)   # the run identity it checks
+            shutil.copy2(REPO / "remote_ops" / "agent" / "outputs" / "layout.py", h.workdir)   # the sample-name rule it uses
             h.reset()
             self.hosts.append(h)
         routes = [f"{h.address}:{h.server.port}@{h.address}:0" for h in self.hosts]

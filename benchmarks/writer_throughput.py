@@ -46,6 +46,7 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPT = "remote_ops/playbook/shipped/scripts/extract_hidden_states.py"
 OLD_SCRIPT = "playbooks/scripts/extract_hidden_states.py"   # where revisions before remote-ops 0.2.0 keep it
 RUN_IDENTITY = "remote_ops/agent/outputs/run_identity.py"   # shipped beside the script (0.3.0 playbook extract.files)
+LAYOUT = "remote_ops/agent/outputs/layout.py"               # and the sample-name rule run_identity.py uses
 
 
 def load_script(rev: str | None, scratch: Path):
@@ -61,10 +62,10 @@ def load_script(rev: str | None, scratch: Path):
             shown = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:{OLD_SCRIPT}"], check=True,
                                    capture_output=True, text=True)
         path.write_text(shown.stdout)
-        ident = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:{RUN_IDENTITY}"], capture_output=True,
-                               text=True)
-        if ident.returncode == 0:          # revisions before the run identity have none to ship
-            (d / "run_identity.py").write_text(ident.stdout)
+        for src, name in ((RUN_IDENTITY, "run_identity.py"), (LAYOUT, "layout.py")):
+            got = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:{src}"], capture_output=True, text=True)
+            if got.returncode == 0:        # revisions before the run identity (or the layout module) have none to ship
+                (d / name).write_text(got.stdout)
     spec = importlib.util.spec_from_file_location(f"ehs_writer_{rev or 'here'}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -22,6 +22,7 @@ import time
 import pytest
 
 from remote_ops.agent import shards as rule
+from remote_ops.agent.outputs import layout
 from remote_ops.agent.job import outputlock
 from remote_ops.extract import jobs as jobs_mod
 from tests.conftest import standin_playbook, write_inventory
@@ -43,7 +44,7 @@ def _inventory(sshd, tmp_path, hosts: dict, *, n=10, sleep=0.0, playbook=PLAYBOO
 
 
 def _indexes(path):
-    return sorted(int(m.group(1)) for m in map(rule.SAMPLE_RE.match, os.listdir(path)) if m)
+    return sorted(i for i in map(layout.index_of, os.listdir(path)) if i is not None)
 
 
 def _status(cli, inv, target):

@@ -18,6 +18,7 @@ import time
 import pytest
 
 from remote_ops.agent.outputs import shares as rule
+from remote_ops.agent.outputs import layout
 from remote_ops.extract import jobs as jobs_mod
 from remote_ops.extract import shard as shard_mod
 from tests.conftest import standin_playbook, write_inventory
@@ -38,7 +39,7 @@ def _inventory(sshd, tmp_path, *, n=10, sleep=0.0, shard="false"):
 
 
 def _indexes(path):
-    return sorted(int(m.group(1)) for m in map(rule.SAMPLE_RE.match, os.listdir(path)) if m)
+    return sorted(i for i in map(layout.index_of, os.listdir(path)) if i is not None)
 
 
 def _wait(cli, inv, target, *extra, timeout=120):

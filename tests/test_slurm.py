@@ -17,6 +17,7 @@ import time
 import pytest
 
 from remote_ops.agent.outputs import shares as rule
+from remote_ops.agent.outputs import layout
 from remote_ops.sshd import free_port
 from tests.conftest import REPO, standin_playbook, write_inventory
 
@@ -133,7 +134,7 @@ def test_slurm_array_status_logs_verify(slurm, sshd, tmp_path, cli):
     assert job["samples"] == {"done": 10, "expected": 10}
     for k in range(3):           # array task k wrote shard k of 3, global file names
         d = tmp_path / "out" / f"shard-{k}-of-3"
-        assert sorted(int(m.group(1)) for m in map(rule.SAMPLE_RE.match, os.listdir(d)) if m) == list(range(k, 10, 3))
+        assert sorted(i for i in map(layout.index_of, os.listdir(d)) if i is not None) == list(range(k, 10, 3))
         assert json.loads((d / "data_config.json").read_text())["shard"]["index"] == k
 
     status, out, err = cli("status", "cluster", "-i", str(inv))
@@ -188,7 +189,7 @@ SHIPPED = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.3
 
 
 def test_slurm_array_of_the_shipped_playbook_with_the_standin(slurm, sshd, tmp_path, cli, monkeypatch):
-    """The playbook eagle3-speculators-0.3.0 (its optional HF_TOKEN unset) with the sandbox's
+    """playbooks/eagle3-speculators-0.3.0.yaml (its optional HF_TOKEN unset) with the sandbox's
     stand-in command, on the real Slurm: submitted, run to the end, every sample verified."""
     from remote_ops import sandbox
 
@@ -340,7 +341,7 @@ def test_a_task_near_its_time_limit_requeues_itself_and_resumes(slurm, sshd, tmp
     assert job["state"] == "succeeded", (job, text)
     assert job["samples"] == {"done": 12, "expected": 12}
     d = tmp_path / "out" / "shard-0-of-3"
-    assert sorted(int(m.group(1)) for m in map(rule.SAMPLE_RE.match, os.listdir(d)) if m) == list(range(0, 12, 3))
+    assert sorted(i for i in map(layout.index_of, os.listdir(d)) if i is not None) == list(range(0, 12, 3))
 
 
 

@@ -9,7 +9,7 @@ Layout (private: directories 0700, files 0600)::
         <job-id>/run.json                 written by the supervisor: pid, pgid, start time
         <job-id>/run.lock                 flock held by the live supervisor, and only by it
         <job-id>/exit.json                real exit status, written by the supervisor
-        <job-id>/stop.json, watchdog.json, log, supervisor.py (diskspeed.py beside it), supervisor.log
+        <job-id>/stop.json, watchdog.json, log, supervisor.py (diskspeed.py and layout.py beside it), supervisor.log
     <output_dir>/.remote-ops-job.json     the job writing there now (job/outputlock.py)
 
 A slot is what the job is (``job/status.slot``): the playbook's key and the real path of its output
@@ -40,7 +40,7 @@ from .protocol import AgentFailure
 
 # ------------------------------------------------------------------ launching
 def _module_source(mod):
-    """A module's source (the supervisor, and diskspeed beside it), to run it as its own script outside
+    """A module's source (the supervisor, and diskspeed and layout beside it), to run it as its own script outside
     the agent."""
     path = getattr(mod, "__file__", "") or ""
     if os.path.isfile(path):
@@ -429,9 +429,12 @@ def _start(args, job_id, jobdir, key, name, command, workdir, env, secret_values
     fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(_module_source(sup))
-    fd = os.open(os.path.join(jobdir, "diskspeed.py"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:      # imported by the supervisor when the job ends
-        fh.write(_module_source(diskspeed))
+    from .outputs import layout
+    for mod, fname in ((diskspeed, "diskspeed.py"), (layout, "layout.py")):
+        # beside the supervisor: diskspeed imported when the job ends, layout to count its samples
+        fd = os.open(os.path.join(jobdir, fname), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(_module_source(mod))
     os.close(os.open(log, os.O_WRONLY | os.O_CREAT, 0o600))
     sup.write_json(os.path.join(root, name + ".current"), {"job_id": job_id})
     sup_env = {k: v for k, v in os.environ.items() if k != sup.MARKER}

@@ -1,11 +1,18 @@
 """Op ``shards.files``: an output directory's ``data_<N>.pt`` files, its data_config.json and its moved shares.
 
+Only regular files count (a link is never followed, never hashed, never listed as a sample); names
+are outputs/layout.py's rule: a name that only looks like a sample, and a sample name that is a link,
+are listed apart (``odd``, ``links``) as problems.
+
 The sharding rule itself (which indexes a shard holds, compact index lists) is ``outputs/shares.py``.
 """
 
 import os
 
-from .outputs.shares import SAMPLE_RE, SHARD_DIR_RE
+from .outputs import layout
+from .outputs.shares import SHARD_DIR_RE
+
+MAX_LISTED = 50
 
 
 def op_files(args):
@@ -24,7 +31,7 @@ def op_files(args):
         raise AgentFailure("no-output", "output directory %s does not exist on the host" % out_dir)
     from .outputs.run_identity import output_of
     dirs = output_of(out_dir)      # one output spread over several directories: all of them, as one
-    files, subdirs = [], []
+    files, subdirs, odd, links = [], [], [], []
     for d in dirs:
         try:
             it = os.scandir(d)
@@ -32,11 +39,17 @@ def op_files(args):
             continue       # verify names a missing directory of the output
         with it:
             for entry in it:
-                m = SAMPLE_RE.match(entry.name)
-                if m and entry.is_file():
-                    files.append({"index": int(m.group(1)), "name": entry.name, "size": entry.stat().st_size,
+                i = layout.index_of(entry.name)
+                if i is not None:
+                    st = entry.stat(follow_symlinks=False)
+                    if not entry.is_file(follow_symlinks=False):
+                        links.append(os.path.join(d, entry.name))
+                        continue
+                    files.append({"index": i, "name": entry.name, "size": st.st_size, "mode": st.st_mode & 0o777,
                                   **({"dir": d} if d != out_dir else {})})
-                elif SHARD_DIR_RE.match(entry.name) and entry.is_dir() and d == out_dir:
+                elif layout.is_odd(entry.name):
+                    odd.append(os.path.join(d, entry.name))
+                elif SHARD_DIR_RE.match(entry.name) and entry.is_dir(follow_symlinks=False) and d == out_dir:
                     subdirs.append(entry.name)
     files.sort(key=lambda f: (f["index"], f.get("dir") or ""))
     config_text = None
@@ -50,7 +63,8 @@ def op_files(args):
         done, last = 0, time.time()
         for f in files:
             h = hashlib.sha256()
-            with open(os.path.join(f.get("dir") or out_dir, f["name"]), "rb") as fh:
+            fd = os.open(os.path.join(f.get("dir") or out_dir, f["name"]), os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as fh:
                 for chunk in iter(lambda: fh.read(1 << 20), b""):
                     h.update(chunk)
                     done += len(chunk)
@@ -68,6 +82,8 @@ def op_files(args):
     ident = "+".join(str(outputdir.identity(d)) for d in dirs) if len(dirs) > 1 else outputdir.identity(out_dir)
     return {"output_dir": out_dir, **({"output_dirs": dirs} if len(dirs) > 1 else {}), "files": files,
             "config_text": config_text, "shard_dirs": sorted(subdirs),
+            "odd": sorted(odd)[:MAX_LISTED], "odd_count": len(odd), "links": sorted(links)[:MAX_LISTED],
+            "links_count": len(links),
             "identity": ident, "run": run_identity(out_dir), "run_text": _run_text(out_dir)}
 
 

@@ -17,10 +17,8 @@ import time
 
 from .protocol import AgentFailure
 
-SAMPLE_RE = re.compile(r"^data_(\d+)\.pt$")
-TEMP_RE = re.compile(r"^\.data_\d+\.pt\..*tmp$")   # extract_hidden_states.py's unfinished writes
 from .outputs.data_config import read_data_config
-from .outputs.scan import MAX_LISTED, _import_torch, scan  # noqa: F401  (shared with outputs/safetensors.py)
+from .outputs.scan import MAX_LISTED, _import_torch, scan, stray_problems  # noqa: F401  (shared with outputs/safetensors.py)
 
 
 def _describe(torch, obj):
@@ -221,7 +219,8 @@ def op_verify(args):
         if time.time() - last_event > 2:
             last_event = time.time()
             yield {"type": "progress", "checked": n_done, "of": len(chosen)}
-    ok = not (gaps or short or bad_load or inconsistent or bad_values or config_problems or ident.problems)
+    names = stray_problems(spread["strays"])
+    ok = not (gaps or short or bad_load or inconsistent or bad_values or config_problems or ident.problems or names)
     return {
         "ok": ok, "output_dir": out_dir, **({"output_dirs": spread["dirs"]} if len(spread["dirs"]) > 1 else {}),
         "files": len(indexes), "expected": expected, "expected_from": expected_from,
@@ -235,6 +234,8 @@ def op_verify(args):
         "layers_hidden": sorted(layout_seen), "temporaries": sorted(temporaries)[:MAX_LISTED],
         "reference": {"index": ref_index, "layout": _jsonable(reference)},
         "torch": getattr(torch, "__version__", None), "identity": ident.to_json(),
+        "name_problems": names, "odd_names": spread["strays"]["odd"][:MAX_LISTED],
+        "links": spread["strays"]["links"][:MAX_LISTED],
     }
 
 
@@ -246,9 +247,10 @@ def _scan_output(out_dir):
     directories (a sample's file counts wherever it is among them; in two it is one too many)."""
     from .outputs import run_identity as ri
     dirs = ri.output_of(out_dir)
+    strays = {"odd": [], "links": []}
     if len(dirs) == 1:
-        indexes, empty, temporaries = scan(out_dir, SAMPLE_RE, TEMP_RE.match)
-        return indexes, empty, temporaries, {"dirs": [out_dir], "problems": []}
+        indexes, empty, temporaries = scan(out_dir, "data_pt", strays)
+        return indexes, empty, temporaries, {"dirs": [out_dir], "problems": [], "strays": strays}
     problems, indexes, empty, temporaries, twice = [], {}, [], [], []
     mine = ri.read(out_dir)
     for d in dirs:
@@ -263,7 +265,7 @@ def _scan_output(out_dir):
         if (theirs or {}).get("digest") != mine.get("digest"):
             problems.append("%s, one of this run's output directories, has %s" % (
                 d, "no run.json" if theirs is None else "another run's run.json"))
-        found, e, t = scan(d, SAMPLE_RE, TEMP_RE.match)
+        found, e, t = scan(d, "data_pt", strays)
         for i, name in found.items():
             path = os.path.join(d, name)
             if i in indexes:
@@ -276,7 +278,7 @@ def _scan_output(out_dir):
         i, a, b = twice[0]
         problems.append("%d sample(s) are in two of the output directories, e.g. data_%d.pt: %s and %s (one "
                         "copy too many: remove one)" % (len(twice), i, a, b))
-    return indexes, empty, temporaries, {"dirs": dirs, "problems": problems}
+    return indexes, empty, temporaries, {"dirs": dirs, "problems": problems, "strays": strays}
 
 
 def _jsonable(sig):

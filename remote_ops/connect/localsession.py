@@ -29,9 +29,15 @@ class LocalSession(Session):
     def close(self) -> None:
         pass
 
-    def open_file(self, path: str):
-        """A file on this machine (the host is the controller): gather reads it directly."""
-        return open(os.path.expanduser(path), "rb")
+    def open_sample(self, path: str):
+        """A sample file on this machine (the host is the controller): gather reads it directly. Only
+        a regular file, opened without following a link (OSError otherwise)."""
+        import stat
+        fd = os.open(os.path.expanduser(path), os.O_RDONLY | os.O_NOFOLLOW)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(f"{path} is not a regular file (never followed)")
+        return os.fdopen(fd, "rb")
 
     @property
     def transport(self):

@@ -92,7 +92,7 @@ class Session:
         self.keep = False         # connected itself with persist on: a mux should keep this host
         self._lock = threading.Lock()
         self._login: dict | None = None   # python unset: what the login shell's PATH gave (first call)
-        self._sftp = None         # paramiko SFTPClient, opened by the first open_file (gather)
+        self._sftp = None         # paramiko SFTPClient, opened by the first open_sample (gather)
 
     # ---------------------------------------------------------------- connecting
     @property
@@ -196,9 +196,12 @@ class Session:
         self.keep = bool(self.options.persist)
         return self
 
-    def open_file(self, path: str):
-        """A file on the host opened for reading over SFTP (one SFTP channel per session, opened on
-        first use on this process's own connection; ``gather`` reads the outputs with it)."""
+    def open_sample(self, path: str):
+        """A sample file on the host opened for reading over SFTP (one SFTP channel per session, opened
+        on first use on this process's own connection; ``gather`` reads the outputs with it). Only a
+        regular file: a link (lstat, never followed) or anything else raises OSError, so a link planted
+        in an output directory cannot make gather read a file outside it; the opened file must still
+        be a regular file of the size lstat saw."""
         with self._lock:
             if self._sftp is None:
                 import paramiko
@@ -207,9 +210,20 @@ class Session:
                 except (paramiko.SSHException, EOFError, OSError) as exc:
                     raise UnreachableError(f"cannot open SFTP: {exc or type(exc).__name__}",
                                            "the host's sshd needs the sftp subsystem", host=self.label) from None
+        import stat
         self.stats.sftp_requests += 1
+        st = self._sftp.lstat(path)
+        if not stat.S_ISREG(st.st_mode or 0):
+            raise OSError(f"{path} is not a regular file on the host (a link or other: never followed)")
         fh = self._sftp.open(path, "rb")
-        fh.prefetch()
+        try:
+            now = fh.stat()
+            if not stat.S_ISREG(now.st_mode or 0) or now.st_size != st.st_size:
+                raise OSError(f"{path} changed between its lstat and its open (replaced by a link?)")
+            fh.prefetch()
+        except BaseException:
+            fh.close()
+            raise
         return fh
 
     def close(self) -> None:

@@ -23,10 +23,13 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
+import stat
+import tempfile
 from dataclasses import dataclass, field
 
+from remote_ops.agent.outputs import layout
 from remote_ops.agent.outputs import shares as rule
-from remote_ops.agent.core.digest import file_sha256
 from remote_ops.connect import agent_requests as rq
 from remote_ops.errors import RefusedError, UsageError
 from remote_ops.records import Record
@@ -456,12 +459,87 @@ def list_part(session, *, pb, job: str | None, output_dir: str | None, on_progre
     """The host's directories (its own and moved shares), each file with its sha256 (hashed on the host)."""
     from remote_ops.extract import verify as verify_mod
     base = output_dir or verify_mod.output_dir_for(session, pb=pb, job=job)[0]
-    first = _files(session, base, digest=True, on_progress=on_progress)
+    first = admit(_files(session, base, digest=True, on_progress=on_progress))
     out = [first]
     for sub in first["shard_dirs"]:
-        out.append(_files(session, base.rstrip("/") + "/" + sub, digest=True, on_progress=on_progress))
+        out.append(admit(_files(session, base.rstrip("/") + "/" + sub, digest=True, on_progress=on_progress)))
     for d in out:
         d["host"] = session.label
+    return out
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _clean_dir(path) -> bool:
+    """An absolute host path without ``.``/``..`` parts, empty parts or control characters."""
+    return (isinstance(path, str) and path.startswith("/") and "\x00" not in path and path.isprintable()
+            and all(part not in ("", ".", "..") for part in path.rstrip("/").split("/")[1:]))
+
+
+def _refusal(f, dirs) -> str | None:
+    """Why a host's listed file is refused (None: admitted): its name must be exactly the sample name
+    of its index (layout.py), its size an int, its sha256 64 hex digits, its directory one of the
+    listing's. The host's words are never a local path: gather builds those from the index."""
+    if not isinstance(f, dict):
+        return "not an entry"
+    i = f.get("index")
+    if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+        return "its index is not an int >= 0"
+    if f.get("name") != layout.name(i):
+        return f"its name is not {layout.name(i)}, the name of sample {i}"
+    if isinstance(f.get("size"), bool) or not isinstance(f.get("size"), int) or f["size"] < 0:
+        return "its size is not an int >= 0"
+    if not isinstance(f.get("sha256"), str) or not _SHA256.fullmatch(f["sha256"]):
+        return "its sha256 is not 64 hex digits"
+    if "dir" in f and f["dir"] not in dirs:
+        return "its directory is not one of the output's"
+    if "mode" in f and (isinstance(f["mode"], bool) or not isinstance(f["mode"], int) or not 0 <= f["mode"] <= 0o7777):
+        return "its mode is not a file mode"
+    return None
+
+
+def admit(listing: dict) -> dict:
+    """A host's ``shards.files`` answer held to the rule for what a host may name: every listed file
+    admitted by ``_refusal``, shard subdirectories named ``shard-K-of-N`` exactly, the directories
+    clean absolute paths. What is refused lands in ``refused`` (names escaped) and refuses the gather
+    (``plan``); the host's own ``odd`` names and ``links`` (agent/shards.py) do too."""
+    out = dict(listing) if isinstance(listing, dict) else {}
+    refused = []
+    base = out.get("output_dir")
+    if not _clean_dir(base):
+        refused.append(f"its output directory {layout.show(base)} is not a clean absolute path")
+        base = out["output_dir"] = "/nonexistent"
+    dirs = {base}
+    for d in out.get("output_dirs") or []:
+        if _clean_dir(d):
+            dirs.add(d)
+        else:
+            refused.append(f"one of its output directories, {layout.show(d)}, is not a clean absolute path")
+    files = []
+    for f in out.get("files") if isinstance(out.get("files"), list) else []:
+        why = _refusal(f, dirs)
+        if why is None:
+            files.append(f)
+        else:
+            name = f.get("name") if isinstance(f, dict) else f
+            refused.append(f"listed file {layout.show(name)} refused: {why}")
+    out["files"] = files
+    subs = []
+    for sub in out.get("shard_dirs") if isinstance(out.get("shard_dirs"), list) else []:
+        m = rule.SHARD_DIR_RE.match(sub) if isinstance(sub, str) else None
+        if m and sub == rule.dir_name(int(m.group(1)), int(m.group(2))):
+            subs.append(sub)
+        else:
+            refused.append(f"shard directory {layout.show(sub)} refused: not shard-K-of-N")
+    out["shard_dirs"] = subs
+    for key, what in (("odd", "a name that looks like a sample but is not one"),
+                      ("links", "a sample name that is not a regular file (never followed)")):
+        names = out.get(key) if isinstance(out.get(key), list) else []
+        count = out.get(key + "_count") if isinstance(out.get(key + "_count"), int) else len(names)
+        if names:
+            refused.append(f"{count} file(s) with {what}, e.g. {layout.show(names[0])}")
+    out["refused"] = refused
     return out
 
 
@@ -474,12 +552,17 @@ def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, 
     refuse the gather. Files beyond the dataset's size are named (``beyond``), never copied."""
     dirs = [dict(d, host=host, files_list=d["files"], files=len(d["files"]), run=(d.get("run") or {}).get("run"))
             for host in sorted(listings) for d in listings[host]]
+    refused = [f"{d['host']}:{layout.show(d['output_dir'])}: {why}" for d in dirs for why in d.get("refused") or []]
     dirs, same = distinct_dirs(dirs)
     run = union_run(dirs)
     holders: dict[int, list[dict]] = {}
+    by_index: dict[int, dict] = {}          # id(dir) -> {index: its file}: one lookup per (index, dir)
     for d in dirs:
+        mine = by_index[id(d)] = {}
         for f in d["files_list"]:
-            holders.setdefault(f["index"], []).append(d)
+            if f["index"] not in mine:      # an index twice in one output (two of its dirs): the first
+                mine[f["index"]] = f
+                holders.setdefault(f["index"], []).append(d)
     configs = [(d["host"], d) for d in dirs if d.get("config_text")]
     facts = [(h, _facts(_config(d["config_text"])), d) for h, d in configs]
     totals = {f["total"] for _, f, _ in facts if isinstance(f["total"], int)}
@@ -490,7 +573,7 @@ def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, 
     chosen: dict[int, dict] = {}
     conflicts, dropped, beyond = [], [], []
     for i in sorted(holders):
-        item_of = {id(d): next(f for f in d["files_list"] if f["index"] == i) for d in holders[i]}
+        item_of = {id(d): by_index[id(d)][i] for d in holders[i]}
 
         def item(d):
             return {**item_of[id(d)], "host": d["host"], "path": _file_path(d, item_of[id(d)])}
@@ -510,6 +593,11 @@ def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, 
                                 "dropped": f"{d['host']}:{other['path']}", "why": why,
                                 "same_bytes": other["sha256"] == chosen[i]["sha256"]})
     g.conflicts, g.dropped, g.beyond = conflicts[:50], dropped, beyond
+    if refused:
+        g.problems.append(f"{len(refused)} part(s) of the hosts' listings break the rule for sample names "
+                          "(data_<N>.pt exactly, regular files): nothing copied; look at those files on the host "
+                          "(remote-ops verify HOST names them), move them away, and gather again")
+        g.problems += refused[:20]
     if conflicts:
         c = conflicts[0]
         g.problems.append(f"{len(conflicts)} index(es) differ between hosts, e.g. data_{c['index']}.pt on "
@@ -517,7 +605,7 @@ def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, 
                           "copy (remote-ops verify GROUP)")
     foreign = [d for d in dirs if run and d.get("run") and d["run"] != run
                and any(chosen.get(f["index"], {}).get("path") == _file_path(d, f)
-                       and chosen[f["index"]]["host"] == d["host"] for f in d["files_list"])]
+                       and chosen[f["index"]]["host"] == d["host"] for f in by_index[id(d)].values())]
     runs = sorted({d["run"] for d in dirs if d.get("run")})
     if run is None and len(runs) > 1:       # no majority run: nothing tells which files are the union's
         g.problems.append(f"the directories hold files of {len(runs)} runs in equal numbers (their run.json "
@@ -554,8 +642,20 @@ def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, 
 
 def _file_path(d: dict, f: dict) -> str:
     """Where on its host a listed file is: its own directory (``dir``: an output spread over several
-    directories, agent/shards.py) or the listing's."""
-    return (f.get("dir") or d["output_dir"]).rstrip("/") + "/" + f["name"]
+    directories, agent/shards.py) or the listing's, and the sample's name built from its index."""
+    return (f.get("dir") or d["output_dir"]).rstrip("/") + "/" + layout.name(f["index"])
+
+
+def local_samples(to: str) -> dict[int, str]:
+    """The sample files in the local destination: index -> name, regular files with exactly a
+    sample's name (layout.py; a link there is not a sample)."""
+    out = {}
+    with os.scandir(to) as it:
+        for entry in it:
+            i = layout.index_of(entry.name)
+            if i is not None and entry.is_file(follow_symlinks=False):
+                out[i] = entry.name
+    return out
 
 
 def stale_in_destination(to: str, total: int | None) -> list[str]:
@@ -563,8 +663,30 @@ def stale_in_destination(to: str, total: int | None) -> list[str]:
     run, never part of this one."""
     if total is None:
         return []
-    names = [(int(m.group(1)), n) for n, m in ((n, rule.SAMPLE_RE.match(n)) for n in os.listdir(to)) if m]
-    return [n for i, n in sorted(names) if i >= total]
+    return [n for i, n in sorted(local_samples(to).items()) if i >= total]
+
+
+def _write_json(to: str, name: str, doc, **dump) -> None:
+    """``name`` in ``to`` written whole: a fresh temporary (mkstemp: never through a pre-made link),
+    fsynced, renamed onto it, the directory fsynced."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=to)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, **dump)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, os.path.join(to, name))
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    dfd = os.open(to, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 def _union_run(dirs: list[dict], run: str | None) -> dict | None:
@@ -584,89 +706,92 @@ def _union_run(dirs: list[dict], run: str | None) -> dict | None:
     return None
 
 
-def _sha256_file(path: str) -> str | None:
+def _held(dfd: int, name: str, it: dict) -> bool:
+    """``name`` in the destination (opened as ``dfd``) is a regular file of the host's size and sha256
+    (never through a link: a link there is not the file, and the copy replaces it)."""
     try:
-        return file_sha256(path)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
     except OSError:
-        return None
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
+        return False
     try:
-        os.fsync(fd)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != it["size"]:
+            return False
+        h = hashlib.sha256()
+        for chunk in iter(lambda: os.read(fd, 1 << 20), b""):
+            h.update(chunk)
+        return h.hexdigest() == it["sha256"]
     finally:
         os.close(fd)
 
 
-def copy_part(session, items: list[dict], to: str, *, on_file=None) -> GatherPart:
+def copy_part(session, items: list[dict], to: str, *, on_file=None, host_mode: bool = False) -> GatherPart:
     """Copy ``items`` (plan's, this host's) into ``to``: a file already there with the host's sha256
-    is kept; else it is read over SFTP into ``.data_<N>.pt.<pid>.tmp`` beside its destination, hashed
-    while it arrives, fsynced and renamed only when its sha256 is the host's."""
+    is kept; else it is read over SFTP (a regular file only: ``open_sample``) into a fresh temporary
+    (``mkstemp``: 0600, never through a pre-made link) in ``to``, hashed while it arrives, fsynced and
+    renamed onto its name only when its sha256 is the host's. The local name is built from the index
+    (layout.py), never taken from the host; every name is resolved under ``to`` opened once. Copies
+    are 0600, or with ``host_mode`` the host's mode capped at 0644. A file that fails is named in
+    ``failed`` and the others still count."""
     host = session.host
     part = GatherPart(host.name, files=len(items))
-    for it in items:
-        dest = os.path.join(to, it["name"])
-        if os.path.exists(dest) and os.path.getsize(dest) == it["size"] and _sha256_file(dest) == it["sha256"]:
-            part.skipped += 1
-            continue
-        tmp = os.path.join(to, f".{it['name']}.{os.getpid()}.tmp")
-        h = hashlib.sha256()
-        try:
-            with session.open_file(it["path"]) as src, open(tmp, "wb") as dst:
-                for chunk in iter(lambda: src.read(1 << 20), b""):
-                    h.update(chunk)
-                    dst.write(chunk)
-                dst.flush()
-                os.fsync(dst.fileno())
-            if h.hexdigest() != it["sha256"]:
-                raise OSError(f"sha256 {h.hexdigest()[:12]} of the copy differs from the host's {it['sha256'][:12]} "
-                              "(changed while copying?)")
-            os.replace(tmp, dest)
-        except OSError as exc:
+    dfd = os.open(to, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for it in items:
+            name = layout.name(int(it["index"]))
+            if _held(dfd, name, it):
+                part.skipped += 1
+                continue
+            fd, tmp_path = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=to)
+            tmp = os.path.basename(tmp_path)
+            h = hashlib.sha256()
             try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            part.failed.append({"file": it["path"], "error": str(exc)})
-            continue
-        part.copied += 1
-        part.bytes += it["size"]
-        if on_file is not None:
-            on_file(host.name, it)
-    if part.copied:
-        _fsync_dir(to)
-    if part.failed:
-        f = part.failed[0]
-        raise RefusedError(f"{len(part.failed)} file(s) not copied, e.g. {f['file']}: {f['error']}",
-                           "rerun gather: files already copied are kept", host=host.name)
+                with session.open_sample(it["path"]) as src, os.fdopen(fd, "wb") as dst:
+                    for chunk in iter(lambda: src.read(1 << 20), b""):
+                        h.update(chunk)
+                        dst.write(chunk)
+                    dst.flush()
+                    if host_mode:
+                        os.fchmod(dst.fileno(), int(it.get("mode", 0o600)) & 0o644)
+                    os.fsync(dst.fileno())
+                if h.hexdigest() != it["sha256"]:
+                    raise OSError(f"sha256 {h.hexdigest()[:12]} of the copy differs from the host's "
+                                  f"{it['sha256'][:12]} (changed while copying?)")
+                os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except OSError as exc:
+                try:
+                    os.unlink(tmp, dir_fd=dfd)
+                except OSError:
+                    pass
+                part.failed.append({"file": it["path"], "error": str(exc)})
+                continue
+            part.copied += 1
+            part.bytes += it["size"]
+            if on_file is not None:
+                on_file(host.name, {**it, "name": name})
+        if part.copied:
+            os.fsync(dfd)
+    finally:
+        os.close(dfd)
     return part
 
 
 def finish(results, g: GatherResult, union_doc: dict | None, to: str) -> GatherResult:
     """After the copies: data_config.json of the union (tmp + rename), and what the directory holds."""
-    import re
     for r in results:
         if r.ok:
             g.add(r.value)
+            if r.value.failed:      # the files it did copy count above; these did not
+                f = r.value.failed[0]
+                g.problems.append(f"{r.host}: {len(r.value.failed)} file(s) not copied, e.g. {layout.show(f['file'])}: "
+                                  f"{layout.show(f['error'])} (rerun gather: files already copied are kept)")
         else:
             g.problems.append(f"{r.host}: {r.error.one_line() if r.error else 'failed'}")
     if union_doc is not None:
-        tmp = os.path.join(to, f".data_config.json.{os.getpid()}.tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(union_doc, fh, indent=2)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, os.path.join(to, "data_config.json"))
+        _write_json(to, "data_config.json", union_doc, indent=2)
         if g.extra.get("run"):         # the union's run identity, so that verify can hold it to its run
-            tmp = os.path.join(to, f".run.json.{os.getpid()}.tmp")
-            with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump(g.extra["run"], fh, indent=1, sort_keys=True)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, os.path.join(to, "run.json"))
-        _fsync_dir(to)
-    present = {int(m.group(1)) for m in (re.match(r"^data_(\d+)\.pt$", n) for n in os.listdir(to)) if m}
+            _write_json(to, "run.json", g.extra["run"], indent=1, sort_keys=True)
+    present = set(local_samples(to))
     if g.total is not None:      # counts are of this run's samples: a file beyond the total is not one
         stale = stale_in_destination(to, g.total)
         if stale:

@@ -21,31 +21,24 @@ import sys
 import time
 
 MARKER = "REMOTE_OPS_JOB_ID"
-_SAMPLE_RE = []
-# The output layouts a job writes (the playbook's extract.output_layout): one file per sample.
-# data_pt: speculators 0.3.0's generator (data_<N>.pt + data_config.json); hs_safetensors: speculators
-# >= 0.5's server flow (hs_<N>.safetensors, moved in by its client from vLLM's hidden-states connector).
-LAYOUTS = {"data_pt": (r"^data_(\d+)\.pt$", "data_%d.pt"),
-           "hs_safetensors": (r"^hs_(\d+)\.safetensors$", "hs_%d.safetensors")}
-_LAYOUT_RE = {}
+_LAYOUT = []
 
 
-def sample_re(layout=None):
-    """The file-name pattern of one sample (``^data_(\\d+)\\.pt$`` by default), compiled on first use."""
-    if layout and layout != "data_pt":
-        if layout not in _LAYOUT_RE:
-            import re
-            _LAYOUT_RE[layout] = re.compile(LAYOUTS[layout][0])
-        return _LAYOUT_RE[layout]
-    if not _SAMPLE_RE:
-        import re
-        _SAMPLE_RE.append(re.compile(r"^data_(\d+)\.pt$"))
-    return _SAMPLE_RE[0]
+def _layout():
+    """outputs/layout.py, the one rule for sample file names: the package module inside the agent,
+    the file beside this one when this file runs as its own script (jobs.op_launch writes it there)."""
+    if not _LAYOUT:
+        if __package__:
+            import importlib
+            _LAYOUT.append(importlib.import_module("..outputs.layout", __package__))
+        else:
+            _LAYOUT.append(_sibling("layout"))
+    return _LAYOUT[0]
 
 
 def sample_name(layout, index):
     """The file name of sample ``index`` in ``layout``."""
-    return LAYOUTS.get(layout or "data_pt", LAYOUTS["data_pt"])[1] % index
+    return _layout().name(index, layout)
 
 
 def now():
@@ -130,15 +123,15 @@ def count_samples(output_dir, layout=None):
     """(number of sample files (data_<N>.pt by default), highest N or -1) in ``output_dir``, or in
     all of a list of directories (one output spread over several disks: each index counted once)."""
     seen, top = set(), -1
-    pattern = sample_re(layout)
+    index_of = _layout().index_of
     for d in output_dir if isinstance(output_dir, (list, tuple)) else [output_dir]:
         try:
             with os.scandir(d) as it:
                 for entry in it:
-                    m = pattern.match(entry.name)
-                    if m:
-                        seen.add(int(m.group(1)))
-                        top = max(top, int(m.group(1)))
+                    i = index_of(entry.name, layout)
+                    if i is not None and entry.is_file(follow_symlinks=False):
+                        seen.add(i)
+                        top = max(top, i)
         except OSError:
             pass
     return len(seen), top

@@ -43,8 +43,6 @@ FILE = "run.json"
 PACKAGES = ("torch", "vllm", "transformers", "speculators")
 PLAYBOOK_ENV = "REMOTE_OPS_RUN_PLAYBOOK"   # {"name", "sha256"} as JSON: set by remote-ops extract for the job
 REPLACED_PREFIX = ".replaced-"
-SAMPLE_RE = re.compile(r"^(?:data_(\d+)\.pt|hs_(\d+)\.safetensors)$")    # both layouts
-TEMP_RE = re.compile(r"^\.data_\d+\.pt\.\d+\.tmp$")
 CONFIG = "data_config.json"
 DIR_SEP = ":"       # --output-dir A:B names several directories, as PATH does
 FLAGS = {"--output-dir": "output_dir", "--dataset": "dataset", "--max-samples": "max_samples", "--target-model-path": "model",
@@ -287,10 +285,36 @@ def write(output_dir, ident):
     return doc
 
 
+_LAYOUT = []
+
+
+def _layout():
+    """layout.py (the one rule for sample file names): this package's module inside remote-ops, the
+    file beside this one where it travels with the extract script (the playbook's extract.files)."""
+    if not _LAYOUT:
+        if __package__:
+            from . import layout
+        else:
+            import importlib.util
+            path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "layout.py")
+            if not os.path.isfile(path):
+                raise ImportError("layout.py is not beside %s: remote-ops ships both (the playbook's "
+                                  "extract.files)" % os.path.abspath(__file__))
+            spec = importlib.util.spec_from_file_location("remote_ops_layout", path)
+            layout = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(layout)
+        _LAYOUT.append(layout)
+    return _LAYOUT[0]
+
+
+def _is_sample(name):
+    return _layout().parse(name) is not None
+
+
 def sample_files(output_dir):
-    """Names of the sample files (data_<N>.pt, hs_<N>.safetensors) in ``output_dir``."""
+    """Names of the sample files (data_<N>.pt, hs_<N>.safetensors: layout.py's exact names) in ``output_dir``."""
     try:
-        return sorted(n for n in os.listdir(output_dir) if SAMPLE_RE.match(n))
+        return sorted(n for n in os.listdir(output_dir) if _is_sample(n))
     except OSError:
         return []
 
@@ -403,7 +427,8 @@ def move_aside(output_dir, now=None):
         except FileExistsError:
             k += 1
             dest = os.path.join(output_dir, "%s%s-%d" % (REPLACED_PREFIX, stamp, k))
-    names = sorted(n for n in os.listdir(output_dir) if SAMPLE_RE.match(n) or TEMP_RE.match(n) or n == CONFIG)
+    names = sorted(n for n in os.listdir(output_dir)
+                   if _is_sample(n) or _layout().is_partial(n) or n == CONFIG)
     if os.path.exists(os.path.join(output_dir, FILE)):
         names.append(FILE)
     for name in names:

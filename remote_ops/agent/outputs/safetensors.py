@@ -23,7 +23,7 @@ import re
 import struct
 import time
 
-from ..outputs.scan import MAX_LISTED, _import_torch, scan
+from ..outputs.scan import MAX_LISTED, _import_torch, scan, stray_problems
 
 SAMPLE_RE = re.compile(r"^hs_(\d+)\.safetensors$")
 DTYPES = {"F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2), "BF16": ("bfloat16", 2),
@@ -132,7 +132,9 @@ def verify(args):
     sample_n = int(args.get("sample", 32))
     check_finite = args.get("finite", True)
     torch = _import_torch()
-    indexes, empty, locks = scan(out_dir, SAMPLE_RE, lambda name: name.endswith(".safetensors.lock"))
+    strays = {}
+    indexes, empty, locks = scan(out_dir, "hs_safetensors", strays)
+    names = stray_problems(strays)
     from .identity_check import nothing_to_verify
     nothing_to_verify(out_dir, indexes, "hs_<N>.safetensors")
     top = max(indexes) if indexes else -1
@@ -189,7 +191,7 @@ def verify(args):
         if time.time() - last_event > 2:
             last_event = time.time()
             yield {"type": "progress", "checked": n_done, "of": len(chosen)}
-    ok = not (gaps or short or bad_load or inconsistent or bad_values or locks or ident.problems)
+    ok = not (gaps or short or bad_load or inconsistent or bad_values or locks or ident.problems or names)
     return {
         "ok": ok, "output_dir": out_dir, "layout": "hs_safetensors", "files": len(indexes), "expected": expected,
         "max_index": top, "gaps": gaps[:MAX_LISTED], "gap_count": len(gaps),
@@ -205,4 +207,5 @@ def verify(args):
                       {"hidden_states": ["tensor", reference[2], 3, reference[0], reference[1]],
                        "token_ids": ["tensor", "integer", 1]}},
         "torch": getattr(torch, "__version__", None), "identity": ident.to_json(),
+        "name_problems": names, "odd_names": strays["odd"][:MAX_LISTED], "links": strays["links"][:MAX_LISTED],
     }

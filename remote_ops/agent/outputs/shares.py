@@ -15,9 +15,6 @@ import re
 SHARD_DIR_RE = re.compile(r"^shard-(\d+)-of-(\d+)$")
 
 
-SAMPLE_RE = re.compile(r"^data_(\d+)\.pt$")
-
-
 def parse(text):
     """"K/N" -> (k, n) with 0 <= k < n; ValueError otherwise."""
     parts = str(text).strip().split("/")

@@ -381,11 +381,14 @@ def truncate(records, max_model_len):
 
 
 # ------------------------------------------------------------------ output files
-SAMPLE_FILE_RE = re.compile(r"^data_(\d+)\.pt$")
-
-
 def sample_path(output_dir, index):
     return os.path.join(output_dir, "data_%d.pt" % index)
+
+
+def sample_index(name):
+    """The index ``name`` is the sample file of (data_<N>.pt exactly: layout.py, shipped beside
+    run_identity.py, is the one rule), else None."""
+    return _run_identity_module()._layout().index_of(name)
 
 
 def output_dirs(value):
@@ -410,9 +413,9 @@ def present_samples(dirs):
         except FileNotFoundError:
             continue
         for name in names:
-            m = SAMPLE_FILE_RE.match(name)
-            if m:
-                found.setdefault(int(m.group(1)), d)
+            i = sample_index(name)
+            if i is not None:
+                found.setdefault(i, d)
     return found
 
 
