@@ -4,4 +4,4 @@ The Python API lives in :mod:`remote_ops.api`; importing this package stays chea
 ``remote-ops --help`` starts fast.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"          # the one place the version is written (pyproject reads it; CHANGELOG.md)

@@ -26,8 +26,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from dataclasses import dataclass, field
+
 from remote_ops.errors import ConfigError, RemoteOpsError, UsageError
 from remote_ops.fleet import Fleet, HostResult, Results
+from remote_ops.records import Record
 
 if TYPE_CHECKING:
     from remote_ops.extract.follow import FollowEvent
@@ -77,10 +80,10 @@ class Inventory(Fleet):
         from remote_ops.check import model as model_mod
         from remote_ops.check import serverflow
         from remote_ops.extract.extract_spec import server_command
-        named = Playbooks(playbook).named()      # a bad named playbook raises here, before any host
+        named = Playbooks(playbook, self).named()      # a bad named playbook raises here, before any host
         req = check_mod.make_request(pb=named, runtime=runtime, targets=targets, against=against,
                                      package=package, baseline=baseline, drift=drift)
-        own = Playbooks(None)                    # else each host's own, loaded once per file
+        own = Playbooks(None, self)                 # else each host's own, loaded once per file
 
         def one(h, s):
             pb = named or own(h, required=False)
@@ -118,7 +121,7 @@ class Inventory(Fleet):
         changes nothing (``patching.PatchResult``; ``verification.line`` says what was verified).
         ``confirm(plan) -> bool`` is asked before a host is written (None: no question)."""
         from remote_ops.patch import patching
-        books = self.playbooks(target, playbook)
+        books = self.host_playbooks(target, playbook)
         return self.run(target, lambda h, s: patching.patch(s, books[h.name], dry_run=dry_run,
                                                              import_check=import_check,
                                                              allow_findings=allow_findings, confirm=confirm))
@@ -155,7 +158,7 @@ class Inventory(Fleet):
             raise UsageError(f"early_death_s (--watch) must be 0-{jobs.EARLY_DEATH_MAX_S:g} seconds, "
                              f"got {early_death_s:g}")
         hosts = self.resolve(target)
-        specs = shard_mod.apply(hosts, jobs.load_for_hosts(hosts, Playbooks(playbook)), shard)
+        specs = shard_mod.apply(hosts, jobs.load_for_hosts(hosts, Playbooks(playbook, self)), shard)
         wait = jobs.EARLY_DEATH_S if early_death_s is None else early_death_s
         return self.run(target, lambda h, s: _job_ops(h).extract(s, *specs[h.name], skip_check=skip_check,
                                                           dry_run=dry_run, strict_drift=strict,
@@ -166,7 +169,7 @@ class Inventory(Fleet):
         """The playbook's job on each host (``jobs.JobStatus``: state, samples, rate, exit); for a
         group, ``Results.group`` is ``shard.GroupProgress`` (totals, summed rate, ETA)."""
         from remote_ops.extract import shard as shard_mod
-        book = Playbooks(playbook)
+        book = Playbooks(playbook, self)
         results = self.run(target, lambda h, s: _job_ops(h).status(s, pb=book.for_job(h, job), job=job))
         if not results.single:
             results.group = shard_mod.progress(results)
@@ -182,7 +185,7 @@ class Inventory(Fleet):
         """The last ``lines`` lines of the job's log (``jobs.LogsResult``)."""
         from remote_ops.extract import jobs
         jobs.check_lines(lines)
-        book = Playbooks(playbook)
+        book = Playbooks(playbook, self)
         return self.run(target, lambda h, s: _job_ops(h).logs(s, pb=book.for_job(h, job), job=job, lines=lines))
 
     def follow(self, target: str | None = None, job: str | None = None, *, playbook: str | None = None,
@@ -203,7 +206,7 @@ class Inventory(Fleet):
             raise UsageError(f"follow takes one host; {target or 'the default'!r} names {len(hosts)}",
                              "follow one of them: " + ", ".join(h.name for h in hosts))
         host = hosts[0]
-        ref = jobs.ref_for(Playbooks(playbook).for_job(host, job), job, host)
+        ref = jobs.ref_for(Playbooks(playbook, self).for_job(host, job), job, host)
         return follow_mod.follow(lambda: self.session(host), lambda: self.drop_session(host), ref,
                                  offset=offset, reconnect_for=reconnect_for)
 
@@ -213,7 +216,7 @@ class Inventory(Fleet):
         ``clean`` when nothing of the job is left). ``on_stopping(host, status, grace)`` before signals."""
         from remote_ops.extract import jobs
         jobs.check_grace(grace)
-        book = Playbooks(playbook)
+        book = Playbooks(playbook, self)
         return self.run(target, lambda h, s: _job_ops(h).stop(
             s, pb=book(h, required=False, quiet=bool(job)), job=job, grace=grace,
             on_stopping=None if on_stopping is None else (lambda st, g: on_stopping(h, st, g))))
@@ -229,7 +232,7 @@ class Inventory(Fleet):
         from remote_ops.extract import shard as shard_mod
         from remote_ops.extract import verify as verify_mod
         verify_mod.check_sample(sample)
-        book = Playbooks(playbook)
+        book = Playbooks(playbook, self)
         results = self.run(target, lambda h, s: shard_mod.verify_part(
             s, shard=shard, output_dir=output_dir, expected=expected, all=all, sample=sample,
             pb=book(h, required=False, quiet=bool(job or output_dir)), job=job, on_progress=None if on_progress is None else (lambda done, of: on_progress(h, done, of))))
@@ -254,7 +257,7 @@ class Inventory(Fleet):
         holding files beyond the dataset's size refuse the gather before anything is copied."""
         from remote_ops.extract import shard as shard_mod
         dest = shard_mod.check_destination(to)
-        book = Playbooks(playbook)
+        book = Playbooks(playbook, self)
         listed = self.run(target, lambda h, s: shard_mod.list_part(
             s, pb=None if output_dir else book(h, required=False, quiet=bool(job)), job=job, output_dir=output_dir))
         per_host, union_doc, g = shard_mod.plan({r.host: r.value for r in listed if r.ok})
@@ -277,10 +280,33 @@ class Inventory(Fleet):
         return results
 
     # ------------------------------------------------------------------ helpers
-    def playbooks(self, target: str | None, playbook: str | None) -> dict:
+    def playbooks(self) -> "PlaybookList":
+        """Every playbook found along the search order (``playbook/search.py``: beside the inventory,
+        the user's directory, the shipped ones), each with its origin, path, flow and ``requires``;
+        the one list ``check --candidates`` and a refusal's pointers choose from."""
+        return list_playbooks(self.inventory_path)
+
+    @property
+    def inventory_path(self) -> str:
+        """The inventory file this fleet reads (or would: the default may be absent); a playbook's name
+        is looked up in ``playbooks/`` beside it first."""
+        from remote_ops.connect.inventory import inventory_path
+        return inventory_path(self.inventory_file)
+
+    def said_once(self, line: str | None) -> None:
+        """``line`` through the fleet's warn callback, once per inventory object (a playbook that
+        shadows another, said by every command that uses it)."""
+        if not line or self._warn is None:
+            return
+        said = self.__dict__.setdefault("_said", set())
+        if line not in said:
+            said.add(line)
+            self._warn(line)
+
+    def host_playbooks(self, target: str | None, playbook: str | None) -> dict:
         """Each host's playbook, loaded once per file (a bad playbook raises here, before any host)."""
         from remote_ops.patch import patching
-        book = Playbooks(playbook)
+        book = Playbooks(playbook, self)
         out = {h.name: book(h) for h in self.resolve(target)}
         for pb in {id(pb): pb for pb in out.values()}.values():
             patching.prefetch(pb)      # what the edit kinds need, imported while connecting
@@ -288,14 +314,16 @@ class Inventory(Fleet):
 
 
 class Playbooks:
-    """The playbooks of one operation call: ``playbook`` (the one named: a path or a name in
-    playbooks/), else each host's own. Every file is found and loaded once per call, whichever
-    host asks first (a group's hosts share the load; the per-host functions get the loaded
-    ``Playbook``, never a name to load again); a file that fails to load fails each host that asks."""
+    """The playbooks of one operation call: ``playbook`` (the one named: a path, or a name along the
+    search order of playbook/search.py), else each host's own. Every file is found and loaded once per
+    call, whichever host asks first (a group's hosts share the load; the per-host functions get the
+    loaded ``Playbook``, never a name to load again); a file that fails to load fails each host that
+    asks. A playbook that shadows another of its name is said once (``Inventory.said_once``)."""
 
-    def __init__(self, playbook: str | None):
+    def __init__(self, playbook: str | None, fleet: "Inventory | None" = None):
         import threading
         self.playbook = playbook
+        self.fleet = fleet
         self._loaded: dict[str, Any] = {}
         self._lock = threading.Lock()
 
@@ -306,11 +334,20 @@ class Playbooks:
         if not required and not (self.playbook or getattr(host, "playbook", None)):
             return None
         try:
-            path = str(pbmod.find(self.playbook, host))
+            from remote_ops.playbook import search
+            inv = self.fleet.inventory_path if self.fleet is not None else None
+            found = search.find(self.playbook, host, inv)
+            path = str(found.path)
             with self._lock:
                 if path not in self._loaded:
-                    self._loaded[path] = pbmod.load(path)
-                return self._loaded[path]
+                    pb = pbmod.load(path)
+                    pb.origin = found.origin
+                    pb.inventory_path = (getattr(host, "inventory_path", None) if not self.playbook else None) or inv
+                    self._loaded[path] = pb
+                pb = self._loaded[path]
+            if self.fleet is not None:
+                self.fleet.said_once(found.note)
+            return pb
         except RemoteOpsError:
             if quiet:
                 return None
@@ -327,6 +364,44 @@ class Playbooks:
 
 def _raise(error):
     raise error
+
+
+def list_playbooks(inventory_path: str | None) -> "PlaybookList":
+    """``remote-ops playbooks``: every playbook file along the search order, loaded (a file that does not
+    load is listed with its error), the shadowed ones marked (``playbook/search.py``)."""
+    from remote_ops.errors import RemoteOpsError as _Err
+    from remote_ops.playbook import loader, search
+
+    rows, first = [], {}
+    for f in search.listing(inventory_path):
+        row = {"name": f.name, "origin": f.origin, "path": str(f.path), "flow": None, "requires": {},
+               "if_installed": [], "description": "", "shadowed_by": None, "shadows": [str(p) for _, p in f.shadows], "error": None}
+        if f.name in first:
+            row["shadowed_by"] = first[f.name]
+        else:
+            first[f.name] = str(f.path)
+        try:
+            pb = loader.load(f.path)
+            row.update(flow=loader.flow(pb), description=pb.description, requires=dict(pb.requires),
+                       if_installed=sorted(pb.if_installed))
+            if pb.name != f.name:
+                row["declared_name"] = pb.name
+        except _Err as exc:
+            row["error"] = exc.one_line()
+        rows.append(row)
+    return PlaybookList(inventory=str(inventory_path) if inventory_path else None,
+                        search=[{"origin": o, "dir": str(d)} for o, d in search.search_dirs(inventory_path)],
+                        playbooks=rows)
+
+
+@dataclass
+class PlaybookList(Record):
+    """The playbooks found (``Inventory.playbooks``): the search order, then one row per file."""
+
+    inventory: str | None = None
+    search: list = field(default_factory=list)
+    playbooks: list = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
 
 
 def open_inventory(path: str | None = None, *, parallel: int = 16, accept_new: bool = False,

@@ -13,7 +13,7 @@ from remote_ops.commands.completion import complete
 from remote_ops.commands.params import add_arguments
 
 COMMANDS = (
-    "hosts", "facts", "sandbox",
+    "hosts", "playbooks", "facts", "sandbox",
     "inspect", "check",
     "patch", "rollback", "history",
     "extract", "status", "logs", "stop", "verify", "gather",
@@ -90,12 +90,32 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{where + ': ' if where else ''}{message}", f"see: {self.prog} --help")
 
 
+def version_line() -> str:
+    """``remote-ops VERSION`` (``remote_ops.__version__``, the one place it is written), plus the
+    commit when the package runs from a git checkout (an editable install or the tree itself)."""
+    import subprocess
+    from pathlib import Path
+
+    from remote_ops import __version__
+    line = f"remote-ops {__version__}"
+    top = Path(__file__).resolve().parent.parent
+    if (top / ".git").exists():
+        try:
+            got = subprocess.run(["git", "-C", str(top), "describe", "--always", "--dirty", "--abbrev=7",
+                                  "--exclude", "*"], capture_output=True, text=True, timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            return line
+        if got.returncode == 0 and got.stdout.strip():
+            line += f" (git {got.stdout.strip()})"
+    return line
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="remote-ops",
                      description="Drive a remote GPU host over SSH: check vLLM signatures, patch "
                                  "speculators, run and watch hidden-state extraction.")
     _global_flags(parser, suppress=False)
-    parser.add_argument("--version", action="version", version="remote-ops 0.1.0")
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for mod in _load_commands():
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)

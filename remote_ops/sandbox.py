@@ -62,10 +62,28 @@ class SandboxPaths:
 
 
 def sandbox_root(inventory_path: str) -> Path:
+    """The sandbox root for an inventory: $REMOTE_OPS_SANDBOX_DIR, else ``.remote-ops/sandbox`` beside it."""
+    return root_for(inventory_path)[0]
+
+
+def root_for(inventory_path: str) -> tuple[Path, str]:
+    """(root, why that one): $REMOTE_OPS_SANDBOX_DIR; else the sandbox the inventory's ``sandbox``
+    host already points at (its state dir inside a root with a sandbox.json: an inventory copied
+    elsewhere, or one given with -i, still names the sandbox it uses); else ``.remote-ops/sandbox``
+    beside the inventory."""
     env = os.environ.get("REMOTE_OPS_SANDBOX_DIR")
     if env:
-        return Path(env).expanduser().resolve()
-    return (Path(inventory_path).expanduser().resolve().parent / ".remote-ops" / "sandbox")
+        return Path(env).expanduser().resolve(), "$REMOTE_OPS_SANDBOX_DIR"
+    path = Path(inventory_path).expanduser()
+    if path.exists():
+        from remote_ops.connect import inventory
+        host = inventory.load(str(path)).hosts.get(HOST_NAME)
+        state = (host.env or {}).get("REMOTE_OPS_STATE_DIR") if host is not None else None
+        if state:
+            root = Path(state).expanduser().resolve().parent
+            if (root / "sandbox.json").exists():
+                return root, f"host {HOST_NAME} of {host.inventory_path}"
+    return path.resolve().parent / ".remote-ops" / "sandbox", f"beside {path}"
 
 
 def _read_state(paths: SandboxPaths) -> dict:
@@ -81,7 +99,14 @@ def _server(paths: SandboxPaths, port: int | None) -> SshdServer:
 
 def up(inventory_path: str, *, speculators: str = "0.3.0", vllm: str = "0.17.0", port: int | None = None,
        torch: bool = True, progress=lambda msg: None) -> dict:
-    paths = SandboxPaths(sandbox_root(inventory_path))
+    """Prepare the host's Python and workdir, start its sshd (unless running) and write the host into
+    the inventory. The inventory is checked first, with the entry it will get, before anything is
+    prepared or started; an sshd this call started is stopped again when the inventory cannot be
+    written (no sshd is left behind by a failed ``up``)."""
+    root, why = root_for(inventory_path)          # reads the inventory: a broken one fails here
+    paths = SandboxPaths(root)
+    progress(f"sandbox root {root} ({why})")
+    plan_inventory_entry(inventory_path, host_entry(paths, _server(paths, port or _read_state(paths).get("port"))))
     paths.root.mkdir(parents=True, exist_ok=True)
     os.chmod(paths.root, 0o700)
     state = _read_state(paths)
@@ -98,6 +123,7 @@ def up(inventory_path: str, *, speculators: str = "0.3.0", vllm: str = "0.17.0",
     server = _server(paths, port or state.get("port"))
     if server.running() and port and port != state.get("port"):
         server.stop()
+    started = False
     if not server.running():
         progress(f"starting sshd on 127.0.0.1:{server.port}")
         try:
@@ -108,12 +134,18 @@ def up(inventory_path: str, *, speculators: str = "0.3.0", vllm: str = "0.17.0",
             # the remembered port may be taken now: take a free one
             server = _server(paths, None)
             server.start(foreground=False)
+        started = True
+    try:
+        written = write_inventory_entry(inventory_path, host_entry(paths, server))
+    except BaseException:
+        if started:
+            server.stop()         # never leave an sshd behind that no inventory names
+        raise
     state = {"port": server.port, "packages": wanted, "root": str(paths.root),
              "python": str(paths.python), "workdir": str(paths.workdir)}
     paths.state_file.write_text(json.dumps(state, indent=2))
-    written = write_inventory_entry(inventory_path, host_entry(paths, server))
     state.update({"running": True, "inventory": inventory_path, "host_written_to": str(written),
-                  "seconds": round(time.monotonic() - t0, 2)})
+                  "root_from": why, "seconds": round(time.monotonic() - t0, 2)})
     return state
 
 
@@ -193,79 +225,112 @@ def _includes_local(path: Path) -> bool:
     return any(isinstance(n, str) and (path.parent / n).resolve() == local.resolve() for n in names)
 
 
-def write_inventory_entry(inventory_path: str, entry: dict) -> Path:
-    """Write the ``sandbox`` host; returns the file it went into. An inventory that includes its
-    ``.local`` companion (the repository's does; a new one is written so) is left as it is, and the
-    host goes into that git-ignored file, rewritten each time. Another inventory gets a managed
-    block inside ``hosts:`` (inserted or refreshed, everything else kept)."""
+NEW_INVENTORY = ("# remote-ops inventory (see README). `default` is used when a command names no host.\n"
+                 "# `remote-ops sandbox up` writes its host into {local} (included below).\n"
+                 "default: " + HOST_NAME + "\ninclude: [{local}]\nhosts: {{}}\n")
+BLOCK_RE = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", re.S)
+
+
+def plan_inventory_entry(inventory_path: str, entry: dict) -> list[tuple[Path, str]]:
+    """The files ``write_inventory_entry`` would write, and their text, each checked as an inventory
+    under its own name (errors name the inventory, never a temporary file): what ``up`` checks before
+    it starts anything. Refuses an inventory that defines host ``sandbox`` itself (not in the block
+    ``sandbox up`` manages): a second definition would be a duplicate."""
     from remote_ops.connect import inventory
+    from remote_ops.errors import ConfigError
+    from remote_ops.yamlsrc import load_text
 
     path = Path(inventory_path).expanduser()
     local = inventory.local_path(path)
     block = _block(entry)
+    out: list[tuple[Path, str]] = []
     if not path.exists():
-        _replace(path, "# remote-ops inventory (see README). `default` is used when a command names no host.\n"
-                       f"# `remote-ops sandbox up` writes its host into {local.name} (included below).\n"
-                       f"default: {HOST_NAME}\ninclude: [{local.name}]\nhosts: {{}}\n", check=False)
-    if _includes_local(path):
-        _replace(local, f"# written by `remote-ops sandbox up`, rewritten each time (git-ignored): put your own\n"
-                        f"# hosts in {path.name}, which includes this file\nhosts:\n{block}", check=False)
-        text = path.read_text()
-        pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", re.S)
-        if pattern.search(text):      # a block written by an older `sandbox up`: the host lives in local now
-            _replace(path, pattern.sub("", text, count=1), check=False)
-        inventory.load(str(path))     # the two files read together
-        return local
+        out.append((path, NEW_INVENTORY.format(local=local.name)))
+        main_text = out[0][1]
+        includes_local = True
     else:
-        text = path.read_text()
-        pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", re.S)
-        if pattern.search(text):
-            text = pattern.sub(lambda m: block, text, count=1)
+        main_text = path.read_text()
+        includes_local = _includes_local(path)
+        current = inventory.load(str(path))            # as it is: a broken inventory fails here, named
+        own = current.hosts.get(HOST_NAME)
+        managed_here = BLOCK_RE.search(main_text) is not None
+        if own is not None and Path(own.inventory_path).resolve() == path.resolve() and not managed_here:
+            raise ConfigError(str(path), current.doc.line("hosts", HOST_NAME) if current.doc else None,
+                              f"host {HOST_NAME!r} is already defined here (not by `remote-ops sandbox up`)",
+                              f"remove it (sandbox up writes its own), or give another inventory with -i")
+    if includes_local:
+        local_text = (f"# written by `remote-ops sandbox up`, rewritten each time (git-ignored): put your own\n"
+                      f"# hosts in {path.name}, which includes this file\nhosts:\n{block}")
+        inventory.parse(load_text(local_text, str(local)))
+        out.append((local, local_text))
+        if BLOCK_RE.search(main_text):     # a block written by an older `sandbox up`: the host lives in local now
+            out.append((path, BLOCK_RE.sub("", main_text, count=1)))
+        return out
+    text = main_text
+    if BLOCK_RE.search(text):
+        text = BLOCK_RE.sub(lambda m: block, text, count=1)
+    else:
+        m = re.search(r"^hosts:[ \t]*(#.*)?\n", text, re.M)
+        if not m:
+            if re.search(r"^hosts:", text, re.M):
+                raise UsageError(f"{path}: cannot add the sandbox host: 'hosts:' must be a block mapping",
+                                 "write hosts one per line, or point --inventory at a new file")
+            text = text.rstrip("\n") + f"\nhosts:\n{block}"
         else:
-            m = re.search(r"^hosts:[ \t]*(#.*)?\n", text, re.M)
-            if not m:
-                if re.search(r"^hosts:", text, re.M):
-                    raise UsageError(f"{path}: cannot add the sandbox host: 'hosts:' must be a block mapping",
-                                     "write hosts one per line, or point --inventory at a new file")
-                text = text.rstrip("\n") + f"\nhosts:\n{block}"
-            else:
-                text = text[: m.end()] + block + text[m.end():]
-        if not re.search(r"^default:", text, re.M):
-            text = f"default: {HOST_NAME}\n" + text
-    _replace(path, text)
-    return path
+            text = text[: m.end()] + block + text[m.end():]
+    if not re.search(r"^default:", text, re.M):
+        text = f"default: {HOST_NAME}\n" + text
+    inventory.parse(load_text(text, str(path)))
+    out.append((path, text))
+    return out
 
 
-def _replace(path: Path, text: str, check: bool = True) -> None:
-    """``text`` into ``path`` through a temporary beside it (checked as an inventory first)."""
+def write_inventory_entry(inventory_path: str, entry: dict) -> Path:
+    """Write the ``sandbox`` host; returns the file it went into. An inventory that includes its
+    ``.local`` companion (the repository's does; a new one is written so) is left as it is, and the
+    host goes into that git-ignored file, rewritten each time. Another inventory gets a managed
+    block inside ``hosts:`` (inserted or refreshed, everything else kept). Every text is checked
+    before any file is written (``plan_inventory_entry``)."""
     from remote_ops.connect import inventory
 
+    path = Path(inventory_path).expanduser()
+    plan = plan_inventory_entry(inventory_path, entry)
+    for target, text in plan:
+        _replace(target, text)
+    if plan[0][0] != path:
+        inventory.load(str(path))     # the two files read together
+    return plan[0][0]
+
+
+def _replace(path: Path, text: str) -> None:
+    """``text`` into ``path`` through a temporary beside it (renamed over it: never half written);
+    the text was checked as an inventory under ``path``'s own name (plan_inventory_entry)."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_text(text)
     try:
-        if check:
-            inventory.parse(__import__("remote_ops.yamlsrc", fromlist=["x"]).load_file(tmp))
-    except Exception:
+        os.replace(tmp, path)
+    except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    os.replace(tmp, path)
 
 
 def down(inventory_path: str, *, purge: bool = False) -> dict:
-    paths = SandboxPaths(sandbox_root(inventory_path))
+    root, why = root_for(inventory_path)
+    paths = SandboxPaths(root)
     state = _read_state(paths)
     server = _server(paths, state.get("port"))
     was_running = server.running()
     server.stop()
     if purge:
         shutil.rmtree(paths.root, ignore_errors=True)
-    return {"stopped": was_running, "purged": purge, "root": str(paths.root)}
+    return {"stopped": was_running, "purged": purge, "root": str(paths.root), "root_from": why}
 
 
 def status(inventory_path: str) -> dict:
-    paths = SandboxPaths(sandbox_root(inventory_path))
+    root, why = root_for(inventory_path)
+    paths = SandboxPaths(root)
     state = _read_state(paths)
     if not state:
-        return {"exists": False, "running": False, "root": str(paths.root)}
+        return {"exists": False, "running": False, "root": str(paths.root), "root_from": why}
     server = _server(paths, state.get("port"))
-    return {"exists": True, "running": server.running(), **state}
+    return {"exists": True, "running": server.running(), **state, "root": str(paths.root), "root_from": why}

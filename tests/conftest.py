@@ -58,6 +58,9 @@ def _keep_the_checkout_clean(tmp_path, monkeypatch):
     inventory and sandbox dir point into the test's tmp dir (tests pass -i explicitly)."""
     monkeypatch.setenv("REMOTE_OPS_INVENTORY", str(tmp_path / "default-inventory.yaml"))
     monkeypatch.setenv("REMOTE_OPS_SANDBOX_DIR", str(tmp_path / "default-sandbox"))
+    # the user's own playbooks ($XDG_CONFIG_HOME/remote-ops/playbooks, playbook/search.py): none, unless
+    # a test puts some there; what a user keeps in ~/.config never reaches the suite
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
     # computed patch plans: each test starts with none (remote_ops/patch/plancache.py)
     monkeypatch.setenv("REMOTE_OPS_PLAN_CACHE", str(tmp_path / "plan-cache"))
     # kept baseline drift facts (remote_ops/check/baseline_memo.py): none shared between tests

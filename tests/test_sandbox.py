@@ -88,7 +88,8 @@ def test_sandbox_up_status_down_and_the_managed_block(tmp_path, cli):
         status, out, err = cli("-i", str(inv), "facts", "sandbox")
         assert status != 0 and "refused" in err.lower(), err
         status, out, err = cli("-i", str(inv), "sandbox", "down", "--purge", "--json")
-        assert status == 0 and json.loads(out) == {"stopped": False, "purged": True, "root": str(root)}
+        assert status == 0 and json.loads(out) == {"stopped": False, "purged": True, "root": str(root),
+                                                       "root_from": "$REMOTE_OPS_SANDBOX_DIR"}
         assert not root.exists()
         status, out, err = cli("-i", str(inv), "sandbox", "status")
         assert status == 1 and "no sandbox yet" in out

@@ -14,7 +14,8 @@ files) and checked there against the installed library with the same check as ``
 - flow: from the release's sources, not its version: ``in-process`` when its data generation has
   ``vllm_hidden_states_generator.py`` (drives vLLM's scheduler and executor itself), ``server`` when it has
   ``vllm_client.py`` (talks to a vLLM server), else ``-``;
-- playbooks: the shipped playbooks (``playbooks/*.yaml``) whose ``requires`` holds for that release
+- playbooks: the playbooks found by name (playbook/search.py: beside the inventory, the user's, the
+  shipped ones) whose ``requires`` holds for that release
   and the host's library version.
 
 One round trip when the host has every release staged (a repeated call); two otherwise (the first
@@ -146,10 +147,11 @@ def releases_from(name: str, installed: str | None) -> list[str]:
     return out
 
 
-def shipped_playbooks() -> list:
-    """Every playbook in the repository's playbooks/ that loads (playbook.loader.shipped)."""
+def found_playbooks(inventory_path: str | None) -> list:
+    """The playbooks along the search order that load (playbook.loader.available: what
+    `remote-ops playbooks` lists, less the shadowed ones)."""
     from remote_ops.playbook import loader as pb_mod
-    return pb_mod.shipped()
+    return pb_mod.available(inventory_path)
 
 
 def covering(playbooks: list, package: str, versions: dict[str, str | None]) -> list[str]:
@@ -218,7 +220,8 @@ def candidates(session, *, package: str | None, against: list[str] | None) -> Ca
         answer = unwrap(res, host.name)
         round_trips += 1
     t_host = time.perf_counter()
-    books = shipped_playbooks()
+    from remote_ops.connect.inventory import inventory_path
+    books = found_playbooks(host.inventory_path or inventory_path())   # an ad-hoc target: the default inventory's
     rows = []
     for c in answer["candidates"]:
         v = c["version"]

@@ -25,15 +25,20 @@ def run(args, ctx) -> int:
         written = data.get("host_written_to") or inv
         where = written if written == inv else f"{written} (included by {inv})"
         ctx.emit(data, lambda c: c.print(
-            f"sandbox is up: host [bold]sandbox[/bold] = 127.0.0.1:{data['port']} "
-            f"(speculators {args.speculators}, vllm {args.vllm}) in {where}; try: remote-ops facts sandbox"))
+            f"sandbox is up: host sandbox = 127.0.0.1:{data['port']} (speculators {args.speculators}, "
+            f"vllm {args.vllm}) in {where}; root {data['root']} ({data['root_from']}); try: remote-ops facts sandbox",
+            markup=False))
     elif args.action == "down":
         data = sandbox.down(inv, purge=args.purge)
-        ctx.emit(data, lambda c: c.print("sandbox stopped" if data["stopped"] else "sandbox was not running"))
+        ctx.emit(data, lambda c: c.print(
+            ("sandbox stopped" if data["stopped"] else "sandbox was not running")
+            + f" (root {data['root']}, {data['root_from']}" + ("; its files removed)" if data["purged"] else ")"),
+            markup=False))
     else:
         data = sandbox.status(inv)
         ctx.emit(data, lambda c: c.print(
-            "no sandbox yet (remote-ops sandbox up)" if not data["exists"] else
-            f"sandbox {'running' if data['running'] else 'stopped'} on 127.0.0.1:{data.get('port')} at {data['root']}"))
+            f"no sandbox yet at {data['root']} ({data['root_from']}; remote-ops sandbox up)" if not data["exists"] else
+            f"sandbox {'running' if data['running'] else 'stopped'} on 127.0.0.1:{data.get('port')} at {data['root']} "
+            f"({data['root_from']})", markup=False))
         return 0 if data.get("running") else 1
     return 0

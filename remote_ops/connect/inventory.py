@@ -187,8 +187,9 @@ def local_path(path: str | Path) -> Path:
 
 
 def _included(doc: YamlDoc, include: Any) -> tuple[dict[str, Host], dict[str, list[str]], str | None]:
-    """Hosts, groups and default of the files ``include`` names (relative to this inventory; a
-    missing one is skipped: e.g. inventory.local.yaml before ``remote-ops sandbox up``)."""
+    """Hosts, groups and default of the files ``include`` names (relative to this inventory). A
+    missing file is an error at its line, except the inventory's own git-ignored companion
+    (``inventory.local.yaml`` of ``inventory.yaml``, ``local_path``), which ``sandbox up`` writes."""
     if include is None:
         return {}, {}, None
     names = [include] if isinstance(include, str) else include
@@ -197,10 +198,14 @@ def _included(doc: YamlDoc, include: Any) -> tuple[dict[str, Host], dict[str, li
     hosts: dict[str, Host] = {}
     groups: dict[str, list[str]] = {}
     default = None
-    for n in names:
+    for i, n in enumerate(names):
         p = Path(doc.path).expanduser().parent / Path(n).expanduser()
         if not p.exists():
-            continue
+            if p.resolve() == local_path(doc.path).resolve():
+                continue          # written by `remote-ops sandbox up`; absent on a fresh clone
+            raise doc.error(("include", i) if isinstance(include, list) else ("include",),
+                            f"included inventory {n} not found ({p})",
+                            "fix the name, or remove it from include")
         sub = load_file(p)
         if isinstance(sub.data, dict) and "include" in sub.data:
             raise sub.error(("include",), "an included inventory cannot include others", "list them all in one file")

@@ -4,7 +4,7 @@ GPU time, with the same words).
 
 The line names the version the host has and the range the playbook's ``requires`` states, then what
 changed there (the host's findings that no edit of the playbook fixes: symbols gone, arguments that no
-longer bind), and what to do: the shipped playbooks that claim the host's library version (another
+longer bind), and what to do: the playbooks found (playbook/search.py) that claim the host's library version (another
 flow, e.g. the server flow of speculators 0.9.0 on vLLM 0.33.0), and ``remote-ops check HOST
 --candidates``, which lists the package's releases with their own findings against this host's library. Pure: the check result is passed in.
 """
@@ -75,13 +75,14 @@ def refusal(pb, versions: dict[str, str | None], findings: list[dict] | None, ho
 
 
 def other_playbooks(pb, lib_versions: dict[str, str]) -> list:
-    """The shipped playbooks other than ``pb`` whose ``requires`` hold for the host's library versions
-    (``lib_versions``; their other packages, e.g. another speculators, are what the host would install)."""
+    """The playbooks other than ``pb`` (along its search order: loader.available) whose ``requires``
+    hold for the host's library versions (``lib_versions``; their other packages, e.g. another
+    speculators, are what the host would install)."""
     if not lib_versions:
         return []
-    from remote_ops.playbook.loader import shipped
+    from remote_ops.playbook.loader import available
     out = []
-    for o in shipped():
+    for o in available(getattr(pb, "inventory_path", None)):
         mine = {k: v for k, v in lib_versions.items() if k in o.requires}
         problems = [x for x in o.check_requires(mine) if x.split(" ", 1)[0] in mine]
         if o.name != pb.name and mine and not problems:

@@ -1,4 +1,4 @@
-"""Playbooks (playbooks/*.yaml): loader and schema, with file:line errors.
+"""Playbooks (``<name>.yaml``, found by playbook/search.py): loader and schema, with file:line errors.
 
     name: eagle3-speculators-0.3.0          # optional; defaults to the file stem
     description: ...
@@ -58,7 +58,6 @@ PATCH_KEYS = {"module", "path", "edits", "allow_outside", "when"}
 FIX_KEYS = {"kind", "symbol", "name"}
 _DOTTED = edits.DOTTED
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
 
 
 @dataclass
@@ -89,6 +88,8 @@ class Playbook:
     extract: dict | None = None
     allow_outside: bool = False
     doc: YamlDoc | None = None
+    origin: str | None = None          # where it was found (playbook/search.py ORIGINS), when found by search
+    inventory_path: str | None = None  # the inventory it was looked up beside (its "claims" pointers search there too)
 
     def line(self, *keys) -> int | None:
         return self.doc.line(*keys) if self.doc else None
@@ -388,35 +389,36 @@ def loads(text: str, path: str = "<playbook>") -> Playbook:
     return parse(load_text(text, path))
 
 
-def find(spec: str | None, host=None, search_dirs: list[Path] | None = None) -> Path:
-    """The playbook file for ``--playbook SPEC`` (a path, or a name in playbooks/), else the host's."""
-    from remote_ops.errors import UsageError
-
-    chosen = spec or (host.playbook if host is not None else None)
-    if not chosen:
-        raise UsageError("no playbook given and the host has no 'playbook' in the inventory",
-                         "pass --playbook playbooks/NAME.yaml")
-    p = Path(chosen).expanduser()
-    if host is not None and not spec and not p.is_absolute():
-        p = Path(host.resolve_path(chosen))
-    if p.exists():
-        return p
-    dirs = list(search_dirs or []) + [Path.cwd(), Path.cwd() / "playbooks", SHIPPED_DIR]
-    for d in dirs:
-        for cand in (d / chosen, d / f"{chosen}.yaml"):
-            if cand.exists():
-                return cand
-    raise ConfigError(str(chosen), None, "playbook not found")
+def find(spec: str | None, host=None, inventory_path: str | None = None) -> Path:
+    """The playbook file for ``--playbook SPEC`` (a path, or a name along the search order of
+    playbook/search.py), else the host's."""
+    from remote_ops.playbook import search
+    return search.find(spec, host, inventory_path).path
 
 
-def shipped() -> list:
-    """Every shipped playbook (remote_ops/playbook/shipped/) that loads (a broken one is not a candidate)."""
+def available(inventory_path: str | None) -> list:
+    """The playbooks a name reaches along the search order (playbook/search.py), each loaded: the one
+    list that `check --candidates` and a refusal's "X claims vllm V" pointers choose from. A shadowed
+    file is not in it, nor one that does not load (a broken one is no candidate)."""
     from remote_ops.errors import RemoteOpsError
+    from remote_ops.playbook import search
 
-    out = []
-    for p in sorted(SHIPPED_DIR.glob("*.yaml")):
+    out, seen = [], set()
+    for f in search.listing(inventory_path):
+        if f.name in seen:
+            continue
+        seen.add(f.name)
         try:
-            out.append(load(p))
+            pb = load(f.path)
         except RemoteOpsError:
             continue
+        pb.origin, pb.inventory_path = f.origin, inventory_path
+        out.append(pb)
     return out
+
+
+def flow(pb) -> str:
+    """``server`` (its extract starts a vLLM server) or ``in-process``; ``-`` without an extract."""
+    if not pb.extract:
+        return "-"
+    return "server" if pb.extract.get("server") else "in-process"
