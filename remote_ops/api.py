@@ -245,7 +245,8 @@ class Inventory(Fleet):
         return results
 
     def gather(self, target: str | None = None, *, to: str, playbook: str | None = None, job: str | None = None,
-               output_dir: str | None = None, on_file: Callable[[str, dict], None] | None = None) -> Results:
+               output_dir: str | None = None, host_mode: bool = False,
+               on_file: Callable[[str, dict], None] | None = None) -> Results:
         """Copy the union of the hosts' outputs into the local directory ``to`` (``shard.GatherPart``
         per host, ``Results.group`` a ``shard.GatherResult``): every file hashed on its host, read
         over SFTP into a temporary beside its destination, renamed only when its sha256 matches; a
@@ -254,7 +255,10 @@ class Inventory(Fleet):
         A directory reached under two host names is read once; of copies of one index in several
         directories the one of the union's run (run.json) is kept and the others named in ``dropped``;
         copies that differ with no run identity to choose by, files of another run, or a destination
-        holding files beyond the dataset's size refuse the gather before anything is copied."""
+        holding files beyond the dataset's size refuse the gather before anything is copied. The host
+        names nothing local: every local name is built from a sample index (a listing whose names are
+        not exactly sample names, or that lists links, refuses the gather); copies are 0600, or with
+        ``host_mode`` the host's mode capped at 0644."""
         from remote_ops.extract import shard as shard_mod
         dest = shard_mod.check_destination(to)
         book = Playbooks(playbook, self)
@@ -272,7 +276,7 @@ class Inventory(Fleet):
                     r.value = shard_mod.GatherPart(r.host, files=sum(len(d["files"]) for d in r.value))
             return listed
         results = self.run(target, lambda h, s: shard_mod.copy_part(s, per_host.get(h.name, []), dest,
-                                                                    on_file=on_file)
+                                                                    on_file=on_file, host_mode=host_mode)
                            if h.name in per_host else _raise(listed[h.name].error))
         results.group = shard_mod.finish(results, g, union_doc, dest)
         if results.single and results[0].ok:      # one host's record carries the result as "gathered"

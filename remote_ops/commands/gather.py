@@ -10,6 +10,7 @@ FLAGS = {
     "playbook": "the playbook whose outputs to gather (default: the host's)",
     "job": "gather this job's outputs",
     "output_dir": "gather this directory of each host instead",
+    "host_mode": "give each copy its host file's mode, capped at 0644 (default: 0600)",
 }
 
 
@@ -37,7 +38,8 @@ def run(args, ctx) -> int:
         sys.stderr.write("\n")
 
     def render(c, host, v):
-        c.print(f"{host}: {v.copied} copied ({human_bytes(v.bytes)}), {v.skipped} already there, of {v.files}",
+        failed = f", {len(v.failed)} NOT copied" if v.failed else ""
+        c.print(f"{host}: {v.copied} copied ({human_bytes(v.bytes)}), {v.skipped} already there{failed}, of {v.files}",
                 markup=False, highlight=False)
 
     def render_group(c, g):

@@ -71,6 +71,8 @@ def render(c, host, r) -> None:
         c.print(text(f"  NaN/inf: data_{n['index']}.pt {n['problem']}"), highlight=False)
     for p in r.get("config_problems") or []:
         c.print(text(f"  data_config.json: {p}"), highlight=False)
+    for p in r.get("name_problems") or []:      # odd names and links (agent/outputs/layout.py's rule)
+        c.print(text(f"  names: {p}"), highlight=False)
     ident = r.get("identity") or {}
     for p in ident.get("problems") or []:
         c.print(text(f"  run identity: {p}"), highlight=False)
