@@ -3,11 +3,17 @@
 #   sandbox up -> facts -> check (finds the breakages) -> patch -> check (clean)
 #   -> extract --tail (stand-in job on torch CPU) -> verify
 # Installs what it needs first (scripts/bootstrap.sh). Safe to rerun: patch is then a no-op.
+# With $REMOTE_OPS set to an installed remote-ops (pipx, uv tool, a venv: README "Install"), it runs
+# that one in the current directory instead (its inventory.yaml and sandbox are made there).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-bash "$ROOT/scripts/bootstrap.sh"
-cd "$ROOT"
-RO="$ROOT/.venv/bin/remote-ops"
+if [ -n "${REMOTE_OPS:-}" ]; then
+  RO="$REMOTE_OPS"
+else
+  bash "$ROOT/scripts/bootstrap.sh"
+  cd "$ROOT"
+  RO="$ROOT/.venv/bin/remote-ops"
+fi
 step() { printf '\n\033[1m$ remote-ops %s\033[0m\n' "$*"; }
 
 step sandbox up;            "$RO" sandbox up
