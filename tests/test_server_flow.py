@@ -323,3 +323,73 @@ def test_requires_is_checked_against_the_interpreter_that_imports_each_package(t
     status, rec, err = cli_json(cli, env, "extract", "testhost", "--dry-run")
     assert status == 0, err
     assert f"requires: tqdm {tqdm.__version__} (import probes)" in rec["preflight"]["notes"]
+
+
+def _get(url, key=None):
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key is not None else {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def test_server_api_key_refuses_requests_without_it_and_never_shows(tmp_path, sshd, cli):
+    """extract.server.api_key: a key made for the launch reaches the server as VLLM_API_KEY and the
+    client as the named variable; another user's request without it (or with another) gets 401 while the
+    job runs, the client's get through, and the key is in no argv, log, journal or JSON."""
+    env = Env(tmp_path, sshd, server={"api_key": {"client_env": "OPENAI_API_KEY"}},
+              client_args=["--concurrency", "1", "--sample-delay", "0.3"])
+    status, out, err = cli(*env.argv("extract", "testhost", "--dry-run"))
+    assert status == 0, err
+    assert "server API key: generated for this launch, given to the server as VLLM_API_KEY and to the " \
+           "client as OPENAI_API_KEY" in " ".join(out.split())
+    status, rec, err = cli_json(cli, env, "extract", "testhost")
+    assert status == 0, err
+    launched = json.dumps(rec)
+    deadline = time.time() + 60
+    while len(env.files()) < 2 and time.time() < deadline:
+        time.sleep(0.1)
+    s, st, _ = cli_json(cli, env, "status", "testhost")
+    assert st["job"]["state"] == "running" and st["job"]["server"]["state"] == "healthy"
+    server_pid = st["job"]["server"]["pid"]
+    key = dict(e.split(b"=", 1) for e in Path(f"/proc/{server_pid}/environ").read_bytes().split(b"\0")
+               if b"=" in e)[b"VLLM_API_KEY"].decode()
+    assert len(key) >= 40
+    base = f"http://127.0.0.1:{env.port}"
+    assert _get(base + "/v1/models") == (401, {"error": "Unauthorized"})
+    assert _get(base + "/v1/models", "EMPTY")[0] == 401           # what speculators 0.9.0's client sends
+    assert _get(base + "/v1/models", key)[0] == 200
+    assert _get(base + "/health")[0] == 200                         # the supervisor's health check: open
+    argvs = [Path(f"/proc/{p}/cmdline").read_bytes() for p in marker_pids(tmp_path)]
+    assert argvs and not [a for a in argvs if key.encode() in a]
+    status, out, err = cli(*env.argv("extract", "testhost", "--tail"))
+    assert status == 0, err + out
+    assert len(env.files()) == 12 and "succeeded" in out
+    s, text, _ = cli(*env.argv("logs", "testhost", "-n", "1000"))
+    s, st, _ = cli_json(cli, env, "status", "testhost")
+    shown = launched + out + err + text + json.dumps(st)
+    on_disk = b"".join(p.read_bytes() for p in env.state.rglob("*") if p.is_file())
+    assert key not in shown and key.encode() not in on_disk
+    assert not list(env.state.rglob("secrets.json"))                # read once, removed
+
+
+def test_server_api_key_schema(tmp_path, sshd, cli):
+    def fresh(name, **kw):
+        (tmp_path / name).mkdir()
+        return Env(tmp_path / name, sshd, **kw)
+    for i, bad in enumerate(({"client_env": "not a name"}, "OPENAI_API_KEY", {"client_env": "K", "x": 1})):
+        env = fresh(f"bad{i}", server={"api_key": bad})
+        status, out, err = cli(*env.argv("extract", "testhost", "--dry-run"))
+        assert status == 2 and "server.api_key must be a mapping" in err and "pb.yaml:" in err, err
+    env = fresh("clash", server={"api_key": {"client_env": "K"}, "env": {"VLLM_API_KEY": "x"}})
+    status, out, err = cli(*env.argv("extract", "testhost", "--dry-run"))
+    assert status == 2 and "server.env sets VLLM_API_KEY" in err, err
+    env = fresh("argv", server_args=["--api-key", "abc"])
+    status, out, err = cli(*env.argv("extract", "testhost", "--dry-run"))
+    assert status == 2 and "--api-key on the server command" in err and "server.api_key" in err, err
+    env = fresh("nokey")
+    status, out, err = cli(*env.argv("extract", "testhost", "--dry-run"))
+    assert status == 0 and "has no API key: any user of this host can send it requests" in " ".join(out.split())

@@ -35,6 +35,8 @@ side; ``jobs.py`` runs it: preflight, launch, the records status / logs / stop /
         health: {path: /health, timeout_seconds: 900}   # GET http://127.0.0.1:{port}/health must answer 200
         env: {VLLM_WORKER_MULTIPROC_METHOD: spawn}      # added to extract.env for the server only
         import_check: [vllm.entrypoints.openai.api_server]   # imported by the server's interpreter
+        api_key: {client_env: OPENAI_API_KEY}   # a key made for each launch: the server gets it as
+                                         # VLLM_API_KEY, the client as OPENAI_API_KEY (secrets, never argv)
 
 A command item may be ``{flag: "--trust-remote-code", if: "{vars.trust_remote_code}"}``: the flag when
 the var is true, nothing when it is false.
@@ -61,7 +63,10 @@ from remote_ops.yamlsrc import type_name
 EXTRACT_KEYS = {"command", "workdir", "output_dir", "expected_samples", "disk", "env",
                 "secrets", "gpus", "watchdog_seconds", "stop_grace_seconds", "files", "import_check",
                 "import_check_timeout_seconds", "shard", "slurm", "server", "output_layout"}
-SERVER_KEYS = {"command", "port", "health", "env", "import_check"}
+SERVER_KEYS = {"command", "port", "health", "env", "import_check", "api_key"}
+# what vLLM's `serve` reads its API key from (vllm/envs.py; `--api-key` takes precedence, and would
+# put the key on the command line, in `ps`)
+SERVER_KEY_ENV = "VLLM_API_KEY"
 LAYOUTS = ("data_pt", "hs_safetensors")     # agent/job/supervisor.py LAYOUTS: the file name of one sample
 MAX_FILE_BYTES = 4 << 20
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -106,11 +111,14 @@ class ServerSpec:
     health_timeout: float = 600.0
     env: dict[str, str] = field(default_factory=dict)
     import_check: list[str] = field(default_factory=list)
+    api_key_env: str | None = None     # server.api_key.client_env: where the client finds the generated key
 
     def to_json(self) -> dict:
+        key = {} if self.api_key_env is None else {
+            "api_key": {"server_env": SERVER_KEY_ENV, "client_env": self.api_key_env}}
         return {"command": self.command, "port": self.port,
                 "health": {"path": self.health_path, "timeout_seconds": self.health_timeout},
-                "env": self.env, "import_check": self.import_check}
+                "env": self.env, "import_check": self.import_check, **key}
 
     def to_wire(self) -> dict:
         return {"command": self.command, "port": self.port, "env": self.env, "health_path": self.health_path,
@@ -498,10 +506,26 @@ def _server_spec(raw, ctx, err_at, argv, templated_number, text, whole_var) -> S
         env[k] = text(keys + ("env", k), "" if v is None else v, f"env value {k}")
     checks = whole_var(raw.get("import_check"))
     checks = [] if checks in (None, "") else ([checks] if isinstance(checks, str) else checks)
+    api_key = raw.get("api_key")
+    if api_key is not None:
+        ak = keys + ("api_key",)
+        if not isinstance(api_key, dict) or set(api_key) != {"client_env"} \
+                or not isinstance(api_key["client_env"], str) or not _ENV_NAME.match(api_key["client_env"]):
+            raise err_at(ak)(f"server.api_key must be a mapping {{client_env: NAME}}, got {api_key!r}",
+                             "e.g. api_key: {client_env: OPENAI_API_KEY}: a key generated for each launch reaches "
+                             f"the server as {SERVER_KEY_ENV} and the client as that variable")
+        clash = sorted({api_key["client_env"], SERVER_KEY_ENV} & set(env))
+        if clash:
+            raise err_at(ak)(f"server.api_key: server.env sets {', '.join(clash)}, which would replace the generated key")
+    if any(a == "--api-key" or a.startswith("--api-key=") for a in command):
+        raise err_at(keys + ("command",))("--api-key on the server command puts the key in `ps` for every user of "
+                                          "the host", "use server.api_key: {client_env: NAME} instead (the "
+                                          f"server reads {SERVER_KEY_ENV})")
     if not isinstance(checks, list) or not all(isinstance(c, str) and _MODULE.match(c) for c in checks):
         raise err_at(keys + ("import_check",))(f"server.import_check must be a list of module names, got {checks!r}",
                                                "e.g. import_check: [vllm.entrypoints.openai.api_server]")
-    return ServerSpec(command, port, path, float(timeout), env, list(checks))
+    return ServerSpec(command, port, path, float(timeout), env, list(checks),
+                      api_key["client_env"] if api_key is not None else None)
 
 
 def shipped_mode(path: Path) -> int:
@@ -553,7 +577,8 @@ def secret_path(spec: ExtractSpec, s: SecretRef) -> Path:
 
 
 def resolve_secrets(spec: ExtractSpec) -> dict[str, str]:
-    """Secret values from the local environment or local files (never logged, never on argv)."""
+    """Secret values from the local environment or local files (never logged, never on argv), and
+    the server's API key generated for this launch when extract.server has ``api_key``."""
     out = {}
     for s in spec.secrets:
         if s.optional and ((s.source == "env" and not os.environ.get(s.ref)) or
@@ -575,6 +600,11 @@ def resolve_secrets(spec: ExtractSpec) -> dict[str, str]:
             if not value:
                 raise ConfigError(spec.playbook_path or "playbook", s.line, f"secret {s.name}: {path} is empty")
         out[s.name] = value
+    if spec.server is not None and spec.server.api_key_env:
+        # one key per launch, made here: it reaches the host only in the secrets (stdin, then a 0600
+        # file the supervisor deletes), never a command line, log, journal or JSON
+        import secrets as _secrets
+        out[SERVER_KEY_ENV] = out[spec.server.api_key_env] = _secrets.token_urlsafe(32)
     return out
 
 

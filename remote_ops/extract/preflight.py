@@ -587,9 +587,31 @@ class Coverage(Part):
         _coverage_preflight(pf, c.playbook, c.label)
 
 
+class ServerKey(Part):
+    """Whether the server of a two-process job takes requests only with the key generated for the
+    launch (extract.server.api_key), said in the launch's notes either way."""
+    name = "server-key"
+
+    def ops(self, c):
+        return {}
+
+    def read(self, c, pf, raw):
+        from remote_ops.extract.extract_spec import SERVER_KEY_ENV
+        srv = c.spec.server
+        if srv is None:
+            return
+        if srv.api_key_env:
+            pf.notes.append(f"server API key: generated for this launch, given to the server as {SERVER_KEY_ENV} "
+                            f"and to the client as {srv.api_key_env} (secrets, never on a command line)")
+        else:
+            pf.notes.append(f"warning: server on 127.0.0.1:{srv.port} has no API key: any user of this host can "
+                            "send it requests (the playbook's extract.server has no api_key: {client_env: NAME}; "
+                            "see its comments for whether its client can send one)")
+
+
 # In the order they are read (their requests all go in one round trip).
 PARTS = (RunningJob(), GpuQuery(), Files(), CallSites(), Gpus(), Disk(), LaunchPlan(), Identity(), Port(), Dataset(),
-         ServerModel(), Imports(), Requires(), InstalledRanges(), Coverage())
+         ServerModel(), ServerKey(), Imports(), Requires(), InstalledRanges(), Coverage())
 
 
 def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False, dry_run: bool = False,

@@ -16,7 +16,9 @@ request ``--max-retries`` times (backoff 2, 4, 8 s); gives up after ``--concurre
 failed samples ("The vLLM server may be unreachable", exit 1); a tqdm bar on stderr; ``--concurrency``
 requests at a time.
 
-What differs: the dataset is a JSONL file of ``{"input_ids": [...]}`` lines (the real one reads the
+What differs: it sends ``$OPENAI_API_KEY``, when set, as its bearer key (what an openai client given
+no ``api_key`` sends), so a test can run the flow with ``extract.server.api_key``; the real client
+passes ``api_key="EMPTY"`` and cannot. The dataset is a JSONL file of ``{"input_ids": [...]}`` lines (the real one reads the
 Arrow dataset ``speculators prepare-data`` saved, with the ``datasets`` package); the chat API for
 multimodal rows, ``--validate-outputs``, ``--world-size``/``--rank`` are not implemented. It imports
 neither speculators nor openai (the sandbox's interpreter has neither); the real client runs only on
@@ -46,8 +48,11 @@ class InvalidResponseError(Exception):
 
 def http_json(url, body=None, timeout=120):
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"},
-                                 method="GET" if body is None else "POST")
+    headers = {"Content-Type": "application/json"}
+    key = os.environ.get("OPENAI_API_KEY")
+    if key:   # what the openai client sends when it is not given api_key itself
+        headers["Authorization"] = "Bearer " + key
+    req = urllib.request.Request(url, data=data, headers=headers, method="GET" if body is None else "POST")
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return json.loads(resp.read())
 

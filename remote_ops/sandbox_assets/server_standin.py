@@ -22,12 +22,17 @@ right index; nothing about vLLM's real behaviour (scheduling, KV cache, chunked 
 connector's real write path, tensor parallelism, CUDA) is shown by it. The chat API, streaming and
 everything else of vLLM's server are not served (404).
 
+With a key (``--api-key``, else ``$VLLM_API_KEY``, as vLLM reads it) every ``/v1`` path answers 401
+``{"error": "Unauthorized"}`` without ``Authorization: Bearer <key>``; ``/health`` stays open (vLLM's
+AuthenticationMiddleware).
+
 Fault flags for the tests: ``--crash-at-start`` (exit 3 with a traceback before listening),
 ``--exit-after N`` (a traceback and exit 1 after N completions: the server dying under the client),
 ``--startup-seconds S``, ``--ignore-term`` (survives SIGTERM: stop must KILL it).
 """
 
 import argparse
+import hmac
 import json
 import os
 import signal
@@ -76,6 +81,8 @@ class State:
         self.ready_at = time.time() + args.startup_seconds
         self.lock = threading.Lock()
         self.completions = 0
+        # vLLM: `--api-key` over $VLLM_API_KEY (vllm/entrypoints/openai/api_server.py)
+        self.keys = [k for k in ([args.api_key] if args.api_key else [os.environ.get("VLLM_API_KEY")]) if k]
         import torch
         self.torch = torch
 
@@ -99,7 +106,20 @@ def handler(state):
             self.end_headers()
             self.wfile.write(body)
 
+        def refused(self):
+            """vLLM's AuthenticationMiddleware: with a key (--api-key, else $VLLM_API_KEY), a /v1 path
+            without ``Authorization: Bearer <key>`` answers 401; /health stays open."""
+            if not state.keys or not self.path.startswith("/v1"):
+                return False
+            got = (self.headers.get("Authorization") or "").encode()
+            if any(hmac.compare_digest(got, b"Bearer " + k.encode()) for k in state.keys):
+                return False
+            self.send(401, {"error": "Unauthorized"})
+            return True
+
         def do_GET(self):
+            if self.refused():
+                return
             if self.path == "/health":
                 self.send(200 if time.time() >= state.ready_at else 503, {})
             elif self.path == "/v1/models":
@@ -116,6 +136,8 @@ def handler(state):
                 req = json.loads(self.rfile.read(length) or b"{}")
             except ValueError:
                 return self.send(400, {"error": {"message": "body is not JSON", "code": 400}})
+            if self.refused():
+                return
             if self.path != "/v1/completions":
                 return self.send(404, {"error": {"message": "Not Found", "code": 404}})
             prompt = req.get("prompt")
@@ -180,6 +202,7 @@ def main(argv=None):
     ap.add_argument("--crash-at-start", action="store_true")
     ap.add_argument("--ignore-term", action="store_true", help="survive SIGTERM (stop must SIGKILL)")
     ap.add_argument("--access-log", action="store_true")
+    ap.add_argument("--api-key", default=None, help="as vLLM's (else $VLLM_API_KEY): /v1 paths need the bearer key")
     args = ap.parse_args(argv)
     print(STANDIN_LINE, flush=True)
     print("INFO %s [api_server.py] vLLM API server version STAND-IN" % time.strftime("%m-%d %H:%M:%S"), flush=True)
