@@ -24,7 +24,7 @@ def test_defaults_for_a_real_gpu_host():
     assert spec.gpu_count == 1 and spec.gpus_free is True
     assert spec.expected_samples == 5000 and spec.workdir == "/data/eagle3"
     # the shipped script goes into the workdir under the name the command runs
-    shipped, identity = spec.files
+    shipped, identity, rule = spec.files
     assert shipped.name == "extract_hidden_states.py"
     assert shipped.local == REPO / "remote_ops" / "playbook" / "shipped" / "scripts" / "extract_hidden_states.py"
     assert shipped.data == shipped.local.read_bytes()
@@ -32,6 +32,9 @@ def test_defaults_for_a_real_gpu_host():
     assert identity.name == "run_identity.py"
     assert identity.local.resolve() == REPO / "remote_ops" / "agent" / "outputs" / "run_identity.py"
     assert identity.data == identity.local.read_bytes()
+    # and the sample-name rule run_identity.py uses (agent/outputs/layout.py: one definition)
+    assert rule.name == "layout.py"
+    assert rule.local.resolve() == REPO / "remote_ops" / "agent" / "outputs" / "layout.py"
     assert spec.import_check == ["speculators.data_generation.vllm_hidden_states_generator"]
     assert spec.import_timeout == 120 and spec.job_python == "/opt/venvs/eagle3/bin/python"
     assert spec.env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"

@@ -78,5 +78,5 @@ def test_standin_through_extract_tail_status_verify(sandbox_host, cli):
     status, out, err = cli("-i", str(inv), "extract", "--tail", "--skip-check", "--json")
     events = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
     files_ev = events[0]["preflight"]["files"]
-    assert status == 0 and [f["action"] for f in files_ev] == ["unchanged", "unchanged"]
+    assert status == 0 and [f["action"] for f in files_ev] == ["unchanged"] * 3    # the script, run_identity.py, layout.py
     assert "all 24 samples are already in" in out
