@@ -79,3 +79,20 @@ def test_optional_secret_is_skipped_when_absent_and_sent_when_present(monkeypatc
     monkeypatch.setenv("HF_TOKEN", "hf_secret_value")
     assert jobs.resolve_secrets(spec) == {"HF_TOKEN": "hf_secret_value"}
     assert "hf_secret_value" not in str(spec.to_json())
+
+
+def test_a_copy_of_the_shipped_playbook_elsewhere_still_ships_remote_ops_own_files(tmp_path):
+    """remote-ops:PATH names a file of the installed package, so a user's copy of the shipped playbook
+    (kept in their own playbooks/ folder) ships the same script, run_identity.py and layout.py."""
+    copy = tmp_path / "mine" / "eagle3-speculators-0.3.0.yaml"
+    copy.parent.mkdir()
+    copy.write_text(SHIPPED.read_text())
+    host = Host(name="gpu-host", hostname="gpu01", python="/opt/venvs/eagle3/bin/python", workdir="/data/eagle3")
+    a = jobs.parse_spec(playbook.load(str(SHIPPED)), host)
+    b = jobs.parse_spec(playbook.load(str(copy)), host)
+    assert [(f.name, f.sha256) for f in b.files] == [(f.name, f.sha256) for f in a.files]
+    assert [f.name for f in b.files] == ["extract_hidden_states.py", "run_identity.py", "layout.py"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(SHIPPED.read_text().replace("remote-ops:agent/outputs/layout.py", "remote-ops:../outputs/layout.py"))
+    with pytest.raises(ConfigError, match="remote-ops:PATH"):
+        jobs.parse_spec(playbook.load(str(bad)), host)

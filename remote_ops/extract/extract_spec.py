@@ -534,8 +534,24 @@ def shipped_mode(path: Path) -> int:
     return os.stat(path).st_mode & 0o700
 
 
+PACKAGE_PREFIX = "remote-ops:"
+
+
+def package_path(local: str, err) -> Path:
+    """``remote-ops:REL``: the file REL inside the installed remote_ops package (the shipped
+    playbooks name their script, run_identity.py and layout.py so, and a copy of one kept elsewhere
+    still finds them)."""
+    import remote_ops
+    rel = local[len(PACKAGE_PREFIX):]
+    if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in rel.split("/")):
+        raise err(f"{local!r}: a file of the remote-ops package is named remote-ops:PATH, PATH relative to the "
+                  "package without '..'")
+    return Path(remote_ops.__file__).resolve().parent / rel
+
+
 def _shipped_files(playbook, raw, err_at) -> list[ShippedFile]:
-    """``files: {local path (relative to the playbook): name in the workdir}``, read now."""
+    """``files: {local path (relative to the playbook, or remote-ops:PATH inside the package): name in
+    the workdir}``, read now."""
     import hashlib
     if raw is None:
         return []
@@ -553,7 +569,7 @@ def _shipped_files(playbook, raw, err_at) -> list[ShippedFile]:
         if name in names:
             raise err_at(keys)(f"two files are shipped as {name}")
         names.add(name)
-        path = Path(local).expanduser()
+        path = package_path(local, err_at(keys)) if local.startswith(PACKAGE_PREFIX) else Path(local).expanduser()
         path = path if path.is_absolute() else base / path
         try:
             size = path.stat().st_size

@@ -308,6 +308,10 @@ def shipped_from(f, spec) -> str:
     if f is None:
         return "?"
     full = Path(f).resolve() if isinstance(f, Path) else Path(f.full_path)
+    import remote_ops
+    package = Path(remote_ops.__file__).resolve().parent
+    if package in full.parents:          # remote-ops:PATH, a file of remote-ops itself
+        return f"{full} (remote-ops' own)"
     if spec.playbook_path:
         home = Path(spec.playbook_path).resolve().parent
         if home != full and home not in full.parents:
