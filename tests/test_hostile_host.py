@@ -93,7 +93,7 @@ def test_gather_refuses_a_listing_that_names_anything_but_samples(tmp_path, sshd
     status, text = _gather(cli, inv, out, dest)
     assert hostile.rewrites(wrapper), "the fault never hit an agent answer"
     assert status != 0, text
-    assert "break the rule for sample names" in text and shown in text, text
+    assert "break the rule for sample files" in text and shown in text, text
     assert "\x1b" not in text and "data_1.pt\n" not in text
     after = hostile.tree(tmp_path)
     changed = {p for p in set(before) | set(after) if before.get(p) != after.get(p)}

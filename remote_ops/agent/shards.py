@@ -2,7 +2,8 @@
 
 Only regular files count (a link is never followed, never hashed, never listed as a sample); names
 are outputs/layout.py's rule: a name that only looks like a sample, and a sample name that is a link,
-are listed apart (``odd``, ``links``) as problems.
+are listed apart (``odd``, ``links``) as problems, and so is a sample file that is not whole
+(``broken``: layout.whole, a few bytes read).
 
 The sharding rule itself (which indexes a shard holds, compact index lists) is ``outputs/shares.py``.
 """
@@ -31,7 +32,7 @@ def op_files(args):
         raise AgentFailure("no-output", "output directory %s does not exist on the host" % out_dir)
     from .outputs.run_identity import output_of
     dirs = output_of(out_dir)      # one output spread over several directories: all of them, as one
-    files, subdirs, odd, links = [], [], [], []
+    files, subdirs, odd, links, broken = [], [], [], [], []
     for d in dirs:
         try:
             it = os.scandir(d)
@@ -44,6 +45,10 @@ def op_files(args):
                     st = entry.stat(follow_symlinks=False)
                     if not entry.is_file(follow_symlinks=False):
                         links.append(os.path.join(d, entry.name))
+                        continue
+                    problem = layout.whole(os.path.join(d, entry.name))
+                    if problem is not None:      # cut short: never listed as a sample to copy
+                        broken.append({"file": os.path.join(d, entry.name), "problem": problem})
                         continue
                     files.append({"index": i, "name": entry.name, "size": st.st_size, "mode": st.st_mode & 0o777,
                                   **({"dir": d} if d != out_dir else {})})
@@ -83,7 +88,7 @@ def op_files(args):
     return {"output_dir": out_dir, **({"output_dirs": dirs} if len(dirs) > 1 else {}), "files": files,
             "config_text": config_text, "shard_dirs": sorted(subdirs),
             "odd": sorted(odd)[:MAX_LISTED], "odd_count": len(odd), "links": sorted(links)[:MAX_LISTED],
-            "links_count": len(links),
+            "links_count": len(links), "broken": broken[:MAX_LISTED], "broken_count": len(broken),
             "identity": ident, "run": run_identity(out_dir), "run_text": _run_text(out_dir)}
 
 

@@ -144,6 +144,20 @@ def op_verify(args):
     else:
         expected = args.get("expected_default")
         expected_from = "the job's expected_samples (max_samples)" if expected else None
+    # the run's size bounds what counts: a file beyond it is extra (another, larger run's leftover),
+    # named, never counted, and the gaps are of range(size) only
+    limit = int(expected) if expected else None
+    extra = sorted(i for i in indexes if limit is not None and i >= limit)
+    extra_names = [os.path.basename(indexes.pop(i)) for i in extra]
+    top = max(indexes) if indexes else -1
+    # every file's end checked (a few bytes each: layout.whole), so a file cut short is found wherever
+    # it is, loaded or not
+    from .outputs import layout as rule
+    broken = {}
+    for i, name in indexes.items():
+        problem = rule.whole(os.path.join(out_dir, name), "data_pt")
+        if problem is not None:
+            broken[i] = problem
     upper = max(top + 1, int(expected) if expected else 0)
     # a sharded job's directory (data_config.json "shard": k of n) should hold i % n == k only
     first, step = (config["shard"][0], config["shard"][1]) if isinstance(config, dict) and config.get("shard") \
@@ -155,7 +169,7 @@ def op_verify(args):
     gaps = [i for i in missing if i < top]           # holes below the highest index
     short = [i for i in missing if i > top]          # never written (fewer than expected)
 
-    ordered = sorted(indexes)
+    ordered = sorted(i for i in indexes if i not in broken)
     if check_all:
         chosen = ordered
     else:
@@ -170,6 +184,8 @@ def op_verify(args):
     from .outputs.identity_check import IdentityCheck
     ident = IdentityCheck(out_dir, chosen, config if isinstance(config, dict) and not config.get("error") else None)
     bad_load, inconsistent, bad_values = [], [], []
+    for i in sorted(broken):
+        bad_load.append({"index": i, "file": indexes[i], "error": "not whole: %s" % broken[i], "whole": False})
     reference = None
     ref_index = None
     config_problems = []
@@ -220,6 +236,9 @@ def op_verify(args):
             last_event = time.time()
             yield {"type": "progress", "checked": n_done, "of": len(chosen)}
     names = stray_problems(spread["strays"])
+    if extra_names:
+        names.append("%d file(s) beyond this run's %d samples, e.g. %s: not counted (left by a larger run?); move "
+                     "them away" % (len(extra_names), limit, extra_names[0]))
     ok = not (gaps or short or bad_load or inconsistent or bad_values or config_problems or ident.problems or names)
     return {
         "ok": ok, "output_dir": out_dir, **({"output_dirs": spread["dirs"]} if len(spread["dirs"]) > 1 else {}),
@@ -235,7 +254,8 @@ def op_verify(args):
         "reference": {"index": ref_index, "layout": _jsonable(reference)},
         "torch": getattr(torch, "__version__", None), "identity": ident.to_json(),
         "name_problems": names, "odd_names": spread["strays"]["odd"][:MAX_LISTED],
-        "links": spread["strays"]["links"][:MAX_LISTED],
+        "links": spread["strays"]["links"][:MAX_LISTED], "extra": extra_names[:MAX_LISTED],
+        "extra_count": len(extra_names),
     }
 
 

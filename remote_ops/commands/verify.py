@@ -65,6 +65,11 @@ def render(c, host, r) -> None:
         c.print(text(f"  missing: {r['missing_after_last']} sample(s) after index {r['max_index']}"))
     for u in r["unloadable"]:
         c.print(text(f"  does not load: {u['file']}: {u['error']}"), highlight=False)
+    if r["unloadable"]:
+        cut = any(u.get("whole") is False for u in r["unloadable"])
+        c.print(text("  fix: " + ("extract on this host again: its resume writes a file cut short anew; "
+                                  if cut else "") + "a whole file that does not load: move it away, then extract "
+                     "again (the resume writes every missing sample)"), highlight=False)
     for i in r["inconsistent"]:
         c.print(text(f"  inconsistent: data_{i['index']}.pt {i['problem']}"), highlight=False)
     for n in r["non_finite"]:

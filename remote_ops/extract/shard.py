@@ -539,6 +539,13 @@ def admit(listing: dict) -> dict:
         count = out.get(key + "_count") if isinstance(out.get(key + "_count"), int) else len(names)
         if names:
             refused.append(f"{count} file(s) with {what}, e.g. {layout.show(names[0])}")
+    broken = out.get("broken") if isinstance(out.get("broken"), list) else []
+    if broken:
+        b = broken[0] if isinstance(broken[0], dict) else {}
+        count = out.get("broken_count") if isinstance(out.get("broken_count"), int) else len(broken)
+        refused.append(f"{count} sample file(s) are not whole, e.g. {layout.show(b.get('file'))}: "
+                       f"{layout.show(b.get('problem'))} (run remote-ops extract on that host again: its resume "
+                       "writes them anew)")
     out["refused"] = refused
     return out
 
@@ -594,9 +601,9 @@ def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, 
                                 "same_bytes": other["sha256"] == chosen[i]["sha256"]})
     g.conflicts, g.dropped, g.beyond = conflicts[:50], dropped, beyond
     if refused:
-        g.problems.append(f"{len(refused)} part(s) of the hosts' listings break the rule for sample names "
-                          "(data_<N>.pt exactly, regular files): nothing copied; look at those files on the host "
-                          "(remote-ops verify HOST names them), move them away, and gather again")
+        g.problems.append(f"{len(refused)} part(s) of the hosts' listings break the rule for sample files "
+                          "(data_<N>.pt exactly, regular files, whole): nothing copied; look at those files on the "
+                          "host (remote-ops verify HOST names them), fix or move them away, and gather again")
         g.problems += refused[:20]
     if conflicts:
         c = conflicts[0]

@@ -307,6 +307,8 @@ def job_status(job_id):
             expected = asked
             if cfg.get("shard"):      # a sharded job writes its share of num_samples (agent/shards.py)
                 expected = len(range(cfg["shard"][0], asked, cfg["shard"][1]))
+            if top >= asked:          # files beyond the run's size (a larger run's leftovers) are not its own
+                done, top = sup.count_samples(dirs, job.get("layout"), limit=asked)
     out["samples"] = {"done": done, "expected": expected, "max_index": top,
                       "at_start": run.get("initial_samples")}
     out["elapsed_s"] = round(elapsed, 1) if elapsed is not None else None

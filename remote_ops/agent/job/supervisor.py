@@ -119,9 +119,10 @@ def output_dirs(job):
     return [os.path.expanduser(d) for d in dirs]
 
 
-def count_samples(output_dir, layout=None):
+def count_samples(output_dir, layout=None, limit=None):
     """(number of sample files (data_<N>.pt by default), highest N or -1) in ``output_dir``, or in
-    all of a list of directories (one output spread over several disks: each index counted once)."""
+    all of a list of directories (one output spread over several disks: each index counted once);
+    with ``limit`` (the run's size), only indexes below it."""
     seen, top = set(), -1
     index_of = _layout().index_of
     for d in output_dir if isinstance(output_dir, (list, tuple)) else [output_dir]:
@@ -129,7 +130,7 @@ def count_samples(output_dir, layout=None):
             with os.scandir(d) as it:
                 for entry in it:
                     i = index_of(entry.name, layout)
-                    if i is not None and entry.is_file(follow_symlinks=False):
+                    if i is not None and (limit is None or i < limit) and entry.is_file(follow_symlinks=False):
                         seen.add(i)
                         top = max(top, i)
         except OSError:

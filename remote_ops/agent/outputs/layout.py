@@ -85,3 +85,59 @@ def show(filename):
     """``filename`` with every control character escaped and non-ASCII spelled out: safe to print
     and unambiguous (a name with a non-ASCII digit reads as such)."""
     return ascii(filename)[1:-1] if isinstance(filename, str) else repr(filename)
+
+
+def whole(path, layout=None):
+    """None when the sample file at ``path`` is whole, else what is wrong, in a few words: a cheap
+    check (a few bytes read, never a load) that a file a crash or a copy cut short is not counted.
+    ``data_pt`` (torch's zip format): the zip's end record is where the file ends and its central
+    directory lies inside the file. ``hs_safetensors``: the header's length and its tensors' last
+    byte add up to the file's size."""
+    import os
+    import struct
+    layout = layout or (parse(os.path.basename(path)) or (DEFAULT,))[0]
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        return "cannot be opened (%s)" % (exc.strerror or exc)
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return "empty"
+        if layout == "hs_safetensors":
+            head = os.pread(fd, 8, 0)
+            if len(head) < 8:
+                return "shorter than a safetensors header (%d bytes)" % size
+            n = struct.unpack("<Q", head)[0]
+            if n > size - 8 or n > 100 << 20:
+                return "its header claims %d bytes, the file has %d" % (n, size)
+            import json
+            try:
+                header = json.loads(os.pread(fd, n, 8))
+                end = max([int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"] or [0])
+            except (ValueError, KeyError, TypeError, IndexError):
+                return "its safetensors header does not parse"
+            if 8 + n + end != size:
+                return "%d bytes where its header says %d (cut short?)" % (size, 8 + n + end)
+            return None
+        if os.pread(fd, 4, 0) != b"PK\x03\x04":
+            return None            # torch's legacy (pickle) format: only a load can tell
+        tail = os.pread(fd, 22, max(0, size - 22))
+        at = size - 22
+        if tail[:4] != b"PK\x05\x06":         # a zip comment after the end record, or no end record
+            span = min(size, 22 + 0xFFFF)
+            block = os.pread(fd, span, size - span)
+            k = block.rfind(b"PK\x05\x06")
+            if k < 0 or len(block) - k < 22:
+                return "no zip end record (cut short?)"
+            tail, at = block[k:k + 22], size - span + k
+        cd_size, cd_offset, comment = struct.unpack("<IIH", tail[12:22])
+        if at + 22 + comment != size:
+            return "the zip end record is not where the file ends (cut short, or bytes added?)"
+        if cd_offset == 0xFFFFFFFF or cd_size == 0xFFFFFFFF:    # zip64: its own records say
+            return None if os.pread(fd, 4, max(0, at - 20)) == b"PK\x06\x07" else "a broken zip64 end record"
+        if cd_offset + cd_size > at:
+            return "its zip directory lies past the end record (cut short?)"
+        return None
+    finally:
+        os.close(fd)

@@ -403,9 +403,12 @@ def sample_dir(dirs, index, shard=None):
     return dirs[_run_identity_module().dir_index(index, len(dirs), shard[1] if shard else 1)]
 
 
-def present_samples(dirs):
-    """{index: directory} of the complete data_<N>.pt files in any of ``dirs`` (one listing each; a
-    file counts wherever it is, first directory first when two hold one index)."""
+def present_samples(dirs, broken=None):
+    """{index: directory} of the whole data_<N>.pt files in any of ``dirs`` (one listing each; a
+    file counts wherever it is, first directory first when two hold one index). A file that is not
+    whole (layout.whole: its zip end record missing or misplaced, i.e. cut short) does not count: it
+    is written again; ``broken``, when given, gets (path, what is wrong) of each."""
+    rule = _run_identity_module()._layout()
     found = {}
     for d in dirs:
         try:
@@ -414,8 +417,12 @@ def present_samples(dirs):
             continue
         for name in names:
             i = sample_index(name)
-            if i is not None:
-                found.setdefault(i, d)
+            if i is not None and i not in found:
+                problem = rule.whole(os.path.join(d, name))
+                if problem is None:
+                    found[i] = d
+                elif broken is not None:
+                    broken.append((os.path.join(d, name), problem))
     return found
 
 
@@ -1110,7 +1117,11 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
     if stale:
         print("removed %d unfinished temporary file(s) of an earlier run" % stale, file=out, flush=True)
     shard = getattr(args, "shard", None)
-    present = present_samples(dirs)
+    broken = []
+    present = present_samples(dirs, broken)
+    if broken:
+        print("%d sample file(s) are not whole and will be written again, e.g. %s: %s"
+              % (len(broken), broken[0][0], broken[0][1]), file=out, flush=True)
     todo = [i for i in shard_indexes(len(records), shard) if i not in present]
     share = len(shard_indexes(len(records), shard))
     if shard is not None:
