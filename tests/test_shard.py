@@ -242,3 +242,31 @@ def test_stopped_host_resumes_and_a_share_moves(sshd, tmp_path, cli):
     assert f"resuming: {len(partial)} of 4 samples already written" in out
     status, out, err = cli("verify", "gpus", "--all", "-i", str(inv))
     assert status == 0 and "complete and consistent" in out
+
+
+def test_one_run_computed_twice_verify_and_gather_keep_the_same_copy():
+    """Two copies of one run's sample with other bytes (a share computed twice, equal shares): verify's
+    union and gather follow one rule (issue 46, item 6): the same copy kept, the same words, no refusal."""
+    run = "r" * 64
+    cfg = json.dumps({"data": {"num_samples": 2}, "model": {"hidden_size": 8}})
+
+    def listing(host, sha):
+        return shard_mod.admit({"output_dir": f"/o/{host}", "identity": host, "config_text": cfg, "shard_dirs": [],
+                                "run": {"run": run}, "run_text": None,
+                                "files": [{"index": 0, "name": "data_0.pt", "size": 1, "sha256": sha * 64},
+                                          {"index": 1, "name": "data_1.pt", "size": 1, "sha256": "c" * 64}]})
+    per_host, _, g = shard_mod.plan({"node-b": [listing("node-b", "b")], "node-a": [listing("node-a", "a")]})
+    assert g.problems == [] and g.conflicts == []
+    (d0, d1) = g.dropped
+    assert d0["kept"] == "node-a:/o/node-a/data_0.pt" and not d0["same_bytes"]
+    assert d0["why"] == "computed twice in this run (both run.json agree); kept the first by host name and path " \
+                        "(the shares are equal)"
+
+    def part(host):
+        return {"host": host, "output_dir": f"/o/{host}", "total": 2, "layer_ids": None, "hidden_size": 8,
+                "package_versions": None, "shard": [0, 1], "files": 2, "indexes": rule.runs([0, 1]), "checked": 2,
+                "bad": [], "run": run}
+    u = shard_mod.union([part("node-b"), part("node-a")])
+    dup = u.duplicates[0]
+    assert dup["kept"] == "node-a:/o/node-a" and dup["dropped"][0]["why"] == d0["why"]
+    assert "gather keeps node-a:/o/node-a's (computed twice in this run" in "\n".join(u.problems)

@@ -321,7 +321,11 @@ def choose(cands: list[dict], run: str | None) -> tuple[dict, list[tuple[dict, s
             why = ("its run.json is of another run" if p.get("run") else "it has no run.json") + \
                 f"; {keep['host']}'s is of this run"
         elif run and p.get("run") == run:
-            why = "the same run in both; the kept directory holds more of the share"
+            # one run's sample computed twice (a share run again on another host): either copy is of
+            # this run; the rule keeps one, and verify and gather name the same one
+            why = "computed twice in this run (both run.json agree); kept " + (
+                "the directory holding more of the share" if int(keep.get("files") or 0) > int(p.get("files") or 0)
+                else "the first by host name and path (the shares are equal)")
         else:
             why = "no run identity tells them apart: kept the first by host name when the bytes agree"
         dropped.append((p, why))
@@ -591,9 +595,10 @@ def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, 
         chosen[i] = item(keep)
         for d, why in others:
             other = item(d)
-            # other bytes are dropped only for a copy of another run (or none); two copies of the union's
-            # run with other bytes cannot be told apart by it: a conflict
-            if other["sha256"] != chosen[i]["sha256"] and not (run and keep.get("run") == run and d.get("run") != run):
+            # a kept copy of the union's run wins over another run's (or none), and over a second copy of
+            # its own run (computed twice: the same rule as verify's union); copies with other bytes that
+            # no run identity tells apart are a conflict
+            if other["sha256"] != chosen[i]["sha256"] and not (run and keep.get("run") == run):
                 conflicts.append({"index": i, "where": [f"{keep['host']}:{chosen[i]['path']}", f"{d['host']}:{other['path']}"]})
             else:
                 dropped.append({"index": i, "kept": f"{keep['host']}:{chosen[i]['path']}",
