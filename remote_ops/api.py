@@ -160,10 +160,38 @@ class Inventory(Fleet):
         hosts = self.resolve(target)
         specs = shard_mod.apply(hosts, jobs.load_for_hosts(hosts, Playbooks(playbook, self)), shard)
         wait = jobs.EARLY_DEATH_S if early_death_s is None else early_death_s
-        return self.run(target, lambda h, s: _job_ops(h).extract(s, *specs[h.name], skip_check=skip_check,
-                                                          dry_run=dry_run, strict_drift=strict,
-                                                          early_death_s=wait, overwrite=overwrite,
-                                                          remeasure_disk=remeasure_disk))
+        grouped = shard is True or (shard is None and any(sp.shard for _, sp in specs.values()))
+
+        def again_words(h) -> str:
+            """The refused launch again, as typed: a group's shares by the group and --shard (one host
+            alone would be another share), else this host with the --shard / --no-shard given."""
+            import os
+            import shlex
+            book = ([] if not playbook else ["--playbook", os.path.abspath(playbook)
+                                             if os.path.isfile(playbook) else playbook])
+            if grouped:
+                return shlex.join([target or self.inventory.default or h.name,
+                                   *(["--shard"] if shard else []), *book])
+            return shlex.join([h.name, *(["--shard", shard] if isinstance(shard, str) else
+                                         ["--no-shard"] if shard is False else []), *book])
+
+        def one(h, s):
+            try:
+                return _job_ops(h).extract(s, *specs[h.name], skip_check=skip_check, dry_run=dry_run,
+                                           strict_drift=strict, early_death_s=wait, overwrite=overwrite,
+                                           remeasure_disk=remeasure_disk)
+            except RemoteOpsError as exc:
+                import re
+                words = again_words(h)
+
+                def put(t):
+                    return re.sub(r"\bremote-ops extract HOST\b", lambda m: f"remote-ops extract {words}", t)
+                exc.message = put(exc.message)
+                exc.hint = put(exc.hint) if exc.hint else exc.hint
+                if exc.details:
+                    _replace_strings(exc.details, put)
+                raise
+        return self.run(target, one)
 
     def status(self, target: str | None = None, *, playbook: str | None = None, job: str | None = None) -> Results:
         """The playbook's job on each host (``jobs.JobStatus``: state, samples, rate, exit); for a
@@ -172,7 +200,7 @@ class Inventory(Fleet):
         book = Playbooks(playbook, self)
         results = self.run(target, lambda h, s: _job_ops(h).status(s, pb=book.for_job(h, job), job=job))
         if not results.single:
-            results.group = shard_mod.progress(results)
+            results.group = self._filled(shard_mod.progress(results), target)
         return results
 
     def jobs(self, target: str | None = None) -> Results:
@@ -239,7 +267,7 @@ class Inventory(Fleet):
         from remote_ops.extract.slurm import is_slurm
         parts = any(r.ok and "shard_parts" in r.value.extra for r in results)
         if shard or (parts and (not results.single or any(is_slurm(h) for h in self.resolve(target)))):
-            results.group = shard_mod.union_of(results)
+            results.group = self._filled(shard_mod.union_of(results), target)
             if results.single and results[0].ok:
                 results[0].value.extra["union"] = results.group.to_json()
         return results
@@ -269,8 +297,9 @@ class Inventory(Fleet):
         if stale:             # files of another run in the destination: never counted as this run's
             g.problems.append(shard_mod.stale_line(dest, stale, g.total))
         if g.problems:        # conflicting copies or configs, a destination holding another run: nothing copied
-            g.to, g.problems = dest, [f"{r.host}: {r.error.one_line()}" for r in listed if not r.ok] + g.problems
-            listed.group = g
+            # one_line() names the host already
+            g.to, g.problems = dest, [r.error.one_line() for r in listed if not r.ok] + g.problems
+            listed.group = self._filled(g, target)
             for r in listed:
                 if r.ok:
                     r.value = shard_mod.GatherPart(r.host, files=sum(len(d["files"]) for d in r.value))
@@ -278,12 +307,17 @@ class Inventory(Fleet):
         results = self.run(target, lambda h, s: shard_mod.copy_part(s, per_host.get(h.name, []), dest,
                                                                     on_file=on_file, host_mode=host_mode)
                            if h.name in per_host else _raise(listed[h.name].error))
-        results.group = shard_mod.finish(results, g, union_doc, dest)
+        results.group = self._filled(shard_mod.finish(results, g, union_doc, dest), target)
         if results.single and results[0].ok:      # one host's record carries the result as "gathered"
             results[0].value.extra["gathered"] = results.group.to_json()
         return results
 
     # ------------------------------------------------------------------ helpers
+    def _filled(self, record, target: str | None):
+        """A group's record with its printed commands complete (remote_ops/again.py)."""
+        from remote_ops import again
+        return again.fill_all(record, self.again_flags, None, target or self.inventory.default)
+
     def playbooks(self) -> "PlaybookList":
         """Every playbook found along the search order (``playbook/search.py``: beside the inventory,
         the user's directory, the shipped ones), each with its origin, path, flow and ``requires``;
@@ -364,6 +398,16 @@ class Playbooks:
     def for_job(self, host, job: str | None):
         """What names a job when ``job`` does not: the playbook (None: the host's newest job)."""
         return None if job else self(host, required=False)
+
+
+def _replace_strings(value, fn):
+    """``fn`` over every string of nested dicts and lists, in place."""
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in list(items):
+        if isinstance(v, str):
+            value[k] = fn(v)
+        else:
+            _replace_strings(v, fn)
 
 
 def _raise(error):

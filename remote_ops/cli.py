@@ -167,10 +167,16 @@ def _main(argv: list[str] | None, as_program: bool) -> int:
             if ctx is not None:
                 ctx.close()
     except RemoteOpsError as exc:
+        if ctx is not None:       # a printed command acts on this inventory, this target (remote_ops/again.py)
+            from remote_ops import again
+            again.fill_error(exc, ctx.again_flags, host=exc.host or getattr(args, "host", None),
+                             target=getattr(args, "host", None))
         _report(exc, debug, json_mode)
         return _finished(int(exc.exit_status), as_program)
     except KeyboardInterrupt:
         for line in interrupts.message(_changing_hosts(args, ctx)).splitlines():
+            if ctx is not None:
+                line = ctx.fill(line)
             sys.stderr.write(f"remote-ops: {line}\n")
         return _finished(int(Exit.INTERRUPTED), as_program)
     except BrokenPipeError:

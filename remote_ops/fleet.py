@@ -152,6 +152,12 @@ class Fleet:
                                                             python=self.python, workdir=self.workdir)
         return list(self._resolved[target])
 
+    @property
+    def again_flags(self) -> tuple[str, ...]:
+        """The global flags a printed command carries to act on these hosts (remote_ops/again.py)."""
+        from remote_ops import again
+        return again.global_flags(self.inventory_file, python=self.python, workdir=self.workdir)
+
     def names_one_host(self, target: str | None) -> bool:
         from remote_ops.connect import targets
         return targets.names_one_host(self.inventory, target)
@@ -211,12 +217,17 @@ class Fleet:
         """``fn(host, session)`` on every host of ``target``, in parallel, bounded by ``parallel``;
         a host's error is its result, never raised."""
         hosts = self.resolve(target)
+        from remote_ops import again
+        flags, typed = self.again_flags, target or self.inventory.default
 
         def one(host) -> HostResult:
             try:
-                return HostResult(host.name, True, fn(host, self.session(host)))
+                # a command the result prints acts on this inventory and this host (remote_ops/again.py)
+                return HostResult(host.name, True, again.fill_all(fn(host, self.session(host)), flags,
+                                                                  host.name, typed))
             except RemoteOpsError as exc:
                 exc.host = exc.host or host.name
+                again.fill_error(exc, flags, host.name, typed)
                 return HostResult(host.name, False, error=exc, traceback=tb.format_exc())
             except Exception as exc:  # an unexpected bug on one host must not hide the others
                 err = RemoteOpsError(f"internal error: {type(exc).__name__}: {exc}",

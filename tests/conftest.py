@@ -49,7 +49,8 @@ def pytest_collection_modifyitems(config, items):
     rest = [i for i in items if not i.get_closest_marker("long")]
     # each beside a short one: xdist's --dist load first hands every worker two tests, and two long
     # ones on one worker would run one after the other
-    items[:] = [i for pair in zip(long, rest) for i in pair] + rest[len(long):]
+    # (more long ones than short: the rest of the long ones after the pairs, none left out)
+    items[:] = [i for pair in zip(long, rest) for i in pair] + long[len(rest):] + rest[len(long):]
 
 
 @pytest.fixture(autouse=True)

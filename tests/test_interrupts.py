@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import os
 import sys
 from pathlib import Path
 
@@ -63,7 +64,7 @@ def test_ctrl_c_in_the_apply_round_trip_reports_the_applied_patch(patch_host, st
     (entry,) = journal(state_dir)           # the host applied it: the line must say so, with its id
     assert entry["action"] == "patch"
     assert (f"testhost: interrupted after the patch was applied (journal {entry['txid']}): "
-            "undo with remote-ops rollback testhost") in err, err
+            f"undo with remote-ops -i {os.path.abspath(patch_host)} rollback testhost") in err, err
     # what it says to do works: the rollback restores the host
     monkeypatch.undo()
     status, out, err = cli("-i", str(patch_host), "rollback", "testhost")
@@ -87,7 +88,7 @@ def test_ctrl_c_in_a_rollback_reports_it_done(patch_host, state_dir, cli, monkey
     undo = journal(state_dir)[-1]
     assert undo["action"] == "rollback" and undo["of"] == patched["txid"]
     assert (f"testhost: interrupted after the rollback was done ({patched['txid']} undone by journal "
-            f"{undo['txid']}): redo with remote-ops patch testhost") in err, err
+            f"{undo['txid']}): redo with remote-ops -i {os.path.abspath(patch_host)} patch testhost") in err, err
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
@@ -106,7 +107,8 @@ def test_ctrl_c_in_a_launch_reports_the_started_job(sshd, tmp_path, state_dir, c
         (job,) = [p.name for p in (state_dir / "jobs").iterdir() if p.is_dir()]
         assert fired and status == 130
         assert f"testhost: interrupted after the job was started ({job}): it keeps running" in err, err
-        assert f"stop it with remote-ops stop testhost --job {job}" in err
+        assert (f"follow it with remote-ops -i {inv} logs testhost --job {job} --follow, "
+                f"stop it with remote-ops -i {inv} stop testhost --job {job}") in err, err
     finally:
         cli("-i", str(inv), "stop", "testhost", "--playbook", str(pb), "--grace", "1")
 
@@ -155,7 +157,7 @@ def test_ctrl_c_in_a_fleet_says_what_each_host_did(sshd, tmp_path, cli, monkeypa
         line = next(l for l in lines if f" {name}" in l or l.startswith(f"remote-ops: {name}:"))
         if entries:
             assert line == (f"remote-ops: {name}: interrupted after the patch was applied (journal "
-                            f"{entries[0]['txid']}): undo with remote-ops rollback {name}"), err
+                            f"{entries[0]['txid']}): undo with remote-ops -i {inv} rollback {name}"), err
         else:
             assert line == f"remote-ops: interrupted before anything changed on {name}", err
     assert any(journal(states[n]) for n in ("a", "b"))     # the host whose apply was sent finished it

@@ -188,7 +188,8 @@ def test_ctrl_c_detaches_and_kill_mid_tail_reattaches(tmp_path, sshd, cli, sigin
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=30)
     assert p.returncode == 130, err
-    assert "still running; reattach with: remote-ops extract testhost --tail" in err
+    (jid,) = [d.name for d in env.jobdirs()]
+    assert f"still running; reattach with: remote-ops -i {env.inventory} logs testhost --job {jid} --follow" in err
     # a second follower is SIGKILLed (laptop closed): the job is untouched
     p = env.subprocess("extract", "testhost", "--tail")
     time.sleep(1.5)

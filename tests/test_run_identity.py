@@ -98,7 +98,7 @@ def test_check_states_and_move_aside_keeps_every_file(tmp_path):
     res = ri.check(str(out), other)
     assert res["state"] == "differs" and res["differences"] == ["layer_ids [2,4,5,7] -> [1,3,5,7]"]
     assert res["problem"] == f"{out} holds 1 sample file(s) of another run: layer_ids [2,4,5,7] -> [1,3,5,7]"
-    assert "remote-ops extract --overwrite" in ri.refusal(res["problem"])
+    assert "remote-ops extract HOST --overwrite" in ri.refusal(res["problem"])   # the controller fills HOST
     assert "--overwrite" in ri.refusal(res["problem"], by_hand=True)
     (out / "run.json").unlink()
     assert ri.check(str(out), other)["state"] == "unrecorded"
@@ -218,7 +218,8 @@ def test_a_resume_with_another_dataset_is_refused_and_overwrite_rewrites_from_it
     status, out, err = cli(*env.argv("extract", "testhost", "--tail"))
     assert status != 0
     assert f"{env.out} holds 3 sample file(s) of another run: dataset.lines_sha256" in err, err
-    assert "dataset.path" in err and "a new output_dir, or start over with: remote-ops extract --overwrite" in err
+    assert "dataset.path" in err and ("a new output_dir, or start over with: remote-ops -i "
+                                      f"{env.inventory} extract testhost --playbook {env.playbook} --overwrite") in err
     assert len(env.jobdirs()) == 1                                  # refused before any launch
     assert [ids_of(env.out, i) for i in range(3)] == lines(a)
     status, out, err = cli(*env.argv("extract", "testhost", "--tail", "--overwrite"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import os
 from pathlib import Path
 
 import pytest
@@ -194,8 +195,8 @@ def test_vllm_033_is_refused_in_one_line(sshd, tmp_path, inventory_file, cli):
     lines = [ln for ln in err.splitlines() if ln.strip()]
     # the refusal names the playbook that claims this vLLM: the server flow of speculators 0.9.0
     assert lines == [f"remote-ops: testhost: {ONE_LINE} (nothing was changed; eagle3-speculators-0.9.0 claims "
-                     "vllm 0.33.0 with speculators==0.9.0 (then `remote-ops check testhost --playbook "
-                     "eagle3-speculators-0.9.0 --strict`); `remote-ops check testhost "
+                     f"vllm 0.33.0 with speculators==0.9.0 (then `remote-ops -i {os.path.abspath(inv)} check testhost "
+                     f"--playbook eagle3-speculators-0.9.0 --strict`); `remote-ops -i {os.path.abspath(inv)} check testhost "
                      "--candidates` lists the speculators releases and their findings against this host's vllm)"], err
     assert target.read_bytes() == original
     # extract's preflight says the same before any GPU time (the deciding problem)

@@ -341,8 +341,8 @@ def op_launch(args):
                         "(e.g. with {host}), or stop that job first")
                 differ = _other_dirs(st, dirs)
                 if differ:
-                    raise AgentFailure("busy", differ, "stop that job first (remote-ops stop), or launch with its "
-                                       "output directories")
+                    raise AgentFailure("busy", differ, "stop that job first (remote-ops stop HOST --job %s), or "
+                                       "launch with its output directories" % st.get("job_id"))
                 return {"attached": True, "job": st}
         if not os.path.isdir(workdir):
             raise AgentFailure("no-workdir", "workdir %s does not exist on the host" % workdir)

@@ -54,6 +54,22 @@ class Context:
     def inventory(self):
         return self.fleet.inventory
 
+    @property
+    def again_flags(self) -> tuple[str, ...]:
+        """The global flags a printed command carries to act on the same inventory (remote_ops/again.py)."""
+        from remote_ops import again
+        return again.global_flags(self.inventory_file, python=self.python, workdir=self.workdir)
+
+    def command(self, sub: str, *words: str) -> str:
+        """A command to print for pasting: ``remote-ops [-i INV ...] SUB WORDS`` quoted."""
+        from remote_ops import again
+        return again.command(sub, *words, flags=self.again_flags)
+
+    def fill(self, text: str, host: str | None = None, target: str | None = None) -> str:
+        """``text``'s printed commands made complete (remote_ops/again.py)."""
+        from remote_ops import again
+        return again.fill(text, self.again_flags, host, target)
+
     def hosts(self, spec: str | None):
         return self.fleet.resolve(spec)
 

@@ -34,9 +34,20 @@ def run(args, ctx) -> int:
     from remote_ops.errors import Exit, UsageError
 
     if args.tail and len(ctx.hosts(args.host)) > 1:
-        raise UsageError(f"--tail follows one host; {args.host!r} names {len(ctx.hosts(args.host))}",
-                         "start them with: remote-ops extract GROUP; follow one with: remote-ops extract HOST "
-                         "--tail; watch all with: remote-ops status GROUP")
+        # the commands of this situation, complete: the group's launch with the --shard given (a launch
+        # without it is another run), following one host's job by its log (never a one-host extract,
+        # which is another share), the group's status
+        names = ctx.fleet.hosts(args.host)
+        shard = [] if args.shard is None else ["--shard"] if args.shard is True else ["--shard=" + str(args.shard)] \
+            if args.shard is not False else ["--no-shard"]
+        group = args.host or ctx.inventory.default or ""
+        import os
+        book = [] if not args.playbook else ["--playbook", os.path.abspath(args.playbook)
+                                             if os.path.isfile(args.playbook) else args.playbook]
+        raise UsageError(f"--tail follows one host; {group!r} names {len(names)}",
+                         f"start them with: {ctx.command('extract', group, *shard, *book)}; follow one with: "
+                         f"{ctx.command('logs', names[0], '--follow', *book)} (or {', '.join(names[1:])}); "
+                         f"watch all with: {ctx.command('status', group, *book)}")
     results = call(ctx.fleet.extract, args,      # --tail shows an early death itself
                    early_death_s=0 if args.tail else args.early_death_s)
 
@@ -49,7 +60,7 @@ def run(args, ctx) -> int:
             sys.stderr.write(f"  refused: {clean(lead + str(p))}\n")
 
     if not (args.tail and results.ok and not args.dry_run):
-        return ctx.show(results, render, summary=summary, render_failure=refused,
+        return ctx.show(results, lambda c, name, v: render(c, name, v, ctx), summary=summary, render_failure=refused,
                         exit_for=lambda v: int(Exit.OK) if v.get("dry_run") else jobs.exit_for(v.job))
     # --tail: the job's head line, then its log followed to the end (JSON Lines with --json)
     v = results[0].value
@@ -79,7 +90,8 @@ def run(args, ctx) -> int:
         r = ctx.fleet.logs(args.host, job=job["job_id"], lines=20).raise_for_failures()[0].value
         sys.stdout.write(lines(r.text.replace("\r", "\n")) if not ctx.json else "")
         offset = r.next
-    return print_follow(ctx, args.host, job["job_id"], offset=offset)
+    return print_follow(ctx, args.host, job["job_id"], offset=offset,
+                        reattach=ctx.command("logs", host.name, "--job", job["job_id"], "--follow"))
 
 
 def summary(v) -> str:
@@ -89,7 +101,7 @@ def summary(v) -> str:
     return f"{verb} {v.job['job_id']} (pid {v.job.get('pid')})"
 
 
-def render(c, name, v) -> None:
+def render(c, name, v, ctx=None) -> None:
     if v.get("dry_run"):
         import shlex   # copyable as printed: an empty or spaced argument stays one argument
         c.print(text(f"{name}: preflight passed; would run: {shlex.join(v.spec['command'])}"))
@@ -117,7 +129,10 @@ def render(c, name, v) -> None:
     for n in v.preflight.get("notes") or []:
         c.print(text(f"  note: {n}"))
     c.print(text(f"  log: {job.get('log')}"))
-    c.print(text(f"  follow: remote-ops extract {name} --tail   |   status / logs / stop {name}"))
+    from remote_ops import again
+    flags = ctx.again_flags if ctx is not None else ()
+    follow = again.command("logs", name, "--job", job["job_id"], "--follow", flags=flags)
+    c.print(text(f"  follow: {follow}   |   status / logs / stop {name}"))
 
 
 def plan_line(p: dict) -> str:

@@ -125,7 +125,7 @@ def printer_for(ctx):
     return PlainPrinter()
 
 
-def print_follow(ctx, target: str | None, job_id: str, *, offset: int = 0) -> int:
+def print_follow(ctx, target: str | None, job_id: str, *, offset: int = 0, reattach: str | None = None) -> int:
     """Follow the job on the one host ``target`` names to its end, printing its events; the exit
     status of how it ended, or INTERRUPTED after Ctrl-C (the job keeps running)."""
     from remote_ops.errors import Exit
@@ -140,7 +140,9 @@ def print_follow(ctx, target: str | None, job_id: str, *, offset: int = 0) -> in
     except KeyboardInterrupt:
         printer.close()
         host = ctx.hosts(target)[0].name
-        msg = f"job {job_id} still running; reattach with: remote-ops extract {host} --tail"
+        # following by the job's id: never a launch (an extract would preflight again)
+        msg = f"job {job_id} still running; reattach with: " + (
+            reattach or ctx.command("logs", host, "--job", job_id, "--follow"))
         if ctx.json:
             JsonPrinter().emit({"event": "detached", "job_id": job_id, "message": msg})
         sys.stderr.write(f"\n{clean(msg)}\n")

@@ -32,7 +32,8 @@ def run(args, ctx) -> int:
         hosts = ctx.hosts(args.host)
         if len(hosts) > 1:
             raise UsageError(f"--follow follows one host; {args.host!r} names {len(hosts)}",
-                             "follow one with: remote-ops logs HOST --follow")
+                             f"follow one with: {ctx.command('logs', hosts[0].name, '--follow')} "
+                             f"(or {', '.join(h.name for h in hosts[1:])})")
     from remote_ops.commands.params import call
     results = call(ctx.fleet.logs, args)
     if not (args.follow and results.ok):

@@ -154,7 +154,7 @@ def extract(session, pb, spec: ExtractSpec, *, skip_check: bool, dry_run: bool, 
         if not res["attached"]:
             jid = res["job"]["job_id"]
             interrupts.changed(host.name, f"the job was started ({jid}): it keeps running; follow it with "
-                                          f"remote-ops logs {host.name} --job {jid}, stop it with "
+                                          f"remote-ops logs {host.name} --job {jid} --follow, stop it with "
                                           f"remote-ops stop {host.name} --job {jid}")
     job = res["job"] if res["attached"] or not early_death_s else early_end(session, res["job"], early_death_s)
     return ExtractResult(host.name, attached=res["attached"], job=job, identity=res.get("identity"),

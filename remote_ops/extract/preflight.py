@@ -235,7 +235,8 @@ class RunningJob(Part):
         if job and job.get("state") in ("starting", "running"):
             if probe.get("other_dirs"):        # the same first directory, another list (agent/jobs.py)
                 pf.problems.append(probe["other_dirs"])
-                pf.hint = "stop that job first (remote-ops stop), or launch with its output directories"
+                pf.hint = (f"stop that job first (remote-ops stop HOST --job {job.get('job_id')}), or launch "
+                           "with its output directories")
                 return STOP
             if list(job.get("shard") or ()) == list(spec.shard or ()):
                 pf.running = job       # the job asked for (same output directory, same share): attach
@@ -448,7 +449,7 @@ class Port(Part):
             pf.server = {"port": port}
             if not port.get("free"):
                 pf.problems.append(f"port {server.port} is not free on the host ({port.get('error')}): another "
-                                   "server holds it (a job left running? remote-ops status --all) or set extract.server.port")
+                                   "server holds it (a job left running? remote-ops status HOST --all) or set extract.server.port")
 
 
 class Dataset(Part):

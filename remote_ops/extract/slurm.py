@@ -156,7 +156,8 @@ def stop(session, *, pb, job, grace, on_stopping=None):
     rep = session.call(*rq.slurm_stop(**ref, grace=30.0 if grace is None else grace), timeout=(grace or 30) + 120)
     if rep["remaining"]:
         raise RefusedError(f"Slurm still lists task(s) {rep['remaining']} of job {rep['job']['slurm_id']}",
-                           "run remote-ops stop again, or ask the cluster's admins", host=session.label)
+                           f"run remote-ops stop HOST --job {rep['job'].get('job_id')} again, or ask the cluster's admins",
+                           host=session.label)
     return jobs.StopResult.from_json(rep, host=session.label, clean=True)
 
 

@@ -200,7 +200,9 @@ class Follower:
             if now - down_since > self.reconnect_for:
                 raise UnreachableError(f"lost the connection for {int(now - down_since)}s while following "
                                        "the job; it keeps running on the host",
-                                       "reattach later with: remote-ops extract HOST --tail")
+                                       "reattach later with: remote-ops logs HOST " + (
+                                           f"--job {self.ref['job_id']} " if self.ref.get("job_id") else "")
+                                       + "--follow")
             yield "reconnecting", f"{reason}; reconnecting in {backoff:g}s (the job keeps running)"
             try:
                 self.drop_session()

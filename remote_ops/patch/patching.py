@@ -515,7 +515,7 @@ def _run_host(session, host, pb: Playbook, *, dry_run: bool, import_check: bool,
         unwrap(first, host.name, "applying the patch")
         raise RemoteOpsError("the host's targets changed between the read and the apply of this patch "
                              "(another controller?); the apply ran for the state it checked",
-                             "run `remote-ops history` to see what is on the host", host=host.name)
+                             f"run `remote-ops history {host.name}` to see what is on the host", host=host.name)
     if pb.check_requires(raw.get("packages") or {}):
         raise not_covered(session, pb, host, raw.get("packages") or {})
     # the read left the bytes out only for the state the early plan was built for: no need to compute it again

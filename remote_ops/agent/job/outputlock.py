@@ -87,7 +87,8 @@ def clash(rec, output_dir):
                 "if that job is gone, remove %s" % os.path.join(output_dir, MARKER))
     else:
         hint = ("one output directory holds one job: give each share its own output_dir (e.g. with {host}), "
-                "or wait for that job (remote-ops status HOST --all) or stop it")
+                "or wait for that job (remote-ops status HOST --all) or stop it (remote-ops stop HOST --job %s)"
+                % rec.get("job_id"))
     return AgentFailure("busy", what, hint)
 
 

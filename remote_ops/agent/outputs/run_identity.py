@@ -438,7 +438,8 @@ def move_aside(output_dir, now=None):
 
 def refusal(problem, *, by_hand=False):
     """The one line for a run refused by ``check``: what differs, and how to start over."""
+    # HOST: the controller puts the command that was refused there, complete (remote_ops/again.py)
     how = ("a new --output-dir, or run again with --overwrite" if by_hand
-           else "a new output_dir, or start over with: remote-ops extract --overwrite")
+           else "a new output_dir, or start over with: remote-ops extract HOST --overwrite")
     return ("%s: use %s (it moves the old files into %s<UTC time>/ beside them; nothing is deleted)"
             % (problem, how, REPLACED_PREFIX))
