@@ -343,6 +343,8 @@ def op_launch(args):
                 if differ:
                     raise AgentFailure("busy", differ, "stop that job first (remote-ops stop HOST --job %s), or "
                                        "launch with its output directories" % st.get("job_id"))
+                if args.get("overwrite"):      # never dropped silently: that job writes this directory now
+                    raise AgentFailure("busy", overwrite_running(st, output_dir), overwrite_running_hint(st))
                 return {"attached": True, "job": st}
         if not os.path.isdir(workdir):
             raise AgentFailure("no-workdir", "workdir %s does not exist on the host" % workdir)
@@ -475,14 +477,27 @@ def _record_identity(dirs, ident, overwrite):
         return None
     from .outputs import run_identity as ri
     res = ri.check_dirs(dirs, ident)
-    aside = [d for d in dirs if overwrite and (ri.sample_files(d) or os.path.exists(os.path.join(d, ri.FILE)))]
+    # --overwrite moves only what is not this run: a directory whose run.json is this run's is resumed
+    aside = [d for d in dirs if overwrite and ri.check(d, ident)["state"] != "same"
+             and (ri.sample_files(d) or os.path.exists(os.path.join(d, ri.FILE)))]
     if not aside and res["problem"]:
         raise AgentFailure("other-run", ri.refusal(res["problem"]))
-    moves = [ri.move_aside(d) for d in aside]
-    for d in (dirs if moves else res["write"]):
+    moves = [dict(ri.move_aside(d), output_dir=d) for d in aside]
+    for d in sorted(set(res["write"]) | set(aside), key=dirs.index):
         ri.write(d, ident)
     return {"digest": res["digest"], "state": res["state"], "moved": moves[0] if moves else None,
-            **({"moved_all": moves} if len(moves) > 1 else {})}
+            "moved_all": moves, "kept": [d for d in dirs if d not in aside] if overwrite else []}
+
+
+def overwrite_running(st, output_dir):
+    """The refusal of --overwrite while the run's own job writes ``output_dir``."""
+    return ("--overwrite: job %s is running and writing %s (this run): nothing is moved while it writes"
+            % (st.get("job_id"), output_dir))
+
+
+def overwrite_running_hint(st):
+    return ("follow it (remote-ops logs HOST --job %s --follow), or stop it first (remote-ops stop HOST --job %s) "
+            "and run the same command again" % (st.get("job_id"), st.get("job_id")))
 
 
 

@@ -78,6 +78,9 @@ def run(args, ctx) -> int:
             ctx.err.print(text(f"  {job['label']}"), highlight=False)
         if v.preflight.get("plan") and not v.attached:
             ctx.err.print(text(f"  {plan_line(v.preflight['plan'])}"), highlight=False)
+        for line in overwrite_lines(v.get("identity")) + [f"note: {n}" for n in v.preflight.get("notes") or []
+                                                         if n.startswith("--overwrite")]:
+            ctx.err.print(text(f"  {line}"), highlight=False)
     if job.get("scheduler") == "slurm":      # a job array: its tasks' logs, each line "[task k] ..."
         from remote_ops.commands.follow import report_end
         from remote_ops.extract.slurm import follow, print_task_text
@@ -123,9 +126,8 @@ def render(c, name, v, ctx=None) -> None:
         c.print(text(f"  {job['label']}"))
     if v.preflight.get("plan") and not v.attached:
         c.print(text(f"  {plan_line(v.preflight['plan'])}"), highlight=False)
-    moved = (v.get("identity") or {}).get("moved")
-    if moved:
-        c.print(text(f"  --overwrite: moved {moved['files']} file(s) of the earlier run into {moved['moved_to']}"))
+    for line in overwrite_lines(v.get("identity")):
+        c.print(text(f"  {line}"))
     for n in v.preflight.get("notes") or []:
         c.print(text(f"  note: {n}"))
     c.print(text(f"  log: {job.get('log')}"))
@@ -133,6 +135,17 @@ def render(c, name, v, ctx=None) -> None:
     flags = ctx.again_flags if ctx is not None else ()
     follow = again.command("logs", name, "--job", job["job_id"], "--follow", flags=flags)
     c.print(text(f"  follow: {follow}   |   status / logs / stop {name}"))
+
+
+def overwrite_lines(identity: dict | None) -> list[str]:
+    """What --overwrite did at launch: every directory moved and where to, and those kept (this run's)."""
+    ident = identity or {}
+    moves = ident.get("moved_all") or ([ident["moved"]] if ident.get("moved") else [])
+    out = [f"--overwrite: moved {m['files']} file(s) of the earlier run" +
+           (f" out of {m['output_dir']}" if m.get("output_dir") else "") + f" into {m['moved_to']}" for m in moves]
+    if moves:
+        out += [f"--overwrite: {d} holds this run: nothing to overwrite there, resumed" for d in ident.get("kept") or []]
+    return out
 
 
 def plan_line(p: dict) -> str:

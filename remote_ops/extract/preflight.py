@@ -142,6 +142,9 @@ def _identity_preflight(pf: Preflight, res: dict | None, spec: ExtractSpec, over
                             f"{aside} ({'; '.join(res['differences']) or res['state']})")
         else:
             pf.problems.append(res["line"])
+    elif res["state"] == "same" and res["recorded"] and overwrite:
+        pf.notes.append(f"--overwrite: {where} holds this run (run.json {short}): nothing to overwrite; "
+                        f"resuming its {res['samples']} sample file(s)")
     elif res["state"] == "same" and res["samples"]:
         pf.notes.append(f"run identity {short}: the {res['samples']} sample file(s) in {where} are this "
                         "run's (run.json): resuming")
@@ -239,6 +242,11 @@ class RunningJob(Part):
                            "with its output directories")
                 return STOP
             if list(job.get("shard") or ()) == list(spec.shard or ()):
+                if c.overwrite:        # --overwrite is never dropped silently: refuse, naming the job
+                    from remote_ops.agent.jobs import overwrite_running, overwrite_running_hint
+                    pf.problems.append(overwrite_running(job, spec.output_dir))
+                    pf.hint = overwrite_running_hint(job)
+                    return STOP
                 pf.running = job       # the job asked for (same output directory, same share): attach
                 return STOP
             pf.problems.append(f"{spec.output_dir} is being written by job {job['job_id']} "
