@@ -159,6 +159,12 @@ class Inventory(Fleet):
                              f"got {early_death_s:g}")
         hosts = self.resolve(target)
         specs = shard_mod.apply(hosts, jobs.load_for_hosts(hosts, Playbooks(playbook, self)), shard)
+        for name, (_, sp) in specs.items():      # the job's own --layer-ids: refused before any host changes
+            from remote_ops.agent.outputs.run_identity import command_inputs
+            from remote_ops.playbook.model_section import parse_layer_ids
+            ids = command_inputs(sp.command or [])["layer_ids"]
+            if isinstance(ids, list):
+                parse_layer_ids(ids, f"{name}: extract.command --layer-ids")
         wait = jobs.EARLY_DEATH_S if early_death_s is None else early_death_s
         grouped = shard is True or (shard is None and any(sp.shard for _, sp in specs.values()))
 
@@ -288,6 +294,9 @@ class Inventory(Fleet):
         not exactly sample names, or that lists links, refuses the gather); copies are 0600, or with
         ``host_mode`` the host's mode capped at 0644."""
         from remote_ops.extract import shard as shard_mod
+        if not isinstance(to, str) or not to.strip():     # "" would be the current directory
+            raise UsageError("gather --to is empty: it names the local directory the outputs are copied into",
+                             "give --to a directory, e.g. --to ./gathered")
         dest = shard_mod.check_destination(to)
         book = Playbooks(playbook, self)
         listed = self.run(target, lambda h, s: shard_mod.list_part(

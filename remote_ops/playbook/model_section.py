@@ -55,4 +55,8 @@ def parse_layer_ids(value: Any, where: str) -> list[int] | None:
             raise UsageError(f"{where}: layer ids {value!r}: {x!r} is not a layer index",
                              "write them like 2,4,5,7") from None
         out.append(n)
+    twice = sorted({n for n in out if out.count(n) > 1})
+    if twice:      # a layer captured twice is the same tensor twice: never what was meant
+        raise UsageError(f"{where}: layer ids {value!r} repeat {', '.join(map(str, twice))}",
+                         "list each layer id once, e.g. 2,4,5,7")
     return out or None
