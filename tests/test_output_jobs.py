@@ -213,7 +213,7 @@ def test_gather_refuses_stale_files_and_keeps_the_runs_copy_of_a_returning_host(
     assert status == 1 and [d["index"] for d in union["duplicates"]] == [1, 4]
     d = union["duplicates"][0]
     assert sorted(d["where"]) == [f"node-b:{tmp_path}/out-b", f"node-c:{moved}"]
-    assert d["kept"] == f"node-c:{moved}" and "holds more of the share" in d["dropped"][0]["why"]
+    assert d["kept"] == f"node-c:{moved}" and "holding more of the share" in d["dropped"][0]["why"]
     text = "\n".join(union["problems"])
     assert "delete one copy" not in text and f"gather keeps node-c:{moved}'s" in text
 

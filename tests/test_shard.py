@@ -172,15 +172,20 @@ def test_group_shards_one_dataset_verify_resume_and_gather(sshd, tmp_path, cli):
     assert status == 0 and f"gathered into {dest}: 10/10 samples (1 copied" in out
     assert _sha(dest / "data_5.pt") == _sha(tmp_path / "out-node-c" / "data_5.pt")
 
-    # two hosts holding one index with different bytes: the gather is refused before copying anything
+    # a stray copy of index 0 with other bytes in node-b's directory (both of the run): verify flags it as
+    # outside node-b's shard, and gather keeps the copy of the directory whose shard owns it (node-a's)
     other = tmp_path / "out-node-b" / "data_0.pt"
     shutil.copy(tmp_path / "out-node-a" / "data_3.pt", other)
     (dest / "data_0.pt").unlink()
     status, out, err = cli("gather", "gpus", "--to", str(dest), "--json", "-i", str(inv))
     g = json.loads(out)["group"]
-    assert status == 1 and not g["ok"] and g["conflicts"][0]["index"] == 0
-    assert f"node-b:{tmp_path}/out-node-b/data_0.pt" in g["conflicts"][0]["where"]
-    assert not (dest / "data_0.pt").exists()
+    assert status == 0 and g["ok"] and g["conflicts"] == [], g
+    (d,) = g["dropped"]
+    assert d["dropped"] == f"node-b:{tmp_path}/out-node-b/data_0.pt" and not d["same_bytes"]
+    assert "the copy in the directory whose shard owns it" in d["why"]
+    assert _sha(dest / "data_0.pt") == _sha(tmp_path / "out-node-a" / "data_0.pt")
+    status, out, err = cli("verify", "gpus", "-i", str(inv))
+    assert status == 1 and "outside this directory's shard" in out and "the copy in the directory whose shard owns it" in out
     other.unlink()
 
     # the gathered directory verifies as one unsharded dataset of 10

@@ -307,12 +307,18 @@ def union_run(parts: list[dict]) -> str | None:
     return ranked[0][0]
 
 
-def choose(cands: list[dict], run: str | None) -> tuple[dict, list[tuple[dict, str]]]:
-    """Of the directories holding one index (``cands``, parts or gather listings), the copy to keep
-    and the dropped ones with why: a copy of the union's run first (``run``), then the directory
-    holding more files (the complete share), then host and path order."""
+def choose(cands: list[dict], run: str | None, index: int | None = None) -> tuple[dict, list[tuple[dict, str]]]:
+    """Of the directories holding sample ``index`` (``cands``, parts or gather listings), the copy to
+    keep and the dropped ones with why: a copy of the union's run first (``run``), then the directory
+    whose shard owns the index (i % n == k), then the one holding more files (the complete share),
+    then host and path order. verify's union and gather both ask this, so they name the same copy."""
+    def owns(p):
+        sh = p.get("shard")
+        return bool(index is not None and sh and sh[1] and index % sh[1] == sh[0])
+
     def rank(p):
-        return (0 if run and p.get("run") == run else 1, -int(p.get("files") or 0), p["host"], p["output_dir"])
+        return (0 if run and p.get("run") == run else 1, 0 if owns(p) else 1, -int(p.get("files") or 0),
+                p["host"], p["output_dir"])
     ordered = sorted(cands, key=rank)
     keep = ordered[0]
     dropped = []
@@ -324,6 +330,7 @@ def choose(cands: list[dict], run: str | None) -> tuple[dict, list[tuple[dict, s
             # one run's sample computed twice (a share run again on another host): either copy is of
             # this run; the rule keeps one, and verify and gather name the same one
             why = "computed twice in this run (both run.json agree); kept " + (
+                "the copy in the directory whose shard owns it" if owns(keep) and not owns(p) else
                 "the directory holding more of the share" if int(keep.get("files") or 0) > int(p.get("files") or 0)
                 else "the first by host name and path (the shares are equal)")
         else:
@@ -369,7 +376,7 @@ def union(parts: list[dict], unreachable: list[str] = ()) -> ShardUnion:
     run = union_run(parts)
     for i in sorted(owners):
         if len(owners[i]) > 1:
-            keep, dropped = choose(owners[i], run)
+            keep, dropped = choose(owners[i], run, i)
             u.duplicates.append({"index": i, "where": [_where(p) for p in owners[i]], "kept": _where(keep),
                                  "dropped": [{"where": _where(p), "why": why} for p, why in dropped]})
     if u.duplicates:
@@ -561,7 +568,8 @@ def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, 
     keeps (its run identity is the union's, else the fuller share) and the others are named in
     ``dropped``; copies with other bytes that no run identity tells apart are conflicts, which
     refuse the gather. Files beyond the dataset's size are named (``beyond``), never copied."""
-    dirs = [dict(d, host=host, files_list=d["files"], files=len(d["files"]), run=(d.get("run") or {}).get("run"))
+    dirs = [dict(d, host=host, files_list=d["files"], files=len(d["files"]), run=(d.get("run") or {}).get("run"),
+                 shard=_facts(_config(d.get("config_text")))["shard"])
             for host in sorted(listings) for d in listings[host]]
     refused = [f"{d['host']}:{layout.show(d['output_dir'])}: {why}" for d in dirs for why in d.get("refused") or []]
     dirs, same = distinct_dirs(dirs)
@@ -591,7 +599,7 @@ def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, 
         if total is not None and i >= total:
             beyond += [f"{d['host']}:{item(d)['path']}" for d in holders[i]]
             continue
-        keep, others = choose(holders[i], run)
+        keep, others = choose(holders[i], run, i)
         chosen[i] = item(keep)
         for d, why in others:
             other = item(d)
