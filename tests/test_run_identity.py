@@ -354,3 +354,58 @@ def test_gather_writes_the_unions_run_json_and_refuses_parts_of_two_runs():
     _, _, g = shard_mod.plan(mixed)
     assert g.extra["run"] is None and g.problems and all("another run" in p or "differ" in p for p in g.problems), \
         g.problems
+
+
+@pytest.mark.long
+def test_a_run_grows_by_appended_lines_and_through_a_symlink_but_not_by_changed_ones(tmp_path, sshd, cli):
+    """Issue 46 item 7: a run grows when the lines it used are unchanged: lines appended to its dataset
+    (so more samples), the same file reached through a symlink; it is the same run, resumed, its run.json
+    rewritten; a changed line among those used is still another run."""
+    ds = rows(tmp_path / "a.jsonl", 3)
+    env = standin_env(tmp_path, sshd, ds)
+    assert cli(*env.argv("extract", "testhost", "--tail"))[0] == 0
+    first = [ids_of(env.out, i) for i in range(3)]
+    before = {i: (env.out / f"data_{i}.pt").stat().st_mtime_ns for i in range(3)}
+    more = rows(tmp_path / "more.jsonl", 5)
+    assert lines(more)[:3] == lines(ds)
+    ds.write_text(more.read_text())                                  # two lines appended
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(ds)
+    set_vars(env, ds=str(link))
+    s, rec, err = cli_json(cli, env, "extract", "testhost", "--dry-run")
+    assert s == 0, (rec, err)
+    assert any("grows (3 -> 5 samples (its first 3 dataset lines unchanged)" in n for n in rec["preflight"]["notes"]), rec["preflight"]["notes"]
+    status, out, err = cli(*env.argv("extract", "testhost", "--tail"))
+    assert status == 0, err
+    assert [ids_of(env.out, i) for i in range(3)] == first
+    assert {i: (env.out / f"data_{i}.pt").stat().st_mtime_ns for i in range(3)} == before   # not rewritten
+    assert [ids_of(env.out, i) for i in range(5)] == lines(ds)
+    doc = json.loads((env.out / "run.json").read_text())
+    assert doc["identity"]["dataset"]["samples"] == 5
+    s, rec, err = cli_json(cli, env, "verify", "testhost", "--all")
+    assert s == 0 and rec["ok"] and rec["identity"]["ids_compared"] == 5 and rec["identity"]["ids_differ"] == 0, rec
+    # one of the used lines changed: another run, refused before any launch
+    jobs = len(env.jobdirs())
+    changed = ds.read_text().splitlines()
+    changed[1] = json.dumps({"input_ids": [7, 7, 7, 7]})
+    ds.write_text("\n".join(changed) + "\n")
+    status, out, err = cli(*env.argv("extract", "testhost", "--tail"))
+    assert status != 0 and "dataset.lines_sha256" in err and len(env.jobdirs()) == jobs
+
+
+def test_extends_pins_the_captured_layer_ids_and_refuses_other_changes(tmp_path):
+    ds = tmp_path / "d.jsonl"
+    ds.write_text("".join(json.dumps({"input_ids": [i, i + 1]}) + "\n" for i in range(4)))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "data_config.json").write_text(json.dumps({"hidden_states": {"layer_ids": [2, 4, 6]}}))
+    base = {"dataset": ri.dataset_facts(str(ds), 2), "model": None, "layer_ids": None, "max_model_len": 64,
+            "flow": "generator", "playbook": None, "shard": None, "versions": {}}
+    grown = dict(base, dataset=ri.dataset_facts(str(ds), 4))
+    assert ri.extends(base, grown, str(out))["samples"] == [2, 4]
+    pinned = dict(grown, layer_ids=[2, 4, 6])
+    got = ri.extends(base, pinned, str(out))
+    assert got and "layer ids pinned to the [2,4,6] the run captured" in got["notes"]
+    assert ri.extends(base, dict(grown, layer_ids=[1, 2, 3]), str(out)) is None
+    assert ri.extends(base, dict(grown, max_model_len=128), str(out)) is None
+    assert ri.extends(grown, base, str(out)) is None                # a run never shrinks into another

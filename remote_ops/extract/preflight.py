@@ -145,6 +145,9 @@ def _identity_preflight(pf: Preflight, res: dict | None, spec: ExtractSpec, over
     elif res["state"] == "same" and res["recorded"] and overwrite:
         pf.notes.append(f"--overwrite: {where} holds this run (run.json {short}): nothing to overwrite; "
                         f"resuming its {res['samples']} sample file(s)")
+    elif res["state"] == "same" and res["samples"] and res.get("grown"):
+        pf.notes.append(f"the run in {where} grows ({'; '.join(res['grown']['notes'])}): resuming its "
+                        f"{res['samples']} sample file(s); run.json {short} replaces the recorded one at launch")
     elif res["state"] == "same" and res["samples"]:
         pf.notes.append(f"run identity {short}: the {res['samples']} sample file(s) in {where} are this "
                         "run's (run.json): resuming")

@@ -347,6 +347,72 @@ def differences(old, new, prefix=""):
     return [] if old == new else ["%s %s -> %s" % (prefix.rstrip(".") or "identity", _show(old), _show(new))]
 
 
+def _lines_sha256(path, count):
+    """(sha256 of the first ``count`` non-blank lines of ``path`` as dataset_facts hashes them, lines
+    read); None when the file cannot be read."""
+    h, n = hashlib.sha256(), 0
+    try:
+        with open(path, "rb") as fh:
+            for line in fh:
+                if n >= count:
+                    break
+                if not line.strip():
+                    continue
+                h.update(line.rstrip(b"\r\n"))
+                h.update(b"\n")
+                n += 1
+    except OSError:
+        return None
+    return h.hexdigest(), n
+
+
+def _captured_layer_ids(output_dir):
+    """The layer ids the run's generator captured (data_config.json's hidden_states.layer_ids), or None."""
+    try:
+        with open(os.path.join(output_dir, CONFIG), encoding="utf-8") as fh:
+            ids = (json.load(fh).get("hidden_states") or {}).get("layer_ids")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return ids if isinstance(ids, list) and all(isinstance(i, int) for i in ids) else None
+
+
+def extends(old, new, output_dir=None):
+    """When ``new`` is the recorded run ``old`` grown, what grew ({"samples": [old, new], "notes"}),
+    else None. A run grows when every other input is the same and the dataset's first ``old.samples``
+    lines hash as recorded: a larger max_samples, or lines appended. The dataset's path and size are
+    information once its lines match (a symlink, a copy, a file that grew), and layer ids pinned to the
+    ones the generator chose (``old`` recorded none; data_config.json says which it captured) are the same."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return None
+    a, b = old.get("dataset"), new.get("dataset")
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return None
+    notes = []
+    rest_a = {k: v for k, v in old.items() if k != "dataset"}
+    rest_b = {k: v for k, v in new.items() if k != "dataset"}
+    if rest_a.get("layer_ids") is None and rest_b.get("layer_ids") is not None and output_dir:
+        captured = _captured_layer_ids(output_dir)
+        if captured is not None and list(captured) == list(rest_b["layer_ids"]):
+            rest_a["layer_ids"] = rest_b["layer_ids"]
+            notes.append("layer ids pinned to the %s the run captured" % _show(captured))
+    if digest(rest_a) != digest(rest_b):
+        return None
+    n_old, n_new = a.get("samples"), b.get("samples")
+    if not isinstance(n_old, int) or not isinstance(n_new, int) or n_new < n_old:
+        return None
+    if a.get("lines_sha256") != b.get("lines_sha256") or n_new != n_old:
+        got = _lines_sha256(b.get("path") or "", n_old)
+        if got is None or got != (a.get("lines_sha256"), n_old):
+            return None
+    if n_new > n_old:
+        notes.append("%d -> %d samples (its first %d dataset lines unchanged)" % (n_old, n_new, n_old))
+    if a.get("path") != b.get("path"):
+        notes.append("dataset at %s (was %s; the same lines)" % (b.get("path"), a.get("path")))
+    elif a.get("size") != b.get("size"):
+        notes.append("dataset of %s bytes (was %s; the lines used are unchanged)" % (b.get("size"), a.get("size")))
+    return {"samples": [n_old, n_new], "notes": notes}
+
+
 def check(output_dir, ident):
     """Can a run of ``ident`` write into ``output_dir``? {"state", "digest", "recorded", "samples",
     "differences", "problem"}: state "new" (no samples there: run.json is written or replaced),
@@ -371,6 +437,10 @@ def check(output_dir, ident):
         out["state"] = "same"
         return out
     out["differences"] = differences(doc["identity"], ident)
+    grown = extends(doc["identity"], ident, output_dir)
+    if grown is not None:        # the same run, grown: resumed, and its run.json rewritten (check_dirs' write)
+        out.update(state="same", grown=grown)
+        return out
     if samples:
         out.update(state="differs", problem="%s holds %d sample file(s) of another run: %s"
                    % (output_dir, samples, "; ".join(out["differences"]) or "run.json's digest differs"))
@@ -408,7 +478,10 @@ def check_dirs(dirs, ident):
     out["samples"] = sum(r["samples"] for r in results)
     if bad is None:
         out["state"] = next((r["state"] for r in results if r["state"] != "same"), "same")
-    out["write"] = [d for d, r in zip(dirs, results) if r["state"] != "same"]
+    out["write"] = [d for d, r in zip(dirs, results) if r["state"] != "same" or r.get("grown")]
+    grown = next((r["grown"] for r in results if r.get("grown")), None)
+    if grown is not None:
+        out["grown"] = grown
     return out
 
 

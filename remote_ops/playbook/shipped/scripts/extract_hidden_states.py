@@ -593,6 +593,8 @@ def check_run_identity(args, out):
         return ident, list(dirs)
     if res["problem"]:
         raise InputError(ri.refusal(res["problem"], by_hand=True))
+    if res.get("grown"):
+        print("the run grows: %s; its run.json is rewritten" % "; ".join(res["grown"]["notes"]), file=out, flush=True)
     return ident, res["write"]
 
 
