@@ -45,15 +45,21 @@ def _run(cmd, timeout=600, **kw):
     return proc
 
 
-@pytest.mark.long
-def test_the_wheel_runs_the_quick_start_from_an_empty_directory(tmp_path):
-    src = _clean_copy(tmp_path / "clone")
-    dist = tmp_path / "dist"
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    """The sdist and the wheel built from a clean copy (once per test process): (clone, sdist, wheel)."""
+    tmp = tmp_path_factory.mktemp("built")
+    src = _clean_copy(tmp / "clone")
+    dist = tmp / "dist"
     # sdist first, then the wheel built FROM the sdist (python -m build's default): the sdist is complete
     proc = _run([sys.executable, "-m", "build", "--no-isolation", "--outdir", dist, src])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    sdist = next(dist.glob("remote_ops-*.tar.gz"))
-    wheel = next(dist.glob("remote_ops-*.whl"))
+    return src, next(dist.glob("remote_ops-*.tar.gz")), next(dist.glob("remote_ops-*.whl"))
+
+
+@pytest.mark.long
+def test_the_wheel_runs_the_quick_start_from_an_empty_directory(tmp_path, built):
+    src, sdist, wheel = built
     assert f"-{__version__}" in wheel.name and f"-{__version__}." in sdist.name
     with tarfile.open(sdist) as t:
         in_sdist = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
@@ -121,3 +127,71 @@ def test_the_wheel_runs_the_quick_start_from_an_empty_directory(tmp_path):
     finally:
         down = ro_run("sandbox", "down", "--purge", "--json")
     assert down.returncode == 0 and json.loads(down.stdout)["stopped"], down.stdout + down.stderr
+
+
+def _tool_env(tmp_path: Path, **extra: str) -> dict:
+    """The environment of a user's shell for an installed tool: no checkout inventory, sandbox, venv or
+    PYTHONPATH of the suite."""
+    env = {k: v for k, v in os.environ.items() if k not in ("REMOTE_OPS_INVENTORY", "REMOTE_OPS_SANDBOX_DIR",
+                                                             "PYTHONPATH", "VIRTUAL_ENV")}
+    env["HOME"] = str(tmp_path / "home")      # nothing of the user's own pipx/uv config or tools
+    (tmp_path / "home").mkdir()
+    env.update(extra)
+    return env
+
+
+def _installer(tmp_path: Path, package: str) -> Path:
+    """A fresh venv holding ``package`` from the package index (pipx or uv, as a user gets them); its bin/."""
+    venv = tmp_path / f"{package}-venv"
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    assert _run([base, "-m", "venv", venv]).returncode == 0
+    proc = _run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check", package])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return venv / "bin"
+
+
+def _installed_tool_runs(ro: Path, home: Path, tmp_path: Path, env: dict) -> None:
+    """--version and playbooks --json from an empty directory: the shipped playbooks are the installed copy's."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    version = _run([ro, "--version"], cwd=empty, env=env)
+    assert version.returncode == 0 and version.stdout.strip() == f"remote-ops {__version__}", \
+        version.stdout + version.stderr
+    proc = _run([ro, "playbooks", "--json"], cwd=empty, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    listed = json.loads(proc.stdout)["playbooks"]
+    assert {r["name"] for r in listed} == {"eagle3-speculators-0.3.0", "eagle3-speculators-0.9.0",
+                                          "eagle3-speculators-0.9.0-no-chunked-prefill"}
+    assert all(r["origin"] == "shipped" and r["path"].startswith(str(home)) for r in listed), listed
+    assert os.listdir(empty) == []
+
+
+@pytest.mark.long
+def test_pipx_installs_the_wheel_as_a_command(tmp_path, built):
+    """README "Install": ``pipx install dist/remote_ops-*.whl`` (pipx from the package index; its
+    home and bin directory in the test's tmp dir)."""
+    _src, _sdist, wheel = built
+    bin_ = _installer(tmp_path, "pipx")
+    home, tool_bin = tmp_path / "pipx-home", tmp_path / "pipx-bin"
+    env = _tool_env(tmp_path, PIPX_HOME=str(home), PIPX_BIN_DIR=str(tool_bin), PIPX_MAN_DIR=str(tmp_path / "pipx-man"),
+                    PATH=f"{bin_}:{os.environ.get('PATH', '')}")
+    proc = _run([bin_ / "pipx", "install", wheel], env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _installed_tool_runs(tool_bin / "remote-ops", home, tmp_path, env)
+
+
+@pytest.mark.long
+def test_uv_tool_installs_the_wheel_as_a_command(tmp_path, built):
+    """README "Install": ``uv tool install dist/remote_ops-*.whl`` (uv from the package index; its tool
+    and bin directories and cache in the test's tmp dir). ``--python`` names this machine's
+    interpreter and Python downloads are off: uv never fetches a Python of its own here."""
+    _src, _sdist, wheel = built
+    bin_ = _installer(tmp_path, "uv")
+    home, tool_bin = tmp_path / "uv-tools", tmp_path / "uv-bin"
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    env = _tool_env(tmp_path, UV_TOOL_DIR=str(home), UV_TOOL_BIN_DIR=str(tool_bin),
+                    UV_CACHE_DIR=str(tmp_path / "uv-cache"), UV_PYTHON_DOWNLOADS="never",
+                    PATH=f"{bin_}:{os.environ.get('PATH', '')}")
+    proc = _run([bin_ / "uv", "tool", "install", "--python", base, wheel], env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _installed_tool_runs(tool_bin / "remote-ops", home, tmp_path, env)
