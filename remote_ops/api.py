@@ -279,7 +279,7 @@ class Inventory(Fleet):
         return results
 
     def gather(self, target: str | None = None, *, to: str, playbook: str | None = None, job: str | None = None,
-               output_dir: str | None = None, host_mode: bool = False,
+               output_dir: str | None = None, host_mode: bool = False, checksum: bool = False,
                on_file: Callable[[str, dict], None] | None = None) -> Results:
         """Copy the union of the hosts' outputs into the local directory ``to`` (``shard.GatherPart``
         per host, ``Results.group`` a ``shard.GatherResult``): every file hashed on its host, read
@@ -292,7 +292,9 @@ class Inventory(Fleet):
         holding files beyond the dataset's size refuse the gather before anything is copied. The host
         names nothing local: every local name is built from a sample index (a listing whose names are
         not exactly sample names, or that lists links, refuses the gather); copies are 0600, or with
-        ``host_mode`` the host's mode capped at 0644."""
+        ``host_mode`` the host's mode capped at 0644. A rerun reads no file twice: the host keeps each
+        file's sha256 by (size, times, inode), and ``--to`` keeps a manifest (``shard.Manifest``) so a
+        file gather wrote and nobody touched is not hashed again unless ``checksum``."""
         from remote_ops.extract import shard as shard_mod
         if not isinstance(to, str) or not to.strip():     # "" would be the current directory
             raise UsageError("gather --to is empty: it names the local directory the outputs are copied into",
@@ -313,10 +315,12 @@ class Inventory(Fleet):
                 if r.ok:
                     r.value = shard_mod.GatherPart(r.host, files=sum(len(d["files"]) for d in r.value))
             return listed
+        manifest = shard_mod.Manifest(dest, checksum)
         results = self.run(target, lambda h, s: shard_mod.copy_part(s, per_host.get(h.name, []), dest,
-                                                                    on_file=on_file, host_mode=host_mode)
+                                                                    on_file=on_file, host_mode=host_mode,
+                                                                    manifest=manifest)
                            if h.name in per_host else _raise(listed[h.name].error))
-        results.group = self._filled(shard_mod.finish(results, g, union_doc, dest), target)
+        results.group = self._filled(shard_mod.finish(results, g, union_doc, dest, manifest), target)
         if results.single and results[0].ok:      # one host's record carries the result as "gathered"
             results[0].value.extra["gathered"] = results.group.to_json()
         return results

@@ -208,3 +208,41 @@ def test_names_are_built_only_from_ints():
     assert layout.index_of("hs_4.safetensors") is None and layout.index_of("hs_4.safetensors", "any") == 4
     assert layout.is_partial(".data_3.pt.77.tmp") and layout.is_partial("hs_3.safetensors.lock")
     assert layout.show("data_\u0661.pt\n\x1b") == "data_\\u0661.pt\\n\\x1b"
+
+
+def test_a_second_gather_reads_no_file_again_unless_asked(tmp_path, sshd, cli, kind):
+    """Issue 49 item 1: the host keeps each file's sha256 by (size, times, inode), --to keeps a manifest:
+    a rerun into a complete destination hashes nothing on either side; a file rewritten on the host is
+    hashed again and copied; one changed in --to is caught by --checksum (and by size or mtime without)."""
+    out, dest = tmp_path / "out", tmp_path / "to"
+    _outputs(out, 4)
+    inv = _inventory(tmp_path, sshd, kind, sys.executable)
+
+    def gather(*extra):
+        status, text, err = cli("gather", "h", "--to", str(dest), "--output-dir", str(out), "-i", inv, "--json", *extra)
+        doc = json.loads(text)
+        return status, doc.get("gathered") or doc["extra"]["gathered"], doc
+    status, g, doc = gather()
+    assert status == 0 and g["copied"] == 4 and g["host_digests"] == {"hashed": 4, "reused": 0}, g
+    assert (dest / ".remote-ops-gather.json").exists()
+    status, g, doc = gather()
+    assert status == 0 and g["copied"] == 0 and g["skipped"] == 4
+    assert g["host_digests"] == {"hashed": 0, "reused": 4} and doc["quick"] == 4, (g, doc)
+    # a sample rewritten on the host (a new inode, as the job writes): hashed again there, copied
+    torch.save(_sample(7), out / "data_1.tmp")
+    os.replace(out / "data_1.tmp", out / "data_1.pt")
+    status, g, doc = gather()
+    assert status == 0 and g["copied"] == 1 and g["host_digests"] == {"hashed": 1, "reused": 3}
+    assert (dest / "data_1.pt").read_bytes() == (out / "data_1.pt").read_bytes()
+    # bytes changed in --to keeping size and mtime: only --checksum reads them
+    target = dest / "data_2.pt"
+    st = target.stat()
+    data = bytearray(target.read_bytes())
+    data[-30] ^= 0xFF
+    with open(target, "r+b") as fh:
+        fh.write(bytes(data))
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    status, g, doc = gather()
+    assert status == 0 and g["copied"] == 0
+    status, g, doc = gather("--checksum")
+    assert status == 0 and g["copied"] == 1 and (dest / "data_2.pt").read_bytes() == (out / "data_2.pt").read_bytes()

@@ -33,6 +33,7 @@ def op_files(args):
     from .outputs.run_identity import output_of
     dirs = output_of(out_dir)      # one output spread over several directories: all of them, as one
     files, subdirs, odd, links, broken = [], [], [], [], []
+    stamps = {}      # path -> [size, mtime_ns, ctime_ns, inode]: what the digest cache is keyed by
     for d in dirs:
         try:
             it = os.scandir(d)
@@ -52,6 +53,7 @@ def op_files(args):
                         continue
                     files.append({"index": i, "name": entry.name, "size": st.st_size, "mode": st.st_mode & 0o777,
                                   **({"dir": d} if d != out_dir else {})})
+                    stamps[os.path.join(d, entry.name)] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
                 elif layout.is_odd(entry.name):
                     odd.append(os.path.join(d, entry.name))
                 elif SHARD_DIR_RE.match(entry.name) and entry.is_dir(follow_symlinks=False) and d == out_dir:
@@ -63,10 +65,22 @@ def op_files(args):
             config_text = fh.read()
     except OSError:
         pass
+    cached, reuse = {}, None
     if args.get("digest"):
-        total = sum(f["size"] for f in files)
-        done, last = 0, time.time()
+        known = _digests_read(out_dir)
+        todo = []
         for f in files:
+            path = os.path.join(f.get("dir") or out_dir, f["name"])
+            k = known.get(path)
+            if isinstance(k, list) and len(k) == 5 and k[:4] == stamps[path]:
+                f["sha256"] = k[4]          # hashed before, unchanged since (size, times, inode)
+                cached[path] = k
+            else:
+                todo.append(f)
+        reuse = {"reused": len(files) - len(todo), "hashed": len(todo)}
+        total = sum(f["size"] for f in todo)
+        done, last = 0, time.time()
+        for f in todo:
             h = hashlib.sha256()
             fd = os.open(os.path.join(f.get("dir") or out_dir, f["name"]), os.O_RDONLY | os.O_NOFOLLOW)
             with os.fdopen(fd, "rb") as fh:
@@ -77,6 +91,10 @@ def op_files(args):
                         last = time.time()
                         yield {"type": "progress", "hashed": done, "of": total}
             f["sha256"] = h.hexdigest()
+            path = os.path.join(f.get("dir") or out_dir, f["name"])
+            cached[path] = stamps[path] + [f["sha256"]]
+        if todo or len(cached) != len(known):
+            _digests_write(out_dir, cached)
     from .job import outputdir
     for d in dirs:
         try:      # a directory from before identities gets one now: one value whichever host name lists it
@@ -89,7 +107,41 @@ def op_files(args):
             "config_text": config_text, "shard_dirs": sorted(subdirs),
             "odd": sorted(odd)[:MAX_LISTED], "odd_count": len(odd), "links": sorted(links)[:MAX_LISTED],
             "links_count": len(links), "broken": broken[:MAX_LISTED], "broken_count": len(broken),
+            **({"digests": reuse} if reuse is not None else {}),
             "identity": ident, "run": run_identity(out_dir), "run_text": _run_text(out_dir)}
+
+
+def _digests_path(out_dir):
+    import hashlib
+    from .core import statedir
+    key = hashlib.sha256(os.path.realpath(out_dir).encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    return os.path.join(statedir.private_dir("digests"), key + ".json")
+
+
+def _digests_read(out_dir):
+    """The sha256 this host computed before for the files of ``out_dir``: {path: [size, mtime_ns,
+    ctime_ns, inode, sha256]} (kept in the agent's private state directory; a job's atomic writes give
+    a rewritten file another inode and ctime, so an entry that still matches is the same bytes)."""
+    import json
+    try:
+        with open(_digests_path(out_dir), encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _digests_write(out_dir, entries):
+    import json
+    try:
+        path = _digests_path(out_dir)
+        tmp = "%s.%d.tmp" % (path, os.getpid())
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(entries, fh, separators=(",", ":"))
+        os.replace(tmp, path)
+    except OSError:
+        pass        # a read-only state directory: the next gather hashes again
 
 
 def _run_text(out_dir):

@@ -11,6 +11,8 @@ FLAGS = {
     "job": "gather this job's outputs",
     "output_dir": "gather this directory of each host instead",
     "host_mode": "give each copy its host file's mode, capped at 0644 (default: 0600)",
+    "checksum": ("hash every file already in --to (default: a file gather wrote and nobody touched since, by "
+                 "size, mtime and inode in its manifest, is taken as it is)"),
 }
 
 

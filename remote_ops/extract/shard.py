@@ -270,6 +270,11 @@ class ShardUnion(Coverage):
     extra: dict = field(default_factory=dict)
 
 
+def _shlex_quote(word: str) -> str:
+    import shlex
+    return shlex.quote(word)
+
+
 def _where(p: dict) -> str:
     return f"{p['host']}:{p['output_dir']}"
 
@@ -402,7 +407,8 @@ def union(parts: list[dict], unreachable: list[str] = ()) -> ShardUnion:
                 u.missing_by_shard.append({"shard": [k, n], "missing": c, "held_by": held})
                 problems.append(f"shard {k}/{n}: {c} sample(s) missing" + (
                     f" on {', '.join(held)} (resume: remote-ops extract GROUP --shard)" if held else
-                    f"; no reachable host holds it (move it: remote-ops extract HOST --shard {k}/{n})"))
+                    f"; no reachable host holds it (move it to one that answers, e.g. remote-ops extract "
+                    f"{_shlex_quote(min(p['host'] for p in parts)) if parts else 'HOST'} --shard {k}/{n})"))
     else:
         problems.append("no data_config.json gives the dataset's size: completeness not checked")
     for p in parts:
@@ -572,6 +578,7 @@ def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, 
                  shard=_facts(_config(d.get("config_text")))["shard"])
             for host in sorted(listings) for d in listings[host]]
     refused = [f"{d['host']}:{layout.show(d['output_dir'])}: {why}" for d in dirs for why in d.get("refused") or []]
+    refusing = sorted({d["host"] for d in dirs if d.get("refused")})
     dirs, same = distinct_dirs(dirs)
     run = union_run(dirs)
     holders: dict[int, list[dict]] = {}
@@ -613,10 +620,14 @@ def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, 
                                 "dropped": f"{d['host']}:{other['path']}", "why": why,
                                 "same_bytes": other["sha256"] == chosen[i]["sha256"]})
     g.conflicts, g.dropped, g.beyond = conflicts[:50], dropped, beyond
+    digests = [d["digests"] for d in dirs if isinstance(d.get("digests"), dict)]
+    if digests:       # how many files the hosts hashed now, and how many digests they kept from before
+        g.extra["host_digests"] = {k: sum(int(x.get(k) or 0) for x in digests) for k in ("hashed", "reused")}
     if refused:
         g.problems.append(f"{len(refused)} part(s) of the hosts' listings break the rule for sample files "
-                          "(data_<N>.pt exactly, regular files, whole): nothing copied; look at those files on the "
-                          "host (remote-ops verify HOST names them), fix or move them away, and gather again")
+                          "(data_<N>.pt exactly, regular files, whole): nothing copied; look at those files ("
+                          + "; ".join(f"remote-ops verify {_shlex_quote(h)} names them" for h in refusing)
+                          + "), fix or move them away, and gather again")
         g.problems += refused[:20]
     if conflicts:
         c = conflicts[0]
@@ -726,9 +737,50 @@ def _union_run(dirs: list[dict], run: str | None) -> dict | None:
     return None
 
 
-def _held(dfd: int, name: str, it: dict) -> bool:
+class Manifest:
+    """What a gather wrote into ``--to``: ``.remote-ops-gather.json`` beside the files, one entry per
+    sample (size, sha256, the file's mtime and inode as gather left it, its source). A rerun takes a
+    destination file whose size, mtime and inode are still the entry's, and whose entry's sha256 is the
+    host's, as already there without reading it (rsync's quick check); ``checksum`` hashes every one."""
+
+    NAME = ".remote-ops-gather.json"
+
+    def __init__(self, to: str, checksum: bool = False):
+        import threading
+        self.to, self.checksum, self.lock = to, checksum, threading.Lock()
+        self.entries: dict[str, list] = {}
+        try:
+            fd = os.open(os.path.join(to, self.NAME), os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, encoding="utf-8") as fh:
+                doc = json.load(fh)
+            if isinstance(doc, dict) and isinstance(doc.get("files"), dict):
+                self.entries = doc["files"]
+        except (OSError, ValueError):
+            pass
+        self.changed = False
+
+    def quick(self, name: str, st, it: dict) -> bool:
+        e = self.entries.get(name)
+        return (not self.checksum and isinstance(e, list) and len(e) >= 4
+                and e[:4] == [st.st_size, st.st_mtime_ns, st.st_ino, it["sha256"]])
+
+    def add(self, name: str, st, it: dict, source: str) -> None:
+        with self.lock:
+            self.entries[name] = [st.st_size, st.st_mtime_ns, st.st_ino, it["sha256"], source]
+            self.changed = True
+
+    def save(self) -> None:
+        if self.changed:
+            present = set(local_samples(self.to).values())
+            _write_json(self.to, self.NAME, {"format": "remote-ops-gather/1",
+                                             "files": {k: v for k, v in self.entries.items() if k in present}},
+                        separators=(",", ":"))
+
+
+def _held(dfd: int, name: str, it: dict, manifest: Manifest | None = None, source: str = "") -> bool:
     """``name`` in the destination (opened as ``dfd``) is a regular file of the host's size and sha256
-    (never through a link: a link there is not the file, and the copy replaces it)."""
+    (never through a link: a link there is not the file, and the copy replaces it); the manifest's
+    quick check (size, mtime, inode, recorded sha256) answers without reading it."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
     except OSError:
@@ -737,15 +789,22 @@ def _held(dfd: int, name: str, it: dict) -> bool:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size != it["size"]:
             return False
+        if manifest is not None and manifest.quick(name, st, it):
+            return "quick"
         h = hashlib.sha256()
         for chunk in iter(lambda: os.read(fd, 1 << 20), b""):
             h.update(chunk)
-        return h.hexdigest() == it["sha256"]
+        if h.hexdigest() != it["sha256"]:
+            return False
+        if manifest is not None:
+            manifest.add(name, st, it, source)
+        return "hashed"
     finally:
         os.close(fd)
 
 
-def copy_part(session, items: list[dict], to: str, *, on_file=None, host_mode: bool = False) -> GatherPart:
+def copy_part(session, items: list[dict], to: str, *, on_file=None, host_mode: bool = False,
+              manifest: Manifest | None = None) -> GatherPart:
     """Copy ``items`` (plan's, this host's) into ``to``: a file already there with the host's sha256
     is kept; else it is read over SFTP (a regular file only: ``open_sample``) into a fresh temporary
     (``mkstemp``: 0600, never through a pre-made link) in ``to``, hashed while it arrives, fsynced and
@@ -759,8 +818,11 @@ def copy_part(session, items: list[dict], to: str, *, on_file=None, host_mode: b
     try:
         for it in items:
             name = layout.name(int(it["index"]))
-            if _held(dfd, name, it):
+            held = _held(dfd, name, it, manifest, f"{host.name}:{it['path']}")
+            if held:
                 part.skipped += 1
+                if held == "quick":
+                    part.extra["quick"] = part.extra.get("quick", 0) + 1
                 continue
             fd, tmp_path = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=to)
             tmp = os.path.basename(tmp_path)
@@ -778,6 +840,9 @@ def copy_part(session, items: list[dict], to: str, *, on_file=None, host_mode: b
                     raise OSError(f"sha256 {h.hexdigest()[:12]} of the copy differs from the host's "
                                   f"{it['sha256'][:12]} (changed while copying?)")
                 os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+                if manifest is not None:
+                    manifest.add(name, os.stat(name, dir_fd=dfd, follow_symlinks=False), it,
+                                 f"{host.name}:{it['path']}")
             except OSError as exc:
                 try:
                     os.unlink(tmp, dir_fd=dfd)
@@ -796,8 +861,11 @@ def copy_part(session, items: list[dict], to: str, *, on_file=None, host_mode: b
     return part
 
 
-def finish(results, g: GatherResult, union_doc: dict | None, to: str) -> GatherResult:
-    """After the copies: data_config.json of the union (tmp + rename), and what the directory holds."""
+def finish(results, g: GatherResult, union_doc: dict | None, to: str, manifest: Manifest | None = None) -> GatherResult:
+    """After the copies: data_config.json of the union (tmp + rename), the gather's manifest, and what
+    the directory holds."""
+    if manifest is not None:
+        manifest.save()
     for r in results:
         if r.ok:
             g.add(r.value)
