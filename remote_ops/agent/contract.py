@@ -122,10 +122,12 @@ OPS = {o.name: o for o in (
        "can the job's interpreter import the job's modules (and the library module of the model's class)"),
     Op("dataset.check", ("path", "workdir", "max_samples", "budget"),
        "the job's dataset read as the job reads it (bounded in time)", resident=True),
-    Op("jobs.probe", ("key", "output_dir", "output_dirs", "need", "port", "layout", "identity", "speed"),
+    Op("jobs.probe", ("key", "output_dir", "output_dirs", "need", "port", "layout", "identity", "speed", "prepared"),
        "running job, free disk, the job's disk need (and a server's port), the run identity against the "
        "output dir's run.json (output_dirs: several, in order, output_dir the first), the output disk's write "
-       "speed (cached per filesystem; speed: {refresh}), before a launch", resident=True),
+       "speed (cached per filesystem; speed: {refresh}), the server flow's prepared data against the server's "
+       "max_model_len (prepared: {command, workdir, python, env, max_samples, max_model_len}), before a launch",
+       resident=True),
     Op("jobs.launch", ("key", "command", "workdir", "env", "secrets", "output_dir", "output_dirs", "expected_samples",
                        "watchdog_seconds", "cleanup_grace", "playbook", "lock_timeout", "start_timeout",
                        "server", "layout", "shard", "identity", "overwrite", "plan"),

@@ -172,6 +172,8 @@ def op_probe(args):
                                                          size=min(diskspeed.TEST_BYTES, out["disk"]["free_bytes"] // 10))
         if args.get("identity"):
             out["identity"] = identity_check(args["identity"], dirs)
+    if args.get("prepared"):
+        out["prepared"] = prepared_check(args["prepared"])
     return out
 
 
@@ -242,20 +244,64 @@ def job_identity(req):
         for key, value in _server_inputs(req.get("server_command") or [], req.get("fallback") or {}).items():
             if inputs.get(key) is None and value not in (None, ""):
                 inputs[key] = value
-        if inputs.get("dataset") and os.path.isdir(os.path.join(workdir, os.path.expanduser(inputs["dataset"]))):
-            inputs["dataset"] = None       # a prepared (Arrow) dataset directory: no lines to hash
     python = req.get("python") or sys.executable
     env = dict(os.environ)
     env.update(req.get("env") or {})
     env.pop(sup.MARKER, None)
+    prepared = None
+    if req.get("flow") == "server":
+        # the server refuses a row of max_model_len tokens or more and never cuts one: max_model_len changes
+        # no file it writes, so raising it (the fix for refused rows) resumes the same run
+        inputs["max_model_len"] = None
+        prepared = prepared_path(command, inputs.get("dataset"), workdir)
+        if prepared is not None:      # an Arrow directory (prepare-data): hashed by its data files
+            inputs["dataset"] = None
     try:
         proc = subprocess.run([python, "-c", ri.VERSIONS_CODE, json.dumps(list(ri.PACKAGES))], cwd=workdir,
                               env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
         versions = json.loads(proc.stdout.strip().splitlines()[-1])
     except (OSError, ValueError, IndexError, subprocess.SubprocessError) as exc:
         raise ri.IdentityError("cannot read the package versions of %s: %s" % (python, exc)) from None
-    return ri.identity(inputs, cwd=workdir, flow=req.get("flow") or "generator", playbook=req.get("playbook"),
-                       versions=versions)
+    ident = ri.identity(inputs, cwd=workdir, flow=req.get("flow") or "generator", playbook=req.get("playbook"),
+                        versions=versions)
+    if prepared is not None:
+        from .outputs import prepared as prep
+        try:
+            ident["dataset"] = prep.facts(prepared, python, env)
+        except OSError as exc:
+            raise ri.IdentityError("cannot read the prepared data %s: %s" % (prepared, exc.strerror or exc)) from None
+    return ident
+
+
+def prepared_path(command, dataset, workdir):
+    """The server flow's prepared data directory (the client's ``--preprocessed-data``, else the
+    identity's dataset) as an absolute real path, when it is one that ``save_to_disk`` wrote; else None."""
+    from .outputs import prepared as prep
+    from .outputs import run_identity as ri
+    path = ri.command_inputs([w.replace("--preprocessed-data", "--dataset", 1) if w.startswith("--preprocessed-data")
+                              else w for w in command]).get("dataset") or dataset
+    if not path:
+        return None
+    full = os.path.realpath(os.path.join(workdir, os.path.expanduser(path)))
+    return full if os.path.isdir(full) and prep.is_prepared(full) else None
+
+
+def prepared_check(req):
+    """The preflight's reading of the server flow's prepared data ({command, workdir, python, env,
+    max_samples, max_model_len}): outputs/prepared.py long_rows, with the path; None when the client's
+    data is not an Arrow directory."""
+    from .outputs import prepared as prep
+    workdir = os.path.realpath(os.path.expanduser(req.get("workdir") or "~"))
+    path = prepared_path(req.get("command") or [], None, workdir)
+    if path is None:
+        return None
+    env = dict(os.environ)
+    env.update(req.get("env") or {})
+    env.pop(sup.MARKER, None)
+    out = prep.long_rows(path, req.get("python") or sys.executable, env, req.get("max_model_len"),
+                         req.get("max_samples"))
+    out["path"] = path
+    return out
 
 
 
@@ -432,8 +478,9 @@ def _start(args, job_id, jobdir, key, name, command, workdir, env, secret_values
     with os.fdopen(fd, "w") as fh:
         fh.write(_module_source(sup))
     from .outputs import layout
-    for mod, fname in ((diskspeed, "diskspeed.py"), (layout, "layout.py")):
-        # beside the supervisor: diskspeed imported when the job ends, layout to count its samples
+    from .job import refused
+    for mod, fname in ((diskspeed, "diskspeed.py"), (layout, "layout.py"), (refused, "refused.py")):
+        # beside the supervisor: diskspeed and refused imported when the job ends, layout to count its samples
         fd = os.open(os.path.join(jobdir, fname), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(_module_source(mod))

@@ -51,10 +51,13 @@ def render(c, host, r) -> None:
     """One host's verify record for people. File names, paths and problems come from the host: each
     line goes out as ``termsafe.text``, escaped, never markup."""
     exp = f" of {r['expected']} expected" if r.get("expected") else ""
+    from remote_ops.agent.outputs import layout
+    kind = r.get("layout") or layout.DEFAULT          # the flow's file names (agent/outputs/layout.py)
+    files = "%s_<N>.%s" % layout.LAYOUTS[kind]
     where = " + ".join(map(str, r.get("output_dirs") or [r["output_dir"]]))   # an output spread over several disks
-    head = f"{host}: {r['files']} data_<N>.pt files{exp} in {where}; loaded {r['checked']} ({r['mode']})"
+    head = f"{host}: {r['files']} {files} files{exp} in {where}; loaded {r['checked']} ({r['mode']})"
     if r.get("shard_dirs"):      # only shard subdirectories: each is a part of the union below
-        c.print(text(f"{host}: {r['files']} data_<N>.pt files in {len(r['shard_dirs'])} shard dir(s) of "
+        c.print(text(f"{host}: {r['files']} {files} files in {len(r['shard_dirs'])} shard dir(s) of "
                      f"{r['output_dir']}: {', '.join(map(str, r['shard_dirs']))}", "green" if r["ok"] else "red"))
         return
     c.print(text(head, "green" if r["ok"] else "red"))
@@ -71,9 +74,9 @@ def render(c, host, r) -> None:
                                   if cut else "") + "a whole file that does not load: move it away, then extract "
                      "again (the resume writes every missing sample)"), highlight=False)
     for i in r["inconsistent"]:
-        c.print(text(f"  inconsistent: data_{i['index']}.pt {i['problem']}"), highlight=False)
+        c.print(text(f"  inconsistent: {layout.name(i['index'], kind)} {i['problem']}"), highlight=False)
     for n in r["non_finite"]:
-        c.print(text(f"  NaN/inf: data_{n['index']}.pt {n['problem']}"), highlight=False)
+        c.print(text(f"  NaN/inf: {layout.name(n['index'], kind)} {n['problem']}"), highlight=False)
     for p in r.get("config_problems") or []:
         c.print(text(f"  data_config.json: {p}"), highlight=False)
     for p in r.get("name_problems") or []:      # odd names and links (agent/outputs/layout.py's rule)
@@ -83,16 +86,18 @@ def render(c, host, r) -> None:
         c.print(text(f"  run identity: {p}"), highlight=False)
     if ident.get("recorded"):
         c.print(text(f"  run identity {str(ident.get('digest'))[:12]} (run.json): token ids of "
-                     f"{ident.get('ids_compared')} file(s) compared with their dataset lines, "
+                     f"{ident.get('ids_compared')} file(s) compared with their "
+                     f"{'prepared data rows' if ((ident.get('identity') or {}).get('dataset') or {}).get('format') == 'arrow' else 'dataset lines'}, "
                      f"{ident.get('ids_differ')} differ"), highlight=False)
     if r.get("temporaries"):
         c.print(text(f"  note: {len(r['temporaries'])} unfinished temporary file(s) such as {r['temporaries'][0]} "
                      "(a run stopped while writing; the next run removes them)"), highlight=False)
-    if not r.get("data_config"):
+    if not r.get("data_config") and kind == layout.DEFAULT:     # the server flow writes none
         c.print(text("  note: no data_config.json"))
     elif r.get("layers_hidden"):
         cfg = r.get("config") or {}
         shapes = ", ".join(f"{lay} layers x {hid}" for lay, hid in r["layers_hidden"])
-        c.print(text(f"  layout: {shapes} (data_config.json: {cfg.get('layers')} layers x {cfg.get('hidden')})"))
+        c.print(text(f"  layout: {shapes}" + (f" (data_config.json: {cfg.get('layers')} layers x {cfg.get('hidden')})"
+                                               if kind == layout.DEFAULT else "")))
     if r["ok"]:
         c.print(text("  outputs look complete and consistent", "green"))

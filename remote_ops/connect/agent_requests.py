@@ -100,9 +100,9 @@ def dataset_check(*, path: str, workdir: str | None = _UNSET, max_samples: int |
 # jobs.py
 def jobs_probe(*, key: str, output_dir: str | None, need: dict | None = None, port: int | None = _UNSET,
                layout: str | None = _UNSET, identity: dict | None = _UNSET, speed: dict | None = _UNSET,
-               output_dirs: list | None = _UNSET) -> Request:
+               output_dirs: list | None = _UNSET, prepared: dict | None = _UNSET) -> Request:
     return _req("jobs.probe", key=key, output_dir=output_dir, need=need if need else _UNSET, port=port, layout=layout,
-                identity=identity, speed=speed, output_dirs=output_dirs)
+                identity=identity, speed=speed, output_dirs=output_dirs, prepared=prepared)
 
 
 def jobs_launch(*, key: str, command: list[str], workdir: str | None, env: dict, secrets: dict,

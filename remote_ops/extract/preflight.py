@@ -16,6 +16,7 @@ from pathlib import Path
 from remote_ops.connect import agent_requests as rq
 from remote_ops.errors import Exit, RefusedError
 from remote_ops.extract.extract_spec import ExtractSpec, assignment_changed, secret_path
+from remote_ops.extract import prepared as _prepared
 from remote_ops.units import human_bytes
 
 
@@ -231,6 +232,8 @@ class RunningJob(Part):
             args["identity"] = ident_req
         if spec.output_dir and spec.disk:     # the launch plan's disk speed (agent/job/diskspeed.py)
             args["speed"] = {"refresh": c.remeasure_disk}
+        if (prep := _prepared.request(spec)) is not None:     # the server flow's Arrow data vs max_model_len
+            args["prepared"] = prep
         return {"probe": rq.jobs_probe(key=spec.key, output_dir=spec.output_dir, need=need, **args)}
 
     def read(self, c, pf, raw):
@@ -627,7 +630,7 @@ class ServerKey(Part):
 
 # In the order they are read (their requests all go in one round trip).
 PARTS = (RunningJob(), GpuQuery(), Files(), CallSites(), Gpus(), Disk(), LaunchPlan(), Identity(), Port(), Dataset(),
-         ServerModel(), ServerKey(), Imports(), Requires(), InstalledRanges(), Coverage())
+         _prepared.PreparedData(), ServerModel(), ServerKey(), Imports(), Requires(), InstalledRanges(), Coverage())
 
 
 def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False, dry_run: bool = False,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# remote-ops: STAND-IN client for `speculators generate-offline-data` (speculators 0.9.0): JSONL dataset, stdlib HTTP
+# remote-ops: STAND-IN client for `speculators generate-offline-data` (speculators 0.9.0): prepared Arrow data, stdlib HTTP
 """STAND-IN for ``speculators generate-offline-data`` of speculators 0.9.0
 (``speculators/cli/generate_offline_data.py`` with ``data_generation/vllm_client.py`` and
 ``data_generation/offline.py``), the client half of the server flow. Stdlib only.
@@ -18,8 +18,8 @@ requests at a time.
 
 What differs: it sends ``$OPENAI_API_KEY``, when set, as its bearer key (what an openai client given
 no ``api_key`` sends), so a test can run the flow with ``extract.server.api_key``; the real client
-passes ``api_key="EMPTY"`` and cannot. The dataset is a JSONL file of ``{"input_ids": [...]}`` lines (the real one reads the
-Arrow dataset ``speculators prepare-data`` saved, with the ``datasets`` package); the chat API for
+passes ``api_key="EMPTY"`` and cannot. It reads the Arrow directory ``speculators prepare-data`` saves with
+pyarrow (the real one with ``datasets.load_from_disk``; a JSONL file of ``{"input_ids": [...]}`` lines too); the chat API for
 multimodal rows, ``--validate-outputs``, ``--world-size``/``--rank`` are not implemented. It imports
 neither speculators nor openai (the sandbox's interpreter has neither); the real client runs only on
 a GPU host (benchmarks/gpu_server_check.py).
@@ -38,7 +38,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 STANDIN_LINE = ("STAND-IN: stdlib client doing what speculators 0.9.0's generate-offline-data does against the "
-                "server (JSONL dataset instead of an Arrow one; no speculators, no openai)")
+                "server (the prepared Arrow data read with pyarrow; no speculators, no openai)")
 RETRY_BACKOFF_BASE = 2
 
 
@@ -53,8 +53,13 @@ def http_json(url, body=None, timeout=120):
     if key:   # what the openai client sends when it is not given api_key itself
         headers["Authorization"] = "Bearer " + key
     req = urllib.request.Request(url, data=data, headers=headers, method="GET" if body is None else "POST")
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read())
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:   # the answer's body in the message, as openai's APIStatusError
+        body = exc.read().decode("utf-8", "replace")[:500]
+        raise urllib.error.HTTPError(exc.url, exc.code, "Error code: %d - %s" % (exc.code, body), exc.headers,
+                                     None) from None
 
 
 def header_ok(path):
@@ -72,6 +77,27 @@ def header_ok(path):
         return 8 + n + end == size
     except (OSError, ValueError, struct.error, KeyError, TypeError):
         return False
+
+
+def read_rows(path):
+    """The rows' input_ids: the Arrow directory ``speculators prepare-data`` saves (``save_to_disk``:
+    state.json's data files, Arrow IPC streams, read with pyarrow as the real client's
+    ``datasets.load_from_disk`` does), or a JSONL file of {"input_ids": [...]} lines."""
+    if not os.path.isdir(path):
+        with open(path) as fh:
+            return [json.loads(line)["input_ids"] for line in fh if line.strip()]
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+    try:
+        with open(os.path.join(path, "state.json")) as fh:
+            names = [f["filename"] for f in json.load(fh)["_data_files"]]
+    except (OSError, ValueError, KeyError):
+        names = sorted(n for n in os.listdir(path) if n.endswith(".arrow"))
+    rows = []
+    for name in names:
+        with pa.memory_map(os.path.join(path, name)) as src:
+            rows.extend(ipc.open_stream(src).read_all().column("input_ids").to_pylist())
+    return rows
 
 
 def existing_indices(output):
@@ -131,7 +157,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)
     ap.add_argument("--endpoint", default="http://localhost:8000/v1")
-    ap.add_argument("--preprocessed-data", required=True, help="STAND-IN: a JSONL file of {\"input_ids\": [...]}")
+    ap.add_argument("--preprocessed-data", required=True, help="prepare-data's Arrow directory (or a JSONL file)")
     ap.add_argument("--output", required=True)
     ap.add_argument("--max-samples", type=int, default=None)
     ap.add_argument("--concurrency", type=int, default=4)
@@ -141,8 +167,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     print(STANDIN_LINE, flush=True)
     print("EAGLE Offline Data Generation", flush=True)
-    with open(args.preprocessed_data) as fh:
-        rows = [json.loads(line)["input_ids"] for line in fh if line.strip()]
+    rows = read_rows(args.preprocessed_data)
     os.makedirs(args.output, exist_ok=True)
     existing = existing_indices(args.output)
     corrupt = [i for i in existing if not header_ok(os.path.join(args.output, "hs_%d.safetensors" % i))]
@@ -168,7 +193,7 @@ def main(argv=None):
     except ImportError:
         bar = None
     lock = threading.Lock()
-    stats = {"ok": 0, "errors": 0, "consecutive": 0, "abort": None}
+    stats = {"ok": 0, "errors": 0, "consecutive": 0, "abort": None, "skipped": []}
 
     def one(i):
         if stats["abort"]:
@@ -188,6 +213,7 @@ def main(argv=None):
             print("WARNING Skipping sample %d due to error: %s" % (i, exc), file=sys.stderr, flush=True)
             with lock:
                 stats["errors"] += 1
+                stats["skipped"].append(i)
                 stats["consecutive"] += 1
                 if stats["consecutive"] >= args.concurrency:
                     stats["abort"] = ("Aborting: %d consecutive samples errored out. The vLLM server may be "
@@ -205,8 +231,9 @@ def main(argv=None):
         print("ERROR Data generation failed\nRuntimeError: %s" % stats["abort"], flush=True)
         return 1
     print("Saved %d new data points to %s" % (stats["ok"], args.output), flush=True)
-    if stats["errors"]:
-        print("WARNING Skipped %d samples due to errors" % stats["errors"], flush=True)
+    if stats["skipped"]:
+        print("WARNING Skipped %d samples due to errors: %s" % (len(stats["skipped"]), sorted(stats["skipped"])),
+              flush=True)
     print("Data generation complete!", flush=True)
     return 0
 

@@ -147,7 +147,11 @@ def handler(state):
             if req.get("model") != args.model:
                 return self.send(404, {"error": {"message": "The model `%s` does not exist." % req.get("model"),
                                                  "code": 404}})
-            if len(prompt) >= args.max_model_len:
+            if len(prompt) >= args.max_model_len:    # vLLM logs the refusal, then answers 400
+                print("ERROR %s [serving.py] Error in preprocessing prompt inputs\nvllm.exceptions.VLLMValidationError: "
+                      "This model's maximum context length is %d tokens. However, your request has %d input tokens. "
+                      "(parameter=input_tokens, value=%d)" % (time.strftime("%m-%d %H:%M:%S"), args.max_model_len,
+                                                              len(prompt), len(prompt)), flush=True)
                 return self.send(400, {"error": {"message": "This model's maximum context length is %d tokens"
                                                  % args.max_model_len, "code": 400}})
             req_id = "cmpl-%s-0" % uuid.uuid4().hex

@@ -258,6 +258,12 @@ def job_status(job_id):
                                              else job.get("log"))
             if out["error_lines"] and state == "failed":
                 reason += ": " + out["error_lines"][-1].strip()
+        if ext.get("refused") and not ext["refused"].get("unread"):     # requests refused: job/refused.py
+            out["refused"] = ext["refused"]
+            if state == "succeeded":
+                from . import refused
+                state, reason = "failed", refused.reason(ext["refused"])
+                out["error_lines"] = list(ext["refused"].get("reasons") or [])
     elif held:
         state, reason = ("running" if run else "starting"), None
     elif run and _pid_alive(run.get("pid"), run.get("start_ticks")):
@@ -314,6 +320,11 @@ def job_status(job_id):
     out["elapsed_s"] = round(elapsed, 1) if elapsed is not None else None
     out["rate_per_s"] = round(new / elapsed, 3) if elapsed and elapsed > 0 and new > 0 else None
     out.update(_tokens(last_progress(job.get("log")), state, t))
+    if out["tokens"] is None and job.get("layout") == "hs_safetensors" and dirs:   # no progress lines: the files'
+        from ..outputs import layout as layout_mod, prepared
+        tokens, new_tokens = prepared.tokens_in(dirs, layout_mod, since=start)
+        out["tokens"] = {"done": tokens, "total": None, "at": t, "from": "token_ids of the files"}
+        out["tokens_per_s"] = round(new_tokens / elapsed, 1) if elapsed and elapsed > 0 and new_tokens else None
     if job.get("output_dir"):
         out["write"] = write_rate((job.get("plan") or {}).get("bytes_per_token"), out["tokens_per_s"],
                                   job["output_dir"])

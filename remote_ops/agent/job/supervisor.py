@@ -357,6 +357,11 @@ class Supervisor:
             # returns on the recorded exit finds the server's GPU memory released
             log_line(log_fd, "client %s" % describe_rc(rc))
             exit_rec["server"] = self.server.stop()
+            try:      # requests the server refused and the client skipped: never "succeeded" (job/refused.py)
+                exit_rec["refused"] = _sibling("refused").scan(log_path, self.log_start)
+            except Exception as exc:     # noqa: BLE001 (reading the log must not lose the job's end)
+                exit_rec["refused"] = {"count": 0, "indexes": [], "reasons": ["log not read: %s" % exc],
+                                       "server_refusals": 0, "unread": True}
         write_json(self.path("exit.json"), exit_rec)
         log_line(log_fd, "job %s ended: %s" % (
             self.job_id, "exit code %d" % rc if rc >= 0 else "killed by %s" % exit_rec["signal_name"]))

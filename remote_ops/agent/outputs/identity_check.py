@@ -91,14 +91,39 @@ class IdentityCheck:
         mml = ident.get("max_model_len")
         self.limit = mml - 1 if isinstance(mml, int) and not isinstance(mml, bool) else None
         ds = ident.get("dataset")
-        if isinstance(ds, dict) and ds.get("path"):
+        self.rows = {}
+        if isinstance(ds, dict) and ds.get("format") == "arrow" and ds.get("path"):
+            self._arrow(ds, chosen)
+        elif isinstance(ds, dict) and ds.get("path"):
             sha, self.lines, err = _lines(ds, set(chosen))
             if err:
                 self.problems.append(err)
             elif sha != ds.get("lines_sha256"):
                 self.problems.append("dataset %s changed since the run: its first %d lines hash to %s, run.json "
                                      "records %s" % (ds["path"], ds["samples"], sha[:12], str(ds.get("lines_sha256"))[:12]))
-        self.samples = ds.get("samples") if isinstance(ds, dict) else None
+        self.samples = (ds.get("rows") if ds.get("format") == "arrow" else ds.get("samples")) \
+            if isinstance(ds, dict) else None
+
+    def _arrow(self, ds, chosen):
+        """The server flow's prepared data (outputs/prepared.py): its data files hash as recorded, and
+        each chosen row's token ids (length and sha256, read by this interpreter) for ``check``."""
+        import sys
+        from . import prepared
+        try:
+            sha = prepared.files_sha256(ds["path"])
+        except OSError as exc:
+            self.problems.append("cannot read the prepared data %s: %s" % (ds["path"], exc.strerror or exc))
+            return
+        if sha != ds.get("sha256"):
+            self.problems.append("prepared data %s changed since the run: its data files hash to %s, run.json "
+                                 "records %s (run extract again with --overwrite, or into a new output_dir)"
+                                 % (ds["path"], sha[:12], str(ds.get("sha256"))[:12]))
+            return
+        doc = prepared.read(ds["path"], sys.executable, ids=list(chosen))
+        if doc.get("error"):
+            self.problems.append("token ids not compared with the prepared data %s: %s" % (ds["path"], doc["error"]))
+            return
+        self.rows = {int(k): v for k, v in (doc.get("row_sha") or {}).items()}
 
     def check(self, index, ids, layers, hidden):
         """Problems of the file of sample ``index``: ``ids`` (its token ids, a list), ``layers`` and
@@ -113,6 +138,15 @@ class IdentityCheck:
                        % (layers, self.layers, json.dumps(self.ident.get("layer_ids"), separators=(",", ":"))))
         if self.hidden is not None and hidden is not None and hidden != self.hidden:
             out.append("hidden size %d; the run's is %d" % (hidden, self.hidden))
+        if index in self.rows and ids is not None:
+            import hashlib
+            import struct
+            self.compared += 1
+            n, want = self.rows[index]
+            if [len(ids), hashlib.sha256(struct.pack("<%dq" % len(ids), *ids)).hexdigest()] != [n, want]:
+                self.mismatched.append(index)
+                out.append("token ids differ from prepared data row %d (%d tokens in the file, %d in the row)"
+                           % (index, len(ids), n))
         if index in self.lines and ids is not None:
             want = self.lines[index]
             if want is None:

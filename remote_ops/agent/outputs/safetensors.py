@@ -138,6 +138,10 @@ def verify(args):
     from .identity_check import nothing_to_verify
     nothing_to_verify(out_dir, indexes, "hs_<N>.safetensors")
     top = max(indexes) if indexes else -1
+    from .prepared import recorded_rows
+    rows = recorded_rows(out_dir)        # the run's prepared data holds fewer rows than max_samples
+    if rows is not None and (not expected or int(expected) > rows):
+        expected = rows
     upper = max(top + 1, int(expected) if expected else 0)
     missing = [i for i in range(upper) if i not in indexes]
     gaps = [i for i in missing if i < top]
