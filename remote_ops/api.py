@@ -115,21 +115,26 @@ class Inventory(Fleet):
 
     # ------------------------------------------------------------------ patch, rollback, history
     def patch(self, target: str | None = None, *, playbook: str | None = None, dry_run: bool = False,
-              import_check: bool = False, allow_findings: bool = False,
+              import_check: bool = False, allow_findings: bool = False, while_running: bool = False,
               confirm: Callable[[Any], bool] | None = None) -> Results:
         """Read, compute and validate locally, then one atomic journaled transaction per host; a rerun
         changes nothing (``patching.PatchResult``; ``verification.line`` says what was verified).
-        ``confirm(plan) -> bool`` is asked before a host is written (None: no question)."""
+        ``confirm(plan) -> bool`` is asked before a host is written (None: no question). A host where a
+        job of that interpreter runs is refused (nothing written) unless ``while_running``."""
         from remote_ops.patch import patching
         books = self.host_playbooks(target, playbook)
         return self.run(target, lambda h, s: patching.patch(s, books[h.name], dry_run=dry_run,
                                                              import_check=import_check,
-                                                             allow_findings=allow_findings, confirm=confirm))
+                                                             allow_findings=allow_findings, confirm=confirm,
+                                                             while_running=while_running))
 
-    def rollback(self, target: str | None = None, *, to: str | None = None, force: bool = False) -> Results:
-        """The exact bytes from before the last (or ``to``) patch (``patching.RollbackResult``)."""
+    def rollback(self, target: str | None = None, *, to: str | None = None, force: bool = False,
+                 while_running: bool = False) -> Results:
+        """The exact bytes from before the last (or ``to``) patch (``patching.RollbackResult``).
+        ``force``: restore a file changed since the patch too; ``while_running``: even while a job of
+        the host's interpreter runs (refused otherwise, nothing written)."""
         from remote_ops.patch import patching
-        return self.run(target, lambda h, s: patching.rollback(s, to=to, force=force))
+        return self.run(target, lambda h, s: patching.rollback(s, to=to, force=force, while_running=while_running))
 
     def history(self, target: str | None = None, *, limit: int | None = None) -> Results:
         """The patch journal (``patching.HistoryResult``)."""

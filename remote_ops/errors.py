@@ -9,7 +9,7 @@ class Exit(enum.IntEnum):
     """Exit statuses of the CLI. Scripts may rely on these numbers."""
 
     OK = 0
-    FINDINGS = 1          # check found incompatibilities; a job failed; a fleet had a failed host
+    FINDINGS = 1          # check found incompatibilities; a job failed; outputs incomplete (a group: its first failed host's status wins)
     USAGE = 2             # bad arguments, inventory or playbook
     UNREACHABLE = 3       # TCP connection refused / no route / DNS
     AUTH = 4              # authentication refused

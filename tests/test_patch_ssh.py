@@ -221,7 +221,7 @@ def test_import_check_success_symlink_crlf(workhost, state_dir):
     assert real.stat().st_mode & 0o777 == 0o640
     backup = Path(out["journal"]["targets"][0]["backup"])
     assert backup.stat().st_mode & 0o777 == 0o600 & (0o640 | 0o200)
-    assert patching.rollback(sess, to=None, force=False)["changed"]
+    assert patching.rollback(sess, to=None, force=False, while_running=False)["changed"]
     assert real.read_bytes().endswith(b"VALUE = f(a=1, b=2)\r\n")
 
 
@@ -242,7 +242,7 @@ def test_an_edit_whose_text_changed_since_the_host_was_patched_names_that_patch(
     assert f"the file is as patch {txid} (playbook {first['playbook']}, " in line, line
     assert f"run `remote-ops rollback {host.name}` (or --to {txid})" in line
     assert snapshot(work) == patched and [e["action"] for e in journal(state_dir)] == ["patch"]
-    assert patching.rollback(sess, to=None, force=False)["changed"]
+    assert patching.rollback(sess, to=None, force=False, while_running=False)["changed"]
     assert (work / "app" / "mod.py").read_bytes() == original
     assert patching.run_host(sess, host, newer)["changed"]
     assert "BLOCK = 64" in (work / "app" / "mod.py").read_text()
@@ -260,10 +260,10 @@ def test_rollback_refuses_when_file_changed(workhost, state_dir):
     patching.run_host(sess, host, pb)
     (work / "app" / "mod.py").write_text("edited by hand\n")
     with pytest.raises(RefusedError, match="changed since patch") as info:
-        patching.rollback(sess, to=None, force=False)
+        patching.rollback(sess, to=None, force=False, while_running=False)
     assert "--force" in info.value.one_line()
     assert (work / "app" / "mod.py").read_text() == "edited by hand\n"
-    assert patching.rollback(sess, to=None, force=True)["changed"]
+    assert patching.rollback(sess, to=None, force=True, while_running=False)["changed"]
     assert (work / "app" / "mod.py").read_bytes() == original
 
 
@@ -321,7 +321,7 @@ def test_a_host_patched_by_an_earlier_playbook_is_told_to_roll_back_then_takes_t
         assert f"the file is as patch {first['journal']['txid']} (playbook {first['playbook']}, " in line, line
         assert f"run `remote-ops rollback {host.name}`" in line
         assert target.read_bytes() == by_earlier
-        assert patching.rollback(sess, to=None, force=False)["changed"]
+        assert patching.rollback(sess, to=None, force=False, while_running=False)["changed"]
         assert target.read_bytes() == release
         assert patching.run_host(sess, host, playbook.load(SHIPPED))["changed"]
         assert b"non_block=True" in target.read_bytes()

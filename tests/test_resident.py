@@ -198,11 +198,12 @@ def test_patch_check_rollback_through_the_resident_agent(sshd_log, muxdir, fresh
     with Session(host, ConnectOptions(persist=30)) as sess:
         before = findings(sess)
         pid = sess.call("ping.ping", {})["pid"]
-        res = patching.patch(sess, pb, dry_run=False, import_check=False, allow_findings=False)
+        res = patching.patch(sess, pb, dry_run=False, import_check=False, allow_findings=False,
+                              while_running=False)
         assert res.changed and res.verification["verified"], res.verification
         after = findings(sess)
         assert sess.call("ping.ping", {})["pid"] == pid
-        rolled = patching.rollback(sess, to=None, force=False)
+        rolled = patching.rollback(sess, to=None, force=False, while_running=False)
         assert rolled.changed and target.read_bytes() == original
         again = findings(sess)
         assert set(sess.stats.agent_cache) == {"resident"}

@@ -87,6 +87,7 @@ KINDS = _kinds(
     _refusal("backup-corrupt", "a backup does not match its recorded sha256"),
     _refusal("journal-corrupt", "the host's patch journal cannot be read"),
     _refusal("no-entry", "no such journal entry (or not a patch) to roll back to"),
+    _refusal("job-running", "a job of the agent's interpreter runs: patch/rollback would swap files it imports"),
     # verify
     _refusal("no-torch", "verify: torch cannot be imported by the host's interpreter"),
     _refusal("no-output", "verify: the output directory does not exist"),
@@ -145,13 +146,15 @@ OPS = {o.name: o for o in (
        "in that state; present: whether the findings of edits with when: {finding: present} are there)",
        resident=True),
     Op("patching.apply", ("targets", "playbook", "edit_ids", "workdir", "import_check", "import_timeout",
-                          "lock_timeout", "who", "verify", "only_if"),
-       "one atomic patch transaction (only_if: skipped, nothing changed, unless the host is in that state)",
+                          "lock_timeout", "who", "verify", "only_if", "while_running"),
+       "one atomic patch transaction (only_if: skipped, nothing changed, unless the host is in that state; "
+       "refused while a job of this interpreter runs, unless while_running)",
        resident=True),
     Op("patching.verify", ("verify", "targets"),
        "apply's verification alone (patch --dry-run): no lock, nothing written", resident=True),
-    Op("patching.rollback", ("to", "force", "lock_timeout", "who"),
-       "undo patches (the last, or back to an entry)", resident=True),
+    Op("patching.rollback", ("to", "force", "lock_timeout", "who", "while_running"),
+       "undo patches (the last, or back to an entry); force: even a file changed since; refused while a job "
+       "of this interpreter runs, unless while_running", resident=True),
     Op("patching.history", ("limit",), "the host's patch journal", resident=True),
     Op("slurm.submit", ("key", "command", "workdir", "env", "output_dir", "tasks", "sbatch", "python",
                         "expected_samples", "secrets", "requeue"), "submit the job as a Slurm job array (sbatch)"),

@@ -43,6 +43,7 @@ from .core.digest import sha256_hex as _sha
 from .core.dists import package_info
 from .core.journal import _journal_entries, _journal_path, _pending_intents, _read_journal
 from .patch.targets import _describe, _resolve
+from .patch.running import refuse_while_running
 from .patch.tx import _Lock, _recover, _transact
 from .patch.verify import _verify, _verify_skip_reason, present as _present
 from .protocol import AgentFailure
@@ -174,6 +175,8 @@ def op_apply(args):
             differs = _differs(args["only_if"], args.get("workdir"))
             if differs:
                 return {"skipped": differs, "recovered": recovered}
+        # a job of this interpreter imports these files: refused (nothing written) unless asked for
+        beside = refuse_while_running(args.get("while_running"), "patch")
         for t in targets:
             if not os.path.isabs(t["real"]):
                 raise AgentFailure("bad-request", "target path must be absolute: %r" % t["real"])
@@ -196,7 +199,7 @@ def op_apply(args):
         entry = _transact("patch", changes, meta)
         result = {"changed": entry is not None, "entry": entry, "recovered": recovered,
                   "lock_wait_s": round(lock.waited, 3), "verified": verified,
-                  "verify_skipped": skipped if args.get("verify") else None}
+                  "verify_skipped": skipped if args.get("verify") else None, "while_running": beside}
         modules = args.get("import_check") or []
         if entry is not None and modules:
             error = _import_check(modules, args.get("workdir"), float(args.get("import_timeout") or 300))
@@ -263,12 +266,14 @@ def op_rollback(args):
                 return {"changed": False, "rolled_back": [], "recovered": recovered,
                         "message": "nothing to roll back"}
             pick = open_[-1:]
+        beside = refuse_while_running(args.get("while_running"), "rollback")
         done = []
         for e in reversed(pick):
             undo = _rollback_entry(e, force, {"who": _who(args), "playbook": e.get("playbook"),
                                               "edits": e.get("edits")})
             done.append({"of": e["txid"], "entry": undo})
-    return {"changed": any(d["entry"] for d in done), "rolled_back": done, "recovered": recovered}
+    return {"changed": any(d["entry"] for d in done), "rolled_back": done, "recovered": recovered,
+            "while_running": beside}
 
 
 def op_history(args):

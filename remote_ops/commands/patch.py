@@ -3,6 +3,11 @@
 from remote_ops.commands.params import cli_flag
 from remote_ops.termsafe import text   # paths, notes and source lines come from the host
 
+# what --while-running risks (patch and rollback say the same)
+WHILE_RUNNING = ("even while a job of the host's interpreter runs (refused by default, nothing written): the job "
+                 "keeps the code it imported, but what it imports later (a new worker, a lazy import) reads the "
+                 "new files, so one run may mix two versions of the code")
+
 NAME = "patch"
 HELP = "apply a playbook's edits: diff, validate locally, then one atomic, journaled transaction per host"
 CHANGES_HOSTS = True    # a Ctrl-C says what changed on each host (remote_ops/interrupts.py)
@@ -13,6 +18,7 @@ FLAGS = {
     "allow_findings": ("apply even when the re-check of the patched modules still has findings "
                        "(default: refuse, nothing written)"),
     "import_check": "import the patched modules on the host afterwards; roll back automatically on failure",
+    "while_running": ("apply " + WHILE_RUNNING),
 }
 
 
@@ -28,6 +34,14 @@ def _render_diff(console, diff: str) -> None:
         elif line.startswith("-"):
             style = "red"
         console.print(text(line, style or ""), soft_wrap=True)     # the host's source: cleaned
+
+
+def running_note(c, name, v) -> None:
+    """The jobs of the host's interpreter a --while-running patch or rollback changed files under."""
+    for j in v.get("while_running") or []:
+        c.print(text(f"  {name}: job {j['job_id']} ({j.get('key')}, pid {j.get('pid')}) was {j.get('state')} with "
+                     "this interpreter: what it imports from now on reads the new files"),
+                style="yellow", soft_wrap=True, markup=False)
 
 
 def edit_line(e: dict) -> str:
@@ -86,6 +100,7 @@ def run(args, ctx) -> int:
             c.print(text(f"{name}: no changes ({v.get('note') or 'every edit is already applied'}; "
                     f"{v['round_trips']} round trip{'s' if v['round_trips'] != 1 else ''}, {v['wall_s']}s)"),
                     soft_wrap=True)
+        running_note(c, name, v)
         for n in v.get("notes") or []:     # stale bytecode left behind, checks that could not run
             c.print(text(f"  note: {n}"), style="yellow", soft_wrap=True, markup=False)
         ver = v["verification"]

@@ -1,6 +1,7 @@
 """remote-ops rollback: restore the exact original bytes of a patch from its journaled backup."""
 
 from remote_ops.commands.params import flag
+from remote_ops.commands.patch import WHILE_RUNNING, running_note
 from remote_ops.termsafe import text   # paths and notes come from the host's journal
 
 NAME = "rollback"
@@ -8,7 +9,8 @@ HELP = "undo the latest patch on a host (or every patch back to --to JOURNAL_ID)
 CHANGES_HOSTS = True    # a Ctrl-C says what changed on each host (remote_ops/interrupts.py)
 FLAGS = {
     "to": flag("undo this patch and every later one (see remote-ops history)", metavar="JOURNAL_ID"),
-    "force": "restore even when the file changed since the patch",
+    "force": "restore even when the file changed since the patch (a running job needs --while-running)",
+    "while_running": "roll back " + WHILE_RUNNING,
 }
 
 
@@ -24,6 +26,8 @@ def run(args, ctx) -> int:
                     c.print(text(f"  {t['real']} restored (sha256 {t['after'][:12]})"), soft_wrap=True)
                 for n in e.get("notes") or []:     # e.g. stale bytecode that could not be removed
                     c.print(text(f"  note: {n}"), style="yellow", soft_wrap=True, markup=False)
+        if v.get("changed"):
+            running_note(c, name, v)
 
     from remote_ops.commands.params import call
     return ctx.show(call(ctx.fleet.rollback, args), render_one,

@@ -159,7 +159,8 @@ def patching_read(*, targets: list[dict], packages: list[str] = _UNSET, workdir:
 def patching_apply(**args) -> Request:
     """targets, playbook, edit_ids, workdir, import_check, import_timeout, lock_timeout, who, verify,
     only_if (the host state the plan is for: python major.minor, package versions, every target's
-    sha256; the agent answers ``{"skipped": why}`` and changes nothing when the host differs)."""
+    sha256; the agent answers ``{"skipped": why}`` and changes nothing when the host differs),
+    while_running (apply even while a job of the host's interpreter runs)."""
     return _req("patching.apply", **args)
 
 
@@ -167,8 +168,10 @@ def patching_verify(*, verify: dict, targets: list[dict]) -> Request:
     return _req("patching.verify", verify=verify, targets=targets)
 
 
-def patching_rollback(*, to: str | None, force: bool, who: str, lock_timeout: float = _UNSET) -> Request:
-    return _req("patching.rollback", to=to, force=force, who=who, lock_timeout=lock_timeout)
+def patching_rollback(*, to: str | None, force: bool, who: str, lock_timeout: float = _UNSET,
+                      while_running: bool = _UNSET) -> Request:
+    return _req("patching.rollback", to=to, force=force, who=who, lock_timeout=lock_timeout,
+                while_running=while_running)
 
 
 def patching_history(*, limit: int | None) -> Request:

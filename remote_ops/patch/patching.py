@@ -355,8 +355,8 @@ def verify_only(session, plan: PatchPlan, host, *, allow_findings: bool = False)
     return verification(plan, unwrap(res, host.name, "verifying the patch")["verified"], None)
 
 
-def apply_args(plan: PatchPlan, host, *, import_check: bool = False,
-               allow_findings: bool = False) -> tuple[dict[str, Any], str | None]:
+def apply_args(plan: PatchPlan, host, *, import_check: bool = False, allow_findings: bool = False,
+               while_running: bool = False) -> tuple[dict[str, Any], str | None]:
     """The agent's ``patching.apply`` arguments for ``plan``, and why nothing will be verified (or None)."""
     pb = plan.playbook
     changed = [t for t in plan.targets if t.changed]
@@ -373,12 +373,16 @@ def apply_args(plan: PatchPlan, host, *, import_check: bool = False,
         args["verify"] = req
     if import_check:
         args["import_check"] = sorted({t.module for t in plan.targets if t.module})
+    if while_running:
+        args["while_running"] = True
     return args, reason
 
 
-def apply(session, plan: PatchPlan, host, *, import_check: bool = False, allow_findings: bool = False) -> dict:
+def apply(session, plan: PatchPlan, host, *, import_check: bool = False, allow_findings: bool = False,
+          while_running: bool = False) -> dict:
     """Round trip 2: the whole transaction on the host (its result carries ``verification``)."""
-    args, reason = apply_args(plan, host, import_check=import_check, allow_findings=allow_findings)
+    args, reason = apply_args(plan, host, import_check=import_check, allow_findings=allow_findings,
+                              while_running=while_running)
     (res,) = session.call_many([rq.patching_apply(**args)])
     return applied(plan, res, host, reason)
 
@@ -392,7 +396,7 @@ def applied(plan: PatchPlan, res: dict, host, reason: str | None) -> dict:
 
 # ------------------------------------------------------------------ read + apply in one exec
 def planned_for_seen(pb: Playbook, host, *, import_check: bool = False,
-                     allow_findings: bool = False) -> dict | None:
+                     allow_findings: bool = False, while_running: bool = False) -> dict | None:
     """The apply request for the state this host was last seen in (hoststate.py), built from the
     plan cache without the target's bytes, guarded by ``only_if`` (the host's Python major.minor,
     the exact package versions, every target's resolved path and sha256): the agent does nothing unless all of it is
@@ -424,7 +428,8 @@ def planned_for_seen(pb: Playbook, host, *, import_check: bool = False,
     plan = PatchPlan(host.name, pb, list(python), dict(seen["packages"]), targets, notes=notes)
     if not plan.changed:
         return None
-    args, _reason = apply_args(plan, host, import_check=import_check, allow_findings=allow_findings)
+    args, _reason = apply_args(plan, host, import_check=import_check, allow_findings=allow_findings,
+                               while_running=while_running)
     args["only_if"] = {"python": list(python[:2]), "packages": dict(seen["packages"]),
                        "targets": [{"spec": p.to_wire(), "real": t.real, "sha256": t.sha256}
                                    for p, t in zip(pb.patches, targets)]}
@@ -471,7 +476,7 @@ def not_covered(session, pb: Playbook, host, packages: dict) -> RefusedError:
 
 
 def run_host(session, host, pb: Playbook, *, dry_run: bool = False, import_check: bool = False,
-             allow_findings: bool = False, confirm=None) -> dict:
+             allow_findings: bool = False, confirm=None, while_running: bool = False) -> dict:
     """read -> compute -> (verify for a dry run | confirm -> apply) on one host; returns a JSON-able
     outcome whose ``verification.line`` says what was verified or why nothing was. A Ctrl-C from the
     apply's sending to its answer is held until the answer says what the host did (interrupts.py)."""
@@ -487,18 +492,18 @@ def run_host(session, host, pb: Playbook, *, dry_run: bool = False, import_check
                 held.append(stack.enter_context(interrupts.committing(host.name, "the patch",
                                                                       f"remote-ops history {host.name}")))
         return _run_host(session, host, pb, dry_run=dry_run, import_check=import_check,
-                         allow_findings=allow_findings, confirm=confirm, hold=hold)
+                         allow_findings=allow_findings, confirm=confirm, hold=hold, while_running=while_running)
 
 
 def _run_host(session, host, pb: Playbook, *, dry_run: bool, import_check: bool, allow_findings: bool,
-              confirm, hold) -> dict:
+              confirm, hold, while_running: bool = False) -> dict:
     from remote_ops.patch import hoststate
 
     t0 = time.perf_counter()
     execs0 = session.stats.execs
     # no prompt, not a dry run, and this host seen before: the apply for that state travels with the read
     early = None if dry_run or confirm is not None else planned_for_seen(
-        pb, host, import_check=import_check, allow_findings=allow_findings)
+        pb, host, import_check=import_check, allow_findings=allow_findings, while_running=while_running)
     if early is None:
         prefetch(pb)
         raw, first = read(session, pb, host), None
@@ -542,7 +547,8 @@ def _run_host(session, host, pb: Playbook, *, dry_run: bool, import_check: bool,
                 res = applied(plan, first, host, plan.verify_request(allow_findings)[1])
             else:   # the host differs from what was remembered (it said what): apply as planned now
                 hold()
-                res = apply(session, plan, host, import_check=import_check, allow_findings=allow_findings)
+                res = apply(session, plan, host, import_check=import_check, allow_findings=allow_findings,
+                            while_running=while_running)
             entry = res.get("entry")
             if entry:
                 interrupts.changed(host.name, f"the patch was applied (journal {entry['txid']}): "
@@ -550,7 +556,8 @@ def _run_host(session, host, pb: Playbook, *, dry_run: bool, import_check: bool,
             out.update(changed=bool(res.get("changed")), txid=entry and entry["txid"],
                        journal=entry, lock_wait_s=res.get("lock_wait_s"), verification=res["verification"],
                        import_check=res.get("import_check"), recovered=plan.recovered + (res.get("recovered") or []),
-                       notes=plan.notes + list((entry or {}).get("notes") or []))
+                       notes=plan.notes + list((entry or {}).get("notes") or []),
+                       while_running=res.get("while_running") or [])
             if entry is None:
                 out["note"] = "already applied on the host by another controller"
     out["round_trips"] = session.stats.execs - execs0
@@ -594,18 +601,19 @@ class PatchResult(HostRecord):
     journal: dict | None = None
     lock_wait_s: float | None = None
     import_check: dict | None = None
+    while_running: list = field(default_factory=list)   # the jobs of this interpreter it was applied beside
     note: str | None = None
     round_trips: int = 0
     wall_s: float = 0.0
 
 
 def patch(session, pb: Playbook, *, dry_run: bool, import_check: bool, allow_findings: bool,
-          confirm=None) -> PatchResult:
+          while_running: bool, confirm=None) -> PatchResult:
     """The patch operation on the session's host: read -> compute -> validate -> (verify | confirm ->
     apply). ``pb``: the playbook, loaded once by the caller. ``confirm(plan) -> bool`` is asked before
     writing (None: apply)."""
     out = run_host(session, session.host, pb, dry_run=dry_run, import_check=import_check, allow_findings=allow_findings,
-                   confirm=confirm)
+                   confirm=confirm, while_running=while_running)
     out.pop("plan", None)
     return PatchResult.from_json(out)
 
@@ -616,6 +624,7 @@ class RollbackResult(HostRecord):
 
     changed: bool = False
     rolled_back: list = field(default_factory=list)
+    while_running: list = field(default_factory=list)   # the jobs of this interpreter it was done beside
     message: str = optional()
 
 
@@ -626,11 +635,12 @@ class HistoryResult(HostRecord):
     entries: list = field(default_factory=list)
 
 
-def rollback(session, *, to: str | None, force: bool) -> RollbackResult:
+def rollback(session, *, to: str | None, force: bool, while_running: bool) -> RollbackResult:
     """The rollback operation on the session's host: the exact bytes from before the last (or ``to``) patch."""
     host = session.host
     with interrupts.committing(host.name, "the rollback", f"remote-ops history {host.name}"):
-        (res,) = session.call_many([rq.patching_rollback(to=to, force=force, who=who())])
+        (res,) = session.call_many([rq.patching_rollback(to=to, force=force, who=who(),
+                                                         **({"while_running": True} if while_running else {}))])
         out = unwrap(res, host.name, "rollback")
         for d in out.get("rolled_back") or []:
             if d.get("entry"):
