@@ -218,11 +218,15 @@ def versions():
     return scope["_versions"](PACKAGES)
 
 
-def identity(inputs, *, cwd=None, flow="generator", playbook=None, versions=None):
-    """The identity of a run from ``inputs`` (``command_inputs``), in the job's working directory."""
+def identity(inputs, *, cwd=None, flow="generator", playbook=None, versions=None, dataset=None):
+    """The identity of a run from ``inputs`` (``command_inputs``), in the job's working directory;
+    ``dataset``: the dataset's facts when the caller hashed its lines already (the extract script, in
+    the pass that reads them), for the same path."""
     ds = inputs.get("dataset")
     model = inputs.get("model")
-    out = {"dataset": dataset_facts(ds, inputs.get("max_samples"), cwd) if ds else None,
+    if ds and isinstance(dataset, dict) and dataset.get("path") != _abspath(ds, cwd):
+        dataset = None
+    out = {"dataset": (dataset or dataset_facts(ds, inputs.get("max_samples"), cwd)) if ds else None,
            "model": model_facts(model, cwd) if model else None,
            "layer_ids": inputs.get("layer_ids"), "max_model_len": inputs.get("max_model_len"),
            "flow": flow, "playbook": playbook or None, "shard": inputs.get("shard"),

@@ -302,51 +302,161 @@ def _int_list(value, what, where, allowed=None):
     return value
 
 
-def read_dataset(path, max_samples=None):
-    """The first ``max_samples`` samples: dicts {line, input_ids | text, loss_mask | None}."""
+def _parse_line(raw, lineno, path):
+    """One dataset line (bytes) as a record {line, where, input_ids | text, loss_mask | None}; None
+    for a blank line; InputError naming file:line for a bad one."""
+    if not raw.strip():
+        return None
+    where = "%s:%d" % (path, lineno)
     try:
-        fh = open(path, "rb")     # lines split at b"\n" and decoded one by one: line numbers are the file's
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError("%s: not UTF-8 text (%s at byte %d of the line)"
+                         % (where, exc.reason, exc.start + 1)) from None
+    try:
+        obj = json.loads(line.rstrip("\r\n"))
+    except ValueError as exc:
+        # the decoder's column, not its "line 1": the file's line is named in front
+        what = ("%s at column %d" % (exc.msg, exc.colno)) if isinstance(exc, json.JSONDecodeError) else exc
+        raise InputError("%s: not valid JSON (%s)" % (where, what)) from None
+    if not isinstance(obj, dict):
+        raise InputError("%s: each line must be a JSON object with input_ids or text" % where)
+    if ("input_ids" in obj) == ("text" in obj):
+        raise InputError("%s: give exactly one of input_ids or text" % where)
+    rec = {"line": lineno, "where": where, "input_ids": None, "text": None, "loss_mask": None}
+    if "input_ids" in obj:
+        rec["input_ids"] = _int_list(obj["input_ids"], "input_ids", where)
+    else:
+        if not isinstance(obj["text"], str) or not obj["text"]:
+            raise InputError("%s: text must be a non-empty string" % where)
+        rec["text"] = obj["text"]
+    if obj.get("loss_mask") is not None:
+        rec["loss_mask"] = _int_list(obj["loss_mask"], "loss_mask", where, allowed=(0, 1))
+        if rec["input_ids"] is not None and len(rec["loss_mask"]) != len(rec["input_ids"]):
+            raise InputError("%s: loss_mask has %d entries for %d input_ids"
+                             % (where, len(rec["loss_mask"]), len(rec["input_ids"])))
+    return rec
+
+
+def _open_dataset(path):
+    try:
+        return open(path, "rb")     # lines split at b"\n" and decoded one by one: line numbers are the file's
     except OSError as exc:
         raise InputError("cannot read dataset %s: %s" % (path, exc.strerror)) from None
+
+
+def read_dataset(path, max_samples=None):
+    """The first ``max_samples`` samples: dicts {line, input_ids | text, loss_mask | None}."""
     records = []
-    with fh:
+    with _open_dataset(path) as fh:
         for lineno, raw in enumerate(fh, 1):
             if max_samples is not None and len(records) >= max_samples:
                 break
-            where = "%s:%d" % (path, lineno)
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise InputError("%s: not UTF-8 text (%s at byte %d of the line)"
-                                 % (where, exc.reason, exc.start + 1)) from None
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line.rstrip("\r\n"))
-            except ValueError as exc:
-                # the decoder's column, not its "line 1": the file's line is named in front
-                what = ("%s at column %d" % (exc.msg, exc.colno)) if isinstance(exc, json.JSONDecodeError) else exc
-                raise InputError("%s: not valid JSON (%s)" % (where, what)) from None
-            if not isinstance(obj, dict):
-                raise InputError("%s: each line must be a JSON object with input_ids or text" % where)
-            if ("input_ids" in obj) == ("text" in obj):
-                raise InputError("%s: give exactly one of input_ids or text" % where)
-            rec = {"line": lineno, "where": where, "input_ids": None, "text": None, "loss_mask": None}
-            if "input_ids" in obj:
-                rec["input_ids"] = _int_list(obj["input_ids"], "input_ids", where)
-            else:
-                if not isinstance(obj["text"], str) or not obj["text"]:
-                    raise InputError("%s: text must be a non-empty string" % where)
-                rec["text"] = obj["text"]
-            if obj.get("loss_mask") is not None:
-                rec["loss_mask"] = _int_list(obj["loss_mask"], "loss_mask", where, allowed=(0, 1))
-                if rec["input_ids"] is not None and len(rec["loss_mask"]) != len(rec["input_ids"]):
-                    raise InputError("%s: loss_mask has %d entries for %d input_ids"
-                                     % (where, len(rec["loss_mask"]), len(rec["input_ids"])))
-            records.append(rec)
+            rec = _parse_line(raw, lineno, path)
+            if rec is not None:
+                records.append(rec)
     if not records:
         raise InputError("dataset %s has no samples" % path)
     return records
+
+
+class Dataset:
+    """The dataset as ``run`` uses it, in memory that does not grow with the tokens: one pass checks
+    every line used (as read_dataset does) and hashes them (run_identity's ``lines_sha256``: the job
+    reads its data once for its identity and its samples), keeping per sample only its line's offset,
+    number and token count; a sample's tokens are read again when its batch runs (``batch``). Lines
+    given as ``text`` are tokenized once (``tokenize``) and their tokens kept compactly, for the
+    samples still to run only (``keep``). Indexable like read_dataset's list: ``records[i]`` is a record."""
+
+    def __init__(self, path, max_samples=None):
+        import hashlib
+        from array import array
+        self.path, self.limit, self.cut = path, None, 0
+        self.offsets, self.lines, self.counts = array("q"), array("q"), array("q")
+        self.tokens = {}        # index -> array of a text line's tokens
+        h = hashlib.sha256()
+        with _open_dataset(path) as fh:
+            size, pos = os.fstat(fh.fileno()).st_size, 0
+            for lineno, raw in enumerate(fh, 1):
+                start, pos = pos, pos + len(raw)
+                if max_samples is not None and len(self.offsets) >= max_samples:
+                    break
+                rec = _parse_line(raw, lineno, path)
+                if rec is None:
+                    continue
+                h.update(raw.rstrip(b"\r\n"))
+                h.update(b"\n")
+                self.offsets.append(start)
+                self.lines.append(lineno)
+                self.counts.append(len(rec["input_ids"]) if rec["input_ids"] is not None else -1)
+        if not self.offsets:
+            raise InputError("dataset %s has no samples" % path)
+        self.facts = {"path": os.path.realpath(path), "size": size, "samples": len(self.offsets),
+                      "lines_sha256": h.hexdigest()}
+        self._fh = None
+
+    def __len__(self):
+        return len(self.offsets)
+
+    def _read(self, i):
+        if self._fh is None:
+            self._fh = _open_dataset(self.path)
+        self._fh.seek(self.offsets[i])
+        return _parse_line(self._fh.readline(), self.lines[i], self.path)
+
+    def tokenize(self, load_tokenizer, model_path):
+        """Token counts of the ``text`` lines, their tokens kept (tokenize's checks, one pass over them)."""
+        texts = [i for i, n in enumerate(self.counts) if n < 0]
+        if not texts:
+            return
+        tok = load_tokenizer(model_path)
+        for i in texts:
+            rec = self._read(i)
+            one = tokenize([rec], lambda _: tok, model_path)[0]
+            self.tokens[i] = _compact(one["input_ids"])
+            self.counts[i] = len(one["input_ids"])
+
+    def truncate(self, max_model_len):
+        """Samples longer than max_model_len - 1 tokens are cut when read (truncate's rule); how many."""
+        self.limit = max_model_len - 1
+        self.cut = sum(1 for n in self.counts if n > self.limit)
+        return self.cut
+
+    @property
+    def lengths(self):
+        from array import array
+        lim = self.limit
+        return array("q", self.counts if lim is None else (min(n, lim) for n in self.counts))
+
+    def keep(self, indexes):
+        """Only the samples ``indexes`` will be read: a text line's tokens of any other are let go."""
+        wanted = set(indexes)
+        for i in [i for i in self.tokens if i not in wanted]:
+            del self.tokens[i]
+
+    def __getitem__(self, i):
+        rec = self._read(i)
+        if i in self.tokens:
+            rec["input_ids"], rec["text"] = list(self.tokens[i]), None
+        if self.limit is not None:
+            truncate([rec], self.limit + 1)
+        return rec
+
+    def batch(self, indexes):
+        return [self[i] for i in indexes]
+
+    def close(self):
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def _compact(ids):
+    from array import array
+    try:
+        return array("i", ids)
+    except OverflowError:
+        return array("q", ids)
 
 
 def tokenize(records, load_tokenizer, model_path):
@@ -562,7 +672,7 @@ def _run_identity_module():
     return module
 
 
-def check_run_identity(args, out):
+def check_run_identity(args, out, dataset=None):
     """Hold --output-dir to one run, before the tokenizer, torch or the engine are loaded: the run's
     identity (run_identity.py: dataset lines, model config, layer ids, max_model_len, shard, package
     versions, the playbook remote-ops gave, the list of several output directories) is compared with
@@ -579,7 +689,7 @@ def check_run_identity(args, out):
                          "disk's directory once)" % twice)
     try:
         ident = ri.identity(ri.command_inputs(getattr(args, "argv", [])), cwd=os.getcwd(), flow="generator",
-                            playbook=ri.playbook_from_env(), versions=ri.versions())
+                            playbook=ri.playbook_from_env(), versions=ri.versions(), dataset=dataset)
     except ri.IdentityError as exc:
         raise InputError(str(exc)) from None
     res = ri.check_dirs(dirs, ident)
@@ -1096,13 +1206,13 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
     """Extract with ``args`` (parse_args). The three loaders are parameters so that the data path
     can be exercised with a stand-in generator; by default they are speculators' and transformers'."""
     out = out or sys.stdout
-    records = read_dataset(args.dataset, args.max_samples)
-    ident, new_in = check_run_identity(args, out)       # before the tokenizer, torch and the engine
+    records = Dataset(args.dataset, args.max_samples)   # one pass: checked, hashed; tokens read per batch
+    ident, new_in = check_run_identity(args, out, dataset=records.facts)   # before the tokenizer, torch, the engine
     if args.max_samples is not None and len(records) < args.max_samples:
         print("note: %s has %d samples, fewer than --max-samples %d" % (args.dataset, len(records), args.max_samples),
               file=out, flush=True)
-    tokenize(records, load_tokenizer, args.target_model_path)
-    cut = truncate(records, args.max_model_len)
+    records.tokenize(load_tokenizer, args.target_model_path)
+    cut = records.truncate(args.max_model_len)
     if cut:
         print("note: %d sample(s) cut to %d tokens (max_model_len %d - 1)"
               % (cut, args.max_model_len - 1, args.max_model_len), file=out, flush=True)
@@ -1125,6 +1235,7 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
         print("%d sample file(s) are not whole and will be written again, e.g. %s: %s"
               % (len(broken), broken[0][0], broken[0][1]), file=out, flush=True)
     todo = [i for i in shard_indexes(len(records), shard) if i not in present]
+    records.keep(todo)
     share = len(shard_indexes(len(records), shard))
     if shard is not None:
         print("shard %d/%d: %d of %d samples (i %% %d == %d)" % (shard[0], shard[1], share, len(records),
@@ -1149,7 +1260,7 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
         return 0
 
     hidden = hidden_size_of(args.target_model_path)      # before the engine starts: a bad model fails fast
-    lengths = [len(r["input_ids"]) for r in records]
+    lengths = records.lengths
     t0 = time.time()
     handoff = open_handoff(getattr(args, "handoff_dir", "off"), out)
     try:
@@ -1210,14 +1321,15 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
         said_handoff = False
         for batch in pack_batches(todo, lengths, max_tokens, max_samples, steps, window):
             t = time.perf_counter()
-            results = generator.generate([records[i]["input_ids"] for i in batch])
+            recs = records.batch(batch)
+            results = generator.generate([r["input_ids"] for r in recs])
             timing["generate_s"] += time.perf_counter() - t
             t = time.perf_counter()
             if not isinstance(results, list) or len(results) != len(batch):
                 raise ResultError("generate() returned %s results for a batch of %d samples (data_%d.pt..)"
                                   % (len(results) if isinstance(results, list) else type(results).__name__,
                                      len(batch), batch[0]))
-            samples = [build_sample(torch, i, records[i], r, len(layer_ids)) for i, r in zip(batch, results)]
+            samples = [build_sample(torch, i, rec, r, len(layer_ids)) for i, rec, r in zip(batch, recs, results)]
             timing["build_s"] += time.perf_counter() - t
             if not said_handoff:
                 said_handoff = True
@@ -1233,7 +1345,7 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
             t = time.perf_counter()
             for i, sample in zip(batch, samples):
                 writer.put(i, sample)
-            results = samples = sample = None    # the writer holds them now (and frees their hand-off slot)
+            results = samples = sample = recs = None    # the writer holds them now (and frees their hand-off slot)
             writer.batch_done()
             timing["hand_over_s"] += time.perf_counter() - t
             timing["batches"] += 1
@@ -1267,6 +1379,7 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
             except Exception as exc:   # reported; an error already on its way out must not be hidden
                 print("warning: engine shutdown failed: %s: %s" % (type(exc).__name__, exc), file=sys.stderr)
         close_handoff(handoff)
+        records.close()
     print("wrote %d sample(s) to %s in %.1fs (%d of %d present)"
           % (written[0], where, time.time() - t0, done + written[0], share), file=out, flush=True)
     return 0
