@@ -284,7 +284,7 @@ def test_stop_while_the_server_starts(tmp_path, sshd, cli):
     status, rep, err = cli_json(cli, env, "stop", "testhost")
     assert status == 0 and rep["clean"], err
     assert rep["job"]["state"] == "stopped"
-    assert rep["job"]["reason"] == "stopped by remote-ops stop while the server was starting"
+    assert rep["job"]["reason"] == "stopped by remote-ops' stop while the server was starting"
     assert marker_pids(tmp_path) == [] and port_free(env.port)["free"]
 
 

@@ -179,7 +179,7 @@ def test_slurm_stop_cancels_the_array(slurm, sshd, tmp_path, cli):
     rep = json.loads(out)
     assert rep["clean"] and rep["remaining"] == [] and rep["was"] == "running"
     job = _status(cli, inv)
-    assert job["state"] == "stopped" and job["reason"] == "stopped by remote-ops stop (scancel)"
+    assert job["state"] == "stopped" and job["reason"] == "stopped by remote-ops' stop (scancel)"
     sq = subprocess.run(["squeue", "-h", "-j", str(job["slurm_id"])], env=slurm["env"], capture_output=True, text=True)
     assert sq.stdout.strip() == ""
     sys.__stdout__.write(f"\n[timing] stop (scancel) to no task left: {time.time() - t0:.1f} s\n")

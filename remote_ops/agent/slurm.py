@@ -279,7 +279,7 @@ def job_status(job_id, accounting=True):
                                                if t["exit_code"] is not None else "",
                                                ", %s" % t["reason"] if t["reason"] else "") for t in bad[:5])
     elif state == "stopped":
-        reason = "stopped by remote-ops stop (scancel)"
+        reason = "stopped by remote-ops' stop (scancel)"
     t = time.time()
     ends = [sup.read_json(os.path.join(jobdir, "task-%d.exit.json" % k), {}).get("ended_at") for k in range(n)]
     end = t if state in ("running", "starting") else max([e for e in ends if e] or [t])

@@ -235,10 +235,10 @@ def job_status(job_id):
         if ext.get("start_error"):
             state, reason = "failed", ext["start_error"]
         elif stop and ext.get("before_client"):
-            state, reason = "stopped", "stopped by remote-ops stop while the server was starting"
+            state, reason = "stopped", "stopped by remote-ops' stop while the server was starting"
         elif stop:
             state = "stopped"
-            reason = "stopped by remote-ops stop; " + (
+            reason = "stopped by remote-ops' stop; " + (
                 "exit code %s" % ext.get("exit_code") if ext.get("exit_code") is not None
                 else "killed by %s" % ext.get("signal_name"))
         elif ext.get("exit_code") == 0:
