@@ -409,3 +409,35 @@ def test_extends_pins_the_captured_layer_ids_and_refuses_other_changes(tmp_path)
     assert ri.extends(base, dict(grown, layer_ids=[1, 2, 3]), str(out)) is None
     assert ri.extends(base, dict(grown, max_model_len=128), str(out)) is None
     assert ri.extends(grown, base, str(out)) is None                # a run never shrinks into another
+
+
+@pytest.mark.long
+def test_verify_adopt_writes_run_json_only_when_every_file_matches(tmp_path, sshd, cli):
+    """Issue 46 item 7: an output written before run identities (no run.json) is adopted by
+    verify --adopt once every file's token ids equal its dataset line; then extract resumes it.
+    One file of other tokens: nothing written, the file named."""
+    ds = rows(tmp_path / "a.jsonl", 4)
+    env = standin_env(tmp_path, sshd, ds)
+    assert cli(*env.argv("extract", "testhost", "--tail"))[0] == 0
+    run_json = env.out / "run.json"
+    recorded = json.loads(run_json.read_text())
+    run_json.unlink()                                                # as written before run identities
+    status, out, err = cli(*env.argv("extract", "testhost"))
+    assert status != 0 and "no run.json" in err
+    # one file of another line's tokens: refused, nothing written
+    good = (env.out / "data_2.pt").read_bytes()
+    (env.out / "data_2.pt").write_bytes((env.out / "data_1.pt").read_bytes())
+    s, rec, err = cli_json(cli, env, "verify", "testhost", "--adopt")
+    assert s != 0 and not rec["ok"] and not run_json.exists()
+    assert rec["identity"]["adopted"] is False and "verify found problems" in rec["identity"]["adopt_refused"]
+    assert any(i["index"] == 2 and "token ids differ" in i["problem"] for i in rec["inconsistent"]), rec["inconsistent"]
+    (env.out / "data_2.pt").write_bytes(good)
+    status, out, err = cli(*env.argv("verify", "testhost", "--adopt"))
+    assert status == 0, (out, err)
+    assert "run identity adopted: run.json" in out and "all 4 file(s) matched their dataset lines" in out
+    doc = json.loads(run_json.read_text())
+    assert doc["digest"] == recorded["digest"]                       # the identity the job itself recorded
+    status, out, err = cli(*env.argv("extract", "testhost", "--tail"))
+    assert status == 0 and "all 4 samples are already in" in out + err, (out, err)
+    s, rec, err = cli_json(cli, env, "verify", "testhost", "--adopt")
+    assert rec["identity"]["adopt_refused"].endswith("has a run.json already: nothing to adopt")

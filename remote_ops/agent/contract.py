@@ -91,6 +91,7 @@ KINDS = _kinds(
     # verify
     _refusal("no-torch", "verify: torch cannot be imported by the host's interpreter"),
     _refusal("no-output", "verify: the output directory does not exist"),
+    _refusal("no-identity", "verify --adopt: the run identity of the playbook's job cannot be computed on the host"),
     _refusal("nothing-to-verify", "verify: the output directory holds no sample files"),
 )
 
@@ -165,6 +166,7 @@ OPS = {o.name: o for o in (
     Op("slurm.logs", _JOB + ("lines", "offsets"), "the array tasks' logs (offsets: each from there on)"),
     Op("shards.files", ("output_dir", "digest"),
        "an output directory's data_<N>.pt files (size, sha256), data_config.json, moved-share subdirs"),
-    Op("verify.verify", ("output_dir", "expected", "expected_default", "all", "sample", "seed", "finite", "layout"),
+    Op("verify.verify", ("output_dir", "expected", "expected_default", "all", "sample", "seed", "finite", "layout",
+                         "adopt"),
        "load and check the job's output files"),
 )}

@@ -12,7 +12,6 @@ seeded random pick); ``all: true`` loads every file. Streams progress events whi
 
 import os
 import random
-import re
 import time
 
 from .protocol import AgentFailure
@@ -119,9 +118,10 @@ def op_verify(args):
         raise AgentFailure("bad-args", "output_dir is required")
     if not os.path.isdir(out_dir):
         raise AgentFailure("no-output", "output directory %s does not exist on the host" % out_dir)
+    adopt = adopt_identity(args)      # verify --adopt: the identity to hold the files to, computed here
     if args.get("layout") == "hs_safetensors":   # speculators >= 0.5's server flow (outputs/safetensors.py)
         from .outputs import safetensors as verify_hs
-        return (yield from verify_hs.verify(args))
+        return (yield from verify_hs.verify(args, adopt=adopt))
     expected = args.get("expected")
     check_all = bool(args.get("all"))
     sample_n = int(args.get("sample", 32))
@@ -129,6 +129,8 @@ def op_verify(args):
     torch = _import_torch()
 
     indexes, empty, temporaries, spread = _scan_output(out_dir)
+    if adopt is not None and len(spread["dirs"]) > 1:
+        raise AgentFailure("bad-args", "--adopt takes an output in one directory")
     from .outputs.identity_check import nothing_to_verify
     nothing_to_verify(out_dir, indexes, "data_<N>.pt")
     top = max(indexes) if indexes else -1
@@ -182,7 +184,8 @@ def op_verify(args):
         chosen = sorted(pick)
 
     from .outputs.identity_check import IdentityCheck
-    ident = IdentityCheck(out_dir, chosen, config if isinstance(config, dict) and not config.get("error") else None)
+    ident = IdentityCheck(out_dir, chosen, config if isinstance(config, dict) and not config.get("error") else None,
+                          adopt=adopt)
     bad_load, inconsistent, bad_values = [], [], []
     for i in sorted(broken):
         bad_load.append({"index": i, "file": indexes[i], "error": "not whole: %s" % broken[i], "whole": False})
@@ -240,6 +243,8 @@ def op_verify(args):
         names.append("%d file(s) beyond this run's %d samples, e.g. %s: not counted (left by a larger run?); move "
                      "them away" % (len(extra_names), limit, extra_names[0]))
     ok = not (gaps or short or bad_load or inconsistent or bad_values or config_problems or ident.problems or names)
+    if ident.adopting:
+        ident.adopt(out_dir, ok and check_all, len(indexes))
     return {
         "ok": ok, "output_dir": out_dir, **({"output_dirs": spread["dirs"]} if len(spread["dirs"]) > 1 else {}),
         "files": len(indexes), "expected": expected, "expected_from": expected_from,
@@ -257,6 +262,20 @@ def op_verify(args):
         "links": spread["strays"]["links"][:MAX_LISTED], "extra": extra_names[:MAX_LISTED],
         "extra_count": len(extra_names),
     }
+
+
+def adopt_identity(args):
+    """``adopt``'s identity: the one the playbook's job computes today (jobs.job_identity of the
+    request the controller sends); None without ``adopt``."""
+    req = args.get("adopt")
+    if not req:
+        return None
+    from .jobs import job_identity
+    from .outputs import run_identity as ri
+    try:
+        return job_identity(req)
+    except ri.IdentityError as exc:
+        raise AgentFailure("no-identity", "cannot compute the run identity to adopt: %s" % exc)
 
 
 def _scan_output(out_dir):

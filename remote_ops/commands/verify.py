@@ -12,6 +12,8 @@ FLAGS = {
     "output_dir": "verify this directory on the host instead",
     "expected": ("expected number of samples (default: data_config.json's num_samples, else the "
                  "job's expected_samples)"),
+    "adopt": ("an output written before run identities (no run.json): check every file (implies --all) and, "
+              "when each one's token ids equal its dataset line, write the playbook job's run.json"),
     "shard": ("check the hosts' outputs as shards of one dataset (automatic for a group whose "
               "data_config.json records a shard): complete, no duplicates, same layout everywhere"),
 }
@@ -84,6 +86,11 @@ def render(c, host, r) -> None:
     ident = r.get("identity") or {}
     for p in ident.get("problems") or []:
         c.print(text(f"  run identity: {p}"), highlight=False)
+    if ident.get("adopted"):
+        c.print(text(f"  run identity adopted: run.json {str(ident.get('digest'))[:12]} written after the token ids of "
+                     f"all {ident.get('ids_compared')} file(s) matched their dataset lines"), highlight=False)
+    elif ident.get("adopt_refused"):
+        c.print(text(f"  --adopt: {ident['adopt_refused']}"), highlight=False)
     if ident.get("recorded"):
         c.print(text(f"  run identity {str(ident.get('digest'))[:12]} (run.json): token ids of "
                      f"{ident.get('ids_compared')} file(s) compared with their "

@@ -181,9 +181,9 @@ def patching_history(*, limit: int | None) -> Request:
 # verify.py
 def verify_verify(*, output_dir: str, expected: int | None = _UNSET, expected_default: int | None = _UNSET,
                   all: bool = _UNSET, sample: int = _UNSET, seed: int = _UNSET, finite: bool = _UNSET,
-                  layout: str | None = _UNSET) -> Request:
+                  layout: str | None = _UNSET, adopt: dict | None = _UNSET) -> Request:
     return _req("verify.verify", output_dir=output_dir, expected=expected, expected_default=expected_default,
-                all=all, sample=sample, seed=seed, finite=finite, layout=layout)
+                all=all, sample=sample, seed=seed, finite=finite, layout=layout, adopt=adopt)
 
 
 # shards.py

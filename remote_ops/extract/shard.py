@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from remote_ops.agent.outputs import layout
 from remote_ops.agent.outputs import shares as rule
 from remote_ops.connect import agent_requests as rq
-from remote_ops.errors import RefusedError, UsageError
+from remote_ops.errors import UsageError
 from remote_ops.records import Record
 
 
@@ -224,7 +224,7 @@ def verify_part(session, *, shard: bool, **kwargs):
     parts = [_part(host.name, r, listing)] if listing["files"] or listing["config_text"] else []
     for sub in listing["shard_dirs"]:
         path = r.output_dir.rstrip("/") + "/" + sub
-        v = verify_mod.verify(session, **{**kwargs, "output_dir": path})
+        v = verify_mod.verify(session, **{**kwargs, "output_dir": path, "adopt": False})
         parts.append(_part(host.name, v, _files(session, path)))
     r.extra["shard_parts"] = parts
     if not listing["files"] and not listing["config_text"] and parts:

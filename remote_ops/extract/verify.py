@@ -49,11 +49,24 @@ def output_dir_for(session, *, pb, job: str | None) -> tuple[str, int | None, st
 
 
 def verify(session, *, pb, output_dir: str | None, expected: int | None, all: bool, sample: int,
-           job: str | None, on_progress: Callable[[int, int], None] | None = None) -> VerifyResult:
+           job: str | None, on_progress: Callable[[int, int], None] | None = None,
+           adopt: bool = False) -> VerifyResult:
     """The verify operation on the session's host: the outputs of ``output_dir``, else of the job
     ``jobs.ref_for(pb, job)`` names (else the playbook's output_dir when the host has no such job);
-    ``on_progress(done, of)`` while the host loads files."""
+    ``on_progress(done, of)`` while the host loads files. ``adopt``: an output without run.json (written
+    before run identities) gets the run identity of the playbook's job, written only when every
+    file loads, is consistent, and its token ids equal its dataset line (implies ``all``)."""
     check_sample(sample)
+    adopt_arg = {}
+    if adopt:
+        if pb is None:
+            raise UsageError("--adopt needs the playbook whose job made the outputs", "pass --playbook NAME")
+        from remote_ops.extract import jobs
+        from remote_ops.extract.preflight import identity_request
+        req = identity_request(jobs.parse_spec(pb, session.host), pb)
+        if req is None:
+            raise UsageError("--adopt: the playbook names no extract.output_dir", "pass --playbook NAME")
+        adopt_arg, all = {"adopt": req}, True
     default = layout = None   # the job's count when none is given (the job's data_config.json overrides it)
     if not output_dir:
         output_dir, default, layout = output_dir_for(session, pb=pb, job=job)
@@ -66,6 +79,6 @@ def verify(session, *, pb, output_dir: str | None, expected: int | None, all: bo
     layout_arg = {"layout": layout} if layout else {}
     progress = None if on_progress is None else lambda e: on_progress(e.get("checked"), e.get("of"))
     res = session.stream_result(*rq.verify_verify(output_dir=output_dir, expected=expected, expected_default=default,
-                                                  all=all, sample=sample, **layout_arg),
+                                                  all=all, sample=sample, **layout_arg, **adopt_arg),
                                 timeout=600, on_event=progress, what="verify")
     return VerifyResult.from_json(res, host=session.label)

@@ -63,9 +63,10 @@ class IdentityCheck:
     """What the files of ``out_dir`` are held to. ``problems``: about the directory (no run.json, a
     dataset changed since); ``check(index, ids, layers, hidden)``: the problems of one file."""
 
-    def __init__(self, out_dir, chosen, data_config=None):
+    def __init__(self, out_dir, chosen, data_config=None, adopt=None):
         self.problems, self.mismatched, self.compared, self.text_lines = [], [], 0, 0
         self.doc = None
+        self.adopting, self.adopted, self.adopt_refused = False, False, None
         self.ident = {}
         self.layers = self.hidden = self.limit = None
         self.lines = {}
@@ -74,9 +75,15 @@ class IdentityCheck:
         except ri.IdentityError as exc:
             self.problems.append(str(exc))
             return
+        if self.doc is not None and adopt is not None:
+            self.adopt_refused = "%s has a %s already: nothing to adopt" % (out_dir, ri.FILE)
+        if self.doc is None and adopt is not None:
+            # the identity the playbook's job has today, held to every file before it is written
+            self.doc, self.adopting = ri.record(adopt), True
         if self.doc is None:
             self.problems.append("no %s in %s: the files cannot be checked against the run that made them "
-                                 "(run extract again with --overwrite, or into a new output_dir)" % (ri.FILE, out_dir))
+                                 "(verify --all --adopt writes it once every file matches its dataset line; or run "
+                                 "extract again with --overwrite, or into a new output_dir)" % (ri.FILE, out_dir))
             return
         self.ident = ident = self.doc["identity"]
         if ri.digest(ident) != self.doc.get("digest"):
@@ -163,8 +170,28 @@ class IdentityCheck:
                                % (index, len(ids), len(self.lines[index])))
         return out
 
+    def adopt(self, out_dir, ok, files):
+        """Write the adopted identity as run.json when the verify found nothing wrong and compared the
+        token ids of every one of its ``files`` with their dataset lines (rows)."""
+        if not self.adopting:
+            return
+        why = None
+        if not ok:
+            why = "verify found problems"
+        elif self.compared != files or self.text_lines:
+            why = "the token ids of %d of %d file(s) were compared with their dataset lines%s (--all compares every " \
+                  "file; text lines need the model's tokenizer)" % (
+                      self.compared, files, ", %d text line(s) not" % self.text_lines if self.text_lines else "")
+        if why:
+            self.adopt_refused = "run.json not written: " + why
+            return
+        ri.write(out_dir, self.ident)
+        self.adopted = True
+
     def to_json(self):
-        return {"recorded": self.doc is not None, "digest": (self.doc or {}).get("digest"),
+        return {"recorded": self.doc is not None and not (self.adopting and not self.adopted),
+                "adopted": self.adopted, "adopt_refused": self.adopt_refused,
+                "digest": (self.doc or {}).get("digest"),
                 "created": (self.doc or {}).get("created"), "identity": self.ident or None,
                 "problems": self.problems, "ids_compared": self.compared, "ids_differ": len(self.mismatched),
                 "text_lines_not_compared": self.text_lines}

@@ -171,7 +171,7 @@ def file_ids_sha(path, header, start):
 def tokens_in(output_dirs, layout_mod, since=None):
     """Tokens in the ``hs_<N>.safetensors`` files of ``output_dirs`` (their token_ids' length, from the
     headers alone): (all, those in files written at or after ``since``)."""
-    from .safetensors import read_header
+    from .stheader import read_header
     total = new = 0
     for d in output_dirs:
         try:

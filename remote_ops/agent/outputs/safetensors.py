@@ -16,63 +16,12 @@ count and hidden size; token_ids against the dataset only when run.json names a 
 prepared Arrow table is not read: that needs the ``datasets`` package).
 """
 
-import json
 import os
 import random
-import re
-import struct
 import time
 
 from ..outputs.scan import MAX_LISTED, _import_torch, scan, stray_problems
-
-SAMPLE_RE = re.compile(r"^hs_(\d+)\.safetensors$")
-DTYPES = {"F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2), "BF16": ("bfloat16", 2),
-          "I64": ("int64", 8), "I32": ("int32", 4), "I16": ("int16", 2), "I8": ("int8", 1), "U8": ("uint8", 1),
-          "BOOL": ("bool", 1), "F8_E4M3": ("float8_e4m3fn", 1), "F8_E5M2": ("float8_e5m2", 1)}
-MAX_HEADER = 100 << 20
-
-
-def read_header(path):
-    """(header dict without __metadata__, data section offset, problem or None)."""
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(8)
-            size = os.fstat(fh.fileno()).st_size
-            if len(head) < 8:
-                return None, 0, "%d bytes: shorter than a safetensors header" % size
-            (n,) = struct.unpack("<Q", head)
-            if n > MAX_HEADER or 8 + n > size:
-                return None, 0, "header length %d does not fit in %d bytes (truncated?)" % (n, size)
-            raw = fh.read(n)
-    except OSError as exc:
-        return None, 0, "cannot read: %s" % (exc.strerror or exc)
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        return None, 0, "header is not JSON: %s" % str(exc)[:120]
-    if not isinstance(header, dict):
-        return None, 0, "header is not a JSON object"
-    header.pop("__metadata__", None)
-    spans = []
-    for name, t in header.items():
-        if not isinstance(t, dict) or t.get("dtype") not in DTYPES or not isinstance(t.get("shape"), list) \
-                or not isinstance(t.get("data_offsets"), list) or len(t["data_offsets"]) != 2:
-            return None, 0, "tensor %r has a malformed entry" % name
-        begin, end = t["data_offsets"]
-        count = 1
-        for d in t["shape"]:
-            count *= d
-        if end - begin != count * DTYPES[t["dtype"]][1]:
-            return None, 0, "tensor %r: %d bytes for shape %s of %s" % (name, end - begin, t["shape"], t["dtype"])
-        spans.append((begin, end))
-    pos = 0
-    for begin, end in sorted(spans):
-        if begin != pos:
-            return None, 0, "data offsets are not contiguous at byte %d" % begin
-        pos = end
-    if 8 + n + pos != size:
-        return None, 0, "data section is %d bytes, the header describes %d (truncated?)" % (size - 8 - n, pos)
-    return header, 8 + n, None
+from .stheader import DTYPES, read_header  # noqa: F401  (the header reader: outputs/stheader.py)
 
 
 def load_tensors(torch, path, header, start, names):
@@ -124,7 +73,7 @@ def check_sample(torch, header, tensors, check_finite):
     return problems, layout
 
 
-def verify(args):
+def verify(args, adopt=None):
     """The ``hs_safetensors`` layout of ``verify.verify`` (same arguments and result keys)."""
     out_dir = os.path.expanduser(args.get("output_dir") or "")
     expected = args.get("expected")
@@ -167,7 +116,7 @@ def verify(args):
         pick |= set(rng.sample(rest, min(len(rest), max(0, sample_n - len(pick)))))
         chosen = sorted(pick)
     from .identity_check import IdentityCheck
-    ident = IdentityCheck(out_dir, chosen)
+    ident = IdentityCheck(out_dir, chosen, adopt=adopt)
     inconsistent, bad_values, seen = [], [], set()
     reference = ref_index = None
     last_event = time.time()
@@ -196,6 +145,8 @@ def verify(args):
             last_event = time.time()
             yield {"type": "progress", "checked": n_done, "of": len(chosen)}
     ok = not (gaps or short or bad_load or inconsistent or bad_values or locks or ident.problems or names)
+    if ident.adopting:
+        ident.adopt(out_dir, ok and check_all, len(indexes))
     return {
         "ok": ok, "output_dir": out_dir, "layout": "hs_safetensors", "files": len(indexes), "expected": expected,
         "max_index": top, "gaps": gaps[:MAX_LISTED], "gap_count": len(gaps),
