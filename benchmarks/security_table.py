@@ -50,6 +50,10 @@ ROWS = [
     ("gather: a copy whose bytes differ from the host's hash; the part then reported \"0 copied\"",
      "the copy is dropped, the rest count, the group names the file and exits non-zero",
      [r"test_hostile_host.py::test_a_copy_with_other_bytes_is_dropped_and_the_rest_counted"]),
+    ("gather: a sample file cut short on the host is copied and reported \"sha256 checked\"",
+     "a sample counts only when whole (its zip end record / safetensors header read); gather refuses it, naming "
+     "it and the fix; verify names it; the next extract writes it anew",
+     [r"test_whole_files.py::test_a_file_cut_short_is_named_by_verify_refused_by_gather_and_written_anew"]),
     ("verify: `data_02.pt`, `\"data_2.pt\\n\"`, `data_٢.pt`, ` data_2.pt` counted as samples",
      "one sample-name rule; a name that only looks like a sample is never counted, and verify exits non-zero",
      [r"test_hostile_host.py::test_names_that_only_look_like_samples_are_never_counted",
