@@ -430,3 +430,96 @@ def test_tasks_that_left_the_queue_end_as_sacct_says(slurm, sshd, tmp_path, cli)
         "task 0 failed (exit code 0), Slurm: TIMEOUT on gpu02 after 603 s; task 2 failed"), job
     status, out, err = cli("status", "cluster", "-i", str(inv))
     assert status == 1 and "task 0: failed (Slurm: TIMEOUT on gpu02 after 603 s), " in out, out
+
+
+LAYERED = PLAYBOOK.replace('"--hidden-size", "16"]', '"--hidden-size", "16", "--layer-ids", "{vars.layers}"]')
+
+
+def _layered_inventory(sshd, slurm, tmp_path, *, layers, n=6, sleep=0):
+    pb = tmp_path / "slurm.yaml"
+    pb.write_text(LAYERED)
+    host = sshd.host_entry(python=sys.executable, workdir=str(tmp_path),
+                           env={"REMOTE_OPS_STATE_DIR": str(tmp_path / "state"), "SLURM_CONF": slurm["conf"]},
+                           vars={"scheduler": "slurm", "n": n, "sleep": sleep, "layers": layers,
+                                 "out": str(tmp_path / "out")}, playbook=str(pb))
+    return write_inventory(tmp_path / "inv.yaml", {"cluster": host})
+
+
+def _tree(root):
+    return sorted((str(p.relative_to(root)), p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file())
+
+
+def test_the_login_node_preflight_refuses_another_run_in_the_task_directories(slurm, sshd, tmp_path, cli):
+    """Each array task's shard-K-of-N holds the run identity: the login node's preflight compares
+    every task's run.json before sbatch; another run's samples refuse the submit in one line naming
+    the task, its directory and the difference, with a fix a Slurm job can take (not --overwrite);
+    nothing is submitted and no file changes. The same run resumes with a note per task."""
+    inv = _layered_inventory(sshd, slurm, tmp_path, layers="1,2,3")
+    status, out, err = cli("extract", "cluster", "--skip-check", "--dry-run", "-i", str(inv))
+    assert status == 0, err
+    assert "record it in their shard-K-of-3/run.json as they start" in " ".join(out.split()), out
+    status, out, err = cli("extract", "cluster", "--skip-check", "-i", str(inv))
+    assert status == 0, err
+    first = _wait(cli, inv, ("succeeded", "failed", "lost"))
+    assert first["state"] == "succeeded", first
+    before = _tree(tmp_path / "out")
+
+    inv = _layered_inventory(sshd, slurm, tmp_path, layers="0,1,2")
+    status, out, err = cli("extract", "cluster", "--skip-check", "-i", str(inv))
+    assert status != 0, out
+    line = " ".join(err.split())
+    assert (f"array task 0: {tmp_path}/out/shard-0-of-3 holds 2 sample file(s) of another run: layer_ids "
+            "[1,2,3] -> [0,1,2]") in line, err
+    assert f"(also task(s) 1, 2: {tmp_path}/out/shard-1-of-3, {tmp_path}/out/shard-2-of-3)" in line, err
+    assert "--overwrite is not offered for Slurm jobs" in line and "start over with" not in line, err
+    assert _tree(tmp_path / "out") == before
+    jobs = sorted(p.name for p in (tmp_path / "state" / "slurm").iterdir() if p.is_dir())
+    assert jobs == [first["job_id"]]                     # nothing submitted
+    assert _status(cli, inv)["job_id"] == first["job_id"]
+
+    inv = _layered_inventory(sshd, slurm, tmp_path, layers="1,2,3")     # the same run: a resume, noted per task
+    status, out, err = cli("extract", "cluster", "--skip-check", "--dry-run", "-i", str(inv))
+    assert status == 0, err
+    assert "task(s) 0, 1, 2 resume their 6 sample file(s) (run.json)" in " ".join(out.split()), out
+
+
+def test_slurm_speaks_for_itself_and_an_ended_array_keeps_its_own_count_and_time(slurm, sshd, tmp_path, cli):
+    """Status, extract and stop of an array in Slurm's words (no pid, no squeue reason "None", no
+    literal task-%a.log, scancel rather than SIGTERM/SIGKILL); a cancelled array reports what its
+    tasks had written by their end (each task records it on scancel's SIGTERM) and an elapsed time
+    that stops growing, also after a later array completed the directories."""
+    inv = _inventory(sshd, slurm, tmp_path, n=30, sleep=1)
+    status, out, err = cli("extract", "cluster", "--skip-check", "-i", str(inv))
+    assert status == 0, err
+    assert "pid None" not in out and "Slurm job " in out and "3 array task(s)" in out, out
+    assert "%a" not in out and f"logs: {tmp_path}/state/slurm/" in out, out
+    job = _wait(cli, inv, ("running",), timeout=60)
+    deadline = time.time() + 60
+    while _status(cli, inv)["samples"]["done"] < 3:
+        assert time.time() < deadline
+        time.sleep(0.3)
+    status, out, err = cli("status", "cluster", "-i", str(inv))
+    assert "running (None)" not in out and "(None)" not in out and "pid None" not in out, out
+    assert "%a" not in out and "task-0.log .. task-2.log" in out, out
+    status, out, err = cli("stop", "cluster", "-i", str(inv))
+    assert status == 0, err
+    assert f"(scancel of Slurm job {job['slurm_id']}, 3 array task(s))" in err and "SIGKILL" not in err, err
+    assert f"scancel {job['slurm_id']}: Slurm lists no task of it" in out, out
+    stopped = _wait(cli, inv, ("stopped",), timeout=60)
+    assert all(t["samples_counted"] == "at its end" for t in stopped["tasks"]), stopped
+    written = stopped["samples"]["done"]
+    assert 3 <= written < 30
+    time.sleep(2.5)
+    again = _status(cli, inv)
+    assert again["elapsed_s"] == stopped["elapsed_s"], (again, stopped)     # its own time, not growing
+    # a later array completes the directories: the cancelled one still says what it had written
+    inv2 = _inventory(sshd, slurm, tmp_path, n=30, sleep=0)
+    status, out, err = cli("extract", "cluster", "--skip-check", "--json", "-i", str(inv2))
+    assert status == 0, err
+    done = _wait(cli, inv2, ("succeeded", "failed", "lost"))
+    assert done["state"] == "succeeded" and done["samples"]["done"] == 30, done
+    assert done["samples"]["at_start"] == written, done
+    assert done["rate_per_s"] == round((30 - written) / done["elapsed_s"], 3) or done["rate_per_s"] > 0
+    status, out, err = cli("status", "cluster", "--job", stopped["job_id"], "--json", "-i", str(inv))
+    old = json.loads(out)["job"]
+    assert old["samples"]["done"] == written and old["elapsed_s"] == stopped["elapsed_s"], old

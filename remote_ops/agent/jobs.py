@@ -205,9 +205,44 @@ def identity_check(req, output_dirs):
         ident = job_identity(req)
     except ri.IdentityError as exc:
         return {"error": str(exc)}
+    if req.get("tasks"):          # a Slurm array: each task's own share directory (agent/slurm.py)
+        return _task_identities(ident, output_dirs[0], req["tasks"])
     res = ri.check_dirs(output_dirs, ident)
     res["identity"] = ident
     res["line"] = ri.refusal(res["problem"]) if res["problem"] else None
+    return res
+
+
+def _task_identities(ident, output_dir, n):
+    """Each array task k of a Slurm job of ``n`` tasks against the run.json of its directory
+    ``output_dir``/shard-k-of-n, with its shard in the identity (the one it computes for itself): the
+    tasks, the first task refused and its line (another run's samples: move it aside or a new path,
+    since --overwrite is not offered for Slurm), else the note saying what each task will do."""
+    from .outputs import run_identity as ri
+    from .outputs.shares import dir_name
+    tasks = []
+    for k in range(n):
+        d = os.path.join(output_dir, dir_name(k, n))
+        r = ri.check(d, dict(ident, shard={"index": k, "count": n}))
+        tasks.append(dict(r, task=k, output_dir=d))
+    bad = [t for t in tasks if t["problem"]]
+    res = {"identity": ident, "digest": ri.digest(ident), "tasks": tasks, "state": bad[0]["state"] if bad else
+           "same" if all(t["state"] == "same" for t in tasks) else "new",
+           "samples": sum(t["samples"] for t in tasks), "problem": bad[0]["problem"] if bad else None,
+           "recorded": None, "differences": bad[0]["differences"] if bad else []}
+    if bad:
+        more = (" (also task(s) %s: %s)" % (", ".join(str(t["task"]) for t in bad[1:]),
+                                            ", ".join(t["output_dir"] for t in bad[1:])) if bad[1:] else "")
+        res["line"] = "array task %d: %s%s: %s" % (bad[0]["task"], bad[0]["problem"], more,
+                                                  ri.refusal(None, slurm=[t["output_dir"] for t in bad]))
+        return res
+    resumed = [t for t in tasks if t["state"] == "same" and t["samples"]]
+    res["line"] = ("run identity %s: %s" % (res["digest"][:12], "; ".join(
+        ["task(s) %s resume their %d sample file(s) (run.json)" % (", ".join(str(t["task"]) for t in resumed),
+                                                                    sum(t["samples"] for t in resumed))]
+        * bool(resumed) + ["task(s) %s record it in their shard-K-of-%d/run.json as they start"
+                           % (", ".join(str(t["task"]) for t in tasks if t not in resumed), n)]
+        * bool(len(resumed) < n))))
     return res
 
 

@@ -54,6 +54,36 @@ def on_usr1(signum, frame):
     if child is not None and child.poll() is None:
         child.terminate()
 signal.signal(signal.SIGUSR1, on_usr1)
+out_dir = os.path.join(job["output_dir"], "shard-%%d-of-%%d" %% (k, n)) if job.get("output_dir") else None
+def written():
+    # what the task's directory holds at its end (supervisor.py's count, layout.py beside it in JOBDIR)
+    if not out_dir:
+        return None
+    try:
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("remote_ops_job_supervisor", os.path.join(JOBDIR, "supervisor.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod.written(out_dir, job.get("layout"))
+    except Exception as exc:
+        return {"error": "%%s: %%s" %% (type(exc).__name__, exc)}
+def record(name, rec):
+    tmp = os.path.join(JOBDIR, "task-%%d.%%s.tmp" %% (k, name))
+    with open(tmp, "w") as fh:
+        json.dump(rec, fh)
+    os.replace(tmp, os.path.join(JOBDIR, "task-%%d.%%s" %% (k, name)))
+# scancel (or Slurm's time limit) sends SIGTERM: the command stops, and the task records when it ended and
+# what it had written (task-k.end.json; no exit file: how it ended is Slurm's to say)
+def on_term(signum, frame):
+    if child is not None and child.poll() is None:
+        child.terminate()
+        try:
+            child.wait(20)
+        except Exception:
+            pass
+    record("end.json", {"ended_at": time.time(), "signal": "SIGTERM", "samples": written()})
+    sys.exit(143)
+signal.signal(signal.SIGTERM, on_term)
 if rc is None:
     print("[remote-ops] task %%d of %%d on %%s%%s: %%s" %% (k, n, os.uname().nodename,
           " (run %%d)" %% (restarts + 1) if restarts else "", shlex.join(argv)), flush=True)
@@ -75,10 +105,8 @@ if asked:
     else:
         print("[remote-ops] task %%d: Slurm's time limit is near and it was requeued %%d time(s) already "
               "(extract.slurm.requeue: %%d): not again" %% (k, restarts, most), flush=True)
-tmp = os.path.join(JOBDIR, "task-%%d.exit.json.tmp" %% k)
-with open(tmp, "w") as fh:
-    json.dump({"exit_code": rc, "ended_at": time.time()}, fh)
-os.replace(tmp, os.path.join(JOBDIR, "task-%%d.exit.json" %% k))
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
+record("exit.json", {"exit_code": rc, "ended_at": time.time(), "samples": written()})
 if all(os.path.exists(os.path.join(JOBDIR, "task-%%d.exit.json" %% i)) for i in range(n)):
     try:
         os.unlink(secrets_file)
@@ -131,8 +159,8 @@ def _squeue(slurm_id):
         raise AgentFailure("slurm-failed", "squeue failed: %s" % (err.strip() or "exit %d" % rc))
     for line in out.splitlines():
         parts = line.strip().split("|")
-        if len(parts) == 3 and parts[0].isdigit():
-            tasks[int(parts[0])] = (parts[1], parts[2])
+        if len(parts) == 3 and parts[0].isdigit():    # squeue's reason "None": there is none
+            tasks[int(parts[0])] = (parts[1], None if parts[2] in ("None", "") else parts[2])
     return tasks
 
 
@@ -230,10 +258,13 @@ def job_status(job_id, accounting=True):
     acct, acct_note = {}, None
     if (accounting is True and len(live) < n) or (accounting == "final" and not live):
         acct, acct_note = _accounting(jobdir, job["slurm_id"], n, final=not live)
-    tasks, done, expected = [], 0, 0
+    tasks, done, expected, ends = [], 0, 0, []
+    initial = job.get("initial_samples") or []
     for k in range(n):
         ext = sup.read_json(os.path.join(jobdir, "task-%d.exit.json" % k))
+        term = sup.read_json(os.path.join(jobdir, "task-%d.end.json" % k)) if ext is None else None
         sa = acct.get(k) if k not in live else None
+        ext_code = (ext or {}).get("exit_code")
         if k in live:
             state = {"PENDING": "pending", "RUNNING": "running", "CONFIGURING": "running",
                      "COMPLETING": "running"}.get(live[k][0], live[k][0].lower())
@@ -241,24 +272,35 @@ def job_status(job_id, accounting=True):
             state = "succeeded" if ext.get("exit_code") == 0 else ("stopped" if stop else "failed")
         elif sa is not None and sa["slurm_state"] in _SACCT_STATES:
             state = _SACCT_STATES[sa["slurm_state"]]
-            ext = {"exit_code": sa["exit_code"]}
+            ext_code = sa["exit_code"]
         else:
             state = "stopped" if stop else "lost"
+        log = os.path.join(jobdir, "task-%d.log" % k)
         out_dir = os.path.join(job["output_dir"], "shard-%d-of-%d" % (k, n)) if job.get("output_dir") else None
-        count = sup.count_samples(out_dir)[0] if out_dir else 0
+        # an ended task: what it wrote by its end and when it ended (its exit file, or the end it recorded
+        # on scancel's SIGTERM); else, or for a task of an older remote-ops, its directory now
+        end = (ext or term) if k not in live else None
+        at_end = (end or {}).get("samples") if isinstance((end or {}).get("samples"), dict) else None
+        if at_end is not None and isinstance(at_end.get("done"), int):
+            count, total = at_end["done"], at_end.get("num_samples")
+        else:
+            count, total = (sup.count_samples(out_dir)[0] if out_dir else 0), None
+            if out_dir:
+                from .outputs.data_config import read_data_config
+                total = (read_data_config(out_dir) or {}).get("num_samples")
+        total = total if isinstance(total, int) and not isinstance(total, bool) else job.get("expected_samples")
         done += count
-        total = job.get("expected_samples")
-        if out_dir:
-            from .outputs.data_config import read_data_config
-            asked = (read_data_config(out_dir) or {}).get("num_samples")
-            total = asked if isinstance(asked, int) and not isinstance(asked, bool) else total
         share = len(range(k, total, n)) if isinstance(total, int) else None
         expected += share or 0
+        if k not in live:
+            ends.append(_task_end(end, stop, log, job["created_at"]))
         tasks.append({"task": k, "state": state, "reason": live[k][1] if k in live else _sacct_reason(sa),
-                      "exit_code": (ext or {}).get("exit_code"), "samples": count, "expected": share,
-                      "log": os.path.join(jobdir, "task-%d.log" % k), "slurm_state": (sa or {}).get("slurm_state"),
+                      "exit_code": ext_code,
+                      "samples": count, "expected": share, "samples_counted": "at its end" if at_end else "now",
+                      "at_start": initial[k] if k < len(initial) else None,
+                      "log": log, "slurm_state": (sa or {}).get("slurm_state"),
                       "node": (sa or {}).get("node"), "elapsed_s": (sa or {}).get("elapsed_s"),
-                      "signal": (sa or {}).get("signal")})
+                      "signal": (sa or {}).get("signal") or (term or {}).get("signal")})
     states = {t["state"] for t in tasks}
     if states & {"pending", "running"}:
         state = "running" if "running" in states else "starting"
@@ -281,17 +323,33 @@ def job_status(job_id, accounting=True):
     elif state == "stopped":
         reason = "stopped by remote-ops' stop (scancel)"
     t = time.time()
-    ends = [sup.read_json(os.path.join(jobdir, "task-%d.exit.json" % k), {}).get("ended_at") for k in range(n)]
-    end = t if state in ("running", "starting") else max([e for e in ends if e] or [t])
-    elapsed = end - job["created_at"]
+    # an ended array's time is its own: from its submission to its last task's end, never to now
+    ended_at = None if state in ("running", "starting") else max(ends or [t])
+    elapsed = (ended_at or t) - job["created_at"]
+    new = done - sum(x for x in initial if isinstance(x, int)) if initial else done
     return {"job_id": job_id, "key": job["key"], "scheduler": "slurm", "slurm_id": job["slurm_id"],
             "state": state, "reason": reason, "tasks": tasks, "command": job["command"],
-            "output_dir": job.get("output_dir"), "log": os.path.join(jobdir, "task-%a.log"),
-            "label": job.get("label"), "created_at": job["created_at"], "elapsed_s": round(elapsed, 1),
-            "samples": {"done": done, "expected": expected or job.get("expected_samples")},
-            "rate_per_s": round(done / elapsed, 3) if done and elapsed > 0 else None,
+            "output_dir": job.get("output_dir"), "log": None, "log_dir": jobdir,
+            "label": job.get("label"), "created_at": job["created_at"], "ended_at": ended_at,
+            "elapsed_s": round(elapsed, 1),
+            "samples": {"done": done, "expected": expected or job.get("expected_samples"),
+                        "at_start": sum(x for x in initial if isinstance(x, int)) if initial else None},
+            "rate_per_s": round(new / elapsed, 3) if new > 0 and elapsed > 0 else None,
             "exit_code": None, "signal_name": None, "error_lines": [], "warnings": [], "pid": None,
             "accounting": acct_note}
+
+
+def _task_end(end, stop, log, created_at):
+    """When an array task that left the queue ended: its exit file's (or SIGTERM record's) time, else
+    remote-ops' scancel, else its log's last write (a task Slurm killed outright), else its submission."""
+    if end and isinstance(end.get("ended_at"), (int, float)):
+        return end["ended_at"]
+    if stop and isinstance(stop.get("at"), (int, float)):
+        return stop["at"]
+    try:
+        return os.path.getmtime(log)
+    except OSError:
+        return created_at
 
 
 def _sacct_reason(sa):
@@ -389,12 +447,21 @@ def op_submit(args):
         with os.fdopen(fd, "w") as fh:
             import json
             json.dump(secret_values, fh)
-    record = {"job_id": job_id, "key": key, "command": command, "workdir": workdir,
+    # what each task's directory holds before the array runs: its rate counts only what it writes
+    initial = [sup.count_samples(os.path.join(output_dir, "shard-%d-of-%d" % (k, tasks)))[0] if output_dir else 0
+               for k in range(tasks)]
+    record = {"job_id": job_id, "key": key, "command": command, "workdir": workdir, "initial_samples": initial,
               "secret_names": sorted(secret_values),
               "env": args.get("env") or {}, "output_dir": output_dir, "tasks": tasks,
               "expected_samples": args.get("expected_samples"), "created_at": time.time(),
               "label": standin_label(command, workdir), "sbatch": sbatch, "requeue": requeue}
     sup.write_json(os.path.join(jobdir, "job.json"), record)
+    from .jobs import _module_source
+    from .outputs import layout
+    for mod, fname in ((sup, "supervisor.py"), (layout, "layout.py")):
+        # read by each task at its end to count what it wrote (supervisor.written: the one count)
+        with open(os.path.join(jobdir, fname), "w") as fh:
+            fh.write(_module_source(mod))
     lines = ["#SBATCH --job-name=%s" % key, "#SBATCH --array=0-%d" % (tasks - 1),
              "#SBATCH --output=%s" % os.path.join(jobdir, "task-%a.log"), "#SBATCH --open-mode=append"]
     if requeue:

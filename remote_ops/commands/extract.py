@@ -72,7 +72,8 @@ def run(args, ctx) -> int:
         sys.stdout.flush()
     else:
         what = "attached to running job" if v.attached else "started job"
-        ctx.err.print(text(f"{host.name}: {what} {job['job_id']} (pid {job.get('pid')}); "
+        from remote_ops.extract.slurm import handle
+        ctx.err.print(text(f"{host.name}: {what} {job['job_id']} ({handle(job)}); "
                            "Ctrl-C detaches, the job keeps running"), highlight=False)
         if job.get("label"):
             ctx.err.print(text(f"  {job['label']}"), highlight=False)
@@ -101,7 +102,8 @@ def summary(v) -> str:
     if v.get("dry_run"):
         return "preflight passed (dry run)"
     verb = "attached to running" if v.attached else "started"
-    return f"{verb} {v.job['job_id']} (pid {v.job.get('pid')})"
+    from remote_ops.extract.slurm import handle
+    return f"{verb} {v.job['job_id']} ({handle(v.job)})"
 
 
 def render(c, name, v, ctx=None) -> None:
@@ -115,7 +117,8 @@ def render(c, name, v, ctx=None) -> None:
         return
     job = v.job
     verb = "already running, not started again" if v.attached else "started"
-    c.print(text(f"{name}: job {job['job_id']} {verb} (pid {job.get('pid')}, state {job['state']})"))
+    from remote_ops.extract.slurm import handle, logs_text
+    c.print(text(f"{name}: job {job['job_id']} {verb} ({handle(job)}, state {job['state']})"))
     if "--shard" in (job.get("command") or [])[-2:]:
         c.print(text(f"  shard {job['command'][-1]} into {job.get('output_dir')}"))
     if job["state"] not in ("starting", "running", "succeeded"):   # died within its first seconds
@@ -130,7 +133,7 @@ def render(c, name, v, ctx=None) -> None:
         c.print(text(f"  {line}"))
     for n in v.preflight.get("notes") or []:
         c.print(text(f"  note: {n}"))
-    c.print(text(f"  log: {job.get('log')}"))
+    c.print(text(f"  {logs_text(job)}" if job.get("scheduler") == "slurm" else f"  log: {job.get('log')}"))
     from remote_ops import again
     flags = ctx.again_flags if ctx is not None else ()
     follow = again.command("logs", name, "--job", job["job_id"], "--follow", flags=flags)

@@ -65,4 +65,9 @@ def render(c, host, st) -> None:
     for w in st.get("warnings") or []:
         c.print(text(f"  warning: {w}", "yellow"))
     where = " + ".join(map(str, st.get("output_dirs") or [st.get("output_dir")]))   # several disks: every directory
+    if st.get("scheduler") == "slurm":      # an array: each task its shard-K-of-N and its own log
+        from remote_ops.extract.slurm import logs_text
+        n = len(st.get("tasks") or [])
+        c.print(text(f"  output: {where}/shard-K-of-{n}   {logs_text(st)}"), highlight=False)
+        return
     c.print(text(f"  output: {where}   log: {st.get('log')}"), highlight=False)

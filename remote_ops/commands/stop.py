@@ -19,8 +19,9 @@ def run(args, ctx) -> int:
     from remote_ops.errors import Exit
 
     def say(host, st, grace):
-        ctx.err.print(text(f"{host.name}: stopping {st['job_id']} (SIGTERM, SIGKILL after {grace:g}s)..."),
-                      markup=False, highlight=False)
+        how = (f"scancel of Slurm job {st.get('slurm_id')}, {len(st.get('tasks') or [])} array task(s)"
+               if st.get("scheduler") == "slurm" else f"SIGTERM, SIGKILL after {grace:g}s")
+        ctx.err.print(text(f"{host.name}: stopping {st['job_id']} ({how})..."), markup=False, highlight=False)
 
     results = call(ctx.fleet.stop, args, on_stopping=None if ctx.json else say)
     return ctx.show(results, lambda c, name, v: render(c, name, v, v.clean),
@@ -45,8 +46,11 @@ def render(c, host, rep, clean) -> None:
     for p in rep.get("gpu_killed") or []:
         c.print(text(f"  killed GPU holder of the job: pid {p['pid']} ({p.get('name')}) {p.get('used_memory_mib')} MiB"),
                 markup=False)
+    slurm = rep["job"].get("scheduler") == "slurm"
     if rep["remaining"]:
         c.print(text(f"  STILL ALIVE: {names(rep['remaining'])}", "red"))
+    elif slurm:
+        c.print(text(f"  scancel {rep['job'].get('slurm_id')}: Slurm lists no task of it", "green"))
     else:
         c.print(Text("  no process of the job is left", style="green"))
     for h in rep.get("gpu_holders") or []:

@@ -133,6 +133,9 @@ def _identity_preflight(pf: Preflight, res: dict | None, spec: ExtractSpec, over
     if res.get("error"):
         pf.notes.append(f"run identity not computed: {res['error']} (the job checks its own)")
         return
+    if res.get("tasks") is not None:      # a Slurm array: each task's shard-K-of-N (agent/jobs.py identity_check)
+        (pf.problems if res.get("problem") else pf.notes).append(res["line"])
+        return
     short = res["digest"][:12]
     where = " and ".join(spec.output_dirs) if spec.several_dirs else spec.output_dir
     aside = (f"{spec.output_dir}/.replaced-<UTC time>/" if not spec.several_dirs
@@ -188,6 +191,7 @@ class Context:
     overwrite: bool = False
     remeasure_disk: bool = False
     probe: dict = field(default_factory=dict)
+    slurm_tasks: int | None = None        # a Slurm job array: its tasks' directories hold the run identity
 
     @property
     def do_check(self) -> bool:
@@ -229,7 +233,7 @@ class RunningJob(Part):
         if spec.layout:
             args["layout"] = spec.layout
         if (ident_req := identity_request(spec, c.playbook)) is not None:
-            args["identity"] = ident_req
+            args["identity"] = dict(ident_req, tasks=c.slurm_tasks) if c.slurm_tasks else ident_req
         if spec.output_dir and spec.disk:     # the launch plan's disk speed (agent/job/diskspeed.py)
             args["speed"] = {"refresh": c.remeasure_disk}
         if (prep := _prepared.request(spec)) is not None:     # the server flow's Arrow data vs max_model_len
@@ -634,13 +638,15 @@ PARTS = (RunningJob(), GpuQuery(), Files(), CallSites(), Gpus(), Disk(), LaunchP
 
 
 def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False, dry_run: bool = False,
-              strict_drift: bool = False, host=None, overwrite: bool = False, remeasure_disk: bool = False) -> Preflight:
+              strict_drift: bool = False, host=None, overwrite: bool = False, remeasure_disk: bool = False,
+              slurm_tasks: int | None = None) -> Preflight:
     """Running job + shipped files + GPUs + check + disk + run identity + port + dataset + import probes,
     in ONE round trip. The files are uploaded here (unless dry_run or the job is running), before the
     probe that may import them. Drift against the package's baseline is shown as notes, and refuses the
     job only with ``strict_drift``. ``remeasure_disk``: measure the output disk's write speed again
-    instead of using the host's cached figure."""
-    c = Context(session, spec, playbook, host, skip_check, dry_run, strict_drift, overwrite, remeasure_disk)
+    instead of using the host's cached figure. ``slurm_tasks``: the run identity is each array task's."""
+    c = Context(session, spec, playbook, host, skip_check, dry_run, strict_drift, overwrite, remeasure_disk,
+                slurm_tasks=slurm_tasks)
     ops: dict[str, rq.Request] = {}
     for part in PARTS:
         ops.update(part.ops(c))

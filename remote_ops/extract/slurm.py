@@ -16,6 +16,7 @@ run on. GPUs are Slurm's to give (--gres), so the login node's are not checked.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from remote_ops.connect import agent_requests as rq
 from remote_ops.errors import RefusedError, UsageError
@@ -83,8 +84,8 @@ def requeue_times(pb) -> int:
 def extract(session, pb, spec, *, skip_check: bool, dry_run: bool, strict_drift: bool, early_death_s: float,
             overwrite: bool, remeasure_disk: bool):
     """jobs.extract's twin for a login node (``early_death_s`` does not apply: sbatch queues the array,
-    and status shows a task that failed). Each task's script checks its own directory's run identity;
-    ``overwrite`` is not offered here."""
+    and status shows a task that failed). The preflight checks each task's directory's run identity
+    (another run's samples refuse the submit, naming the tasks); ``overwrite`` is not offered here."""
     from remote_ops.agent.slurm import TOKEN
     from remote_ops.extract import jobs
     from remote_ops.extract.extract_spec import parse_spec
@@ -104,7 +105,7 @@ def extract(session, pb, spec, *, skip_check: bool, dry_run: bool, strict_drift:
     tasks, sbatch = options(pb, spec)
     pf = jobs.preflight(session, dataclasses.replace(spec, gpu_count=0, gpus_free=False), pb,
                         skip_check=skip_check, dry_run=dry_run, strict_drift=strict_drift, host=host,
-                        remeasure_disk=remeasure_disk)
+                        remeasure_disk=remeasure_disk, slurm_tasks=tasks)
     pf.running = None        # a plain job of the same playbook on the login node is not this one
     import shlex
     pf.notes.append(f"slurm: {tasks} array task(s), sbatch {shlex.join(sbatch) or '(no options)'}")
@@ -114,7 +115,12 @@ def extract(session, pb, spec, *, skip_check: bool, dry_run: bool, strict_drift:
     if dry_run:
         return jobs.ExtractResult(host.name, started=False, dry_run=True, spec=spec.to_json(), preflight=pf.to_json())
     per_task = parse_spec(pb, host, subdir=TOKEN)     # {output_dir} in the command: the task's directory
-    res = session.call(*rq.slurm_submit(key=spec.key, command=per_task.command, workdir=spec.workdir, env=spec.env,
+    env = dict(spec.env)
+    from remote_ops.extract.preflight import playbook_identity
+    if (playbook := playbook_identity(pb)) is not None:      # each task computes the identity the preflight checked
+        import json
+        env["REMOTE_OPS_RUN_PLAYBOOK"] = json.dumps(playbook, sort_keys=True)
+    res = session.call(*rq.slurm_submit(key=spec.key, command=per_task.command, workdir=spec.workdir, env=env,
                                         output_dir=spec.output_dir, tasks=tasks, sbatch=sbatch,
                                         python=host.python, expected_samples=spec.expected_samples,
                                         secrets=secret_values or rq._UNSET, requeue=requeue_times(pb)),
@@ -185,6 +191,20 @@ def follow(session, job_id: str, on_text, *, poll: float = 1.0, clock=None) -> d
                 return r["job"]
             continue          # one more read: what the tasks wrote before they ended
         time.sleep(poll)
+
+
+def handle(st: dict) -> str:
+    """How a person finds a job's processes: its pid, or for a Slurm array its Slurm job id and tasks."""
+    if st.get("scheduler") == "slurm":
+        return f"Slurm job {st.get('slurm_id')}, {len(st.get('tasks') or [])} array task(s)"
+    return f"pid {st.get('pid')}"
+
+
+def logs_text(st: dict) -> str:
+    """Where a Slurm array's logs are: one file per task in its state directory."""
+    names = [os.path.basename(t["log"]) for t in st.get("tasks") or [] if t.get("log")]
+    where = os.path.dirname(st["tasks"][0]["log"]) if names else st.get("log_dir")
+    return f"logs: {where}/" + (names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]}" if names else "")
 
 
 def print_task_text(ctx, task: int, text: str) -> None:

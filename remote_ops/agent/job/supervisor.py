@@ -138,6 +138,26 @@ def count_samples(output_dir, layout=None, limit=None):
     return len(seen), top
 
 
+def run_size(output_dir):
+    """The run's size, data_config.json's ``data.num_samples`` in ``output_dir`` (the first of a list),
+    or None (the job writes it; agent/outputs/data_config.py reads the rest of that document)."""
+    d = output_dir[0] if isinstance(output_dir, (list, tuple)) and output_dir else output_dir
+    doc = read_json(os.path.join(d, "data_config.json")) if isinstance(d, str) else None
+    size = (doc.get("data") or {}).get("num_samples") if isinstance(doc, dict) and isinstance(doc.get("data"), dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else None
+
+
+def written(output_dir, layout=None):
+    """What an output holds, as a job's end records it (exit.json "samples", a Slurm task's exit file):
+    {"done", "max_index", "num_samples", "at"}: its sample files, only those below the run's size when
+    files beyond it are there (a larger run's leftovers are not this one's), as status counts them."""
+    size = run_size(output_dir)
+    done, top = count_samples(output_dir, layout)
+    if size is not None and top >= size:
+        done, top = count_samples(output_dir, layout, limit=size)
+    return {"done": done, "max_index": top, "num_samples": size, "at": now()}
+
+
 def marker_pids(job_id, exclude=()):
     """Live processes whose environment carries this job's marker, whatever their name or session."""
     needle = ("%s=%s" % (MARKER, job_id)).encode() + b"\0"
@@ -272,6 +292,11 @@ class Supervisor:
     def path(self, name):
         return os.path.join(self.jobdir, name)
 
+    def written(self):
+        """What the job's output holds at its end (``written``), for its exit record; None without one."""
+        dirs = output_dirs(self.job)
+        return written(dirs, self.job.get("layout")) if dirs else None
+
     def _forward(self, signum, frame):
         # Someone signalled the supervisor itself: pass it on to the job (and its server), keep recording.
         import signal
@@ -300,7 +325,7 @@ class Supervisor:
             msg = "cannot start the job: %s" % problem
             log_line(log_fd, msg)
             write_json(self.path("exit.json"), {"exit_code": None, "signal": None, "ended_at": now(),
-                                                "start_error": msg, "cleanup": []})
+                                                "start_error": msg, "cleanup": [], "samples": self.written()})
             return 0
         env = dict(os.environ)
         env.update({str(k): str(v) for k, v in (job.get("env") or {}).items()})
@@ -333,7 +358,7 @@ class Supervisor:
             if self.server:
                 self.server.stop()
             write_json(self.path("exit.json"), {"exit_code": None, "signal": None, "ended_at": now(),
-                                                "start_error": msg, "cleanup": []})
+                                                "start_error": msg, "cleanup": [], "samples": self.written()})
             return 0
         env = None
         self.pgid = self.proc.pid   # start_new_session: the job leads its own session and group
@@ -349,7 +374,7 @@ class Supervisor:
         sig = -rc if rc < 0 else None
         exit_rec = {"exit_code": rc if rc >= 0 else None, "signal": sig,
                     "signal_name": signal.Signals(sig).name if sig else None,
-                    "ended_at": now(), "cleanup": None}
+                    "ended_at": now(), "cleanup": None, "samples": self.written()}
         if self.server_failure:
             exit_rec["server_failure"] = self.server_failure
         if self.server:
@@ -625,7 +650,8 @@ class Server:
             self.save(exit=describe_rc(rc) if rc is not None else None, ended_at=now())
         log_line(self.log_fd, msg)
         write_json(self.sup.path("exit.json"), {"exit_code": None, "signal": None, "ended_at": now(),
-                                                "start_error": msg, "failed_by": "server", "cleanup": []})
+                                                "start_error": msg, "failed_by": "server", "cleanup": [],
+                                                "samples": self.sup.written()})
         self.sup._cleanup(self.log_fd)
         return False
 
@@ -634,7 +660,8 @@ class Server:
         self.save(ended_at=now())
         log_line(self.log_fd, "stopped before the client started")
         write_json(self.sup.path("exit.json"), {"exit_code": None, "signal": None, "ended_at": now(),
-                                                "before_client": True, "cleanup": []})
+                                                "before_client": True, "cleanup": [],
+                                                "samples": self.sup.written()})
         self.sup._cleanup(self.log_fd)
         return False
 

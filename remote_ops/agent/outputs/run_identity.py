@@ -513,8 +513,13 @@ def move_aside(output_dir, now=None):
     return {"moved_to": dest, "files": len(names)}
 
 
-def refusal(problem, *, by_hand=False):
-    """The one line for a run refused by ``check``: what differs, and how to start over."""
+def refusal(problem, *, by_hand=False, slurm=None):
+    """The one line for a run refused by ``check``: what differs, and how to start over. ``slurm``: the
+    refused array tasks' directories (a Slurm job has no --overwrite): only the fix, to follow them."""
+    if slurm is not None:
+        return ("move %s aside on the login node (nothing is deleted), or give the playbook's "
+                "extract.output_dir a new path; --overwrite is not offered for Slurm jobs"
+                % (" and ".join(slurm) if len(slurm) < 3 else "%s and %d more" % (slurm[0], len(slurm) - 1)))
     # HOST: the controller puts the command that was refused there, complete (remote_ops/again.py)
     how = ("a new --output-dir, or run again with --overwrite" if by_hand
            else "a new output_dir, or start over with: remote-ops extract HOST --overwrite")
