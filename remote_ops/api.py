@@ -79,7 +79,7 @@ class Inventory(Fleet):
         from remote_ops.check import check as check_mod
         from remote_ops.check import model as model_mod
         from remote_ops.check import serverflow
-        from remote_ops.extract.extract_spec import server_command
+        from remote_ops.extract.extract_spec import client_command, server_command
         named = Playbooks(playbook, self).named()      # a bad named playbook raises here, before any host
         req = check_mod.make_request(pb=named, runtime=runtime, targets=targets, against=against,
                                      package=package, baseline=baseline, drift=drift)
@@ -93,7 +93,8 @@ class Inventory(Fleet):
             served = server is not None and not ((getattr(pb, "check", None) or {}).get("model"))
             model_req = model_mod.request(pb, h, model=model) if (pb is not None or model) and not served else None
             return check_mod.check(s, req if named else check_mod.for_host(req, pb), model_req,
-                                   model_from_vars=not model, server_req=serverflow.request(server, model),
+                                   model_from_vars=not model, server_req=serverflow.request(server, model,
+                                                                                client_command(pb, h)),
                                    server_playbook=pb.name if pb is not None else None)
         results = self.run(target, one)
         results.request = req     # the check as run (check --emit-playbook writes its targets)

@@ -111,7 +111,7 @@ OPS = {o.name: o for o in (
                              "tokenizer_loader"),
        "the checkpoint's class in the library's registry against what the package's worker needs",
        resident=True),
-    Op("serverflow.check", ("command", "client", "python", "sys_path"),
+    Op("serverflow.check", ("command", "client", "python", "sys_path", "client_command"),
        "what a server-flow playbook's server command needs of the host's vLLM (method, connector, config "
        "keys, flags, chunked prefill, what the connector writes and returns, the client's fields)",
        resident=True),

@@ -10,6 +10,9 @@ and what to do) or null (could not be decided, with the reason).
 
 ``op_check(args)``
     command: [str, ...]    the server command as the playbook fills it for the host
+    client_command: [str, ...]
+                           the client command as filled (its --request-timeout and --concurrency decide the
+                           ``abort-safe`` check on a connector that is not abort-safe; absent: not decided)
                            (``-m vllm.entrypoints.cli.main serve MODEL --flag value ...``)
     client: {class: [field, ...]}
                            request/response fields the flow's client uses, by class name in vLLM's
@@ -51,6 +54,17 @@ KV_CONFIG = "vllm.config.kv_transfer:KVTransferConfig"
 SPEC_FLAGS = ("--speculative_config", "--speculative-config")
 KV_FLAGS = ("--kv_transfer_config", "--kv-transfer-config")
 NO_CHUNKED = "--no-enable-chunked-prefill"
+NO_PREFIX = "--no-enable-prefix-caching"
+TP_FLAGS = ("--tensor-parallel-size", "--tensor_parallel_size", "-tp")
+# the client's option and its default (speculators 0.9.0 vllm_client.DEFAULT_REQUEST_TIMEOUT, --concurrency)
+CLIENT_TIMEOUT, CLIENT_TIMEOUT_DEFAULT, CLIENT_CONCURRENCY_DEFAULT = "--request-timeout", 120.0, 32
+# on a connector that is not abort-safe: seconds of client timeout per request ahead in vLLM's queue (at most
+# concurrency - 1 prefill-only requests ahead, FCFS); a prefill of max_model_len tokens that takes longer is
+# a stalled server, which the job's watchdog stops anyway
+QUEUE_WAIT_PER_REQUEST_S = 600
+# where the connector builds the slot mapping it reads: the forward's (only the tokens this step computes:
+# vLLM #44485 with prefix caching on) or the request's whole block table (cached blocks included)
+FORWARD_SLOTS = "get_forward_context().slot_mapping"
 TRUST = "--trust-remote-code"
 # the checks of the served model (extract's preflight refuses on these; the others are check's)
 MODEL_CHECKS = ("model", "trust-remote-code", "aux-layer-ids")
@@ -172,13 +186,13 @@ def op_check(args):
     if root is None:
         raise AgentFailure("missing-target", "vllm is not installed for %s" % (args.get("python") or sys.executable),
                            "install vLLM into the server's environment")
-    out = check(root, site, command, client, sys_path)
+    out = check(root, site, command, client, sys_path, args.get("client_command"))
     out["python"] = args.get("python") or sys.executable
     out["elapsed_s"] = round(time.perf_counter() - t0, 4)
     return out
 
 
-def check(root, site, command, client, sys_path):
+def check(root, site, command, client, sys_path, client_command=None):
     c = _Checks(root)
     static = StaticResolver(sys_path)
     module, sub, flags = parse_command(command)
@@ -276,6 +290,10 @@ def check(root, site, command, client, sys_path):
             c.add("chunked-prefill", "%s allows chunked prefill (vLLM's default)" % name, True,
                   "the command turns it off" if NO_CHUNKED in flags else "")
 
+    if conn_src:
+        _prefix_caching(c, conn_rel, conn_src, flags)
+        _abort_safe(c, conn_rel, conn_src, client_command)
+
     # GET /health
     health = False
     for dirpath, _dirs, files in os.walk(c.rel("entrypoints")):
@@ -318,7 +336,7 @@ def check(root, site, command, client, sys_path):
     else:
         c.add("flags", "every flag of the server command is an EngineArgs/FrontendArgs parameter", None,
               "; ".join(x for x in (eng, front) if isinstance(x, str)))
-    _model_checks(c, static, command, flags, spec)
+    _model_checks(c, static, command, flags, spec, conn_rel if conn_src else None, conn_src)
     version = _version(site)
     return {"library": {"name": "vllm", "version": version, "path": root},
             "checks": c.out}
@@ -353,7 +371,7 @@ def remote_code(cfg, cfg_path, reads):
     return out
 
 
-def _model_checks(c, static, command, flags, spec):
+def _model_checks(c, static, command, flags, spec, conn_rel=None, conn_src=""):
     from .check.checkpoint import read_config
     from .core.reads import Reads
     model = served_model(command)
@@ -376,6 +394,8 @@ def _model_checks(c, static, command, flags, spec):
           where=cfg_path if found else None,
           fix="set the playbook var trust_remote_code: true (the host's vars in the inventory) after reading "
               "that code", severity="warning")
+    if conn_src:
+        _mla_tp(c, cfg, cfg_path, flags, spec, conn_rel, conn_src)
     # the aux layer ids against what the model's forward captures
     hf = ((spec or {}).get("draft_model_config") or {}).get("hf_config") or {}
     ids = hf.get("eagle_aux_hidden_state_layer_ids")
@@ -465,3 +485,123 @@ def _fields(c, cid, what, need, got, flag):
     missing = sorted(need - got)
     c.add(cid, what, not missing, "" if not missing else "missing " + ", ".join(missing),
           fix=("remove %s from %s" % (", ".join(missing), flag)) if flag else "a vLLM release whose API has them")
+
+
+def _prefix_caching(c, conn_rel, conn_src, flags):
+    """vLLM #44485 (reported on 0.22.0): with prefix caching on, a connector that reads the forward's slot
+    mapping captures only the tokens this step computes, so a prompt with a cached prefix gets
+    hidden_states shorter than token_ids. Off on the command: holds on every release."""
+    what = "prefix caching off, or the connector captures every token (vLLM #44485)"
+    fwd = conn_src.find(FORWARD_SLOTS)
+    where = "vllm/%s:%d" % (conn_rel, _line_of(conn_src, FORWARD_SLOTS)) if fwd >= 0 else None
+    if NO_PREFIX in flags:
+        c.add("prefix-caching", what, True, "the command turns it off (%s)" % NO_PREFIX)
+    elif fwd >= 0:
+        c.add("prefix-caching", what, False, "prefix caching is on (vLLM's default) and the connector reads the "
+              "forward's slot mapping: a prompt whose prefix is cached gets the states of its uncached tokens only, "
+              "hidden_states shorter than token_ids (vLLM #44485)", where=where,
+              fix="add %s to the server command (the shipped eagle3-speculators-0.9.0 playbooks do)" % NO_PREFIX)
+    else:
+        c.add("prefix-caching", what, None, "prefix caching is on (vLLM's default); the connector reads the "
+              "request's whole block table, cached blocks included, and whether those blocks hold this request's "
+              "states is not decided from the source (vLLM #44485); %s settles it" % NO_PREFIX)
+
+
+def _request_finished(conn_src):
+    m = re.search(r"\n    def request_finished\(.*?(?=\n    def |\n\S|\Z)", conn_src, re.S)
+    return m.group(0) if m else None
+
+
+def _abort_safe(c, conn_rel, conn_src, client_command):
+    """vLLM #56841 ("Make ExampleHiddenStatesConnector abort-safe"): request_finished popped the request's
+    file name without a default; a request aborted while queued (a client timeout) was never given one,
+    and the KeyError killed EngineCore and every API process. Where the connector is not abort-safe, the
+    client's timeout must be long enough that no queued request is aborted."""
+    what = "an aborted queued request cannot kill the server (vLLM #56841)"
+    body = _request_finished(conn_src)
+    pops = re.findall(r"self\._request_filenames\.pop\(\s*req_id\s*(,[^)]*)?\)", body or "")
+    if not body or not pops:
+        c.add("abort-safe", what, None, "vllm/%s: no request_finished popping _request_filenames: not decided"
+              % conn_rel)
+        return
+    unsafe = "self._request_filenames.pop(req_id)"
+    if all(p for p in pops):
+        fixed = "if filename is None" in body
+        needle = "_request_filenames.pop(req_id,"
+        c.add("abort-safe", what, True, ("#56841's guard: a request never scheduled has no file and frees its blocks"
+                                         if fixed else "request_finished pops the file name with a default: no "
+                                         "KeyError for a request never scheduled"),
+              where="vllm/%s:%d" % (conn_rel, _line_of(conn_src, needle)))
+        return
+    where = "vllm/%s:%d" % (conn_rel, _line_of(conn_src, unsafe))
+    crash = ("request_finished pops the file name without a default (%s): a request aborted while queued (a client "
+             "timeout) raises KeyError, EngineCore dies and every API process with it (fixed by vLLM #56841)" % unsafe)
+    if client_command is None:
+        c.add("abort-safe", what, None, crash + "; the client's timeout is not known here", where=where)
+        return
+    _m, _s, cflags = parse_command(client_command)
+    try:
+        timeout = float(cflags.get(CLIENT_TIMEOUT) or CLIENT_TIMEOUT_DEFAULT)
+        conc = int(cflags.get("--concurrency") or CLIENT_CONCURRENCY_DEFAULT)
+    except ValueError:
+        c.add("abort-safe", what, None, crash + "; the client's %s or --concurrency is not a number"
+              % CLIENT_TIMEOUT, where=where)
+        return
+    need = QUEUE_WAIT_PER_REQUEST_S * max(conc, 1)
+    ok = timeout >= need
+    c.add("abort-safe", what, ok, crash + ("; the client waits %gs with %d in flight (>= %ds per request ahead of a "
+                                           "queued one): it aborts no queued request"
+                                           % (timeout, conc, QUEUE_WAIT_PER_REQUEST_S) if ok else
+                                           "; the client's %s is %gs with --concurrency %d: a request queued behind "
+                                           "the others can time out and be aborted" % (CLIENT_TIMEOUT, timeout, conc)),
+          where=where, fix="a vLLM release with #56841's change, or the var request_timeout >= %d (%ds x concurrency "
+                           "%d)" % (need, QUEUE_WAIT_PER_REQUEST_S, conc))
+
+
+# the model families whose KV cache is MLA (DeepSeek-V2/V3, Kimi-K2/K2.5: config.json has kv_lora_rank)
+KV_PLANNING = ("v1/core/kv_cache_planning.py", "v1/core/kv_cache_utils.py")
+PAGE_FIX = "def _ensure_min_page_size("
+HIDDEN_ALIGN = "# Add hidden-state layers back with page aligned to the common page."
+MLA_REFUSAL = "MLA verifiers are unsupported"
+
+
+def _mla_tp(c, cfg, cfg_path, flags, spec, conn_rel, conn_src):
+    """An MLA checkpoint (DeepSeek-V3, Kimi) served with tensor_parallel_size > 1: whether this release has
+    the page-size fix (vLLM #50894 for #51016: TP-sharded pages smaller than the hidden-state cost per token
+    failed an assertion at start) and whether the connector accepts the model's KV cache groups (the newest
+    refuses a hidden-state layer that is not in its own group: "MLA verifiers are unsupported")."""
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    if "kv_lora_rank" not in cfg and "kv_lora_rank" not in text:
+        return
+    tp_raw = next((flags[f] for f in TP_FLAGS if flags.get(f) is not None), "1")
+    try:
+        tp = int(tp_raw)
+    except ValueError:
+        c.add("mla-tp-page-size", "tensor_parallel_size of an MLA model", None, "not a number: %r" % tp_raw)
+        return
+    if tp <= 1:
+        return
+    arch = ", ".join(cfg.get("architectures") or text.get("architectures") or [cfg.get("model_type") or "?"])
+    rel, src = next(((r, c.text(r)) for r in KV_PLANNING if c.text(r) and "HiddenStateCacheSpec" in c.text(r)),
+                    (None, None))
+    what = "KV page size of %s (MLA) at tensor_parallel_size %d (vLLM #51016, fix #50894)" % (arch, tp)
+    if src is None:
+        c.add("mla-tp-page-size", what, True, "this release has no separate hidden-state KV cache group (the code "
+              "#51016 fails in)")
+    elif PAGE_FIX in src:
+        c.add("mla-tp-page-size", what, True, "#50894's _ensure_min_page_size scales the pages",
+              where="vllm/%s:%d" % (rel, _line_of(src, PAGE_FIX)))
+    else:
+        c.add("mla-tp-page-size", what, None, "this release aligns the hidden-state group to the common page "
+              "without #50894's scaling: start-up fails (#51016) when a page is smaller than the hidden-state cost "
+              "of one token; that depends on the block size vLLM picks at start, not decided from the source",
+              where="vllm/%s:%d" % (rel, _line_of(src, HIDDEN_ALIGN)) if HIDDEN_ALIGN in src else None)
+    what = "the connector accepts the KV cache groups of %s (MLA) at tensor_parallel_size %d" % (arch, tp)
+    if MLA_REFUSAL in conn_src:
+        c.add("mla-kv-groups", what, None, "the connector refuses a hidden-state layer not isolated in its own KV "
+              "cache group ('%s'); how this model's layers are grouped is decided at start, not from the source"
+              % MLA_REFUSAL, where="vllm/%s:%d" % (conn_rel, _line_of(conn_src, MLA_REFUSAL)))
+    else:
+        c.add("mla-kv-groups", what, None, "this connector has no check of the KV cache groups ('%s' is not in "
+              "vllm/%s): it reads the first group's blocks; which group holds the hidden states is decided at start"
+              % (MLA_REFUSAL, conn_rel))

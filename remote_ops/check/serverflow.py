@@ -22,10 +22,11 @@ CLIENT_FIELDS = {
 }
 
 
-def request(command: list[str] | None, model: str | None = None):
+def request(command: list[str] | None, model: str | None = None, client_command: list[str] | None = None):
     """The ``serverflow.check`` request for a server command as filled for the host
     (``extract.extract_spec.server_command``); None when the playbook has no server. ``model``
-    (``check --model``) replaces the model the command serves (``serve MODEL``)."""
+    (``check --model``) replaces the model the command serves (``serve MODEL``). ``client_command``
+    (``extract_spec.client_command``): its timeout and concurrency decide the ``abort-safe`` check."""
     if command is None:
         return None
     import re
@@ -40,7 +41,8 @@ def request(command: list[str] | None, model: str | None = None):
     # its vLLM is the one checked
     python = command[0] if re.search(r"(^|/)python[0-9.]*$", command[0]) else rq._UNSET
     return rq.serverflow_check(command=list(command), client={k: list(v) for k, v in CLIENT_FIELDS.items()},
-                               python=python)
+                               python=python,
+                               client_command=list(client_command) if client_command else rq._UNSET)
 
 
 def summarize(raw: dict, playbook: str | None) -> dict:

@@ -59,8 +59,9 @@ def compat_check(*, against: list[str], targets: list[str] = _UNSET, package: st
 
 
 def serverflow_check(*, command: list[str], client: dict = _UNSET, python: str = _UNSET,
-                     sys_path: list[str] = _UNSET) -> Request:
-    return _req("serverflow.check", command=command, client=client, python=python, sys_path=sys_path)
+                     sys_path: list[str] = _UNSET, client_command: list[str] = _UNSET) -> Request:
+    return _req("serverflow.check", command=command, client=client, python=python, sys_path=sys_path,
+                client_command=client_command)
 
 
 def model_check(*, model: str, library: str = _UNSET, layer_ids: list = _UNSET, default_layer_ids: list = _UNSET,

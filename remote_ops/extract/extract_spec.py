@@ -641,3 +641,11 @@ def server_command(playbook, host) -> list[str] | None:
         return None
     spec = parse_spec(playbook, host)
     return list(spec.server.command) if spec.server else None
+
+
+def client_command(playbook, host) -> list[str] | None:
+    """The client command of a server-flow playbook filled for ``host`` (None: no server); its timeout and
+    concurrency are checked against the host's connector (check/serverflow.py)."""
+    if server_command(playbook, host) is None:
+        return None
+    return [str(a) for a in parse_spec(playbook, host).command]

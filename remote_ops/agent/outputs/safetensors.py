@@ -16,6 +16,7 @@ count and hidden size; token_ids against the dataset only when run.json names a 
 prepared Arrow table is not read: that needs the ``datasets`` package).
 """
 
+import json
 import os
 import random
 import time
@@ -73,6 +74,26 @@ def check_sample(torch, header, tensors, check_finite):
     return problems, layout
 
 
+def header_shape_problems(header, layers=None, layer_ids=None):
+    """A file's shape against its token ids, from its header alone (nothing loaded): hidden_states
+    ``[seq_len, L, hidden]`` with seq_len == len(token_ids) (vLLM #44485: prefix caching gave fewer rows),
+    and L == the run's layer ids when known."""
+    ids_h, hs_h = header.get("token_ids"), header.get("hidden_states")
+    if not isinstance(ids_h, dict) or not isinstance(hs_h, dict):
+        return ["missing tensor %r" % ("token_ids" if not isinstance(ids_h, dict) else "hidden_states")]
+    ids_s, hs_s = ids_h.get("shape") or [], hs_h.get("shape") or []
+    if len(hs_s) != 3 or len(ids_s) != 1:
+        return ["hidden_states has shape %s, token_ids %s: not [seq_len, layers, hidden] and [seq_len]"
+                % (hs_s, ids_s)]
+    out = []
+    if hs_s[0] != ids_s[0]:
+        out.append("hidden_states has %d rows for %d tokens" % (hs_s[0], ids_s[0]))
+    if layers is not None and hs_s[1] != layers:
+        out.append("%d layers; the run asked for %d (layer_ids %s)" % (hs_s[1], layers, json.dumps(layer_ids,
+                                                                                                     separators=(",", ":"))))
+    return out
+
+
 def verify(args, adopt=None):
     """The ``hs_safetensors`` layout of ``verify.verify`` (same arguments and result keys)."""
     out_dir = os.path.expanduser(args.get("output_dir") or "")
@@ -120,6 +141,12 @@ def verify(args, adopt=None):
     inconsistent, bad_values, seen = [], [], set()
     reference = ref_index = None
     last_event = time.time()
+    # every other file's shape from its header alone: seq_len == its token ids, one state per layer id
+    loaded = set(chosen)
+    for i in ordered:
+        if i in headers and i not in loaded:
+            for p in header_shape_problems(headers[i][0], ident.layers, ident.ident.get("layer_ids")):
+                inconsistent.append({"index": i, "problem": "%s: %s" % (indexes[i], p)})
     for n_done, i in enumerate(chosen, 1):
         header, start = headers[i]
         try:
