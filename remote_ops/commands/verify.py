@@ -58,6 +58,9 @@ def render(c, host, r) -> None:
     files = "%s_<N>.%s" % layout.LAYOUTS[kind]
     where = " + ".join(map(str, r.get("output_dirs") or [r["output_dir"]]))   # an output spread over several disks
     head = f"{host}: {r['files']} {files} files{exp} in {where}; loaded {r['checked']} ({r['mode']})"
+    from remote_ops.extract.verify import running_note
+    if running_note(r.get("running")):         # the job still writes: its missing samples are not lost yet
+        c.print(text(f"{host}: {running_note(r.get('running'))}", "yellow"), highlight=False)
     if r.get("shard_dirs"):      # only shard subdirectories: each is a part of the union below
         c.print(text(f"{host}: {r['files']} {files} files in {len(r['shard_dirs'])} shard dir(s) of "
                      f"{r['output_dir']}: {', '.join(map(str, r['shard_dirs']))}", "green" if r["ok"] else "red"))

@@ -115,11 +115,16 @@ def progress(results) -> GroupProgress:
     expected, etas, rate = 0, [], 0.0
     known = True
     seen: dict[str, str] = {}
+    sizes, shares = set(), {}          # a sharded group's dataset size(s) and its shares' hosts
     for r in results:
         if not r.ok:
             continue
         st = r.value.job
         g.reachable += 1
+        sh, size = st.get("shard"), (st.get("samples") or {}).get("run_size")
+        if isinstance(sh, (list, tuple)) and len(sh) == 2 and isinstance(size, int):
+            sizes.add((size, int(sh[1])))
+            shares.setdefault(int(sh[0]), r.host)
         ident = st.get("output_identity")
         if ident and ident in seen:
             g.extra.setdefault("same_dir", []).append({"host": r.host, "as": seen[ident],
@@ -146,6 +151,12 @@ def progress(results) -> GroupProgress:
         else:
             g.idle_left += left
     g.expected = expected if known and g.reachable else None
+    if len(sizes) == 1 and known:      # one sharded run: its count is the dataset's, and a share no host runs is named
+        size, n = next(iter(sizes))
+        g.expected = size
+        unowned = [{"shard": f"{k}/{n}", "samples": len(range(k, size, n))} for k in range(n) if k not in shares]
+        if unowned:
+            g.extra["unowned"] = unowned
     g.rate_per_s = round(rate, 3) if rate else None
     g.eta_s = round(max(etas), 1) if etas and None not in etas else None
     return g
@@ -162,6 +173,9 @@ def progress_line(g: GroupProgress) -> str:
         line += f", ETA {fmt_duration(g.eta_s)}" if g.eta_s is not None else ", ETA unknown"
     if g.idle_left:
         line += f"; {g.idle_left} sample(s) left on hosts not running (extract GROUP --shard resumes them)"
+    for u in g.extra.get("unowned") or []:
+        line += (f"; shard {u['shard']} ({u['samples']} sample(s)) is run by no host that answered "
+                 f"(extract HOST --shard {u['shard']} runs it on one)")
     for d in g.extra.get("same_dir") or []:
         line += (f"; {d['host']} reaches the directory {d['as']} writes ({d['output_dir']}): its files and job "
                  "counted once")

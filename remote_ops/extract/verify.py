@@ -33,8 +33,14 @@ def check_sample(sample: int) -> None:
 def output_dir_for(session, *, pb, job: str | None) -> tuple[str, int | None, str | None]:
     """The output directory of the job ``jobs.ref_for(pb, job)`` names (else the playbook's output_dir
     when the host has no such job), the number of samples the job expects and its file layout."""
+    return job_output(session, pb=pb, job=job)[:3]
+
+
+def job_output(session, *, pb, job: str | None) -> tuple[str, int | None, str | None, dict | None]:
+    """``output_dir_for`` and the job's status record (None when the host has no such job)."""
     from remote_ops.extract import jobs
 
+    st = None
     try:
         st = jobs.resolve_job(session, jobs.ref_for(pb, job, session.host))
         output_dir, default, layout = st.get("output_dir"), (st.get("samples") or {}).get("expected"), st.get("layout")
@@ -45,7 +51,25 @@ def output_dir_for(session, *, pb, job: str | None) -> tuple[str, int | None, st
         output_dir, default, layout = spec.output_dir, spec.expected_samples, spec.layout
     if not output_dir:
         raise UsageError("no output directory known", "pass --output-dir or set extract.output_dir")
-    return output_dir, default, layout
+    return output_dir, default, layout, st
+
+
+def running(st: dict | None) -> dict | None:
+    """A job still writing the output (verify's and gather's ``running``): its id, state and samples;
+    None when it ended (or there is none)."""
+    if not st or st.get("state") not in ("running", "starting"):
+        return None
+    s = st.get("samples") or {}
+    return {"job_id": st.get("job_id"), "state": st["state"], "done": s.get("done"), "expected": s.get("expected")}
+
+
+def running_note(run: dict | None) -> str | None:
+    """The one line saying the job still runs: the samples it has not written are not lost yet."""
+    if not run:
+        return None
+    of = f"/{run['expected']}" if run.get("expected") is not None else ""
+    return (f"note: job {run['job_id']} is {run['state']} ({run.get('done')}{of} samples): what it has not "
+            "written yet counts as missing; verify again once it ended")
 
 
 def verify(session, *, pb, output_dir: str | None, expected: int | None, all: bool, sample: int,
@@ -67,9 +91,9 @@ def verify(session, *, pb, output_dir: str | None, expected: int | None, all: bo
         if req is None:
             raise UsageError("--adopt: the playbook names no extract.output_dir", "pass --playbook NAME")
         adopt_arg, all = {"adopt": req}, True
-    default = layout = None   # the job's count when none is given (the job's data_config.json overrides it)
+    default = layout = st = None   # the job's count when none is given (the job's data_config.json overrides it)
     if not output_dir:
-        output_dir, default, layout = output_dir_for(session, pb=pb, job=job)
+        output_dir, default, layout, st = job_output(session, pb=pb, job=job)
     elif pb is not None:
         from remote_ops.extract import jobs
         try:
@@ -81,4 +105,6 @@ def verify(session, *, pb, output_dir: str | None, expected: int | None, all: bo
     res = session.stream_result(*rq.verify_verify(output_dir=output_dir, expected=expected, expected_default=default,
                                                   all=all, sample=sample, **layout_arg, **adopt_arg),
                                 timeout=600, on_event=progress, what="verify")
+    if running(st):
+        res = dict(res, running=running(st))
     return VerifyResult.from_json(res, host=session.label)

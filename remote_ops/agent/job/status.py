@@ -298,25 +298,34 @@ def job_status(job_id):
         out["output_identity"] = ids[0] if len(ids) == 1 else "+".join(str(i) for i in ids)
     if job.get("server"):
         out["server"] = server_status(jobdir, state)
-    # progress
-    done, top = sup.count_samples(dirs, job.get("layout")) if dirs else (0, -1)
+    # progress: an ended job's from its exit record (what it had written by its end: the directory may
+    # have grown since, by a later job), else (running, or ended under an older remote-ops) the directory now
+    at_end = (ext or {}).get("samples")
+    at_end = at_end if isinstance(at_end, dict) and isinstance(at_end.get("done"), int) else None
+    if at_end is not None:
+        done, top = at_end["done"], at_end.get("max_index", -1)
+    else:
+        done, top = sup.count_samples(dirs, job.get("layout")) if dirs else (0, -1)
     start = run.get("started_at")
     end = out["ended_at"] or (t if state in ("running", "starting") else None) or start
     elapsed = (end - start) if start and end else None
     new = done - (run.get("initial_samples") or 0)
-    expected = job.get("expected_samples")
+    expected, run_size = job.get("expected_samples"), None
     if job.get("output_dir"):     # what the job itself says it was asked to write (min of max_samples and the data)
         from ..outputs.data_config import read_data_config
         cfg = read_data_config(os.path.expanduser(job["output_dir"])) or {}
         asked = cfg.get("num_samples")
+        if at_end is not None and at_end.get("num_samples") is not None:    # the run's size at its end
+            asked = at_end["num_samples"]
         if isinstance(asked, int) and not isinstance(asked, bool) and asked >= 0:
-            expected = asked
+            expected = run_size = asked
             if cfg.get("shard"):      # a sharded job writes its share of num_samples (agent/shards.py)
                 expected = len(range(cfg["shard"][0], asked, cfg["shard"][1]))
-            if top >= asked:          # files beyond the run's size (a larger run's leftovers) are not its own
+            if top >= asked and at_end is None:     # files beyond the run's size (a larger run's leftovers) are not its own
                 done, top = sup.count_samples(dirs, job.get("layout"), limit=asked)
     out["samples"] = {"done": done, "expected": expected, "max_index": top,
-                      "at_start": run.get("initial_samples")}
+                      "at_start": run.get("initial_samples"), "counted": "at its end" if at_end else "now",
+                      "run_size": run_size}
     out["elapsed_s"] = round(elapsed, 1) if elapsed is not None else None
     out["rate_per_s"] = round(new / elapsed, 3) if elapsed and elapsed > 0 and new > 0 else None
     out.update(_tokens(last_progress(job.get("log")), state, t))
