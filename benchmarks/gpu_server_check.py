@@ -20,6 +20,18 @@ client, not a stand-in) against it. Each step's command, exit status, timing and
           marker scan and the server's port afterwards: nothing left
   (g)     relaunch over (f)'s output with a larger --max-samples: only the missing samples are written
           (speculators' resume), then `verify`
+  Issue 52 item 6 (--steps pa,pb,pd,pc): the prepared data written by speculators 0.9.0's REAL
+  `speculators prepare-data` (pre-tokenized JSONL rows, --seq-length 4096, no render endpoint), max_samples
+  5000 (more than the rows):
+  (pa)    a prepared dataset with rows longer than max_model_len (2048): `extract --tail` is refused by the
+          preflight: no job, no server process, 0 files
+  (pb)    a complete run: `extract --tail`, then `status` reads N/N (expected = the rows, not max_samples)
+          with its tokens counted
+  (pd)    `verify --all`: every hs_<N>.safetensors file's token_ids compared with its row, 0 differ
+  (pc)    the prepared data changed in place (one token of one row): prepare-data --overwrite into the same
+          directory (its own refusal recorded), then prepare-data's output of the changed JSONL put in place of
+          the directory's Arrow files; a resume (`extract --tail`) is refused before the server starts with 0
+          files changed or added, and `verify --all` exits non-zero naming the change
 
 Interpreters (PYTHONPATH over the machine's python with torch 2.11.0 and transformers 5.17.0):
   client    spec090/ : server/ : site/    speculators 0.9.0 (its own dir: site/ holds 0.3.0), datasets ...
@@ -68,6 +80,21 @@ ds.save_to_disk(sys.argv[2])
 print(json.dumps({"rows": len(rows), "tokens": sum(map(len, rows))}))
 '''
 
+PD_SEQ_LENGTH = 4096             # prepare-data's --seq-length: above max_model_len, so long rows stay long
+PD_MAX_SAMPLES = 5000            # the job's max_samples: more than the rows (expected = the rows)
+PD_FILES = ("state.json", "dataset_info.json")   # with the *.arrow files: what prepare-data writes
+
+# the rows of a prepared directory as the client reads them (datasets.load_from_disk)
+PD_READ = r'''
+import json, sys
+from datasets import load_from_disk
+ds = load_from_disk(sys.argv[1])
+lens = [int(x) for x in ds["seq_len"]]
+lim = int(sys.argv[2])
+print(json.dumps({"rows": len(ds), "tokens": sum(lens), "longest": max(lens), "shortest": min(lens),
+                  "columns": ds.column_names, "rows_at_or_over_max_model_len": sum(1 for n in lens if n >= lim)}))
+'''
+
 VERSIONS = r'''
 import json, importlib.metadata as md
 out = {}
@@ -92,6 +119,20 @@ def rows_main(rng: random.Random) -> list[list[int]]:
 
 def rows_long(rng: random.Random, n: int) -> list[list[int]]:
     return [[1] + [rng.randrange(4, 1024) for _ in range(rng.randrange(400, 600))] for _ in range(n)]
+
+
+def rows_prepared(rng: random.Random) -> list[list[int]]:
+    """40 rows of 150-1,200 tokens for the complete run (pb)."""
+    return [[1] + [rng.randrange(4, 1024) for _ in range(rng.randrange(150, 1200))] for _ in range(40)]
+
+
+def sha256_file(path: Path) -> str:
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def port_free(port: int) -> bool:
@@ -165,6 +206,8 @@ class Harness(common.Harness):
         sets = {"sf_data": rows_main(rng), "sf_data_stop": rows_long(rng, self.args.stop_rows)}
         built = {}
         for name, rows in sets.items():
+            if not self.need_old:        # only the prepared-data steps (pa..pc): their data comes from prepare-data
+                continue
             d = w / name
             shutil.rmtree(d, ignore_errors=True)
             d.parent.mkdir(parents=True, exist_ok=True)
@@ -204,6 +247,8 @@ class Harness(common.Harness):
                          "gpu-sf-stop": host("sf_data_stop", self.stop_samples, p + 1, "state-sf-stop", 2)},
                "default": "gpu-sf"}
         (w / "wd").mkdir(parents=True, exist_ok=True)
+        inv["hosts"]["gpu-pd"] = host("pd_data", PD_MAX_SAMPLES, p + 2, "state-pd")
+        inv["hosts"]["gpu-pd-long"] = host("pd_long", PD_MAX_SAMPLES, p + 3, "state-pd-long")
         self.inv = w / "inventory-server.yaml"
         self.inv.write_text(json.dumps(inv, indent=2))
         return self.inv
@@ -326,9 +371,212 @@ class Harness(common.Harness):
                       verify={"rc": v["rc"], "ok": (v["json"] or {}).get("ok"), "files": (v["json"] or {}).get("files")},
                       stderr_tail=r["stderr"][-1500:], gpu_processes_after=self.gpu_apps())
 
+    # ------------------------------------------------ issue 52 item 6: prepared data (the real prepare-data)
+    def prepare(self, jsonl: Path, out: Path, *, overwrite: bool = False) -> dict:
+        """`speculators prepare-data` (speculators 0.9.0's own CLI, the client's interpreter) of ``jsonl``
+        (pre-tokenized rows: no render endpoint) into ``out``."""
+        cmd = [str(self.python("client")), "-m", "speculators", "prepare-data", "--model", str(self.work / "model"),
+               "--data", str(jsonl), "--output", str(out), "--seq-length", str(PD_SEQ_LENGTH),
+               "--num-preprocessing-workers", "1"] + (["--overwrite"] if overwrite else [])
+        r = base.sh(cmd, timeout=300, env={**base.HOST_ENV, "HF_DATASETS_OFFLINE": "1"}, log=self.log)
+        lines = [l for l in (r["stdout"] + r["stderr"]).splitlines() if l.strip()]
+        return {"argv": ["speculators", *cmd[3:]], "rc": r["rc"], "seconds": r["seconds"],
+                "last_lines": lines[-4:], "error": next((l for l in reversed(lines) if "Error" in l), None)}
+
+    def read_prepared(self, d: Path) -> dict:
+        r = base.sh([str(self.python("client")), "-c", PD_READ, str(d), str(MAX_MODEL_LEN)], timeout=120,
+                    env={**base.HOST_ENV, "HF_DATASETS_OFFLINE": "1"}, log=self.log)
+        return base.last_json(r["stdout"]) or {"rc": r["rc"], "stderr": r["stderr"][-1500:]}
+
+    def build_prepared(self) -> None:
+        """Two directories written by the real prepare-data: pd_data (the complete run's rows) and pd_long
+        (the same rows plus two of 2,500 and 3,001 tokens, kept by --seq-length 4096)."""
+        w, t = self.work, time.monotonic()
+        rng = random.Random(20261204)
+        rows = rows_prepared(rng)
+        long_rows = rows + [[1] + [rng.randrange(4, 1024) for _ in range(n - 1)] for n in (2500, 3001)]
+        changed = [list(r) for r in rows]
+        changed[3][5] = 4 + (changed[3][5] - 4 + 1) % 1020          # one token of one row, still in the vocabulary
+        self.pd_jsonl = {}
+        built = {}
+        for name, rs in (("pd_data", rows), ("pd_long", long_rows), ("pd_changed", changed)):
+            jsonl = w / f"{name}.jsonl"
+            jsonl.write_text("".join(json.dumps({"input_ids": r, "loss_mask": [0] + [1] * (len(r) - 1)}) + "\n"
+                                     for r in rs))
+            self.pd_jsonl[name] = jsonl
+            if name == "pd_changed":
+                continue     # prepared in step pc, after the complete run
+            shutil.rmtree(w / name, ignore_errors=True)
+            if self.args.dry:
+                built[name] = {"rows": len(rs), "tokens": sum(map(len, rs))}
+                continue
+            r = self.prepare(jsonl, w / name)
+            if r["rc"] != 0:
+                self.run.step("prepared_data", ok=False, dataset=name, prepare=r)
+                raise SystemExit("prepare-data failed")
+            built[name] = {"prepare": r, "read": self.read_prepared(w / name),
+                           "files": sorted(p.name for p in (w / name).iterdir())}
+        self.pd_rows = len(rows)
+        self.pd_tokens = sum(map(len, rows))
+        self.run.step("prepared_data", ok=True, seconds=round(time.monotonic() - t, 1), datasets=built,
+                      jsonl_rows={"pd_data": len(rows), "pd_long": len(long_rows)},
+                      jsonl_tokens={"pd_data": self.pd_tokens, "pd_long": sum(map(len, long_rows))},
+                      max_model_len=MAX_MODEL_LEN, seq_length=PD_SEQ_LENGTH, max_samples=PD_MAX_SAMPLES,
+                      changed="pd_changed.jsonl: pd_data.jsonl with row 3's token 5 changed")
+
+    def jobdirs(self, state: str) -> list[str]:
+        root = self.work / state / "jobs"
+        return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.exists() else []
+
+    def hs_state(self, data: str) -> dict:
+        """Each sample file's (size, mtime_ns, sha256): what 'nothing changed' is checked against."""
+        d = self.work / data / "hidden_states"
+        return {p.name: [p.stat().st_size, p.stat().st_mtime_ns, sha256_file(p)]
+                for p in sorted(d.glob("hs_*.safetensors"))} if d.is_dir() else {}
+
+    def settle_gpu(self) -> list[str]:
+        after, t = self.gpu_apps(), time.monotonic()
+        while after and time.monotonic() - t < 15:       # the driver's list can lag the process's exit
+            time.sleep(1)
+            after = self.gpu_apps()
+        return after
+
+    @staticmethod
+    def refusal(r: dict) -> dict:
+        """The refusal remote-ops printed: its JSON record's error, message and hint, and the plain line."""
+        rec = next((j for j in (base.last_json(l) for l in (r["stdout"] + "\n" + r["stderr"]).splitlines()
+                                if l.startswith("{") and '"error"' in l) if isinstance(j, dict)), {})
+        line = next((l.strip() for l in r["stderr"].splitlines() if l.startswith("remote-ops:")), None)
+        return {"error": rec.get("error"), "message": rec.get("message"), "hint": rec.get("hint"),
+                "exit_status": rec.get("exit_status"), "line": line}
+
+    @staticmethod
+    def notes(r: dict, word: str) -> list[str]:
+        """The preflight notes (of the extract --json events) that mention ``word``."""
+        for l in r["stdout"].splitlines():
+            j = base.last_json(l) if l.startswith("{") else None
+            if isinstance(j, dict) and isinstance(j.get("preflight"), dict):
+                return [n for n in j["preflight"].get("notes") or [] if word in n]
+        return []
+
+    def step_pa(self) -> None:
+        before_gpu, markers_before = self.gpu_apps(), set(marker_pids())
+        r = self.ro("extract", "gpu-pd-long", "--tail", "--json", timeout=self.args.job_timeout)
+        st = self.ro("status", "gpu-pd-long", "--json", timeout=60)
+        after = self.settle_gpu()
+        files, jobs = self.hs_files("pd_long"), self.jobdirs("state-pd-long")
+        refused = self.refusal(r)
+        new_markers = sorted(set(marker_pids()) - markers_before)
+        self.run.step("pa_rows_too_long_refused",
+                      ok=r["rc"] != 0 and files == 0 and jobs == [] and not after and not new_markers
+                      and port_free(self.args.port + 3) and "max_model_len" in (refused["message"] or refused["line"] or ""),
+                      rc=r["rc"], seconds=r["seconds"], refusal=refused, files=files, job_dirs=jobs,
+                      gpu_processes_before=before_gpu, gpu_processes_after=after, new_marker_processes=new_markers,
+                      port_free_after=port_free(self.args.port + 3),
+                      status={"rc": st["rc"], "job": (st["json"] or {}).get("job")},
+                      stdout_tail=r["stdout"][-1500:], stderr_tail=r["stderr"][-2500:])
+
+    def step_pb(self) -> None:
+        r = self.ro("extract", "gpu-pd", "--tail", "--json", timeout=self.args.job_timeout)
+        events = [json.loads(l) for l in r["stdout"].splitlines() if l.startswith("{")]
+        end = next((e for e in reversed(events) if e.get("event") == "end"), {})
+        st = self.ro("status", "gpu-pd", "--json", timeout=60)
+        job = (st["json"] or {}).get("job") or {}
+        text = self.ro("status", "gpu-pd", timeout=60)
+        after = self.settle_gpu()
+        files = self.hs_files("pd_data")
+        run_json = self.work / "pd_data" / "hidden_states" / "run.json"
+        ident = (json.loads(run_json.read_text()).get("identity") or {}) if run_json.exists() else {}
+        samples, tokens = job.get("samples") or {}, job.get("tokens") or {}
+        self.job_id = job.get("job_id")
+        self.run.step("pb_complete_run_n_of_n",
+                      ok=r["rc"] == 0 and files == self.pd_rows and job.get("state") == "succeeded"
+                      and samples.get("done") == samples.get("expected") == self.pd_rows
+                      and tokens.get("done") == self.pd_tokens and not after
+                      and (ident.get("dataset") or {}).get("rows") == self.pd_rows,
+                      rc=r["rc"], seconds=r["seconds"], files=files, rows=self.pd_rows, tokens=self.pd_tokens,
+                      max_samples=PD_MAX_SAMPLES, end=end.get("status") if end else None,
+                      preflight=next((e.get("preflight") for e in events if e.get("preflight")), None),
+                      preflight_notes=self.notes(r, "prepared data"),
+                      status={k: job.get(k) for k in ("job_id", "state", "reason", "exit_code", "server", "samples",
+                                                      "tokens", "tokens_per_s", "elapsed_s", "layout", "refused")},
+                      status_text=[l for l in text["stdout"].splitlines() if l.strip()][:12],
+                      run_json_dataset=ident.get("dataset"), gpu_processes_after_the_job=after,
+                      stderr_tail=r["stderr"][-2000:])
+
+    def step_pd(self) -> None:
+        r = self.ro("verify", "gpu-pd", "--all", "--json", timeout=300)
+        t = self.ro("verify", "gpu-pd", "--all", timeout=300)
+        j = r["json"] or {}
+        ident = j.get("identity") or {}
+        files = self.hs_files("pd_data")
+        self.run.step("pd_verify_all_every_file",
+                      ok=r["rc"] == 0 and bool(j.get("ok")) and j.get("expected") == self.pd_rows
+                      and ident.get("ids_compared") == files == self.pd_rows and ident.get("ids_differ") == 0,
+                      rc=r["rc"], seconds=r["seconds"], files_on_disk=files, rows=self.pd_rows,
+                      result={k: j.get(k) for k in ("ok", "files", "expected", "checked", "gap_count", "gaps",
+                                                    "layers_hidden", "dtypes", "non_finite_count",
+                                                    "unloadable_count", "layout")},
+                      identity={k: ident.get(k) for k in ("recorded", "ids_compared", "ids_differ", "problems",
+                                                          "text_lines_not_compared")},
+                      text_rc=t["rc"], text=[l for l in t["stdout"].splitlines() if l.strip()][:14],
+                      stderr_tail=r["stderr"][-1000:])
+
+    def step_pc(self) -> None:
+        w, d = self.work, self.work / "pd_data"
+        data_files = lambda: {p.name: sha256_file(p) for p in sorted(d.iterdir())   # noqa: E731
+                              if p.is_file() and (p.suffix == ".arrow" or p.name in PD_FILES)}
+        before, before_data = self.hs_state("pd_data"), data_files()
+        run_json = (d / "hidden_states" / "run.json").read_bytes() if (d / "hidden_states" / "run.json").exists() else b""
+        jobs_before = self.jobdirs("state-pd")
+        # 1. what a user tries first: prepare-data --overwrite on the changed JSONL into the same directory
+        over = self.prepare(self.pd_jsonl["pd_changed"], d, overwrite=True)
+        over["hidden_states_untouched"] = self.hs_state("pd_data") == before
+        # 2. prepare-data's output of the changed JSONL put in place of the directory's Arrow files
+        new = w / "pd_changed"
+        shutil.rmtree(new, ignore_errors=True)
+        prep = self.prepare(self.pd_jsonl["pd_changed"], new)
+        if prep["rc"] != 0:
+            self.run.step("pc_changed_data_refused", ok=False, overwrite_attempt=over, prepare=prep)
+            return
+        for p in list(d.iterdir()):
+            if p.is_file() and (p.suffix == ".arrow" or p.name in PD_FILES):
+                p.unlink()
+        for p in sorted(new.iterdir()):
+            if p.is_file() and (p.suffix == ".arrow" or p.name in PD_FILES):
+                shutil.copy2(p, d / p.name)
+        after_data = data_files()
+        read = self.read_prepared(d)
+        r = self.ro("extract", "gpu-pd", "--tail", "--json", timeout=self.args.job_timeout)
+        gpu_after = self.settle_gpu()
+        after = self.hs_state("pd_data")
+        jobs_after = self.jobdirs("state-pd")
+        run_json_after = (d / "hidden_states" / "run.json").read_bytes() if (d / "hidden_states" / "run.json").exists() else b""
+        changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+        v = self.ro("verify", "gpu-pd", "--all", "--json", timeout=300)
+        vj = v["json"] or {}
+        vi = vj.get("identity") or {}
+        self.run.step("pc_changed_data_refused",
+                      ok=r["rc"] != 0 and changed == [] and len(after) == len(before) == self.pd_rows
+                      and jobs_after == jobs_before and not gpu_after and run_json_after == run_json
+                      and after_data != before_data and v["rc"] != 0 and not vj.get("ok")
+                      and bool(vi.get("problems")),
+                      overwrite_attempt=over, prepare=prep, data_files_before=before_data,
+                      data_files_after=after_data, read_after=read,
+                      rc=r["rc"], seconds=r["seconds"], refusal=self.refusal(r),
+                      files_before=len(before), files_after=len(after), files_changed_or_added=changed,
+                      run_json_unchanged=run_json_after == run_json, job_dirs_before=jobs_before,
+                      job_dirs_after=jobs_after, gpu_processes_after=gpu_after,
+                      verify={"rc": v["rc"], "ok": vj.get("ok"), "problems": vi.get("problems"),
+                              "ids_compared": vi.get("ids_compared"), "ids_differ": vi.get("ids_differ")},
+                      stderr_tail=r["stderr"][-2500:])
+
 
 STEP_NAMES = {"c": "c_extract_tail", "d": "d_verify", "e": "e_compare_with_transformers",
-              "f": "f_stop_leaves_no_gpu_process", "g": "g_relaunch_resumes"}
+              "f": "f_stop_leaves_no_gpu_process", "g": "g_relaunch_resumes",
+              "pa": "pa_rows_too_long_refused", "pb": "pb_complete_run_n_of_n", "pd": "pd_verify_all_every_file",
+              "pc": "pc_changed_data_refused"}
+OLD_STEPS = ("c", "d", "e", "f", "g")
 
 
 def main(argv=None) -> int:
@@ -357,10 +605,13 @@ def main(argv=None) -> int:
     steps = [s.strip() for s in args.steps.split(",") if s.strip()]
     h = Harness(args)
     if args.fresh:
-        for d in ("state-sf", "state-sf-stop"):
+        for d in ("state-sf", "state-sf-stop", "state-pd", "state-pd-long"):
             shutil.rmtree(h.work / d, ignore_errors=True)
+    h.need_old = any(s in OLD_STEPS for s in steps)
     h.setup()
     h.build_model_and_data()
+    if any(s.startswith("p") for s in steps):
+        h.build_prepared()
     h.inventory()
     if args.dry:
         plan = {"steps": steps, "inventory": str(h.inv), "interpreters": h.paths(), "samples": h.samples,
@@ -370,7 +621,8 @@ def main(argv=None) -> int:
         h.run.step("dry", ok=True, plan=plan)
         print(json.dumps(plan, indent=1))
         return 0
-    order = {"c": h.step_c, "d": h.step_d, "e": h.step_e, "f": h.step_f, "g": h.step_g}
+    order = {"c": h.step_c, "d": h.step_d, "e": h.step_e, "f": h.step_f, "g": h.step_g,
+             "pa": h.step_pa, "pb": h.step_pb, "pd": h.step_pd, "pc": h.step_pc}
     return run_steps(h.run, steps, order, STEP_NAMES, budget=args.budget)
 
 
