@@ -137,8 +137,32 @@ def torch_site() -> Path:
     return site_packages(env / "bin" / "python")
 
 
+PYARROW = "pyarrow>=15"       # what the sandbox's server-flow stand-in client reads prepared data with
+
+
+def pyarrow_site() -> Path:
+    """site-packages of a cached venv holding pyarrow (``PYARROW``), built once: the sandbox's
+    server-flow host reads ``speculators prepare-data``'s Arrow directory with it, whether or not the
+    controller itself has pyarrow (an installed wheel has not)."""
+    env = cache_dir() / "envs" / "pyarrow"
+    marker = env / ".complete"
+    if not marker.exists():
+        with _locked("pyarrow-env"):
+            if not marker.exists():
+                shutil.rmtree(env, ignore_errors=True)
+                subprocess.run([base_python(), "-m", "venv", str(env)], check=True)
+                proc = subprocess.run([str(env / "bin" / "python"), "-m", "pip", "install", "-q",
+                                       "--disable-pip-version-check", PYARROW], capture_output=True, text=True)
+                if proc.returncode != 0:
+                    raise RemoteOpsError(f"cannot install {PYARROW} for the sandbox: "
+                                         + (proc.stderr.strip().splitlines() or ["?"])[-1],
+                                         "check access to the package index (pip install pyarrow)")
+                marker.write_text("ok\n")
+    return site_packages(env / "bin" / "python")
+
+
 def make_env(dest: str | Path, packages: list[tuple[str, str]], *, copy: set[str] | None = None,
-             with_torch: bool = False) -> Path:
+             with_torch: bool = False, with_pyarrow: bool = False) -> Path:
     """Create a venv at ``dest`` holding the real sources of ``packages``; returns its python.
 
     Packages named in ``copy`` (default: speculators) are copied so they can be patched; the others
@@ -153,6 +177,8 @@ def make_env(dest: str | Path, packages: list[tuple[str, str]], *, copy: set[str
         install_sources(site, name, version, copy=name in copy)
     if with_torch:
         (site / "_remote_ops_torch.pth").write_text(str(torch_site()) + "\n")
+    if with_pyarrow:
+        (site / "_remote_ops_pyarrow.pth").write_text(str(pyarrow_site()) + "\n")
     return python
 
 

@@ -7,7 +7,10 @@ Layout (next to the inventory, git-ignored): ``.remote-ops/sandbox/``
     venv/        the host's interpreter (``python`` of the inventory entry)
     workdir/     the host's workdir (stand-in job, outputs)
     host-state/  remote-ops' own state on the host (journal, backups, jobs)
-    sandbox.json versions and port
+    server/      the server-flow host ``sandbox-server`` (same sshd): its venv/ (speculators 0.9.0 and
+                 vLLM sources, torch CPU, pyarrow), workdir/ (the stand-in server and client, the
+                 prepared Arrow data, its playbook) and host-state/
+    sandbox.json versions and ports
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ from remote_ops.errors import RemoteOpsError, UsageError
 from remote_ops.sshd import SshdServer
 
 HOST_NAME = "sandbox"
+SERVER_HOST_NAME = "sandbox-server"    # the server flow (speculators >= 0.5): stand-in server + client
+SERVER_SPECULATORS = "0.9.0"           # the shipped server-flow playbook's release
+SERVER_PLAYBOOK = "eagle3-speculators-0.9.0"
+PREPARED = "prepared"                  # the Arrow directory `speculators prepare-data` would have saved
 DATASET = "dataset.jsonl"
 STANDIN_IMPORTS = ["torch", "tqdm"]     # what the stand-in imports (it imports no speculators, no vLLM)
 DEFAULT_PLAYBOOK = "eagle3-speculators-0.3.0"      # a name: found in the shipped playbooks (playbook/loader.py)
@@ -59,6 +66,16 @@ class SandboxPaths:
     @property
     def state_file(self) -> Path:
         return self.root / "sandbox.json"
+
+    @property
+    def server(self) -> "SandboxPaths":
+        """The server-flow host's paths (its venv, workdir and host-state under ``server/``)."""
+        return SandboxPaths(self.root / "server")
+
+    @property
+    def playbook(self) -> Path:
+        """The server-flow host's playbook (written by ``up`` into its workdir)."""
+        return self.workdir / f"{SERVER_PLAYBOOK}-sandbox.yaml"
 
 
 def sandbox_root(inventory_path: str) -> Path:
@@ -106,7 +123,9 @@ def up(inventory_path: str, *, speculators: str = "0.3.0", vllm: str = "0.17.0",
     root, why = root_for(inventory_path)          # reads the inventory: a broken one fails here
     paths = SandboxPaths(root)
     progress(f"sandbox root {root} ({why})")
-    plan_inventory_entry(inventory_path, host_entry(paths, _server(paths, port or _read_state(paths).get("port"))))
+    state = _read_state(paths)
+    plan_inventory_entry(inventory_path, hosts(paths, _server(paths, port or state.get("port")),
+                                               state.get("server_port") or 0))
     paths.root.mkdir(parents=True, exist_ok=True)
     os.chmod(paths.root, 0o700)
     state = _read_state(paths)
@@ -119,6 +138,17 @@ def up(inventory_path: str, *, speculators: str = "0.3.0", vllm: str = "0.17.0",
         shutil.rmtree(paths.venv, ignore_errors=True)
         pkgsource.make_env(paths.venv, [("speculators", speculators), ("vllm", vllm)], with_torch=torch)
     prepare_workdir(paths)
+    srv = paths.server
+    server_wanted = {"speculators": SERVER_SPECULATORS, "vllm": vllm, "torch": torch, "pyarrow": pkgsource.PYARROW}
+    if state.get("server_packages") != server_wanted or not srv.python.exists():
+        progress(f"preparing the server-flow host's Python: speculators=={SERVER_SPECULATORS}, vllm=={vllm} "
+                 f"(real sources), {pkgsource.PYARROW}" + (", torch==2.13.0 CPU" if torch else ""))
+        shutil.rmtree(srv.venv, ignore_errors=True)
+        srv.root.mkdir(parents=True, exist_ok=True)
+        pkgsource.make_env(srv.venv, [("speculators", SERVER_SPECULATORS), ("vllm", vllm)], with_torch=torch,
+                           with_pyarrow=True)
+    prepare_server_workdir(srv)
+    server_port = state.get("server_port") if _port_free(state.get("server_port")) else _free_port()
 
     server = _server(paths, port or state.get("port"))
     if server.running() and port and port != state.get("port"):
@@ -136,13 +166,16 @@ def up(inventory_path: str, *, speculators: str = "0.3.0", vllm: str = "0.17.0",
             server.start(foreground=False)
         started = True
     try:
-        written = write_inventory_entry(inventory_path, host_entry(paths, server))
+        written = write_inventory_entry(inventory_path, hosts(paths, server, server_port))
     except BaseException:
         if started:
             server.stop()         # never leave an sshd behind that no inventory names
         raise
     state = {"port": server.port, "packages": wanted, "root": str(paths.root),
-             "python": str(paths.python), "workdir": str(paths.workdir)}
+             "python": str(paths.python), "workdir": str(paths.workdir),
+             "server_port": server_port, "server_packages": server_wanted,
+             "server_host": {"name": SERVER_HOST_NAME, "python": str(srv.python), "workdir": str(srv.workdir),
+                             "prepared": str(srv.workdir / PREPARED), "playbook": str(srv.playbook)}}
     paths.state_file.write_text(json.dumps(state, indent=2))
     state.update({"running": True, "inventory": inventory_path, "host_written_to": str(written),
                   "root_from": why, "seconds": round(time.monotonic() - t0, 2)})
@@ -158,6 +191,82 @@ def prepare_workdir(paths: SandboxPaths) -> None:
         if asset.name != "__init__.py":
             shutil.copy2(asset, paths.workdir / asset.name)
     write_dataset(paths.workdir / DATASET)
+
+
+def prepared_rows(rows: int = 12) -> list[list[int]]:
+    """The server-flow host's prepared rows: token ids, 6 to 39 tokens (under its max_model_len of 64)."""
+    return [[1] + [(i * 37 + k * 11) % 1000 + 4 for k in range(5 + (i * 7) % 34)] for i in range(rows)]
+
+
+def prepare_server_workdir(paths: SandboxPaths) -> None:
+    """The server-flow host's workdir and state dir: the stand-ins, the prepared Arrow directory (written
+    by the host's own interpreter, whose pyarrow reads it) and the playbook that runs the stand-ins."""
+    import subprocess
+    paths.workdir.mkdir(parents=True, exist_ok=True)
+    paths.host_state.mkdir(parents=True, exist_ok=True, mode=0o700)
+    assets = Path(__file__).parent / "sandbox_assets"
+    for name in ("server_standin.py", "client_standin.py", "prepared_data.py"):
+        shutil.copy2(assets / name, paths.workdir / name)
+    proc = subprocess.run([str(paths.python), str(paths.workdir / "prepared_data.py"), str(paths.workdir / PREPARED)],
+                          input=json.dumps(prepared_rows()), capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RemoteOpsError(f"cannot write the server-flow host's prepared data in {paths.workdir / PREPARED}: "
+                             + (proc.stderr.strip().splitlines() or ["?"])[-1],
+                             "remote-ops sandbox down --purge, then sandbox up again")
+    tmp = paths.playbook.with_name(f".{paths.playbook.name}.tmp")
+    tmp.write_text(server_playbook_text())
+    os.replace(tmp, paths.playbook)
+
+
+def server_playbook_text() -> str:
+    """The shipped server-flow playbook with the STAND-INs in place of vLLM's server and speculators'
+    client (the same output layout, output directory, expected count, env, GPUs and stop); the
+    commands take the host's vars, so the inventory entry says where everything is."""
+    import importlib.resources
+
+    import yaml
+
+    shipped = importlib.resources.files("remote_ops") / "playbook" / "shipped" / f"{SERVER_PLAYBOOK}.yaml"
+    doc = yaml.safe_load(shipped.read_text())
+    doc["name"] = f"{SERVER_PLAYBOOK}-sandbox"
+    doc["description"] = (f"STAND-IN of {SERVER_PLAYBOOK} for the sandbox: stdlib server (torch CPU) and client "
+                          "(pyarrow), no vLLM, no GPU")
+    ex = doc["extract"]
+    ex["server"]["command"] = ["{vars.server_python}", "{vars.server_script}", "{vars.target_model}",
+                               "--host", "127.0.0.1", "--port", "{port}",
+                               "--hidden-states-path", "{vars.preprocessed_data}/.hs_staging",
+                               "--layers", "{vars.standin_layers}", "--hidden", "{vars.standin_hidden}",
+                               "--max-model-len", "{vars.max_model_len}"]
+    ex["server"]["import_check"] = "{vars.server_import_check}"
+    ex["command"] = ["{python}", "{vars.client_script}", "--endpoint", "http://127.0.0.1:{port}/v1",
+                     "--preprocessed-data", "{vars.preprocessed_data}", "--output", "{output_dir}",
+                     "--max-samples", "{vars.max_samples}", "--concurrency", "{vars.concurrency}",
+                     "--sample-delay", "{vars.sample_delay}"]
+    ex["import_check"] = "{vars.import_check}"
+    ex["stop_grace_seconds"] = 5
+    head = (f"# written by `remote-ops sandbox up` from the shipped {SERVER_PLAYBOOK}.yaml, rewritten each time:\n"
+            "# the server and the client are the sandbox's STAND-INs (remote_ops/sandbox_assets/server_standin.py,\n"
+            "# client_standin.py); everything else is the shipped playbook's.\n")
+    return head + yaml.safe_dump(doc, sort_keys=False)
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _port_free(port) -> bool:
+    import socket
+    if not isinstance(port, int) or port <= 0:
+        return False
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def write_dataset(path: Path, samples: int = 24) -> None:
@@ -205,10 +314,49 @@ def host_entry(paths: SandboxPaths, server: SshdServer) -> dict:
     }
 
 
-def _block(entry: dict) -> str:
+def server_host_entry(paths: SandboxPaths, server: SshdServer, port: int, torch: bool = True) -> dict:
+    """The server-flow host: the same sshd, its own interpreter, workdir, state dir and vars."""
+    srv = paths.server
+    return {
+        "hostname": server.address,
+        "port": server.port,
+        "user": server.user,
+        "identity_file": str(server.identity_file),
+        "known_hosts": str(server.known_hosts),
+        "python": str(srv.python),
+        "workdir": str(srv.workdir),
+        "playbook": str(srv.playbook),
+        "env": {"REMOTE_OPS_STATE_DIR": str(srv.host_state)},
+        "vars": {
+            # STAND-IN: server_standin.py answers as vLLM's server with ExampleHiddenStatesConnector,
+            # client_standin.py reads the prepared Arrow data as speculators' generate-offline-data
+            "server_script": str(srv.workdir / "server_standin.py"),
+            "client_script": str(srv.workdir / "client_standin.py"),
+            "target_model": "tiny-standin",
+            "preprocessed_data": str(srv.workdir / PREPARED),
+            "port": port,
+            "max_model_len": 64,
+            "concurrency": 4,
+            "sample_delay": 0,          # STAND-IN: seconds per sample, for a job slow enough to watch or stop
+            "standin_layers": 4,
+            "standin_hidden": 16,
+            "server_ready_seconds": 60,
+            "gpus": 0,
+            "import_check": ["pyarrow"],
+            "server_import_check": ["torch"],
+        },
+    }
+
+
+def hosts(paths: SandboxPaths, server: SshdServer, server_port: int) -> dict:
+    """The hosts ``up`` writes into the inventory: ``sandbox`` and ``sandbox-server``."""
+    return {HOST_NAME: host_entry(paths, server), SERVER_HOST_NAME: server_host_entry(paths, server, server_port)}
+
+
+def _block(entries: dict) -> str:
     import yaml
 
-    body = yaml.safe_dump({HOST_NAME: entry}, sort_keys=False, default_flow_style=False)
+    body = yaml.safe_dump(entries, sort_keys=False, default_flow_style=False)
     indented = "".join("  " + line + "\n" for line in body.splitlines())
     return f"{BEGIN}\n{indented}{END}\n"
 
@@ -231,18 +379,19 @@ NEW_INVENTORY = ("# remote-ops inventory (see README). `default` is used when a 
 BLOCK_RE = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", re.S)
 
 
-def plan_inventory_entry(inventory_path: str, entry: dict) -> list[tuple[Path, str]]:
+def plan_inventory_entry(inventory_path: str, entries: dict) -> list[tuple[Path, str]]:
     """The files ``write_inventory_entry`` would write, and their text, each checked as an inventory
     under its own name (errors name the inventory, never a temporary file): what ``up`` checks before
-    it starts anything. Refuses an inventory that defines host ``sandbox`` itself (not in the block
-    ``sandbox up`` manages): a second definition would be a duplicate."""
+    it starts anything. ``entries``: host name -> entry (``hosts``). Refuses an inventory that defines
+    host ``sandbox`` or ``sandbox-server`` itself (not in the block ``sandbox up`` manages): a second
+    definition would be a duplicate."""
     from remote_ops.connect import inventory
     from remote_ops.errors import ConfigError
     from remote_ops.yamlsrc import load_text
 
     path = Path(inventory_path).expanduser()
     local = inventory.local_path(path)
-    block = _block(entry)
+    block = _block(entries)
     out: list[tuple[Path, str]] = []
     if not path.exists():
         out.append((path, NEW_INVENTORY.format(local=local.name)))
@@ -252,12 +401,13 @@ def plan_inventory_entry(inventory_path: str, entry: dict) -> list[tuple[Path, s
         main_text = path.read_text()
         includes_local = _includes_local(path)
         current = inventory.load(str(path))            # as it is: a broken inventory fails here, named
-        own = current.hosts.get(HOST_NAME)
         managed_here = BLOCK_RE.search(main_text) is not None
-        if own is not None and Path(own.inventory_path).resolve() == path.resolve() and not managed_here:
-            raise ConfigError(str(path), current.doc.line("hosts", HOST_NAME) if current.doc else None,
-                              f"host {HOST_NAME!r} is already defined here (not by `remote-ops sandbox up`)",
-                              f"remove it (sandbox up writes its own), or give another inventory with -i")
+        for name in entries:
+            own = current.hosts.get(name)
+            if own is not None and Path(own.inventory_path).resolve() == path.resolve() and not managed_here:
+                raise ConfigError(str(path), current.doc.line("hosts", name) if current.doc else None,
+                                  f"host {name!r} is already defined here (not by `remote-ops sandbox up`)",
+                                  f"remove it (sandbox up writes its own), or give another inventory with -i")
     if includes_local:
         local_text = (f"# written by `remote-ops sandbox up`, rewritten each time (git-ignored): put your own\n"
                       f"# hosts in {path.name}, which includes this file\nhosts:\n{block}")
@@ -285,8 +435,8 @@ def plan_inventory_entry(inventory_path: str, entry: dict) -> list[tuple[Path, s
     return out
 
 
-def write_inventory_entry(inventory_path: str, entry: dict) -> Path:
-    """Write the ``sandbox`` host; returns the file it went into. An inventory that includes its
+def write_inventory_entry(inventory_path: str, entries: dict) -> Path:
+    """Write the sandbox's hosts (``hosts``); returns the file they went into. An inventory that includes its
     ``.local`` companion (the repository's does; a new one is written so) is left as it is, and the
     host goes into that git-ignored file, rewritten each time. Another inventory gets a managed
     block inside ``hosts:`` (inserted or refreshed, everything else kept). Every text is checked
@@ -294,7 +444,7 @@ def write_inventory_entry(inventory_path: str, entry: dict) -> Path:
     from remote_ops.connect import inventory
 
     path = Path(inventory_path).expanduser()
-    plan = plan_inventory_entry(inventory_path, entry)
+    plan = plan_inventory_entry(inventory_path, entries)
     for target, text in plan:
         _replace(target, text)
     if plan[0][0] != path:

@@ -86,6 +86,10 @@ def test_quick_start_and_your_own_host_run_as_written(tmp_path):
             outs[cmd] = _run(cmd, env, tmp_path, ok=_ok(cmd))
         assert "verified: 4 targeted findings gone" in outs["remote-ops patch sandbox --yes"]
         assert "succeeded" in outs["remote-ops extract sandbox --tail"]
+        rows = len(sandbox.prepared_rows())          # the server-flow host: every row, every file's ids
+        assert "succeeded after" in outs["remote-ops extract sandbox-server --tail"]
+        assert f"{rows}/{rows} samples" in outs["remote-ops extract sandbox-server --tail"]
+        assert f"token ids of {rows} file(s) compared" in outs["remote-ops verify sandbox-server --all"]
 
         # "Your own host": the README's entry, filled with the sandbox's address, and a known_hosts
         # of its own (empty): the first command must record the key

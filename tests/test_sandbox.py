@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -149,3 +150,66 @@ def test_demo_script_runs_end_to_end(tmp_path, monkeypatch):
     assert _sha(REPO / "inventory.yaml") == repo_inventory, "the demo touched the repository's inventory"
     assert _sha(tmp_path / "inventory.yaml") == repo_inventory, "sandbox up rewrote the (tracked) inventory"
     assert "sandbox:" in (tmp_path / "inventory.local.yaml").read_text()
+
+
+def test_sandbox_server_flow_host_extract_status_verify_gather_stop(tmp_path, cli):
+    """`sandbox up` also writes sandbox-server (the same sshd; its own venv with pyarrow, workdir, state
+    dir and the prepared Arrow data): the README's server-flow lines run on it over the real sshd."""
+    pytest.importorskip("pyarrow")
+    inv = tmp_path / "inventory.yaml"
+    root = tmp_path / "default-sandbox"          # conftest's REMOTE_OPS_SANDBOX_DIR
+    try:
+        status, out, err = cli("-i", str(inv), "sandbox", "up", "--json")
+        assert status == 0, err
+        up = json.loads(out)
+        srv = up["server_host"]
+        assert srv["name"] == "sandbox-server" and srv["python"] == str(root / "server" / "venv" / "bin" / "python")
+        assert up["server_packages"]["speculators"] == "0.9.0"
+        host = f"port: {up['port']}"
+        local = (tmp_path / "inventory.local.yaml").read_text()
+        assert "sandbox-server:" in local and local.count(host) == 2       # both hosts on the one sshd
+        # the stand-in client reads the Arrow directory with the host's own pyarrow
+        probe = subprocess.run([srv["python"], "-c", "import pyarrow, torch; print(pyarrow.__version__)"],
+                               capture_output=True, text=True)
+        assert probe.returncode == 0, probe.stderr
+
+        status, out, err = cli("-i", str(inv), "extract", "sandbox-server", "--tail")
+        assert status == 0, err + out
+        rows = len(sandbox.prepared_rows())
+        assert f"{rows}/{rows} samples" in out
+        status, out, err = cli("-i", str(inv), "status", "sandbox-server", "--json")
+        job = json.loads(out)["job"]
+        assert status == 0 and job["state"] == "succeeded" and job["layout"] == "hs_safetensors"
+        assert job["samples"]["done"] == job["samples"]["expected"] == rows
+        assert job["tokens"]["done"] == sum(len(r) for r in sandbox.prepared_rows())
+        status, out, err = cli("-i", str(inv), "verify", "sandbox-server", "--all")
+        assert status == 0, err + out
+        assert f"{rows} hs_<N>.safetensors files of {rows} expected" in out
+        assert f"token ids of {rows} file(s) compared with their prepared data rows, 0 differ" in out
+        assert "data_<N>.pt" not in out and "data_config.json" not in out
+
+        # gather does not copy this layout: one line naming the flow, nothing written
+        dest = tmp_path / "gathered"
+        status, out, err = cli("-i", str(inv), "gather", "sandbox-server", "--to", str(dest))
+        assert status != 0
+        assert "gather does not copy the server flow's hs_<N>.safetensors files" in err, err
+        assert "data_config.json" not in out + err and not list(dest.glob("*"))
+
+        # stop: the run resumed (its files lost, each sample slowed down) and stopped; both processes gone
+        for f in (Path(srv["prepared"]) / "hidden_states").glob("hs_*.safetensors"):
+            f.unlink()
+        local = tmp_path / "inventory.local.yaml"
+        local.write_text(local.read_text().replace("sample_delay: 0", "sample_delay: 5"))
+        status, out, err = cli("-i", str(inv), "extract", "sandbox-server")
+        assert status == 0, err + out
+        status, out, err = cli("-i", str(inv), "stop", "sandbox-server")
+        assert status == 0, err + out
+        status, out, err = cli("-i", str(inv), "status", "sandbox-server", "--json")
+        job = json.loads(out)["job"]
+        assert job["state"] == "stopped" and job["server"]["state"] != "running", job
+
+        status, out, err = cli("-i", str(inv), "sandbox", "status", "--json")
+        assert status == 0 and json.loads(out)["server_host"]["workdir"] == srv["workdir"]
+    finally:
+        down = sandbox.down(str(inv), purge=True)
+    assert down["stopped"] and not root.exists()

@@ -26,8 +26,11 @@ def run(args, ctx) -> int:
         where = written if written == inv else f"{written} (included by {inv})"
         ctx.emit(data, lambda c: c.print(
             f"sandbox is up: host sandbox = 127.0.0.1:{data['port']} (speculators {args.speculators}, "
-            f"vllm {args.vllm}) in {where}; root {data['root']} ({data['root_from']}); try: remote-ops facts sandbox",
-            markup=False))
+            f"vllm {args.vllm}) in {where}; root {data['root']} ({data['root_from']}); try: "
+            + ctx.command("facts", "sandbox") + "\n"
+            f"server-flow host {sandbox.SERVER_HOST_NAME} (speculators {sandbox.SERVER_SPECULATORS} STAND-IN server and "
+            f"client, prepared data {data['server_host']['prepared']}); try: "
+            + ctx.command("extract", sandbox.SERVER_HOST_NAME, "--tail"), markup=False))
     elif args.action == "down":
         data = sandbox.down(inv, purge=args.purge)
         ctx.emit(data, lambda c: c.print(
@@ -39,6 +42,8 @@ def run(args, ctx) -> int:
         ctx.emit(data, lambda c: c.print(
             f"no sandbox yet at {data['root']} ({data['root_from']}; remote-ops sandbox up)" if not data["exists"] else
             f"sandbox {'running' if data['running'] else 'stopped'} on 127.0.0.1:{data.get('port')} at {data['root']} "
-            f"({data['root_from']})", markup=False))
+            f"({data['root_from']})" + (f"; hosts sandbox and {data['server_host']['name']} (server flow, workdir "
+                                       f"{data['server_host']['workdir']})" if data.get("server_host") else ""),
+            markup=False))
         return 0 if data.get("running") else 1
     return 0

@@ -1,7 +1,8 @@
 """Write a prepared dataset as ``speculators prepare-data`` saves it (``datasets.Dataset.save_to_disk``):
 ``data-00000-of-00001.arrow`` (an Arrow IPC stream), ``state.json`` naming it, ``dataset_info.json``;
 columns ``input_ids``, ``loss_mask`` and ``seq_len``. For the sandbox's server-flow host and the tests
-(pyarrow: the test extra). The real client reads it with ``datasets.load_from_disk``, the stand-in with pyarrow.
+(pyarrow: the test extra, and the sandbox host's venv, which runs this file: ``python prepared_data.py DIR``
+with the rows as a JSON list on stdin). The real client reads it with ``datasets.load_from_disk``, the stand-in with pyarrow.
 """
 
 import json
@@ -31,3 +32,8 @@ def write(path, rows, *, fingerprint="standin"):
             "loss_mask": {"feature": {"dtype": "int64", "_type": "Value"}, "_type": "List"},
             "seq_len": {"dtype": "int64", "_type": "Value"}}, "homepage": "", "license": ""}, fh, indent=2)
     return path
+
+
+if __name__ == "__main__":
+    import sys
+    write(sys.argv[1], json.load(sys.stdin))
