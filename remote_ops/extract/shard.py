@@ -489,7 +489,16 @@ class GatherResult(Coverage, Copies):
 def list_part(session, *, pb, job: str | None, output_dir: str | None, on_progress=None) -> list[dict]:
     """The host's directories (its own and moved shares), each file with its sha256 (hashed on the host)."""
     from remote_ops.extract import verify as verify_mod
-    base = output_dir or verify_mod.output_dir_for(session, pb=pb, job=job)[0]
+    if output_dir:
+        base, flow = output_dir, None
+    else:
+        base, _, flow = verify_mod.output_dir_for(session, pb=pb, job=job)
+    if flow == "hs_safetensors":        # data_config.json, shares and the union are the 0.3.0 flow's
+        refused = "%s_<N>.%s" % layout.LAYOUTS[flow]
+        raise UsageError(f"gather does not copy the server flow's {refused} files ({base}); it copies the 0.3.0 "
+                         f"flow's {'%s_<N>.%s' % layout.LAYOUTS[layout.DEFAULT]} outputs",
+                         "check them with remote-ops verify HOST --all, then copy the directory as it is "
+                         "(rsync -a or scp -r)")
     first = admit(_files(session, base, digest=True, on_progress=on_progress))
     out = [first]
     for sub in first["shard_dirs"]:
@@ -665,7 +674,7 @@ def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, 
         if len({json.dumps(f[key], sort_keys=True) for _, f, _ in facts}) > 1:
             g.problems.append(f"the hosts' data_config.json disagree on {key.replace('_', ' ')}: run remote-ops "
                               "verify GROUP")
-    if not facts:
+    if not facts and listings:        # no listing at all: the hosts' own errors say why
         g.problems.append("no host has a data_config.json")
     g.total = total
     union_doc = None
