@@ -116,7 +116,8 @@ def test_a_copy_with_other_bytes_is_dropped_and_the_rest_counted(tmp_path, sshd,
     assert status != 0 and not g["ok"]
     assert g["copied"] == 2 and g["present"] == 2, g
     assert any("1 file(s) not copied" in p and "differs from the host's" in p for p in g["problems"]), g["problems"]
-    assert sorted(os.listdir(dest)) == ["data_0.pt", "data_2.pt", "data_config.json"]   # no temporary left
+    assert sorted(os.listdir(dest)) == [".remote-ops-gather.json", "data_0.pt", "data_2.pt",
+                                        "data_config.json"]          # no temporary left; the manifest
 
 
 def test_links_on_the_host_are_never_followed(tmp_path, sshd, cli, kind):

@@ -723,24 +723,15 @@ def stale_in_destination(to: str, total: int | None) -> list[str]:
 def _write_json(to: str, name: str, doc, **dump) -> None:
     """``name`` in ``to`` written whole: a fresh temporary (mkstemp: never through a pre-made link),
     fsynced, renamed onto it, the directory fsynced."""
+    from remote_ops.agent.core import atomic
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=to)
-    try:
+
+    def write(path):
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(doc, fh, **dump)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, os.path.join(to, name))
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    dfd = os.open(to, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    atomic.replace(tmp, os.path.join(to, name), write)
 
 
 def _union_run(dirs: list[dict], run: str | None) -> dict | None:

@@ -159,22 +159,12 @@ def dataset_facts(path, max_samples, cwd=None):
     """{"path", "size", "samples", "lines_sha256"} of the first ``max_samples`` (None: all) non-blank
     lines of the JSONL ``path`` (relative to ``cwd``)."""
     full = _abspath(path, cwd)
-    h = hashlib.sha256()
-    n = 0
     try:
         size = os.path.getsize(full)
-        with open(full, "rb") as fh:
-            for line in fh:
-                if max_samples is not None and isinstance(max_samples, int) and n >= max_samples:
-                    break
-                if not line.strip():
-                    continue
-                h.update(line.rstrip(b"\r\n"))
-                h.update(b"\n")
-                n += 1
+        sha, n = _lines_sha256(full, max_samples if isinstance(max_samples, int) else None, strict=True)
     except OSError as exc:
         raise IdentityError("cannot read dataset %s: %s" % (full, exc.strerror or exc)) from None
-    return {"path": full, "size": size, "samples": n, "lines_sha256": h.hexdigest()}
+    return {"path": full, "size": size, "samples": n, "lines_sha256": sha}
 
 
 def _hf_config(model_id):
@@ -351,14 +341,15 @@ def differences(old, new, prefix=""):
     return [] if old == new else ["%s %s -> %s" % (prefix.rstrip(".") or "identity", _show(old), _show(new))]
 
 
-def _lines_sha256(path, count):
-    """(sha256 of the first ``count`` non-blank lines of ``path`` as dataset_facts hashes them, lines
-    read); None when the file cannot be read."""
+def _lines_sha256(path, count, strict=False):
+    """(sha256 of the first ``count`` (None: all) non-blank lines of ``path``, each without its line
+    ending, lines hashed): the run identity's ``lines_sha256``. An unreadable file: None, or OSError
+    with ``strict``."""
     h, n = hashlib.sha256(), 0
     try:
         with open(path, "rb") as fh:
             for line in fh:
-                if n >= count:
+                if count is not None and n >= count:
                     break
                 if not line.strip():
                     continue
@@ -366,6 +357,8 @@ def _lines_sha256(path, count):
                 h.update(b"\n")
                 n += 1
     except OSError:
+        if strict:
+            raise
         return None
     return h.hexdigest(), n
 
