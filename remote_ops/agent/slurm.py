@@ -61,6 +61,7 @@ def written():
         return None
     try:
         import importlib.util
+        sys.dont_write_bytecode = True      # no __pycache__ in the job's state directory
         spec = importlib.util.spec_from_file_location("remote_ops_job_supervisor", os.path.join(JOBDIR, "supervisor.py"))
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
@@ -74,15 +75,16 @@ def record(name, rec):
     os.replace(tmp, os.path.join(JOBDIR, "task-%%d.%%s" %% (k, name)))
 # scancel (or Slurm's time limit) sends SIGTERM: the command stops, and the task records when it ended and
 # what it had written (task-k.end.json; no exit file: how it ended is Slurm's to say)
-def on_term(signum, frame):
-    if child is not None and child.poll() is None:
-        child.terminate()
-        try:
-            child.wait(20)
-        except Exception:
-            pass
+termed = []
+def ended_by_term():
     record("end.json", {"ended_at": time.time(), "signal": "SIGTERM", "samples": written()})
     sys.exit(143)
+def on_term(signum, frame):
+    termed.append(time.time())
+    if child is None:
+        ended_by_term()
+    if child.poll() is None:
+        child.terminate()      # its end is recorded once child.wait() below returns
 signal.signal(signal.SIGTERM, on_term)
 if rc is None:
     print("[remote-ops] task %%d of %%d on %%s%%s: %%s" %% (k, n, os.uname().nodename,
@@ -93,6 +95,8 @@ if rc is None:
     except OSError as exc:
         print("[remote-ops] cannot start the job: %%s" %% exc, flush=True)
         rc = 127
+if termed:
+    ended_by_term()
 if asked:
     most = int(job.get("requeue") or 0)
     task = "%%s_%%d" %% (os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID"), k)
