@@ -114,6 +114,13 @@ def test_verify_of_a_running_job_says_that_it_runs(sshd, tmp_path, cli):
     assert doc["running"]["job_id"] == job_id and doc["running"]["state"] == "running", doc
     status, out, err = cli("verify", "node-a", "-i", str(inv))
     assert f"node-a: note: job {job_id} is running (" in out and "verify again once it ended" in out, out
+    # gather too says the job still runs, on the missing samples' line
+    status, out, err = cli("gather", "node-a", "--to", str(tmp_path / "to"), "--json", "-i", str(inv))
+    g = json.loads(out)["gathered"]
+    assert g["running"][0]["job_id"] == job_id and g["running"][0]["host"] == "node-a", g
+    assert any(f"job {job_id} on node-a is still running" in p for p in g["problems"]), g["problems"]
+    status, out, err = cli("gather", "node-a", "--to", str(tmp_path / "to"), "-i", str(inv))
+    assert f"note: job {job_id} on node-a is running (" in out and "gather again once it ended" in out, out
     cli("stop", "node-a", "-i", str(inv))
     status, out, err = cli("verify", "node-a", "--json", "-i", str(inv))
     assert "running" not in json.loads(out), out

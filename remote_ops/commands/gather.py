@@ -49,6 +49,10 @@ def run(args, ctx) -> int:
         head = (f"gathered into {g.to}: {g.present}" + (f"/{g.total}" if g.total is not None else "") +
                 f" samples ({g.copied} copied, {human_bytes(g.bytes)}; {g.skipped} already there, sha256 checked)")
         c.print(Text(head + ("" if g.ok else ": PROBLEMS"), style="green" if g.ok else "red"))
+        for r in g.extra.get("running") or []:
+            c.print(f"  note: job {r['job_id']} on {r['host']} is {r['state']} ({r.get('done')}"
+                    + (f"/{r['expected']}" if r.get("expected") is not None else "") + " samples): gather again once "
+                    "it ended", markup=False, highlight=False)
         for p in g.problems:
             c.print(f"  {p}", markup=False, highlight=False)
         for d in g.extra.get("same_dir") or []:

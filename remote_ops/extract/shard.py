@@ -489,10 +489,12 @@ class GatherResult(Coverage, Copies):
 def list_part(session, *, pb, job: str | None, output_dir: str | None, on_progress=None) -> list[dict]:
     """The host's directories (its own and moved shares), each file with its sha256 (hashed on the host)."""
     from remote_ops.extract import verify as verify_mod
+    run = None
     if output_dir:
         base, flow = output_dir, None
     else:
-        base, _, flow = verify_mod.output_dir_for(session, pb=pb, job=job)
+        base, _, flow, st = verify_mod.job_output(session, pb=pb, job=job)
+        run = verify_mod.running(st)      # the job still writes here: gather says so
     if flow == "hs_safetensors":        # data_config.json, shares and the union are the 0.3.0 flow's
         refused = "%s_<N>.%s" % layout.LAYOUTS[flow]
         raise UsageError(f"gather does not copy the server flow's {refused} files ({base}); it copies the 0.3.0 "
@@ -500,6 +502,7 @@ def list_part(session, *, pb, job: str | None, output_dir: str | None, on_progre
                          "check them with remote-ops verify HOST --all, then copy the directory as it is "
                          "(rsync -a or scp -r)")
     first = admit(_files(session, base, digest=True, on_progress=on_progress))
+    first["running"] = run
     out = [first]
     for sub in first["shard_dirs"]:
         out.append(admit(_files(session, base.rstrip("/") + "/" + sub, digest=True, on_progress=on_progress)))
@@ -643,6 +646,9 @@ def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, 
                                 "dropped": f"{d['host']}:{other['path']}", "why": why,
                                 "same_bytes": other["sha256"] == chosen[i]["sha256"]})
     g.conflicts, g.dropped, g.beyond = conflicts[:50], dropped, beyond
+    running = [dict(d["running"], host=d["host"]) for d in dirs if isinstance(d.get("running"), dict)]
+    if running:       # a job still writing: what it has not written yet is not lost
+        g.extra["running"] = running
     digests = [d["digests"] for d in dirs if isinstance(d.get("digests"), dict)]
     if digests:       # how many files the hosts hashed now, and how many digests they kept from before
         g.extra["host_digests"] = {k: sum(int(x.get(k) or 0) for x in digests) for k in ("hashed", "reused")}
@@ -903,8 +909,12 @@ def finish(results, g: GatherResult, union_doc: dict | None, to: str, manifest: 
     if g.total is not None:
         missing = g.count_missing(present)
         if missing:
+            still = "; ".join(f"job {r['job_id']} on {r['host']} is still {r['state']}"
+                              for r in g.extra.get("running") or [])
             g.problems.append(f"{len(missing)} of {g.total} samples are on no reachable host, e.g. "
-                              f"data_{missing[0]}.pt (remote-ops verify GROUP says whose)")
+                              f"data_{missing[0]}.pt (remote-ops verify GROUP says whose)"
+                              + (f"; {still}: what it has not written yet counts as missing, gather again once "
+                                 "it ended" if still else ""))
     g.to = to
     g.ok = not g.problems
     return g
