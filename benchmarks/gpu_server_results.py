@@ -23,7 +23,29 @@ STEPS = {
     "e_compare_with_transformers": "(e) hidden states vs a float32 transformers forward",
     "f_stop_leaves_no_gpu_process": "(f) stop during a run: no GPU process, no marker process, port free",
     "g_relaunch_resumes": "(g) relaunch over the stopped run's output: only the missing samples",
+    "pa_rows_too_long_refused": "(a) prepared data with rows longer than max_model_len: extract --tail",
+    "pb_complete_run_n_of_n": "(b) a complete run: extract --tail, then status",
+    "pd_verify_all_every_file": "(d) verify --all after (b): every file's token_ids against its row",
+    "pc_changed_data_refused": "(c) the prepared data changed in place: extract --tail (resume), then verify --all",
 }
+
+
+def prepared_line(s: dict) -> str:
+    """The prepared data of issue 52's steps (prepare-data's output as the client reads it)."""
+    ds = s.get("datasets") or {}
+    def one(name: str) -> str:
+        r = (ds.get(name) or {}).get("read") or {}
+        return (f"{name}: {r.get('rows')} rows, {r.get('tokens')} tokens, longest {r.get('longest')}, "
+                f"{r.get('rows_at_or_over_max_model_len')} at or over max_model_len")
+    return (f"- prepared data: written by `speculators prepare-data` (--seq-length {s.get('seq_length')}, "
+            f"pre-tokenized JSONL rows); {one('pd_data')}; {one('pd_long')}; server max_model_len "
+            f"{s.get('max_model_len')}, the job's max_samples {s.get('max_samples')}")
+
+
+def refusal_text(s: dict) -> str:
+    r = s.get("refusal") or {}
+    text = r.get("message") or r.get("line") or "?"
+    return text.replace("|", "/") + (f" (hint: {r['hint']})" if r.get("hint") else "")
 
 
 def detail(name: str, s: dict) -> str:
@@ -50,6 +72,40 @@ def detail(name: str, s: dict) -> str:
         return (f"exit {s.get('rc')}: {s.get('files_before')} files before, max_samples {s.get('max_samples')}, "
                 f"{s.get('files_after')} after, {s.get('untouched')} untouched; verify ok "
                 f"{(s.get('verify') or {}).get('ok')}")
+    if name == "pa_rows_too_long_refused":
+        st = s.get("status") or {}
+        return (f"exit {s.get('rc')} in {s.get('seconds')} s: \"{refusal_text(s)}\"; after: {s.get('files')} files, "
+                f"{len(s.get('job_dirs') or [])} job dirs, {len(s.get('gpu_processes_after') or [])} GPU processes, "
+                f"{len(s.get('new_marker_processes') or [])} new job processes, port free {s.get('port_free_after')}, "
+                f"status: {'no job' if st.get('job') is None else (st.get('job') or {}).get('state')}")
+    if name == "pb_complete_run_n_of_n":
+        st = s.get("status") or {}
+        smp, tok, srv = st.get("samples") or {}, st.get("tokens") or {}, st.get("server") or {}
+        return (f"exit {s.get('rc')}, {s.get('files')} files of {s.get('rows')} rows (max_samples "
+                f"{s.get('max_samples')}); status {st.get('state')}, samples {smp.get('done')}/{smp.get('expected')}, "
+                f"tokens {tok.get('done')} (rows hold {s.get('tokens')}; {tok.get('from')}); server healthy after "
+                f"{srv.get('ready_after_s')} s; run.json dataset rows {(s.get('run_json_dataset') or {}).get('rows')}, "
+                f"sha256 {((s.get('run_json_dataset') or {}).get('sha256') or '')[:12]}; {s.get('seconds')} s in all; "
+                f"GPU processes after the job: {len(s.get('gpu_processes_after_the_job') or [])}")
+    if name == "pd_verify_all_every_file":
+        r, i = s.get("result") or {}, s.get("identity") or {}
+        return (f"exit {s.get('rc')}: {r.get('files')} files of {r.get('expected')} expected ({s.get('files_on_disk')} "
+                f"on disk), {r.get('checked')} loaded, token ids of {i.get('ids_compared')} file(s) compared with "
+                f"their rows, {i.get('ids_differ')} differ; gaps {r.get('gap_count')}, non-finite "
+                f"{r.get('non_finite_count')}, unloadable {r.get('unloadable_count')}")
+    if name == "pc_changed_data_refused":
+        o, v = s.get("overwrite_attempt") or {}, s.get("verify") or {}
+        changed = [k for k in (s.get("data_files_after") or {})
+                   if (s.get("data_files_after") or {}).get(k) != (s.get("data_files_before") or {}).get(k)]
+        return (f"prepare-data --overwrite into the directory: exit {o.get('rc')} ({(o.get('error') or '').strip()}), "
+                f"hidden states untouched {o.get('hidden_states_untouched')}; prepare-data's output of the changed "
+                f"JSONL put in place ({', '.join(changed)} changed); extract: exit {s.get('rc')} in {s.get('seconds')} s: "
+                f"\"{refusal_text(s)}\"; files {s.get('files_before')} before, {s.get('files_after')} after, "
+                f"{len(s.get('files_changed_or_added') or [])} changed or added (size, mtime, sha256 of each), "
+                f"run.json unchanged {s.get('run_json_unchanged')}, new job dirs "
+                f"{len(set(s.get('job_dirs_after') or []) - set(s.get('job_dirs_before') or []))}, GPU processes "
+                f"after {len(s.get('gpu_processes_after') or [])}; verify --all: exit {v.get('rc')}, ok {v.get('ok')}: "
+                f"{'; '.join(v.get('problems') or [])}")
     return ""
 
 
@@ -64,9 +120,10 @@ def render(path: Path) -> str:
              f"- server: vllm {server.get('vllm')}, torch {server.get('torch')}, transformers {server.get('transformers')}, "
              f"fastapi {server.get('fastapi')}; client: speculators {client.get('speculators')}, hs-connectors "
              f"{client.get('hs-connectors')}, transformers {client.get('transformers')}, datasets {client.get('datasets')}",
+             *([prepared_line(doc["steps"]["prepared_data"])] if "prepared_data" in (doc.get("steps") or {}) else []),
              "", "| step | ok | evidence |", "|---|---|---|"]
     for name, s in (doc.get("steps") or {}).items():
-        if name in ("setup", "model_and_data", "dry"):
+        if name in ("setup", "model_and_data", "dry", "prepared_data"):
             continue
         label = STEPS.get(name, name)
         lines.append(f"| {label} | {'yes' if s.get('ok') else 'no'} | {detail(name, s)} |")
