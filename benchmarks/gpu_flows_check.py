@@ -33,6 +33,13 @@ remote-ops itself over `connection: local` hosts, as gpu_model_check.py and gpu_
              an aux state only before a layer, so id 8 of 8 layers is never gathered; extract's preflight
              refuses it, with that file and line, before the server starts)
 
+  --dataset prefix (issue 50 item 1): the flows run on prefix_rows() instead of gpu_models.py's rows: rows
+             sharing two long system-prompt-like prefixes (one row IS the prefix alone), exact duplicate rows
+             (next to their original, so in flight together, and far after it, so its blocks were computed
+             before), and plain rows; the shipped server command passes --no-enable-prefix-caching, and each
+             server-flow step records the command the job ran (its job.json) and the server's log lines on
+             prefix caching
+
 Every step writes into --out (rewritten after each), and a step that would start after --budget seconds is
 recorded as skipped.
 
@@ -71,6 +78,38 @@ MAX_MODEL_LEN = 1024
 PORTS = {"deepseek_v3": 8801, "kimi_k25": 8802, "probe": 8803, "kimi_shipped": 8804}
 # the server-flow hosts whose checkpoint's custom code the server must run (the playbook var trust_remote_code)
 TRUSTED = ("kimi_k25",)
+
+
+def prefix_rows(seed: int = 20261205, words: tuple[int, int] = (4, 1000)) -> tuple[list[list[int]], dict]:
+    """Rows rich in shared prefixes and exact duplicates, all below MAX_MODEL_LEN (nothing is cut):
+    40 rows = a 640-token prefix A + 8-360 tokens, 24 rows = a 400-token prefix B + 8-500 tokens, prefix A
+    alone and prefix A + 1 token (every block of the row shared), 12 rows sharing prefix A's first 320 tokens,
+    8 plain rows; then 12 exact duplicates next to their original and 12 at the end of the dataset."""
+    rng = random.Random(seed)
+    w = lambda n: [rng.randrange(*words) for _ in range(n)]   # noqa: E731
+    a, b = [1] + w(639), [1] + w(399)
+    rows = [a + w(rng.randrange(8, 360)) for _ in range(40)] + [b + w(rng.randrange(8, 500)) for _ in range(24)]
+    rows += [list(a), a + w(1)] + [a[:320] + w(rng.randrange(50, 600)) for _ in range(12)]
+    rows += [[1] + w(rng.randrange(100, 900)) for _ in range(8)]
+    rng.shuffle(rows)
+    near = sorted(rng.sample(range(len(rows)), 12), reverse=True)
+    for i in near:                                # the copy right after its original: both in flight at once
+        rows.insert(i + 1, list(rows[i]))
+    far = rng.sample(range(len(rows) // 2), 12)   # copies of rows of the first half, at the end
+    rows += [list(rows[i]) for i in far]
+    assert max(map(len, rows)) < MAX_MODEL_LEN
+    seen, dups = {}, 0
+    for r in rows:
+        dups += tuple(r) in seen
+        seen[tuple(r)] = 1
+    facts = {"rows": len(rows), "tokens": sum(map(len, rows)), "longest": max(map(len, rows)),
+             "shortest": min(map(len, rows)), "distinct_rows": len(seen), "exact_duplicate_rows": dups,
+             "duplicates_adjacent": 12, "duplicates_at_end": 12,
+             "rows_with_prefix_a_640": sum(1 for r in rows if r[:640] == a),
+             "rows_with_prefix_b_400": sum(1 for r in rows if r[:400] == b),
+             "rows_sharing_first_320_of_a": sum(1 for r in rows if r[:320] == a[:320]),
+             "row_equal_to_prefix_a": sum(1 for r in rows if r == a), "seed": seed}
+    return rows, facts
 
 
 def host_name(flow: str, model: str) -> str:
@@ -151,6 +190,12 @@ class FlowsCheck:
             raise SystemExit(f"fixture check failed: rc {r['rc']}, shared tensors {shared}; see steps.build")
         self.dataset = ck / "dataset.jsonl"
         self.rows = [json.loads(l)["input_ids"] for l in self.dataset.read_text().splitlines() if l.strip()]
+        if self.args.dataset == "prefix":        # issue 50 item 1: shared prefixes and exact duplicates
+            self.rows, facts = prefix_rows()
+            self.dataset = ck / "prefix_dataset.jsonl"
+            self.dataset.write_text("".join(json.dumps({"input_ids": x}) + "\n" for x in self.rows))
+            self.run.doc["dataset"] = {"kind": "prefix", "path": str(self.dataset), **facts}
+            self.run.step("prefix_dataset", ok=True, **facts)
         # the resume run's dataset: long enough that a stop lands while files are being written
         rng = random.Random(20261202)
         self.resume_rows = [[1] + [rng.randrange(4, 1000) for _ in range(rng.randrange(50, 600))]
@@ -262,11 +307,28 @@ class FlowsCheck:
         logs = self.ro("logs", host, "-n", "4000", "--json", timeout=60, inv=inv)
         lines = ((logs["json"] or {}).get("text") or "").splitlines()
         out["handoff_line"] = next((l for l in lines if l.startswith("captured states ")), None)
+        if host.startswith("srv"):   # the server command the job ran (its job.json), and what vLLM said of it
+            out["server_command"] = self.server_command(host)
+            out["server_prefix_caching_lines"] = [l[-600:] for l in lines if "prefix_caching" in l
+                                                  or "prefix caching" in l.lower()][:6]
         if r["rc"] != 0:
             out["error_lines"] = [l for l in lines if "Error" in l or "error" in l][-10:]
             out["log_tail"] = lines[-25:]
         out["gpu_processes_after"] = self.wait_gpu_free()
         return out
+
+    def server_command(self, host: str) -> list | None:
+        """The server command of the host's newest job, as the job recorded it (jobs/<id>/job.json)."""
+        found = sorted((self.root / f"state-{host}").glob("**/job.json"), key=lambda p: p.stat().st_mtime)
+        for f in reversed(found):
+            try:
+                srv = json.loads(f.read_text()).get("server") or {}
+            except (OSError, ValueError):
+                continue
+            cmd = srv.get("command") if isinstance(srv, dict) else None
+            if cmd:
+                return cmd
+        return None
 
     def flows(self) -> None:
         self.results = {}
@@ -282,6 +344,9 @@ class FlowsCheck:
                 v = self.ro("verify", host, *(["--all"] if flow == "srv" else []), "--json", timeout=180)
                 ex["verify"] = {"rc": v["rc"], "result": v["json"], "stderr_tail": v["stderr"][-600:]}
                 ok = ex["rc"] == 0 and ex["files"] == len(self.rows) and v["rc"] == 0
+                if flow == "srv" and self.args.dataset == "prefix":   # the shipped flag, in the command run
+                    ex["no_enable_prefix_caching"] = "--no-enable-prefix-caching" in (ex.get("server_command") or [])
+                    ok = ok and ex["no_enable_prefix_caching"]
                 self.results[host] = ok
                 self.run.step(f"extract_{host}", ok=ok, flow="0.3.0" if flow == "030" else "server (0.9.0)",
                               model=m, **ex)
@@ -430,6 +495,8 @@ def main(argv=None) -> int:
     ap.add_argument("--flows", default="030,srv",
                     help="which flows the flows and compare steps run: 030 (speculators 0.3.0's generator), srv "
                          "(the server flow of speculators 0.9.0), or both (default)")
+    ap.add_argument("--dataset", choices=("default", "prefix"), default="default",
+                    help="prefix: rows rich in shared prefixes and exact duplicates (prefix_rows, issue 50 item 1)")
     ap.add_argument("--layer-change", action="store_true", help="also check that other layer ids are refused "
                                                                 "on resume (needs issue 32's run identity)")
     ap.add_argument("--probes", action="store_true", help="also run the server flow with ids [2, 4, 5, 8] on "

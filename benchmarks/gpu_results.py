@@ -530,7 +530,21 @@ def render_flows(files: list[Path]) -> list[str]:
                        f"hash: {sh.get('equal')}/{sh.get('tensors')} equal ({sh.get('router_tensors')} router tensors), "
                        f"{'ok' if sh.get('ok') else 'DIFFER: ' + str(sh.get('differ'))}")
         ds = b.get("dataset") or {}
-        if ds:
+        px = d.get("dataset") or {}
+        if px.get("kind") == "prefix":   # --dataset prefix (issue 50 item 1): the flows ran on these rows
+            out.append(f"- dataset (`--dataset prefix`, issue 50 item 1): {px.get('rows')} rows, {px.get('tokens')} tokens "
+                       f"({px.get('shortest')}-{px.get('longest')} per row, none cut), {px.get('distinct_rows')} distinct: "
+                       f"{px.get('exact_duplicate_rows')} exact duplicate rows ({px.get('duplicates_adjacent')} next to "
+                       f"their original, {px.get('duplicates_at_end')} at the end); {px.get('rows_with_prefix_a_640')} rows "
+                       f"start with one 640-token prefix ({px.get('row_equal_to_prefix_a')} is that prefix alone), "
+                       f"{px.get('rows_with_prefix_b_400')} with another of 400 tokens, "
+                       f"{px.get('rows_sharing_first_320_of_a')} share the first prefix's first 320 tokens")
+            for k, x in st.items():
+                if k.startswith("extract_srv") and x.get("server_command"):
+                    out.append(f"- {k[8:]}: the server command the job ran (its job.json), prefix-caching flag "
+                               f"{'present' if x.get('no_enable_prefix_caching') else 'ABSENT'}: "
+                               f"`{' '.join(x['server_command'])}`")
+        elif ds:
             out.append(f"- dataset: {ds.get('samples')} rows, {ds.get('tokens')} tokens ({ds.get('min_tokens')}-"
                        f"{ds.get('max_tokens')} per row)")
         inv = st.get("inventory") or {}
