@@ -93,6 +93,6 @@ def test_group_extract_status_verify_logs_stop(fleet, cli):
 
 def test_group_tail_is_refused_with_a_hint(fleet, cli):
     status, out, err = cli("extract", "live", "--tail", "-i", str(fleet))
-    assert status == 2 and "--tail follows one host" in err and "status GROUP" in err
+    assert status == 2 and "--tail follows one host" in err and "status live" in err
     status, out, err = cli("logs", "live", "--follow", "-i", str(fleet))
     assert status == 2 and "--follow follows one host" in err

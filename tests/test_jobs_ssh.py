@@ -513,7 +513,7 @@ def test_preflight_refuses_when_check_finds_incompatible_calls(tmp_path, sshd, c
     env.inventory.write_text(yaml.safe_dump(inv))
     status, out, err = cli(*env.argv("extract", "testhost"))
     assert status == 8, err
-    assert "check: " in err and "eos_token_id" in err and "run remote-ops check / patch first" in err
+    assert "check: " in err and "eos_token_id" in err and f"fix them with remote-ops -i {env.inventory} patch testhost" in err
     assert env.jobdirs() == []
     s, rec, _ = cli_json(cli, env, "extract", "testhost")
     assert s == 8 and rec["preflight"]["check"]["findings"] >= 1 and rec["error"] == "RefusedError" and rec["host"] == "testhost"

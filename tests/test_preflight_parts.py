@@ -87,10 +87,12 @@ def test_files_uploaded_are_notes_and_a_failed_upload_is_a_problem(tmp_path):
     f = ShippedFile(local=tmp_path / "x.py", name="x.py", data=b"print(1)\n", sha256="ab" * 32, mode=0o644)
     c = ctx(spec(files=[f]))
     assert set(P.Files().ops(c)) == {"files"}
-    _, pf = read(P.Files(), c, {"files": ok({"files": [{"name": "x.py", "action": "written", "sha256": "ab" * 32}]})})
-    assert pf.notes == ["file x.py: written (sha256 abababababab)"] and not pf.problems
+    _, pf = read(P.Files(), c, {"files": ok({"files": [{"name": "x.py", "action": "written", "sha256": "ab" * 32,
+                                                        "mode": "0600"}]})})
+    assert pf.notes == [f"file x.py: written (sha256 abababababab, mode 0600) from laptop file {tmp_path / 'x.py'}"] \
+        and not pf.problems
     _, pf = read(P.Files(), c, {"files": failed("write-failed", "disk full")})
-    assert pf.problems == ["cannot upload x.py: disk full"]
+    assert pf.problems == [f"cannot upload {tmp_path / 'x.py'}: disk full"]
     assert P.Files().ops(ctx()) == {}
 
 
@@ -202,7 +204,8 @@ def test_call_sites_findings_then_the_hint_to_patch():
                         "unknown": [], "drift": [], "baseline": {"unavailable": "offline"}})}
     _, pf = read(P.CallSites(), c, raw)
     assert pf.problems == ["check: g.py:3: unexpected keyword",
-                           "the job would fail on these calls after loading the model: run remote-ops check / patch first"]
+                           "the job would fail on these calls after loading the model: see them with remote-ops check HOST, "
+                           "fix them with remote-ops patch HOST"]
     _, pf = read(P.CallSites(), c, {"check": failed("missing-target", "speculators is not installed")})
     assert pf.problems == ["check could not run: speculators is not installed"]
     _, pf = read(P.CallSites(), ctx(skip_check=True), {})

@@ -146,7 +146,7 @@ def _identity_preflight(pf: Preflight, res: dict | None, spec: ExtractSpec, over
                             f"{aside} ({'; '.join(res['differences']) or res['state']})")
         else:
             pf.problems.append(res["line"])
-    elif res["state"] == "same" and res["recorded"] and overwrite:
+    elif res["state"] == "same" and res.get("recorded") and overwrite:
         pf.notes.append(f"--overwrite: {where} holds this run (run.json {short}): nothing to overwrite; "
                         f"resuming its {res['samples']} sample file(s)")
     elif res["state"] == "same" and res["samples"] and res.get("grown"):
@@ -371,7 +371,7 @@ class CallSites(Part):
                     pf.problems.append(f"check: ... and {len(findings) - 5} more findings")
                 if findings:
                     pf.problems.append("the job would fail on these calls after loading the model: "
-                                       "run remote-ops check / patch first")
+                                       "see them with remote-ops check HOST, fix them with remote-ops patch HOST")
                 if pf.check.get("unknown"):
                     pf.notes.append(f"check: {len(pf.check['unknown'])} call(s) could not be verified")
                 _drift_preflight(pf, c.playbook, c.strict_drift)

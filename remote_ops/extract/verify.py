@@ -74,7 +74,7 @@ def running_note(run: dict | None) -> str | None:
 
 def verify(session, *, pb, output_dir: str | None, expected: int | None, all: bool, sample: int,
            job: str | None, on_progress: Callable[[int, int], None] | None = None,
-           adopt: bool = False) -> VerifyResult:
+           adopt: bool) -> VerifyResult:
     """The verify operation on the session's host: the outputs of ``output_dir``, else of the job
     ``jobs.ref_for(pb, job)`` names (else the playbook's output_dir when the host has no such job);
     ``on_progress(done, of)`` while the host loads files. ``adopt``: an output without run.json (written
