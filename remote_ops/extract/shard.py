@@ -893,8 +893,9 @@ def finish(results, g: GatherResult, union_doc: dict | None, to: str, manifest: 
                 f = r.value.failed[0]
                 g.problems.append(f"{r.host}: {len(r.value.failed)} file(s) not copied, e.g. {layout.show(f['file'])}: "
                                   f"{layout.show(f['error'])} (rerun gather: files already copied are kept)")
-        else:
-            g.problems.append(f"{r.host}: {r.error.one_line() if r.error else 'failed'}")
+        else:       # one_line() names the host already
+            g.problems.append(r.error.one_line() if r.error and r.error.host else
+                              f"{r.host}: {r.error.one_line() if r.error else 'failed'}")
     if union_doc is not None:
         _write_json(to, "data_config.json", union_doc, indent=2)
         if g.extra.get("run"):         # the union's run identity, so that verify can hold it to its run
