@@ -287,13 +287,20 @@ def write_dataset(path: Path, samples: int = 24) -> None:
     os.replace(tmp, path)
 
 
-def host_entry(paths: SandboxPaths, server: SshdServer) -> dict:
+def _connection(server: SshdServer) -> dict:
+    """How both sandbox hosts reach the one sshd (address, port, user, key, known_hosts)."""
     return {
         "hostname": server.address,
         "port": server.port,
         "user": server.user,
         "identity_file": str(server.identity_file),
         "known_hosts": str(server.known_hosts),
+    }
+
+
+def host_entry(paths: SandboxPaths, server: SshdServer) -> dict:
+    return {
+        **_connection(server),
         "python": str(paths.python),
         "workdir": str(paths.workdir),
         "playbook": DEFAULT_PLAYBOOK,
@@ -318,11 +325,7 @@ def server_host_entry(paths: SandboxPaths, server: SshdServer, port: int, torch:
     """The server-flow host: the same sshd, its own interpreter, workdir, state dir and vars."""
     srv = paths.server
     return {
-        "hostname": server.address,
-        "port": server.port,
-        "user": server.user,
-        "identity_file": str(server.identity_file),
-        "known_hosts": str(server.known_hosts),
+        **_connection(server),
         "python": str(srv.python),
         "workdir": str(srv.workdir),
         "playbook": str(srv.playbook),
