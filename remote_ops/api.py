@@ -264,19 +264,25 @@ class Inventory(Fleet):
     def verify(self, target: str | None = None, *, output_dir: str | None = None, expected: int | None = None,
                all: bool = False, sample: int = 32, playbook: str | None = None, job: str | None = None,
                on_progress: Callable[[Any, int, int], None] | None = None, shard: bool = False,
-               adopt: bool = False) -> Results:
+               adopt: bool = False, logits: int = 0, logits_port: int | None = None) -> Results:
         """The job's outputs checked with the host's torch (``verify.VerifyResult``; ``ok`` when clean).
         When the outputs are shards (data_config.json records one) of a group, or with ``shard``,
         ``Results.group`` is ``shard.ShardUnion``: the union checked as one dataset (complete, no
         index twice, the same layer ids / hidden size / package versions; bad files by host); a
         single host's record carries it as ``union``. ``adopt``: an output written before run
-        identities gets the playbook job's run.json once every file matched its dataset line."""
+        identities gets the playbook job's run.json once every file matched its dataset line.
+        ``logits``: also rebuild the last captured layer's logits of that many sampled files and compare
+        them with the prompt logprobs of the vLLM server on the host's ``logits_port`` (default: the
+        job's own server while it runs): the record's ``logits``, ``logits.LogitsResult``."""
+        from remote_ops.extract import logits as logits_mod
         from remote_ops.extract import shard as shard_mod
         from remote_ops.extract import verify as verify_mod
         verify_mod.check_sample(sample)
+        logits_mod.check_args(logits, logits_port)
         book = Playbooks(playbook, self)
         results = self.run(target, lambda h, s: shard_mod.verify_part(
             s, shard=shard, output_dir=output_dir, expected=expected, all=all, sample=sample, adopt=adopt,
+            logits=logits, logits_port=logits_port,
             pb=book(h, required=False, quiet=bool(job or output_dir)), job=job, on_progress=None if on_progress is None else (lambda done, of: on_progress(h, done, of))))
         from remote_ops.extract.slurm import is_slurm
         parts = any(r.ok and "shard_parts" in r.value.extra for r in results)

@@ -169,4 +169,8 @@ OPS = {o.name: o for o in (
     Op("verify.verify", ("output_dir", "expected", "expected_default", "all", "sample", "seed", "finite", "layout",
                          "adopt"),
        "load and check the job's output files"),
+    Op("logits.check", ("output_dir", "layout", "model", "n", "seed", "port", "top_k", "min_top1", "max_mean_delta",
+                        "timeout"),
+       "verify --logits: the last captured layer's logits rebuilt from N files (the checkpoint's final norm and "
+       "lm_head only) against a vLLM server's prompt logprobs on the host's loopback port"),
 )}

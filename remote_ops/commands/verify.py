@@ -14,6 +14,11 @@ FLAGS = {
                  "job's expected_samples)"),
     "adopt": ("an output written before run identities (no run.json): check every file (implies --all) and, "
               "when each one's token ids equal its dataset line, write the playbook job's run.json"),
+    "logits": ("also rebuild the last captured layer's next-token logits of N sampled files (the checkpoint's "
+               "final norm and lm_head only) and compare them with the engine's prompt logprobs: top-1 "
+               "agreement and mean |delta logprob|, each with a threshold"),
+    "logits_port": ("the port of a vLLM server on the host serving the checkpoint, for --logits (default: "
+                    "the job's own server while it runs)"),
     "shard": ("check the hosts' outputs as shards of one dataset (automatic for a group whose "
               "data_config.json records a shard): complete, no duplicates, same layout everywhere"),
 }
@@ -109,5 +114,10 @@ def render(c, host, r) -> None:
         shapes = ", ".join(f"{lay} layers x {hid}" for lay, hid in r["layers_hidden"])
         c.print(text(f"  layout: {shapes}" + (f" (data_config.json: {cfg.get('layers')} layers x {cfg.get('hidden')})"
                                                if kind == layout.DEFAULT else "")))
+    if r.get("logits"):        # verify --logits (extract/logits.py)
+        from remote_ops.extract.logits import LogitsResult, lines
+        lr = LogitsResult.from_json(r["logits"])
+        for i, line in enumerate(lines(lr)):
+            c.print(text("  " + line, ("green" if lr.ok else "red") if i == 0 else None), highlight=False)
     if r["ok"]:
         c.print(text("  outputs look complete and consistent", "green"))

@@ -219,3 +219,11 @@ def slurm_stop(*, key: str = _UNSET, job_id: str = _UNSET, grace: float = _UNSET
 
 def slurm_logs(*, key: str = _UNSET, job_id: str = _UNSET, lines: int = _UNSET, offsets: list = _UNSET) -> Request:
     return _req("slurm.logs", key=key, job_id=job_id, lines=lines, offsets=offsets)
+
+
+# logits.py
+def logits_check(*, output_dir: str, n: int, layout: str | None = _UNSET, model: str | None = _UNSET,
+                 seed: int = _UNSET, port: int | None = _UNSET, top_k: int = _UNSET, min_top1: float = _UNSET,
+                 max_mean_delta: float = _UNSET, timeout: float = _UNSET) -> Request:
+    return _req("logits.check", output_dir=output_dir, n=n, layout=layout, model=model, seed=seed, port=port,
+                top_k=top_k, min_top1=min_top1, max_mean_delta=max_mean_delta, timeout=timeout)

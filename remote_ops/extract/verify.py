@@ -74,7 +74,7 @@ def running_note(run: dict | None) -> str | None:
 
 def verify(session, *, pb, output_dir: str | None, expected: int | None, all: bool, sample: int,
            job: str | None, on_progress: Callable[[int, int], None] | None = None,
-           adopt: bool) -> VerifyResult:
+           adopt: bool, logits: int, logits_port: int | None) -> VerifyResult:
     """The verify operation on the session's host: the outputs of ``output_dir``, else of the job
     ``jobs.ref_for(pb, job)`` names (else the playbook's output_dir when the host has no such job);
     ``on_progress(done, of)`` while the host loads files. ``adopt``: an output without run.json (written
@@ -107,4 +107,9 @@ def verify(session, *, pb, output_dir: str | None, expected: int | None, all: bo
                                 timeout=600, on_event=progress, what="verify")
     if running(st):
         res = dict(res, running=running(st))
+    if logits:     # verify --logits N (extract/logits.py): the engine is the given port, else the job's server
+        from remote_ops.extract import logits as logits_mod
+        lr = logits_mod.check(session, output_dir=output_dir, layout=layout, n=logits,
+                              port=logits_port or logits_mod.server_port(st))
+        res = dict(res, logits=lr.to_json(), ok=bool(res.get("ok")) and lr.ok)
     return VerifyResult.from_json(res, host=session.label)
