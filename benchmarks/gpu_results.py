@@ -726,6 +726,9 @@ def main() -> int:
         print("\n".join(render_flows(flows_files)))
     for f in sorted(RESULTS.glob("plan_check_*.json")):
         print("\n".join(render_plan_check(f.name, json.loads(f.read_text()))))
+    for f in sorted(RESULTS.glob("gpu_logits_*.json")):     # verify --logits (issue 50): gpu_logits_check.py
+        import gpu_logits_results
+        print(gpu_logits_results.render(f) + "\n")
     server_files = sorted(RESULTS.glob("gpu_server_*.json"))
     if server_files:      # the server flow (speculators >= 0.5): benchmarks/gpu_server_check.py
         import gpu_server_results

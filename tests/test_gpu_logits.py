@@ -60,3 +60,19 @@ def test_control_playbook_drops_only_the_prefix_caching_flag(tmp_path):
     pb = load_playbook(p)
     assert "--no-enable-prefix-caching" not in json.dumps(pb.extract["server"]["command"])
     assert "--no-enable-prefix-caching" in json.dumps(load_playbook(lc.gfc.PB090).extract["server"]["command"])
+
+
+def test_results_section_reads_every_figure_from_the_json(tmp_path):
+    import gpu_logits_results as glr
+    d = json.loads((REPO / "benchmarks" / "results" / "gpu_logits_tp1.json").read_text())
+    p = tmp_path / "gpu_logits_x.json"
+    p.write_text(json.dumps(d))
+    text = glr.render(p)
+    c = d["steps"]["logits_deepseek_v3"]["correct"]["logits"]
+    assert f"| deepseek_v3 | the run's files | pass | 0 | yes | {100 * c['top1']:.2f}% | {c['mean_abs_delta']:.4f} |" in text
+    # a case that did not go as expected reads NO in the last column
+    d["steps"]["logits_kimi_k25"]["perturbed"]["logits"]["ok"] = True
+    d["steps"]["logits_kimi_k25"]["perturbed"]["rc"] = 0
+    p.write_text(json.dumps(d))
+    row = [line for line in glr.render(p).splitlines() if line.startswith("| kimi_k25 | last tensor + noise of 10%")][0]
+    assert row.endswith("| NO |")
