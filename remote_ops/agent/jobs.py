@@ -484,6 +484,11 @@ def _start(args, job_id, jobdir, key, name, command, workdir, env, secret_values
             claimed.append(d)
         # the run identity, once this job holds the directories (no other job's files move)
         identity = _record_identity(dirs, args.get("identity"), bool(args.get("overwrite"))) if dirs else None
+        short = None
+        if args.get("layout") == "hs_safetensors" and output_dir:   # issue 50 item 2: outputs/shortfiles.py
+            from .outputs import shortfiles
+            ids = (args.get("identity") or {}).get("layer_ids") if isinstance(args.get("identity"), dict) else None
+            short = shortfiles.set_aside(output_dir, len(ids) if isinstance(ids, list) else None)
     except BaseException:
         undo()
         raise
@@ -520,6 +525,10 @@ def _start(args, job_id, jobdir, key, name, command, workdir, env, secret_values
         with os.fdopen(fd, "w") as fh:
             fh.write(_module_source(mod))
     os.close(os.open(log, os.O_WRONLY | os.O_CREAT, 0o600))
+    if short and short["moved"]:
+        from .outputs import shortfiles
+        with open(log, "a", encoding="utf-8") as fh:
+            fh.write(shortfiles.line(short) + "\n")
     sup.write_json(os.path.join(root, name + ".current"), {"job_id": job_id})
     sup_env = {k: v for k, v in os.environ.items() if k != sup.MARKER}
     sup_log = os.open(os.path.join(jobdir, "supervisor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -546,6 +555,8 @@ def _start(args, job_id, jobdir, key, name, command, workdir, env, secret_values
     out = {"attached": False, "job": job_status(job_id)}
     if identity is not None:
         out["identity"] = identity
+    if short and short["moved"]:
+        out["set_aside"] = short
     return out
 
 
