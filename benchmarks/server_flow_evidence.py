@@ -70,27 +70,92 @@ def server_command(path: Path) -> list[str]:
     return filled(playbook.load(str(path)), Host(name="evidence", hostname="h", python="python3"))
 
 
+def client_command(path: Path) -> list[str]:
+    """The playbook's client command, filled as for a host (the abort-safe check reads its timeout)."""
+    from remote_ops.connect.inventory import Host
+    from remote_ops.extract.extract_spec import client_command as filled
+    from remote_ops.playbook import loader as playbook
+    return filled(playbook.load(str(path)), Host(name="evidence", hostname="h", python="python3"))
+
+
+# vLLM's own bugs the server flow guards against (issue 50), checked per release on a variant of the command:
+# (check id, bug, what the shipped playbooks do about it)
+GUARDS = (("prefix-caching", "#44485 short states with prefix caching", "--no-enable-prefix-caching"),
+          ("abort-safe", "#56841 an aborted queued request kills the server", "--request-timeout"),
+          ("mla-tp-page-size", "#51016 MLA page size at TP > 1 (fix #50894)", None),
+          ("mla-kv-groups", "MLA KV cache groups ('MLA verifiers are unsupported')", None))
+MLA_CONFIG = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "kv_lora_rank": 512,
+              "num_hidden_layers": 61, "hidden_size": 7168}
+
+
+def _drop(command: list[str], flag: str, takes_value: bool) -> list[str]:
+    out, skip = [], False
+    for a in command:
+        if skip:
+            skip = False
+            continue
+        if a == flag:
+            skip = takes_value
+            continue
+        out.append(a)
+    return out
+
+
+def guards(src: Path, command: list[str], client: list[str]) -> dict:
+    """Per guard: its outcome WITHOUT the shipped guard (the command less --no-enable-prefix-caching, the client
+    less --request-timeout: its default then), and the MLA checks for a DeepSeek-V3-shaped checkpoint (config.json
+    with kv_lora_rank) at --tensor-parallel-size 8: {id: {"bug", "guard", "ok", "detail"}}. ok False: the release
+    has the bug and the guard is what holds it; None: the source does not decide it; True: not there."""
+    import tempfile
+
+    from remote_ops.agent import serverflow as agent_sf
+    from remote_ops.check import serverflow
+    out = {}
+    bare = _drop(command, agent_sf.NO_PREFIX, False)
+    res = agent_sf.op_check({"command": bare, "client": serverflow.CLIENT_FIELDS, "sys_path": [str(src)],
+                             "client_command": _drop(client, agent_sf.CLIENT_TIMEOUT, True)})
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "config.json").write_text(json.dumps(MLA_CONFIG))
+        mla = list(command)
+        i = mla.index("serve") + 1 if "serve" in mla else None
+        if i is not None:
+            mla[i] = tmp
+        mla = _drop(mla, "--tensor-parallel-size", True) + ["--tensor-parallel-size", "8"]
+        res_mla = agent_sf.op_check({"command": mla, "client": serverflow.CLIENT_FIELDS, "sys_path": [str(src)],
+                                     "client_command": client})
+    checks = {c["id"]: c for c in res["checks"] if c["id"] in ("prefix-caching", "abort-safe")}
+    checks.update({c["id"]: c for c in res_mla["checks"] if c["id"] in ("mla-tp-page-size", "mla-kv-groups")})
+    for cid, bug, guard in GUARDS:
+        c = checks.get(cid)
+        if c is not None:
+            out[cid] = {"bug": bug, "guard": guard, "ok": c["ok"], "detail": c.get("detail"), "where": c.get("where")}
+    return out
+
+
 def server_flags(path: Path = PLAYBOOK) -> list[str]:
     return [a for a in server_command(path) if a.startswith("--")]
 
 
-def vllm_row(version: str, commands: dict[str, list[str]]) -> dict:
+def vllm_row(version: str, commands: dict[str, list[str]], clients: dict[str, list[str]] | None = None) -> dict:
     """The agent op serverflow.check (what `remote-ops check HOST --playbook ...` runs on a host) over
-    the release's unpacked sources, once per playbook's server command."""
+    the release's unpacked sources, once per playbook's server command (with its client command)."""
     from remote_ops import pkgsource
     from remote_ops.agent import serverflow as agent_sf
     from remote_ops.check import serverflow
     src = pkgsource.unpacked("vllm", version)
     per = {}
     for name, command in commands.items():
-        res = agent_sf.op_check({"command": command, "client": serverflow.CLIENT_FIELDS, "sys_path": [str(src)]})
+        res = agent_sf.op_check({"command": command, "client": serverflow.CLIENT_FIELDS, "sys_path": [str(src)],
+                                 **({"client_command": clients[name]} if clients and clients.get(name) else {})})
         # the checks of the served model (remote code, layer ids) are about the user's checkpoint, which the
         # evidence has none of (the playbook's default target_model): what a release supports is the rest
         res["checks"] = [c for c in res["checks"] if c["id"] not in agent_sf.MODEL_CHECKS]
         checks = {c["what"]: (True if c["ok"] is True else (c.get("detail") or "undecided")) for c in res["checks"]}
         per[name] = {"ok": all(v is True for v in checks.values()), "checks": checks,
                      "failed": [dict(c) for c in res["checks"] if c["ok"] is not True]}
-    return {"version": version, "playbooks": per, "aux_capture": aux_capture(src)}
+    first = next(iter(commands))
+    return {"version": version, "playbooks": per, "aux_capture": aux_capture(src),
+            "guards": guards(src, commands[first], (clients or {}).get(first) or [])}
 
 
 # the text models whose forward gathers the aux hidden states: DeepSeek-V2/V3 (Kimi-K2.5's text model) and Llama
@@ -189,9 +254,10 @@ def main(argv=None) -> int:
     from remote_ops.playbook import loader as playbook
     books = [playbook.load(str(p)) for p in PLAYBOOKS]
     commands = {pb.name: server_command(p) for pb, p in zip(books, PLAYBOOKS)}
+    clients = {pb.name: client_command(p) for pb, p in zip(books, PLAYBOOKS)}
     versions = vllm_releases() if args.vllm == "all" else [v for v in args.vllm.split(",") if v]
     spec_rows = [speculators_row(v) for v in args.speculators.split(",") if v]
-    vllm_rows = [vllm_row(v, commands) for v in versions]
+    vllm_rows = [vllm_row(v, commands, clients) for v in versions]
     client = client_checks()
     claims = []
     for i, pb in enumerate(books):
@@ -295,6 +361,18 @@ def render(doc: dict) -> str:
             else:
                 cells += ["no capture", "-", a or "-"]
         L.append(f"| {r['version']} | " + " | ".join(cells) + " |")
+    L += ["", "## vLLM's own bugs, per release, without the shipped guards (issue 50)", "",
+          "Each is the agent op's check on a variant of the first playbook's command: prefix caching and aborts "
+          "without `--no-enable-prefix-caching` and with the client's default `--request-timeout` (120 s, "
+          "concurrency 32); the MLA checks for a DeepSeek-V3-shaped checkpoint (kv_lora_rank) at "
+          "--tensor-parallel-size 8. **bug**: the release has it (the guard holds it); undecided: the source "
+          "does not tell (the guard holds it either way, or only the start can tell); no: not there.", "",
+          "| vLLM | " + " | ".join(g[1] for g in GUARDS) + " |", "|---|" + "---|" * len(GUARDS)]
+    for r in doc["vllm"]:
+        g = r.get("guards") or {}
+        L.append(f"| {r['version']} | " + " | ".join(
+            "-" if cid not in g else ("**bug**" if g[cid]["ok"] is False else "undecided" if g[cid]["ok"] is None
+                                      else "no") for cid, _b, _g in GUARDS) + " |")
     L += ["", "## speculators 0.9.0's CLI and client", ""]
     for k, v in doc["client_0_9_0"].items():
         L.append(f"- {k}: {yes(v)}")

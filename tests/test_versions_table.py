@@ -28,8 +28,13 @@ def test_every_release_from_016_to_033_has_a_row_with_both_flows():
     rows = [ln for ln in vt.render(pe, sf).splitlines() if ln.startswith("| 0.")]
     versions = [r.split(" | ")[0][2:] for r in rows]
     assert versions[0] == "0.16.0" and versions[-1] == "0.33.0" and len(versions) == 26
-    assert all(r.count(" | ") == 2 for r in rows)
+    assert all(r.count(" | ") == 3 for r in rows)
     by = dict(zip(versions, rows))
+    # the guarded bugs, from the evidence's checks without the shipped guards (issue 50)
+    assert "#44485 bug: prefix caching off" in by["0.22.0"].split(" | ")[3]
+    assert "#56841 bug: client --request-timeout" in by["0.26.0"].split(" | ")[3]
+    assert "#56841" not in by["0.33.0"] and "#46973" not in by["0.33.0"]
+    assert "#46973 id n not captured on DeepSeek/Kimi" in by["0.20.0"]
     assert "refused (" in by["0.33.0"].split(" | ")[1] and "kv_cache_utils" in by["0.33.0"]
     assert "applies (`eagle3-speculators-0.9.0`" in by["0.33.0"].split(" | ")[2]
     assert "eagle3-speculators-0.9.0-no-chunked-prefill" in by["0.22.0"]
