@@ -76,6 +76,26 @@ def save_word_tokenizer(out, vocab_size: int, max_length: int, extra_specials=()
 WORD_TOKENIZER = inspect.getsource(save_word_tokenizer)   # for the builder scripts run with ``python -c``
 
 
+def model_shape(config: dict) -> dict:
+    """A checkpoint's shape from its config.json, the same keys for every result JSON (``model.shape``):
+    layers, hidden, heads, kv_heads, intermediate, vocab; for mixture-of-experts models (DeepSeek-V3's
+    n_routed_experts, Mixtral's num_local_experts, Qwen3-MoE's num_experts) experts, experts_per_token,
+    shared_experts and moe_intermediate; mla when the attention is latent (kv_lora_rank); moe: true/false.
+    A wrapper's text model (text_config, as Kimi-K2.5's) is the one measured."""
+    c = config.get("text_config") or config
+    experts = c.get("n_routed_experts") or c.get("num_local_experts") or c.get("num_experts") or 0
+    shape = {"architecture": (config.get("architectures") or [None])[0], "layers": c.get("num_hidden_layers"),
+             "hidden": c.get("hidden_size"), "heads": c.get("num_attention_heads"),
+             "kv_heads": c.get("num_key_value_heads"), "intermediate": c.get("intermediate_size"),
+             "vocab": c.get("vocab_size"), "experts": experts, "moe": bool(experts)}
+    if experts:
+        shape.update(experts_per_token=c.get("num_experts_per_tok"), shared_experts=c.get("n_shared_experts"),
+                     moe_intermediate=c.get("moe_intermediate_size"))
+    if c.get("kv_lora_rank"):
+        shape["mla"] = {"kv_lora_rank": c.get("kv_lora_rank"), "q_lora_rank": c.get("q_lora_rank")}
+    return shape
+
+
 def utc_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 

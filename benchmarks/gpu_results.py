@@ -117,6 +117,37 @@ def job_profile_table(parts: list[tuple[str, dict]]) -> list[str]:
     return out
 
 
+def c_best_table(sweep: dict) -> list[str]:
+    """(c_best)'s sweep: every point, run or refused (with the engine's words), one engine a row group."""
+    out = [f"(c_best)'s sweep ({sweep.get('how')}):\n",
+           "| engine | max_num_batched_tokens | tokens/s | how | engine start, s |", "|---|---|---|---|---|"]
+    ready = {(e.get("enforce_eager"), e.get("enable_chunked_prefill")): e for e in sweep.get("engines") or []}
+    for p in sweep.get("points") or []:
+        key = (p.get("enforce_eager"), p.get("enable_chunked_prefill"))
+        e = ready.get(key) or {}
+        label = f"{'enforce_eager' if key[0] else 'CUDA graphs'}, chunked prefill {'on' if key[1] else 'off'}"
+        got = _rate(p.get("tokens_per_s")) if p.get("tokens_per_s") else f"refused: {p.get('refused')}"
+        out.append(f"| {label} | {p.get('max_num_batched_tokens')} | {got} | {p.get('how') or '-'} | "
+                   f"{e.get('engine_ready_s', '-')} |")
+    for e in sweep.get("engines") or []:
+        if e.get("skipped"):
+            out.append(f"| {'enforce_eager' if e.get('enforce_eager') else 'CUDA graphs'}, chunked prefill "
+                       f"{'on' if e.get('enable_chunked_prefill') else 'off'} | - | not run: {e['skipped']} | - | - |")
+    c = sweep.get("confirm") or {}
+    if c:
+        out.append(f"| confirming engine started at the best budget | {c.get('max_num_batched_tokens', '-')} | "
+                   f"{_rate(c.get('tokens_per_s')) if c.get('tokens_per_s') else c.get('skipped') or c.get('refused')}"
+                   f" | the engine's own | {c.get('engine_ready_s', '-')} |")
+    comp = next((e.get("compilation") for e in sweep.get("engines") or [] if not e.get("enforce_eager")
+                 and e.get("compilation")), None)
+    if comp:
+        out.append(f"\nCUDA graphs engines: compilation mode {comp.get('mode')}, cudagraph mode "
+                   f"{comp.get('cudagraph_mode')}, largest captured batch {comp.get('max_cudagraph_capture_size')} "
+                   f"tokens (larger steps run the compiled model without a graph).")
+    out.append("")
+    return out
+
+
 def throughput_section(name: str, d: dict) -> list[str]:
     """The markdown of one benchmarks/gpu_throughput.py result (every figure read from ``d``)."""
     out = [f"## Extraction throughput: {name}\n"]
@@ -127,7 +158,9 @@ def throughput_section(name: str, d: dict) -> list[str]:
     out.append(f"- GPUs: {', '.join(d.get('gpus') or ['-'])}; remote-ops commit {d.get('code_rev')}; "
                f"vllm {v.get('vllm')}, speculators {v.get('speculators')}, torch {v.get('torch')}")
     out.append(f"- model: random Llama, {m.get('params')} parameters ({m.get('decoder_params')} in the decoder "
-               f"layers), {m.get('layers')} layers, hidden {m.get('hidden')}, bf16")
+               f"layers), {m.get('layers')} layers, hidden {m.get('hidden')}, bf16"
+               + (f"; model.shape: {', '.join(f'{k} {v}' for k, v in m['shape'].items() if v is not None)}"
+                  if m.get("shape") else ""))
     out.append(f"- dataset: {ds.get('samples')} samples, {ds.get('tokens')} tokens after the cut to max_model_len "
                f"{ds.get('max_model_len')} - 1 ({ds.get('cut')} samples cut); the playbook's default settings")
     src = d.get("before_source") or {}
@@ -205,8 +238,19 @@ def throughput_section(name: str, d: dict) -> list[str]:
     out.append(f"| (c) vLLM LLM.generate, max_tokens=1 | {_rate(c.get('tokens_per_s'))} | "
                f"max_num_batched_tokens {sc.get('max_num_batched_tokens')}, chunked prefill "
                f"{sc.get('enable_chunked_prefill')}, enforce_eager, no prefix caching {why(c)} |")
+    cb_ = d.get("c_best") or {}
+    if cb_:
+        bp = cb_.get("best") or {}
+        out.append(f"| (c_best) vLLM at its best: the sweep's fastest point | {_rate(cb_.get('tokens_per_s'))} | "
+                   + (f"{'enforce_eager' if bp.get('enforce_eager') else 'CUDA graphs'}, chunked prefill "
+                      f"{'on' if bp.get('enable_chunked_prefill') else 'off'}, max_num_batched_tokens "
+                      f"{bp.get('max_num_batched_tokens')} ({bp.get('how')}); {cb_.get('points_run')} points run, "
+                      f"{cb_.get('points_refused')} refused (the sweep below)" if bp else "no point ran")
+                   + f" {why(cb_)} |")
     out.append(f"| (d) bf16 roofline, 2 x params x tokens / peak | {_rate(r.get('tokens_per_s'))} | "
                f"{_rate(r.get('tokens_per_s_with_attention'))} with causal attention; {r.get('peak_source')} |\n")
+    if cb_:
+        out += c_best_table(cb_)
     q = d.get("ratios") or {}
     out.append(f"Ratios: (a)/(b) {q.get('a/b')}, (b)/(c) {q.get('b/c')}, (c)/(d) {q.get('c/d')}; "
                f"(a)/(c) {q.get('a/c')} (goal 0.9); AFTER/BEFORE {q.get('a_after/a_before')}"
@@ -222,6 +266,12 @@ def throughput_section(name: str, d: dict) -> list[str]:
                + (f"; server flow (a)/(c) {q.get('a_server/c')}, server flow / 0.3.0 flow "
                   f"{q.get('a_server/a_after')}" if srv else "")
                + ".\n")
+    if cb_.get("tokens_per_s"):
+        named = (("(c)", "c"), ("(b)", "b"), ("(a) on a tmpfs", "a_tmpfs"), ("(a) on the disk", "a"),
+                 ("(a) server flow", "a_server"))
+        out.append("Against vLLM at its best (c_best): " + ", ".join(
+            f"{label}/c_best {q.get(key + '/c_best')}" for label, key in named if q.get(key + "/c_best"))
+            + f"; c_best/(d) {q.get('c_best/d')}.\n")
     # BEFORE_REV precedes the zero-copy slots: a BEFORE job whose states came through a slot file ran over
     # AFTER's edits (an install an earlier run had patched), so it was not BEFORE
     over_after = [label for label, x in (("(a) BEFORE on a tmpfs", t0), ("(a) BEFORE", a0))

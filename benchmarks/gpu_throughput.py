@@ -40,6 +40,17 @@ subprocess with a timeout:
   (c) vLLM's own prefill: `LLM.generate(max_tokens=1)` on the same (cut) prompts, same
       max_num_batched_tokens, max_model_len, gpu_memory_utilization, enforce_eager=True and prefix
       caching off (as the generator); vLLM's defaults otherwise (chunked prefill on).
+  (c_best) vLLM's own prefill at its best on the same prompts: LLM.generate(max_tokens=1) swept over
+      max_num_batched_tokens (--c-best-tokens, default 64k, 32k, 16k, 8k), CUDA graphs (vLLM's default
+      compile and cudagraph mode) against enforce_eager, and chunked prefill on and off (C_BEST_PAIRS).
+      One engine a (graphs, chunked) pair, started at the largest budget it accepts: max_num_batched_tokens
+      is in vLLM 0.20's compile hash (SchedulerConfig.compute_hash), so an engine started at another budget
+      compiles again; the smaller budgets lower the running scheduler's token budget a step instead
+      (Scheduler.max_num_scheduled_tokens, which vLLM 0.20's Scheduler.schedule() reads each step, set in
+      the engine core's process through collective_rpc; chunked prefill is read from the scheduler config
+      each step too). A budget the engine refuses (at its start, or the process ending) is a point with the
+      engine's error. The best point is tokens_per_s.c_best; when it was a lowered budget and time allows,
+      one engine started at that budget confirms it (c_best.confirm). Ratios are also given against it.
   (d) the bf16 roofline: 2 x parameters x tokens / 989 TFLOP/s (H200 dense BF16: NVIDIA's H200
       datasheet gives 1,979 TFLOPS BF16 Tensor Core "with sparsity"; dense is half). Parameters are
       the decoder layers' (embedding lookups and the one-token lm_head are not prefill matmuls);
@@ -69,7 +80,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_common import HOST_ENV, VERSIONS, WORD_TOKENIZER, last_json  # noqa: E402  (one copy of each)
+from gpu_common import HOST_ENV, VERSIONS, WORD_TOKENIZER, last_json, model_shape  # noqa: E402  (one copy of each)
 
 PLAYBOOK = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.3.0.yaml"
 SCRIPT = REPO / "remote_ops" / "playbook" / "shipped" / "scripts" / "extract_hidden_states.py"
@@ -79,10 +90,14 @@ PARTS = {"disk": "disk", "a_before": "a_before", "a_before_tmpfs": "a_before_tmp
          "a_tmpfs": "a_tmpfs", "a_tmpfs_gil5": "a_tmpfs_gil5", "a_tmpfs_w8": "a_tmpfs_w8",
          "a_tmpfs_k1": "a_tmpfs_k1", "a_tmpfs_w0": "a_tmpfs_w0", "a_after_w8": "a_after_w8",
          "a_after_w4": "a_after_w4", "a_tmpfs_w4": "a_tmpfs_w4", "a_2dirs": "a_2dirs", "a_server": "a_server", "b_before": "b_generator_before",
-         "b": "b_generator", "c": "c_vllm_prefill"}       # --parts name: the result's key
+         "b": "b_generator", "c": "c_vllm_prefill", "c_best": "c_best"}       # --parts name: the result's key
 # run with BEFORE's playbook patched in, before AFTER's goes on top
 BEFORE_PARTS = ("a_before", "a_before_tmpfs", "b_before")
-UNPATCHED_PARTS = ("disk", "c")   # they use no speculators: run before, between or after either patch
+UNPATCHED_PARTS = ("disk", "c", "c_best")   # they use no speculators: run before, between or after either patch
+# (c_best)'s engines, (enforce_eager, enable_chunked_prefill), the likeliest best first (a run cut by its
+# budget keeps those); the second is (c)'s own mode, so its 8k point sits beside (c)
+C_BEST_PAIRS = ((False, True), (True, True), (False, False), (True, False))
+C_BEST_TOKENS = "65536,32768,16384,8192"
 A_HOSTS = {"a_before": "before", "a_before_tmpfs": "before_tmpfs", "a_after": "after", "a_tmpfs": "tmpfs",
            "a_tmpfs_gil5": "tmpfs_gil5", "a_tmpfs_w8": "tmpfs_w8", "a_tmpfs_k1": "tmpfs_k1", "a_tmpfs_w0": "tmpfs_w0",
            "a_after_w8": "after_w8", "a_after_w4": "after_w4", "a_tmpfs_w4": "tmpfs_w4",
@@ -269,6 +284,90 @@ if __name__ == "__main__":
     print(json.dumps(doc))
 '''
 
+LLM_SWEEP = r'''
+import importlib.util, json, os, sys, time
+
+
+def set_budget(worker, n):
+    """Runs in vLLM's engine core process (tensor parallel 1: the uni executor keeps the worker there):
+    the scheduler's token budget a step, which max_num_batched_tokens sets at the engine's start."""
+    import gc
+    from vllm.v1.core.sched.scheduler import Scheduler
+    found = [o for o in gc.get_objects() if isinstance(o, Scheduler)]
+    for s in found:
+        s.max_num_scheduled_tokens = n
+    return [s.max_num_scheduled_tokens for s in found]
+
+
+if __name__ == "__main__":
+    script, model, dataset, max_model_len, util, out, eager, chunked, budgets, warm = sys.argv[1:11]
+    spec = importlib.util.spec_from_file_location("ehs", script)
+    ehs = importlib.util.module_from_spec(spec); spec.loader.exec_module(ehs)
+    records = ehs.read_dataset(dataset)
+    ehs.truncate(records, int(max_model_len))
+    budgets, eager, chunked, warm = [int(x) for x in budgets.split(",")], eager == "1", chunked == "1", int(warm)
+    doc = {"enforce_eager": eager, "enable_chunked_prefill": chunked, "points": []}
+
+    def save():
+        with open(out + ".tmp", "w") as fh:
+            json.dump(doc, fh)
+        os.replace(out + ".tmp", out)
+    from vllm import LLM, SamplingParams
+    llm = None
+    for start in budgets:   # the largest budget the engine accepts; each one it refuses is a point
+        t0 = time.perf_counter()
+        try:
+            llm = LLM(model=model, max_model_len=int(max_model_len), max_num_batched_tokens=start,
+                      gpu_memory_utilization=float(util), enforce_eager=eager, enable_chunked_prefill=chunked,
+                      enable_prefix_caching=False, tensor_parallel_size=1, seed=0)
+        except Exception as exc:
+            doc["points"].append({"max_num_batched_tokens": start, "refused": ("engine start: %s: %s" % (
+                type(exc).__name__, exc))[:1000]})
+            save()
+            continue
+        doc["engine_ready_s"], doc["engine_max_num_batched_tokens"] = round(time.perf_counter() - t0, 1), start
+        break
+    if llm is None:
+        sys.exit(1)
+    try:
+        cfg = llm.llm_engine.vllm_config
+        sc, cc = cfg.scheduler_config, cfg.compilation_config
+        doc["scheduler"] = {k: getattr(sc, k, None) for k in ("max_num_batched_tokens", "max_num_seqs",
+                                                               "enable_chunked_prefill", "async_scheduling")}
+        doc["compilation"] = {"mode": str(getattr(cc, "mode", None)), "cudagraph_mode": str(cc.cudagraph_mode),
+                              "max_cudagraph_capture_size": getattr(cc, "max_cudagraph_capture_size", None)}
+    except Exception as exc:   # the measurement stands without it
+        doc["scheduler"] = {"error": repr(exc)}
+    sp = SamplingParams(max_tokens=1, temperature=0.0)
+    prompts = [{"prompt_token_ids": r["input_ids"]} for r in records]
+    t0 = time.perf_counter()
+    llm.generate(prompts[:warm], sp, use_tqdm=False)   # first-call work (kernels, buffers) left out of the points
+    doc["warmup"] = {"prompts": min(warm, len(prompts)), "seconds": round(time.perf_counter() - t0, 3)}
+    save()
+    for n in budgets[budgets.index(start):]:
+        point = {"max_num_batched_tokens": n,
+                 "how": "the engine's own" if n == start else "the running scheduler's budget lowered"}
+        try:
+            if n != start:
+                got = llm.collective_rpc(set_budget, args=(n,))
+                point["schedulers_set"] = got
+                if got != [[n]]:
+                    raise RuntimeError("the engine core held %r schedulers' budgets, not [[%d]]" % (got, n))
+            t1 = time.perf_counter()
+            outs = llm.generate(prompts, sp, use_tqdm=False)
+            secs = time.perf_counter() - t1
+        except Exception as exc:
+            point["refused"] = ("%s: %s" % (type(exc).__name__, exc))[:1000]
+            doc["points"].append(point)
+            save()
+            break                      # the engine may be gone: the harness names the budgets left
+        tokens = sum(len(o.prompt_token_ids) for o in outs)
+        point.update(tokens=tokens, requests=len(outs), seconds=round(secs, 3), tokens_per_s=round(tokens / secs, 1))
+        doc["points"].append(point)
+        save()
+    print(json.dumps(doc))
+'''
+
 
 # ------------------------------------------------------------------ pure parts (tested on the CPU)
 def make_dataset(n: int, lo: int, hi: int, vocab: int, seed: int = 20261201) -> list[list[int]]:
@@ -313,7 +412,41 @@ def ratios(doc: dict) -> dict:
             "a_tmpfs/b": ratio(t, b), "a_tmpfs/c": ratio(t, c), "a_before/c": ratio(a0, c),
             **{k: v for part in TMPFS_VARIANTS for k, v in ((f"{part}/c", ratio(tps(part), c)),
                                                              (f"{part}/a_tmpfs", ratio(tps(part), t)))},
-            **{f"{part}/a_after": ratio(tps(part), a) for part in DISK_VARIANTS}}
+            **{f"{part}/a_after": ratio(tps(part), a) for part in DISK_VARIANTS},
+            # against vLLM at its best (c_best), where it ran
+            **{f"{k}/c_best": ratio(v, tps("c_best")) for k, v in (("a_tmpfs", t), ("a_server", srv), ("b", b),
+                                                                    ("a", a), ("c", c))},
+            "c_best/d": ratio(tps("c_best"), d)}
+
+
+def best_point(sweep: dict) -> dict:
+    """(c_best)'s summary from its points (and its confirming engine, if one ran): the fastest point's
+    settings and tokens/s, and the points the engine refused, by name."""
+    points = list(sweep.get("points") or [])
+    confirm = sweep.get("confirm") or {}
+    ran = [p for p in points if p.get("tokens_per_s")] + (
+        [{**confirm, "how": "confirming engine started at this budget"}] if confirm.get("tokens_per_s") else [])
+    keys = ("enforce_eager", "enable_chunked_prefill", "max_num_batched_tokens", "how", "tokens_per_s")
+    best = max(ran, key=lambda p: p["tokens_per_s"]) if ran else None
+    return {"best": {k: best.get(k) for k in keys} if best else None,
+            "tokens_per_s": best["tokens_per_s"] if best else None,
+            "points_run": len([p for p in points if p.get("tokens_per_s")]),
+            "points_refused": len([p for p in points if p.get("refused")])}
+
+
+def sweep_points(pair: tuple, budgets: list[int], got: dict, rc: int, stderr: str) -> list[dict]:
+    """One engine's points as the harness records them: what its process reported, and each budget it
+    never reached named with why (the process's exit and its last stderr line), never left out."""
+    eager, chunked = pair
+    seen = {p.get("max_num_batched_tokens") for p in got.get("points") or []}
+    last = next((line.strip() for line in reversed(stderr.splitlines()) if line.strip()), "")
+    pts = [{"enforce_eager": eager, "enable_chunked_prefill": chunked, **p} for p in got.get("points") or []]
+    for n in budgets:
+        if n not in seen:
+            pts.append({"enforce_eager": eager, "enable_chunked_prefill": chunked, "max_num_batched_tokens": n,
+                        "refused": f"not reached: the engine's process ended with exit {rc}"
+                                   + (f" ({last[:600]})" if last else "")})
+    return pts
 
 
 DD_RE = re.compile(r"(\d+) bytes .* copied, ([\d.]+) s")
@@ -516,6 +649,15 @@ def parse_args(argv=None):
                     help="keep each (a) part's files until the end (default: removed once measured)")
     ap.add_argument("--count-batches", action="store_true",
                     help="(b): a second pass with batches of 8 samples each (the old count batching), time allowing")
+    ap.add_argument("--c-best-tokens", default=C_BEST_TOKENS,
+                    help="(c_best): the max_num_batched_tokens budgets swept (comma list; the engine starts at the "
+                         "largest it accepts)")
+    ap.add_argument("--c-best-warmup", type=int, default=64,
+                    help="(c_best): prompts generated once after each engine's start, before its points")
+    ap.add_argument("--c-best-engine-s", type=float, default=200,
+                    help="(c_best): one engine's process at most (start, compile, warm-up, every budget)")
+    ap.add_argument("--c-best-engine-min-s", type=float, default=60,
+                    help="(c_best): start another engine only with this many seconds of --budget-s left")
     ap.add_argument("--standin", action="store_true",
                     help="CPU rehearsal of the harness: (a) runs the sandbox's STAND-IN job (torch CPU, no vLLM) "
                          "through the same remote-ops extract; no model build, no patch, no (b)/(c); figures "
@@ -664,6 +806,11 @@ class Bench:
             raise SystemExit("model build failed")
         self.model = last_json(r["stdout"])
         self.model["build_s"] = round(time.monotonic() - t, 1)
+        # model.shape: the same keys in every result JSON (layers, hidden, heads, experts..., moe)
+        self.model["shape"] = model_shape(
+            {"num_hidden_layers": self.model["layers"], "hidden_size": self.model["hidden"],
+             "vocab_size": self.model["vocab"]} if self.args.standin else
+            json.loads((s / "model" / "config.json").read_text()))
         rows = make_dataset(self.args.samples, self.args.min_tokens, self.args.max_tokens, self.model["vocab"])
         with open(s / "dataset.jsonl", "w") as fh:
             for ids in rows:
@@ -924,6 +1071,56 @@ class Bench:
         self.doc["c_vllm_prefill"] = {"rc": r["rc"], "wall_s": r["seconds"], **got,
                                       "stderr_tail": r["stderr"][-1500:] if r["rc"] or not got else ""}
 
+    def part_c_best(self):
+        """(c_best): one engine a (graphs, chunked) pair, each in its own process, every budget a point;
+        then, when the best was a lowered budget and time allows, one engine started at it."""
+        s = self.scratch
+        budgets = sorted({int(x) for x in self.args.c_best_tokens.split(",") if x.strip()}, reverse=True)
+        sweep = self.doc["c_best"] = {"budgets": budgets, "engines": [], "points": [],
+                                      "how": "LLM.generate(max_tokens=1), the same prompts as (c), prefix caching "
+                                             "off, gpu_memory_utilization 0.8; one engine a (graphs, chunked) pair "
+                                             "at its largest accepted budget, smaller budgets by lowering the "
+                                             "running scheduler's token budget a step"}
+        env = HOST_ENV | {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+        (s / "llm_sweep.py").write_text(LLM_SWEEP)
+
+        def engine(eager, chunked, wanted, name):
+            self.wait_gpu_free()
+            out = s / f"{name}.json"
+            out.unlink(missing_ok=True)
+            r = run_cmd([str(s / "bin" / "python-llm"), str(s / "llm_sweep.py"), str(SCRIPT), str(s / "model"),
+                         str(s / "dataset.jsonl"), str(self.max_model_len), "0.8", str(out), str(int(eager)),
+                         str(int(chunked)), ",".join(map(str, wanted)), str(self.args.c_best_warmup)],
+                        timeout=self.timeout(self.args.c_best_engine_s), env=env)
+            got = json.loads(out.read_text()) if out.exists() else {}
+            info = {"enforce_eager": eager, "enable_chunked_prefill": chunked, "rc": r["rc"], "wall_s": r["seconds"],
+                    **{k: v for k, v in got.items() if k not in ("points", "enforce_eager", "enable_chunked_prefill")},
+                    "stderr_tail": r["stderr"][-1500:] if r["rc"] else ""}
+            return info, sweep_points((eager, chunked), wanted, got, r["rc"], r["stderr"])
+
+        for eager, chunked in C_BEST_PAIRS:
+            if self.left() < self.args.c_best_engine_min_s:
+                sweep["engines"].append({"enforce_eager": eager, "enable_chunked_prefill": chunked,
+                                         "skipped": f"time budget: {self.left():.0f}s left"})
+                continue
+            info, pts = engine(eager, chunked, budgets, f"c_best_{'eager' if eager else 'graphs'}_"
+                                                        f"{'chunked' if chunked else 'whole'}")
+            sweep["engines"].append(info)
+            sweep["points"] += pts
+            sweep.update(best_point(sweep))
+            self.save()
+        best = sweep.get("best") or {}
+        if best and best.get("how") != "the engine's own":
+            if self.left() < self.args.c_best_engine_min_s:
+                sweep["confirm"] = {"skipped": f"time budget: {self.left():.0f}s left"}
+            else:
+                info, pts = engine(best["enforce_eager"], best["enable_chunked_prefill"],
+                                   [best["max_num_batched_tokens"]], "c_best_confirm")
+                p = pts[0] if pts else {}
+                sweep["confirm"] = {**info, **{k: p.get(k) for k in ("max_num_batched_tokens", "tokens", "seconds",
+                                                                     "tokens_per_s", "refused")}}
+        sweep.update(best_point(sweep))
+
     def finish(self):
         for which in A_HOSTS.values():   # leave disk and RAM
             for d in self.out_dirs(which):
@@ -1002,13 +1199,14 @@ def main(argv=None) -> int:
             **{part: (lambda part=part: b.part_a(part), 70) for part in TMPFS_VARIANTS},
             **{part: (lambda part=part: b.part_a(part), 75) for part in DISK_VARIANTS},
             "a_server": (b.part_a_server, 150),
-            "b_before": (lambda: b.part_b("before"), 75), "b": (b.part_b, 75), "c": (b.part_c, 50)}
+            "b_before": (lambda: b.part_b("before"), 75), "b": (b.part_b, 75), "c": (b.part_c, 50),
+            "c_best": (b.part_c_best, args.c_best_engine_min_s)}
     run_parts(b, parts, plan, args.standin)
     b.finish()
     tps = {k: (b.doc.get(k) or {}).get("tokens_per_s") for k in ("a_before", "a_before_tmpfs", "a_after", "a_tmpfs",
                                                                   *TMPFS_VARIANTS, *DISK_VARIANTS, "a_2dirs", "a_server",
                                                                   "b_generator_before", "b_generator",
-                                                                  "c_vllm_prefill", "d_roofline")}
+                                                                  "c_vllm_prefill", "c_best", "d_roofline")}
     print(json.dumps({"tokens_per_s": tps, "ratios": b.doc["ratios"], "disk_use": b.doc["disk_use"],
                       "elapsed_s": b.doc["elapsed_s"]}))
     return 0

@@ -72,7 +72,10 @@ def test_dataset_lengths_cut_and_roofline():
                               "a_tmpfs_w8/c": None, "a_tmpfs_w8/a_tmpfs": None,
                               "a_tmpfs_k1/c": None, "a_tmpfs_k1/a_tmpfs": None,
                               "a_tmpfs_w0/c": None, "a_tmpfs_w0/a_tmpfs": None, "a_tmpfs_w4/c": None,
-                              "a_tmpfs_w4/a_tmpfs": None, "a_after_w8/a_after": None, "a_after_w4/a_after": None}
+                              "a_tmpfs_w4/a_tmpfs": None, "a_after_w8/a_after": None, "a_after_w4/a_after": None,
+                              # no (c_best) here: every ratio against it is None
+                              "a_tmpfs/c_best": None, "a_server/c_best": None, "b/c_best": None, "a/c_best": None,
+                              "c/c_best": None, "c_best/d": None}
     doc["a_tmpfs_gil5"] = {"tokens_per_s": 76.0}
     assert gt.ratios(doc)["a_tmpfs_gil5/c"] == 0.38 and gt.ratios(doc)["a_tmpfs_gil5/a_tmpfs"] == 0.8
     doc["a_after_w8"] = {"tokens_per_s": 117.0}
@@ -429,3 +432,137 @@ def test_a_failed_after_patch_is_said_and_a_second_run_is_paired_with_the_first(
     assert "what the playbook's generator edits since BEFORE add at the same batches | 1.5833 |" in pair
     other = {**second, "dataset": {**base["dataset"], "tokens": 99}}
     assert "Not paired: the runs differ in dataset." in "\n".join(gpu_results.paired_section("x.json", first, "y.json", other))
+
+
+FAKE_SWEEP_VLLM = '''
+"""TEST FAKE of vllm's LLM for (c_best): refuses to start when FAKE_REFUSE holds the budget, keeps a
+scheduler in vllm.v1.core.sched.scheduler as vLLM 0.20 does, logs the budget each generate() ran at."""
+import json, os
+from vllm.v1.core.sched.scheduler import Scheduler
+class SamplingParams:
+    def __init__(self, **kw):
+        self.kw = kw
+class _Out:
+    def __init__(self, ids):
+        self.prompt_token_ids = ids
+class LLM:
+    def __init__(self, **kw):
+        if str(kw["max_num_batched_tokens"]) in os.environ.get("FAKE_REFUSE", "").split(","):
+            raise ValueError("max_num_batched_tokens (%d) is too large for this fake" % kw["max_num_batched_tokens"])
+        self.kw, self.scheduler = kw, Scheduler(kw["max_num_batched_tokens"])
+        sc = type("SC", (), {"max_num_batched_tokens": kw["max_num_batched_tokens"], "max_num_seqs": 256,
+                             "enable_chunked_prefill": kw["enable_chunked_prefill"], "async_scheduling": True})()
+        cc = type("CC", (), {"mode": 3 if not kw["enforce_eager"] else 0, "cudagraph_mode": "FULL_AND_PIECEWISE",
+                             "max_cudagraph_capture_size": 512})()
+        self.llm_engine = type("E", (), {"vllm_config": type("V", (), {"scheduler_config": sc,
+                                                                       "compilation_config": cc})()})()
+    def collective_rpc(self, fn, args=()):
+        return [fn(None, *args)]
+    def generate(self, prompts, sp, use_tqdm=True):
+        assert sp.kw == {"max_tokens": 1, "temperature": 0.0}
+        with open(os.environ["FAKE_LOG"], "a") as fh:
+            fh.write(json.dumps([len(prompts), self.scheduler.max_num_scheduled_tokens]) + "\\n")
+        if self.scheduler.max_num_scheduled_tokens == int(os.environ.get("FAKE_DIE_AT", "0")):
+            raise RuntimeError("EngineDeadError: the engine core died")
+        return [_Out(p["prompt_token_ids"]) for p in prompts]
+'''
+
+
+def _fake_sweep_vllm(tmp_path):
+    fake = tmp_path / "fake"
+    sched = fake / "vllm" / "v1" / "core" / "sched"
+    sched.mkdir(parents=True)
+    for d in (fake / "vllm" / "v1", fake / "vllm" / "v1" / "core", sched):
+        (d / "__init__.py").write_text("")
+    (sched / "scheduler.py").write_text("class Scheduler:\n    def __init__(self, n):\n"
+                                        "        self.max_num_scheduled_tokens = n\n")
+    (fake / "vllm" / "__init__.py").write_text(FAKE_SWEEP_VLLM)
+    return fake
+
+
+def test_the_c_best_sweep_lowers_the_running_budget_and_records_refusals(tmp_path):
+    """LLM_SWEEP as the harness runs it, against a TEST FAKE vllm: the engine starts at the largest budget
+    it accepts (the refused one is a point with the engine's words), the smaller ones run by lowering the
+    running scheduler's budget (the fake's generate() sees each), an engine that dies names its point."""
+    fake = _fake_sweep_vllm(tmp_path)
+    rows = gt.make_dataset(20, 5, 30, 100)
+    ds = tmp_path / "ds.jsonl"
+    ds.write_text("".join(json.dumps({"input_ids": r}) + "\n" for r in rows))
+    (tmp_path / "sweep.py").write_text(gt.LLM_SWEEP)
+    log = tmp_path / "log.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(fake), "FAKE_LOG": str(log), "FAKE_REFUSE": "65536"}
+
+    def sweep(out, eager, chunked, extra_env=None):
+        r = subprocess.run([sys.executable, str(tmp_path / "sweep.py"), str(gt.SCRIPT), "m", str(ds), "16", "0.8",
+                            str(out), eager, chunked, "65536,32768,16384,8192", "4"],
+                           env={**env, **(extra_env or {})}, capture_output=True, text=True, timeout=120)
+        return r, json.loads(out.read_text())
+    r, got = sweep(tmp_path / "s.json", "0", "1")
+    assert r.returncode == 0, r.stderr
+    assert got["engine_max_num_batched_tokens"] == 32768 and got["compilation"]["cudagraph_mode"] == "FULL_AND_PIECEWISE"
+    pts = got["points"]
+    assert [p["max_num_batched_tokens"] for p in pts] == [65536, 32768, 16384, 8192]
+    assert pts[0]["refused"].startswith("engine start: ValueError: max_num_batched_tokens (65536) is too large")
+    assert [p.get("how") for p in pts[1:]] == ["the engine's own"] + ["the running scheduler's budget lowered"] * 2
+    assert all(p["tokens"] == sum(min(len(x), 15) for x in rows) and p["tokens_per_s"] > 0 for p in pts[1:])
+    assert pts[2]["schedulers_set"] == [[16384]] and pts[3]["schedulers_set"] == [[8192]]
+    # the warm-up at the engine's budget, then each point at its own
+    assert [json.loads(l) for l in log.read_text().splitlines()] == [[4, 32768], [20, 32768], [20, 16384], [20, 8192]]
+    r, got = sweep(tmp_path / "d.json", "1", "0", {"FAKE_DIE_AT": "16384"})
+    assert r.returncode == 0 and got["enforce_eager"] is True and got["enable_chunked_prefill"] is False
+    assert [p["max_num_batched_tokens"] for p in got["points"]] == [65536, 32768, 16384]
+    assert got["points"][2]["refused"] == "RuntimeError: EngineDeadError: the engine core died"
+    # the harness names the budget the engine never reached, and picks the best of the points run
+    pts = gt.sweep_points((True, False), [65536, 32768, 16384, 8192], got, 0, "last words\n")
+    assert pts[-1] == {"enforce_eager": True, "enable_chunked_prefill": False, "max_num_batched_tokens": 8192,
+                       "refused": "not reached: the engine's process ended with exit 0 (last words)"}
+    sweep_doc = {"points": pts + [{"enforce_eager": False, "enable_chunked_prefill": True,
+                                   "max_num_batched_tokens": 16384, "how": "the running scheduler's budget lowered",
+                                   "tokens_per_s": 1e12}]}
+    best = gt.best_point(sweep_doc)
+    assert best["tokens_per_s"] == 1e12 and best["best"]["max_num_batched_tokens"] == 16384
+    assert (best["points_run"], best["points_refused"]) == (2, 3)
+    sweep_doc["confirm"] = {"max_num_batched_tokens": 16384, "tokens_per_s": 2e12, "enforce_eager": False,
+                            "enable_chunked_prefill": True}
+    assert gt.best_point(sweep_doc)["best"]["how"] == "confirming engine started at this budget"
+
+
+def test_c_best_ratios_and_its_sweep_are_rendered():
+    sweep = {"budgets": [65536, 8192], "how": "one engine a pair",
+             "engines": [{"enforce_eager": False, "enable_chunked_prefill": True, "engine_ready_s": 41.5,
+                          "compilation": {"mode": "3", "cudagraph_mode": "FULL_AND_PIECEWISE",
+                                          "max_cudagraph_capture_size": 512}},
+                         {"enforce_eager": True, "enable_chunked_prefill": False, "skipped": "time budget: 20s left"}],
+             "points": [{"enforce_eager": False, "enable_chunked_prefill": True, "max_num_batched_tokens": 65536,
+                         "how": "the engine's own", "tokens_per_s": 300000.0},
+                        {"enforce_eager": False, "enable_chunked_prefill": True, "max_num_batched_tokens": 8192,
+                         "refused": "RuntimeError: boom"}]}
+    sweep.update(gt.best_point(sweep))
+    d = {"c_best": sweep, "c_vllm_prefill": {"tokens_per_s": 240000.0}, "a_tmpfs": {"tokens_per_s": 200000.0},
+         "b_generator": {"tokens_per_s": 225000.0}, "d_roofline": {"tokens_per_s": 500000.0},
+         "model": {"layers": 22, "shape": {"layers": 22, "hidden": 2048, "experts": 0, "moe": False}}}
+    d["ratios"] = gt.ratios(d)
+    assert (d["ratios"]["a_tmpfs/c_best"], d["ratios"]["b/c_best"], d["ratios"]["c/c_best"]) == (0.6667, 0.75, 0.8)
+    assert d["ratios"]["a_server/c_best"] is None and d["ratios"]["c_best/d"] == 0.6
+    text = "\n".join(gpu_results.throughput_section("r.json", d))
+    assert ("| (c_best) vLLM at its best: the sweep's fastest point | 300.0k | CUDA graphs, chunked prefill on, "
+            "max_num_batched_tokens 65536 (the engine's own); 1 points run, 1 refused") in text
+    assert "| CUDA graphs, chunked prefill on | 8192 | refused: RuntimeError: boom | - | 41.5 |" in text
+    assert "| enforce_eager, chunked prefill off | - | not run: time budget: 20s left | - | - |" in text
+    assert "Against vLLM at its best (c_best): (c)/c_best 0.8, (b)/c_best 0.75, (a) on a tmpfs/c_best 0.6667" in text
+    assert "model.shape: layers 22, hidden 2048, experts 0, moe False" in text
+
+
+def test_model_shape_names_moe_and_a_wrappers_text_model():
+    from gpu_common import model_shape
+    dense = model_shape({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 22, "hidden_size": 2048,
+                         "num_attention_heads": 32, "num_key_value_heads": 4, "intermediate_size": 5632,
+                         "vocab_size": 32000})
+    assert dense == {"architecture": "LlamaForCausalLM", "layers": 22, "hidden": 2048, "heads": 32, "kv_heads": 4,
+                     "intermediate": 5632, "vocab": 32000, "experts": 0, "moe": False}
+    kimi = model_shape({"architectures": ["KimiK25ForConditionalGeneration"],
+                        "text_config": {"num_hidden_layers": 4, "hidden_size": 256, "n_routed_experts": 16,
+                                        "num_experts_per_tok": 4, "n_shared_experts": 1, "moe_intermediate_size": 64,
+                                        "kv_lora_rank": 64, "q_lora_rank": 96}})
+    assert kimi["moe"] is True and kimi["experts"] == 16 and kimi["experts_per_token"] == 4
+    assert kimi["architecture"] == "KimiK25ForConditionalGeneration" and kimi["mla"]["kv_lora_rank"] == 64
