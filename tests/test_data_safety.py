@@ -70,8 +70,7 @@ def _supervise(tmp_path, secrets: bytes | None, names):
         "workdir": str(tmp_path), "env": {}, "secret_names": names, "log": str(jobdir / "log")}))
     if secrets is not None:
         (jobdir / "secrets.json").write_bytes(secrets)
-    script = jobdir / "supervisor.py"
-    script.write_text(jobs._module_source(jobs.sup))
+    script = jobs.write_job_scripts(str(jobdir))
     subprocess.run([sys.executable, str(script), str(jobdir)], timeout=60, check=True)
     return json.loads((jobdir / "exit.json").read_text()), marker.exists(), jobdir
 

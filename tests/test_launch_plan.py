@@ -13,7 +13,7 @@ import types
 import pytest
 
 from remote_ops.agent.job import activeparams, diskneed, diskspeed
-from remote_ops.agent.job import supervisor as sup
+from remote_ops.agent.job import jobfiles as sup
 from remote_ops.commands.extract import plan_line
 from remote_ops.extract import plan as P
 from remote_ops.extract import preflight as PF

@@ -9,7 +9,7 @@ Layout (private: directories 0700, files 0600)::
         <job-id>/run.json                 written by the supervisor: pid, pgid, start time
         <job-id>/run.lock                 flock held by the live supervisor, and only by it
         <job-id>/exit.json                real exit status, written by the supervisor
-        <job-id>/stop.json, watchdog.json, log, supervisor.py (diskspeed.py and layout.py beside it), supervisor.log
+        <job-id>/stop.json, watchdog.json, log, supervisor.py (jobfiles.py, layout.py, diskspeed.py, refused.py beside it), supervisor.log
     <output_dir>/.remote-ops-job.json     the job writing there now (job/outputlock.py)
 
 A slot is what the job is (``job/status.slot``): the playbook's key and the real path of its output
@@ -31,7 +31,7 @@ import sys
 import time
 
 from . import gpu
-from .job import supervisor as sup
+from .job import jobfiles
 from .job.filewait import FileWait
 from .job.status import (TERMINAL, _current_id, _jobdir, _jobs_in, _pid_alive, _read_tail, job_status, safe_key,
                          real_output_dir, slot, standin_label, state_dir)
@@ -40,7 +40,7 @@ from .protocol import AgentFailure
 
 # ------------------------------------------------------------------ launching
 def _module_source(mod):
-    """A module's source (the supervisor, and diskspeed and layout beside it), to run it as its own script outside
+    """A module's source (the supervisor and the files beside it), to run it as its own script outside
     the agent."""
     path = getattr(mod, "__file__", "") or ""
     if os.path.isfile(path):
@@ -56,6 +56,20 @@ def _module_source(mod):
         except ImportError:
             pass
     raise AgentFailure("internal", "cannot find the source of %s to start the job" % mod.__name__)
+
+
+def write_job_scripts(jobdir):
+    """The supervisor and the files it loads from beside itself, written into ``jobdir`` (each new,
+    0600): jobfiles.py (its helpers), layout.py (sample names, through jobfiles), diskspeed.py and
+    refused.py (read when the job ends). The supervisor script's path."""
+    from .job import diskspeed, refused, supervisor
+    from .outputs import layout
+    for mod, fname in ((supervisor, "supervisor.py"), (jobfiles, "jobfiles.py"), (layout, "layout.py"),
+                       (diskspeed, "diskspeed.py"), (refused, "refused.py")):
+        fd = os.open(os.path.join(jobdir, fname), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(_module_source(mod))
+    return os.path.join(jobdir, "supervisor.py")
 
 
 class _LaunchLock:
@@ -121,13 +135,13 @@ def op_probe(args):
             probe = os.path.dirname(probe)
         try:
             st = os.statvfs(probe)
-            done, top = sup.count_samples(dirs, args.get("layout"))
+            done, top = jobfiles.count_samples(dirs, args.get("layout"))
             sizes = []
             if done:
                 for i in range(max(0, top - 20), top + 1):
                     for d in dirs:
                         try:
-                            sizes.append(os.path.getsize(os.path.join(d, sup.sample_name(args.get("layout"), i))))
+                            sizes.append(os.path.getsize(os.path.join(d, jobfiles.sample_name(args.get("layout"), i))))
                             break
                         except OSError:
                             pass
@@ -282,7 +296,7 @@ def job_identity(req):
     python = req.get("python") or sys.executable
     env = dict(os.environ)
     env.update(req.get("env") or {})
-    env.pop(sup.MARKER, None)
+    env.pop(jobfiles.MARKER, None)
     prepared = None
     if req.get("flow") == "server":
         # the server refuses a row of max_model_len tokens or more and never cuts one: max_model_len changes
@@ -332,7 +346,7 @@ def prepared_check(req):
         return None
     env = dict(os.environ)
     env.update(req.get("env") or {})
-    env.pop(sup.MARKER, None)
+    env.pop(jobfiles.MARKER, None)
     out = prep.long_rows(path, req.get("python") or sys.executable, env, req.get("max_model_len"),
                          req.get("max_samples"))
     out["path"] = path
@@ -480,7 +494,7 @@ def _start(args, job_id, jobdir, key, name, command, workdir, env, secret_values
         for d in dirs:
             outputlock.claim(d, {"job_id": job_id, "jobdir": jobdir, "key": key, "shard": shard, "output_dirs":
                                  dirs if len(dirs) > 1 else None, "pid": os.getpid(),
-                                 "start_ticks": sup.proc_start_ticks(os.getpid())})
+                                 "start_ticks": jobfiles.proc_start_ticks(os.getpid())})
             claimed.append(d)
         # the run identity, once this job holds the directories (no other job's files move)
         identity = _record_identity(dirs, args.get("identity"), bool(args.get("overwrite"))) if dirs else None
@@ -494,7 +508,7 @@ def _start(args, job_id, jobdir, key, name, command, workdir, env, secret_values
         raise
     log = os.path.join(jobdir, "log")
     from .job import diskspeed
-    sup.write_json(os.path.join(jobdir, "job.json"), {
+    jobfiles.write_json(os.path.join(jobdir, "job.json"), {
         "job_id": job_id, "key": key, "command": command, "workdir": workdir, "env": env,
         "secret_names": sorted(secret_values), "output_dir": output_dir, "log": log,
         **({"output_dirs": dirs} if len(dirs) > 1 else {}),
@@ -513,24 +527,14 @@ def _start(args, job_id, jobdir, key, name, command, workdir, env, secret_values
         with os.fdopen(fd, "w") as fh:
             import json
             json.dump(secret_values, fh)
-    script = os.path.join(jobdir, "supervisor.py")
-    fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(_module_source(sup))
-    from .outputs import layout
-    from .job import refused
-    for mod, fname in ((diskspeed, "diskspeed.py"), (layout, "layout.py"), (refused, "refused.py")):
-        # beside the supervisor: diskspeed and refused imported when the job ends, layout to count its samples
-        fd = os.open(os.path.join(jobdir, fname), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(_module_source(mod))
+    script = write_job_scripts(jobdir)
     os.close(os.open(log, os.O_WRONLY | os.O_CREAT, 0o600))
     if short and short["moved"]:
         from .outputs import shortfiles
         with open(log, "a", encoding="utf-8") as fh:
             fh.write(shortfiles.line(short) + "\n")
-    sup.write_json(os.path.join(root, name + ".current"), {"job_id": job_id})
-    sup_env = {k: v for k, v in os.environ.items() if k != sup.MARKER}
+    jobfiles.write_json(os.path.join(root, name + ".current"), {"job_id": job_id})
+    sup_env = {k: v for k, v in os.environ.items() if k != jobfiles.MARKER}
     sup_log = os.open(os.path.join(jobdir, "supervisor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         proc = subprocess.Popen([sys.executable, script, jobdir, str(lock_fd)], cwd=jobdir, env=sup_env,
@@ -541,7 +545,7 @@ def _start(args, job_id, jobdir, key, name, command, workdir, env, secret_values
         os.close(lock_fd)   # the supervisor holds the lock from here on
     for d in dirs:          # the markers' process from here on is the supervisor
         try:
-            outputlock.update(d, job_id, pid=proc.pid, start_ticks=sup.proc_start_ticks(proc.pid))
+            outputlock.update(d, job_id, pid=proc.pid, start_ticks=jobfiles.proc_start_ticks(proc.pid))
         except OSError:
             pass            # the run.lock check still tells it live
 
@@ -733,7 +737,7 @@ def _proc_info(pid):
 
 def _server_group(jobdir):
     """The process group of the job's server while its leader lives (never a reused pid's group)."""
-    rec = sup.read_json(os.path.join(jobdir, "server.json")) or {}
+    rec = jobfiles.read_json(os.path.join(jobdir, "server.json")) or {}
     if rec.get("pgid") and _pid_alive(rec.get("pid"), rec.get("start_ticks")):
         return rec["pgid"]
     return None
@@ -742,14 +746,14 @@ def _server_group(jobdir):
 def _job_pids(job_id, pgid, exclude):
     """Every live process of the job: marker in its environment, in its process group (or its
     server's), or a descendant recorded by the supervisor (pid + start time, so a reused pid is never hit)."""
-    pids = set(sup.marker_pids(job_id, exclude))
+    pids = set(jobfiles.marker_pids(job_id, exclude))
     if pgid:
-        pids |= set(sup.group_pids(pgid, exclude))
+        pids |= set(jobfiles.group_pids(pgid, exclude))
     server_pgid = _server_group(_jobdir(job_id))
     if server_pgid:
-        pids |= set(sup.group_pids(server_pgid, exclude))
-    known = sup.read_json(os.path.join(_jobdir(job_id), "pids.json"), {}) or {}
-    pids |= set(sup.known_alive({int(k): v for k, v in known.items()})) - set(exclude)
+        pids |= set(jobfiles.group_pids(server_pgid, exclude))
+    known = jobfiles.read_json(os.path.join(_jobdir(job_id), "pids.json"), {}) or {}
+    pids |= set(jobfiles.known_alive({int(k): v for k, v in known.items()})) - set(exclude)
     return sorted(pids)
 
 
@@ -762,7 +766,7 @@ def op_stop(args):
     jobdir = _jobdir(job_id)
     grace = float(args.get("grace", 30))
     st = job_status(job_id)
-    run = sup.read_json(os.path.join(jobdir, "run.json")) or {}
+    run = jobfiles.read_json(os.path.join(jobdir, "run.json")) or {}
     pgid = run.get("pgid")
     if pgid and not _pid_alive(run.get("pid"), run.get("start_ticks")) and not st["supervisor_alive"]:
         pgid = None   # gone and possibly reused: never signal a stranger's group
@@ -771,10 +775,10 @@ def op_stop(args):
     report = {"job_id": job_id, "was": st["state"], "terminated": [], "killed": [],
               "remaining": [], "gpu_holders": [], "gpu_killed": []}
     if st["state"] in ("starting", "running") and not os.path.exists(os.path.join(jobdir, "stop.json")):
-        sup.write_json(os.path.join(jobdir, "stop.json"), {"requested_at": time.time(), "grace": grace})
+        jobfiles.write_json(os.path.join(jobdir, "stop.json"), {"requested_at": time.time(), "grace": grace})
     if found:
         report["terminated"] = [_proc_info(p) for p in found]
-        sup.kill_all(found, pgid, signal.SIGTERM)
+        jobfiles.kill_all(found, pgid, signal.SIGTERM)
         deadline = time.time() + grace
         while time.time() < deadline:
             time.sleep(0.1)
@@ -783,7 +787,7 @@ def op_stop(args):
                 break
         if found:
             report["killed"] = [_proc_info(p) for p in found]
-            sup.kill_all(found, pgid, signal.SIGKILL)
+            jobfiles.kill_all(found, pgid, signal.SIGKILL)
             deadline = time.time() + 5
             while time.time() < deadline and _job_pids(job_id, pgid, exclude):
                 time.sleep(0.05)
@@ -793,7 +797,7 @@ def op_stop(args):
         ours = set(_job_pids(job_id, pgid, exclude))
         for p in q["processes"]:
             if p["pid"] in ours:
-                sup.kill_all([p["pid"]], None, signal.SIGKILL)
+                jobfiles.kill_all([p["pid"]], None, signal.SIGKILL)
                 report["gpu_killed"].append(p)
         if report["gpu_killed"]:
             time.sleep(1)

@@ -16,7 +16,7 @@ import subprocess
 import time
 
 from .core import statedir
-from .job import supervisor as sup
+from .job import jobfiles
 from .protocol import AgentFailure
 
 TOKEN = "@SHARD_DIR@"
@@ -56,13 +56,13 @@ def on_usr1(signum, frame):
 signal.signal(signal.SIGUSR1, on_usr1)
 out_dir = os.path.join(job["output_dir"], "shard-%%d-of-%%d" %% (k, n)) if job.get("output_dir") else None
 def written():
-    # what the task's directory holds at its end (supervisor.py's count, layout.py beside it in JOBDIR)
+    # what the task's directory holds at its end (jobfiles.py's count, layout.py beside it in JOBDIR)
     if not out_dir:
         return None
     try:
         import importlib.util
         sys.dont_write_bytecode = True      # no __pycache__ in the job's state directory
-        spec = importlib.util.spec_from_file_location("remote_ops_job_supervisor", os.path.join(JOBDIR, "supervisor.py"))
+        spec = importlib.util.spec_from_file_location("remote_ops_job_jobfiles", os.path.join(JOBDIR, "jobfiles.py"))
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         return mod.written(out_dir, job.get("layout"))
@@ -146,7 +146,7 @@ def _resolve(args):
     if args.get("job_id"):
         return args["job_id"]
     from .job.status import safe_key
-    cur = sup.read_json(os.path.join(_root(), safe_key(args.get("key")) + ".current")) or {}
+    cur = jobfiles.read_json(os.path.join(_root(), safe_key(args.get("key")) + ".current")) or {}
     if not cur.get("job_id"):
         raise AgentFailure("no-job", "no Slurm job of %s on this host" % safe_key(args.get("key")),
                            "submit one with: remote-ops extract HOST")
@@ -238,12 +238,12 @@ def _accounting(jobdir, slurm_id, n, final):
     """sacct's records of the job's tasks that left the queue; kept in sacct.json once every task left
     it (``final``), so a finished job asks sacct once."""
     path = os.path.join(jobdir, "sacct.json")
-    kept = sup.read_json(path)
+    kept = jobfiles.read_json(path)
     if kept is not None:
         return {int(k): v for k, v in kept["tasks"].items()}, kept["note"]
     tasks, note = _sacct(slurm_id, n)
     if final and (len(tasks) == n or (note or "").startswith("sacct: Slurm accounting is not configured")):
-        sup.write_json(path, {"tasks": {str(k): v for k, v in tasks.items()}, "note": note})
+        jobfiles.write_json(path, {"tasks": {str(k): v for k, v in tasks.items()}, "note": note})
     return tasks, note
 
 
@@ -253,20 +253,20 @@ def job_status(job_id, accounting=True):
     is queued, as a follow's polls do): Slurm's final state, exit code, elapsed time and node of each,
     or, in ``accounting``, one line saying why sacct could not tell."""
     jobdir = _jobdir(job_id)
-    job = sup.read_json(os.path.join(jobdir, "job.json"))
+    job = jobfiles.read_json(os.path.join(jobdir, "job.json"))
     if job is None:
         raise AgentFailure("no-job", "no Slurm job %s on this host" % job_id)
     n = int(job["tasks"])
     live = _squeue(job["slurm_id"])
-    stop = sup.read_json(os.path.join(jobdir, "stop.json"))
+    stop = jobfiles.read_json(os.path.join(jobdir, "stop.json"))
     acct, acct_note = {}, None
     if (accounting is True and len(live) < n) or (accounting == "final" and not live):
         acct, acct_note = _accounting(jobdir, job["slurm_id"], n, final=not live)
     tasks, done, expected, ends = [], 0, 0, []
     initial = job.get("initial_samples") or []
     for k in range(n):
-        ext = sup.read_json(os.path.join(jobdir, "task-%d.exit.json" % k))
-        term = sup.read_json(os.path.join(jobdir, "task-%d.end.json" % k)) if ext is None else None
+        ext = jobfiles.read_json(os.path.join(jobdir, "task-%d.exit.json" % k))
+        term = jobfiles.read_json(os.path.join(jobdir, "task-%d.end.json" % k)) if ext is None else None
         sa = acct.get(k) if k not in live else None
         ext_code = (ext or {}).get("exit_code")
         if k in live:
@@ -288,7 +288,7 @@ def job_status(job_id, accounting=True):
         if at_end is not None and isinstance(at_end.get("done"), int):
             count, total = at_end["done"], at_end.get("num_samples")
         else:
-            count, total = (sup.count_samples(out_dir)[0] if out_dir else 0), None
+            count, total = (jobfiles.count_samples(out_dir)[0] if out_dir else 0), None
             if out_dir:
                 from .outputs.data_config import read_data_config
                 total = (read_data_config(out_dir) or {}).get("num_samples")
@@ -401,7 +401,7 @@ def op_list(args):
     root = os.path.join(statedir.root(), "slurm")     # read-only: no state directory made here
     found = []
     for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
-        job = sup.read_json(os.path.join(root, name, "job.json"))
+        job = jobfiles.read_json(os.path.join(root, name, "job.json"))
         if not job or not job.get("slurm_id") or (args.get("key") and job.get("key") != args["key"]):
             continue
         found.append(job_status(name))
@@ -426,7 +426,7 @@ def op_submit(args):
     if not all(isinstance(s, str) and s.startswith("--") and "\n" not in s for s in sbatch):
         raise AgentFailure("bad-args", "sbatch options are --name=value strings")
     root = _root()
-    cur = sup.read_json(os.path.join(root, key + ".current")) or {}
+    cur = jobfiles.read_json(os.path.join(root, key + ".current")) or {}
     if cur.get("job_id") and os.path.isdir(os.path.join(root, cur["job_id"])):
         st = job_status(cur["job_id"])
         if st["state"] in ("running", "starting"):
@@ -452,18 +452,18 @@ def op_submit(args):
             import json
             json.dump(secret_values, fh)
     # what each task's directory holds before the array runs: its rate counts only what it writes
-    initial = [sup.count_samples(os.path.join(output_dir, "shard-%d-of-%d" % (k, tasks)))[0] if output_dir else 0
+    initial = [jobfiles.count_samples(os.path.join(output_dir, "shard-%d-of-%d" % (k, tasks)))[0] if output_dir else 0
                for k in range(tasks)]
     record = {"job_id": job_id, "key": key, "command": command, "workdir": workdir, "initial_samples": initial,
               "secret_names": sorted(secret_values),
               "env": args.get("env") or {}, "output_dir": output_dir, "tasks": tasks,
               "expected_samples": args.get("expected_samples"), "created_at": time.time(),
               "label": standin_label(command, workdir), "sbatch": sbatch, "requeue": requeue}
-    sup.write_json(os.path.join(jobdir, "job.json"), record)
+    jobfiles.write_json(os.path.join(jobdir, "job.json"), record)
     from .jobs import _module_source
     from .outputs import layout
-    for mod, fname in ((sup, "supervisor.py"), (layout, "layout.py")):
-        # read by each task at its end to count what it wrote (supervisor.written: the one count)
+    for mod, fname in ((jobfiles, "jobfiles.py"), (layout, "layout.py")):
+        # read by each task at its end to count what it wrote (jobfiles.written: the one count)
         with open(os.path.join(jobdir, fname), "w") as fh:
             fh.write(_module_source(mod))
     lines = ["#SBATCH --job-name=%s" % key, "#SBATCH --array=0-%d" % (tasks - 1),
@@ -483,8 +483,8 @@ def op_submit(args):
         raise AgentFailure("slurm-failed", "sbatch refused the job: %s" % _one_message(err or out, rc),
                            _submit_hint(err or out))
     record["slurm_id"] = out.strip().split(";")[0]
-    sup.write_json(os.path.join(jobdir, "job.json"), record)
-    sup.write_json(os.path.join(root, key + ".current"), {"job_id": job_id})
+    jobfiles.write_json(os.path.join(jobdir, "job.json"), record)
+    jobfiles.write_json(os.path.join(root, key + ".current"), {"job_id": job_id})
     return {"attached": False, "job": job_status(job_id)}
 
 
@@ -537,7 +537,7 @@ def op_stop(args):
     st = job_status(job_id)
     was = st["state"]
     if was in ("running", "starting"):
-        sup.write_json(os.path.join(_jobdir(job_id), "stop.json"), {"at": time.time()})
+        jobfiles.write_json(os.path.join(_jobdir(job_id), "stop.json"), {"at": time.time()})
         rc, out, err = _run(["scancel", str(st["slurm_id"])])
         if rc != 0:
             raise AgentFailure("slurm-failed", "scancel failed: %s" % (err.strip() or "exit %d" % rc))

@@ -6,7 +6,7 @@ one directory never both get it, whichever state dir, inventory name or machine 
 file system) starts them. It holds the job id, its job directory (so its state dir), key, shard,
 output dir, the launcher's and later the supervisor's pid with its start time, and the machine
 (``/etc/machine-id``, boot id, host name). The supervisor removes it when the job ends
-(``supervisor.release_output``). A marker left by a job whose supervisor is gone is stale and taken
+(``jobfiles.release_output``). A marker left by a job whose supervisor is gone is stale and taken
 over: on the same boot of the same machine when its ``run.lock`` is not held (or, when its state dir
 cannot be read, its pid is gone); on the same machine after a reboot always. A marker of another
 machine is never taken over: the refusal names it and what to do.
@@ -20,7 +20,7 @@ import os
 import time
 
 from .outputdir import DIR_ID, ensure_identity, identity, machine  # noqa: F401  (outputlock.identity for callers)
-from .supervisor import OUTPUT_MARKER as MARKER, release_output as release  # noqa: F401  (one implementation)
+from .jobfiles import OUTPUT_MARKER as MARKER, release_output as release  # noqa: F401  (one implementation)
 
 
 def read(output_dir):
@@ -34,10 +34,10 @@ def read(output_dir):
 
 
 def _pid_alive(pid, ticks):
-    from . import supervisor as sup
+    from . import jobfiles
     if not isinstance(pid, int) or pid <= 0:
         return False
-    now_ticks = sup.proc_start_ticks(pid)
+    now_ticks = jobfiles.proc_start_ticks(pid)
     return now_ticks is not None and (ticks is None or now_ticks == ticks)
 
 
@@ -127,7 +127,7 @@ def claim(output_dir, rec):
     """Make ``rec`` (job_id, jobdir, key, shard, pid, start_ticks) the marker of ``output_dir``, or
     raise the refusal that names the job holding it. A stale marker is moved aside (kept as
     ``.remote-ops-job.json.stale-<time>``) and the claim tried again."""
-    from . import supervisor as sup
+    from . import jobfiles
     path = os.path.join(output_dir, MARKER)
     rec = dict(rec, output_dir=output_dir, machine=machine(), created_at=time.time())
     ensure_identity(output_dir)
@@ -151,7 +151,7 @@ def claim(output_dir, rec):
             os.rename(path, aside)
         except FileNotFoundError:
             continue
-        moved = sup.read_json(aside)
+        moved = jobfiles.read_json(aside)
         if (moved or {}).get("job_id") != held.get("job_id"):
             # another launch took over the stale marker between our read and the rename: give it back
             try:

@@ -12,7 +12,7 @@ import os
 import time
 
 from ..core import statedir
-from ..job import supervisor as sup
+from . import jobfiles as sup   # the job files' helpers (shared with the supervisor script)
 from ..protocol import AgentFailure
 
 TERMINAL = ("succeeded", "failed", "stopped", "lost")

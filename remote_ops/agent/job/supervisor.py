@@ -11,278 +11,38 @@ It starts the job in its own process group with ``REMOTE_OPS_JOB_ID=<id>`` in th
 0600 file that it deletes before the job starts (never argv), records pid / pgid / start time in
 ``run.json``, watches for a job that stops advancing (``watchdog.json``), records the real exit
 status in ``exit.json`` (tmp + rename), and finally kills anything of the job left behind.
-This file must not import anything outside the standard library: it runs outside the agent.
-The agent imports it too (``jobstatus``, on every ``facts``): json, re, signal and subprocess are
-imported by the functions that use them, so a ``facts`` on a host without jobs imports none of them.
+This file must not import anything outside the standard library: it runs outside the agent. Its
+helpers (records, counts, processes) are ``jobfiles.py``, loaded from beside it (``_sibling``).
 """
 
 import os
 import sys
 import time
 
-MARKER = "REMOTE_OPS_JOB_ID"
-_LAYOUT = []
+
+def _sibling(name):
+    """A module of this folder: imported as a package module inside the agent, loaded from the file
+    beside this one when this file runs as its own script (jobs.op_launch writes both there)."""
+    if __package__:
+        import importlib
+        return importlib.import_module("%s.%s" % (__package__, name))
+    import importlib.util
+    sys.dont_write_bytecode = True      # no __pycache__ in the job directory (0600 files only)
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".py")
+    spec = importlib.util.spec_from_file_location("remote_ops_job_" + name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _layout():
-    """outputs/layout.py, the one rule for sample file names: the package module inside the agent,
-    the file beside this one when this file runs as its own script (jobs.op_launch writes it there)."""
-    if not _LAYOUT:
-        if __package__:
-            import importlib
-            _LAYOUT.append(importlib.import_module("..outputs.layout", __package__))
-        else:
-            _LAYOUT.append(_sibling("layout"))
-    return _LAYOUT[0]
-
-
-def sample_name(layout, index):
-    """The file name of sample ``index`` in ``layout``."""
-    return _layout().name(index, layout)
-
-
-def now():
-    return time.time()
-
-
-def write_json(path, data):
-    import json
-    tmp = "%s.tmp.%d" % (path, os.getpid())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def read_json(path, default=None):
-    import json
-    try:
-        with open(path) as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return default
-
-
-def load_secrets(path, names):
-    """(secrets, problem): the job's secrets.json (removed once read), or why it cannot be used."""
-    if not names and not os.path.lexists(path):
-        return {}, None
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-    except FileNotFoundError:
-        return None, "its secrets file %s is missing (expected %s)" % (path, ", ".join(names))
-    except OSError as exc:
-        return None, "its secrets file %s cannot be read (%s)" % (path, exc.strerror or exc)
-    finally:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-    import json
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        return None, "its secrets file %s is corrupt (%s)" % (path, str(exc).split(":")[0])
-    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
-        return None, "its secrets file %s is not a mapping of names to strings" % path
-    absent = [n for n in names if n not in data]
-    if absent:
-        return None, "its secrets file %s lacks %s" % (path, ", ".join(absent))
-    return data, None
-
-
-def proc_start_ticks(pid):
-    """Start time of ``pid`` in clock ticks since boot (field 22 of /proc/PID/stat), or None."""
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as fh:
-            data = fh.read()
-        return int(data[data.rindex(b")") + 2:].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def boot_id():
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as fh:
-            return fh.read().strip()
-    except OSError:
-        return None
-
-
-def output_dirs(job):
-    """The output directories of a job record (job.json): ``output_dirs`` (several, in order), else
-    [``output_dir``], else []; ``~`` expanded."""
-    dirs = job.get("output_dirs") or ([job["output_dir"]] if job.get("output_dir") else [])
-    return [os.path.expanduser(d) for d in dirs]
-
-
-def count_samples(output_dir, layout=None, limit=None):
-    """(number of sample files (data_<N>.pt by default), highest N or -1) in ``output_dir``, or in
-    all of a list of directories (one output spread over several disks: each index counted once);
-    with ``limit`` (the run's size), only indexes below it."""
-    seen, top = set(), -1
-    index_of = _layout().index_of
-    for d in output_dir if isinstance(output_dir, (list, tuple)) else [output_dir]:
-        try:
-            with os.scandir(d) as it:
-                for entry in it:
-                    i = index_of(entry.name, layout)
-                    if i is not None and (limit is None or i < limit) and entry.is_file(follow_symlinks=False):
-                        seen.add(i)
-                        top = max(top, i)
-        except OSError:
-            pass
-    return len(seen), top
-
-
-def run_size(output_dir):
-    """The run's size, data_config.json's ``data.num_samples`` in ``output_dir`` (the first of a list),
-    or None (the job writes it; agent/outputs/data_config.py reads the rest of that document)."""
-    d = output_dir[0] if isinstance(output_dir, (list, tuple)) and output_dir else output_dir
-    doc = read_json(os.path.join(d, "data_config.json")) if isinstance(d, str) else None
-    size = (doc.get("data") or {}).get("num_samples") if isinstance(doc, dict) and isinstance(doc.get("data"), dict) else None
-    return size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else None
-
-
-def written(output_dir, layout=None):
-    """What an output holds, as a job's end records it (exit.json "samples", a Slurm task's exit file):
-    {"done", "max_index", "num_samples", "at"}: its sample files, only those below the run's size when
-    files beyond it are there (a larger run's leftovers are not this one's), as status counts them."""
-    size = run_size(output_dir)
-    done, top = count_samples(output_dir, layout)
-    if size is not None and top >= size:
-        done, top = count_samples(output_dir, layout, limit=size)
-    return {"done": done, "max_index": top, "num_samples": size, "at": now()}
-
-
-def marker_pids(job_id, exclude=()):
-    """Live processes whose environment carries this job's marker, whatever their name or session."""
-    needle = ("%s=%s" % (MARKER, job_id)).encode() + b"\0"
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        pid = int(name)
-        if pid in exclude:
-            continue
-        try:
-            with open("/proc/%d/environ" % pid, "rb") as fh:
-                env = b"\0" + fh.read()
-            with open("/proc/%d/stat" % pid, "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        if b"\0" + needle in env or env.endswith(b"\0" + needle[:-1]):
-            state = stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3]
-            if state != b"Z":
-                found.append(pid)
-    return found
-
-
-def live_stats():
-    """(pid, stat fields after the command name) of every live, non-zombie process."""
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % name, "rb") as fh:
-                stat = fh.read()
-            fields = stat[stat.rindex(b")") + 2:].split()
-        except (OSError, ValueError):
-            continue
-        if fields and fields[0] != b"Z":
-            yield int(name), fields
-
-
-def group_pids(pgid, exclude=()):
-    return [pid for pid, fields in live_stats() if pid not in exclude and int(fields[2]) == pgid]
-
-
-def process_table():
-    """{pid: (ppid, start_ticks)} of every live, non-zombie process."""
-    return {pid: (int(fields[1]), int(fields[19])) for pid, fields in live_stats()}
-
-
-def track_descendants(root_pid, known):
-    """Adds to ``known`` ({pid: start_ticks}) every live descendant of ``root_pid`` or of a known
-    process: workers re-parented later (to init) stay known even if they rename themselves and
-    their environment is overwritten (setproctitle), so the GPU list can be matched against them."""
-    table = process_table()
-    changed = False
-    grew = True
-    while grew:
-        grew = False
-        for pid, (ppid, ticks) in table.items():
-            if pid in known:
-                continue
-            parent = table.get(ppid)
-            if ppid == root_pid or (ppid in known and parent and known[ppid] == parent[1]):
-                known[pid] = ticks
-                grew = changed = True
-    return changed
-
-
-def known_alive(known):
-    """The pids of ``known`` ({pid: start_ticks}) still alive and not reused."""
-    return [pid for pid, ticks in known.items() if proc_start_ticks(pid) == ticks]
-
-
-def kill_all(pids, pgid, sig):
-    if pgid:
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def log_line(log_fd, text):
-    try:
-        os.write(log_fd, ("\n[remote-ops] %s %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), text)).encode())
-    except OSError:
-        pass
-
-
-def last_json_line(log_path, marker, start=0, max_bytes=65536):
-    """The last ``<marker>{json}`` line of a job's log (the extraction script's ``extract-progress`` and
-    ``extract-profile`` lines) as a dict, else None: read from the log's last ``max_bytes`` and not before
-    byte ``start`` (this job's part of a log an earlier run shares). A line ends at \\n or \\r (tqdm's
-    rewrites share the log) and its JSON at its last "}"; a line cut mid-write is passed over."""
-    try:
-        with open(log_path, "rb") as fh:
-            end = fh.seek(0, os.SEEK_END)
-            fh.seek(max(start, end - max_bytes))
-            data = fh.read()
-    except (OSError, TypeError):
-        return None
-    import json
-    marker = marker.encode() + b"{"
-    at = data.rfind(marker)
-    while at >= 0:
-        line = data[at + len(marker) - 1:].split(b"\n", 1)[0].split(b"\r", 1)[0]
-        line = line[:line.rfind(b"}") + 1]
-        try:
-            doc = json.loads(line.decode("utf-8", "replace")) if line else None
-        except ValueError:
-            doc = None
-        if isinstance(doc, dict):
-            return doc
-        at = data.rfind(marker, 0, at)
-    return None
+jf = _sibling("jobfiles")
 
 
 class Supervisor:
     def __init__(self, jobdir, lock_fd):
         self.jobdir = jobdir
         self.lock_fd = lock_fd
-        self.job = read_json(os.path.join(jobdir, "job.json")) or {}
+        self.job = jf.read_json(os.path.join(jobdir, "job.json")) or {}
         self.job_id = self.job.get("job_id") or os.path.basename(jobdir.rstrip("/"))
         self.proc = None
         self.pgid = None
@@ -294,8 +54,8 @@ class Supervisor:
 
     def written(self):
         """What the job's output holds at its end (``written``), for its exit record; None without one."""
-        dirs = output_dirs(self.job)
-        return written(dirs, self.job.get("layout")) if dirs else None
+        dirs = jf.output_dirs(self.job)
+        return jf.written(dirs, self.job.get("layout")) if dirs else None
 
     def _forward(self, signum, frame):
         # Someone signalled the supervisor itself: pass it on to the job (and its server), keep recording.
@@ -318,24 +78,24 @@ class Supervisor:
         log_path = job.get("log") or self.path("log")
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self.log_start = os.fstat(log_fd).st_size      # this job's part of the log starts here
-        secrets, problem = load_secrets(self.path("secrets.json"), job.get("secret_names") or [])
+        secrets, problem = jf.load_secrets(self.path("secrets.json"), job.get("secret_names") or [])
         if problem:
             # never start a job without the secrets it was launched with: it would run (and perhaps
             # fail much later, or download the wrong thing) for reasons nobody could see
             msg = "cannot start the job: %s" % problem
-            log_line(log_fd, msg)
-            write_json(self.path("exit.json"), {"exit_code": None, "signal": None, "ended_at": now(),
+            jf.log_line(log_fd, msg)
+            jf.write_json(self.path("exit.json"), {"exit_code": None, "signal": None, "ended_at": jf.now(),
                                                 "start_error": msg, "cleanup": [], "samples": self.written()})
             return 0
         env = dict(os.environ)
         env.update({str(k): str(v) for k, v in (job.get("env") or {}).items()})
         env.update({str(k): str(v) for k, v in secrets.items()})
         env.setdefault("PYTHONUNBUFFERED", "1")
-        env[MARKER] = self.job_id
+        env[jf.MARKER] = self.job_id
         secrets = None
-        output_dir = output_dirs(job)
+        output_dir = jf.output_dirs(job)
         layout = job.get("layout")
-        initial, _ = count_samples(output_dir, layout) if output_dir else (0, -1)
+        initial, _ = jf.count_samples(output_dir, layout) if output_dir else (0, -1)
         if job.get("server"):
             # the server first (same marker, its own process group and log), healthy before the client
             self.server = Server(self, job["server"], env, log_fd)
@@ -343,7 +103,7 @@ class Supervisor:
                 env = None
                 return 0
         import shlex   # the command as a shell would take it back: copyable, empty arguments kept
-        log_line(log_fd, "job %s starting: %s" % (self.job_id, shlex.join(job.get("command") or [])))
+        jf.log_line(log_fd, "job %s starting: %s" % (self.job_id, shlex.join(job.get("command") or [])))
         try:
             self.proc = subprocess.Popen(job["command"], cwd=job.get("workdir") or None, env=env,
                                          stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
@@ -354,45 +114,45 @@ class Supervisor:
                                                 else exc)
             if isinstance(exc, OSError) and exc.filename:
                 msg += ": %s" % exc.filename
-            log_line(log_fd, msg)
+            jf.log_line(log_fd, msg)
             if self.server:
                 self.server.stop()
-            write_json(self.path("exit.json"), {"exit_code": None, "signal": None, "ended_at": now(),
+            jf.write_json(self.path("exit.json"), {"exit_code": None, "signal": None, "ended_at": jf.now(),
                                                 "start_error": msg, "cleanup": [], "samples": self.written()})
             return 0
         env = None
         self.pgid = self.proc.pid   # start_new_session: the job leads its own session and group
-        started = now()
-        write_json(self.path("run.json"), {
+        started = jf.now()
+        jf.write_json(self.path("run.json"), {
             "job_id": self.job_id, "command": job.get("command"), "log": log_path,
             "pid": self.proc.pid, "pgid": self.pgid, "supervisor_pid": os.getpid(),
-            "started_at": started, "start_ticks": proc_start_ticks(self.proc.pid),
-            "boot_id": boot_id(), "initial_samples": initial,
+            "started_at": started, "start_ticks": jf.proc_start_ticks(self.proc.pid),
+            "boot_id": jf.boot_id(), "initial_samples": initial,
             "server": self.server.record() if self.server else None,
         })
         rc = self._wait(log_fd, output_dir, started)
         sig = -rc if rc < 0 else None
         exit_rec = {"exit_code": rc if rc >= 0 else None, "signal": sig,
                     "signal_name": signal.Signals(sig).name if sig else None,
-                    "ended_at": now(), "cleanup": None, "samples": self.written()}
+                    "ended_at": jf.now(), "cleanup": None, "samples": self.written()}
         if self.server_failure:
             exit_rec["server_failure"] = self.server_failure
         if self.server:
             # the job has ended when its server has: stopped before the exit is recorded, so a follower that
             # returns on the recorded exit finds the server's GPU memory released
-            log_line(log_fd, "client %s" % describe_rc(rc))
+            jf.log_line(log_fd, "client %s" % jf.describe_rc(rc))
             exit_rec["server"] = self.server.stop()
             try:      # requests the server refused and the client skipped: never "succeeded" (job/refused.py)
                 exit_rec["refused"] = _sibling("refused").scan(log_path, self.log_start)
             except Exception as exc:     # noqa: BLE001 (reading the log must not lose the job's end)
                 exit_rec["refused"] = {"count": 0, "indexes": [], "reasons": ["log not read: %s" % exc],
                                        "server_refusals": 0, "unread": True}
-        write_json(self.path("exit.json"), exit_rec)
-        log_line(log_fd, "job %s ended: %s" % (
+        jf.write_json(self.path("exit.json"), exit_rec)
+        jf.log_line(log_fd, "job %s ended: %s" % (
             self.job_id, "exit code %d" % rc if rc >= 0 else "killed by %s" % exit_rec["signal_name"]))
         exit_rec["cleanup"] = self._cleanup(log_fd)
         exit_rec["disk_observed"] = self._disk_observed(log_path, output_dir)
-        write_json(self.path("exit.json"), exit_rec)
+        jf.write_json(self.path("exit.json"), exit_rec)
         os.close(log_fd)
         return 0
 
@@ -403,7 +163,7 @@ class Supervisor:
         if not cache:
             return {"recorded": False, "why": "no output directory (or launched by an older remote-ops, which kept no job speeds)"}
         try:
-            profile = last_json_line(log_path, "extract-profile ", self.log_start, max_bytes=262144)
+            profile = jf.last_json_line(log_path, "extract-profile ", self.log_start, max_bytes=262144)
             if profile is None:
                 return {"recorded": False, "why": "the job printed no extract-profile line"}
             return _sibling("diskspeed").record_observed(output_dir, profile, self.job_id, cache=cache)
@@ -422,10 +182,10 @@ class Supervisor:
                 size = None
             if size is not None and self.server:
                 size -= self.server.relayed   # the server's lines copied into the log are not progress
-            return size, (count_samples(output_dir, self.job.get("layout")) if output_dir else None)
+            return size, (jf.count_samples(output_dir, self.job.get("layout")) if output_dir else None)
 
         last, last_change, stalled = progress(), started, False
-        known = {self.proc.pid: proc_start_ticks(self.proc.pid)}
+        known = {self.proc.pid: jf.proc_start_ticks(self.proc.pid)}
         if self.server:
             known.update(self.server.known)
         poll = min(poll, 1.0)
@@ -435,11 +195,11 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 pass
             try:
-                grew = track_descendants(self.proc.pid, known)
-                if self.server and track_descendants(self.server.proc.pid, known):
+                grew = jf.track_descendants(self.proc.pid, known)
+                if self.server and jf.track_descendants(self.server.proc.pid, known):
                     grew = True
                 if grew:
-                    write_json(self.path("pids.json"), {str(k): v for k, v in known.items()})
+                    jf.write_json(self.path("pids.json"), {str(k): v for k, v in known.items()})
             except OSError:
                 pass
             if self.server:
@@ -450,19 +210,19 @@ class Supervisor:
                     return self._end_client()
             if not limit:
                 continue
-            cur, t = progress(), now()
+            cur, t = progress(), jf.now()
             if cur != last:
                 last_change = t
                 if stalled:
                     stalled = False
-                    write_json(self.path("watchdog.json"), {"stalled": False, "resumed_at": t,
+                    jf.write_json(self.path("watchdog.json"), {"stalled": False, "resumed_at": t,
                                                             "limit_s": limit})
-                    log_line(log_fd, "watchdog: progress resumed")
+                    jf.log_line(log_fd, "watchdog: progress resumed")
             elif not stalled and t - last_change >= limit:
                 stalled = True
-                write_json(self.path("watchdog.json"), {"stalled": True, "since": last_change,
+                jf.write_json(self.path("watchdog.json"), {"stalled": True, "since": last_change,
                                                         "flagged_at": t, "limit_s": limit})
-                log_line(log_fd, "watchdog: no new log output and no new output files for %ds "
+                jf.log_line(log_fd, "watchdog: no new log output and no new output files for %ds "
                                  "(a hung NCCL start looks like this)" % (t - last_change))
             last = progress()   # our own log lines are not progress
 
@@ -470,37 +230,37 @@ class Supervisor:
         """The server is gone: TERM the client's group, KILL it after the cleanup grace; its status."""
         import signal
         import subprocess
-        kill_all([], self.pgid, signal.SIGTERM)
+        jf.kill_all([], self.pgid, signal.SIGTERM)
         try:
             return self.proc.wait(timeout=float(self.job.get("cleanup_grace") or 10))
         except subprocess.TimeoutExpired:
-            kill_all([], self.pgid, signal.SIGKILL)
+            jf.kill_all([], self.pgid, signal.SIGKILL)
             return self.proc.wait()
 
     def _cleanup(self, log_fd):
         """Nothing of the job may outlive it: TERM, grace, KILL whatever still carries the marker."""
         import signal
         me = {os.getpid()}
-        known = {int(k): v for k, v in (read_json(self.path("pids.json"), {}) or {}).items()}
+        known = {int(k): v for k, v in (jf.read_json(self.path("pids.json"), {}) or {}).items()}
 
         def leftovers():
-            return sorted(set(marker_pids(self.job_id, me)) | set(group_pids(self.pgid, me))
-                          | (set(known_alive(known)) - me))
+            return sorted(set(jf.marker_pids(self.job_id, me)) | set(jf.group_pids(self.pgid, me))
+                          | (set(jf.known_alive(known)) - me))
         left = leftovers()
         if not left:
             return []
-        log_line(log_fd, "stopping %d leftover process(es) of the job: %s" % (
+        jf.log_line(log_fd, "stopping %d leftover process(es) of the job: %s" % (
             len(left), ", ".join(map(str, left))))
-        kill_all(left, self.pgid, signal.SIGTERM)
-        deadline = now() + float(self.job.get("cleanup_grace") or 10)
+        jf.kill_all(left, self.pgid, signal.SIGTERM)
+        deadline = jf.now() + float(self.job.get("cleanup_grace") or 10)
         first = left
-        while now() < deadline:
+        while jf.now() < deadline:
             time.sleep(0.1)
             left = leftovers()
             if not left:
                 break
         if left:
-            kill_all(left, self.pgid, signal.SIGKILL)
+            jf.kill_all(left, self.pgid, signal.SIGKILL)
         return [{"pid": p, "signal": "SIGKILL" if p in left else "SIGTERM"} for p in first]
 
 
@@ -526,7 +286,7 @@ class Server:
 
     def record(self):
         return {"pid": self.proc.pid if self.proc else None, "pgid": self.pgid,
-                "start_ticks": proc_start_ticks(self.proc.pid) if self.proc else None,
+                "start_ticks": jf.proc_start_ticks(self.proc.pid) if self.proc else None,
                 "port": self.spec.get("port"), "health": self.url(), "log": self.log,
                 "command": self.spec.get("command"), "state": self.state,
                 "started_at": self.started_at, "healthy_at": self.healthy_at}
@@ -534,7 +294,7 @@ class Server:
     def save(self, **extra):
         rec = self.record()
         rec.update(extra)
-        write_json(self.sup.path("server.json"), rec)
+        jf.write_json(self.sup.path("server.json"), rec)
 
     def url(self):
         path = self.spec.get("health_path") or "/health"
@@ -585,7 +345,7 @@ class Server:
         import subprocess
         spec, sup = self.spec, self.sup
         import shlex
-        log_line(self.log_fd, "server starting: %s" % shlex.join(spec.get("command") or []))
+        jf.log_line(self.log_fd, "server starting: %s" % shlex.join(spec.get("command") or []))
         slog = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             self.proc = subprocess.Popen(spec["command"], cwd=sup.job.get("workdir") or None, env=self.env,
@@ -601,17 +361,17 @@ class Server:
             os.close(slog)
             self.env = None
         self.pgid = self.proc.pid
-        self.started_at = now()
-        self.known = {self.proc.pid: proc_start_ticks(self.proc.pid)}
+        self.started_at = jf.now()
+        self.known = {self.proc.pid: jf.proc_start_ticks(self.proc.pid)}
         self.save()
         timeout = float(spec.get("health_timeout") or 600)
-        log_line(self.log_fd, "waiting for %s (up to %ds)" % (self.url(), timeout))
+        jf.log_line(self.log_fd, "waiting for %s (up to %ds)" % (self.url(), timeout))
         deadline = self.started_at + timeout
         while True:
             self.relay()
             try:
-                if track_descendants(self.proc.pid, self.known):
-                    write_json(sup.path("pids.json"), {str(k): v for k, v in self.known.items()})
+                if jf.track_descendants(self.proc.pid, self.known):
+                    jf.write_json(sup.path("pids.json"), {str(k): v for k, v in self.known.items()})
             except OSError:
                 pass
             rc = self.proc.poll()
@@ -619,19 +379,19 @@ class Server:
                 self.relay(final=True)
                 if os.path.exists(sup.path("stop.json")):
                     return self._stopped()
-                return self._fail("the server exited (%s) before it answered %s" % (describe_rc(rc), self.url()),
+                return self._fail("the server exited (%s) before it answered %s" % (jf.describe_rc(rc), self.url()),
                                   rc)
             if os.path.exists(sup.path("stop.json")):
                 self.stop()
                 return self._stopped()
             if self.healthy():
-                self.healthy_at = now()
+                self.healthy_at = jf.now()
                 self.state = "healthy"
                 self.save()
-                log_line(self.log_fd, "server healthy after %.1fs: %s" % (self.healthy_at - self.started_at,
+                jf.log_line(self.log_fd, "server healthy after %.1fs: %s" % (self.healthy_at - self.started_at,
                                                                           self.url()))
                 return True
-            if now() >= deadline:
+            if jf.now() >= deadline:
                 self.stop()
                 return self._fail("the server did not answer %s with 200 within %ds" % (self.url(), timeout))
             time.sleep(0.5)
@@ -639,17 +399,17 @@ class Server:
     def died_while_client_ran(self, rc):
         self.relay(final=True)
         self.state = "exited"
-        self.save(exit=describe_rc(rc), ended_at=now())
-        msg = "the server exited (%s) while the client ran" % describe_rc(rc)
-        log_line(self.log_fd, msg + "; stopping the client")
+        self.save(exit=jf.describe_rc(rc), ended_at=jf.now())
+        msg = "the server exited (%s) while the client ran" % jf.describe_rc(rc)
+        jf.log_line(self.log_fd, msg + "; stopping the client")
         return msg
 
     def _fail(self, msg, rc=None):
         self.state = "failed"
         if self.proc is not None:
-            self.save(exit=describe_rc(rc) if rc is not None else None, ended_at=now())
-        log_line(self.log_fd, msg)
-        write_json(self.sup.path("exit.json"), {"exit_code": None, "signal": None, "ended_at": now(),
+            self.save(exit=jf.describe_rc(rc) if rc is not None else None, ended_at=jf.now())
+        jf.log_line(self.log_fd, msg)
+        jf.write_json(self.sup.path("exit.json"), {"exit_code": None, "signal": None, "ended_at": jf.now(),
                                                 "start_error": msg, "failed_by": "server", "cleanup": [],
                                                 "samples": self.sup.written()})
         self.sup._cleanup(self.log_fd)
@@ -657,9 +417,9 @@ class Server:
 
     def _stopped(self):
         self.state = "stopped"
-        self.save(ended_at=now())
-        log_line(self.log_fd, "stopped before the client started")
-        write_json(self.sup.path("exit.json"), {"exit_code": None, "signal": None, "ended_at": now(),
+        self.save(ended_at=jf.now())
+        jf.log_line(self.log_fd, "stopped before the client started")
+        jf.write_json(self.sup.path("exit.json"), {"exit_code": None, "signal": None, "ended_at": jf.now(),
                                                 "before_client": True, "cleanup": [],
                                                 "samples": self.sup.written()})
         self.sup._cleanup(self.log_fd)
@@ -672,62 +432,22 @@ class Server:
         if self.proc is None:
             return None
         rc = self.proc.poll()
-        how = "had exited (%s)" % describe_rc(rc) if rc is not None else None
+        how = "had exited (%s)" % jf.describe_rc(rc) if rc is not None else None
         if rc is None:
-            log_line(self.log_fd, "stopping the server (process group %d)" % self.pgid)
-            kill_all(known_alive(self.known), self.pgid, signal.SIGTERM)
+            jf.log_line(self.log_fd, "stopping the server (process group %d)" % self.pgid)
+            jf.kill_all(jf.known_alive(self.known), self.pgid, signal.SIGTERM)
             try:
                 rc = self.proc.wait(timeout=float(self.sup.job.get("cleanup_grace") or 10))
-                how = "stopped with SIGTERM (%s)" % describe_rc(rc)
+                how = "stopped with SIGTERM (%s)" % jf.describe_rc(rc)
             except subprocess.TimeoutExpired:
-                kill_all(known_alive(self.known), self.pgid, signal.SIGKILL)
+                jf.kill_all(jf.known_alive(self.known), self.pgid, signal.SIGKILL)
                 rc = self.proc.wait()
                 how = "killed with SIGKILL"
         self.relay(final=True)
         if self.state not in ("failed", "exited", "stopped"):
             self.state = "stopped"
-            self.save(exit=describe_rc(rc), ended_at=now())
-        return {"exit": describe_rc(rc), "how": how}
-
-
-def _sibling(name):
-    """A module of this folder: imported as a package module inside the agent, loaded from the file
-    beside this one when this file runs as its own script (jobs.op_launch writes both there)."""
-    if __package__:
-        import importlib
-        return importlib.import_module("%s.%s" % (__package__, name))
-    import importlib.util
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".py")
-    spec = importlib.util.spec_from_file_location("remote_ops_job_" + name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def describe_rc(rc):
-    if rc is None:
-        return None
-    if rc >= 0:
-        return "exit code %d" % rc
-    import signal
-    try:
-        return "killed by %s" % signal.Signals(-rc).name
-    except ValueError:
-        return "killed by signal %d" % -rc
-
-
-OUTPUT_MARKER = ".remote-ops-job.json"   # held in the output directory while the job runs (agent/job/outputlock.py)
-
-
-def release_output(output_dir, job_id):
-    """Remove the output directory's marker when it is ``job_id``'s (the job has ended)."""
-    path = os.path.join(output_dir, OUTPUT_MARKER)
-    rec = read_json(path)
-    if isinstance(rec, dict) and rec.get("job_id") == job_id:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+            self.save(exit=jf.describe_rc(rc), ended_at=jf.now())
+        return {"exit": jf.describe_rc(rc), "how": how}
 
 
 def main(argv):
@@ -736,9 +456,9 @@ def main(argv):
     try:
         return Supervisor(jobdir, lock_fd).run()
     finally:      # exit.json is written: the output directory is free for the next job
-        job = read_json(os.path.join(jobdir, "job.json")) or {}
-        for d in output_dirs(job):
-            release_output(d, job.get("job_id"))
+        job = jf.read_json(os.path.join(jobdir, "job.json")) or {}
+        for d in jf.output_dirs(job):
+            jf.release_output(d, job.get("job_id"))
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ def jobs_of_this_python():
     if not os.path.isdir(root):
         return []
     from ..job import status
-    from ..job.supervisor import read_json
+    from ..job.jobfiles import read_json
     mine = own_prefix()
     found = []
     for st in status._jobs_in(root):
