@@ -50,9 +50,11 @@ def render(path: Path) -> str:
         out.append(f"- engine for {m}: `vllm serve` ({' '.join(map(str, (e.get('command') or [])[3:]))}), healthy "
                    f"{'after ' + str(e.get('after_s')) + ' s' if e.get('healthy') else 'NO'}")
     out.append("")
+    first = ((st.get("logits_deepseek_v3") or {}).get("correct") or {}).get("logits") or {}
     out.append("Each row: `remote-ops verify HOST [--output-dir COPY] --logits 8 --logits-port P --json`; the last "
                "captured state through the checkpoint's final norm and lm_head, against the engine's prompt logprobs "
-               "(top 5 and the prompt's token per position); thresholds: top-1 >= 98% and mean |delta logprob| <= 0.1.\n")
+               f"(top {first.get('top_k')} and the prompt's token per position); the check's thresholds: top-1 >= "
+               f"{_pct(first.get('min_top1'))} and mean |delta logprob| <= {first.get('max_mean_delta')}.\n")
     out.append("| model | files | expected | verify exit | logits ok | top-1 | mean abs delta logprob | positions | "
                "logprobs compared | without the norm: top-1 / mean abs delta | as expected |")
     out.append("|---|---|---|---|---|---|---|---|---|---|---|")
