@@ -58,19 +58,15 @@ from pathlib import Path
 
 from remote_ops.errors import ConfigError
 from remote_ops.playbook.templates import _TEMPLATE, _WHOLE_VAR, _fill, fill_for_host, template_context  # noqa: F401
+from remote_ops.extract import flows
+from remote_ops.extract.server_section import ENV_NAME as _ENV_NAME, MODULE as _MODULE, ServerSpec
 from remote_ops.yamlsrc import type_name
 
 EXTRACT_KEYS = {"command", "workdir", "output_dir", "expected_samples", "disk", "env",
                 "secrets", "gpus", "watchdog_seconds", "stop_grace_seconds", "files", "import_check",
-                "import_check_timeout_seconds", "shard", "slurm", "server", "output_layout"}
-SERVER_KEYS = {"command", "port", "health", "env", "import_check", "api_key"}
-# what vLLM's `serve` reads its API key from (vllm/envs.py; `--api-key` takes precedence, and would
-# put the key on the command line, in `ps`)
-SERVER_KEY_ENV = "VLLM_API_KEY"
+                "import_check_timeout_seconds", "shard", "slurm", "output_layout"}   # and each flow's section (flows.sections)
 LAYOUTS = ("data_pt", "hs_safetensors")     # agent/job/supervisor.py LAYOUTS: the file name of one sample
 MAX_FILE_BYTES = 4 << 20
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass
@@ -103,33 +99,6 @@ class ShippedFile:
 
 
 @dataclass
-class ServerSpec:
-    """``extract.server``: the long-lived server a two-process job's command talks to."""
-    command: list[str]
-    port: int
-    health_path: str = "/health"
-    health_timeout: float = 600.0
-    env: dict[str, str] = field(default_factory=dict)
-    import_check: list[str] = field(default_factory=list)
-    api_key_env: str | None = None     # server.api_key.client_env: where the client finds the generated key
-
-    def to_json(self) -> dict:
-        key = {} if self.api_key_env is None else {
-            "api_key": {"server_env": SERVER_KEY_ENV, "client_env": self.api_key_env}}
-        return {"command": self.command, "port": self.port,
-                "health": {"path": self.health_path, "timeout_seconds": self.health_timeout},
-                "env": self.env, "import_check": self.import_check, **key}
-
-    def to_wire(self) -> dict:
-        return {"command": self.command, "port": self.port, "env": self.env, "health_path": self.health_path,
-                "health_timeout": self.health_timeout}
-
-    @property
-    def python(self) -> str | None:
-        return self.command[0] if re.search(r"(^|/)python[0-9.]*$", self.command[0]) else None
-
-
-@dataclass
 class ExtractSpec:
     key: str
     command: list[str]
@@ -150,9 +119,15 @@ class ExtractSpec:
     requires: list[str] = field(default_factory=list)    # package names, for the versions of a failed import
     sharded: bool = False                 # the playbook's extract.shard: a group run splits the samples
     shard: tuple[int, int] | None = None  # this host's (k, n) once assigned (extract/shard.py)
-    server: ServerSpec | None = None
+    server: ServerSpec | None = None      # the server flow's section (extract/flows.py)
+    sections: dict = field(default_factory=dict)     # other registered flows' sections, by key
     layout: str | None = None            # None: data_pt
     output_dirs: list[str] = field(default_factory=list)   # every output directory, in order (one: [output_dir])
+
+    @property
+    def flow(self) -> flows.Flow:
+        """The kind of job this is (extract/flows.py): the flow whose section the playbook gives."""
+        return flows.of(self)
 
     @property
     def several_dirs(self) -> list[str] | None:
@@ -161,7 +136,7 @@ class ExtractSpec:
 
     def to_json(self) -> dict:
         """What may be shown: secret *names* and where they come from, never values."""
-        extra = {} if self.server is None else {"server": self.server.to_json()}
+        extra = self.flow.spec_json(self)
         if self.layout:
             extra["output_layout"] = self.layout
         return {**extra, "key": self.key, "command": self.command, "workdir": self.workdir,
@@ -319,8 +294,14 @@ def _places(sec, subdir):
 def _commands(sec):
     """The job's command, a two-process job's server, and the output layout."""
     raw = sec.raw
-    server = _server_spec(raw.get("server"), sec.ctx, sec.err_at, sec.argv, sec.templated_number, sec.text,
-                          sec.whole_var)
+    given = [(key, flow) for key, flow in flows.sections().items() if raw.get(key) is not None]
+    if len(given) > 1:
+        raise sec.err_at((given[1][0],))(f"extract has {given[0][0]} and {given[1][0]}: a job is of one flow",
+                                         "keep the section of the flow this playbook runs")
+    fields = {}
+    for key, flow in given:      # the section's templates may set ctx (the server's {port}) for the commands
+        value = flow.parse(raw[key], sec)
+        fields = flow.spec_fields(value)
     cmd = raw.get("command")
     if cmd is None:
         raise sec.err_at(())("extract needs a 'command'", 'e.g. command: ["{python}", "02_extract_hidden_states.py", ...]')
@@ -330,12 +311,12 @@ def _commands(sec):
         raise sec.err_at(("output_layout",))(f"output_layout must be one of {', '.join(LAYOUTS)}, got {layout!r}",
                                              "hs_safetensors: speculators >= 0.5 (hs_<N>.safetensors); "
                                              "data_pt: speculators 0.3 (data_<N>.pt)")
-    if len(sec.output_dirs) > 1 and (server is not None or layout == "hs_safetensors"):
+    if len(sec.output_dirs) > 1 and (any(flow.one_output_dir for _, flow in given) or layout == "hs_safetensors"):
         raise sec.err_at(("output_dir",))(
             "output_dir names several directories, but this job writes one: the server flow's files come "
             "through vLLM's connector into one directory", "give output_dir one directory (one disk), or use "
             "the 0.3.0 flow (eagle3-speculators-0.3.0) to spread samples over several")
-    return {"server": server, "command": command, "layout": None if layout in (None, "data_pt") else layout}
+    return {**fields, "command": command, "layout": None if layout in (None, "data_pt") else layout}
 
 
 def _environment(sec):
@@ -428,7 +409,7 @@ def parse_spec(playbook, host, *, subdir: str | None = None) -> ExtractSpec:
                           "add extract: {command: [...], output_dir: ...}")
     sec = _Section(playbook, host, raw)
     from remote_ops.yamlsrc import unknown_key_check
-    unknown_key_check(raw, EXTRACT_KEYS, "in extract", lambda k, problem, hint: sec.err_at((k,))(problem, hint))
+    unknown_key_check(raw, EXTRACT_KEYS | set(flows.sections()), "in extract", lambda k, problem, hint: sec.err_at((k,))(problem, hint))
     fields = {}
     for part in (_no_placeholders, lambda s: _places(s, subdir), _commands, _environment, _gpus,
                  _job_files_and_imports, _limits):
@@ -467,65 +448,6 @@ def _disk(playbook, host, raw, err_at) -> dict | None:
     if out["model"] is not None:
         out["model"] = str(out["model"])
     return out
-
-
-def _server_spec(raw, ctx, err_at, argv, templated_number, text, whole_var) -> ServerSpec | None:
-    """``extract.server``, checked; sets ``{port}`` for the templates of both commands."""
-    if raw is None:
-        return None
-    keys = ("server",)
-    if not isinstance(raw, dict):
-        raise err_at(keys)(f"server must be a mapping {{command, port, health, env, import_check}}, got {type_name(raw)}")
-    from remote_ops.yamlsrc import unknown_key_check
-    unknown_key_check(raw, SERVER_KEYS, "in extract.server",
-                      lambda k, problem, hint: err_at(keys + (k,))(problem, hint))
-    port = templated_number(keys + ("port",), raw.get("port"))
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-        raise err_at(keys + ("port",))(f"server.port must be a port number (1-65535), got {port!r}")
-    ctx["port"] = port
-    if raw.get("command") is None:
-        raise err_at(keys)("extract.server needs a 'command'",
-                           'e.g. command: ["{python}", "-m", "vllm.entrypoints.cli.main", "serve", ...]')
-    command = argv(keys + ("command",), raw["command"])
-    health = raw.get("health") or {}
-    if not isinstance(health, dict) or set(health) - {"path", "timeout_seconds"}:
-        raise err_at(keys + ("health",))("server.health must be a mapping {path: /health, timeout_seconds: N}")
-    path = text(keys + ("health", "path"), health.get("path", "/health"), "health.path")
-    if not path.startswith("/") or any(c in path for c in " \r\n"):
-        raise err_at(keys + ("health", "path"))(f"health.path must be a URL path starting with '/', got {path!r}")
-    timeout = templated_number(keys + ("health", "timeout_seconds"), health.get("timeout_seconds", 600))
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 1:
-        raise err_at(keys + ("health", "timeout_seconds"))(f"health.timeout_seconds must be a number >= 1, got {timeout!r}")
-    env_raw = raw.get("env") or {}
-    if not isinstance(env_raw, dict):
-        raise err_at(keys + ("env",))(f"server.env must be a mapping of NAME: value, got {type_name(env_raw)}")
-    env = {}
-    for k, v in env_raw.items():
-        if not isinstance(k, str) or not _ENV_NAME.match(k):
-            raise err_at(keys + ("env", k))(f"{k!r} is not a valid environment variable name")
-        env[k] = text(keys + ("env", k), "" if v is None else v, f"env value {k}")
-    checks = whole_var(raw.get("import_check"))
-    checks = [] if checks in (None, "") else ([checks] if isinstance(checks, str) else checks)
-    api_key = raw.get("api_key")
-    if api_key is not None:
-        ak = keys + ("api_key",)
-        if not isinstance(api_key, dict) or set(api_key) != {"client_env"} \
-                or not isinstance(api_key["client_env"], str) or not _ENV_NAME.match(api_key["client_env"]):
-            raise err_at(ak)(f"server.api_key must be a mapping {{client_env: NAME}}, got {api_key!r}",
-                             "e.g. api_key: {client_env: OPENAI_API_KEY}: a key generated for each launch reaches "
-                             f"the server as {SERVER_KEY_ENV} and the client as that variable")
-        clash = sorted({api_key["client_env"], SERVER_KEY_ENV} & set(env))
-        if clash:
-            raise err_at(ak)(f"server.api_key: server.env sets {', '.join(clash)}, which would replace the generated key")
-    if any(a == "--api-key" or a.startswith("--api-key=") for a in command):
-        raise err_at(keys + ("command",))("--api-key on the server command puts the key in `ps` for every user of "
-                                          "the host", "use server.api_key: {client_env: NAME} instead (the "
-                                          f"server reads {SERVER_KEY_ENV})")
-    if not isinstance(checks, list) or not all(isinstance(c, str) and _MODULE.match(c) for c in checks):
-        raise err_at(keys + ("import_check",))(f"server.import_check must be a list of module names, got {checks!r}",
-                                               "e.g. import_check: [vllm.entrypoints.openai.api_server]")
-    return ServerSpec(command, port, path, float(timeout), env, list(checks),
-                      api_key["client_env"] if api_key is not None else None)
 
 
 def shipped_mode(path: Path) -> int:
@@ -616,11 +538,7 @@ def resolve_secrets(spec: ExtractSpec) -> dict[str, str]:
             if not value:
                 raise ConfigError(spec.playbook_path or "playbook", s.line, f"secret {s.name}: {path} is empty")
         out[s.name] = value
-    if spec.server is not None and spec.server.api_key_env:
-        # one key per launch, made here: it reaches the host only in the secrets (stdin, then a 0600
-        # file the supervisor deletes), never a command line, log, journal or JSON
-        import secrets as _secrets
-        out[SERVER_KEY_ENV] = out[spec.server.api_key_env] = _secrets.token_urlsafe(32)
+    out.update(spec.flow.secrets(spec, out))
     return out
 
 
@@ -640,7 +558,7 @@ def server_command(playbook, host) -> list[str] | None:
             or not playbook.extract.get("server"):
         return None
     spec = parse_spec(playbook, host)
-    return list(spec.server.command) if spec.server else None
+    return spec.flow.model_command(spec) or None
 
 
 def client_command(playbook, host) -> list[str] | None:

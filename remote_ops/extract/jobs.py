@@ -242,7 +242,7 @@ def launch(session, spec: ExtractSpec, *, identity: dict | None = None, overwrit
     (the preflight's) is checked again and recorded as output_dir/run.json before the job starts; the
     job gets its playbook part as $REMOTE_OPS_RUN_PLAYBOOK, so the script computes the same identity."""
     secret_values = resolve_secrets(spec)
-    env = dict(spec.env)
+    env = {**spec.env, **spec.flow.job_env(spec)}
     if identity is not None and identity.get("playbook"):
         import json
         env["REMOTE_OPS_RUN_PLAYBOOK"] = json.dumps(identity["playbook"], sort_keys=True)
@@ -250,8 +250,7 @@ def launch(session, spec: ExtractSpec, *, identity: dict | None = None, overwrit
             "secrets": secret_values, "output_dir": spec.output_dir,
             "expected_samples": spec.expected_samples, "watchdog_seconds": spec.watchdog_seconds,
             "cleanup_grace": spec.stop_grace, "playbook": spec.playbook_path}
-    if spec.server is not None:
-        args["server"] = spec.server.to_wire()
+    args.update(spec.flow.launch_args(spec))
     if spec.layout:
         args["layout"] = spec.layout
     if spec.shard:

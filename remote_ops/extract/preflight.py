@@ -16,7 +16,7 @@ from pathlib import Path
 from remote_ops.connect import agent_requests as rq
 from remote_ops.errors import Exit, RefusedError
 from remote_ops.extract.extract_spec import ExtractSpec, assignment_changed, secret_path
-from remote_ops.extract import prepared as _prepared
+from remote_ops.extract import flows, prepared as _prepared
 from remote_ops.units import human_bytes
 
 
@@ -115,13 +115,9 @@ def identity_request(spec: ExtractSpec, playbook) -> dict | None:
     """What the agent needs to compute the job's run identity (agent/jobs.py job_identity)."""
     if not spec.output_dir:
         return None
-    req = {"command": spec.command, "workdir": spec.workdir, "flow": "server" if spec.server else "generator",
+    req = {"command": spec.command, "workdir": spec.workdir, "flow": spec.flow.name,
            "playbook": playbook_identity(playbook), "python": spec.job_python, "env": spec.env}
-    if spec.server is not None:
-        req["server_command"] = spec.server.command
-        if spec.disk:
-            req["fallback"] = {k: spec.disk.get(k) for k in ("dataset", "model", "layer_ids", "max_model_len")}
-    return req
+    return {**req, **spec.flow.identity_args(spec)}
 
 
 def _identity_preflight(pf: Preflight, res: dict | None, spec: ExtractSpec, overwrite: bool) -> None:
@@ -171,7 +167,7 @@ def probe_model(spec: ExtractSpec, playbook, host) -> str | None:
         path = fill_for_host(playbook, host, section.get("path"), ("check", "model", "path"))
         if isinstance(path, str) and path:
             return path
-    cmd = spec.server.command if spec.server is not None else []
+    cmd = spec.flow.model_command(spec)
     if "serve" in cmd and cmd.index("serve") + 1 < len(cmd) and not cmd[cmd.index("serve") + 1].startswith("-"):
         return cmd[cmd.index("serve") + 1]
     return None
@@ -227,7 +223,7 @@ class RunningJob(Part):
         need = dict(spec.disk, max_samples=spec.expected_samples, workdir=spec.workdir) if spec.disk else None
         if need and spec.shard:
             need["shard"] = list(spec.shard)
-        args = {} if spec.server is None else {"port": spec.server.port}
+        args = spec.flow.probe_args(spec)
         if spec.several_dirs:
             args["output_dirs"] = spec.several_dirs
         if spec.layout:
@@ -463,7 +459,7 @@ class Port(Part):
 
     def read(self, c, pf, raw):
         server, port = c.spec.server, c.probe.get("port")
-        if server is not None and port is not None:
+        if flows.runs_part(c.spec, self.name) and port is not None:
             pf.server = {"port": port}
             if not port.get("free"):
                 pf.problems.append(f"port {server.port} is not free on the host ({port.get('error')}): another "
@@ -492,7 +488,7 @@ class ServerModel(Part):
     name = "server-model"
 
     def ops(self, c):
-        if c.spec.server is None or c.skip_check:
+        if not flows.runs_part(c.spec, self.name) or c.skip_check:
             return {}
         from remote_ops.check import serverflow
         return {"server_model": serverflow.request(list(c.spec.server.command))}
@@ -517,26 +513,26 @@ class Imports(Part):
     name = "imports"
 
     def ops(self, c):
-        spec, server = c.spec, c.spec.server
+        spec = c.spec
         model = probe_model(spec, c.playbook, c.host)
         out = {}
         if spec.import_check:
             out["imports"] = rq.imports_probe(python=spec.job_python, modules=spec.import_check, env=spec.env,
                                               workdir=spec.workdir, timeout=spec.import_timeout,
                                               packages=spec.requires, unless_running=spec.key,
-                                              **({"model": model} if model and server is None else {}))
-        if server is not None and server.import_check:
-            out["server_imports"] = rq.imports_probe(
-                python=server.python, modules=server.import_check, env={**spec.env, **server.env},
-                workdir=spec.workdir, timeout=spec.import_timeout, packages=spec.requires, unless_running=spec.key,
-                **({"model": model} if model else {}))
+                                              **({"model": model} if model and spec.flow.loads_model_in_job else {}))
+        for key, modules, _, python, env in spec.flow.import_probes(spec):
+            if modules:
+                out[key] = rq.imports_probe(
+                    python=python, modules=modules, env=env,
+                    workdir=spec.workdir, timeout=spec.import_timeout, packages=spec.requires, unless_running=spec.key,
+                    **({"model": model} if model else {}))
         return out
 
     def read(self, c, pf, raw):
         from remote_ops.errors import exit_for_kind
-        server = c.spec.server
-        for key, modules, who in (("server_imports", server.import_check if server else [], "server"),
-                                  ("imports", c.spec.import_check, "job")):
+        probes = [(key, modules, who) for key, modules, who, _, _ in c.spec.flow.import_probes(c.spec)]
+        for key, modules, who in probes + [("imports", c.spec.import_check, "job")]:
             if not modules:
                 continue
             res = raw[key]
@@ -572,10 +568,9 @@ class Requires(Part):
     name = "requires"
 
     def read(self, c, pf, raw):
-        server = c.spec.server
-        if server is not None and c.playbook.requires:
-            _requires_preflight(pf, c.playbook, raw, (("server_imports", server.import_check),
-                                                      ("imports", c.spec.import_check)))
+        if flows.runs_part(c.spec, self.name) and c.playbook.requires:
+            probes = [(key, modules) for key, modules, _, _, _ in c.spec.flow.import_probes(c.spec)]
+            _requires_preflight(pf, c.playbook, raw, probes + [("imports", c.spec.import_check)])
 
 
 class InstalledRanges(Part):
@@ -587,7 +582,7 @@ class InstalledRanges(Part):
 
     def read(self, c, pf, raw):
         names = c.playbook.if_installed
-        res = raw.get("imports") if c.spec.server is None and names else None
+        res = raw.get("imports") if flows.runs_part(c.spec, self.name) and names else None
         if not res:
             return
         versions = (res.get("result") or {}).get("versions") if res.get("ok") else (res.get("error") or {}).get("versions")
@@ -619,10 +614,10 @@ class ServerKey(Part):
         return {}
 
     def read(self, c, pf, raw):
-        from remote_ops.extract.extract_spec import SERVER_KEY_ENV
-        srv = c.spec.server
-        if srv is None:
+        from remote_ops.extract.server_section import SERVER_KEY_ENV
+        if not flows.runs_part(c.spec, self.name):
             return
+        srv = c.spec.server
         if srv.api_key_env:
             pf.notes.append(f"server API key: generated for this launch, given to the server as {SERVER_KEY_ENV} "
                             f"and to the client as {srv.api_key_env} (secrets, never on a command line)")
@@ -648,16 +643,25 @@ def preflight(session, spec: ExtractSpec, playbook, *, skip_check: bool = False,
     c = Context(session, spec, playbook, host, skip_check, dry_run, strict_drift, overwrite, remeasure_disk,
                 slurm_tasks=slurm_tasks)
     ops: dict[str, rq.Request] = {}
-    for part in PARTS:
+    parts = parts_for(spec)
+    for part in parts:
         ops.update(part.ops(c))
     raw = dict(zip(ops, session.call_many(list(ops.values()), timeout=2 * spec.import_timeout + 300)))
-    return read(c, raw)
+    return read(c, raw, parts)
 
 
-def read(c: Context, raw: dict, parts=PARTS) -> Preflight:
+def parts_for(spec: ExtractSpec) -> list:
+    """The parts a preflight of ``spec`` runs, in order: PARTS less those another flow declares
+    (extract/flows.py), with the flow's own parts read before the import probes."""
+    parts = [p for p in PARTS if flows.runs_part(spec, p.name)]
+    at = next(i for i, p in enumerate(parts) if p.name == Imports.name)
+    return parts[:at] + list(spec.flow.own_parts) + parts[at:]
+
+
+def read(c: Context, raw: dict, parts=None) -> Preflight:
     """The preflight record from the round trip's answers (``raw``: request name -> answer)."""
     pf = Preflight()
-    for part in parts:
+    for part in parts_for(c.spec) if parts is None else parts:
         if part.read(c, pf, raw) == STOP:
             break
     return pf

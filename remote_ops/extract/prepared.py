@@ -6,6 +6,7 @@ interpreter (agent/outputs/prepared.py), in the shared probe's round trip (``job
 
 from __future__ import annotations
 
+from remote_ops.extract import flows
 from remote_ops.extract.dataset import _flag
 
 
@@ -18,7 +19,7 @@ def _int(text) -> int | None:
 
 def max_model_len(spec) -> int | None:
     """The server's ``--max-model-len`` (None: not given, vLLM's default: the model's own length)."""
-    return _int(_flag(list(spec.server.command), "--max-model-len")) if spec.server is not None else None
+    return _int(_flag(spec.flow.model_command(spec), "--max-model-len"))
 
 
 def max_samples(spec) -> int | None:
@@ -28,7 +29,7 @@ def max_samples(spec) -> int | None:
 
 def request(spec) -> dict | None:
     """The probe's ``prepared`` argument for a server-flow job whose client names its data, else None."""
-    if spec.server is None or not _flag(list(spec.command), "--preprocessed-data"):
+    if not flows.runs_part(spec, "prepared") or not _flag(list(spec.command), "--preprocessed-data"):
         return None
     return {"command": list(spec.command), "workdir": spec.workdir, "python": spec.job_python, "env": spec.env,
             "max_samples": max_samples(spec), "max_model_len": max_model_len(spec)}
