@@ -141,6 +141,7 @@ def vllm_row(version: str, commands: dict[str, list[str]], clients: dict[str, li
     the release's unpacked sources, once per playbook's server command (with its client command)."""
     from remote_ops import pkgsource
     from remote_ops.agent import serverflow as agent_sf
+    from remote_ops.agent.contract import SERVED_MODEL_CHECKS
     from remote_ops.check import serverflow
     src = pkgsource.unpacked("vllm", version)
     per = {}
@@ -149,7 +150,7 @@ def vllm_row(version: str, commands: dict[str, list[str]], clients: dict[str, li
                                  **({"client_command": clients[name]} if clients and clients.get(name) else {})})
         # the checks of the served model (remote code, layer ids) are about the user's checkpoint, which the
         # evidence has none of (the playbook's default target_model): what a release supports is the rest
-        res["checks"] = [c for c in res["checks"] if c["id"] not in agent_sf.MODEL_CHECKS]
+        res["checks"] = [c for c in res["checks"] if c["id"] not in SERVED_MODEL_CHECKS]
         checks = {c["what"]: (True if c["ok"] is True else (c.get("detail") or "undecided")) for c in res["checks"]}
         per[name] = {"ok": all(v is True for v in checks.values()), "checks": checks,
                      "failed": [dict(c) for c in res["checks"] if c["ok"] is not True]}

@@ -165,3 +165,91 @@ def test_the_literal_scan_sees_an_op_name(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text('def f(session):\n    return session.call("jobs.stop", {"job_id": "x", "grace": 1})\n')
     assert [op for _, op in _op_literals([bad])] == ["jobs.stop"]
+
+
+# ------------------------------------------------------------------ finding kinds: declared once
+
+# Where each check emits a finding kind: (source file or folder under remote_ops/agent, the call's
+# name, which positional argument is the kind, the contract's list). A dict literal with a "kind" key
+# and a "message" key (a finding record) in those files counts too.
+EMITTERS = (
+    ("check", "add", 2, "FINDING_KINDS"),            # agent/check/records.py Findings.add
+    ("resolve/sigmodel.py", "problems.append", 0, "FINDING_KINDS"),   # bind's (kind, name, message)
+    ("drift/compare.py", "_rec", 1, "DRIFT_KINDS"),
+    ("model.py", "finding", 0, "MODEL_FINDING_KINDS"),
+    ("model.py", None, None, "MODEL_FINDING_KINDS"),
+    ("serverflow.py", "add", 0, "SERVER_CHECK_IDS"),  # _Checks.add
+    ("serverflow.py", "_fields", 1, "SERVER_CHECK_IDS"),
+)
+
+
+def emitted_kinds(path: Path, call, index, text: str | None = None) -> list[tuple[str, int]]:
+    """(kind, line) of every literal kind a file emits: a string, or a family "prefix-" + name."""
+    out = []
+    tree = ast.parse(text if text is not None else path.read_text())
+    for node in ast.walk(tree):
+        if call is None and isinstance(node, ast.Dict):
+            keys = [k.value if isinstance(k, ast.Constant) else None for k in node.keys]
+            if "kind" in keys and "message" in keys:
+                arg = node.values[keys.index("kind")]
+            else:
+                continue
+            if isinstance(arg, ast.Name):     # kind = "a" if ... else "b"; {"kind": kind, ...} in one function
+                fn = next(f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+                          and node in ast.walk(f) and not any(g is not f and isinstance(g, ast.FunctionDef)
+                                                              and node in ast.walk(g) for g in ast.walk(f)))
+                for a in ast.walk(fn):
+                    if isinstance(a, ast.Assign) and any(isinstance(t, ast.Name) and t.id == arg.id for t in a.targets):
+                        values = [a.value.body, a.value.orelse] if isinstance(a.value, ast.IfExp) else [a.value]
+                        out += [(v.value, node.lineno) for v in values
+                                if isinstance(v, ast.Constant) and isinstance(v.value, str)]
+                continue
+        elif call is not None and isinstance(node, ast.Call) and len(node.args) > index:
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            if "." in call:      # owner.method: a tuple whose first item is the kind
+                name = ast.unparse(node.func)
+            if name != call:
+                continue
+            arg = node.args[index]
+            if "." in call:
+                if not (isinstance(arg, ast.Tuple) and arg.elts):
+                    continue
+                arg = arg.elts[0]
+        else:
+            continue
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            out.append((arg.value, node.lineno))
+        elif isinstance(arg, ast.BinOp) and isinstance(arg.left, ast.Constant) and isinstance(arg.left.value, str):
+            out.append((arg.left.value, node.lineno))       # a family: "layer-forward-" + kind
+    return out
+
+
+def test_every_emitted_finding_kind_is_declared_in_the_contract():
+    from remote_ops.agent import contract
+    agent = Path(contract.__file__).parent
+    missing, seen = [], {}
+    for where, call, index, declared in EMITTERS:
+        files = sorted((agent / where).rglob("*.py")) if (agent / where).is_dir() else [agent / where]
+        for f in files:
+            for kind, line in emitted_kinds(f, call, index):
+                seen.setdefault(declared, set()).add(kind)
+                if kind not in getattr(contract, declared):
+                    missing.append(f"{f.relative_to(agent)}:{line}: {kind!r} is not in contract.{declared}")
+    assert not missing, "declare each finding kind once in remote_ops/agent/contract.py:\n" + "\n".join(missing)
+    # and every declared kind is emitted somewhere (none left over from a check that went)
+    for declared, kinds in seen.items():
+        assert set(getattr(contract, declared)) == kinds, declared
+    assert set(seen) == {"FINDING_KINDS", "DRIFT_KINDS", "MODEL_FINDING_KINDS", "SERVER_CHECK_IDS"}
+    assert set(contract.SERVED_MODEL_CHECKS) <= set(contract.SERVER_CHECK_IDS)
+
+
+def test_the_kind_scan_sees_literals_families_and_records():
+    src = ('def f(r, c, fwd, kind):\n'
+           '    r.finding("new-kind", fwd)\n'
+           '    r.finding("family-" + kind, fwd)\n'
+           '    kind = "a-kind" if fwd else "b-kind"\n'
+           '    return [{"kind": "rec-kind", "message": "m"}, {"kind": kind, "message": "m"}]\n')
+    assert emitted_kinds(Path("x.py"), "finding", 0, src) == [("new-kind", 2), ("family-", 3)]
+    assert sorted(emitted_kinds(Path("x.py"), None, None, src)) == [("a-kind", 5), ("b-kind", 5), ("rec-kind", 5)]
+    src = 'def bind(problems, out):\n    problems.append(("too-many", None, "m"))\n    out.append("*")\n'
+    assert emitted_kinds(Path("x.py"), "problems.append", 0, src) == [("too-many", 2)]

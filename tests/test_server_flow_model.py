@@ -1,4 +1,4 @@
-"""The server flow's checks of the model it serves (agent/serverflow.py MODEL_CHECKS), on real vLLM sources
+"""The server flow's checks of the model it serves (agent/contract.py SERVED_MODEL_CHECKS), on real vLLM sources
 (PyPI, cached by pkgsource) and Kimi-K2.5's real config.json (tests/fixtures/kimi-k2.5) as a config-only
 checkpoint: custom code in auto_map against the playbook var trust_remote_code, and the aux layer ids
 against what the model's forward captures (agent/check/auxcapture.py); then `check --model` and the
@@ -20,6 +20,7 @@ import pytest
 from remote_ops import pkgsource
 from remote_ops.agent import serverflow as agent_sf
 from remote_ops.agent.check.auxcapture import capture
+from remote_ops.agent.contract import SERVED_MODEL_CHECKS
 from remote_ops.check import serverflow
 from remote_ops.connect.inventory import Host
 from remote_ops.extract.extract_spec import server_command
@@ -78,7 +79,7 @@ def _command(name=MAIN, **vars_):
 def _model_checks(version, command):
     res = agent_sf.op_check({"command": command, "client": serverflow.CLIENT_FIELDS,
                              "sys_path": [str(pkgsource.unpacked("vllm", version))]})
-    return {c["id"]: c for c in res["checks"] if c["id"] in agent_sf.MODEL_CHECKS}
+    return {c["id"]: c for c in res["checks"] if c["id"] in SERVED_MODEL_CHECKS}
 
 
 def test_the_var_renders_the_flag_into_the_server_command(tmp_path):

@@ -18,9 +18,28 @@ from collections import namedtuple
 # compat.check's defaults (the controller's check and patch send them; the agent falls back to them)
 DEFAULT_PACKAGE = "speculators.data_generation"
 DEFAULT_AGAINST = ("vllm",)
-# Every kind of finding compat.check reports (a playbook's ``fixes`` entries name one of these).
+# The findings of every check, each kind declared here once; tests/test_contract.py reads the sources for
+# every kind they emit and fails on one missing here. A kind that ends in "-" is a family: the rest of
+# the name is the key, class or binding kind it is about.
+# compat.check (call sites; a playbook's ``fixes`` entries name one of these)
 FINDING_KINDS = ("unexpected-keyword", "missing-argument", "too-many-positional", "missing-module",
                  "missing-symbol", "missing-attribute")
+# drift against the baseline (agent/drift/compare.py; a playbook's check.accepted_drift names one of these)
+DRIFT_KINDS = ("default-changed", "return-changed", "attribute-gone")
+# model.check (the playbook's check.model: the checkpoint against the host's vLLM, agent/model.py);
+# layer-forward-<kind>: the worker's call of the decoder layer, <kind> one of FINDING_KINDS' binding kinds
+MODEL_FINDING_KINDS = ("model-missing", "model-config", "layer-ids", "architecture-not-registered",
+                       "quantization-unsupported", "quantization-dependency", "protocol-missing",
+                       "text-model-missing", "text-model-member-missing", "remote-code-tokenizer",
+                       "layer-forward-")
+# serverflow.check (a server-flow playbook's server command against the host's vLLM, agent/serverflow.py)
+SERVER_CHECK_IDS = ("entry-point", "method", "proposer", "draft-config-", "speculative-config-keys", "connector",
+                    "kv-transfer-config-keys", "connector-reads-", "connector-writes", "connector-returns",
+                    "connector-write-lock", "chunked-prefill", "health", "fields-", "flags", "model",
+                    "trust-remote-code", "aux-layer-ids", "prefix-caching", "abort-safe", "mla-tp-page-size",
+                    "mla-kv-groups")
+# ... of which the served model's: extract's preflight refuses on these (the others are check's)
+SERVED_MODEL_CHECKS = ("model", "trust-remote-code", "aux-layer-ids")
 
 Kind = namedtuple("Kind", "name refusal exit doc")
 # ``resident``: the operation may be served by a resident agent (``--persist``: one long-lived agent

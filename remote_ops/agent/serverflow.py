@@ -23,7 +23,7 @@ and what to do) or null (could not be decided, with the reason).
     detail, where, fix, severity}], "elapsed_s"}.
 
 The checks of the model the command serves (``serve MODEL``: a directory, or an HF id in the local hub
-cache), MODEL_CHECKS: ``trust-remote-code`` (its config.json / tokenizer_config.json name custom code in
+cache), contract.SERVED_MODEL_CHECKS: ``trust-remote-code`` (its config.json / tokenizer_config.json name custom code in
 ``auto_map`` and the command has no --trust-remote-code: severity "warning", since the code may also be
 one transformers knows) and ``aux-layer-ids`` (the draft config's eagle_aux_hidden_state_layer_ids
 against what the model's forward captures on this vLLM: agent/check/auxcapture.py). A model that is
@@ -66,8 +66,6 @@ QUEUE_WAIT_PER_REQUEST_S = 600
 # vLLM #44485 with prefix caching on) or the request's whole block table (cached blocks included)
 FORWARD_SLOTS = "get_forward_context().slot_mapping"
 TRUST = "--trust-remote-code"
-# the checks of the served model (extract's preflight refuses on these; the others are check's)
-MODEL_CHECKS = ("model", "trust-remote-code", "aux-layer-ids")
 EXTRACT_HS = "v1/spec_decode/extract_hidden_states.py"
 STACK = "self.hidden_states[:num_tokens] = stacked_hidden_states"
 RUNNER = "v1/worker/gpu_model_runner.py"

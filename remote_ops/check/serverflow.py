@@ -62,10 +62,10 @@ def explain(c: dict) -> str:
 
 def preflight_lines(raw: dict) -> tuple[list[str], list[str]]:
     """extract's preflight of a server-flow job: (problems, notes). The served model's checks
-    (``MODEL_CHECKS`` of agent/serverflow.py: custom code without --trust-remote-code, layer ids the
+    (``SERVED_MODEL_CHECKS`` of agent/contract.py: custom code without --trust-remote-code, layer ids the
     model's forward does not capture) refuse the job, warning or not: the server would fail after
     loading the model. The other failed checks are notes (``check --strict`` says them as findings)."""
-    from remote_ops.agent.serverflow import MODEL_CHECKS
+    from remote_ops.agent.contract import SERVED_MODEL_CHECKS as MODEL_CHECKS
     problems, notes = [], []
     for c in raw.get("checks") or []:
         line = explain(c) + (f" (fix: {c['fix']})" if c.get("fix") else "")
