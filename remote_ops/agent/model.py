@@ -447,7 +447,7 @@ def _named_attrs(text):
 
 
 def worker_needs(text):
-    """What the worker's functions bound onto the text model use of it (``drift_record.bound_functions``):
+    """What the worker's functions bound onto the text model use of it (``drift.record.bound_functions``):
     ({attribute: line}, [(positional count, keywords, line)] of its calls of the decoder layers, i.e.
     calls of a loop variable over ``self.layers``)."""
     from .drift.record import bound_functions

@@ -26,9 +26,9 @@ removed. The next transaction, rollback or read finds any intent without a journ
 (targets already renamed get their backup back, temporary files are removed): a target is always either
 its original bytes or its fully patched bytes, across all targets of one transaction.
 
-The parts (flat agent modules): ``patch_targets`` (resolving and describing targets, bytecode),
-``patch_tx`` (lock, intent, backups, atomic replaces, recovery), ``patch_verify`` (re-check before
-anything changes), ``journal`` (the journal and the durable writes).
+The parts (agent/patch/): ``targets`` (resolving and describing targets, bytecode), ``tx`` (lock,
+intent, backups, atomic replaces, recovery), ``verify`` (re-check before anything changes); and
+``core/journal`` (the journal and the durable writes).
 """
 
 import base64

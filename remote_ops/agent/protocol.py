@@ -17,7 +17,7 @@ from .core import jsonio  # json's own C codec without importing json (and re): 
 BOOT = {}
 # Caches an op keeps for the life of its process that are only valid for one request (directory
 # listings and the like). A one-shot agent never sees them go stale; a resident agent (``resident``)
-# empties every one of them before each request. Caches keyed by content (resolve_modules' parsed
+# empties every one of them before each request. Caches keyed by content (resolve/modules.py's parsed
 # trees, keyed by the source text itself) are not registered: they stay valid and are the point.
 PER_REQUEST = []
 

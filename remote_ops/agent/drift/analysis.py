@@ -16,7 +16,7 @@ Touches (JSON-able dicts, each with path/line/module):
   ``obj.attr = f``), with the attributes it uses on its first parameter. When the object is a
   library class, or an instance a library constructor made (``m = lib.Model()``, ``self.m =
   lib.Model()``), those attributes are looked up on that class through its MRO (bases in other
-  modules too) and the class's record (``drift_classes``) goes with them; when it is not known
+  modules too) and the class's record (``classes``) goes with them; when it is not known
   (speculators' ``model.model``), the classes that have every one of those attributes through
   their MRO stand for it (duck typing over the library's classes, their bases included).
 
@@ -33,10 +33,10 @@ attributes reached through ``getattr`` with computed names, and what bases outsi
 (torch's ``Module``) give a class (not read: not the library's drift, and the controller does not
 have their sources).
 
-The parts, one job each (the agent bundle packs ``remote_ops/agent/*.py`` flat):
-``drift_record`` (what the call-site analysis records), ``drift_facts`` (a touch's facts in one
-version), ``drift_scan`` (class-body and dispatcher scans over a library's files), ``drift_classes``
-(a class's record through its MRO; the duck-typing table), ``drift_compare`` (baseline against
+The parts, one job each, modules of this folder:
+``record`` (what the call-site analysis records), ``facts`` (a touch's facts in one
+version), ``scan`` (class-body and dispatcher scans over a library's files), ``classes``
+(a class's record through its MRO; the duck-typing table), ``compare`` (baseline against
 installed, as drift records). The names callers use are importable from here.
 """
 

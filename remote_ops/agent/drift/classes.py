@@ -102,7 +102,7 @@ def hierarchy_table(static, package, names, need, roots=()):
     """Classes of ``package`` that have at least ``need`` of ``names`` through their MRO (own body
     or the library's bases, in other modules too): {module:Class: class_row + inherited, bases
     (where the class has library bases); ``has`` counts what the bases give}. The candidates come from a text scan
-    (``drift_scan.hierarchy_candidates``); each is confirmed with the resolver's MRO."""
+    (``scan.hierarchy_candidates``); each is confirmed with the resolver's MRO."""
     out = {}
     for modname, cname, line, block, lib_bases in hierarchy_candidates(static, package, names, need):
         row = class_row(static, modname, line, block, names, roots)

@@ -2,7 +2,7 @@
 inside a module are (stdlib only).
 
 Follows imports, ``from x import *`` (limited by a literal ``__all__``), aliases (``A = B``),
-submodules, and module ``__getattr__`` (``resolve_getattr``). Mixed into ``StaticResolver``:
+submodules, and module ``__getattr__`` (``getattrs``). Mixed into ``StaticResolver``:
 uses ``load``/``module``/``find_spec``/``overrides`` (``ModuleIndex``) and ``class_attr``
 (``ClassModel``).
 """

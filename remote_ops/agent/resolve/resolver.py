@@ -3,7 +3,7 @@
 Nothing here imports the packages it looks at: modules are located with
 ``importlib.machinery.PathFinder`` over a search path (the interpreter's ``sys.path`` by
 default) and parsed with ``ast``. One ``Parameter`` model is shared with the runtime path
-(``runtime_sigs``); every signature says which mode produced it.
+(``runtime``); every signature says which mode produced it.
 
 What a class costs to construct is worked out the way Python does it: an explicit
 ``__init__`` on the class or inherited through its bases (across modules, C3 order),
@@ -13,17 +13,17 @@ What a class costs to construct is worked out the way Python does it: an explici
 else (an ``Enum``, ``__new__``, a metaclass, an unknown decorator, a base that cannot be
 found) becomes ``Unknown(reason)``: never a guess.
 
-``StaticResolver`` is assembled here from its parts, one concern per module (the agent bundle
-packs ``remote_ops/agent/*.py`` flat):
+``StaticResolver`` is assembled here from its parts, one concern per module of this folder
+(the agent bundle ships subpackages):
 
-- ``sigmodel``: ``Parameter``, ``Signature``, ``Unknown``, ``bind`` (shared with ``runtime_sigs``)
-- ``resolve_base``: ``Ent``, the well-known outside objects, AST helpers
-- ``resolve_modules``: finding and parsing modules (``ModuleIndex``, ``ModInfo``)
-- ``resolve_names``: name resolution; ``resolve_getattr``: the module ``__getattr__`` reader
-- ``resolve_classes``: bases, MRO, class kinds, decorators, metaclasses, class attributes
-- ``resolve_fields``: dataclass / pydantic / msgspec / NamedTuple fields
-- ``resolve_signatures``: signature synthesis
-- ``resolve_suggest``: where a missing name is defined in a package
+- ``sigmodel``: ``Parameter``, ``Signature``, ``Unknown``, ``bind`` (shared with ``runtime``)
+- ``base``: ``Ent``, the well-known outside objects, AST helpers
+- ``modules``: finding and parsing modules (``ModuleIndex``, ``ModInfo``)
+- ``names``: name resolution; ``getattrs``: the module ``__getattr__`` reader
+- ``classes``: bases, MRO, class kinds, decorators, metaclasses, class attributes
+- ``fields``: dataclass / pydantic / msgspec / NamedTuple fields
+- ``callables``: signature synthesis
+- ``suggest``: where a missing name is defined in a package
 
 The names other agent modules and the tests import from here stay importable from here.
 """

@@ -1,7 +1,7 @@
 """The signature model shared by the static and runtime resolvers (runs on the host, stdlib only).
 
 ``Parameter`` and ``Signature`` are filled either by parsing (``resolve_*`` modules, mode
-"static") or by ``inspect`` (``runtime_sigs``, mode "runtime"); ``Unknown(reason)`` stands for a
+"static") or by ``inspect`` (``runtime``, mode "runtime"); ``Unknown(reason)`` stands for a
 signature that cannot be known, never a guess. ``bind`` simulates Python's argument binding of a
 call against a signature.
 """
