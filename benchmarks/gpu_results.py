@@ -126,7 +126,7 @@ def c_best_table(sweep: dict) -> list[str]:
         key = (p.get("enforce_eager"), p.get("enable_chunked_prefill"))
         e = ready.get(key) or {}
         label = f"{'enforce_eager' if key[0] else 'CUDA graphs'}, chunked prefill {'on' if key[1] else 'off'}"
-        got = _rate(p.get("tokens_per_s")) if p.get("tokens_per_s") else f"refused: {p.get('refused')}"
+        got = _rate(p.get("tokens_per_s")) if p.get("tokens_per_s") else f"refused: {(p.get('refused') or '')[:160]}"
         out.append(f"| {label} | {p.get('max_num_batched_tokens')} | {got} | {p.get('how') or '-'} | "
                    f"{e.get('engine_ready_s', '-')} |")
     for e in sweep.get("engines") or []:
@@ -138,6 +138,12 @@ def c_best_table(sweep: dict) -> list[str]:
         out.append(f"| confirming engine started at the best budget | {c.get('max_num_batched_tokens', '-')} | "
                    f"{_rate(c.get('tokens_per_s')) if c.get('tokens_per_s') else c.get('skipped') or c.get('refused')}"
                    f" | the engine's own | {c.get('engine_ready_s', '-')} |")
+    if any("schedulers' budgets, not" in (p.get("refused") or "") for p in sweep.get("points") or []):
+        out.append("\nThe budgets below each engine's own were not measured in this run: the harness looked for the "
+                   "engine core's scheduler with gc.get_objects(), which does not list it (vLLM 0.20's engine core "
+                   "freezes its heap after its start, vllm/v1/engine/core.py freeze_gc_heap); fixed after this run "
+                   "(the scheduler is found on the collective_rpc call's stack). The budgets after that refusal "
+                   "were not reached for that reason, not refused by vLLM.")
     comp = next((e.get("compilation") for e in sweep.get("engines") or [] if not e.get("enforce_eager")
                  and e.get("compilation")), None)
     if comp:
@@ -391,6 +397,40 @@ def paired_section(name0: str, d0: dict, name1: str, d1: dict) -> list[str]:
     if p0.get("rc") and b_mixed:
         out.append(f"| (b) AFTER / AFTER's batches over BEFORE's generator ({name0}'s (b), run after its AFTER patch "
                    f"failed): what the playbook's generator edits since BEFORE add at the same batches | {r(b, b_mixed)} |")
+    out.append("")
+    return out
+
+
+def server_pair_section(name0: str, d0: dict, name1: str, d1: dict) -> list[str]:
+    """``X_server.json`` beside ``X.json``: the server flow measured in a second harness run of the same
+    machine lease, against the first run's (c), (c_best) and 0.3.0 flow on a tmpfs; only when both runs
+    had the same GPU, versions, model shape and dataset."""
+    tps = lambda d, k: (d.get(k) or {}).get("tokens_per_s")   # noqa: E731
+    same = {what: (f(d0), f(d1)) for what, f in (
+        ("GPUs", lambda d: d.get("gpus")), ("versions", lambda d: d.get("versions")),
+        ("model", lambda d: {k: (d.get("model") or {}).get(k) for k in ("params", "layers", "hidden")}),
+        ("dataset", lambda d: {k: (d.get("dataset") or {}).get(k) for k in ("samples", "tokens", "max_model_len")}))}
+    differ = [what for what, (x, y) in same.items() if x != y]
+    out = [f"## {name1} with {name0}: the server flow against vLLM at its best\n"]
+    if differ:
+        return out + [f"Not paired: the runs differ in {', '.join(differ)}.\n"]
+    srv = d1.get("a_server") or {}
+    ff = (srv.get("from_first_file") or {}).get("tokens_per_s")
+    c, cb, t = tps(d0, "c_vllm_prefill"), tps(d0, "c_best"), tps(d0, "a_tmpfs")
+    r = lambda x, y: round(x / y, 4) if x and y else None   # noqa: E731
+    first_after = (round(srv["seconds"] - srv["from_first_file"]["seconds"], 1)
+                   if srv.get("seconds") and (srv.get("from_first_file") or {}).get("seconds") else None)
+    out.append(f"- the same GPU, versions, model shape and dataset ({(d0.get('dataset') or {}).get('tokens')} tokens); "
+               f"runs started {d0.get('started_at')} and {d1.get('started_at')}, remote-ops commits "
+               f"{d0.get('code_rev')} and {d1.get('code_rev')}")
+    out.append(f"- server flow {_rate(tps(d1, 'a_server'))} tokens/s once the server answered its health check, "
+               f"{_rate(ff)} from its first file on; the server healthy {srv.get('server_ready_after_s')} s after "
+               f"launch, its first file {first_after} s after that; the whole job {srv.get('wall_s')} s\n")
+    out.append("| ratio | value |\n|---|---|")
+    out.append(f"| server flow / (c_best) (goal 0.8) | {r(tps(d1, 'a_server'), cb)} |")
+    out.append(f"| server flow from its first file on / (c_best) | {r(ff, cb)} |")
+    out.append(f"| server flow / (c) | {r(tps(d1, 'a_server'), c)} |")
+    out.append(f"| server flow / 0.3.0 flow on a tmpfs | {r(tps(d1, 'a_server'), t)} |")
     out.append("")
     return out
 
@@ -769,6 +809,9 @@ def main() -> int:
         first = name.replace("_after.json", ".json")
         if name.endswith("_after.json") and first in docs:
             print("\n".join(paired_section(first, docs[first], name, d)))
+        first = name.replace("_server.json", ".json")
+        if name.endswith("_server.json") and first in docs:
+            print("\n".join(server_pair_section(first, docs[first], name, d)))
     if model_files:
         print("\n".join(render_models(model_files)))
     flows_files = sorted(RESULTS.glob("gpu_flows_*.json"))

@@ -47,8 +47,8 @@ subprocess with a timeout:
       is in vLLM 0.20's compile hash (SchedulerConfig.compute_hash), so an engine started at another budget
       compiles again; the smaller budgets lower the running scheduler's token budget a step instead
       (Scheduler.max_num_scheduled_tokens, which vLLM 0.20's Scheduler.schedule() reads each step, set in
-      the engine core's process through collective_rpc; chunked prefill is read from the scheduler config
-      each step too). A budget the engine refuses (at its start, or the process ending) is a point with the
+      the engine core's process through collective_rpc, found on that call's stack; chunked prefill is read
+      from the scheduler config each step too). A budget the engine refuses (at its start, or the process ending) is a point with the
       engine's error. The best point is tokens_per_s.c_best; when it was a lowered budget and time allows,
       one engine started at that budget confirms it (c_best.confirm). Ratios are also given against it.
   (d) the bf16 roofline: 2 x parameters x tokens / 989 TFLOP/s (H200 dense BF16: NVIDIA's H200
@@ -289,11 +289,20 @@ import importlib.util, json, os, sys, time
 
 
 def set_budget(worker, n):
-    """Runs in vLLM's engine core process (tensor parallel 1: the uni executor keeps the worker there):
-    the scheduler's token budget a step, which max_num_batched_tokens sets at the engine's start."""
-    import gc
+    """Runs in vLLM's engine core process (tensor parallel 1: the uni executor keeps the worker there),
+    called by EngineCore.collective_rpc on its own thread: the scheduler of the engine core on this call's
+    stack (its frame's ``self``) gets ``n`` as its token budget a step, which max_num_batched_tokens sets at
+    the engine's start. Not through gc.get_objects(): the engine core freezes its heap after its start
+    (vllm/v1/engine/core.py freeze_gc_heap), and frozen objects are not listed (the first H200 run of this
+    sweep found no scheduler that way)."""
+    import sys
     from vllm.v1.core.sched.scheduler import Scheduler
-    found = [o for o in gc.get_objects() if isinstance(o, Scheduler)]
+    found, f = [], sys._getframe(1)
+    while f is not None:
+        s = getattr(f.f_locals.get("self"), "scheduler", None)
+        if isinstance(s, Scheduler) and not any(s is x for x in found):
+            found.append(s)
+        f = f.f_back
     for s in found:
         s.max_num_scheduled_tokens = n
     return [s.max_num_scheduled_tokens for s in found]
@@ -441,11 +450,13 @@ def sweep_points(pair: tuple, budgets: list[int], got: dict, rc: int, stderr: st
     seen = {p.get("max_num_batched_tokens") for p in got.get("points") or []}
     last = next((line.strip() for line in reversed(stderr.splitlines()) if line.strip()), "")
     pts = [{"enforce_eager": eager, "enable_chunked_prefill": chunked, **p} for p in got.get("points") or []]
+    stopped = next((p["max_num_batched_tokens"] for p in reversed(got.get("points") or []) if p.get("refused")), None)
     for n in budgets:
         if n not in seen:
             pts.append({"enforce_eager": eager, "enable_chunked_prefill": chunked, "max_num_batched_tokens": n,
-                        "refused": f"not reached: the engine's process ended with exit {rc}"
-                                   + (f" ({last[:600]})" if last else "")})
+                        "refused": f"not reached: the engine's sweep stopped at its refused budget {stopped}"
+                        if stopped is not None and rc == 0 else
+                        f"not reached: the engine's process ended with exit {rc}" + (f" ({last[:600]})" if last else "")})
     return pts
 
 

@@ -445,11 +445,18 @@ class SamplingParams:
 class _Out:
     def __init__(self, ids):
         self.prompt_token_ids = ids
+class _EngineCore:        # the engine core: holds the scheduler, runs a callable as the worker's (uni executor)
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
+    def collective_rpc(self, fn, args=()):
+        return [fn(None, *args)]
 class LLM:
     def __init__(self, **kw):
         if str(kw["max_num_batched_tokens"]) in os.environ.get("FAKE_REFUSE", "").split(","):
             raise ValueError("max_num_batched_tokens (%d) is too large for this fake" % kw["max_num_batched_tokens"])
-        self.kw, self.scheduler = kw, Scheduler(kw["max_num_batched_tokens"])
+        self.kw, self._core = kw, _EngineCore(Scheduler(kw["max_num_batched_tokens"]))
+        import gc
+        gc.freeze()          # as vLLM 0.20's engine core does after its start: gc.get_objects() misses it then
         sc = type("SC", (), {"max_num_batched_tokens": kw["max_num_batched_tokens"], "max_num_seqs": 256,
                              "enable_chunked_prefill": kw["enable_chunked_prefill"], "async_scheduling": True})()
         cc = type("CC", (), {"mode": 3 if not kw["enforce_eager"] else 0, "cudagraph_mode": "FULL_AND_PIECEWISE",
@@ -457,12 +464,13 @@ class LLM:
         self.llm_engine = type("E", (), {"vllm_config": type("V", (), {"scheduler_config": sc,
                                                                        "compilation_config": cc})()})()
     def collective_rpc(self, fn, args=()):
-        return [fn(None, *args)]
+        return self._core.collective_rpc(fn, args)
     def generate(self, prompts, sp, use_tqdm=True):
         assert sp.kw == {"max_tokens": 1, "temperature": 0.0}
+        budget = self._core.scheduler.max_num_scheduled_tokens
         with open(os.environ["FAKE_LOG"], "a") as fh:
-            fh.write(json.dumps([len(prompts), self.scheduler.max_num_scheduled_tokens]) + "\\n")
-        if self.scheduler.max_num_scheduled_tokens == int(os.environ.get("FAKE_DIE_AT", "0")):
+            fh.write(json.dumps([len(prompts), budget]) + "\\n")
+        if budget == int(os.environ.get("FAKE_DIE_AT", "0")):
             raise RuntimeError("EngineDeadError: the engine core died")
         return [_Out(p["prompt_token_ids"]) for p in prompts]
 '''
@@ -515,7 +523,10 @@ def test_the_c_best_sweep_lowers_the_running_budget_and_records_refusals(tmp_pat
     # the harness names the budget the engine never reached, and picks the best of the points run
     pts = gt.sweep_points((True, False), [65536, 32768, 16384, 8192], got, 0, "last words\n")
     assert pts[-1] == {"enforce_eager": True, "enable_chunked_prefill": False, "max_num_batched_tokens": 8192,
-                       "refused": "not reached: the engine's process ended with exit 0 (last words)"}
+                       "refused": "not reached: the engine's sweep stopped at its refused budget 16384"}
+    killed = gt.sweep_points((True, False), [65536, 32768], {"points": []}, 124, "x\n[timed out after 200s]\n")
+    assert [p["refused"] for p in killed] == ["not reached: the engine's process ended with exit 124 "
+                                              "([timed out after 200s])"] * 2
     sweep_doc = {"points": pts + [{"enforce_eager": False, "enable_chunked_prefill": True,
                                    "max_num_batched_tokens": 16384, "how": "the running scheduler's budget lowered",
                                    "tokens_per_s": 1e12}]}
@@ -566,3 +577,18 @@ def test_model_shape_names_moe_and_a_wrappers_text_model():
                                         "kv_lora_rank": 64, "q_lora_rank": 96}})
     assert kimi["moe"] is True and kimi["experts"] == 16 and kimi["experts_per_token"] == 4
     assert kimi["architecture"] == "KimiK25ForConditionalGeneration" and kimi["mla"]["kv_lora_rank"] == 64
+
+
+def test_a_server_run_beside_a_c_best_run_is_paired_only_when_alike():
+    base = {"gpus": ["H200"], "versions": {"vllm": "0.20.0"}, "model": {"params": 1, "layers": 22, "hidden": 2048},
+            "dataset": {"samples": 10, "tokens": 100, "max_model_len": 2048}}
+    d0 = {**base, "c_best": {"tokens_per_s": 200000.0}, "c_vllm_prefill": {"tokens_per_s": 160000.0},
+          "a_tmpfs": {"tokens_per_s": 100000.0}}
+    d1 = {**base, "a_server": {"tokens_per_s": 20000.0, "seconds": 60.0, "server_ready_after_s": 130.0,
+                               "wall_s": 270.0, "from_first_file": {"tokens_per_s": 40000.0, "seconds": 35.0}}}
+    text = "\n".join(gpu_results.server_pair_section("x.json", d0, "x_server.json", d1))
+    assert "| server flow / (c_best) (goal 0.8) | 0.1 |" in text and "| server flow / (c) | 0.125 |" in text
+    assert "| server flow from its first file on / (c_best) | 0.2 |" in text and "its first file 25.0 s after" in text
+    other = {**d1, "dataset": {**base["dataset"], "tokens": 99}}
+    assert "Not paired: the runs differ in dataset" in "\n".join(
+        gpu_results.server_pair_section("x.json", d0, "x_server.json", other))
