@@ -191,12 +191,34 @@ def op_check(args):
 
 
 def check(root, site, command, client, sys_path, client_command=None):
+    """The server command's checks against the vLLM at ``root``, in order: entry point, speculative
+    method, KV connector, chunked prefill, prefix caching and abort safety, /health, the client's
+    fields, the flags, the served model."""
     c = _Checks(root)
     static = StaticResolver(sys_path)
     module, sub, flags = parse_command(command)
-    lib = "vllm/"
+    _entry_point(c, module, sub)
+    spec_flag, spec = _json_flag(flags, SPEC_FLAGS)
+    kv_flag, kv = _json_flag(flags, KV_FLAGS)
+    if spec is not None:
+        _speculative(c, static, spec, spec_flag)
+    conn_rel, conn_src = _connector(c, static, kv, kv_flag) if kv is not None else (None, "")
+    _chunked_prefill(c, kv, flags)
+    if conn_src:
+        _prefix_caching(c, conn_rel, conn_src, flags)
+        _abort_safe(c, conn_rel, conn_src, client_command)
+    _health(c)
+    _client_fields(c, static, root, client)
+    _flags(c, static, root, flags)
+    _model_checks(c, static, command, flags, spec, conn_rel if conn_src else None, conn_src)
+    version = _version(site)
+    return {"library": {"name": "vllm", "version": version, "path": root},
+            "checks": c.out}
 
-    # the entry point and its subcommand
+
+def _entry_point(c, module, sub):
+    """The entry point and its subcommand."""
+    lib = "vllm/"
     if module and module.startswith("vllm."):
         mod_rel = module[len("vllm."):].replace(".", "/") + ".py"
         have = os.path.isfile(c.rel(mod_rel))
@@ -205,72 +227,77 @@ def check(root, site, command, client, sys_path, client_command=None):
               "" if have and sub_ok else "no %s%s" % (lib + mod_rel, "" if sub_ok else " or its %s command" % sub),
               fix="use the entry point this vLLM has (vllm serve)")
 
-    spec_flag, spec = _json_flag(flags, SPEC_FLAGS)
-    kv_flag, kv = _json_flag(flags, KV_FLAGS)
+
+def _speculative(c, static, spec, spec_flag):
+    """The speculative method, and what it reads of the draft config."""
+    lib = "vllm/"
     spec_src = c.text("config/speculative.py") or ""
+    method = spec.get("method")
+    found = bool(method) and ('"%s"' % method) in spec_src
+    c.add("method", "speculative method %s (config/speculative.py)" % method, found,
+          "" if found else "this vLLM has no speculative method %r" % method,
+          where=lib + "config/speculative.py:%d" % _line_of(spec_src, '"%s"' % method) if found else None,
+          fix="a vLLM release that has it (SERVER_FLOW_EVIDENCE.md lists them)")
+    if method == "extract_hidden_states":
+        have = os.path.isfile(c.rel("v1/spec_decode/extract_hidden_states.py"))
+        c.add("proposer", "v1/spec_decode/extract_hidden_states.py", have,
+              "" if have else "the proposer module is missing")
+        model_src = c.text("model_executor/models/extract_hidden_states.py") or ""
+        hf = ((spec.get("draft_model_config") or {}).get("hf_config") or {})
+        for key in sorted(hf):
+            ok = key in model_src
+            c.add("draft-config-" + key, "model_executor/models/extract_hidden_states.py reads %s" % key, ok,
+                  "" if ok else "%s is not read there: the server would ignore it" % key)
+    need = {k for k in spec if not k.startswith("_")}
+    got = _params(static, SPEC_CONFIG)
+    _fields(c, "speculative-config-keys", "SpeculativeConfig takes " + ", ".join(sorted(need)), need, got,
+            spec_flag)
 
-    # the speculative method, and what it reads of the draft config
-    if spec is not None:
-        method = spec.get("method")
-        found = bool(method) and ('"%s"' % method) in spec_src
-        c.add("method", "speculative method %s (config/speculative.py)" % method, found,
-              "" if found else "this vLLM has no speculative method %r" % method,
-              where=lib + "config/speculative.py:%d" % _line_of(spec_src, '"%s"' % method) if found else None,
-              fix="a vLLM release that has it (SERVER_FLOW_EVIDENCE.md lists them)")
-        if method == "extract_hidden_states":
-            have = os.path.isfile(c.rel("v1/spec_decode/extract_hidden_states.py"))
-            c.add("proposer", "v1/spec_decode/extract_hidden_states.py", have,
-                  "" if have else "the proposer module is missing")
-            model_src = c.text("model_executor/models/extract_hidden_states.py") or ""
-            hf = ((spec.get("draft_model_config") or {}).get("hf_config") or {})
-            for key in sorted(hf):
-                ok = key in model_src
-                c.add("draft-config-" + key, "model_executor/models/extract_hidden_states.py reads %s" % key, ok,
-                      "" if ok else "%s is not read there: the server would ignore it" % key)
-        need = {k for k in spec if not k.startswith("_")}
-        got = _params(static, SPEC_CONFIG)
-        _fields(c, "speculative-config-keys", "SpeculativeConfig takes " + ", ".join(sorted(need)), need, got,
-                spec_flag)
 
-    # the KV connector: registered, its config keys, what it writes and returns
-    conn_src = ""
-    if kv is not None:
-        name = kv.get("kv_connector")
-        factory = c.text("distributed/kv_transfer/kv_connector/factory.py") or ""
-        m = re.search(r'register_connector\(\s*"%s",\s*"([\w.]+)",\s*"(\w+)"' % re.escape(str(name)), factory)
-        conn_rel = m.group(1)[len("vllm."):].replace(".", "/") + ".py" if m and m.group(1).startswith("vllm.") \
-            else None
-        conn_src = (c.text(conn_rel) if conn_rel else None) or ""
-        c.add("connector", "%s registered (kv_connector/factory.py)" % name, bool(m and conn_src),
-              "" if m and conn_src else "this vLLM does not register %r" % name,
-              where=lib + "distributed/kv_transfer/kv_connector/factory.py:%d" % _line_of(factory, '"%s"' % name)
-              if m else None, fix="a vLLM release that has it (SERVER_FLOW_EVIDENCE.md lists them)")
-        need = {k for k in kv if not k.startswith("_")}
-        got = _params(static, KV_CONFIG)
-        _fields(c, "kv-transfer-config-keys", "KVTransferConfig takes " + ", ".join(sorted(need)), need, got,
-                kv_flag)
-        if conn_src:
-            for key in sorted((kv.get("kv_connector_extra_config") or {})):
-                ok = '"%s"' % key in conn_src
-                c.add("connector-reads-" + key, "connector reads kv_connector_extra_config.%s" % key, ok,
-                      "" if ok else "%s does not read %r: the setting would be ignored" % (conn_rel, key),
-                      where=(lib + conn_rel + ":%d" % _line_of(conn_src, '"%s"' % key)) if ok else None)
-            writes = '"hidden_states":' in conn_src and '"token_ids":' in conn_src and "save_file" in conn_src
-            c.add("connector-writes", "connector writes hidden_states + token_ids (safetensors)", writes,
-                  "" if writes else "the file the client reads has changed in %s" % conn_rel)
-            ret = re.search(r'return (True|False), \{"hidden_states_path": ', conn_src)
-            c.add("connector-returns", "connector returns kv_transfer_params.hidden_states_path", bool(ret),
-                  "" if ret else "%s returns no hidden_states_path" % conn_rel,
-                  where=(lib + conn_rel + ":%d" % _line_of(conn_src, ret.group(0))) if ret else None)
-            if ret and ret.group(1) == "True":
-                # the file is written after the response (blocks freed later): the client must wait
-                # on the <file>.lock the connector holds while it writes
-                lock = '".lock"' in conn_src
-                c.add("connector-write-lock", "connector writes after the response and holds <file>.lock meanwhile",
-                      lock, "" if lock else "asynchronous write without a lock file: the client could read a "
-                      "partial file")
+def _connector(c, static, kv, kv_flag):
+    """The KV connector: registered, its config keys, what it writes and returns; (its module's path
+    under vllm/ or None, its source or "")."""
+    lib = "vllm/"
+    name = kv.get("kv_connector")
+    factory = c.text("distributed/kv_transfer/kv_connector/factory.py") or ""
+    m = re.search(r'register_connector\(\s*"%s",\s*"([\w.]+)",\s*"(\w+)"' % re.escape(str(name)), factory)
+    conn_rel = m.group(1)[len("vllm."):].replace(".", "/") + ".py" if m and m.group(1).startswith("vllm.") \
+        else None
+    conn_src = (c.text(conn_rel) if conn_rel else None) or ""
+    c.add("connector", "%s registered (kv_connector/factory.py)" % name, bool(m and conn_src),
+          "" if m and conn_src else "this vLLM does not register %r" % name,
+          where=lib + "distributed/kv_transfer/kv_connector/factory.py:%d" % _line_of(factory, '"%s"' % name)
+          if m else None, fix="a vLLM release that has it (SERVER_FLOW_EVIDENCE.md lists them)")
+    need = {k for k in kv if not k.startswith("_")}
+    got = _params(static, KV_CONFIG)
+    _fields(c, "kv-transfer-config-keys", "KVTransferConfig takes " + ", ".join(sorted(need)), need, got,
+            kv_flag)
+    if conn_src:
+        for key in sorted((kv.get("kv_connector_extra_config") or {})):
+            ok = '"%s"' % key in conn_src
+            c.add("connector-reads-" + key, "connector reads kv_connector_extra_config.%s" % key, ok,
+                  "" if ok else "%s does not read %r: the setting would be ignored" % (conn_rel, key),
+                  where=(lib + conn_rel + ":%d" % _line_of(conn_src, '"%s"' % key)) if ok else None)
+        writes = '"hidden_states":' in conn_src and '"token_ids":' in conn_src and "save_file" in conn_src
+        c.add("connector-writes", "connector writes hidden_states + token_ids (safetensors)", writes,
+              "" if writes else "the file the client reads has changed in %s" % conn_rel)
+        ret = re.search(r'return (True|False), \{"hidden_states_path": ', conn_src)
+        c.add("connector-returns", "connector returns kv_transfer_params.hidden_states_path", bool(ret),
+              "" if ret else "%s returns no hidden_states_path" % conn_rel,
+              where=(lib + conn_rel + ":%d" % _line_of(conn_src, ret.group(0))) if ret else None)
+        if ret and ret.group(1) == "True":
+            # the file is written after the response (blocks freed later): the client must wait
+            # on the <file>.lock the connector holds while it writes
+            lock = '".lock"' in conn_src
+            c.add("connector-write-lock", "connector writes after the response and holds <file>.lock meanwhile",
+                  lock, "" if lock else "asynchronous write without a lock file: the client could read a "
+                  "partial file")
+    return conn_rel, conn_src
 
-    # chunked prefill: some releases refuse this connector with chunked prefill on
+
+def _chunked_prefill(c, kv, flags):
+    """Chunked prefill: some releases refuse this connector with chunked prefill on."""
+    lib = "vllm/"
     vcfg = c.text("config/vllm.py") or ""
     if kv is not None and kv.get("kv_connector"):
         name = kv["kv_connector"]
@@ -288,11 +315,9 @@ def check(root, site, command, client, sys_path, client_command=None):
             c.add("chunked-prefill", "%s allows chunked prefill (vLLM's default)" % name, True,
                   "the command turns it off" if NO_CHUNKED in flags else "")
 
-    if conn_src:
-        _prefix_caching(c, conn_rel, conn_src, flags)
-        _abort_safe(c, conn_rel, conn_src, client_command)
 
-    # GET /health
+def _health(c):
+    """GET /health."""
     health = False
     for dirpath, _dirs, files in os.walk(c.rel("entrypoints")):
         for f in files:
@@ -308,7 +333,9 @@ def check(root, site, command, client, sys_path, client_command=None):
             break
     c.add("health", "GET /health route", health, "" if health else "no /health route in vllm/entrypoints")
 
-    # the request/response fields the client uses
+
+def _client_fields(c, static, root, client):
+    """The request/response fields the client uses."""
     proto = next((m for m in PROTOCOLS if os.path.isfile(os.path.join(os.path.dirname(root),
                                                                        m.replace(".", "/") + ".py"))), PROTOCOLS[-1])
     for cls in sorted(client):
@@ -316,7 +343,9 @@ def check(root, site, command, client, sys_path, client_command=None):
         _fields(c, "fields-" + cls, "%s has %s" % (cls, ", ".join(sorted(need))), need,
                 _params(static, "%s:%s" % (proto, cls)), None)
 
-    # every flag is an EngineArgs or FrontendArgs parameter (--no-X: the boolean X)
+
+def _flags(c, static, root, flags):
+    """Every flag is an EngineArgs or FrontendArgs parameter (--no-X: the boolean X)."""
     eng = _params(static, ENGINE_ARGS)
     front = next((_params(static, s) for s in FRONTEND_ARGS
                   if os.path.isfile(os.path.join(os.path.dirname(root), s.partition(":")[0].replace(".", "/") + ".py"))),
@@ -334,10 +363,6 @@ def check(root, site, command, client, sys_path, client_command=None):
     else:
         c.add("flags", "every flag of the server command is an EngineArgs/FrontendArgs parameter", None,
               "; ".join(x for x in (eng, front) if isinstance(x, str)))
-    _model_checks(c, static, command, flags, spec, conn_rel if conn_src else None, conn_src)
-    version = _version(site)
-    return {"library": {"name": "vllm", "version": version, "path": root},
-            "checks": c.out}
 
 
 def served_model(command):

@@ -87,9 +87,69 @@ class State:
         self.torch = torch
 
 
-def handler(state):
+def bad_request(args, req):
+    """(status, body) of vLLM's refusal of a completion request, or None: the prompt must be token ids,
+    the model the served one, the prompt shorter than max_model_len (vLLM logs that refusal too)."""
+    prompt = req.get("prompt")
+    if not isinstance(prompt, list) or not prompt or not all(isinstance(t, int) for t in prompt):
+        return (400, {"error": {"message": "STAND-IN takes prompt as a list of token ids", "code": 400}})
+    if req.get("model") != args.model:
+        return (404, {"error": {"message": "The model `%s` does not exist." % req.get("model"), "code": 404}})
+    if len(prompt) >= args.max_model_len:    # vLLM logs the refusal, then answers 400
+        print("ERROR %s [serving.py] Error in preprocessing prompt inputs\nvllm.exceptions.VLLMValidationError: "
+              "This model's maximum context length is %d tokens. However, your request has %d input tokens. "
+              "(parameter=input_tokens, value=%d)" % (time.strftime("%m-%d %H:%M:%S"), args.max_model_len,
+                                                      len(prompt), len(prompt)), flush=True)
+        return (400, {"error": {"message": "This model's maximum context length is %d tokens" % args.max_model_len,
+                                "code": 400}})
+    return None
+
+
+def completion(state, req):
+    """The completion's answer, its hidden states written as the connector writes them (safetensors)."""
+    args, torch, prompt = state.args, state.torch, req["prompt"]
+    req_id = "cmpl-%s-0" % uuid.uuid4().hex
+    path = os.path.join(args.hidden_states_path, req_id + ".safetensors")
+    hs = expected_hidden_states(torch, prompt, args.layers, args.hidden).to(torch.bfloat16)
+    ids = torch.tensor(prompt, dtype=torch.int64)
+    os.makedirs(args.hidden_states_path, exist_ok=True)
+    save_safetensors(path, {"hidden_states": ("BF16", hs.shape, tensor_bytes(torch, hs)),
+                            "token_ids": ("I64", ids.shape, tensor_bytes(torch, ids))})
+    if args.delay:
+        time.sleep(args.delay)
+    next_token = (sum(prompt) * 31) % 1000 + 4
+    doc = {"id": req_id, "object": "text_completion", "created": int(time.time()), "model": args.model,
+           "choices": [{"index": 0, "text": " w%d" % next_token, "logprobs": None, "finish_reason": "length",
+                        "stop_reason": None, "token_ids": [next_token] if req.get("return_token_ids") else None,
+                        "prompt_logprobs": None,
+                        "prompt_token_ids": prompt if req.get("return_token_ids") else None}],
+           "service_tier": None, "system_fingerprint": None,
+           "usage": {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + 1, "completion_tokens": 1,
+                     "prompt_tokens_details": None},
+           "kv_transfer_params": {"hidden_states_path": path}}
+    return doc
+
+
+def finished(state):
+    """One more request done: vLLM's periodic log line, and the engine's death after --exit-after."""
     args = state.args
-    torch = state.torch
+    with state.lock:
+        state.completions += 1
+        done = state.completions
+    if done % 10 == 0:
+        print("INFO %s [loggers.py] Engine 000: %d requests finished" % (time.strftime("%m-%d %H:%M:%S"), done),
+              flush=True)
+    if args.exit_after and done >= args.exit_after:
+        print("ERROR %s [core.py] EngineCore encountered a fatal error." % time.strftime("%m-%d %H:%M:%S"),
+              flush=True)
+        print("Traceback (most recent call last):\n  File \"vllm/v1/engine/core.py\", line 1, in run_busy_loop\n"
+              "RuntimeError: STAND-IN engine died after %d requests (--exit-after)" % done, flush=True)
+        os._exit(1)
+
+
+def handler(state):
+    """The HTTP handler class of the stand-in server: /health, /v1/models, /v1/completions."""
+    args = state.args
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -140,52 +200,11 @@ def handler(state):
                 return
             if self.path != "/v1/completions":
                 return self.send(404, {"error": {"message": "Not Found", "code": 404}})
-            prompt = req.get("prompt")
-            if not isinstance(prompt, list) or not prompt or not all(isinstance(t, int) for t in prompt):
-                return self.send(400, {"error": {"message": "STAND-IN takes prompt as a list of token ids",
-                                                 "code": 400}})
-            if req.get("model") != args.model:
-                return self.send(404, {"error": {"message": "The model `%s` does not exist." % req.get("model"),
-                                                 "code": 404}})
-            if len(prompt) >= args.max_model_len:    # vLLM logs the refusal, then answers 400
-                print("ERROR %s [serving.py] Error in preprocessing prompt inputs\nvllm.exceptions.VLLMValidationError: "
-                      "This model's maximum context length is %d tokens. However, your request has %d input tokens. "
-                      "(parameter=input_tokens, value=%d)" % (time.strftime("%m-%d %H:%M:%S"), args.max_model_len,
-                                                              len(prompt), len(prompt)), flush=True)
-                return self.send(400, {"error": {"message": "This model's maximum context length is %d tokens"
-                                                 % args.max_model_len, "code": 400}})
-            req_id = "cmpl-%s-0" % uuid.uuid4().hex
-            path = os.path.join(args.hidden_states_path, req_id + ".safetensors")
-            hs = expected_hidden_states(torch, prompt, args.layers, args.hidden).to(torch.bfloat16)
-            ids = torch.tensor(prompt, dtype=torch.int64)
-            os.makedirs(args.hidden_states_path, exist_ok=True)
-            save_safetensors(path, {"hidden_states": ("BF16", hs.shape, tensor_bytes(torch, hs)),
-                                    "token_ids": ("I64", ids.shape, tensor_bytes(torch, ids))})
-            if args.delay:
-                time.sleep(args.delay)
-            next_token = (sum(prompt) * 31) % 1000 + 4
-            doc = {"id": req_id, "object": "text_completion", "created": int(time.time()), "model": args.model,
-                   "choices": [{"index": 0, "text": " w%d" % next_token, "logprobs": None, "finish_reason": "length",
-                                "stop_reason": None, "token_ids": [next_token] if req.get("return_token_ids") else None,
-                                "prompt_logprobs": None,
-                                "prompt_token_ids": prompt if req.get("return_token_ids") else None}],
-                   "service_tier": None, "system_fingerprint": None,
-                   "usage": {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + 1, "completion_tokens": 1,
-                             "prompt_tokens_details": None},
-                   "kv_transfer_params": {"hidden_states_path": path}}
-            self.send(200, doc)
-            with state.lock:
-                state.completions += 1
-                done = state.completions
-            if done % 10 == 0:
-                print("INFO %s [loggers.py] Engine 000: %d requests finished" % (time.strftime("%m-%d %H:%M:%S"), done),
-                      flush=True)
-            if args.exit_after and done >= args.exit_after:
-                print("ERROR %s [core.py] EngineCore encountered a fatal error." % time.strftime("%m-%d %H:%M:%S"),
-                      flush=True)
-                print("Traceback (most recent call last):\n  File \"vllm/v1/engine/core.py\", line 1, in run_busy_loop\n"
-                      "RuntimeError: STAND-IN engine died after %d requests (--exit-after)" % done, flush=True)
-                os._exit(1)
+            bad = bad_request(args, req)
+            if bad:
+                return self.send(*bad)
+            self.send(200, completion(state, req))
+            finished(state)
 
     return Handler
 

@@ -54,22 +54,51 @@ def _package_modules(static, package):
 
 
 def check(args, reads):
-    """``op_check`` computed, every file-system read through ``reads``."""
+    """``op_check`` computed, every file-system read through ``reads``: the resolver, the caller modules
+    (targets), the symbols asked for, each module analysed, then the drift touches when asked."""
     sys_path = args.get("sys_path") or sys.path
     overrides = args.get("override_sources") or {}
     against = list(args.get("against") or DEFAULT_AGAINST)
     static = StaticResolver(sys_path, reads=reads)
-    _read = reads.text
     resolver = _resolver(args, static)
     if resolver is not static:
-        reads.not_replayable("runtime mode imports the library")
-        for lib in against:
-            e = resolver.module(lib)
-            if e.kind == "unknown":
-                raise AgentFailure("runtime-import-failed", "--runtime cannot import %s on this host: %s" % (lib, e.reason),
-                                   "run the static check (the default), or install %s's dependencies "
-                                   "into the host's environment" % lib)
-    # caller modules: the files that will actually run on this host
+        _runtime_imports(resolver, against, reads)
+    targets = _targets(args, static, overrides, against, reads.text)
+    note = _nothing_imports(args, static, against, reads.text) if not targets and not args.get("targets") else None
+    only = _only_symbols(args, static, against)
+    findings, unknown, checked, trace, touches = _analyse(args, targets, overrides, against, reads.text, resolver,
+                                                          static, only)
+    findings.sort(key=lambda f: (f["path"], f["line"], f["col"], f["kind"], f["name"] or ""))
+    pkgs = sorted(set(against) | {t.split(".")[0] for t, _ in targets})
+    extra = {}
+    if args.get("drift"):
+        package = (args.get("package") or DEFAULT_PACKAGE) if not args.get("targets") else \
+            (targets[0][0] if targets else "")
+        _mark_own_methods(static, package.split(".")[0], touches, overrides)
+        extra = {"touches": touches,
+                 "declared": declared_requirements(package.split(".")[0], against, sys_path, reads)}
+    return {"mode": getattr(resolver, "mode", "static"), "python": sys.executable,
+            "versions": versions(pkgs, sys_path, reads),
+            "targets": [{"module": m, "path": p} for m, p in targets],
+            "findings": findings, "unknown": unknown, "calls_checked": checked,
+            **({"note": note} if note else {}),
+            **({"only_unmatched": [x for x in only.spellings if x not in only.hit]} if only else {}),
+            **({"trace": trace} if args.get("trace") else {}), **extra}
+
+
+def _runtime_imports(resolver, against, reads):
+    """Runtime mode: every library imported in this process, or the failure that says which cannot be."""
+    reads.not_replayable("runtime mode imports the library")
+    for lib in against:
+        e = resolver.module(lib)
+        if e.kind == "unknown":
+            raise AgentFailure("runtime-import-failed", "--runtime cannot import %s on this host: %s" % (lib, e.reason),
+                               "run the static check (the default), or install %s's dependencies "
+                               "into the host's environment" % lib)
+
+
+def _targets(args, static, overrides, against, _read):
+    """The caller modules: the files that will actually run on this host, [(module, path)]."""
     targets = []
     if args.get("targets"):
         for mod in args["targets"]:
@@ -79,44 +108,57 @@ def check(args, reads):
                                    "check the target name and the host's python")
             path = spec.origin if spec is not None else "<override %s>" % mod
             targets.append((mod, path))
+        return targets
+    package = args.get("package") or DEFAULT_PACKAGE
+    for mod, path in _package_modules(static, package):
+        text = overrides.get(mod)
+        if text is None:
+            try:
+                text = _read(path)
+            except (OSError, UnicodeDecodeError, ValueError):
+                targets.append((mod, path))     # reported as unreadable below, not skipped
+                continue
+        if callsites.imports_library(text, against):
+            targets.append((mod, path))
+    return targets
+
+
+def _nothing_imports(args, static, against, _read):
+    """The note when no module of the package imports the libraries (and which elsewhere in it do)."""
+    package = args.get("package") or DEFAULT_PACKAGE
+    top = package.split(".")[0]
+    elsewhere = []
+    if top != package:
+        for mod, path in _package_modules(static, top):
+            try:
+                text = _read(path)
+            except (OSError, UnicodeDecodeError, ValueError):
+                continue
+            if any(lib in text for lib in against) and callsites.imports_library(text, against):
+                elsewhere.append(mod)
+    note = "no module of %s imports %s: nothing was checked" % (package, ", ".join(against))
+    if elsewhere:
+        note += " (modules elsewhere in %s that do: %s; name them with targets)" % (
+            top, ", ".join(elsewhere[:5]))
     else:
-        package = args.get("package") or DEFAULT_PACKAGE
-        for mod, path in _package_modules(static, package):
-            text = overrides.get(mod)
-            if text is None:
-                try:
-                    text = _read(path)
-                except (OSError, UnicodeDecodeError, ValueError):
-                    targets.append((mod, path))     # reported as unreadable below, not skipped
-                    continue
-            if callsites.imports_library(text, against):
-                targets.append((mod, path))
-    note = None
-    if not targets and not args.get("targets"):
-        package = args.get("package") or DEFAULT_PACKAGE
-        top = package.split(".")[0]
-        elsewhere = []
-        if top != package:
-            for mod, path in _package_modules(static, top):
-                try:
-                    text = _read(path)
-                except (OSError, UnicodeDecodeError, ValueError):
-                    continue
-                if any(lib in text for lib in against) and callsites.imports_library(text, against):
-                    elsewhere.append(mod)
-        note = "no module of %s imports %s: nothing was checked" % (package, ", ".join(against))
-        if elsewhere:
-            note += " (modules elsewhere in %s that do: %s; name them with targets)" % (
-                top, ", ".join(elsewhere[:5]))
-        else:
-            note += " (no module of %s imports it at all)" % top
-    only = None
-    if args.get("only_symbols"):
-        only = SymbolMatcher(static, args["only_symbols"])
-        if only.unresolved():
-            raise AgentFailure("bad-args", "only_symbols: %s name(s) nothing in the installed %s" % (
-                ", ".join(only.unresolved()), ", ".join(against)),
-                "spell each symbol by a module that defines or imports it")
+        note += " (no module of %s imports it at all)" % top
+    return note
+
+
+def _only_symbols(args, static, against):
+    """The SymbolMatcher of ``only_symbols`` (None without), refused when a spelling names nothing."""
+    if not args.get("only_symbols"):
+        return None
+    only = SymbolMatcher(static, args["only_symbols"])
+    if only.unresolved():
+        raise AgentFailure("bad-args", "only_symbols: %s name(s) nothing in the installed %s" % (
+            ", ".join(only.unresolved()), ", ".join(against)),
+            "spell each symbol by a module that defines or imports it")
+    return only
+
+
+def _analyse(args, targets, overrides, against, _read, resolver, static, only):
+    """Each target's call sites analysed: (findings, unknown, calls checked, trace, drift touches)."""
     findings, unknown, checked, trace, touches = [], [], 0, [], []
     for mod, path in targets:
         text = overrides.get(mod)
@@ -147,22 +189,7 @@ def check(args, reads):
         checked += a.calls_checked
         if args.get("trace"):
             trace += [dict(c, module=mod) for c in a.checked]
-    findings.sort(key=lambda f: (f["path"], f["line"], f["col"], f["kind"], f["name"] or ""))
-    pkgs = sorted(set(against) | {t.split(".")[0] for t, _ in targets})
-    extra = {}
-    if args.get("drift"):
-        package = (args.get("package") or DEFAULT_PACKAGE) if not args.get("targets") else \
-            (targets[0][0] if targets else "")
-        _mark_own_methods(static, package.split(".")[0], touches, overrides)
-        extra = {"touches": touches,
-                 "declared": declared_requirements(package.split(".")[0], against, sys_path, reads)}
-    return {"mode": getattr(resolver, "mode", "static"), "python": sys.executable,
-            "versions": versions(pkgs, sys_path, reads),
-            "targets": [{"module": m, "path": p} for m, p in targets],
-            "findings": findings, "unknown": unknown, "calls_checked": checked,
-            **({"note": note} if note else {}),
-            **({"only_unmatched": [x for x in only.spellings if x not in only.hit]} if only else {}),
-            **({"trace": trace} if args.get("trace") else {}), **extra}
+    return findings, unknown, checked, trace, touches
 
 
 def _mark_own_methods(static, top, touches, overrides):

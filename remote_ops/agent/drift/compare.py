@@ -64,106 +64,127 @@ def _bound_names(t, params):
 
 
 def _compare_call(t, b, base_v, inst_v, notes):
+    """The drift of one call (``t``, installed; ``b``, its baseline): the defaults it relies on, its
+    result's annotation, a name it dispatches on that is gone."""
     out = []
     fi, fb = t.get("facts") or {}, (b or {}).get("facts") or {}
     short = t["symbol"].rsplit(".", 1)[-1]
     if fi.get("status") == "ok" and fb.get("status") == "ok":
-        bparams = {p[0]: p for p in fb["params"]}
         bound = _bound_names(t, fi["params"])
         if not t["dstar"]:
-            for p in fi["params"]:
-                name, kind, default, ann, loc = p
-                if kind in ("var-positional", "var-keyword") or default is None or name in bound:
-                    continue
-                if t["star"] and kind in ("positional-only", "positional-or-keyword"):
-                    continue
-                bp = bparams.get(name)
-                if bp is None or bp[2] is None or _same_default(bp[2], default):
-                    continue
-                if bp[2] == "None" and name in fb.get("post_init", []):
-                    notes.append("%s:%d %s(): %s's default changed from None (%s) to %s (%s), but %s's "
-                                 "__post_init__ computed it: not comparable statically, not reported"
-                                 % (t["path"], t["line"], short, name, base_v, default, inst_v, base_v))
-                    continue
-                if name in fb.get("dead_defaults", []):
-                    notes.append("%s:%d %s(): %s's default changed from %s (%s) to %s (%s), but %s does not "
-                                 "have what the old default names (it was replaced at run time): not reported"
-                                 % (t["path"], t["line"], short, name, bp[2], base_v, default, inst_v, base_v))
-                    continue
-                if bp[2] == "None" and default.startswith("<factory "):
-                    notes.append("%s:%d %s(): %s's default changed from None (%s) to a default-made %s "
-                                 "(%s): None is the usual 'make the default' sentinel, not reported"
-                                 % (t["path"], t["line"], short, name, base_v, default[9:-1], inst_v))
-                    continue
-                if fi.get("mode") == "runtime" and not (_literal(default) and _literal(bp[2])):
-                    notes.append("%s:%d %s(): %s's default is %s in %s and %s at run time in %s "
-                                 "(not comparable as text; not reported)"
-                                 % (t["path"], t["line"], short, name, bp[2], base_v, default, inst_v))
-                    continue
-                extra = ""
-                if name in fi.get("post_init", []):
-                    extra = " (%s's __post_init__ also assigns it: the effective value may differ)" % short
-                keep, guess = bp[2], None
-                if bp[2] == "None" and "None" not in (norm_annotation(ann) or "None").split(" | ") and \
-                        norm_annotation(ann) == "bool":
-                    keep = "False"
-                    guess = ("%s types it bool (None is not accepted); False is a guess for %s's None: "
-                             "confirm that None meant off there" % (inst_v, base_v))
-                sugg = "pass %s=%s to keep the behaviour the code was written for" % (name, keep)
-                if guess:
-                    sugg += " (%s)" % guess
-                out.append(_rec(
-                    t, "default-changed", name, t["symbol"],
-                    {"version": base_v, "value": bp[2], "annotation": bp[3], "where": bp[4] or fb.get("where")},
-                    {"version": inst_v, "value": default, "annotation": ann, "where": loc or fi.get("where")},
-                    "%s() does not pass %s; its default changed from %s (%s) to %s (%s)%s"
-                    % (short, name, bp[2], base_v, default, inst_v, extra),
-                    sugg,
-                    {"action": "add-keyword", "keyword": name, "value": keep, "constant": None,
-                     "keeps": "baseline-default", **({"guess": guess} if guess else {})}
-                    if _literal(keep) else
-                    {"action": "add-keyword", "keyword": name, "value": None, "constant": None}))
-        ri, rb = fi.get("returns"), fb.get("returns")
-        dep = [n for n in fi.get("returns_depend_on") or [] if n in bound]
-        if t.get("use") and norm_annotation(ri) != norm_annotation(rb) and (ri or rb) \
-                and fi.get("kind") == "function" and fi.get("returns_depend_on") and not dep:
-            notes.append("%s:%d %s() is annotated -> %s in %s and -> %s in %s; its docstring ties the "
-                         "result to %s, which this call does not pass: not reported"
-                         % (t["path"], t["line"], short, rb, base_v, ri, inst_v,
-                            ", ".join(fi["returns_depend_on"])))
-        elif t.get("use") and norm_annotation(ri) != norm_annotation(rb) and (ri or rb) \
-                and fi.get("kind") == "function":
-            use, uline = t["use"][:2]
-            why = (" (its docstring ties the result to %s, which this call passes)" % ", ".join(dep)) if dep else ""
-            sugg_r = "check what %s() returns in %s and adapt the use at line %d" % (short, inst_v, uline)
-            fix_r = {"action": "review-use", "line": uline, "use": use}
-            nb, ni = norm_annotation(rb) or "", norm_annotation(ri) or ""
-            if use == "indexed" and len(t["use"]) == 4 and nb.startswith("list[") and not ni.startswith(
-                    ("list[", "tuple[", "Sequence[")) and dep:
-                sugg_r = ("this call passes %s: %s returns the single result, not a list; use %s instead of "
-                          "%s (line %d)" % (", ".join(dep), inst_v, t["use"][3], t["use"][2], uline))
-                fix_r = {"action": "replace-text", "line": uline, "old": t["use"][2], "new": t["use"][3]}
-            out.append(_rec(
-                t, "return-changed", short, t["symbol"],
-                {"version": base_v, "value": rb, "where": fb.get("where")},
-                {"version": inst_v, "value": ri, "where": fi.get("where")},
-                "%s() is annotated -> %s in %s and -> %s in %s, and its result is %s (line %d)%s"
-                % (short, rb, base_v, ri, inst_v, use, uline, why),
-                sugg_r, fix_r))
-    if t.get("dispatch"):
-        name = t["dispatch"]
-        if t.get("package_defines"):
-            pass        # the package's own method (e.g. a worker extension): not the library's drift
-        else:
-            di, db = t.get("dispatch_facts") or [], (b or {}).get("dispatch_facts") or []
-            if db and not di:
-                out.append(_rec(
-                    t, "attribute-gone", name, t["symbol"] + "(%r)" % name,
-                    {"version": base_v, "where": ", ".join(db[:3])}, {"version": inst_v, "where": None},
-                    "%s(%r): %s defines %s in %s; nothing in %s does" % (
-                        short, name, ", ".join(x.split(":")[1] for x in db[:3]), name, base_v, inst_v),
-                    "find the method's successor in %s" % inst_v,
-                    {"action": "placeholder"}))
+            out += _defaults_changed(t, fi, fb, bound, short, base_v, inst_v, notes)
+        out += _return_changed(t, fi, fb, bound, short, base_v, inst_v, notes)
+    # a dispatched name the package's own method defines (a worker extension) is not the library's drift
+    if t.get("dispatch") and not t.get("package_defines"):
+        out += _dispatch_gone(t, b, short, base_v, inst_v)
+    return out
+
+
+def _defaults_changed(t, fi, fb, bound, short, base_v, inst_v, notes):
+    """default-changed: a parameter the call does not pass whose default differs (or a note why not)."""
+    out = []
+    bparams = {p[0]: p for p in fb["params"]}
+    for p in fi["params"]:
+        name, kind, default, ann, loc = p
+        if kind in ("var-positional", "var-keyword") or default is None or name in bound:
+            continue
+        if t["star"] and kind in ("positional-only", "positional-or-keyword"):
+            continue
+        bp = bparams.get(name)
+        if bp is None or bp[2] is None or _same_default(bp[2], default):
+            continue
+        if bp[2] == "None" and name in fb.get("post_init", []):
+            notes.append("%s:%d %s(): %s's default changed from None (%s) to %s (%s), but %s's "
+                         "__post_init__ computed it: not comparable statically, not reported"
+                         % (t["path"], t["line"], short, name, base_v, default, inst_v, base_v))
+            continue
+        if name in fb.get("dead_defaults", []):
+            notes.append("%s:%d %s(): %s's default changed from %s (%s) to %s (%s), but %s does not "
+                         "have what the old default names (it was replaced at run time): not reported"
+                         % (t["path"], t["line"], short, name, bp[2], base_v, default, inst_v, base_v))
+            continue
+        if bp[2] == "None" and default.startswith("<factory "):
+            notes.append("%s:%d %s(): %s's default changed from None (%s) to a default-made %s "
+                         "(%s): None is the usual 'make the default' sentinel, not reported"
+                         % (t["path"], t["line"], short, name, base_v, default[9:-1], inst_v))
+            continue
+        if fi.get("mode") == "runtime" and not (_literal(default) and _literal(bp[2])):
+            notes.append("%s:%d %s(): %s's default is %s in %s and %s at run time in %s "
+                         "(not comparable as text; not reported)"
+                         % (t["path"], t["line"], short, name, bp[2], base_v, default, inst_v))
+            continue
+        extra = ""
+        if name in fi.get("post_init", []):
+            extra = " (%s's __post_init__ also assigns it: the effective value may differ)" % short
+        keep, guess = bp[2], None
+        if bp[2] == "None" and "None" not in (norm_annotation(ann) or "None").split(" | ") and \
+                norm_annotation(ann) == "bool":
+            keep = "False"
+            guess = ("%s types it bool (None is not accepted); False is a guess for %s's None: "
+                     "confirm that None meant off there" % (inst_v, base_v))
+        sugg = "pass %s=%s to keep the behaviour the code was written for" % (name, keep)
+        if guess:
+            sugg += " (%s)" % guess
+        out.append(_rec(
+            t, "default-changed", name, t["symbol"],
+            {"version": base_v, "value": bp[2], "annotation": bp[3], "where": bp[4] or fb.get("where")},
+            {"version": inst_v, "value": default, "annotation": ann, "where": loc or fi.get("where")},
+            "%s() does not pass %s; its default changed from %s (%s) to %s (%s)%s"
+            % (short, name, bp[2], base_v, default, inst_v, extra),
+            sugg,
+            {"action": "add-keyword", "keyword": name, "value": keep, "constant": None,
+             "keeps": "baseline-default", **({"guess": guess} if guess else {})}
+            if _literal(keep) else
+            {"action": "add-keyword", "keyword": name, "value": None, "constant": None}))
+    return out
+
+
+def _return_changed(t, fi, fb, bound, short, base_v, inst_v, notes):
+    """return-changed: the result is used and its annotation differs (or a note why not)."""
+    out = []
+    ri, rb = fi.get("returns"), fb.get("returns")
+    dep = [n for n in fi.get("returns_depend_on") or [] if n in bound]
+    if t.get("use") and norm_annotation(ri) != norm_annotation(rb) and (ri or rb) \
+            and fi.get("kind") == "function" and fi.get("returns_depend_on") and not dep:
+        notes.append("%s:%d %s() is annotated -> %s in %s and -> %s in %s; its docstring ties the "
+                     "result to %s, which this call does not pass: not reported"
+                     % (t["path"], t["line"], short, rb, base_v, ri, inst_v,
+                        ", ".join(fi["returns_depend_on"])))
+    elif t.get("use") and norm_annotation(ri) != norm_annotation(rb) and (ri or rb) \
+            and fi.get("kind") == "function":
+        use, uline = t["use"][:2]
+        why = (" (its docstring ties the result to %s, which this call passes)" % ", ".join(dep)) if dep else ""
+        sugg_r = "check what %s() returns in %s and adapt the use at line %d" % (short, inst_v, uline)
+        fix_r = {"action": "review-use", "line": uline, "use": use}
+        nb, ni = norm_annotation(rb) or "", norm_annotation(ri) or ""
+        if use == "indexed" and len(t["use"]) == 4 and nb.startswith("list[") and not ni.startswith(
+                ("list[", "tuple[", "Sequence[")) and dep:
+            sugg_r = ("this call passes %s: %s returns the single result, not a list; use %s instead of "
+                      "%s (line %d)" % (", ".join(dep), inst_v, t["use"][3], t["use"][2], uline))
+            fix_r = {"action": "replace-text", "line": uline, "old": t["use"][2], "new": t["use"][3]}
+        out.append(_rec(
+            t, "return-changed", short, t["symbol"],
+            {"version": base_v, "value": rb, "where": fb.get("where")},
+            {"version": inst_v, "value": ri, "where": fi.get("where")},
+            "%s() is annotated -> %s in %s and -> %s in %s, and its result is %s (line %d)%s"
+            % (short, rb, base_v, ri, inst_v, use, uline, why),
+            sugg_r, fix_r))
+    return out
+
+
+def _dispatch_gone(t, b, short, base_v, inst_v):
+    """attribute-gone: the baseline defines the name the call dispatches on; the installed one does not."""
+    out = []
+    name = t["dispatch"]
+    di, db = t.get("dispatch_facts") or [], (b or {}).get("dispatch_facts") or []
+    if db and not di:
+        out.append(_rec(
+            t, "attribute-gone", name, t["symbol"] + "(%r)" % name,
+            {"version": base_v, "where": ", ".join(db[:3])}, {"version": inst_v, "where": None},
+            "%s(%r): %s defines %s in %s; nothing in %s does" % (
+                short, name, ", ".join(x.split(":")[1] for x in db[:3]), name, base_v, inst_v),
+            "find the method's successor in %s" % inst_v,
+            {"action": "placeholder"}))
     return out
 
 

@@ -1204,8 +1204,44 @@ def _mininterval():
 def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
         hidden_size_of=_hidden_size, out=None):
     """Extract with ``args`` (parse_args). The three loaders are parameters so that the data path
-    can be exercised with a stand-in generator; by default they are speculators' and transformers'."""
+    can be exercised with a stand-in generator; by default they are speculators' and transformers'.
+    Phases: the dataset read and checked, what is left to write (resume), the engine, the batches."""
     out = out or sys.stdout
+    records, ident, new_in = _read_dataset(args, out, load_tokenizer)
+
+    import torch
+    from tqdm import tqdm
+
+    plan = _resume_plan(args, records, ident, new_in, out)
+    if plan is None:
+        return 0
+    hidden = hidden_size_of(args.target_model_path)      # before the engine starts: a bad model fails fast
+    t0 = time.time()
+    handoff = open_handoff(getattr(args, "handoff_dir", "off"), out)
+    try:
+        generator = make_generator(args.target_model_path, args.layer_ids, args.max_model_len,
+                                   args.gpu_memory_utilization, args.tensor_parallel_size)
+    except BaseException:
+        close_handoff(handoff)
+        raise
+    held = {"bar": None, "writer": None, "switch": None}   # switch: Python's switch interval, put back at the end
+    written = [0]
+    try:
+        _generate(torch, tqdm, args, out, records, plan, generator, hidden, handoff, t0, held, written)
+    except BaseException as exc:
+        _write_queued(held["writer"], exc)
+        raise
+    finally:
+        _shut_down(held, generator, handoff, records)
+    print("wrote %d sample(s) to %s in %.1fs (%d of %d present)"
+          % (written[0], plan["where"], time.time() - t0, plan["done"] + written[0], plan["share"]),
+          file=out, flush=True)
+    return 0
+
+
+def _read_dataset(args, out, load_tokenizer):
+    """The dataset read once (checked, hashed), the run identity checked before the tokenizer, torch
+    and the engine, then tokenized and cut to max_model_len - 1: (records, identity, its new dirs)."""
     records = Dataset(args.dataset, args.max_samples)   # one pass: checked, hashed; tokens read per batch
     ident, new_in = check_run_identity(args, out, dataset=records.facts)   # before the tokenizer, torch, the engine
     if args.max_samples is not None and len(records) < args.max_samples:
@@ -1216,10 +1252,13 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
     if cut:
         print("note: %d sample(s) cut to %d tokens (max_model_len %d - 1)"
               % (cut, args.max_model_len - 1, args.max_model_len), file=out, flush=True)
+    return records, ident, new_in
 
-    import torch
-    from tqdm import tqdm
 
+def _resume_plan(args, records, ident, new_in, out):
+    """The output directories made and the run identity recorded; what this share has left to write
+    (whole files kept, temporaries of an earlier run removed): {dirs, where, shard, todo, share, done,
+    config_paths}, or None when nothing is left."""
     dirs = output_dirs(args.output_dir)
     where = ", ".join(dirs)
     for d in dirs:
@@ -1257,132 +1296,148 @@ def run(args, *, make_generator=_load_generator, load_tokenizer=_load_tokenizer,
     if not todo and all(os.path.exists(p) for p in config_paths):
         print("all %d samples are already in %s: nothing to do" % (share, where),
               file=out, flush=True)
-        return 0
+        return None
+    return {"dirs": dirs, "where": where, "shard": shard, "todo": todo, "share": share, "done": done,
+            "config_paths": config_paths}
 
-    hidden = hidden_size_of(args.target_model_path)      # before the engine starts: a bad model fails fast
-    lengths = records.lengths
-    t0 = time.time()
-    handoff = open_handoff(getattr(args, "handoff_dir", "off"), out)
-    try:
-        generator = make_generator(args.target_model_path, args.layer_ids, args.max_model_len,
-                                   args.gpu_memory_utilization, args.tensor_parallel_size)
-    except BaseException:
-        close_handoff(handoff)
-        raise
-    bar = writer = None
-    written = [0]
-    switch = None       # Python's switch interval, put back at the end
+
+def _engine_settings(torch, args, generator, hidden, n_dirs, t0, out):
+    """The batching the engine's budget allows (or the arguments ask), the copy and writer threads,
+    said in one line: {layer_ids, max_tokens, max_samples, steps, window, writer_threads}."""
+    layer_ids = list(getattr(generator, "layer_ids"))
+    budget_tokens, budget_seqs = engine_budget(generator, args.max_model_len)
+    max_tokens = budget_tokens if args.batch_tokens is None else args.batch_tokens
+    max_samples = budget_seqs if args.batch_size is None else args.batch_size
+    # --batch-tokens 0 is the old loop: calls of --batch-size samples, in order
+    steps = 1 if not max_tokens else (getattr(args, "batch_steps", None)
+                                      or auto_batch_steps(max_tokens, len(layer_ids), hidden))
+    window = getattr(args, "pack_window", 0) if max_tokens else 0
+    threads = set_copy_threads(torch, getattr(args, "copy_threads", None))
+    # at least one writer thread per output directory, so that every disk has a write in flight
+    writer_threads = max(getattr(args, "writer_threads", 1), n_dirs)
+    print("generator ready in %.1fs: %s, layers %s, hidden size %d, tensor parallel %d; %d step(s) per "
+          "generate() call, each of up to %s tokens and %d samples%s (engine step: %d tokens, %d samples%s); "
+          "%d copy thread(s), %d writer thread(s)"
+          % (time.time() - t0, args.target_model_path, layer_ids, hidden, args.tensor_parallel_size, steps,
+             max_tokens or "any", max_samples, ", filled from the next %d pending" % window if window else "",
+             budget_tokens, budget_seqs,
+             "; auto: %d steps a call keep a call's captured states within %d MiB a GPU"
+             % (steps, CAPTURE_BUDGET_BYTES >> 20)
+             if max_tokens and not getattr(args, "batch_steps", None) and steps < DEFAULT_BATCH_STEPS else "",
+             threads, writer_threads if args.write_queue_mb else 0),
+          file=out, flush=True)
+    return {"layer_ids": layer_ids, "max_tokens": max_tokens, "max_samples": max_samples, "steps": steps,
+            "window": window, "writer_threads": writer_threads}
+
+
+def _generate(torch, tqdm, args, out, records, plan, generator, hidden, handoff, t0, held, written):
+    """data_config.json in each directory, then every batch generated, checked, built and handed to the
+    writer (``held``: the bar, the writer and the switch interval, for the caller's ending)."""
+    dirs, shard, todo = plan["dirs"], plan["shard"], plan["todo"]
     timing = {"batches": 0, "generate_s": 0.0, "build_s": 0.0, "hand_over_s": 0.0, "drain_s": 0.0}
-    try:
-        layer_ids = list(getattr(generator, "layer_ids"))
-        budget_tokens, budget_seqs = engine_budget(generator, args.max_model_len)
-        max_tokens = budget_tokens if args.batch_tokens is None else args.batch_tokens
-        max_samples = budget_seqs if args.batch_size is None else args.batch_size
-        # --batch-tokens 0 is the old loop: calls of --batch-size samples, in order
-        steps = 1 if not max_tokens else (getattr(args, "batch_steps", None)
-                                          or auto_batch_steps(max_tokens, len(layer_ids), hidden))
-        window = getattr(args, "pack_window", 0) if max_tokens else 0
-        threads = set_copy_threads(torch, getattr(args, "copy_threads", None))
-        # at least one writer thread per output directory, so that every disk has a write in flight
-        writer_threads = max(getattr(args, "writer_threads", 1), len(dirs))
-        print("generator ready in %.1fs: %s, layers %s, hidden size %d, tensor parallel %d; %d step(s) per "
-              "generate() call, each of up to %s tokens and %d samples%s (engine step: %d tokens, %d samples%s); "
-              "%d copy thread(s), %d writer thread(s)"
-              % (time.time() - t0, args.target_model_path, layer_ids, hidden, args.tensor_parallel_size, steps,
-                 max_tokens or "any", max_samples, ", filled from the next %d pending" % window if window else "",
-                 budget_tokens, budget_seqs,
-                 "; auto: %d steps a call keep a call's captured states within %d MiB a GPU"
-                 % (steps, CAPTURE_BUDGET_BYTES >> 20)
-                 if max_tokens and not getattr(args, "batch_steps", None) and steps < DEFAULT_BATCH_STEPS else "",
-                 threads, writer_threads if args.write_queue_mb else 0),
-              file=out, flush=True)
-        config = data_config(torch, args, layer_ids, hidden,
-                             getattr(generator, "tensor_parallel_size", args.tensor_parallel_size), len(records),
-                             shard=shard)
-        for path in config_paths:       # each directory describes the samples it holds part of
-            write_json_atomic(path, config)
-        bar = tqdm(total=share, initial=done, desc="Generating hidden states", unit="sample",
-                   mininterval=_mininterval(), file=sys.stderr)
-        pending = set(todo)
-        mine = shard_indexes(len(records), shard)
-        progress = Progress(out, lengths, [i for i in mine if i not in pending], args.progress_seconds, bar,
-                            indexes=mine)
+    eng = _engine_settings(torch, args, generator, hidden, len(dirs), t0, out)
+    config = data_config(torch, args, eng["layer_ids"], hidden,
+                         getattr(generator, "tensor_parallel_size", args.tensor_parallel_size), len(records),
+                         shard=shard)
+    for path in plan["config_paths"]:       # each directory describes the samples it holds part of
+        write_json_atomic(path, config)
+    held["bar"] = bar = tqdm(total=plan["share"], initial=plan["done"], desc="Generating hidden states",
+                             unit="sample", mininterval=_mininterval(), file=sys.stderr)
+    pending = set(todo)
+    mine = shard_indexes(len(records), shard)
+    progress = Progress(out, records.lengths, [i for i in mine if i not in pending], args.progress_seconds, bar,
+                        indexes=mine)
 
-        def on_written(index):
-            written[0] += 1
-            progress.written(index)
-        writer = Writer(torch, dirs, int(args.write_queue_mb * (1 << 20)), on_written,
-                        threads=writer_threads, shard=shard)
-        gil_ms = getattr(args, "gil_switch_ms", 0) if writer._threads else None
-        if gil_ms:
-            switch = sys.getswitchinterval()
-            sys.setswitchinterval(gil_ms / 1000.0)
-        progress.start()
-        said_handoff = False
-        for batch in pack_batches(todo, lengths, max_tokens, max_samples, steps, window):
-            t = time.perf_counter()
-            recs = records.batch(batch)
-            results = generator.generate([r["input_ids"] for r in recs])
-            timing["generate_s"] += time.perf_counter() - t
-            t = time.perf_counter()
-            if not isinstance(results, list) or len(results) != len(batch):
-                raise ResultError("generate() returned %s results for a batch of %d samples (data_%d.pt..)"
-                                  % (len(results) if isinstance(results, list) else type(results).__name__,
-                                     len(batch), batch[0]))
-            samples = [build_sample(torch, i, rec, r, len(layer_ids)) for i, rec, r in zip(batch, recs, results)]
-            timing["build_s"] += time.perf_counter() - t
-            if not said_handoff:
-                said_handoff = True
-                shm = getattr(generator, "_remote_ops_shm_mapped", None)
-                # a generator that has no worker to hand over from says so itself (the sandbox's stand-in)
-                no_handoff = getattr(generator, "remote_ops_no_handoff", None)
-                print("captured states came through shared memory (%s)" % ", ".join(
-                          [shm[0]] + [x for x in shm[1:] if isinstance(x, str)]) if shm else
-                      "captured states did not come through shared memory: %s" % (
-                          no_handoff if isinstance(no_handoff, str) else
-                          "the vLLM worker is not patched for it, or fell back (its warning says why)"
-                          if handoff else "no hand-off directory (--handoff-dir)"), file=out, flush=True)
-            t = time.perf_counter()
-            for i, sample in zip(batch, samples):
-                writer.put(i, sample)
-            results = samples = sample = recs = None    # the writer holds them now (and frees their hand-off slot)
-            writer.batch_done()
-            timing["hand_over_s"] += time.perf_counter() - t
-            timing["batches"] += 1
-            progress.poll()
+    def on_written(index):
+        written[0] += 1
+        progress.written(index)
+    held["writer"] = writer = Writer(torch, dirs, int(args.write_queue_mb * (1 << 20)), on_written,
+                                     threads=eng["writer_threads"], shard=shard)
+    gil_ms = getattr(args, "gil_switch_ms", 0) if writer._threads else None
+    if gil_ms:
+        held["switch"] = sys.getswitchinterval()
+        sys.setswitchinterval(gil_ms / 1000.0)
+    progress.start()
+    said_handoff = False
+    for batch in pack_batches(todo, records.lengths, eng["max_tokens"], eng["max_samples"], eng["steps"],
+                              eng["window"]):
+        samples = _build_batch(torch, records, batch, generator, len(eng["layer_ids"]), timing)
+        if not said_handoff:
+            said_handoff = True
+            _say_handoff(generator, handoff, out)
         t = time.perf_counter()
-        writer.close()
-        timing["drain_s"] = time.perf_counter() - t
+        for i, sample in zip(batch, samples):
+            writer.put(i, sample)
+        samples = sample = None    # the writer holds them now (and frees their hand-off slot)
+        writer.batch_done()
+        timing["hand_over_s"] += time.perf_counter() - t
+        timing["batches"] += 1
         progress.poll()
-        progress.emit()
-        emit_profile(out, progress, timing, writer, generator, gil_ms)
-    except BaseException as exc:
-        if writer is not None and writer.error is None:
-            try:    # the samples already checked and queued are written before the run stops
-                writer.close()
-            except BaseException as also:   # the error already on its way out stays the one raised
-                print("warning: writing the queued samples failed too: %s: %s" % (type(also).__name__, also),
-                      file=sys.stderr, flush=True)
-        elif writer is not None and writer.error is not exc:   # said, never dropped
-            print("warning: the writer had failed too: %s: %s" % (type(writer.error).__name__, writer.error),
+    t = time.perf_counter()
+    writer.close()
+    timing["drain_s"] = time.perf_counter() - t
+    progress.poll()
+    progress.emit()
+    emit_profile(out, progress, timing, writer, generator, gil_ms)
+
+
+def _build_batch(torch, records, batch, generator, n_layers, timing):
+    """One generate() call for ``batch``, its results checked and built into samples."""
+    t = time.perf_counter()
+    recs = records.batch(batch)
+    results = generator.generate([r["input_ids"] for r in recs])
+    timing["generate_s"] += time.perf_counter() - t
+    t = time.perf_counter()
+    if not isinstance(results, list) or len(results) != len(batch):
+        raise ResultError("generate() returned %s results for a batch of %d samples (data_%d.pt..)"
+                          % (len(results) if isinstance(results, list) else type(results).__name__,
+                             len(batch), batch[0]))
+    samples = [build_sample(torch, i, rec, r, n_layers) for i, rec, r in zip(batch, recs, results)]
+    timing["build_s"] += time.perf_counter() - t
+    return samples
+
+
+def _say_handoff(generator, handoff, out):
+    """Whether the captured states came through shared memory (said once, after the first batch)."""
+    shm = getattr(generator, "_remote_ops_shm_mapped", None)
+    # a generator that has no worker to hand over from says so itself (the sandbox's stand-in)
+    no_handoff = getattr(generator, "remote_ops_no_handoff", None)
+    print("captured states came through shared memory (%s)" % ", ".join(
+              [shm[0]] + [x for x in shm[1:] if isinstance(x, str)]) if shm else
+          "captured states did not come through shared memory: %s" % (
+              no_handoff if isinstance(no_handoff, str) else
+              "the vLLM worker is not patched for it, or fell back (its warning says why)"
+              if handoff else "no hand-off directory (--handoff-dir)"), file=out, flush=True)
+
+
+def _write_queued(writer, exc):
+    """A run that stops: the samples already checked and queued are written; a second failure is said."""
+    if writer is not None and writer.error is None:
+        try:    # the samples already checked and queued are written before the run stops
+            writer.close()
+        except BaseException as also:   # the error already on its way out stays the one raised
+            print("warning: writing the queued samples failed too: %s: %s" % (type(also).__name__, also),
                   file=sys.stderr, flush=True)
-        raise
-    finally:
-        if switch is not None:
-            sys.setswitchinterval(switch)
-        if bar is not None:
-            bar.close()
-        shutdown = getattr(getattr(generator, "executor", None), "shutdown", None)
-        if callable(shutdown):   # stop vLLM's workers now, not whenever the interpreter collects them
-            try:
-                shutdown()
-            except Exception as exc:   # reported; an error already on its way out must not be hidden
-                print("warning: engine shutdown failed: %s: %s" % (type(exc).__name__, exc), file=sys.stderr)
-        close_handoff(handoff)
-        records.close()
-    print("wrote %d sample(s) to %s in %.1fs (%d of %d present)"
-          % (written[0], where, time.time() - t0, done + written[0], share), file=out, flush=True)
-    return 0
+    elif writer is not None and writer.error is not exc:   # said, never dropped
+        print("warning: the writer had failed too: %s: %s" % (type(writer.error).__name__, writer.error),
+              file=sys.stderr, flush=True)
+
+
+def _shut_down(held, generator, handoff, records):
+    """The switch interval put back, the bar closed, vLLM's workers stopped now, the hand-off and the
+    dataset closed."""
+    if held["switch"] is not None:
+        sys.setswitchinterval(held["switch"])
+    if held["bar"] is not None:
+        held["bar"].close()
+    shutdown = getattr(getattr(generator, "executor", None), "shutdown", None)
+    if callable(shutdown):   # stop vLLM's workers now, not whenever the interpreter collects them
+        try:
+            shutdown()
+        except Exception as exc:   # reported; an error already on its way out must not be hidden
+            print("warning: engine shutdown failed: %s: %s" % (type(exc).__name__, exc), file=sys.stderr)
+    close_handoff(handoff)
+    records.close()
 
 
 def main(argv=None, parser=None, loaders=None):
