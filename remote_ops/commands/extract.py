@@ -177,7 +177,9 @@ def plan_line(p: dict) -> str:
     else:
         parts.append(f"compute unknown ({p.get('compute_unknown')})")
     bound = {"disk": "bound: disk", "compute": "bound: compute"}.get(p.get("bound"), "bound: unknown")
-    return "; ".join(parts) + f"; {bound}"
+    from remote_ops.extract.coldstart import plan_text
+    cold = plan_text(p.get("cold_start"))
+    return "; ".join(parts) + f"; {bound}" + (f"; {cold}" if cold else "")
 
 
 def _hours(h: float) -> str:

@@ -58,6 +58,9 @@ def render(c, host, st) -> None:
                      f"{'alive' if st.get('supervisor_alive') else 'gone'}"))
     if jobs.server_line(st):
         c.print(text(f"  {jobs.server_line(st)}"), highlight=False)
+    from remote_ops.extract.coldstart import cold_start_text
+    if cold_start_text(st.get("cold_start")):
+        c.print(text(f"  {cold_start_text(st.get('cold_start'))}"), highlight=False)
     if st.get("exit_code") is not None or st.get("signal_name"):
         c.print(text(f"  exit: {st.get('exit_code') if st.get('exit_code') is not None else st.get('signal_name')}"))
     for line in st.get("error_lines") or []:

@@ -75,6 +75,8 @@ class Plan:
     compute_hours: float | None = None
     compute_unknown: str | None = None
     bound: str = "unknown"                 # disk | compute | unknown
+    cold_start: dict | None = None         # a previous job's here (extract/coldstart.py for_plan): seconds from
+                                           # launch to the engine's readiness and to the first file, its job_id
 
     def to_json(self) -> dict:
         return asdict(self)

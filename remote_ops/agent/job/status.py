@@ -298,6 +298,8 @@ def job_status(job_id):
         out["output_identity"] = ids[0] if len(ids) == 1 else "+".join(str(i) for i in ids)
     if job.get("server"):
         out["server"] = server_status(jobdir, state)
+    from . import coldstart     # seconds from launch to the engine's readiness and to the first file
+    out["cold_start"] = coldstart.measure(jobdir, job, run, dirs)
     # progress: an ended job's from its exit record (what it had written by its end: the directory may
     # have grown since, by a later job), else (running, or ended under an older remote-ops) the directory now
     at_end = (ext or {}).get("samples")
