@@ -23,7 +23,7 @@ CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_size": 256, "intermedia
 PLAN_KEYS = {"samples", "tokens", "tokens_exact", "tokens_how", "bytes", "bytes_per_token", "free_bytes", "fits",
              "disk_path", "disk_bytes_per_s", "disk_speed", "disk_hours", "disk_unknown", "gpus", "active_params",
              "params_how", "flops_per_token", "efficiency", "efficiency_model", "efficiency_from", "compute_tokens_per_s", "compute_hours",
-             "compute_unknown", "bound"}
+             "compute_unknown", "bound", "cold_start"}
 
 
 def _h200_nvidia_smi(tmp_path):

@@ -443,8 +443,9 @@ class LaunchPlan(Part):
         d = pf.disk or {}
         p = plan.build(d.get("need"), d.get("speed"), pf.gpu, c.spec.gpu_count, c.spec.output_dir)
         if p is not None:       # what the last job of this playbook and output here took to start
+            import dataclasses
             from remote_ops.extract.coldstart import for_plan
-            p.cold_start = for_plan(c.probe.get("job"))
+            p = dataclasses.replace(p, cold_start=for_plan(c.probe.get("job")))
         pf.plan = None if p is None else p.to_json()
 
 
