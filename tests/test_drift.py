@@ -364,9 +364,9 @@ def test_no_baseline_is_one_line_and_the_binding_check_still_runs(libs, capsys):
 
 def test_against_has_one_default():
     from remote_ops.check import check as check_mod
-    from remote_ops.agent import compat
+    from remote_ops.agent import contract
     from remote_ops.commands import check as check_cmd
-    assert check_mod.DEFAULT_AGAINST == list(compat.DEFAULT_AGAINST) == ["vllm"]
+    assert check_mod.DEFAULT_AGAINST == list(contract.DEFAULT_AGAINST) == ["vllm"]
     import argparse
 
     from remote_ops.commands.params import add_arguments

@@ -153,7 +153,7 @@ def test_the_graph_sees_the_imports_that_matter():
     graph = import_graph(ROOT)
     # an import inside a function, a relative import in the agent, importlib with an f-string
     assert "remote_ops.connect.mux" in graph["remote_ops.fleet"]
-    assert "remote_ops.agent.contract" in graph["remote_ops.agent.compat"]
+    assert "remote_ops.agent.contract" in graph["remote_ops.agent.check.calls"]
     assert "remote_ops.commands.check" in graph["remote_ops.cli"]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from remote_ops.agent.resolve.resolver import Unknown
+from remote_ops.agent.resolve.sigmodel import Unknown
 from tests.resolver_lib import lib  # noqa: F401  (fixture)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from remote_ops.agent.resolve.resolver import KWONLY, POSKW, POSONLY, VARKW, VARPOS, Unknown
+from remote_ops.agent.resolve.sigmodel import KWONLY, POSKW, POSONLY, VARKW, VARPOS, Unknown
 from tests.resolver_lib import lib, params  # noqa: F401  (fixture)
 
 

@@ -6,8 +6,9 @@ import textwrap
 
 import pytest
 
-from remote_ops.agent.resolve.resolver import (KWONLY, POSKW, POSONLY, VARKW, VARPOS, Parameter, Signature,
-                                         StaticResolver, Unknown, bind)
+from remote_ops.agent.resolve.resolver import StaticResolver
+from remote_ops.agent.resolve.sigmodel import (KWONLY, POSKW, POSONLY, VARKW, VARPOS, Parameter, Signature, Unknown,
+                                               bind)
 
 
 def sig(*params):

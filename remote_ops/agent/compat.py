@@ -15,7 +15,7 @@
                                 spelling that names nothing in the library is refused
     trace: bool                 also return every checked call with the signature used
     drift: bool                 also return "touches" (what the package uses of the library, with
-                                the installed facts; agent/drift/analysis.py) and "declared" (the package's
+                                the installed facts; agent/drift/) and "declared" (the package's
                                 own requirement on each library, from its installed metadata)
     Returns {"mode", "python", "versions", "targets": [{module, path}], "findings": [...],
     "unknown": [...], "calls_checked", "elapsed_s"[, "trace"]}. A finding carries path, line,
@@ -34,11 +34,11 @@ Everything is stdlib; the library is never imported in static mode.
 import sys
 import time
 
-from .check.calls import _resolver, check, declared_requirements, versions  # noqa: F401  (compat.check for callers)
-from .contract import DEFAULT_AGAINST, DEFAULT_PACKAGE  # noqa: F401  (compat.DEFAULT_* for callers)
+from .check.calls import _resolver, check, versions
 from .protocol import AgentFailure
 from .core.reads import Reads
-from .resolve.resolver import Signature, StaticResolver, Unknown
+from .resolve.resolver import StaticResolver
+from .resolve.sigmodel import Signature, Unknown
 
 
 def op_check(args):
@@ -88,7 +88,7 @@ def op_inspect(args):
                 rec.update(sig.to_json())
                 rec["object"] = e.kind
                 if e.kind == "function" and getattr(e, "node", None) is not None:
-                    from .resolve.resolver import _ann
+                    from .resolve.base import _ann
                     rec["returns"] = _ann(e.node.returns)
         else:
             rec["reason"] = "not a function or class"

@@ -5,7 +5,7 @@ with the installed version's facts, and the package's declared requirement. Here
 version is chosen (``--baseline VERSION|PATH``, else the package's own pin, e.g. speculators
 0.3.0's ``vllm==0.11.0``), its sources are fetched once (``pkgsource``: the wheel, no deps,
 cached) and the same static resolver (``agent/resolve/resolver.py``) computes the baseline's facts;
-``agent/drift/analysis.py`` compares. Nothing is imported on either side.
+``agent/drift/compare.py`` compares. Nothing is imported on either side.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from remote_ops.agent.drift import analysis as agent_drift
+from remote_ops.agent.drift import compare as drift_compare, facts as drift_facts, scan as drift_scan
 from remote_ops.check import baseline_memo
 from remote_ops.agent.resolve.resolver import StaticResolver
 
@@ -95,10 +95,10 @@ def analyse(raw: dict, against: list[str], baseline_arg: str | None) -> dict:
             static = StaticResolver([b["path"]])
             if facts is None:
                 # as JSON, as the host's facts arrive and as a kept copy is read back: one shape
-                facts = json.loads(json.dumps(agent_drift.replay_facts(static, mine, [b["path"]]), default=str))
+                facts = json.loads(json.dumps(drift_facts.replay_facts(static, mine, [b["path"]]), default=str))
                 baseline_memo.put(kept, facts)
             _baseline_locations(static, raw, lib, b)
-        d, n = agent_drift.compare(mine, facts, (b["version"], versions.get(lib) or "installed"))
+        d, n = drift_compare.compare(mine, facts, (b["version"], versions.get(lib) or "installed"))
         out_drift += d
         notes += n
     base = bases[0] if len(bases) == 1 else {"libraries": bases}
@@ -134,7 +134,7 @@ def _baseline_locations(static: StaticResolver, raw: dict, lib: str, b: dict) ->
             mod, _, name = f["symbol"].rpartition(".")
             e = static.lookup(mod, name)
             f["baseline"] = {"version": b["version"],
-                             "where": agent_drift._rel(e.where, [b["path"]]) if e.where else None,
+                             "where": drift_scan._rel(e.where, [b["path"]]) if e.where else None,
                              "status": e.kind}
 
 
@@ -177,7 +177,7 @@ def _diff_symbol(cur: dict, old: dict, b: dict) -> dict:
         rec["reason"] = old.get("reason")
         return rec
     rec["signature"] = old.get("signature")
-    rec["origin"] = agent_drift._rel(old.get("origin") or "", [b["path"]])
+    rec["origin"] = drift_scan._rel(old.get("origin") or "", [b["path"]])
     if "parameters" not in cur:
         return rec
     was = {p["name"]: p for p in old["parameters"]}
@@ -189,10 +189,10 @@ def _diff_symbol(cur: dict, old: dict, b: dict) -> dict:
     for n, p in now.items():
         if n not in was:
             changes.append(f"{n}: added" + (" (required)" if p["required"] else f" (default {p['default']})"))
-        elif (was[n]["default"] or "") != (p["default"] or "") and not agent_drift._same_default(
+        elif (was[n]["default"] or "") != (p["default"] or "") and not drift_compare._same_default(
                 was[n]["default"] or "", p["default"] or ""):
             changes.append(f"{n}: default {was[n]['default']} -> {p['default']}")
-    if agent_drift.norm_annotation(old.get("returns")) != agent_drift.norm_annotation(cur.get("returns")):
+    if drift_facts.norm_annotation(old.get("returns")) != drift_facts.norm_annotation(cur.get("returns")):
         changes.append(f"returns: {old.get('returns')} -> {cur.get('returns')}")
     rec["changes"] = changes
     return rec

@@ -11,9 +11,9 @@ import ast
 import difflib
 
 from ..check.records import Findings
-from ..contract import FINDING_KINDS  # noqa: F401  (every kind of finding the analysis reports)
 from ..resolve.base import own_nodes as _walk_own, self_assignments
-from ..resolve.resolver import Signature, Unknown, bind, dotted
+from ..resolve.sigmodel import Signature, Unknown, bind
+from ..resolve.base import dotted
 from ..check.symbols import canonical
 
 
@@ -48,7 +48,7 @@ class Analysis(Findings):
         self.seen = set()
         self.calls_checked = 0
         self.checked = []
-        self.touches = None     # a list when drift is wanted: what the caller uses (agent/drift/analysis.py)
+        self.touches = None     # a list when drift is wanted: what the caller uses (agent/drift/)
         self.parents = {}
 
     # ------------------------------------------------------------------ driver
@@ -76,8 +76,8 @@ class Analysis(Findings):
         self._collect_class_attrs(tree)
         self._walk_scope(tree.body, {}, None)
         if self.touches is not None:
-            from ..drift import analysis as drift
-            drift.collect_bound(self, tree)
+            from ..drift.record import collect_bound
+            collect_bound(self, tree)
         return self
 
     def _is_lib(self, modname):
@@ -388,8 +388,8 @@ class Analysis(Findings):
                              "signature": sig.render() if isinstance(sig, Signature) else None,
                              "mode": sig.mode if isinstance(sig, Signature) else None})
         if self.touches is not None:
-            from ..drift import analysis as drift
-            drift.record_call(self, node, callee, e, sig)
+            from ..drift.record import record_call
+            record_call(self, node, callee, e, sig)
         if isinstance(sig, Unknown):
             self.add_unknown(node, symbol, sig.reason)
             return

@@ -7,7 +7,7 @@ Mixed into ``callsites.Analysis``: uses its ``path``, ``modname``, ``text``, ``s
 import ast
 import difflib
 
-from ..resolve.resolver import Signature
+from ..resolve.sigmodel import Signature
 from ..check.symbols import canonical
 
 

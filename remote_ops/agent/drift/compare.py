@@ -1,5 +1,30 @@
 """Drift, comparison: a touch's facts in the baseline against the installed version, as drift
 records (default-changed, return-changed, attribute-gone with a suggested successor). Stdlib only.
+
+Used on both sides of ``check``: on the host, the call-site analysis (``callsites.Analysis`` with
+``touches`` switched on) records what the caller *uses* of the library, each with the facts of
+the installed version (``call_facts``, ``bound_facts``); on the controller, ``replay_facts``
+computes the same facts over the baseline's sources with the same static resolver, and
+``compare`` turns the differences into drift records. Nothing is imported on either side.
+
+Kinds: ``default-changed`` (a parameter the call does not pass whose default differs),
+``return-changed`` (the return annotation differs and the result is used), ``attribute-gone``
+(an attribute used on library objects existed in the baseline, in the class or one of its library
+bases, and does not now anywhere in the hierarchy; a successor is suggested when exactly one new
+method of the hierarchy has the same parameters and the same place in the same class body or a
+similar name).
+
+What it cannot see: defaults computed at run time (``__post_init__`` / validators: reported as a
+note when ``__post_init__`` assigns the field), behaviour changes with the same signature,
+attributes reached through ``getattr`` with computed names, and what bases outside the library
+(torch's ``Module``) give a class (not read: not the library's drift, and the controller does not
+have their sources).
+
+The parts, one job each, modules of this folder:
+``record`` (what the call-site analysis records), ``facts`` (a touch's facts in one
+version), ``scan`` (class-body and dispatcher scans over a library's files), ``classes``
+(a class's record through its MRO; the duck-typing table), ``compare`` (baseline against
+installed, as drift records).
 """
 
 import ast

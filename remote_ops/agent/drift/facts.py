@@ -8,7 +8,8 @@ import re
 
 from ..drift.classes import class_record, hierarchy_table
 from ..drift.scan import _rel, dispatch_facts
-from ..resolve.resolver import Unknown, _ann, dotted
+from ..resolve.sigmodel import Unknown
+from ..resolve.base import _ann, dotted
 
 
 # ----------------------------------------------------------------------------- replay

@@ -1,6 +1,20 @@
 """Drift, recording: what the call-site analysis (``callsites.Analysis`` with touches on) records of
 the library the caller uses: calls (access path, bound parameters, how the result is used) and
 functions bound onto library objects. Stdlib only.
+
+Touches (JSON-able dicts, each with path/line/module):
+
+- ``call``: a call whose callee resolves to the library: the access path (replayable in another
+  version), which parameters the call binds, and how its result is used (indexed, iterated,
+  tested for truth). A string literal bound to a parameter named ``method`` (dispatchers such as
+  ``collective_rpc("name")``) is kept as ``dispatch``.
+- ``bound``: a function of the caller bound onto a library object (``types.MethodType(f, obj)``,
+  ``obj.attr = f``), with the attributes it uses on its first parameter. When the object is a
+  library class, or an instance a library constructor made (``m = lib.Model()``, ``self.m =
+  lib.Model()``), those attributes are looked up on that class through its MRO (bases in other
+  modules too) and the class's record (``classes``) goes with them; when it is not known
+  (speculators' ``model.model``), the classes that have every one of those attributes through
+  their MRO stand for it (duck typing over the library's classes, their bases included).
 """
 
 import ast
@@ -9,7 +23,8 @@ from ..drift.classes import class_record, hierarchy_table
 from ..drift.facts import _attr_fact, call_facts, replay
 from ..drift.scan import dispatch_facts
 from ..resolve.base import own_nodes
-from ..resolve.resolver import Signature, dotted
+from ..resolve.sigmodel import Signature
+from ..resolve.base import dotted
 
 
 # ----------------------------------------------------------------------------- recording

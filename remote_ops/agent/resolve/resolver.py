@@ -24,20 +24,14 @@ found) becomes ``Unknown(reason)``: never a guess.
 - ``fields``: dataclass / pydantic / msgspec / NamedTuple fields
 - ``callables``: signature synthesis
 - ``suggest``: where a missing name is defined in a package
-
-The names other agent modules and the tests import from here stay importable from here.
 """
 
-from ..resolve.base import (BUILTIN_NAMES, Ent, _ann, _const, _special, _unparse,  # noqa: F401
-                           dotted, missing, unknown)
 from ..resolve.classes import ClassModel
 from ..resolve.fields import FieldModel
-from ..resolve.modules import ModInfo, ModuleIndex  # noqa: F401
+from ..resolve.modules import ModuleIndex
 from ..resolve.names import NameResolution
 from ..resolve.callables import SignatureSynthesis
 from ..resolve.suggest import Suggestions
-from ..resolve.sigmodel import (KWONLY, POSKW, POSONLY, VARKW, VARPOS, Parameter, Signature,  # noqa: F401
-                       Unknown, bind)
 
 
 class StaticResolver(ModuleIndex, NameResolution, ClassModel, FieldModel, SignatureSynthesis, Suggestions):

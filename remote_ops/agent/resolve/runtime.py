@@ -11,8 +11,8 @@ import importlib
 import inspect
 import sys
 
-from ..resolve.resolver import (KWONLY, POSKW, POSONLY, VARKW, VARPOS, Ent, Parameter, Signature,
-                         Unknown, missing, unknown)
+from .sigmodel import KWONLY, POSKW, POSONLY, VARKW, VARPOS, Parameter, Signature, Unknown
+from .base import Ent, missing, unknown
 
 _KINDS = {inspect.Parameter.POSITIONAL_ONLY: POSONLY,
           inspect.Parameter.POSITIONAL_OR_KEYWORD: POSKW,
