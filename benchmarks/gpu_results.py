@@ -426,6 +426,14 @@ def server_pair_section(name0: str, d0: dict, name1: str, d1: dict) -> list[str]
     out.append(f"- server flow {_rate(tps(d1, 'a_server'))} tokens/s once the server answered its health check, "
                f"{_rate(ff)} from its first file on; the server healthy {srv.get('server_ready_after_s')} s after "
                f"launch, its first file {first_after} s after that; the whole job {srv.get('wall_s')} s\n")
+    ph = srv.get("phases") or {}
+    if ph:
+        cl = ph.get("client") or {}
+        out.append(f"- where its time went: launch to health check {ph.get('launch_to_healthy_s')} s, health check to "
+                   f"first file {ph.get('healthy_to_first_file_s')} s, first to last file {ph.get('first_to_last_file_s')} s"
+                   + (f"; the client ({cl.get('from')}): {cl.get('requests_per_s')} requests/s, a request "
+                      f"{cl.get('mean_request_ms')} ms in the server on average, a move {cl.get('mean_move_ms')} ms"
+                      if cl else "") + "\n")
     out.append("| ratio | value |\n|---|---|")
     out.append(f"| server flow / (c_best) (goal 0.8) | {r(tps(d1, 'a_server'), cb)} |")
     out.append(f"| server flow from its first file on / (c_best) | {r(ff, cb)} |")

@@ -509,6 +509,29 @@ def from_first_file(files: list[Path], lengths: list[int], index) -> dict:
     return {"seconds": round(span, 3), "tokens": tokens, "tokens_per_s": round(tokens / span, 1) if span > 0 else None}
 
 
+CLIENT_POSTFIX = re.compile(r"ok=(\d+), err=(\d+)(?:, rps=([\d.]+), vllm=(\d+)ms, write=(\d+)ms)?")
+
+
+def server_phases(cold_start: dict | None, healthy_at: float | None, mtimes: list[float], log: str) -> dict:
+    """Where the server flow's job spent its time (issue 47 item 2): launch to the server's health check and
+    to the first file (the job's cold_start, agent/job/coldstart.py), health check to first file (the client's
+    start: imports, dataset load, the existing files' check, the first requests), first to last file; and
+    speculators 0.9.0's own per-sample means from its progress bar's last postfix (cli/generate_offline_data.py
+    _worker: vllm = a request's time in the server with up to --concurrency in flight, write = the move from
+    the connector's staging file into the output, the --validate-outputs reload not included)."""
+    cs = cold_start or {}
+    out = {"launch_to_healthy_s": cs.get("ready_after_s"), "launch_to_first_file_s": cs.get("first_file_after_s"),
+           "healthy_to_first_file_s": round(min(mtimes) - healthy_at, 3) if mtimes and healthy_at else None,
+           "first_to_last_file_s": round(max(mtimes) - min(mtimes), 3) if len(mtimes) > 1 else None}
+    found = [m for m in CLIENT_POSTFIX.finditer(log) if m.group(3)]
+    if found:
+        m = found[-1]
+        out["client"] = {"ok": int(m.group(1)), "errors": int(m.group(2)), "requests_per_s": float(m.group(3)),
+                         "mean_request_ms": int(m.group(4)), "mean_move_ms": int(m.group(5)),
+                         "from": "generate-offline-data's progress bar, last postfix"}
+    return out
+
+
 def job_profile(lines: list[str]) -> dict | None:
     """The script's last ``extract-profile {json}`` line (where the job's time went), or None."""
     for line in reversed(lines):
@@ -1053,6 +1076,12 @@ class Bench:
                         "bytes_per_token": round(size / tokens, 1) if tokens else None})
         # from the first file on: the client's start (imports, dataset load) left out
         doc["from_first_file"] = from_first_file(files, self.lengths, lambda f: int(f.name[3:].split(".")[0]))
+        log = ""
+        try:
+            log = Path(job.get("log") or "").read_text(errors="replace") if job.get("log") else ""
+        except OSError:
+            pass
+        doc["phases"] = server_phases(job.get("cold_start"), healthy_at, mt, log)
         self.doc["a_server"] = doc
 
     def part_b(self, which="after"):

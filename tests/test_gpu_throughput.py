@@ -592,3 +592,19 @@ def test_a_server_run_beside_a_c_best_run_is_paired_only_when_alike():
     other = {**d1, "dataset": {**base["dataset"], "tokens": 99}}
     assert "Not paired: the runs differ in dataset" in "\n".join(
         gpu_results.server_pair_section("x.json", d0, "x_server.json", other))
+
+
+def test_server_phases_from_cold_start_files_and_the_clients_postfix():
+    log = ("Generating: 50%|#####| 5/10 [00:01<00:01, ok=5, err=0, rps=4.0, vllm=900ms, write=3ms]\r"
+           "Generating: 100%|##########| 10/10 [00:02<00:00, ok=10, err=0, rps=5.5, vllm=1100ms, write=2ms]\n")
+    ph = gt.server_phases({"ready_after_s": 130.0, "first_file_after_s": 150.0}, 1000.0, [1020.0, 1030.5, 1025.0], log)
+    assert (ph["launch_to_healthy_s"], ph["healthy_to_first_file_s"], ph["first_to_last_file_s"]) == (130.0, 20.0, 10.5)
+    assert ph["client"] == {"ok": 10, "errors": 0, "requests_per_s": 5.5, "mean_request_ms": 1100, "mean_move_ms": 2,
+                            "from": "generate-offline-data's progress bar, last postfix"}
+    assert "client" not in gt.server_phases(None, None, [], "ok=0, err=0")      # the bar's first postfix has no means
+    base = {"gpus": ["H200"], "versions": {}, "model": {}, "dataset": {}}
+    text = "\n".join(gpu_results.server_pair_section("x.json", {**base, "c_best": {"tokens_per_s": 1.0}}, "x_server.json",
+                                                     {**base, "a_server": {"tokens_per_s": 0.5, "phases": ph}}))
+    assert ("launch to health check 130.0 s, health check to first file 20.0 s, first to last file 10.5 s; the client "
+            "(generate-offline-data's progress bar, last postfix): 5.5 requests/s, a request 1100 ms in the server on "
+            "average, a move 2 ms") in text
