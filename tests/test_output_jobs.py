@@ -23,7 +23,7 @@ import shutil
 import sys
 import time
 
-from remote_ops.agent.job import outputlock
+from remote_ops.agent.job import jobfiles, outputlock
 from remote_ops.agent import shards as rule
 from remote_ops.agent.outputs import layout
 from remote_ops.extract import jobs as jobs_mod
@@ -288,7 +288,7 @@ def test_racing_claims_of_one_directory_have_one_winner(tmp_path):
     rec = outputlock.claim(str(out), {"job_id": "job-next", "jobdir": str(tmp_path / "job-next"), "shard": None})
     assert rec["job_id"] == "job-next" and outputlock.read(str(out))["job_id"] == "job-next"
     assert not [n for n in os.listdir(out) if ".stale-" in n or n.endswith(".tmp")]
-    outputlock.release(str(out), "job-other")
+    jobfiles.release_output(str(out), "job-other")
     assert (out / outputlock.MARKER).exists()                  # only its own job releases it
-    outputlock.release(str(out), "job-next")
+    jobfiles.release_output(str(out), "job-next")
     assert not (out / outputlock.MARKER).exists()

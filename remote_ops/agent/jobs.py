@@ -484,7 +484,7 @@ def _start(args, job_id, jobdir, key, name, command, workdir, env, secret_values
 
     def undo():
         for d in claimed:
-            outputlock.release(d, job_id)
+            jobfiles.release_output(d, job_id)
         os.close(lock_fd)
         import shutil
         shutil.rmtree(jobdir, ignore_errors=True)   # nothing of this launch is left to list

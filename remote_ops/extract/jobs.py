@@ -1,6 +1,6 @@
 """The extraction job, controller side: the per-host operations extract (preflight, launch or
 attach), status, jobs, logs and stop, and their records. The playbook's ``extract:`` schema is
-``extract_spec.py`` (its names stay importable from here); following a log is ``tail.py``.
+``extract_spec.py``, the preflight ``preflight.py``; following a log is ``tail.py``.
 """
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 
 from remote_ops.connect import agent_requests as rq
 from remote_ops.errors import Exit, RefusedError, RemoteOpsError, TimeoutError_, UsageError
-from remote_ops.extract.extract_spec import (EXTRACT_KEYS, MAX_FILE_BYTES, ExtractSpec, SecretRef,  # noqa: F401
-                                     ShippedFile, assignment_changed, parse_spec, resolve_secrets)
-from remote_ops.extract.preflight import Preflight, preflight, refusal  # noqa: F401  (jobs.preflight for callers)
+from remote_ops.extract.extract_spec import ExtractSpec, parse_spec, resolve_secrets
+from remote_ops.extract.preflight import preflight, refusal
 from remote_ops.records import HostRecord, optional
 from remote_ops.units import fmt_duration
 

@@ -19,8 +19,8 @@ import json
 import os
 import time
 
-from .outputdir import DIR_ID, ensure_identity, identity, machine  # noqa: F401  (outputlock.identity for callers)
-from .jobfiles import OUTPUT_MARKER as MARKER, release_output as release  # noqa: F401  (one implementation)
+from .outputdir import ensure_identity, machine
+from .jobfiles import OUTPUT_MARKER as MARKER   # one name, jobfiles' (the supervisor releases it: release_output)
 
 
 def read(output_dir):
