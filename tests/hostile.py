@@ -8,7 +8,9 @@ over the real sshd or for a ``connection: local`` host. ``rules`` is a JSON-able
 
 - ``files``: {index (str): {field: value}}: fields set on that file of every ``shards.files`` answer
   (``name``, ``dir``, ``sha256``, ``size``, ``index``);
-- ``add_files``: entries appended to every ``shards.files`` answer;
+- ``add_files``: entries appended to every ``shards.files`` answer (a packed answer, agent/outputs/packed.py,
+  is unpacked into one record a file first when ``files`` or ``add_files`` is given);
+- ``packed``: {key: value} set in a packed answer's columns (``count``, ``index``, ``sha256``...);
 - ``shard_dirs``: replaces the answer's list of moved-share subdirectories;
 - ``output_dir``: replaces the answer's output directory.
 
@@ -32,8 +34,29 @@ proc = subprocess.Popen([{python!r}] + sys.argv[1:], stdout=subprocess.PIPE)
 out = sys.stdout.buffer
 
 
+def unpack(res):
+    """A packed listing (agent/outputs/packed.py) as one record a file, so that a rule can change one."""
+    import base64, zlib, array
+    p = res.pop("packed")
+    n, dirs = p["count"], p["dirs"]
+    idx = [s + j for s, ln in p["index"] for j in range(ln)]
+    slots = [v for v, ln in p["dir"] for _ in range(ln)]
+    modes = [v for v, ln in p["mode"] for _ in range(ln)]
+    sizes = array.array("q", zlib.decompress(base64.b64decode(p["size"])))
+    sha = base64.b64decode(p["sha256"]) if "sha256" in p else None
+    res["files"] = [dict({{"index": idx[k], "name": "data_%d.pt" % idx[k], "size": sizes[k], "mode": modes[k]}},
+                         **({{"dir": dirs[slots[k]]}} if dirs[slots[k]] != res["output_dir"] else {{}}),
+                         **({{"sha256": sha[k * 32:(k + 1) * 32].hex()}} if sha is not None else {{}}))
+                    for k in range(n)]
+
+
 def rewrite(res):
     made = []
+    if "packed" in res and (RULES.get("files") or RULES.get("add_files")):
+        unpack(res)
+    if "packed" in res and RULES.get("packed"):
+        res["packed"].update(RULES["packed"])
+        made.append({{"packed": RULES["packed"]}})
     for f in res.get("files") or []:
         change = RULES.get("files", {{}}).get(str(f.get("index")))
         if change:
@@ -60,7 +83,7 @@ for line in iter(proc.stdout.readline, b""):
         made = []
         for r in doc["results"]:
             res = r.get("result") if isinstance(r, dict) else None
-            if isinstance(res, dict) and "shard_dirs" in res and "files" in res:     # a shards.files answer
+            if isinstance(res, dict) and "shard_dirs" in res and ("files" in res or "packed" in res):     # shards.files
                 made += rewrite(res)
         if made:
             with open(LOG, "a") as fh:

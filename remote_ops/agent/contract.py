@@ -183,7 +183,7 @@ OPS = {o.name: o for o in (
     Op("slurm.list", ("key",), "the login node's Slurm jobs (status records), oldest first"),
     Op("slurm.stop", _JOB + ("grace",), "scancel a Slurm job"),
     Op("slurm.logs", _JOB + ("lines", "offsets"), "the array tasks' logs (offsets: each from there on)"),
-    Op("shards.files", ("output_dir", "digest"),
+    Op("shards.files", ("output_dir", "digest", "packed"),
        "an output directory's data_<N>.pt files (size, sha256), data_config.json, moved-share subdirs"),
     Op("verify.verify", ("output_dir", "expected", "expected_default", "all", "sample", "seed", "finite", "layout",
                          "adopt"),

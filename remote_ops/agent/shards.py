@@ -20,9 +20,8 @@ def op_files(args):
     """The output directory's data_<N>.pt files (index, size, and with ``digest`` their sha256),
     data_config.json's text, the ``shard-K-of-N`` subdirectories (moved shares), the directory's
     identity (agent/job/outputdir.py) and its run identity (``run_identity``). Streams
-    ``{"hashed": bytes, "of": bytes}`` progress while hashing."""
-    import hashlib
-    import time
+    ``{"hashed": bytes, "of": bytes}`` progress while hashing. With ``packed`` the files are columns
+    (outputs/packed.py: about 50 bytes a file on the wire) instead of a dict each."""
     out_dir = os.path.expanduser(args.get("output_dir") or "")
     if not out_dir:
         from .protocol import AgentFailure
@@ -32,9 +31,52 @@ def op_files(args):
         raise AgentFailure("no-output", "output directory %s does not exist on the host" % out_dir)
     from .outputs.run_identity import output_of
     dirs = output_of(out_dir)      # one output spread over several directories: all of them, as one
-    files, subdirs, odd, links, broken = [], [], [], [], []
-    stamps = {}      # path -> [size, mtime_ns, ctime_ns, inode]: what the digest cache is keyed by
+    rows, subdirs, odd, links, broken = _scan(out_dir, dirs)
+    config_text = None
+    try:
+        with open(os.path.join(out_dir, "data_config.json"), encoding="utf-8") as fh:
+            config_text = fh.read()
+    except OSError:
+        pass
+    digests, reuse = None, None
+    if args.get("digest"):
+        digests = bytearray()
+        reuse = yield from _digests(out_dir, dirs, rows, digests)
+    from .job import outputdir
     for d in dirs:
+        try:      # a directory from before identities gets one now: one value whichever host name lists it
+            outputdir.ensure_identity(d)
+        except OSError:
+            pass      # read-only: this boot's device and inode still tell a path listed twice on one machine
+    # several directories: the output is the list of theirs (in run.json's order, whichever one was named)
+    ident = "+".join(str(outputdir.identity(d)) for d in dirs) if len(dirs) > 1 else outputdir.identity(out_dir)
+    if args.get("packed"):
+        from .outputs import packed
+        listed = {"packed": packed.encode(rows, dirs, digests)}
+    else:
+        listed = {"files": [_record(r, k, dirs, out_dir, digests) for k, r in enumerate(rows)]}
+    return {"output_dir": out_dir, **({"output_dirs": dirs} if len(dirs) > 1 else {}), **listed,
+            "config_text": config_text, "shard_dirs": sorted(subdirs),
+            "odd": sorted(odd)[:MAX_LISTED], "odd_count": len(odd), "links": sorted(links)[:MAX_LISTED],
+            "links_count": len(links), "broken": broken[:MAX_LISTED], "broken_count": len(broken),
+            **({"digests": reuse} if reuse is not None else {}),
+            "identity": ident, "run": run_identity(out_dir), "run_text": _run_text(out_dir)}
+
+
+def _record(row, k, dirs, out_dir, digests):
+    i, slot, size, mode = row[:4]
+    rec = {"index": i, "name": layout.name(i), "size": size, "mode": mode,
+           **({"dir": dirs[slot]} if dirs[slot] != out_dir else {})}
+    if digests is not None:
+        rec["sha256"] = bytes(digests[k * 32:(k + 1) * 32]).hex()
+    return rec
+
+
+def _scan(out_dir, dirs):
+    """The directories' sample files as rows (index, dir slot, size, mode, mtime_ns, ctime_ns, inode)
+    sorted by (index, slot); the moved shares' subdirectories; the odd names, links and broken files."""
+    rows, subdirs, odd, links, broken = [], [], [], [], []
+    for slot, d in enumerate(dirs):
         try:
             it = os.scandir(d)
         except FileNotFoundError:
@@ -51,64 +93,62 @@ def op_files(args):
                     if problem is not None:      # cut short: never listed as a sample to copy
                         broken.append({"file": os.path.join(d, entry.name), "problem": problem})
                         continue
-                    files.append({"index": i, "name": entry.name, "size": st.st_size, "mode": st.st_mode & 0o777,
-                                  **({"dir": d} if d != out_dir else {})})
-                    stamps[os.path.join(d, entry.name)] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+                    rows.append((i, slot, st.st_size, st.st_mode & 0o777, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
                 elif layout.is_odd(entry.name):
                     odd.append(os.path.join(d, entry.name))
                 elif SHARD_DIR_RE.match(entry.name) and entry.is_dir(follow_symlinks=False) and d == out_dir:
                     subdirs.append(entry.name)
-    files.sort(key=lambda f: (f["index"], f.get("dir") or ""))
-    config_text = None
+    rows.sort(key=lambda r: (r[0], r[1]))
+    return rows, subdirs, odd, links, broken
+
+
+def _digests(out_dir, dirs, rows, digests):
+    """Each row's sha256 appended to ``digests`` (32 bytes a row): the kept digest when the file's
+    (size, mtime, ctime, inode) are still those it was hashed at, else hashed now (progress events
+    every 2 s). Returns {"reused", "hashed"}."""
+    import hashlib
+    import time
+    known = _digests_read(out_dir)
+    cached, todo = {}, []
+    for k, r in enumerate(rows):
+        path = os.path.join(dirs[r[1]], layout.name(r[0]))
+        e = known.get(path)
+        raw = _raw(e[4]) if isinstance(e, list) and len(e) == 5 and e[:4] == [r[2], r[4], r[5], r[6]] else None
+        if raw is not None:
+            digests += raw        # hashed before, unchanged since (size, times, inode)
+            cached[path] = e
+        else:
+            digests += bytes(32)
+            todo.append(k)
+    stale, known = len(cached) != len(known), None
+    total = sum(rows[k][2] for k in todo)
+    done, last = 0, time.time()
+    for k in todo:
+        r = rows[k]
+        path = os.path.join(dirs[r[1]], layout.name(r[0]))
+        h = hashlib.sha256()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+                done += len(chunk)
+                if time.time() - last > 2:
+                    last = time.time()
+                    yield {"type": "progress", "hashed": done, "of": total}
+        digests[k * 32:(k + 1) * 32] = h.digest()
+        cached[path] = [r[2], r[4], r[5], r[6], h.hexdigest()]
+    if todo or stale:
+        _digests_write(out_dir, cached)
+    return {"reused": len(rows) - len(todo), "hashed": len(todo)}
+
+
+def _raw(v):
+    """A kept digest's 32 bytes, or None when it is not 64 hex digits."""
     try:
-        with open(os.path.join(out_dir, "data_config.json"), encoding="utf-8") as fh:
-            config_text = fh.read()
-    except OSError:
-        pass
-    cached, reuse = {}, None
-    if args.get("digest"):
-        known = _digests_read(out_dir)
-        todo = []
-        for f in files:
-            path = os.path.join(f.get("dir") or out_dir, f["name"])
-            k = known.get(path)
-            if isinstance(k, list) and len(k) == 5 and k[:4] == stamps[path]:
-                f["sha256"] = k[4]          # hashed before, unchanged since (size, times, inode)
-                cached[path] = k
-            else:
-                todo.append(f)
-        reuse = {"reused": len(files) - len(todo), "hashed": len(todo)}
-        total = sum(f["size"] for f in todo)
-        done, last = 0, time.time()
-        for f in todo:
-            h = hashlib.sha256()
-            fd = os.open(os.path.join(f.get("dir") or out_dir, f["name"]), os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd, "rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(chunk)
-                    done += len(chunk)
-                    if time.time() - last > 2:
-                        last = time.time()
-                        yield {"type": "progress", "hashed": done, "of": total}
-            f["sha256"] = h.hexdigest()
-            path = os.path.join(f.get("dir") or out_dir, f["name"])
-            cached[path] = stamps[path] + [f["sha256"]]
-        if todo or len(cached) != len(known):
-            _digests_write(out_dir, cached)
-    from .job import outputdir
-    for d in dirs:
-        try:      # a directory from before identities gets one now: one value whichever host name lists it
-            outputdir.ensure_identity(d)
-        except OSError:
-            pass      # read-only: this boot's device and inode still tell a path listed twice on one machine
-    # several directories: the output is the list of theirs (in run.json's order, whichever one was named)
-    ident = "+".join(str(outputdir.identity(d)) for d in dirs) if len(dirs) > 1 else outputdir.identity(out_dir)
-    return {"output_dir": out_dir, **({"output_dirs": dirs} if len(dirs) > 1 else {}), "files": files,
-            "config_text": config_text, "shard_dirs": sorted(subdirs),
-            "odd": sorted(odd)[:MAX_LISTED], "odd_count": len(odd), "links": sorted(links)[:MAX_LISTED],
-            "links_count": len(links), "broken": broken[:MAX_LISTED], "broken_count": len(broken),
-            **({"digests": reuse} if reuse is not None else {}),
-            "identity": ident, "run": run_identity(out_dir), "run_text": _run_text(out_dir)}
+        raw = bytes.fromhex(v) if isinstance(v, str) else b""
+    except ValueError:
+        return None
+    return raw if len(raw) == 32 else None
 
 
 def _digests_path(out_dir):

@@ -188,8 +188,8 @@ def verify_verify(*, output_dir: str, expected: int | None = _UNSET, expected_de
 
 
 # shards.py
-def shards_files(*, output_dir: str, digest: bool = _UNSET) -> Request:
-    return _req("shards.files", output_dir=output_dir, digest=digest)
+def shards_files(*, output_dir: str, digest: bool = _UNSET, packed: bool = _UNSET) -> Request:
+    return _req("shards.files", output_dir=output_dir, digest=digest, packed=packed)
 
 
 # slurm.py

@@ -29,9 +29,10 @@ class LocalSession(Session):
     def close(self) -> None:
         pass
 
-    def open_sample(self, path: str):
+    def open_sample(self, path: str, slot: int = 0):
         """A sample file on this machine (the host is the controller): gather reads it directly. Only
-        a regular file, opened without following a link (OSError otherwise)."""
+        a regular file, opened without following a link (OSError otherwise); ``slot`` (an SFTP
+        channel's, over SSH) changes nothing here."""
         import stat
         fd = os.open(os.path.expanduser(path), os.O_RDONLY | os.O_NOFOLLOW)
         if not stat.S_ISREG(os.fstat(fd).st_mode):

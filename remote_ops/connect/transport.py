@@ -93,6 +93,7 @@ class Session:
         self._lock = threading.Lock()
         self._login: dict | None = None   # python unset: what the login shell's PATH gave (first call)
         self._sftp = None         # paramiko SFTPClient, opened by the first open_sample (gather)
+        self._sftps: dict = {}    # slot -> SFTPClient: gather's further channels (open_sample's slot)
 
     # ---------------------------------------------------------------- connecting
     @property
@@ -196,26 +197,32 @@ class Session:
         self.keep = bool(self.options.persist)
         return self
 
-    def open_sample(self, path: str):
+    def open_sample(self, path: str, slot: int = 0):
         """A sample file on the host opened for reading over SFTP (one SFTP channel per session, opened
         on first use on this process's own connection; ``gather`` reads the outputs with it). Only a
         regular file: a link (lstat, never followed) or anything else raises OSError, so a link planted
         in an output directory cannot make gather read a file outside it; the opened file must still
-        be a regular file of the size lstat saw."""
+        be a regular file of the size lstat saw. ``slot``: which of the session's SFTP channels (gather
+        reads several files at once, one channel each, on the one connection)."""
         with self._lock:
-            if self._sftp is None:
+            sftp = self._sftp if slot == 0 else self._sftps.get(slot)
+            if sftp is None:
                 import paramiko
                 try:
-                    self._sftp = paramiko.SFTPClient.from_transport(self.transport)
+                    sftp = paramiko.SFTPClient.from_transport(self.transport)
                 except (paramiko.SSHException, EOFError, OSError) as exc:
                     raise UnreachableError(f"cannot open SFTP: {exc or type(exc).__name__}",
                                            "the host's sshd needs the sftp subsystem", host=self.label) from None
+                if slot == 0:
+                    self._sftp = sftp
+                else:
+                    self._sftps[slot] = sftp
+            self.stats.sftp_requests += 1
         import stat
-        self.stats.sftp_requests += 1
-        st = self._sftp.lstat(path)
+        st = sftp.lstat(path)
         if not stat.S_ISREG(st.st_mode or 0):
             raise OSError(f"{path} is not a regular file on the host (a link or other: never followed)")
-        fh = self._sftp.open(path, "rb")
+        fh = sftp.open(path, "rb")
         try:
             now = fh.stat()
             if not stat.S_ISREG(now.st_mode or 0) or now.st_size != st.st_size:
@@ -227,12 +234,13 @@ class Session:
         return fh
 
     def close(self) -> None:
-        if self._sftp is not None:
-            try:
-                self._sftp.close()
-            except Exception:  # closing must not hide the operation's result
-                pass
-            self._sftp = None
+        for sftp in [self._sftp, *self._sftps.values()]:
+            if sftp is not None:
+                try:
+                    sftp.close()
+                except Exception:  # closing must not hide the operation's result
+                    pass
+        self._sftp, self._sftps = None, {}
         if self._mux is not None:
             self._mux.close()
             self._mux = None

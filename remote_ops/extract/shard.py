@@ -28,7 +28,7 @@ import stat
 import tempfile
 from dataclasses import dataclass, field
 
-from remote_ops.agent.outputs import layout
+from remote_ops.agent.outputs import layout, packed
 from remote_ops.agent.outputs import shares as rule
 from remote_ops.connect import agent_requests as rq
 from remote_ops.errors import UsageError
@@ -183,10 +183,10 @@ def progress_line(g: GroupProgress) -> str:
 
 
 # ------------------------------------------------------------------ verify: the union
-def _files(session, output_dir: str, *, digest: bool = False, on_progress=None) -> dict:
+def _files(session, output_dir: str, *, digest: bool = False, on_progress=None, packed: bool = False) -> dict:
     progress = None if on_progress is None else lambda e: on_progress(e.get("hashed"), e.get("of"))
-    return session.stream_result(*rq.shards_files(output_dir=output_dir, digest=digest), timeout=3600,
-                                 on_event=progress, what="listing the outputs")
+    req = rq.shards_files(output_dir=output_dir, digest=digest, **({"packed": True} if packed else {}))
+    return session.stream_result(*req, timeout=3600, on_event=progress, what="listing the outputs")
 
 
 def _config(text: str | None) -> dict:
@@ -501,11 +501,12 @@ def list_part(session, *, pb, job: str | None, output_dir: str | None, on_progre
                          f"flow's {'%s_<N>.%s' % layout.LAYOUTS[layout.DEFAULT]} outputs",
                          "check them with remote-ops verify HOST --all, then copy the directory as it is "
                          "(rsync -a or scp -r)")
-    first = admit(_files(session, base, digest=True, on_progress=on_progress))
+    first = admit(_files(session, base, digest=True, on_progress=on_progress, packed=True))
     first["running"] = run
     out = [first]
     for sub in first["shard_dirs"]:
-        out.append(admit(_files(session, base.rstrip("/") + "/" + sub, digest=True, on_progress=on_progress)))
+        out.append(admit(_files(session, base.rstrip("/") + "/" + sub, digest=True, on_progress=on_progress,
+                                packed=True)))
     for d in out:
         d["host"] = session.label
     return out
@@ -559,15 +560,7 @@ def admit(listing: dict) -> dict:
             dirs.add(d)
         else:
             refused.append(f"one of its output directories, {layout.show(d)}, is not a clean absolute path")
-    files = []
-    for f in out.get("files") if isinstance(out.get("files"), list) else []:
-        why = _refusal(f, dirs)
-        if why is None:
-            files.append(f)
-        else:
-            name = f.get("name") if isinstance(f, dict) else f
-            refused.append(f"listed file {layout.show(name)} refused: {why}")
-    out["files"] = files
+    out["files"] = _admit_files(out, base, dirs, refused)
     subs = []
     for sub in out.get("shard_dirs") if isinstance(out.get("shard_dirs"), list) else []:
         m = rule.SHARD_DIR_RE.match(sub) if isinstance(sub, str) else None
@@ -593,87 +586,62 @@ def admit(listing: dict) -> dict:
     return out
 
 
-def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, GatherResult]:
+def _admit_files(out: dict, base: str, dirs: set, refused: list) -> packed.Columns:
+    """The listing's files as columns (agent/outputs/packed.py): its ``packed`` columns decoded, every
+    value held to its kind (one refusal line names what is wrong, and nothing of it is kept), and its
+    per-file records (``files``) each admitted by ``_refusal``."""
+    order = [base] + sorted(dirs - {base})
+    cols = packed.Columns(order, base, sha=bytearray())
+    if "packed" in out:
+        try:
+            got = packed.decode(out.pop("packed"), base, dirs)
+        except (ValueError, TypeError) as exc:
+            refused.append(f"its packed listing is refused: {layout.show(str(exc))}")
+        else:
+            if got.sha is None:
+                refused.append("its packed listing is refused: it carries no sha256")
+            else:
+                cols = packed.Columns(got.dirs, base, got.index, got.size, got.mode, got.slot, bytearray(got.sha))
+    slot_of = {d: k for k, d in enumerate(cols.dirs)}
+    for f in out.get("files") if isinstance(out.get("files"), list) else []:
+        why = _refusal(f, dirs)
+        if why is None:
+            d = f.get("dir", base)
+            if d not in slot_of:
+                slot_of[d] = len(cols.dirs)
+                cols.dirs.append(d)
+            cols.append(f, slot_of[d])
+        else:
+            name = f.get("name") if isinstance(f, dict) else f
+            refused.append(f"listed file {layout.show(name)} refused: {why}")
+    return cols.sorted()
+
+
+def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, "gstore.Items"], dict, GatherResult]:
     """Which directory each index is read from, the union's data_config.json, and the result's
     skeleton. ``listings``: host -> list_part. A directory reached under two host names is listed
     once (``distinct_dirs``). An index held by several directories is read from the copy ``choose``
     keeps (its run identity is the union's, else the fuller share) and the others are named in
     ``dropped``; copies with other bytes that no run identity tells apart are conflicts, which
-    refuse the gather. Files beyond the dataset's size are named (``beyond``), never copied."""
-    dirs = [dict(d, host=host, files_list=d["files"], files=len(d["files"]), run=(d.get("run") or {}).get("run"),
-                 shard=_facts(_config(d.get("config_text")))["shard"])
+    refuse the gather. Files beyond the dataset's size are named (``beyond``), never copied. The
+    chosen files are columns per host (``gather_store.Items``), one dict each only while copied."""
+    from remote_ops.extract import gather_store as gstore
+    dirs = [dict(d, host=host, cols=gstore.columns(d["files"], d["output_dir"]), files=len(d["files"]),
+                 run=(d.get("run") or {}).get("run"), shard=_facts(_config(d.get("config_text")))["shard"])
             for host in sorted(listings) for d in listings[host]]
     refused = [f"{d['host']}:{layout.show(d['output_dir'])}: {why}" for d in dirs for why in d.get("refused") or []]
     refusing = sorted({d["host"] for d in dirs if d.get("refused")})
     dirs, same = distinct_dirs(dirs)
     run = union_run(dirs)
-    holders: dict[int, list[dict]] = {}
-    by_index: dict[int, dict] = {}          # id(dir) -> {index: its file}: one lookup per (index, dir)
-    for d in dirs:
-        mine = by_index[id(d)] = {}
-        for f in d["files_list"]:
-            if f["index"] not in mine:      # an index twice in one output (two of its dirs): the first
-                mine[f["index"]] = f
-                holders.setdefault(f["index"], []).append(d)
-    configs = [(d["host"], d) for d in dirs if d.get("config_text")]
-    facts = [(h, _facts(_config(d["config_text"])), d) for h, d in configs]
+    facts = [(d["host"], _facts(_config(d["config_text"])), d) for d in dirs if d.get("config_text")]
     totals = {f["total"] for _, f, _ in facts if isinstance(f["total"], int)}
     g = GatherResult()
     if same:
         g.extra["same_dir"] = same
-    total = next(iter(totals)) if len(totals) == 1 else None
-    chosen: dict[int, dict] = {}
-    conflicts, dropped, beyond = [], [], []
-    for i in sorted(holders):
-        item_of = {id(d): by_index[id(d)][i] for d in holders[i]}
-
-        def item(d):
-            return {**item_of[id(d)], "host": d["host"], "path": _file_path(d, item_of[id(d)])}
-        if total is not None and i >= total:
-            beyond += [f"{d['host']}:{item(d)['path']}" for d in holders[i]]
-            continue
-        keep, others = choose(holders[i], run, i)
-        chosen[i] = item(keep)
-        for d, why in others:
-            other = item(d)
-            # a kept copy of the union's run wins over another run's (or none), and over a second copy of
-            # its own run (computed twice: the same rule as verify's union); copies with other bytes that
-            # no run identity tells apart are a conflict
-            if other["sha256"] != chosen[i]["sha256"] and not (run and keep.get("run") == run):
-                conflicts.append({"index": i, "where": [f"{keep['host']}:{chosen[i]['path']}", f"{d['host']}:{other['path']}"]})
-            else:
-                dropped.append({"index": i, "kept": f"{keep['host']}:{chosen[i]['path']}",
-                                "dropped": f"{d['host']}:{other['path']}", "why": why,
-                                "same_bytes": other["sha256"] == chosen[i]["sha256"]})
-    g.conflicts, g.dropped, g.beyond = conflicts[:50], dropped, beyond
-    running = [dict(d["running"], host=d["host"]) for d in dirs if isinstance(d.get("running"), dict)]
-    if running:       # a job still writing: what it has not written yet is not lost
-        g.extra["running"] = running
-    digests = [d["digests"] for d in dirs if isinstance(d.get("digests"), dict)]
-    if digests:       # how many files the hosts hashed now, and how many digests they kept from before
-        g.extra["host_digests"] = {k: sum(int(x.get(k) or 0) for x in digests) for k in ("hashed", "reused")}
-    if refused:
-        g.problems.append(f"{len(refused)} part(s) of the hosts' listings break the rule for sample files "
-                          "(data_<N>.pt exactly, regular files, whole): nothing copied; look at those files ("
-                          + "; ".join(f"remote-ops verify {_shlex_quote(h)} names them" for h in refusing)
-                          + "), fix or move them away, and gather again")
-        g.problems += refused[:20]
-    if conflicts:
-        c = conflicts[0]
-        g.problems.append(f"{len(conflicts)} index(es) differ between hosts, e.g. data_{c['index']}.pt on "
-                          f"{' and '.join(c['where'])}, and no run.json tells which is of this run: delete the wrong "
-                          "copy (remote-ops verify GROUP)")
-    foreign = [d for d in dirs if run and d.get("run") and d["run"] != run
-               and any(chosen.get(f["index"], {}).get("path") == _file_path(d, f)
-                       and chosen[f["index"]]["host"] == d["host"] for f in by_index[id(d)].values())]
-    runs = sorted({d["run"] for d in dirs if d.get("run")})
-    if run is None and len(runs) > 1:       # no majority run: nothing tells which files are the union's
-        g.problems.append(f"the directories hold files of {len(runs)} runs in equal numbers (their run.json "
-                          f"differ: {', '.join(d['host'] + ':' + d['output_dir'] for d in dirs if d.get('run'))}): "
-                          "gather one run at a time (move the other run's directories away)")
-    for d in foreign:
-        g.problems.append(f"{d['host']}:{d['output_dir']} holds files of another run (its run.json differs from the "
-                          "other directories'): they would be mixed in; move that directory away or extract it again")
+    g.total = next(iter(totals)) if len(totals) == 1 else None
+    items = gstore.Items(dirs, _file_path)
+    used = _plan_choose(dirs, run, g, items)
+    _plan_problems(g, dirs, run, refused, refusing, used)
     if len(totals) > 1:
         g.problems.append(f"the hosts' data_config.json disagree on num_samples: {sorted(totals)}")
     for key in ("layer_ids", "hidden_size", "package_versions"):
@@ -682,7 +650,6 @@ def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, 
                               "verify GROUP")
     if not facts and listings:        # no listing at all: the hosts' own errors say why
         g.problems.append("no host has a data_config.json")
-    g.total = total
     union_doc = None
     if facts and not g.problems:
         facts.sort(key=lambda t: (t[1]["shard"] or [0])[0])
@@ -690,14 +657,77 @@ def plan(listings: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict, 
         union_doc.pop("shard", None)
         union_doc["gathered_from"] = [{"host": h, "output_dir": d["output_dir"], "shard": f["shard"]}
                                       for h, f, d in facts]
-    per_host: dict[str, list[dict]] = {h: [] for h in listings}
-    for it in chosen.values():
-        per_host[it["host"]].append(it)
-    for items in per_host.values():
-        items.sort(key=lambda it: it["index"])
     g.extra["config"] = union_doc
     g.extra["run"] = _union_run(dirs, run) if union_doc is not None else None
-    return per_host, union_doc, g
+    return items.per_host(listings), union_doc, g
+
+
+def _plan_choose(dirs: list[dict], run: str | None, g: GatherResult, items) -> set[int]:
+    """Every index's copy to read (into ``items``), in index order over the directories' sorted
+    columns (one merge, nothing per index kept but the choice); conflicts, dropped copies and files
+    beyond the total into ``g``. Returns the positions in ``dirs`` of the directories read from."""
+    from remote_ops.extract import gather_store as gstore
+    conflicts, dropped, beyond, used = [], [], [], set()
+    for i, holders in gstore.holders([d["cols"] for d in dirs]):
+        def item(n, k):
+            return {**dirs[n]["cols"].record(k), "host": dirs[n]["host"], "path": _file_path(dirs[n], dirs[n]["cols"].record(k))}
+        if g.total is not None and i >= g.total:
+            beyond += [f"{dirs[n]['host']}:{item(n, k)['path']}" for n, k in holders]
+            continue
+        if len(holders) == 1:
+            items.add(*holders[0])
+            used.add(holders[0][0])
+            continue
+        pos = {id(dirs[n]): (n, k) for n, k in holders}
+        keep, others = choose([dirs[n] for n, _ in holders], run, i)
+        kn, kk = pos[id(keep)]
+        items.add(kn, kk)
+        used.add(kn)
+        kept = item(kn, kk)
+        for d, why in others:
+            other = item(*pos[id(d)])
+            # a kept copy of the union's run wins over another run's (or none), and over a second copy of
+            # its own run (computed twice: the same rule as verify's union); copies with other bytes that
+            # no run identity tells apart are a conflict
+            if other["sha256"] != kept["sha256"] and not (run and keep.get("run") == run):
+                conflicts.append({"index": i, "where": [f"{keep['host']}:{kept['path']}", f"{d['host']}:{other['path']}"]})
+            else:
+                dropped.append({"index": i, "kept": f"{keep['host']}:{kept['path']}",
+                                "dropped": f"{d['host']}:{other['path']}", "why": why,
+                                "same_bytes": other["sha256"] == kept["sha256"]})
+    g.conflicts, g.dropped, g.beyond = conflicts[:50], dropped, beyond
+    if conflicts:
+        c = conflicts[0]
+        g.problems.append(f"{len(conflicts)} index(es) differ between hosts, e.g. data_{c['index']}.pt on "
+                          f"{' and '.join(c['where'])}, and no run.json tells which is of this run: delete the wrong "
+                          "copy (remote-ops verify GROUP)")
+    return used
+
+
+def _plan_problems(g: GatherResult, dirs: list[dict], run, refused: list, refusing: list, used: set) -> None:
+    """What refuses the gather besides conflicts: refused listings, directories of another run whose
+    files would be read, runs that no majority tells apart; and the running jobs, the hosts' digests."""
+    running = [dict(d["running"], host=d["host"]) for d in dirs if isinstance(d.get("running"), dict)]
+    if running:       # a job still writing: what it has not written yet is not lost
+        g.extra["running"] = running
+    digests = [d["digests"] for d in dirs if isinstance(d.get("digests"), dict)]
+    if digests:       # how many files the hosts hashed now, and how many digests they kept from before
+        g.extra["host_digests"] = {k: sum(int(x.get(k) or 0) for x in digests) for k in ("hashed", "reused")}
+    if refused:
+        g.problems.insert(0, f"{len(refused)} part(s) of the hosts' listings break the rule for sample files "
+                          "(data_<N>.pt exactly, regular files, whole): nothing copied; look at those files ("
+                          + "; ".join(f"remote-ops verify {_shlex_quote(h)} names them" for h in refusing)
+                          + "), fix or move them away, and gather again")
+        g.problems[1:1] = refused[:20]
+    foreign = [d for n, d in enumerate(dirs) if run and d.get("run") and d["run"] != run and n in used]
+    runs = sorted({d["run"] for d in dirs if d.get("run")})
+    if run is None and len(runs) > 1:       # no majority run: nothing tells which files are the union's
+        g.problems.append(f"the directories hold files of {len(runs)} runs in equal numbers (their run.json "
+                          f"differ: {', '.join(d['host'] + ':' + d['output_dir'] for d in dirs if d.get('run'))}): "
+                          "gather one run at a time (move the other run's directories away)")
+    for d in foreign:
+        g.problems.append(f"{d['host']}:{d['output_dir']} holds files of another run (its run.json differs from the "
+                          "other directories'): they would be mixed in; move that directory away or extract it again")
 
 
 def _file_path(d: dict, f: dict) -> str:
@@ -723,7 +753,8 @@ def stale_in_destination(to: str, total: int | None) -> list[str]:
     run, never part of this one."""
     if total is None:
         return []
-    return [n for i, n in sorted(local_samples(to).items()) if i >= total]
+    from remote_ops.extract.gather_store import local_indexes
+    return local_indexes(to, total)[1]
 
 
 def _write_json(to: str, name: str, doc, **dump) -> None:
@@ -757,44 +788,7 @@ def _union_run(dirs: list[dict], run: str | None) -> dict | None:
     return None
 
 
-class Manifest:
-    """What a gather wrote into ``--to``: ``.remote-ops-gather.json`` beside the files, one entry per
-    sample (size, sha256, the file's mtime and inode as gather left it, its source). A rerun takes a
-    destination file whose size, mtime and inode are still the entry's, and whose entry's sha256 is the
-    host's, as already there without reading it (rsync's quick check); ``checksum`` hashes every one."""
-
-    NAME = ".remote-ops-gather.json"
-
-    def __init__(self, to: str, checksum: bool = False):
-        import threading
-        self.to, self.checksum, self.lock = to, checksum, threading.Lock()
-        self.entries: dict[str, list] = {}
-        try:
-            fd = os.open(os.path.join(to, self.NAME), os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd, encoding="utf-8") as fh:
-                doc = json.load(fh)
-            if isinstance(doc, dict) and isinstance(doc.get("files"), dict):
-                self.entries = doc["files"]
-        except (OSError, ValueError):
-            pass
-        self.changed = False
-
-    def quick(self, name: str, st, it: dict) -> bool:
-        e = self.entries.get(name)
-        return (not self.checksum and isinstance(e, list) and len(e) >= 4
-                and e[:4] == [st.st_size, st.st_mtime_ns, st.st_ino, it["sha256"]])
-
-    def add(self, name: str, st, it: dict, source: str) -> None:
-        with self.lock:
-            self.entries[name] = [st.st_size, st.st_mtime_ns, st.st_ino, it["sha256"], source]
-            self.changed = True
-
-    def save(self) -> None:
-        if self.changed:
-            present = set(local_samples(self.to).values())
-            _write_json(self.to, self.NAME, {"format": "remote-ops-gather/1",
-                                             "files": {k: v for k, v in self.entries.items() if k in present}},
-                        separators=(",", ":"))
+from remote_ops.extract.gather_store import Manifest  # noqa: E402  (api.gather builds it here)
 
 
 def _held(dfd: int, name: str, it: dict, manifest: Manifest | None = None, source: str = "") -> bool:
@@ -823,57 +817,54 @@ def _held(dfd: int, name: str, it: dict, manifest: Manifest | None = None, sourc
         os.close(fd)
 
 
-def copy_part(session, items: list[dict], to: str, *, on_file=None, host_mode: bool = False,
-              manifest: Manifest | None = None) -> GatherPart:
+COPY_STREAMS = 4       # files in flight at once per host (each its own SFTP channel on the one connection)
+
+
+def copy_part(session, items, to: str, *, on_file=None, host_mode: bool = False,
+              manifest: Manifest | None = None, streams: int = COPY_STREAMS) -> GatherPart:
     """Copy ``items`` (plan's, this host's) into ``to``: a file already there with the host's sha256
     is kept; else it is read over SFTP (a regular file only: ``open_sample``) into a fresh temporary
     (``mkstemp``: 0600, never through a pre-made link) in ``to``, hashed while it arrives, fsynced and
     renamed onto its name only when its sha256 is the host's. The local name is built from the index
     (layout.py), never taken from the host; every name is resolved under ``to`` opened once. Copies
-    are 0600, or with ``host_mode`` the host's mode capped at 0644. A file that fails is named in
-    ``failed`` and the others still count."""
+    are 0600, or with ``host_mode`` the host's mode capped at 0644. ``streams`` files are in flight at
+    once (each worker its own SFTP channel), at most twice as many waiting. A file that fails is named
+    in ``failed`` (its temporary removed) and the others still count; after a failure that is not the
+    file's own (the connection lost) nothing more is started, and ``extra["not_started"]`` counts what
+    was left."""
+    import concurrent.futures as cf
+    import threading
     host = session.host
     part = GatherPart(host.name, files=len(items))
+    slots, local = iter(range(1 << 30)), threading.local()
+
+    def one(it, name):
+        if not hasattr(local, "slot"):
+            local.slot = next(slots)
+        return _copy_one(session, it, name, to, dfd, host_mode, manifest, local.slot)
+
     dfd = os.open(to, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        for it in items:
-            name = layout.name(int(it["index"]))
-            held = _held(dfd, name, it, manifest, f"{host.name}:{it['path']}")
-            if held:
-                part.skipped += 1
-                if held == "quick":
-                    part.extra["quick"] = part.extra.get("quick", 0) + 1
-                continue
-            fd, tmp_path = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=to)
-            tmp = os.path.basename(tmp_path)
-            h = hashlib.sha256()
-            try:
-                with session.open_sample(it["path"]) as src, os.fdopen(fd, "wb") as dst:
-                    for chunk in iter(lambda: src.read(1 << 20), b""):
-                        h.update(chunk)
-                        dst.write(chunk)
-                    dst.flush()
-                    if host_mode:
-                        os.fchmod(dst.fileno(), int(it.get("mode", 0o600)) & 0o644)
-                    os.fsync(dst.fileno())
-                if h.hexdigest() != it["sha256"]:
-                    raise OSError(f"sha256 {h.hexdigest()[:12]} of the copy differs from the host's "
-                                  f"{it['sha256'][:12]} (changed while copying?)")
-                os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-                if manifest is not None:
-                    manifest.add(name, os.stat(name, dir_fd=dfd, follow_symlinks=False), it,
-                                 f"{host.name}:{it['path']}")
-            except OSError as exc:
-                try:
-                    os.unlink(tmp, dir_fd=dfd)
-                except OSError:
-                    pass
-                part.failed.append({"file": it["path"], "error": str(exc)})
-                continue
-            part.copied += 1
-            part.bytes += it["size"]
-            if on_file is not None:
-                on_file(host.name, {**it, "name": name})
+        with cf.ThreadPoolExecutor(max_workers=max(1, streams), thread_name_prefix="gather") as pool:
+            pending, broken = set(), None
+            for j in range(len(items)):
+                it = items[j]
+                name = layout.name(int(it["index"]))
+                if broken is not None:
+                    part.extra["not_started"] = part.extra.get("not_started", 0) + 1
+                    continue
+                held = _held(dfd, name, it, manifest, f"{host.name}:{it['path']}")
+                if held:
+                    part.skipped += 1
+                    if held == "quick":
+                        part.extra["quick"] = part.extra.get("quick", 0) + 1
+                    continue
+                pending.add(pool.submit(one, it, name))
+                if len(pending) >= 2 * max(1, streams):
+                    done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+                    broken = _copied(done, part, host.name, on_file) or broken
+            done, _ = cf.wait(pending)
+            _copied(done, part, host.name, on_file)
         if part.copied:
             os.fsync(dfd)
     finally:
@@ -881,11 +872,62 @@ def copy_part(session, items: list[dict], to: str, *, on_file=None, host_mode: b
     return part
 
 
+def _copied(done, part: GatherPart, host: str, on_file) -> BaseException | None:
+    """The finished copies counted into ``part``; the first failure that is not a file's own (not an
+    OSError: the connection), or None."""
+    broken = None
+    for fut in done:
+        it, name, exc = fut.result()
+        if exc is None:
+            part.copied += 1
+            part.bytes += it["size"]
+            if on_file is not None:
+                on_file(host, {**it, "name": name})
+            continue
+        part.failed.append({"file": it["path"], "error": str(exc) or type(exc).__name__})
+        if not isinstance(exc, OSError) and broken is None:
+            broken = exc
+    return broken
+
+
+def _copy_one(session, it: dict, name: str, to: str, dfd: int, host_mode: bool, manifest, slot: int):
+    """One file read over SFTP (channel ``slot``) into a fresh temporary in ``to`` and renamed onto
+    ``name`` when its sha256 is the host's; (item, name, None) or (item, name, the error), the
+    temporary removed on any error."""
+    fd, tmp_path = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=to)
+    tmp = os.path.basename(tmp_path)
+    h = hashlib.sha256()
+    try:
+        with os.fdopen(fd, "wb") as dst, session.open_sample(it["path"], slot=slot) as src:
+            for chunk in iter(lambda: src.read(1 << 20), b""):
+                h.update(chunk)
+                dst.write(chunk)
+            dst.flush()
+            if host_mode:
+                os.fchmod(dst.fileno(), int(it.get("mode", 0o600)) & 0o644)
+            os.fsync(dst.fileno())
+        if h.hexdigest() != it["sha256"]:
+            raise OSError(f"sha256 {h.hexdigest()[:12]} of the copy differs from the host's "
+                          f"{it['sha256'][:12]} (changed while copying?)")
+        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        if manifest is not None:
+            manifest.add(name, os.stat(name, dir_fd=dfd, follow_symlinks=False), it, f"{session.host.name}:{it['path']}")
+    except Exception as exc:        # reported as this file's failure; the temporary never stays
+        try:
+            os.unlink(tmp, dir_fd=dfd)
+        except OSError:
+            pass
+        return it, name, exc
+    return it, name, None
+
+
 def finish(results, g: GatherResult, union_doc: dict | None, to: str, manifest: Manifest | None = None) -> GatherResult:
     """After the copies: data_config.json of the union (tmp + rename), the gather's manifest, and what
     the directory holds."""
+    from remote_ops.extract.gather_store import local_indexes
+    present, stale = local_indexes(to, g.total)
     if manifest is not None:
-        manifest.save()
+        manifest.save(present)
     for r in results:
         if r.ok:
             g.add(r.value)
@@ -900,13 +942,10 @@ def finish(results, g: GatherResult, union_doc: dict | None, to: str, manifest: 
         _write_json(to, "data_config.json", union_doc, indent=2)
         if g.extra.get("run"):         # the union's run identity, so that verify can hold it to its run
             _write_json(to, "run.json", g.extra["run"], indent=1, sort_keys=True)
-    present = set(local_samples(to))
     if g.total is not None:      # counts are of this run's samples: a file beyond the total is not one
-        stale = stale_in_destination(to, g.total)
         if stale:
             g.problems.append(stale_line(to, stale, g.total))
-        present = {i for i in present if i < g.total}
-    g.present = len(present)
+    g.present = len(present) - len(stale)
     if g.total is not None:
         missing = g.count_missing(present)
         if missing:
