@@ -192,22 +192,60 @@ def compare(torch, logp, ids, entries, top1):
 
 
 def op_check(args):
-    from .outputs import run_identity as ri
-    from .outputs.data_config import read_data_config
-    from .outputs.scan import _import_torch, scan
+    """The op: named phases: the run's facts, whether the check applies, the engine, each sampled
+    file's logits against the engine's, the verdict."""
     out_dir = os.path.expanduser(args.get("output_dir") or "")
     if not out_dir or not os.path.isdir(out_dir):
         raise AgentFailure("no-output", "output directory %s does not exist on the host" % out_dir)
     layout = args.get("layout") or "data_pt"
-    n_files = int(args.get("n") or 0)
-    port = args.get("port")
-    top_k = int(args.get("top_k") or DEFAULT_TOP_K)
-    min_top1 = float(args.get("min_top1") or DEFAULT_MIN_TOP1)
-    max_delta = float(args.get("max_mean_delta") or DEFAULT_MAX_MEAN_DELTA)
+    base = _settings(args, out_dir)
     timeout = float(args.get("timeout") or 120)
+    model_dir = _run_facts(base, args, out_dir, layout)
+    cfg = _applies_here(base, model_dir)
+    if cfg is None:
+        return base
+    port = base["port"]
+    if not port:
+        base["why"] = ("no engine to compare with: give --logits-port, the port of a vLLM server on the host "
+                       "serving %s (the job's own server is asked while the job runs)" % model_dir)
+        return base
+    from .outputs.scan import _import_torch, scan
+    torch = _import_torch()
+    norm_w, head_w, names = head_tensors(torch, model_dir, cfg)
+    base["checkpoint_tensors"] = names
+    indexes, _, _ = scan(out_dir, layout)
+    if not indexes:
+        base["why"] = "no sample files in %s" % out_dir
+        return base
+    rng = random.Random(int(args.get("seed") or 0))
+    chosen = sorted(rng.sample(sorted(indexes), min(int(args.get("n") or 0), len(indexes))))
+    try:
+        served = engine_model(int(port), timeout)
+    except (OSError, ValueError, KeyError, urllib.error.URLError) as exc:
+        base["why"] = "no engine answered on 127.0.0.1:%s/v1/models: %s" % (port, exc)
+        return base
+    base["served_model"] = served
+    eps = float(cfg.get("rms_norm_eps") or 1e-6)
+    totals = _compare_files(base, torch, (norm_w, head_w, eps), timeout, out_dir, layout, indexes, chosen)
+    _verdict(base, totals)
+    return base
+
+
+def _settings(args, out_dir):
+    """The result's frame, with the thresholds and the engine's port this check runs with."""
     base = {"ok": False, "applies": None, "output_dir": out_dir, "files": 0, "positions": 0, "top1": None,
-            "mean_abs_delta": None, "min_top1": min_top1, "max_mean_delta": max_delta, "port": port,
-            "problems": [], "per_file": []}
+            "mean_abs_delta": None, "min_top1": float(args.get("min_top1") or DEFAULT_MIN_TOP1),
+            "max_mean_delta": float(args.get("max_mean_delta") or DEFAULT_MAX_MEAN_DELTA),
+            "port": args.get("port"), "problems": [], "per_file": []}
+    base["top_k"] = int(args.get("top_k") or DEFAULT_TOP_K)
+    return base
+
+
+def _run_facts(base, args, out_dir, layout):
+    """The flow, the layer ids and the checkpoint, from run.json (data_config.json for the ids of an
+    older 0.3.0-flow run); returns the checkpoint directory (or None)."""
+    from .outputs import run_identity as ri
+    from .outputs.data_config import read_data_config
     try:
         run = ri.read(out_dir)
     except ri.IdentityError as exc:
@@ -217,46 +255,38 @@ def op_check(args):
     flow = ident.get("flow") or ("server" if layout == "hs_safetensors" else "generator")
     layer_ids = ident.get("layer_ids")
     if not layer_ids and layout != "hs_safetensors":
-        cfg = read_data_config(out_dir) or {}
-        layer_ids = cfg.get("layer_ids")
+        layer_ids = (read_data_config(out_dir) or {}).get("layer_ids")
     model_dir = args.get("model") or (ident.get("model") or {}).get("path")
     base.update(flow=flow, layer_ids=layer_ids, model=model_dir)
+    return model_dir
+
+
+def _applies_here(base, model_dir):
+    """The checkpoint's text config when the check applies here; None (with ``why``) when it does not."""
     if not model_dir or not os.path.isdir(model_dir):
         base["why"] = ("the checkpoint directory is not known (run.json names none)" if not model_dir
                        else "the checkpoint %s is not a directory on this host" % model_dir)
-        return base
+        return None
     try:
         with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as fh:
             cfg = text_config(json.load(fh))
     except (OSError, ValueError) as exc:
         base["why"] = "%s/config.json: %s" % (model_dir, exc)
-        return base
+        return None
     num_layers = cfg.get("num_hidden_layers")
-    ok_here, why = applies(flow, layer_ids, num_layers)
+    ok_here, why = applies(base["flow"], base["layer_ids"], num_layers)
     base.update(applies=ok_here, num_layers=num_layers)
     if not ok_here:
         base.update(ok=ok_here is False, why=why)     # not applicable is no failure; unknown is
-        return base
-    if not port:
-        base["why"] = ("no engine to compare with: give --logits-port, the port of a vLLM server on the host "
-                       "serving %s (the job's own server is asked while the job runs)" % model_dir)
-        return base
-    torch = _import_torch()
-    norm_w, head_w, names = head_tensors(torch, model_dir, cfg)
-    eps = float(cfg.get("rms_norm_eps") or 1e-6)
-    base["checkpoint_tensors"] = names
-    indexes, _, _ = scan(out_dir, layout)
-    if not indexes:
-        base["why"] = "no sample files in %s" % out_dir
-        return base
-    rng = random.Random(int(args.get("seed") or 0))
-    chosen = sorted(rng.sample(sorted(indexes), min(n_files, len(indexes))))
-    try:
-        served = engine_model(int(port), timeout)
-    except (OSError, ValueError, KeyError, urllib.error.URLError) as exc:
-        base["why"] = "no engine answered on 127.0.0.1:%s/v1/models: %s" % (port, exc)
-        return base
-    base["served_model"] = served
+        return None
+    return cfg
+
+
+def _compare_files(base, torch, head, timeout, out_dir, layout, indexes, chosen):
+    """Each chosen file's last state through the final norm (and without it) and lm_head, against the
+    engine's prompt logprobs; returns the totals [positions, top-1 agreements, sum |delta|, logprobs]."""
+    norm_w, head_w, eps = head
+    port, served, top_k = int(base["port"]), base["served_model"], base["top_k"]
     totals = {"norm": [0, 0, 0.0, 0], "raw": [0, 0, 0.0, 0]}
     for i in chosen:
         path = os.path.join(out_dir, indexes[i])
@@ -269,7 +299,7 @@ def op_check(args):
             base["problems"].append("%s: %d states for %d tokens" % (indexes[i], h.shape[0], len(ids)))
             continue
         try:
-            entries, top1 = engine_logprobs(int(port), served, ids, top_k, timeout)
+            entries, top1 = engine_logprobs(port, served, ids, top_k, timeout)
         except (OSError, ValueError, KeyError, urllib.error.URLError) as exc:
             base["problems"].append("%s: the engine's prompt logprobs: %s" % (indexes[i], exc))
             continue
@@ -284,9 +314,15 @@ def op_check(args):
                     rec.update(positions=pos, top1=round(agree / pos, 6) if pos else None,
                                mean_abs_delta=round(total / count, 6) if count else None)
             base["per_file"].append(rec)
+    return totals
+
+
+def _verdict(base, totals):
+    """The agreement over every compared position, and why it fails when it does."""
+    min_top1, max_delta = base["min_top1"], base["max_mean_delta"]
     pos, agree, total, count = totals["norm"]
     base.update(files=len(base["per_file"]), positions=pos, top1=round(agree / pos, 6) if pos else None,
-                mean_abs_delta=round(total / count, 6) if count else None, compared_logprobs=count, top_k=top_k)
+                mean_abs_delta=round(total / count, 6) if count else None, compared_logprobs=count)
     rpos, ragree, rtotal, rcount = totals["raw"]
     base["without_norm"] = {"top1": round(ragree / rpos, 6) if rpos else None,
                             "mean_abs_delta": round(rtotal / rcount, 6) if rcount else None}
@@ -302,4 +338,3 @@ def op_check(args):
                        % (100 * base["top1"], 100 * min_top1, base["mean_abs_delta"], max_delta, pos,
                           base["files"], "it fits only WITHOUT the final norm: the states were captured after it"
                           if after else "not the model's last layer, or the states were altered"))
-    return base
