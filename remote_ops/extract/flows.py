@@ -3,8 +3,10 @@
 A flow is one object that declares its spec section (the ``extract:`` key it owns, parsed by its
 ``parse``), its preflight parts (``parts``: names of extract/preflight.py ``PARTS`` that run only for
 it; ``own_parts``: parts of its own), its launch (``launch_args``: what ``jobs.launch`` sends beside the
-common arguments), its status fields, its output layout (``layout``, the default when the playbook
-names none) and its verify (``verify``: which of verify's readers its files take). ``of(spec)`` is the
+common arguments). The output layout is not the flow's: it is the file the job's client writes, the
+playbook's ``output_layout`` (data_pt by default, for either flow), read through agent/outputs/layout.py by
+status, verify, resume and gather. A job's status fields come from the host's record of it (a server
+flow's ``server``: agent/job/status.py server_status). ``of(spec)`` is the
 flow whose section a spec carries, else ``DEFAULT``; code outside this module asks the flow, never
 "which flow is this".
 
@@ -23,11 +25,8 @@ class Flow:
     name = ""
     section: str | None = None         # the extract: key this flow owns (None: the default flow)
     keys: frozenset = frozenset()      # the section's own keys (its parse checks them)
-    layout = "data_pt"                 # the output layout when the playbook names none
-    verify = "data_pt"                 # verify's reader of its files (agent/verify.py: by layout)
     parts: tuple[str, ...] = ()        # preflight PARTS (by name) that run for this flow alone
     own_parts: tuple = ()              # preflight parts this flow adds (Part instances), read before the imports
-    status_fields: tuple[str, ...] = ()   # keys a job's status record carries for this flow
     one_output_dir = False             # its files go to one directory (output_dir cannot be a list)
     loads_model_in_job = True          # the job's own process loads the model (its import probe checks it)
 
@@ -92,10 +91,7 @@ class Server(Flow):
     name = "server"
     section = "server"
     keys = frozenset(server_section.SERVER_KEYS)
-    layout = "hs_safetensors"
-    verify = "hs_safetensors"
     parts = ("port", "prepared", "server-model", "server-key", "requires")
-    status_fields = ("server",)
     one_output_dir = True
     loads_model_in_job = False
 
