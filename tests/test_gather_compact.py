@@ -42,6 +42,7 @@ def test_packed_round_trip_gives_the_records_of_the_old_listing():
 
 def test_packed_several_directories_name_each_files_dir():
     rows = [(0, 0, 5, 0o600), (1, 1, 6, 0o600), (1, 0, 7, 0o600)]
+    assert not packed.decode(packed.encode(rows, ["/o", "/p"], bytes(96)), "/o", {"/o", "/p"}).in_order()
     cols = packed.decode(packed.encode(rows, ["/o", "/p"], bytes(96)), "/o", {"/o", "/p"})
     assert [(r["index"], r.get("dir")) for r in cols] == [(0, None), (1, "/p"), (1, None)]
     assert [(r["index"], r.get("dir")) for r in cols.sorted()] == [(0, None), (1, None), (1, "/p")]
@@ -78,7 +79,7 @@ def test_plan_over_packed_listings_matches_the_dict_listings():
     rows = _rows()
     cfg = json.dumps({"data": {"num_samples": 200}})
     doc = packed.encode(rows, ["/o"], _digests(rows))
-    a = shard_mod.admit({"output_dir": "/o", "packed": doc, "shard_dirs": [], "config_text": cfg})
+    a = shard_mod.admit({"output_dir": "/o", "packed": json.loads(json.dumps(doc)), "shard_dirs": [], "config_text": cfg})
     b = shard_mod.admit({"output_dir": "/o", "files": list(packed.decode(doc, "/o", {"/o"})), "shard_dirs": [],
                          "config_text": cfg})
     (pa, _, ga), (pb, _, gb) = shard_mod.plan({"h": [a]}), shard_mod.plan({"h": [b]})

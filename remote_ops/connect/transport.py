@@ -319,12 +319,15 @@ class Session:
         self.stats.execs += 1
         self.stats.op_log.append([o["op"] for o in ops])
         end: dict = {}
-        buf = b""
-        for data in self._run_agent(payload, timeout, what, end, resident):
+        buf = bytearray()        # a long line (gather's listing) arrives in many chunks: grown in place,
+        for data in self._run_agent(payload, timeout, what, end, resident):     # searched only where new
             self.stats.bytes_received += len(data)
+            nl = (len(buf) + data.find(b"\n")) if b"\n" in data else -1
             buf += data
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
+            while nl >= 0:
+                line = bytes(memoryview(buf)[:nl])
+                del buf[:nl + 1]
+                nl = buf.find(b"\n")
                 if line.strip():
                     try:
                         msg = json.loads(line)
@@ -338,7 +341,7 @@ class Session:
                     yield msg
         if buf.strip():
             try:
-                yield json.loads(buf)
+                yield json.loads(bytes(buf))
             except ValueError:
                 pass
         status, stderr = end.get("status"), end.get("stderr", "")

@@ -549,6 +549,8 @@ def admit(listing: dict) -> dict:
     clean absolute paths. What is refused lands in ``refused`` (names escaped) and refuses the gather
     (``plan``); the host's own ``odd`` names and ``links`` (agent/shards.py) do too."""
     out = dict(listing) if isinstance(listing, dict) else {}
+    if isinstance(listing, dict):
+        listing.pop("packed", None)      # the answer's packed text is read once (out holds it) and then freed
     refused = []
     base = out.get("output_dir")
     if not _clean_dir(base):
@@ -601,7 +603,7 @@ def _admit_files(out: dict, base: str, dirs: set, refused: list) -> packed.Colum
             if got.sha is None:
                 refused.append("its packed listing is refused: it carries no sha256")
             else:
-                cols = packed.Columns(got.dirs, base, got.index, got.size, got.mode, got.slot, bytearray(got.sha))
+                cols = got
     slot_of = {d: k for k, d in enumerate(cols.dirs)}
     for f in out.get("files") if isinstance(out.get("files"), list) else []:
         why = _refusal(f, dirs)

@@ -134,13 +134,21 @@ class Columns:
         self.mode.append(rec.get("mode", 0o600))
         self.slot.append(slot)
         if self.sha is not None:
+            if not isinstance(self.sha, bytearray):
+                self.sha = bytearray(self.sha)
             self.sha += bytes.fromhex(rec["sha256"])
 
+    def in_order(self):
+        """Whether the columns are ordered by (index, slot) (a pass, nothing kept)."""
+        index, slot = self.index, self.slot
+        return all(index[k] < index[k + 1] or (index[k] == index[k + 1] and slot[k] <= slot[k + 1])
+                   for k in range(len(index) - 1))
+
     def sorted(self):
-        """The columns ordered by (index, slot), as the agent lists them."""
-        order = sorted(range(len(self)), key=lambda k: (self.index[k], self.slot[k]))
-        if all(order[k] == k for k in range(len(order))):
+        """The columns ordered by (index, slot), as the agent lists them (themselves when they are)."""
+        if self.in_order():
             return self
+        order = sorted(range(len(self)), key=lambda k: (self.index[k], self.slot[k]))
         out = Columns(self.dirs, self.base, sha=bytearray() if self.sha is not None else None)
         for k in order:
             out.index.append(self.index[k])
@@ -175,14 +183,24 @@ def decode(doc, base, allowed_dirs):
     for v, ln in modes:
         cols.mode.extend([v] * ln)
     if "sha256" in doc:
-        text = doc["sha256"]
-        if not isinstance(text, str):
-            raise ValueError("sha256: not a string")
-        raw = base64.b64decode(text.encode("ascii"), validate=True)
-        if len(raw) != n * DIGEST:
-            raise ValueError("sha256: %d bytes, not 32 for each of %d files" % (len(raw), n))
-        cols.sha = raw
+        cols.sha = _digests(doc.pop("sha256"), n)      # taken out: its text is freed as soon as it is read
     return cols
+
+
+def _digests(text, n, step=1 << 22):
+    """``n`` digests from their base64 ``text``, decoded a slice at a time into one bytearray (never
+    a second copy of the whole text)."""
+    if not isinstance(text, str) or len(text) != 4 * ((n * DIGEST + 2) // 3):
+        raise ValueError("sha256: not the base64 of 32 bytes for each of %d files" % n)
+    out = bytearray()
+    try:
+        for k in range(0, len(text), step):
+            out += base64.b64decode(text[k:k + step], validate=True)
+    except ValueError as exc:
+        raise ValueError("sha256: %s" % exc) from None
+    if len(out) != n * DIGEST:
+        raise ValueError("sha256: %d bytes, not 32 for each of %d files" % (len(out), n))
+    return out
 
 
 def _sized(text, n):
