@@ -10,6 +10,7 @@ import bisect
 import heapq
 import json
 import os
+import tempfile
 import threading
 
 from remote_ops.agent.outputs import layout, packed
@@ -286,8 +287,7 @@ class Manifest:
                "index": packed.index_runs(cols["index"]), "source": packed.runs(cols["source"]),
                **{key: packed._ints(cols[key]) for key in self.COLS},
                "sha256": base64.b64encode(bytes(cols["sha"])).decode("ascii")}
-        from remote_ops.extract.shard import _write_json
-        _write_json(self.to, self.NAME, doc, separators=(",", ":"))
+        write_json(self.to, self.NAME, doc, separators=(",", ":"))
 
     def entry(self, i: int) -> dict | None:
         """The entry of sample ``i`` as last saved or added: {size, mtime_ns, inode, sha256, source}."""
@@ -299,3 +299,17 @@ class Manifest:
                         "sha256": bytes(cols["sha"][k * DIGEST:(k + 1) * DIGEST]).hex(),
                         "source": f"{self.sources[cols['source'][k]]}/{layout.name(i)}"}
         return None
+
+
+def write_json(to: str, name: str, doc, **dump) -> None:
+    """``name`` in ``to`` written whole: a fresh temporary (mkstemp: never through a pre-made link),
+    fsynced, renamed onto it, the directory fsynced."""
+    from remote_ops.agent.core import atomic
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=to)
+
+    def write(path):
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, **dump)
+            fh.flush()
+            os.fsync(fh.fileno())
+    atomic.replace(tmp, os.path.join(to, name), write)

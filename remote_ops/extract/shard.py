@@ -759,20 +759,6 @@ def stale_in_destination(to: str, total: int | None) -> list[str]:
     return local_indexes(to, total)[1]
 
 
-def _write_json(to: str, name: str, doc, **dump) -> None:
-    """``name`` in ``to`` written whole: a fresh temporary (mkstemp: never through a pre-made link),
-    fsynced, renamed onto it, the directory fsynced."""
-    from remote_ops.agent.core import atomic
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=to)
-
-    def write(path):
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh, **dump)
-            fh.flush()
-            os.fsync(fh.fileno())
-    atomic.replace(tmp, os.path.join(to, name), write)
-
-
 def _union_run(dirs: list[dict], run: str | None) -> dict | None:
     """The union's run.json (agent/outputs/run_identity.py): the identity of the run the gather keeps
     (``union_run``), without its shard, from one of its parts' run.json; None when no part has one."""
@@ -790,7 +776,7 @@ def _union_run(dirs: list[dict], run: str | None) -> dict | None:
     return None
 
 
-from remote_ops.extract.gather_store import Manifest  # noqa: E402  (api.gather builds it here)
+from remote_ops.extract.gather_store import Manifest, write_json  # noqa: E402  (api.gather builds Manifest here)
 
 
 def _held(dfd: int, name: str, it: dict, manifest: Manifest | None = None, source: str = "") -> bool:
@@ -941,9 +927,9 @@ def finish(results, g: GatherResult, union_doc: dict | None, to: str, manifest: 
             g.problems.append(r.error.one_line() if r.error and r.error.host else
                               f"{r.host}: {r.error.one_line() if r.error else 'failed'}")
     if union_doc is not None:
-        _write_json(to, "data_config.json", union_doc, indent=2)
+        write_json(to, "data_config.json", union_doc, indent=2)
         if g.extra.get("run"):         # the union's run identity, so that verify can hold it to its run
-            _write_json(to, "run.json", g.extra["run"], indent=1, sort_keys=True)
+            write_json(to, "run.json", g.extra["run"], indent=1, sort_keys=True)
     if g.total is not None:      # counts are of this run's samples: a file beyond the total is not one
         if stale:
             g.problems.append(stale_line(to, stale, g.total))
