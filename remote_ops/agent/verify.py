@@ -113,6 +113,8 @@ def _load(torch, path):
 
 
 def op_verify(args):
+    """verify's op: named phases: the files found, what the run was asked to write, the counts (extra,
+    not whole, gaps, short), the files to load, each loaded and checked (progress events), the result."""
     out_dir = os.path.expanduser(args.get("output_dir") or "")
     if not out_dir:
         raise AgentFailure("bad-args", "output_dir is required")
@@ -122,10 +124,7 @@ def op_verify(args):
     if args.get("layout") == "hs_safetensors":   # speculators >= 0.5's server flow (outputs/safetensors.py)
         from .outputs import safetensors as verify_hs
         return (yield from verify_hs.verify(args, adopt=adopt))
-    expected = args.get("expected")
     check_all = bool(args.get("all"))
-    sample_n = int(args.get("sample", 32))
-    check_finite = args.get("finite", True)
     torch = _import_torch()
 
     indexes, empty, temporaries, spread = _scan_output(out_dir)
@@ -133,27 +132,51 @@ def op_verify(args):
         raise AgentFailure("bad-args", "--adopt takes an output in one directory")
     from .outputs.identity_check import nothing_to_verify
     nothing_to_verify(out_dir, indexes, "data_<N>.pt")
-    top = max(indexes) if indexes else -1
     config = read_data_config(out_dir)
-    # what the job was asked to write: its data_config.json's num_samples (min(max_samples, dataset
-    # samples), written before the first sample), else what the caller expects (max_samples)
-    # (a count the caller gives, ``expected``, wins; ``expected_default`` is the job's max_samples)
+    st = _counts(out_dir, indexes, config, *_expected(args, config))
+    chosen = _choose(args, indexes, st, empty, check_all)
+
+    from .outputs.identity_check import IdentityCheck
+    ident = IdentityCheck(out_dir, chosen, config if isinstance(config, dict) and not config.get("error") else None,
+                          adopt=adopt)
+    st["bad_load"] = [{"index": i, "file": indexes[i], "error": "not whole: %s" % st["broken"][i], "whole": False}
+                      for i in sorted(st["broken"])]
+    config_problems = _config_problems(config, spread, indexes, st["first"], st["step"])
+    yield from _check_files(torch, out_dir, indexes, chosen, config, ident, args.get("finite", True), st)
+    names = stray_problems(spread["strays"])
+    if st["extra_names"]:
+        names.append("%d file(s) beyond this run's %d samples, e.g. %s: not counted (left by a larger run?); move "
+                     "them away" % (len(st["extra_names"]), st["limit"], st["extra_names"][0]))
+    ok = not (st["gaps"] or st["short"] or st["bad_load"] or st["inconsistent"] or st["bad_values"]
+              or config_problems or ident.problems or names)
+    if ident.adopting:
+        ident.adopt(out_dir, ok and check_all, len(indexes))
+    return _verify_result(ok, out_dir, spread, indexes, st, empty, chosen, check_all, config, config_problems,
+                          temporaries, torch, ident, names)
+
+
+def _expected(args, config):
+    """What the job was asked to write: a count the caller gives (``expected``) wins, else its
+    data_config.json's num_samples (min(max_samples, dataset samples), written before the first
+    sample), else the job's max_samples (``expected_default``); and where that figure came from."""
+    expected = args.get("expected")
     asked = config.get("num_samples") if isinstance(config, dict) else None
     if expected:
-        expected_from = "given"
-    elif isinstance(asked, int) and not isinstance(asked, bool) and asked >= 0:
-        expected, expected_from = asked, "data_config.json num_samples"
-    else:
-        expected = args.get("expected_default")
-        expected_from = "the job's expected_samples (max_samples)" if expected else None
-    # the run's size bounds what counts: a file beyond it is extra (another, larger run's leftover),
-    # named, never counted, and the gaps are of range(size) only
+        return expected, "given"
+    if isinstance(asked, int) and not isinstance(asked, bool) and asked >= 0:
+        return asked, "data_config.json num_samples"
+    expected = args.get("expected_default")
+    return expected, ("the job's expected_samples (max_samples)" if expected else None)
+
+
+def _counts(out_dir, indexes, config, expected, expected_from):
+    """The run's size bounds what counts: a file beyond it is extra (another, larger run's leftover),
+    named, never counted (taken out of ``indexes``), and the gaps are of range(size) only. Every file's
+    end is checked (a few bytes each: layout.whole), so a file cut short is found wherever it is."""
     limit = int(expected) if expected else None
     extra = sorted(i for i in indexes if limit is not None and i >= limit)
     extra_names = [os.path.basename(indexes.pop(i)) for i in extra]
     top = max(indexes) if indexes else -1
-    # every file's end checked (a few bytes each: layout.whole), so a file cut short is found wherever
-    # it is, loaded or not
     from .outputs import layout as rule
     broken = {}
     for i, name in indexes.items():
@@ -168,41 +191,50 @@ def op_verify(args):
     if step > 1 and expected:
         expected, expected_from = len(range(first, int(expected), step)), "%s, shard %d/%d" % (
             expected_from, first, step)
-    gaps = [i for i in missing if i < top]           # holes below the highest index
-    short = [i for i in missing if i > top]          # never written (fewer than expected)
+    return {"expected": expected, "expected_from": expected_from, "limit": limit, "extra_names": extra_names,
+            "top": top, "broken": broken, "first": first, "step": step,
+            "gaps": [i for i in missing if i < top],          # holes below the highest index
+            "short": [i for i in missing if i > top]}         # never written (fewer than expected)
 
-    ordered = sorted(i for i in indexes if i not in broken)
+
+def _choose(args, indexes, st, empty, check_all):
+    """The files to load: every whole one under --all; else the first, the last, the empty ones, the
+    neighbours of the first gaps and a seeded sample up to ``sample``."""
+    ordered = sorted(i for i in indexes if i not in st["broken"])
     if check_all:
-        chosen = ordered
-    else:
-        rng = random.Random(int(args.get("seed", 0)))
-        pick = set(ordered[:1] + ordered[-1:]) | set(empty)
-        for g in gaps[:MAX_LISTED]:
-            pick |= {i for i in (g - 1, g + 1) if i in indexes}
-        rest = [i for i in ordered if i not in pick]
-        pick |= set(rng.sample(rest, min(len(rest), max(0, sample_n - len(pick)))))
-        chosen = sorted(pick)
+        return ordered
+    rng = random.Random(int(args.get("seed", 0)))
+    pick = set(ordered[:1] + ordered[-1:]) | set(empty)
+    for g in st["gaps"][:MAX_LISTED]:
+        pick |= {i for i in (g - 1, g + 1) if i in indexes}
+    rest = [i for i in ordered if i not in pick]
+    pick |= set(rng.sample(rest, min(len(rest), max(0, int(args.get("sample", 32)) - len(pick)))))
+    return sorted(pick)
 
-    from .outputs.identity_check import IdentityCheck
-    ident = IdentityCheck(out_dir, chosen, config if isinstance(config, dict) and not config.get("error") else None,
-                          adopt=adopt)
-    bad_load, inconsistent, bad_values = [], [], []
-    for i in sorted(broken):
-        bad_load.append({"index": i, "file": indexes[i], "error": "not whole: %s" % broken[i], "whole": False})
-    reference = None
-    ref_index = None
-    config_problems = []
+
+def _config_problems(config, spread, indexes, first, step):
+    """data_config.json's own problems, the spread's, and files outside this directory's shard."""
+    problems = []
     if config and config.get("error"):
-        config_problems.append(config["error"])
+        problems.append(config["error"])
     elif config and isinstance(config.get("layer_ids"), list) and isinstance(config.get("layers"), int) \
             and len(config["layer_ids"]) != config["layers"]:
-        config_problems.append("data_config.json lists %d layer_ids but %d hidden-state tensors"
-                               % (len(config["layer_ids"]), config["layers"]))
-    config_problems += spread["problems"]
+        problems.append("data_config.json lists %d layer_ids but %d hidden-state tensors"
+                        % (len(config["layer_ids"]), config["layers"]))
+    problems += spread["problems"]
     outside = [i for i in indexes if i % step != first]
     if outside:
-        config_problems.append("%d file(s) outside this directory's shard %d/%d, such as data_%d.pt"
-                               % (len(outside), first, step, min(outside)))
+        problems.append("%d file(s) outside this directory's shard %d/%d, such as data_%d.pt"
+                        % (len(outside), first, step, min(outside)))
+    return problems
+
+
+def _check_files(torch, out_dir, indexes, chosen, config, ident, check_finite, st):
+    """Each chosen file loaded and checked: its structure against the first one's, its values, its
+    layers x hidden against data_config.json, its tokens against the run identity; a progress event
+    every 2 s. Fills st's inconsistent, bad_values, layout_seen, reference and ref_index."""
+    bad_load, inconsistent, bad_values = st["bad_load"], [], []
+    reference = ref_index = None
     layout_seen = set()
     last_event = time.time()
     for n_done, i in enumerate(chosen, 1):
@@ -238,29 +270,30 @@ def op_verify(args):
         if time.time() - last_event > 2:
             last_event = time.time()
             yield {"type": "progress", "checked": n_done, "of": len(chosen)}
-    names = stray_problems(spread["strays"])
-    if extra_names:
-        names.append("%d file(s) beyond this run's %d samples, e.g. %s: not counted (left by a larger run?); move "
-                     "them away" % (len(extra_names), limit, extra_names[0]))
-    ok = not (gaps or short or bad_load or inconsistent or bad_values or config_problems or ident.problems or names)
-    if ident.adopting:
-        ident.adopt(out_dir, ok and check_all, len(indexes))
+    st.update(inconsistent=inconsistent, bad_values=bad_values, layout_seen=layout_seen, reference=reference,
+              ref_index=ref_index)
+
+
+def _verify_result(ok, out_dir, spread, indexes, st, empty, chosen, check_all, config, config_problems,
+                   temporaries, torch, ident, names):
+    """verify's answer (one shape: the controller's VerifyResult reads it)."""
+    bad_load, inconsistent, bad_values, gaps = st["bad_load"], st["inconsistent"], st["bad_values"], st["gaps"]
     return {
         "ok": ok, "output_dir": out_dir, **({"output_dirs": spread["dirs"]} if len(spread["dirs"]) > 1 else {}),
-        "files": len(indexes), "expected": expected, "expected_from": expected_from,
-        "max_index": top, "gaps": gaps[:MAX_LISTED], "gap_count": len(gaps),
-        "missing_after_last": len(short), "empty_files": sorted(empty)[:MAX_LISTED],
+        "files": len(indexes), "expected": st["expected"], "expected_from": st["expected_from"],
+        "max_index": st["top"], "gaps": gaps[:MAX_LISTED], "gap_count": len(gaps),
+        "missing_after_last": len(st["short"]), "empty_files": sorted(empty)[:MAX_LISTED],
         "checked": len(chosen), "mode": "all" if check_all else "sample",
         "unloadable": bad_load[:MAX_LISTED], "unloadable_count": len(bad_load),
         "inconsistent": inconsistent[:MAX_LISTED], "inconsistent_count": len(inconsistent),
         "non_finite": bad_values[:MAX_LISTED], "non_finite_count": len(bad_values),
         "data_config": config is not None, "config": config, "config_problems": config_problems,
-        "layers_hidden": sorted(layout_seen), "temporaries": sorted(temporaries)[:MAX_LISTED],
-        "reference": {"index": ref_index, "layout": _jsonable(reference)},
+        "layers_hidden": sorted(st["layout_seen"]), "temporaries": sorted(temporaries)[:MAX_LISTED],
+        "reference": {"index": st["ref_index"], "layout": _jsonable(st["reference"])},
         "torch": getattr(torch, "__version__", None), "identity": ident.to_json(),
         "name_problems": names, "odd_names": spread["strays"]["odd"][:MAX_LISTED],
-        "links": spread["strays"]["links"][:MAX_LISTED], "extra": extra_names[:MAX_LISTED],
-        "extra_count": len(extra_names),
+        "links": spread["strays"]["links"][:MAX_LISTED], "extra": st["extra_names"][:MAX_LISTED],
+        "extra_count": len(st["extra_names"]),
     }
 
 
