@@ -14,7 +14,7 @@ need_apt=()
 [ -x /usr/sbin/sshd ] || command -v sshd >/dev/null || need_apt+=(openssh-server)
 command -v ssh-keygen >/dev/null || need_apt+=(openssh-client)
 if ! "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1; then need_apt+=(python3-venv); fi
-# tests/test_slurm.py starts a real one-node Slurm (slurmctld + slurmd) from the distribution's packages
+# tests/extract/test_slurm.py starts a real one-node Slurm (slurmctld + slurmd) from the distribution's packages
 if [ "$WANT_TEST" = "--test" ] && ! command -v slurmctld >/dev/null; then need_apt+=(slurm-wlm); fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "remote-ops bootstrap: installing ${need_apt[*]} (apt-get)" >&2
@@ -27,7 +27,7 @@ if [ ! -x "$ROOT/.venv/bin/python" ]; then
   "$PY" -m venv "$ROOT/.venv"
 fi
 stamp="$ROOT/.venv/.remote-ops-installed${WANT_TEST:+-test}"
-# the test install is the plain one and more: scripts/demo.sh run by the suite (test_sandbox) after
+# the test install is the plain one and more: scripts/demo.sh run by the suite (tests/sandbox/test_sandbox.py) after
 # scripts/test.sh's bootstrap --test does not reinstall (a pip upgrade and an editable build: ~25 s)
 if [ -z "$WANT_TEST" ] && [ -f "$ROOT/.venv/.remote-ops-installed-test" ]; then
   stamp="$ROOT/.venv/.remote-ops-installed-test"

@@ -22,6 +22,7 @@ from remote_ops.sshd import SshdServer
 from remote_ops.connect.transport import ConnectOptions, Session
 
 REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "tests" / "fixtures"
 EXTRACT_SCRIPT = REPO / "remote_ops" / "playbook" / "shipped" / "scripts" / "extract_hidden_states.py"
 
 
@@ -66,7 +67,7 @@ def _keep_the_checkout_clean(tmp_path, monkeypatch):
     monkeypatch.setenv("REMOTE_OPS_PLAN_CACHE", str(tmp_path / "plan-cache"))
     # kept baseline drift facts (remote_ops/check/baseline_memo.py): none shared between tests
     monkeypatch.setenv("REMOTE_OPS_DRIFT_CACHE", str(tmp_path / "drift-cache"))
-    # kept connections (--persist) are off unless a test turns them on (tests/test_persist.py):
+    # kept connections (--persist) are off unless a test turns them on (tests/connect/test_persist.py):
     # no test reuses another's connection, and none leaves a background process behind
     monkeypatch.setenv("REMOTE_OPS_PERSIST", "0")
     monkeypatch.setenv("REMOTE_OPS_MUX_DIR", str(tmp_path / "no-mux"))
@@ -76,7 +77,7 @@ def _keep_the_checkout_clean(tmp_path, monkeypatch):
 
 # A live sandbox sshd's connect timeout. The default (10 s, the SSH greeting included) is the product's,
 # for a host that answers TCP but never speaks SSH; on a loaded CI machine (2 CPUs, 4 test workers)
-# a live sandbox sshd once took longer than that to send its greeting (tests/test_fleet.py, CI on
+# a live sandbox sshd once took longer than that to send its greeting (tests/fleet/test_fleet.py, CI on
 # 0567699), which no test here is about. Tests of the timeout itself set their own.
 LIVE_CONNECT_TIMEOUT = 60
 
@@ -196,6 +197,21 @@ extract:
   gpus: 0
   stop_grace_seconds: 1
 {more}"""
+
+
+def standin_extract(*args: str, **keys) -> dict:
+    """The extract section of a playbook whose job is the sandbox's stand-in generator (torch on the CPU, no
+    GPU): its command with ``args`` after ``--output-dir {output_dir}``, a stop grace of 2 s, then ``keys``
+    (``workdir``, ``output_dir``, ``expected_samples``, ``files``...; a key given replaces the default)."""
+    ex = {"command": ["{python}", str(STANDIN), "--output-dir", "{output_dir}", *args], "stop_grace_seconds": 2}
+    ex.update({k: str(v) if isinstance(v, Path) else v for k, v in keys.items()})
+    return ex
+
+
+def write_playbook(path: Path, name: str, extract: dict) -> Path:
+    """A playbook file ``name`` with this extract section (``standin_extract``); returns its path."""
+    path.write_text(yaml.safe_dump({"name": name, "extract": extract}, sort_keys=False))
+    return path
 
 
 @pytest.fixture

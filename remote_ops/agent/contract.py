@@ -2,7 +2,7 @@
 
 Stdlib only and free of logic, so both sides import it: the agent (as ``.contract`` inside the bundle)
 and the controller (``remote_ops.agent.contract``). ``remote_ops/errors.py`` turns a failure kind into
-the controller's error and exit status from ``KINDS`` and nowhere else; ``tests/test_contract.py``
+the controller's error and exit status from ``KINDS`` and nowhere else; ``tests/agent/test_contract.py``
 checks that every ``AgentFailure("kind", ...)`` in the agent's sources is declared here, that every
 ``op_*`` function is an operation of ``OPS`` and reads only the argument keys declared for it, and
 that the controller sends only declared operations and keys.
@@ -18,7 +18,7 @@ from collections import namedtuple
 # compat.check's defaults (the controller's check and patch send them; the agent falls back to them)
 DEFAULT_PACKAGE = "speculators.data_generation"
 DEFAULT_AGAINST = ("vllm",)
-# The findings of every check, each kind declared here once; tests/test_contract.py reads the sources for
+# The findings of every check, each kind declared here once; tests/agent/test_contract.py reads the sources for
 # every kind they emit and fails on one missing here. A kind that ends in "-" is a family: the rest of
 # the name is the key, class or binding kind it is about.
 # compat.check (call sites; a playbook's ``fixes`` entries name one of these)

@@ -1,7 +1,7 @@
 """Op ``dataset.check``: the job's dataset read as the job will read it, before the launch.
 
 The line format is the one ``read_dataset`` of remote_ops/playbook/shipped/scripts/extract_hidden_states.py states
-(the job's own reader; this module mirrors it, and tests/test_dataset_check.py runs both on the
+(the job's own reader; this module mirrors it, and tests/extract/test_dataset.py runs both on the
 same files and asserts the same verdict): one JSON object per non-blank line with exactly one of
 ``input_ids`` (a non-empty list of integers >= 0) or ``text`` (a non-empty string), and optionally
 ``loss_mask`` (0/1, as long as ``input_ids``); at least one sample; the job reads the first

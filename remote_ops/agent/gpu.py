@@ -1,7 +1,7 @@
 """GPUs and their compute processes, read from ``nvidia-smi`` query output (runs on the host).
 
 ``query()`` returns parsed, typed records; the parsing functions are pure and tested against real
-outputs in ``tests/test_gpu_parse.py``. A host without ``nvidia-smi`` is ``{"present": false}``,
+outputs in ``tests/agent/test_gpu.py``. A host without ``nvidia-smi`` is ``{"present": false}``,
 never an error. ``$REMOTE_OPS_NVIDIA_SMI`` names another executable (tests use a stand-in).
 """
 

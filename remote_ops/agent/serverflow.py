@@ -29,7 +29,7 @@ one transformers knows) and ``aux-layer-ids`` (the draft config's eagle_aux_hidd
 against what the model's forward captures on this vLLM: agent/check/auxcapture.py). A model that is
 not there is one undecided ``model`` check.
 
-Also used, unchanged, by benchmarks/server_flow_evidence.py over each release's unpacked sources:
+Also used, unchanged, by benchmarks/evidence/server_flow_evidence.py over each release's unpacked sources:
 one implementation of the evidence and of the host's check.
 """
 

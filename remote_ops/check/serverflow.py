@@ -14,7 +14,7 @@ from remote_ops.connect import agent_requests as rq
 # What speculators 0.9.0's client (speculators/data_generation/vllm_client.py) sends and reads, by
 # class of vLLM's OpenAI protocol module: the prompt token ids with return_token_ids and max_tokens=1,
 # then choices[0].prompt_token_ids and kv_transfer_params.hidden_states_path
-# (benchmarks/server_flow_evidence.py checks these against the client's source).
+# (benchmarks/evidence/server_flow_evidence.py checks these against the client's source).
 CLIENT_FIELDS = {
     "CompletionRequest": ["model", "prompt", "max_tokens", "return_token_ids"],
     "CompletionResponseChoice": ["prompt_token_ids", "token_ids"],

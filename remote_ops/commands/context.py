@@ -97,7 +97,7 @@ class Context:
                                  f"host CPU {sum(st.host_cpu_s):.3f}s{'; check memo: ' + memo if memo else ''}\n")
         stats_file = os.environ.get("REMOTE_OPS_STATS_FILE")
         if stats_file:
-            # benchmarks/run.py: one JSON line per command, each host's round trips (Session.stats)
+            # benchmarks/controller/run.py: one JSON line per command, each host's round trips (Session.stats)
             with open(stats_file, "a") as fh:
                 fh.write(json.dumps({s.label: {**s.stats.as_dict(), "ops": s.stats.op_log}
                                      for s in sessions}) + "\n")

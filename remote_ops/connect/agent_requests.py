@@ -4,7 +4,7 @@ One function per operation of ``remote_ops/agent/contract.py`` ``OPS``, grouped 
 each returns ``(op, args)`` for ``Session.call(*req)`` / ``Session.stream(*req)`` or a
 ``Session.call_many([...])`` batch. Only the keyword arguments given are sent, and ``_req`` refuses
 a key the contract does not declare for the operation (a programming error: TypeError), so a typo
-fails in the controller's tests, not on a host. ``tests/test_contract.py`` checks that every
+fails in the controller's tests, not on a host. ``tests/agent/test_contract.py`` checks that every
 declared operation has its function here and that no other controller module spells an op name.
 """
 

@@ -43,7 +43,7 @@ def gpu_peak(name: str | None) -> dict | None:
 def efficiency_for(active_params: int) -> dict:
     """The table's efficiency point nearest ``active_params`` on a log scale ({active_params, factor,
     source, ...}): the share of the dense BF16 peak vLLM's prefill reached on a model of about that size
-    (benchmarks/plan_efficiency.py writes the points; beyond the largest, the largest's)."""
+    (benchmarks/render/plan_efficiency.py writes the points; beyond the largest, the largest's)."""
     pts = peaks()["efficiency"]["points"]
     return min(pts, key=lambda p: abs(math.log(max(active_params, 1) / p["active_params"])))
 

@@ -5,7 +5,7 @@ A registry of parts (``PARTS``), each a small class: ``ops`` adds its agent requ
 refusal). Parts are read in ``PARTS`` order: a running job of the same share is attached to at once;
 the imports come late because an environment that cannot import the job's modules is the deciding
 problem; the playbook's coverage of the host's versions last of all. Each part has its own test
-(tests/test_preflight_parts.py) on recorded answers.
+(tests/extract/test_preflight_parts.py) on recorded answers.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ def refusal(pb, versions: dict[str, str | None], findings: list[dict] | None, ho
             msg += f" (there: {what_changed(left)})"
         else:
             script = "server_flow_evidence.py" if (pb.extract or {}).get("server") else "playbook_evidence.py"
-            msg += f" (no finding its edits do not fix; widen requires only with evidence: benchmarks/{script})"
+            msg += f" (no finding its edits do not fix; widen requires only with evidence: benchmarks/evidence/{script})"
     target = host or "HOST"
     package = _package(pb)
     others = other_playbooks(pb, {n: versions.get(n) for n in libs if versions.get(n) is not None})

@@ -22,7 +22,7 @@ passes ``api_key="EMPTY"`` and cannot. It reads the Arrow directory ``speculator
 pyarrow (the real one with ``datasets.load_from_disk``; a JSONL file of ``{"input_ids": [...]}`` lines too); the chat API for
 multimodal rows, ``--validate-outputs``, ``--world-size``/``--rank`` are not implemented. It imports
 neither speculators nor openai (the sandbox's interpreter has neither); the real client runs only on
-a GPU host (benchmarks/gpu_server_check.py).
+a GPU host (benchmarks/gpu/server_check.py).
 """
 
 import argparse

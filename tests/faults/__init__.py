@@ -1,6 +1,6 @@
 """Fault-injection helpers (cut proxy, trial harness).
 
-FUZZ_COUNTER is shared by tests/test_fuzz.py and benchmarks/faults.py (pytest may import a test
+FUZZ_COUNTER is shared by tests/cli/test_fuzz.py and benchmarks/faults/suites.py (pytest may import a test
 module twice; this package is imported once).
 """
 

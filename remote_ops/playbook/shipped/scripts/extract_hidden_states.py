@@ -591,7 +591,7 @@ def save_atomic(torch, obj, path):
     """torch.save to a temporary beside ``path``, fsync, rename: the file is whole or absent.
     torch.save gets the temporary's name, not an open file: it then writes from C++ without calling
     back into Python for every record (a Python file object costs a GIL round trip per write, which
-    the writer threads and the main thread's copies contend for: benchmarks/writer_throughput.py)."""
+    the writer threads and the main thread's copies contend for: benchmarks/controller/writer_throughput.py)."""
     d, name = os.path.split(path)
     tmp = os.path.join(d, ".%s.%d.tmp" % (name, os.getpid()))
     try:

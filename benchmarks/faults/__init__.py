@@ -1,0 +1,1 @@
+"""Fault trials: the long forms of the fault-injection, fuzzing and Ctrl-C suites."""

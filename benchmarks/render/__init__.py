@@ -1,0 +1,1 @@
+"""Renderers: committed results (benchmarks/results/, test runs) -> the markdown reports."""
