@@ -207,6 +207,8 @@ def write_rate(bytes_per_token, tokens_per_s, output_dir):
 
 
 def job_status(job_id):
+    """One job's status, in named phases: its records read, its state and why, its outputs, its samples
+    (at its end, or now), its speed."""
     jobdir = _jobdir(job_id)
     job = sup.read_json(os.path.join(jobdir, "job.json"))
     if job is None:
@@ -229,6 +231,22 @@ def job_status(job_id):
         # what its supervisor kept of the job's own write speed for the next plan (diskspeed.record_observed)
         "disk_observed": (ext or {}).get("disk_observed"),
     }
+    state, reason = _state(out, job, jobdir, run, ext, stop, held)
+    out["state"], out["reason"] = state, reason
+    if wd and wd.get("stalled") and state == "running":
+        out["watchdog"] = {"stalled": True, "stalled_for_s": round(t - wd.get("since", t), 1),
+                           "limit_s": wd.get("limit_s")}
+        out["warnings"].append("no progress in log or output for %ds (hung NCCL start?)"
+                               % (t - wd.get("since", t)))
+    dirs = _outputs(out, job, jobdir, run, state)
+    elapsed, new, start = _samples(out, job, run, ext, dirs, state, t)
+    _speed(out, job, dirs, state, t, elapsed, new, start)
+    return out
+
+
+def _state(out, job, jobdir, run, ext, stop, held):
+    """The job's state and why: from its exit record when it ended, else from its supervisor's lock and
+    its processes; fills out's exit fields, error lines, refusals and warnings."""
     if ext is not None:
         out.update(exit_code=ext.get("exit_code"), signal=ext.get("signal"),
                    signal_name=ext.get("signal_name"), cleanup=ext.get("cleanup"))
@@ -280,12 +298,12 @@ def job_status(job_id):
             reason = ("the job's processes are gone and no exit status was recorded "
                       "(killed with SIGKILL, OOM-killed, or the host rebooted)")
         out["error_lines"] = error_lines(job.get("log"))
-    out["state"], out["reason"] = state, reason
-    if wd and wd.get("stalled") and state == "running":
-        out["watchdog"] = {"stalled": True, "stalled_for_s": round(t - wd.get("since", t), 1),
-                           "limit_s": wd.get("limit_s")}
-        out["warnings"].append("no progress in log or output for %ds (hung NCCL start?)"
-                               % (t - wd.get("since", t)))
+    return state, reason
+
+
+def _outputs(out, job, jobdir, run, state):
+    """Where the job writes (its layout, shard, directories and their identity), its server and its
+    cold start; returns its output directories."""
     if job.get("layout"):
         out["layout"] = job["layout"]
     out["shard"] = job["shard"] if "shard" in job else _shard_of_command(job.get("command"))
@@ -300,6 +318,13 @@ def job_status(job_id):
         out["server"] = server_status(jobdir, state)
     from . import coldstart     # seconds from launch to the engine's readiness and to the first file
     out["cold_start"] = coldstart.measure(jobdir, job, run, dirs)
+    return dirs
+
+
+def _samples(out, job, run, ext, dirs, state, t):
+    """Samples done: an ended job's from its exit record (what it had written by its end: the directory
+    may have grown since, by a later job), else (running, or ended under an older remote-ops) the
+    directory now; against what the job says it was asked to write. Returns (elapsed, new, start)."""
     # progress: an ended job's from its exit record (what it had written by its end: the directory may
     # have grown since, by a later job), else (running, or ended under an older remote-ops) the directory now
     at_end = (ext or {}).get("samples")
@@ -330,6 +355,12 @@ def job_status(job_id):
                       "run_size": run_size}
     out["elapsed_s"] = round(elapsed, 1) if elapsed is not None else None
     out["rate_per_s"] = round(new / elapsed, 3) if elapsed and elapsed > 0 and new > 0 else None
+    return elapsed, new, start
+
+
+def _speed(out, job, dirs, state, t, elapsed, new, start):
+    """Rates: samples a second, tokens (the script's progress lines, else the files' token ids), the
+    write rate, the log's size."""
     out.update(_tokens(last_progress(job.get("log")), state, t))
     if out["tokens"] is None and job.get("layout") == "hs_safetensors" and dirs:   # no progress lines: the files'
         from ..outputs import layout as layout_mod, prepared
@@ -343,7 +374,6 @@ def job_status(job_id):
         out["log_size"] = os.path.getsize(job.get("log") or "")
     except OSError:
         out["log_size"] = 0
-    return out
 
 
 def _shard_of_command(command):
