@@ -23,8 +23,8 @@ def test_the_second_analysis_reads_the_kept_facts_and_says_the_same(tmp_path, mo
     kept = list(tmp_path.joinpath("drift-cache").glob("*.json"))
     assert len(kept) == 1 and first["baseline"]["version"] == "0.11.0" and first["drift"]
     calls = []
-    real = drift.agent_drift.replay_facts
-    monkeypatch.setattr(drift.agent_drift, "replay_facts", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = drift.drift_facts.replay_facts
+    monkeypatch.setattr(drift.drift_facts, "replay_facts", lambda *a, **k: calls.append(1) or real(*a, **k))
     second = drift.analyse(json.loads(json.dumps(raw)), ["vllm"], None)
     assert calls == []                                   # not recomputed
     assert second["drift"] == first["drift"] and second["drift_notes"] == first["drift_notes"]
