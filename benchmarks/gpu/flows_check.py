@@ -530,13 +530,7 @@ def main(argv=None) -> int:
         h.run.step("crashed", ok=False, error=f"{type(exc).__name__}: {exc}")
     except SystemExit as exc:
         h.run.step("stopped", ok=False, error=str(exc))
-    s = h.run.doc["steps"]
-    verdict = {k: bool(v.get("ok")) for k, v in s.items() if k.startswith(("extract_", "compare", "resume", "build"))}
-    h.run.doc["verdict"] = verdict
-    h.run.doc["all_ok"] = bool(verdict) and all(verdict.values())
-    h.run.save()
-    print(json.dumps({"verdict": verdict, "all_ok": h.run.doc["all_ok"], "elapsed_s": h.run.doc["elapsed_s"]}))
-    return 0 if h.run.doc["all_ok"] else 1
+    return h.run.finish(("extract_", "compare", "resume", "build"))
 
 
 if __name__ == "__main__":

@@ -253,13 +253,7 @@ def main(argv=None) -> int:
         h.run.step("stopped", ok=False, error=str(exc))
     finally:
         h.stop_engines()
-    s = h.run.doc["steps"]
-    verdict = {k: bool(v.get("ok")) for k, v in s.items() if k.startswith(("extract_", "logits_", "build", "engines"))}
-    h.run.doc["verdict"] = verdict
-    h.run.doc["all_ok"] = bool(verdict) and all(verdict.values())
-    h.run.save()
-    print(json.dumps({"verdict": verdict, "all_ok": h.run.doc["all_ok"], "elapsed_s": h.run.doc["elapsed_s"]}))
-    return 0 if h.run.doc["all_ok"] else 1
+    return h.run.finish(("extract_", "logits_", "build", "engines"))
 
 
 if __name__ == "__main__":

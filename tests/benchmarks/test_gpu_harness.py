@@ -62,3 +62,18 @@ def test_the_model_builders_carry_the_one_tokenizer():
     for builder in (extract_check.MODEL_BUILDER, throughput.MODEL_BUILDER):
         assert builder.startswith(harness.WORD_TOKENIZER) and "save_word_tokenizer(out, " in builder
         compile(builder, "<builder>", "exec")
+
+
+def test_run_finish_judges_the_steps_it_is_given_and_returns_the_exit_status(tmp_path, capsys):
+    from benchmarks.gpu.lib.harness import Run
+    run = Run(tmp_path / "r.json", 1, "abc", False)
+    run.step("extract_a", ok=True)
+    run.step("compare", ok=False)
+    run.step("probe_x", ok=False)                 # not among the prefixes: not judged
+    assert run.finish(("extract_",)) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["verdict"] == {"extract_a": True}
+    assert run.finish(("extract_", "compare")) == 1
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["verdict"] == {"extract_a": True, "compare": False} and doc["all_ok"] is False
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["all_ok"] is False
+    assert Run(tmp_path / "e.json", 1, None, False).finish(("extract_",)) == 1     # nothing judged: not ok

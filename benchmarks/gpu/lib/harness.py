@@ -130,6 +130,16 @@ class Run:
         self.doc["elapsed_s"] = round(self.prior_elapsed + time.monotonic() - self.t0, 1)
         write_json(self.out, self.doc)
 
+    def finish(self, prefixes: tuple[str, ...]) -> int:
+        """The verdict of every step whose name starts with one of ``prefixes`` (its ``ok``), saved and
+        printed as the summary line; returns the exit status (0: all ok)."""
+        verdict = {k: bool(v.get("ok")) for k, v in self.doc["steps"].items() if k.startswith(prefixes)}
+        self.doc["verdict"] = verdict
+        self.doc["all_ok"] = bool(verdict) and all(verdict.values())
+        self.save()
+        print(json.dumps({"verdict": verdict, "all_ok": self.doc["all_ok"], "elapsed_s": self.doc["elapsed_s"]}))
+        return 0 if self.doc["all_ok"] else 1
+
 
 class Harness:
     """What a GPU check's harness starts from: its arguments (--work, --out, --tp, --code-rev, --append,
