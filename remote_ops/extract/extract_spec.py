@@ -39,7 +39,9 @@ side; ``jobs.py`` runs it: preflight, launch, the records status / logs / stop /
                                          # VLLM_API_KEY, the client as OPENAI_API_KEY (secrets, never argv)
 
 A command item may be ``{flag: "--trust-remote-code", if: "{vars.trust_remote_code}"}``: the flag when
-the var is true, nothing when it is false.
+the var is true, nothing when it is false; or ``{flag: "--max-num-batched-tokens", value:
+"{vars.max_num_batched_tokens}"}``: the flag and the var's value (a number as text) when the var is set,
+nothing when it is null or an empty string.
 
 Templates ``{vars.NAME}`` (host vars over playbook vars), ``{output_dir}``, ``{workdir}``,
 ``{python}`` (the host's interpreter) and ``{host}`` are filled in locally; every value reaches the
@@ -203,18 +205,38 @@ class _Section:
         return command
 
     def optional_flag(self, keys, item):
-        """A command item ``{flag: --name, if: "{vars.NAME}"}``: the flag when the var is true, nothing
-        when it is false (a boolean, or the text true/false); anything else is an error here."""
+        """A command item that is a mapping: ``{flag: --name, if: "{vars.NAME}"}``, the flag when the var is
+        true, nothing when it is false (a boolean, or the text true/false); or ``{flag: --name, value:
+        "{vars.NAME}"}``, the flag then the value when the var is set, nothing when it is null or empty.
+        Anything else is an error here."""
+        if set(item) == {"flag", "value"}:
+            return self.flag_value(keys, item)
         if set(item) != {"flag", "if"}:
-            raise self.err_at(keys)(f"a command item that is a mapping must be {{flag, if}}, got keys "
-                                    f"{', '.join(sorted(map(str, item)))}",
-                                    'e.g. {flag: "--trust-remote-code", if: "{vars.trust_remote_code}"}')
+            raise self.err_at(keys)(f"a command item that is a mapping must be {{flag, if}} or {{flag, value}}, "
+                                    f"got keys {', '.join(sorted(map(str, item)))}",
+                                    'e.g. {flag: "--trust-remote-code", if: "{vars.trust_remote_code}"} or '
+                                    '{flag: "--max-num-batched-tokens", value: "{vars.max_num_batched_tokens}"}')
         cond = self.whole_var(item["if"])
         if isinstance(cond, str) and cond.strip().lower() in ("true", "false"):
             cond = cond.strip().lower() == "true"
         if not isinstance(cond, bool):
             raise self.err_at(keys + ("if",))(f"{item['if']!r} gives {cond!r}: a flag's 'if' must be true or false")
         return [self.text(keys + ("flag",), item["flag"], "a flag")] if cond else []
+
+    def flag_value(self, keys, item):
+        """``{flag: --name, value: ...}``: [flag, value] when the value is set; [] when it is null or an empty
+        string (after its templates are filled). A number is rendered as text; a list or mapping is an error."""
+        raw = item["value"]
+        value = self.whole_var(raw) if isinstance(raw, str) else raw
+        if value is None:
+            return []
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise self.err_at(keys + ("value",))(f"{raw!r} gives {type_name(value)}: a flag's 'value' must be a "
+                                                 "string or a number, or null for no flag")
+        text = self.text(keys + ("value",), value, "a flag's value")
+        if text == "":
+            return []
+        return [self.text(keys + ("flag",), item["flag"], "a flag"), text]
 
     def templated_number(self, keys, v):
         """A number written as a template ("{vars.gpus}") is filled in, then read as a number."""

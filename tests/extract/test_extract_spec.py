@@ -96,3 +96,52 @@ def test_a_copy_of_the_shipped_playbook_elsewhere_still_ships_remote_ops_own_fil
     bad.write_text(SHIPPED.read_text().replace("remote-ops:agent/outputs/layout.py", "remote-ops:../outputs/layout.py"))
     with pytest.raises(ConfigError, match="remote-ops:PATH"):
         jobs.parse_spec(playbook.load(str(bad)), host)
+
+
+def _flag_playbook(tmp_path, item, var_value):
+    """A minimal playbook whose command ends with one mapping item, the var ``v`` set to ``var_value``."""
+    import yaml
+    p = tmp_path / "pb.yaml"
+    p.write_text(yaml.safe_dump({"name": "flags", "vars": {"v": var_value},
+                                 "extract": {"command": ["python", "job.py", item], "output_dir": "/out"}}))
+    return playbook.load(str(p))
+
+
+@pytest.mark.parametrize("value, want", [
+    (65536, ["--n", "65536"]),               # a number rendered as text
+    (0.5, ["--n", "0.5"]),
+    ("auto", ["--n", "auto"]),
+    ("0", ["--n", "0"]),                     # zero is a value, not "unset"
+    (None, []),                              # null: vLLM's (the tool's) own default, no flag
+    ("", []),                                # an empty string: no flag either
+])
+def test_a_flag_with_a_value_is_given_when_the_var_is_set(tmp_path, value, want):
+    pb = _flag_playbook(tmp_path, {"flag": "--n", "value": "{vars.v}"}, value)
+    spec = jobs.parse_spec(pb, Host(name="h", hostname="h", python="/py"))
+    assert spec.command == ["python", "job.py", *want]
+    # a host var overrides the playbook's null
+    spec = jobs.parse_spec(pb, Host(name="h", hostname="h", vars={"v": 8192}))
+    assert spec.command[2:] == ["--n", "8192"]
+
+
+def test_a_flag_value_inside_a_longer_text_and_a_literal(tmp_path):
+    pb = _flag_playbook(tmp_path, {"flag": "--path", "value": "/data/{vars.v}/x"}, "m")
+    assert jobs.parse_spec(pb, Host(name="h", hostname="h")).command[2:] == ["--path", "/data/m/x"]
+    pb = _flag_playbook(tmp_path, {"flag": "--n", "value": 12}, None)
+    assert jobs.parse_spec(pb, Host(name="h", hostname="h")).command[2:] == ["--n", "12"]
+
+
+@pytest.mark.parametrize("item, var_value, words", [
+    ({"flag": "--n", "value": "{vars.v}", "if": "{vars.v}"}, 1, ["{flag, if} or {flag, value}", "keys flag, if, value"]),
+    ({"flag": "--n"}, 1, ["{flag, if} or {flag, value}", "got keys flag"]),
+    ({"flag": "--n", "value": "{vars.v}"}, [1, 2], ["gives list", "'value' must be a string or a number"]),
+    ({"flag": "--n", "value": "{vars.v}"}, True, ["gives boolean"]),
+    ({"flag": "--n", "value": "{vars.missing}"}, 1, ["missing"]),
+])
+def test_a_mapping_item_that_is_neither_form_is_an_error_naming_both(tmp_path, item, var_value, words):
+    pb = _flag_playbook(tmp_path, item, var_value)
+    with pytest.raises(ConfigError) as err:
+        jobs.parse_spec(pb, Host(name="h", hostname="h"))
+    line = err.value.one_line()
+    assert all(w in line for w in words), line
+    assert f"{tmp_path / 'pb.yaml'}:" in line
