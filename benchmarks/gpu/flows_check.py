@@ -59,6 +59,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+from benchmarks.gpu.lib.connector import CONNECTORS, server_setup  # noqa: E402
 from benchmarks.gpu.lib.dataset import DATASET_BUILDER  # noqa: E402
 from benchmarks.gpu.lib.harness import (HOST_ENV, Run, gpu_names, kill_group, last_json, remote_ops, sh,  # noqa: E402,F401
                                         unpack_bundle)
@@ -232,16 +233,18 @@ class FlowsCheck:
                          "batch_size": 8, "layer_ids": IDS_030, "max_model_len": MAX_MODEL_LEN,
                          "gpu_memory_utilization": self.args.gpu_memory_utilization, "gpus": 1,
                          "tensor_parallel_size": 1}}
+        # --server-connector async: the server loads benchmarks/gpu/lib/hs_async_connector.py (issue 47 item 2)
+        pb090, server_py = server_setup(self.args.server_connector, PB090, self.py("server"), self.root)
         for m in list(MODELS) + (["probe", "kimi_shipped"] if self.args.probes else []):
             target = ck / {"probe": "deepseek_v3", "kimi_shipped": "kimi_k25"}.get(m, m)
             hosts[host_name("srv", m)] = {
                 "connection": "local", "python": str(self.py("client")), "workdir": str(self.root / "wdsrv"),
-                "playbook": str(PB090), "env": env(host_name("srv", m)),
+                "playbook": str(pb090), "env": env(host_name("srv", m)),
                 "vars": {"target_model": str(target), "preprocessed_data": str(self.root / f"srv-data-{m}"),
                          "max_samples": len(self.rows), "concurrency": 16,
                          "layer_ids": IDS_PROBE if m == "probe" else IDS_SRV, "port": PORTS[m],
                          "max_model_len": MAX_MODEL_LEN, "gpu_memory_utilization": self.args.gpu_memory_utilization,
-                         "server_python": str(self.py("server")), "server_ready_seconds": 300,
+                         "server_python": str(server_py), "server_ready_seconds": 300,
                          "tensor_parallel_size": 1, "gpus": 1, "trust_remote_code": m in TRUSTED}}
         resume = json.loads(json.dumps(hosts[host_name("030", "deepseek_v3")]))
         resume["env"] = env("resume")
@@ -256,6 +259,7 @@ class FlowsCheck:
         self.hosts = hosts
         self.run.step("inventory", ok=True, path=str(self.inv), hosts=sorted(hosts),
                       playbooks={h: Path(x["playbook"]).name for h, x in hosts.items()},
+                      server_connector=self.args.server_connector,
                       server_trust_remote_code=sorted(h for h, x in hosts.items()
                                                       if x["vars"].get("trust_remote_code")),
                       layer_ids={"0.3.0": IDS_030, "server": IDS_SRV}, max_model_len=MAX_MODEL_LEN)
@@ -497,6 +501,9 @@ def main(argv=None) -> int:
     ap.add_argument("--flows", default="030,srv",
                     help="which flows the flows and compare steps run: 030 (speculators 0.3.0's generator), srv "
                          "(the server flow of speculators 0.9.0), or both (default)")
+    ap.add_argument("--server-connector", choices=CONNECTORS, default="vllm",
+                    help="async: the server flow's server loads benchmarks/gpu/lib/hs_async_connector.py (vLLM 0.22's "
+                         "asynchronous write path) in place of vLLM's ExampleHiddenStatesConnector")
     ap.add_argument("--dataset", choices=("default", "prefix"), default="default",
                     help="prefix: rows rich in shared prefixes and exact duplicates (prefix_rows, issue 50 item 1)")
     ap.add_argument("--layer-change", action="store_true", help="also check that other layer ids are refused "

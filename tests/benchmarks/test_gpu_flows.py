@@ -96,7 +96,7 @@ def test_the_kimi_server_runs_with_trust_remote_code_through_the_shipped_playboo
     from remote_ops.extract.extract_spec import server_command
     from remote_ops.playbook import loader as pb_mod
     args = argparse.Namespace(work=str(tmp_path), out=str(tmp_path / "out.json"), code_rev=None, budget=60,
-                              base_python=None, gpu_memory_utilization=0.3, probes=True)
+                              base_python=None, gpu_memory_utilization=0.3, probes=True, server_connector="vllm")
     h = fc.FlowsCheck(args)
     h.root.mkdir(parents=True)
     h.rows, h.dataset, h.resume_rows, h.resume_dataset = [[1, 2]], tmp_path / "d.jsonl", [[1]], tmp_path / "r.jsonl"
@@ -110,6 +110,36 @@ def test_the_kimi_server_runs_with_trust_remote_code_through_the_shipped_playboo
         cmd = server_command(pb, Host(name=name, hostname="localhost", python=host["python"], vars=host["vars"]))
         assert ("--trust-remote-code" in cmd) == (name == "srv-kimi_k25"), (name, cmd)
     assert h.run.doc["steps"]["inventory"]["server_trust_remote_code"] == ["srv-kimi_k25"]
+
+
+def test_server_connector_async_gives_every_server_host_the_copy(tmp_path):
+    """--server-connector async: each server-flow host's playbook is the shipped one with the async connector
+    (loaded from benchmarks/gpu/lib through the server's own interpreter); the 0.3.0 hosts are untouched."""
+    import argparse
+
+    from remote_ops.connect.inventory import Host
+    from remote_ops.extract.extract_spec import server_command
+    from remote_ops.playbook import loader as pb_mod
+    args = argparse.Namespace(work=str(tmp_path), out=str(tmp_path / "out.json"), code_rev=None, budget=60,
+                              base_python=None, gpu_memory_utilization=0.3, probes=False, server_connector="async")
+    h = fc.FlowsCheck(args)
+    h.root.mkdir(parents=True)
+    (tmp_path / "bin" / "server").mkdir(parents=True)
+    (tmp_path / "bin" / "server" / "python").write_text("#!/bin/sh\nPYTHONPATH=/x/site exec python3 \"$@\"\n")
+    h.rows, h.dataset, h.resume_rows, h.resume_dataset = [[1, 2]], tmp_path / "d.jsonl", [[1]], tmp_path / "r.jsonl"
+    h.inventory()
+    inv = json.loads(h.inv.read_text())["hosts"]
+    srv = {k: v for k, v in inv.items() if k.startswith("srv-")}
+    assert sorted(srv) == ["srv-deepseek_v3", "srv-kimi_k25"]
+    for name, host in srv.items():
+        assert host["playbook"] != str(fc.PB090)
+        cmd = server_command(pb_mod.load(host["playbook"]), Host(name=name, hostname="localhost",
+                                                                   python=host["python"], vars=host["vars"]))
+        kv = json.loads(cmd[cmd.index("--kv_transfer_config") + 1])
+        assert kv["kv_connector"] == "AsyncHiddenStatesConnector" and cmd[0] == host["vars"]["server_python"]
+        assert "benchmarks/gpu/lib:/x/site exec" in Path(host["vars"]["server_python"]).read_text()
+    assert all(v["playbook"] == str(fc.PB030) for k, v in inv.items() if k.startswith("030-"))
+    assert h.run.doc["steps"]["inventory"]["server_connector"] == "async"
 
 
 def flows_doc(ok=True):
