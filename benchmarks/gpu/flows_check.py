@@ -132,6 +132,13 @@ class FlowsCheck:
         if not self.flow_names or set(given) - {"030", "srv"}:
             raise SystemExit(f"--flows {','.join(given)!r}: give 030, srv or 030,srv")
         self.run.doc["flows"] = self.flow_names
+        given = [x.strip() for x in getattr(args, "models", ",".join(MODELS)).split(",") if x.strip()]
+        self.models = [m for m in MODELS if m in given]
+        if not self.models or set(given) - set(MODELS):
+            raise SystemExit(f"--models {','.join(given)!r}: give {' or '.join(MODELS)} or both")
+        self.server_vars = json.loads(getattr(args, "server_vars", "{}") or "{}")
+        if not isinstance(self.server_vars, dict):
+            raise SystemExit(f"--server-vars {args.server_vars!r}: a JSON object of playbook vars")
         self.log = self.root / "commands.log"
         self.t0 = time.monotonic()
 
@@ -245,7 +252,8 @@ class FlowsCheck:
                          "layer_ids": IDS_PROBE if m == "probe" else IDS_SRV, "port": PORTS[m],
                          "max_model_len": MAX_MODEL_LEN, "gpu_memory_utilization": self.args.gpu_memory_utilization,
                          "server_python": str(server_py), "server_ready_seconds": 300,
-                         "tensor_parallel_size": 1, "gpus": 1, "trust_remote_code": m in TRUSTED}}
+                         "tensor_parallel_size": 1, "gpus": 1, "trust_remote_code": m in TRUSTED,
+                         **self.server_vars}}
         resume = json.loads(json.dumps(hosts[host_name("030", "deepseek_v3")]))
         resume["env"] = env("resume")
         # one sample per generate() call: the run lasts long enough for a stop to land mid-way
@@ -259,7 +267,8 @@ class FlowsCheck:
         self.hosts = hosts
         self.run.step("inventory", ok=True, path=str(self.inv), hosts=sorted(hosts),
                       playbooks={h: Path(x["playbook"]).name for h, x in hosts.items()},
-                      server_connector=self.args.server_connector,
+                      server_connector=self.args.server_connector, server_vars=self.server_vars,
+                      models=list(self.models),
                       server_trust_remote_code=sorted(h for h, x in hosts.items()
                                                       if x["vars"].get("trust_remote_code")),
                       layer_ids={"0.3.0": IDS_030, "server": IDS_SRV}, max_model_len=MAX_MODEL_LEN)
@@ -339,7 +348,7 @@ class FlowsCheck:
     def flows(self) -> None:
         self.results = {}
         for flow in self.flow_names:
-            for m in MODELS:
+            for m in self.models:
                 host = host_name(flow, m)
                 need = 90 if flow == "030" else 150
                 if self.left() < need:
@@ -360,7 +369,7 @@ class FlowsCheck:
     def compare(self) -> None:
         outs = []
         for flow in self.flow_names:
-            for m in MODELS:
+            for m in self.models:
                 host = host_name(flow, m)
                 if self.files(host):
                     ids = IDS_030 if flow == "030" else ",".join(map(str, IDS_SRV))
@@ -378,8 +387,9 @@ class FlowsCheck:
         r = sh(cmd, timeout=min(400, max(60, self.left())), log=self.log)
         res = json.loads(res_file.read_text()) if res_file.exists() else None
         # every output of the flows run (2 models each), and every pair whose two outputs are among them
-        want_pairs = sum(1 for a, b in PAIRS if {a.split("-")[0], b.split("-")[0]} <= set(self.flow_names))
-        every = (res is not None and len(res.get("outputs") or {}) == len(self.flow_names) * len(MODELS)
+        want_pairs = sum(1 for a, b in PAIRS if {a.split("-")[0], b.split("-")[0]} <= set(self.flow_names)
+                         and {a.split("-", 1)[1], b.split("-", 1)[1]} <= set(self.models))
+        every = (res is not None and len(res.get("outputs") or {}) == len(self.flow_names) * len(self.models)
                  and len(res.get("pairs") or {}) == want_pairs)
         self.run.step("compare", ok=bool(res and res.get("ok")) and every, rc=r["rc"], seconds=r["seconds"],
                       flows=list(self.flow_names), all_outputs=every,
@@ -504,6 +514,10 @@ def main(argv=None) -> int:
     ap.add_argument("--server-connector", choices=CONNECTORS, default="vllm",
                     help="async: the server flow's server loads benchmarks/gpu/lib/hs_async_connector.py (vLLM 0.22's "
                          "asynchronous write path) in place of vLLM's ExampleHiddenStatesConnector")
+    ap.add_argument("--server-vars", default="{}", help="JSON: playbook vars every server-flow host also gets, "
+                                                         "e.g. '{\"max_num_batched_tokens\": 1024}'")
+    ap.add_argument("--models", default=",".join(MODELS), help="which checkpoints the flows and compare steps run "
+                                                               "(default: both)")
     ap.add_argument("--dataset", choices=("default", "prefix"), default="default",
                     help="prefix: rows rich in shared prefixes and exact duplicates (prefix_rows, issue 50 item 1)")
     ap.add_argument("--layer-change", action="store_true", help="also check that other layer ids are refused "

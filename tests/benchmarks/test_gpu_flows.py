@@ -121,7 +121,8 @@ def test_server_connector_async_gives_every_server_host_the_copy(tmp_path):
     from remote_ops.extract.extract_spec import server_command
     from remote_ops.playbook import loader as pb_mod
     args = argparse.Namespace(work=str(tmp_path), out=str(tmp_path / "out.json"), code_rev=None, budget=60,
-                              base_python=None, gpu_memory_utilization=0.3, probes=False, server_connector="async")
+                              base_python=None, gpu_memory_utilization=0.3, probes=False, server_connector="async",
+                              models="deepseek_v3", server_vars='{"max_num_batched_tokens": 1024}')
     h = fc.FlowsCheck(args)
     h.root.mkdir(parents=True)
     (tmp_path / "bin" / "server").mkdir(parents=True)
@@ -138,8 +139,13 @@ def test_server_connector_async_gives_every_server_host_the_copy(tmp_path):
         kv = json.loads(cmd[cmd.index("--kv_transfer_config") + 1])
         assert kv["kv_connector"] == "AsyncHiddenStatesConnector" and cmd[0] == host["vars"]["server_python"]
         assert "benchmarks/gpu/lib:/x/site exec" in Path(host["vars"]["server_python"]).read_text()
+        assert host["vars"]["max_num_batched_tokens"] == 1024    # --server-vars reach every server host
     assert all(v["playbook"] == str(fc.PB030) for k, v in inv.items() if k.startswith("030-"))
     assert h.run.doc["steps"]["inventory"]["server_connector"] == "async"
+    assert h.models == ["deepseek_v3"] and h.run.doc["steps"]["inventory"]["models"] == ["deepseek_v3"]
+    args.models = "llama"
+    with pytest.raises(SystemExit, match="--models 'llama'"):
+        fc.FlowsCheck(args)
 
 
 def flows_doc(ok=True):
