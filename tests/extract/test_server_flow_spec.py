@@ -149,3 +149,18 @@ def test_verify_finds_every_kind_of_broken_sample(tmp_path):
     assert any(i == 3 and "at least 2" in p for i, p in problems)
     assert any(i == 4 and "hidden size 16" in p for i, p in problems)
     assert res["missing_after_last"] == 2 and res["temporaries"] == ["cmpl-1-0.safetensors.lock"]
+
+
+@pytest.mark.parametrize("name", ["eagle3-speculators-0.9.0.yaml", "eagle3-speculators-0.9.0-no-chunked-prefill.yaml"])
+def test_max_num_batched_tokens_is_vllms_default_until_a_host_sets_it(name):
+    """The var max_num_batched_tokens (null: vLLM's own default) gives the server no flag; a host's number gives
+    --max-num-batched-tokens N, and nothing else of the command moves."""
+    pb = playbook.load(str(SHIPPED.with_name(name)))
+    assert pb.doc.data["vars"]["max_num_batched_tokens"] is None
+    plain = jobs.parse_spec(pb, Host(name="gpu", hostname="gpu01", python="/opt/venv/bin/python"))
+    assert not any("max-num-batched-tokens" in x for x in plain.server.command)
+    set_ = jobs.parse_spec(pb, Host(name="gpu", hostname="gpu01", python="/opt/venv/bin/python",
+                                    vars={"max_num_batched_tokens": 65536}))
+    i = set_.server.command.index("--max-num-batched-tokens")
+    assert set_.server.command[i + 1] == "65536"
+    assert set_.server.command[:i] + set_.server.command[i + 2:] == plain.server.command
