@@ -84,7 +84,8 @@ def client_command(path: Path) -> list[str]:
 GUARDS = (("prefix-caching", "#44485 short states with prefix caching", "--no-enable-prefix-caching"),
           ("abort-safe", "#56841 an aborted queued request kills the server", "--request-timeout"),
           ("mla-tp-page-size", "#51016 MLA page size at TP > 1 (fix #50894)", None),
-          ("mla-kv-groups", "MLA KV cache groups ('MLA verifiers are unsupported')", None))
+          ("mla-kv-groups", "MLA KV cache groups ('MLA verifiers are unsupported')", None),
+          ("last-chunk", "a chunked prompt's last chunk without new blocks left unwritten", "--no-enable-chunked-prefill"))
 MLA_CONFIG = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "kv_lora_rank": 512,
               "num_hidden_layers": 61, "hidden_size": 7168}
 
@@ -104,7 +105,7 @@ def _drop(command: list[str], flag: str, takes_value: bool) -> list[str]:
 
 def guards(src: Path, command: list[str], client: list[str]) -> dict:
     """Per guard: its outcome WITHOUT the shipped guard (the command less --no-enable-prefix-caching, the client
-    less --request-timeout: its default then), and the MLA checks for a DeepSeek-V3-shaped checkpoint (config.json
+    less --request-timeout: its default then, chunked prefill on as in the first playbook), and the MLA checks for a DeepSeek-V3-shaped checkpoint (config.json
     with kv_lora_rank) at --tensor-parallel-size 8: {id: {"bug", "guard", "ok", "detail"}}. ok False: the release
     has the bug and the guard is what holds it; None: the source does not decide it; True: not there."""
     import tempfile
@@ -124,7 +125,7 @@ def guards(src: Path, command: list[str], client: list[str]) -> dict:
         mla = _drop(mla, "--tensor-parallel-size", True) + ["--tensor-parallel-size", "8"]
         res_mla = agent_sf.op_check({"command": mla, "client": serverflow.CLIENT_FIELDS, "sys_path": [str(src)],
                                      "client_command": client})
-    checks = {c["id"]: c for c in res["checks"] if c["id"] in ("prefix-caching", "abort-safe")}
+    checks = {c["id"]: c for c in res["checks"] if c["id"] in ("prefix-caching", "abort-safe", "last-chunk")}
     checks.update({c["id"]: c for c in res_mla["checks"] if c["id"] in ("mla-tp-page-size", "mla-kv-groups")})
     for cid, bug, guard in GUARDS:
         c = checks.get(cid)
@@ -369,7 +370,9 @@ def render(doc: dict) -> str:
     L += ["", "## vLLM's own bugs, per release, without the shipped guards (issue 50)", "",
           "Each is the agent op's check on a variant of the first playbook's command: prefix caching and aborts "
           "without `--no-enable-prefix-caching` and with the client's default `--request-timeout` (120 s, "
-          "concurrency 32); the MLA checks for a DeepSeek-V3-shaped checkpoint (kv_lora_rank) at "
+          "concurrency 32), the last chunk with chunked prefill on (vLLM's default, the first playbook's; the "
+          "guard: `--no-enable-chunked-prefill`, the no-chunked-prefill playbook); the MLA checks for a "
+          "DeepSeek-V3-shaped checkpoint (kv_lora_rank) at "
           "--tensor-parallel-size 8. **bug**: the release has it (the guard holds it); undecided: the source "
           "does not tell (the guard holds it either way, or only the start can tell); no: not there.", "",
           "| vLLM | " + " | ".join(g[1] for g in GUARDS) + " |", "|---|" + "---|" * len(GUARDS)]

@@ -58,7 +58,8 @@ def cell_090(version: str, doc: dict) -> str:
 
 GPU_CONTROL = REPO / "benchmarks" / "results" / "gpu_logits_tp1.json"
 SHORT = {"prefix-caching": ("#44485", "prefix caching off"), "abort-safe": ("#56841", "client --request-timeout 86400"),
-         "mla-tp-page-size": ("#51016", "MLA at TP > 1: check says"), "mla-kv-groups": ("MLA KV groups", "at TP > 1: check says")}
+         "mla-tp-page-size": ("#51016", "MLA at TP > 1: check says"), "mla-kv-groups": ("MLA KV groups", "at TP > 1: check says"),
+         "last-chunk": ("last chunk", "chunked prefill off")}
 
 
 def gpu_prefix_control(path: Path = GPU_CONTROL) -> dict | None:

@@ -192,7 +192,7 @@ def op_check(args):
 
 def check(root, site, command, client, sys_path, client_command=None):
     """The server command's checks against the vLLM at ``root``, in order: entry point, speculative
-    method, KV connector, chunked prefill, prefix caching and abort safety, /health, the client's
+    method, KV connector, chunked prefill, prefix caching, abort safety and the last chunk, /health, the client's
     fields, the flags, the served model."""
     c = _Checks(root)
     static = StaticResolver(sys_path)
@@ -203,10 +203,11 @@ def check(root, site, command, client, sys_path, client_command=None):
     if spec is not None:
         _speculative(c, static, spec, spec_flag)
     conn_rel, conn_src = _connector(c, static, kv, kv_flag) if kv is not None else (None, "")
-    _chunked_prefill(c, kv, flags)
+    refused_at = _chunked_prefill(c, kv, flags)
     if conn_src:
         _prefix_caching(c, conn_rel, conn_src, flags)
         _abort_safe(c, conn_rel, conn_src, client_command)
+        _last_chunk(c, kv, conn_rel, conn_src, flags, refused_at)
     _health(c)
     _client_fields(c, static, root, client)
     _flags(c, static, root, flags)
@@ -296,7 +297,8 @@ def _connector(c, static, kv, kv_flag):
 
 
 def _chunked_prefill(c, kv, flags):
-    """Chunked prefill: some releases refuse this connector with chunked prefill on."""
+    """Chunked prefill: some releases refuse this connector with chunked prefill on. Returns where this
+    vLLM refuses it (``vllm/config/vllm.py:N``), or None."""
     lib = "vllm/"
     vcfg = c.text("config/vllm.py") or ""
     if kv is not None and kv.get("kv_connector"):
@@ -311,9 +313,10 @@ def _chunked_prefill(c, kv, flags):
                   where=lib + "config/vllm.py:%d" % _line_of(vcfg, pat.group(0)),
                   fix="add %s to the server command (the playbook eagle3-speculators-0.9.0-no-chunked-prefill "
                       "does)" % NO_CHUNKED)
-        else:
-            c.add("chunked-prefill", "%s allows chunked prefill (vLLM's default)" % name, True,
-                  "the command turns it off" if NO_CHUNKED in flags else "")
+            return lib + "config/vllm.py:%d" % _line_of(vcfg, pat.group(0))
+        c.add("chunked-prefill", "%s allows chunked prefill (vLLM's default)" % name, True,
+              "the command turns it off" if NO_CHUNKED in flags else "")
+    return None
 
 
 def _health(c):
@@ -530,9 +533,14 @@ def _prefix_caching(c, conn_rel, conn_src, flags):
               "states is not decided from the source (vLLM #44485); %s settles it" % NO_PREFIX)
 
 
-def _request_finished(conn_src):
-    m = re.search(r"\n    def request_finished\(.*?(?=\n    def |\n\S|\Z)", conn_src, re.S)
+def _method(conn_src, name):
+    """The source of the connector class's method ``name`` (up to the next method), or None."""
+    m = re.search(r"\n    def %s\(.*?(?=\n    def |\n    @|\n\S|\Z)" % name, conn_src, re.S)
     return m.group(0) if m else None
+
+
+def _request_finished(conn_src):
+    return _method(conn_src, "request_finished")
 
 
 def _abort_safe(c, conn_rel, conn_src, client_command):
@@ -579,6 +587,60 @@ def _abort_safe(c, conn_rel, conn_src, client_command):
                                            "the others can time out and be aborted" % (CLIENT_TIMEOUT, timeout, conc)),
           where=where, fix="a vLLM release with #56841's change, or the var request_timeout >= %d (%ds x concurrency "
                            "%d)" % (need, QUEUE_WAIT_PER_REQUEST_S, conc))
+
+
+# the last chunk of a chunked prompt: how build_connector_meta treats a partially prefilled request the scheduler
+# gave no new block (its get_block_ids(allow_none=True) is None), and a connector that saves in request_finished
+EXAMPLE_HS = "ExampleHiddenStatesConnector"
+SKIP_NO_BLOCKS = re.compile(r"if new_block_ids is None:\s*\n\s*continue\b")
+ASSERT_BLOCKS = "assert new_block_ids is not None"
+SAVE_AT_FINISH = re.compile(r"self\._pending_saves\[req_id\]\s*=")
+LAST_CHUNK_FIX = ("run the server with %s: the playbook eagle3-speculators-0.9.0-no-chunked-prefill (its "
+                  "max_num_batched_tokens, when set, must be >= max_model_len)" % NO_CHUNKED)
+
+
+def _last_chunk(c, kv, conn_rel, conn_src, flags, refused_at):
+    """With chunked prefill on, ExampleHiddenStatesConnector writes a request's file at each step that names it
+    in the step's metadata. vLLM 0.18-0.21's build_connector_meta names a partially prefilled request only when
+    the scheduler gave it new blocks, so a last chunk that fits in the blocks it has is never written: the file
+    keeps what the KV slots held before that chunk ran (right shape, wrong states); 0.17's asserts instead, and
+    the scheduler dies. A connector that saves in request_finished writes after the whole prompt."""
+    if kv.get("kv_connector") != EXAMPLE_HS:
+        return
+    what = "with chunked prefill, a prompt's last chunk is written (the connector names it in that step's metadata)"
+    if NO_CHUNKED in flags:
+        c.add("last-chunk", what, True, "the command turns chunked prefill off (%s): each prompt is prefilled and "
+              "written in one step" % NO_CHUNKED)
+        return
+    if refused_at:
+        c.add("last-chunk", what, True, "not reached: this vLLM refuses %s with chunked prefill at start-up (%s, "
+              "check chunked-prefill)" % (EXAMPLE_HS, refused_at), where=refused_at)
+        return
+    rel = "vllm/" + conn_rel
+    meta = _method(conn_src, "build_connector_meta")
+    skip = SKIP_NO_BLOCKS.search(meta or "")
+    when = ("with chunked prefill on (vLLM's default), a prompt whose later chunk fits in the blocks it already has "
+            "gets no new block from the scheduler (get_block_ids(allow_none=True) is None)")
+    if skip or ASSERT_BLOCKS in (meta or ""):
+        needle = skip.group(0).splitlines()[0] if skip else ASSERT_BLOCKS
+        detail = ("%s, and build_connector_meta then leaves it out of the step's metadata (`%s continue`): when that "
+                  "is the last chunk the file is not written again, so its last tokens hold what the KV slots held "
+                  "before that chunk ran: wrong hidden states of the right shape (the client's --validate-outputs "
+                  "passes)" % (when, needle.strip()) if skip else
+                  "%s, and build_connector_meta asserts it has one (`%s`): AssertionError in the scheduler, the "
+                  "server dies" % (when, ASSERT_BLOCKS))
+        c.add("last-chunk", what, False, detail, where="%s:%d" % (rel, _line_of(conn_src, needle)),
+              fix=LAST_CHUNK_FIX)
+        return
+    finished = _method(conn_src, "request_finished") or ""
+    save = SAVE_AT_FINISH.search(finished)
+    if save:
+        c.add("last-chunk", what, True, "the connector saves in request_finished, after the whole prompt, from the "
+              "request's blocks", where="%s:%d" % (rel, _line_of(conn_src, save.group(0))))
+        return
+    c.add("last-chunk", what, None, "not decided: build_connector_meta neither skips nor asserts a request without "
+          "new blocks (`new_block_ids`), and request_finished does not save (`_pending_saves[req_id] =`)",
+          where="%s:%d" % (rel, _line_of(conn_src, "def build_connector_meta(")) if meta else None)
 
 
 # the model families whose KV cache is MLA (DeepSeek-V2/V3, Kimi-K2/K2.5: config.json has kv_lora_rank)

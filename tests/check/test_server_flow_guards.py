@@ -1,20 +1,26 @@
-"""The server flow's guards against vLLM's own bugs, on the real sources of vLLM 0.20.0, 0.22.0, 0.26.0 and
-0.33.0 (PyPI wheels through pkgsource): prefix caching (vLLM #44485), aborted queued requests (#56841), an
-MLA checkpoint at tensor_parallel_size > 1 (#51016 / fix #50894, "MLA verifiers are unsupported"), and
-``verify``'s shape check of every hs_<N>.safetensors file from its header.
+"""The server flow's guards against vLLM's own bugs, on the real sources of vLLM 0.17.0, 0.20.0, 0.22.0, 0.26.0
+and 0.33.0 (PyPI wheels through pkgsource): prefix caching (vLLM #44485), aborted queued requests (#56841), an
+MLA checkpoint at tensor_parallel_size > 1 (#51016 / fix #50894, "MLA verifiers are unsupported"), a chunked
+prompt's last chunk left unwritten (last-chunk), and ``verify``'s shape check of every hs_<N>.safetensors file
+from its header.
 
 What the sources hold (read there): 0.22.0's connector slices the forward's slot mapping (the tokens this step
 computes); 0.20.0, 0.26.0 and 0.33.0 read the request's whole block table. 0.26.0's request_finished pops the
 file name without a default (the KeyError #56841 fixed); 0.20.0 and 0.22.0 pop with a default; 0.33.0 has
 #56841's guard. 0.33.0 has #50894's _ensure_min_page_size; 0.22.0 and 0.26.0 align the hidden-state group
 without it; 0.20.0 has no separate hidden-state group. 0.26.0 and 0.33.0's connector refuses a hidden-state
-layer not isolated in its own KV cache group.
+layer not isolated in its own KV cache group. With chunked prefill on, 0.20.0's build_connector_meta skips a
+partially prefilled request the scheduler gave no new block (`if new_block_ids is None: continue`), 0.17.0's
+asserts it has one; 0.22.0 refuses the connector with chunked prefill; 0.26.0 and 0.33.0 save in
+request_finished.
 """
 
 from __future__ import annotations
 
 import json
 import struct
+
+import pytest
 
 from remote_ops import pkgsource
 from remote_ops.agent import serverflow as agent_sf
@@ -121,6 +127,79 @@ def test_an_mla_checkpoint_at_tp8_reads_the_page_size_fix_and_the_cache_group_re
     assert first["mla-kv-groups"]["ok"] is None
     # TP 1, or a model that is not MLA: no such check
     assert "mla-tp-page-size" not in _checks("0.26.0", _kimi(server, 1), client)
+
+
+# ------------------------------------------------------------------ a chunked prompt's last chunk (last-chunk)
+def test_last_chunk_on_020_and_017_is_a_finding_naming_the_line_and_the_no_chunked_prefill_playbook():
+    server, client = _commands(MAIN)
+    assert "--no-enable-chunked-prefill" not in server
+    skip = _checks("0.20.0", server, client)["last-chunk"]
+    assert skip["ok"] is False and skip["where"] == CONNECTOR + ":289"
+    assert "`if new_block_ids is None: continue`" in skip["detail"] and "--validate-outputs passes" in skip["detail"]
+    assert "--no-enable-chunked-prefill" in skip["fix"] and NOCP in skip["fix"] and "max_model_len" in skip["fix"]
+    dies = _checks("0.17.0", server, client)["last-chunk"]
+    assert dies["ok"] is False and dies["where"] == CONNECTOR + ":289"
+    assert "`assert new_block_ids is not None`" in dies["detail"] and "the server dies" in dies["detail"]
+    assert dies["fix"] == skip["fix"]
+
+
+def test_last_chunk_holds_where_the_connector_saves_at_request_finished_or_the_start_refuses_chunked_prefill():
+    server, client = _commands(MAIN)
+    for version, line in (("0.26.0", 538), ("0.33.0", 553)):
+        c = _checks(version, server, client)["last-chunk"]
+        assert c["ok"] is True and "request_finished" in c["detail"] and c["where"] == CONNECTOR + ":%d" % line
+    refused = _checks("0.22.0", server, client)
+    assert refused["chunked-prefill"]["ok"] is False
+    assert refused["last-chunk"]["ok"] is True and "not reached" in refused["last-chunk"]["detail"]
+    assert refused["last-chunk"]["where"] == refused["chunked-prefill"]["where"] == "vllm/config/vllm.py:740"
+
+
+@pytest.mark.parametrize("version", ["0.17.0", "0.20.0", "0.22.0", "0.26.0", "0.33.0"])
+def test_the_no_chunked_prefill_playbook_holds_last_chunk_everywhere(version):
+    server, client = _commands(NOCP)
+    c = _checks(version, server, client)["last-chunk"]
+    assert c["ok"] is True and "--no-enable-chunked-prefill" in c["detail"], c
+
+
+def test_last_chunk_is_undecided_on_a_connector_of_neither_kind_and_absent_for_another_connector():
+    # 0.22.0's connector names new requests only and saves nothing in request_finished; without the start-up
+    # refusal (refused_at None) the source decides nothing
+    root = pkgsource.unpacked("vllm", "0.22.0") / "vllm"
+    c = agent_sf._Checks(str(root))
+    rel = CONNECTOR[len("vllm/"):]
+    agent_sf._last_chunk(c, {"kv_connector": "ExampleHiddenStatesConnector"}, rel, c.text(rel), {}, None)
+    assert [x["ok"] for x in c.out] == [None] and "not decided" in c.out[0]["detail"]
+    assert c.out[0]["where"] == CONNECTOR + ":411"
+    server, client = _commands(MAIN)
+    other = [a.replace('"ExampleHiddenStatesConnector"', '"ExampleConnector"') for a in server]
+    checks = _checks("0.20.0", other, client)
+    assert checks["connector"]["ok"] is True and "last-chunk" not in checks
+
+
+def test_extract_notes_last_chunk_and_check_strict_fails_on_it(sshd, inventory_file, cli, tmp_path):
+    server, client = _commands(MAIN)
+    res = agent_sf.op_check({"command": server, "client": serverflow.CLIENT_FIELDS, "client_command": client,
+                             "sys_path": [str(pkgsource.unpacked("vllm", "0.20.0"))]})
+    problems, notes = serverflow.preflight_lines(res)
+    assert problems == []
+    assert [n for n in notes if CONNECTOR + ":289" in n and "(fix: run the server with --no-enable-chunked-prefill"
+            in n] != []
+    env = pkgsource.make_env(tmp_path / "venv", [("speculators", "0.9.0"), ("hs-connectors", "0.9.0"),
+                                                 ("vllm", "0.20.0")])
+    inv = inventory_file(python=str(env))
+    status, out, err = cli("check", "testhost", "--playbook", NOCP, "--strict", "-i", str(inv))
+    assert status == 0 and "0 failed" in out, out + err
+    # the shipped playbook no longer claims 0.20.0; a copy that does (chunked prefill on) fails on last-chunk
+    status, out, err = cli("check", "testhost", "--playbook", MAIN, "--strict", "-i", str(inv))
+    assert status != 0 and NOCP in out + err, out + err
+    copy = tmp_path / "main-on-020.yaml"
+    copy.write_text(pb_mod.find(MAIN).read_text().replace('vllm: ">=0.24,<0.34"', 'vllm: ">=0.17,<0.34"'))
+    status, out, err = cli("check", "testhost", "--playbook", str(copy), "--strict", "--json", "-i", str(inv))
+    sf = json.loads(out)["server_flow"]
+    assert status == 1 and sf["library"]["version"] == "0.20.0", out + err
+    assert [c["id"] for c in sf["findings"]] == ["last-chunk"]
+    status, out, err = cli("check", "testhost", "--playbook", str(copy), "--strict", "-i", str(inv))
+    assert status == 1 and CONNECTOR + ":289" in out and "--no-enable-chunked-prefill" in out, out + err
 
 
 # ------------------------------------------------------------------ verify: every file's shape from its header

@@ -19,7 +19,7 @@ SHIPPED = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.9
 
 def test_shipped_playbook_is_speculators_launch_vllm_plus_generate_offline_data():
     pb = playbook.load(str(SHIPPED))
-    assert pb.requires == {"speculators": "==0.9.0", "vllm": ">=0.17,<0.34,!=0.22.*,!=0.23.*"}
+    assert pb.requires == {"speculators": "==0.9.0", "vllm": ">=0.24,<0.34"}
     host = Host(name="gpu", hostname="gpu01", python="/opt/venv/bin/python", workdir="/data/eagle3",
                 vars={"layer_ids": [2, 4, 5, 8], "port": 8123, "tensor_parallel_size": 2, "gpus": 2})
     spec = jobs.parse_spec(pb, host)
@@ -48,8 +48,9 @@ def test_shipped_playbook_is_speculators_launch_vllm_plus_generate_offline_data(
 
 
 def test_the_no_chunked_prefill_sibling_differs_only_by_the_flag_and_its_range():
-    """vLLM 0.22.0-0.23.0 refuse ExampleHiddenStatesConnector with chunked prefill on: the sibling playbook
-    is the shipped one plus --no-enable-chunked-prefill, claiming exactly those releases."""
+    """vLLM 0.22.0-0.23.0 refuse ExampleHiddenStatesConnector with chunked prefill on, and on 0.17.0-0.21.0 it
+    leaves a chunked prompt's last chunk unwritten (check last-chunk): the sibling playbook is the shipped one
+    plus --no-enable-chunked-prefill, claiming exactly those releases."""
     from packaging.specifiers import SpecifierSet
 
     main = playbook.load(str(SHIPPED))
@@ -61,9 +62,11 @@ def test_the_no_chunked_prefill_sibling_differs_only_by_the_flag_and_its_range()
     assert a.command == b.command and a.output_dir == b.output_dir and a.layout == b.layout
     assert a.server.import_check == b.server.import_check and a.env == b.env
     main_range, nocp_range = SpecifierSet(main.requires["vllm"]), SpecifierSet(nocp.requires["vllm"])
-    for v in ("0.21.0", "0.22.0", "0.22.1", "0.23.0", "0.24.0", "0.33.0"):
+    every = ("0.17.0", "0.17.1", "0.18.0", "0.20.0", "0.21.0", "0.22.0", "0.22.1", "0.23.0", "0.24.0", "0.33.0")
+    for v in every:
         assert (v in main_range) != (v in nocp_range), v          # every release: exactly one of the two
-    assert [v for v in ("0.22.0", "0.22.1", "0.23.0") if v in nocp_range] == ["0.22.0", "0.22.1", "0.23.0"]
+    assert [v for v in every if v in nocp_range] == list(every[:8])
+    assert "0.16.0" not in main_range and "0.16.0" not in nocp_range and "0.34.0" not in main_range
 
 
 def _pb(tmp_path, extract):

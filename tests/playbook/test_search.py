@@ -109,7 +109,8 @@ def test_available_is_the_one_list_of_candidates_and_pointers(dirs):
                                {"speculators": "0.9.0", "vllm": "0.41.0"}) == ["eagle3-speculators-0.9.0"]
     # a refusal's "X claims vllm V" pointers: the same list, from the playbook's own inventory
     pb = books["site-0.3.0"]
-    assert [o.name for o in coverage.other_playbooks(pb, {"vllm": "0.17.0"})] == ["eagle3-speculators-0.3.0"]
+    assert [o.name for o in coverage.other_playbooks(pb, {"vllm": "0.17.0"})] == [
+        "eagle3-speculators-0.3.0", "eagle3-speculators-0.9.0-no-chunked-prefill"]
     assert [o.name for o in coverage.other_playbooks(pb, {"vllm": "0.45.0"})] == ["eagle3-speculators-0.9.0"]
 
 

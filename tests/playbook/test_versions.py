@@ -227,8 +227,9 @@ def test_candidates_lists_every_release(sshd, tmp_path, inventory_file, cli, vll
                for v in SPEC_RELEASES[3:])
     if vllm == "0.20.0":
         assert old["findings"] == 4 and old["playbooks"] == ["eagle3-speculators-0.3.0"]
-        # the server flow's playbook (vllm >=0.17,<0.34 but 0.22-0.23) covers speculators 0.9.0 on this host
-        assert new["playbooks"] == ["eagle3-speculators-0.9.0"] and rows["0.8.0"]["playbooks"] == []
+        # the server flow's no-chunked-prefill playbook (vllm >=0.17,<0.24: check last-chunk) covers speculators
+        # 0.9.0 on this host
+        assert new["playbooks"] == ["eagle3-speculators-0.9.0-no-chunked-prefill"] and rows["0.8.0"]["playbooks"] == []
         assert "unexpected-keyword vllm.v1.request.Request" in old["finding_symbols"]
     else:
         assert old["findings"] == 6 and old["playbooks"] == [] and new["playbooks"] == ["eagle3-speculators-0.9.0"]
