@@ -38,6 +38,12 @@ def test_every_release_from_016_to_033_has_a_row_with_both_flows():
     assert "refused (" in by["0.33.0"].split(" | ")[1] and "kv_cache_utils" in by["0.33.0"]
     assert "applies (`eagle3-speculators-0.9.0`" in by["0.33.0"].split(" | ")[2]
     assert "eagle3-speculators-0.9.0-no-chunked-prefill" in by["0.22.0"]
+    # check last-chunk: 0.17.0-0.21.0 leave a chunked prompt's last chunk unwritten, so the no-chunked-prefill
+    # playbook claims them; from 0.24.0 the connector saves in request_finished
+    for v in ("0.17.0", "0.20.0", "0.21.0"):
+        assert "applies (`eagle3-speculators-0.9.0-no-chunked-prefill`" in by[v].split(" | ")[2], v
+        assert "last chunk bug: chunked prefill off" in by[v].split(" | ")[3], v
+    assert "last chunk" not in by["0.22.0"] and "last chunk" not in by["0.24.0"] and "last chunk" not in by["0.33.0"]
     assert "refused (" in by["0.16.0"].split(" | ")[2]
 
 
