@@ -241,7 +241,7 @@ class FlowsCheck:
                          "gpu_memory_utilization": self.args.gpu_memory_utilization, "gpus": 1,
                          "tensor_parallel_size": 1}}
         # --server-connector async: the server loads benchmarks/gpu/lib/hs_async_connector.py (issue 47 item 2)
-        pb090, server_py = server_setup(self.args.server_connector, PB090, self.py("server"), self.root)
+        pb090, server_py = server_setup(self.args.server_connector, self.py("server"), self.root)
         for m in list(MODELS) + (["probe", "kimi_shipped"] if self.args.probes else []):
             target = ck / {"probe": "deepseek_v3", "kimi_shipped": "kimi_k25"}.get(m, m)
             hosts[host_name("srv", m)] = {
@@ -511,9 +511,10 @@ def main(argv=None) -> int:
     ap.add_argument("--flows", default="030,srv",
                     help="which flows the flows and compare steps run: 030 (speculators 0.3.0's generator), srv "
                          "(the server flow of speculators 0.9.0), or both (default)")
-    ap.add_argument("--server-connector", choices=CONNECTORS, default="vllm",
-                    help="async: the server flow's server loads benchmarks/gpu/lib/hs_async_connector.py (vLLM 0.22's "
-                         "asynchronous write path) in place of vLLM's ExampleHiddenStatesConnector")
+    ap.add_argument("--server-connector", choices=CONNECTORS, default="vllm-no-chunked",
+                    help="the server flow's playbook on vLLM 0.20.0 (benchmarks/gpu/lib/connector.py): the shipped "
+                         "no-chunked-prefill one (default), the shipped main one, async (hs_async_connector.py: vLLM "
+                         "0.22's write path) or vllm-chunked (vLLM's connector with chunked prefill on)")
     ap.add_argument("--server-vars", default="{}", help="JSON: playbook vars every server-flow host also gets, "
                                                          "e.g. '{\"max_num_batched_tokens\": 1024}'")
     ap.add_argument("--models", default=",".join(MODELS), help="which checkpoints the flows and compare steps run "

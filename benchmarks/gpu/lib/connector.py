@@ -1,27 +1,52 @@
-"""The server flow with benchmarks/gpu/lib/hs_async_connector.py in vLLM's place (issue 47 item 2): a copy of
-a shipped 0.9.0 playbook whose server loads AsyncHiddenStatesConnector through vLLM's
-``kv_connector_module_path``, and a server interpreter with this folder first on its PYTHONPATH (the harnesses'
-interpreters are wrappers that set PYTHONPATH themselves, so an env var would not reach the server)."""
+"""Which server-flow playbook a GPU harness runs on the lent machine's vLLM 0.20.0 (issue 47 item 2).
+
+Since check last-chunk, the shipped playbooks split vLLM's range: eagle3-speculators-0.9.0 (chunked prefill on)
+claims 0.24-0.33, and eagle3-speculators-0.9.0-no-chunked-prefill claims 0.17-0.23, because vLLM 0.17-0.21's
+ExampleHiddenStatesConnector never writes a last chunk that needs no new block. The harnesses' choices:
+
+  vllm-no-chunked  the shipped no-chunked-prefill playbook as it is: what a 0.20.0 user runs
+  vllm             the shipped eagle3-speculators-0.9.0 playbook as it is (refused on 0.20.0 by its requires)
+  async            a copy of eagle3-speculators-0.9.0 whose server loads AsyncHiddenStatesConnector
+                   (benchmarks/gpu/lib/hs_async_connector.py: vLLM 0.22's write path, each request written once
+                   at the step that completes its prompt) through ``kv_connector_module_path``; its requires
+                   claims vLLM 0.17-0.21, the releases that class is written against
+  vllm-chunked     a copy of eagle3-speculators-0.9.0 claiming 0.17-0.33: vLLM's own connector with chunked
+                   prefill on, as shipped before check last-chunk (to show that bug on the GPU)
+
+The copies' server interpreter has this folder first on its PYTHONPATH: the harnesses' interpreters are wrappers
+that set PYTHONPATH themselves, so an env var would not reach the server."""
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import yaml
+
 LIB = Path(__file__).resolve().parent
 MODULE = LIB / "hs_async_connector.py"
+SHIPPED = LIB.parents[2] / "remote_ops" / "playbook" / "shipped"
+MAIN = SHIPPED / "eagle3-speculators-0.9.0.yaml"
+NO_CHUNKED = SHIPPED / "eagle3-speculators-0.9.0-no-chunked-prefill.yaml"
 STOCK = '"kv_connector": "ExampleHiddenStatesConnector"'
 ASYNC = '"kv_connector": "AsyncHiddenStatesConnector", "kv_connector_module_path": "hs_async_connector"'
-CONNECTORS = ("vllm", "async")
+CONNECTORS = ("vllm-no-chunked", "vllm", "async", "vllm-chunked")
+COPIES = {"async": ">=0.17,<0.22", "vllm-chunked": ">=0.17,<0.34"}
 
 
-def async_playbook(src: Path, dest: Path) -> Path:
-    """``src`` with its server's connector replaced; refused unless the connector is named exactly once."""
-    text = Path(src).read_text()
-    if text.count(STOCK) != 1:
-        raise ValueError(f"{src}: expected {STOCK} once in the server command, found it {text.count(STOCK)} times")
+def playbook_copy(src: Path, dest: Path, *, vllm: str, async_connector: bool) -> Path:
+    """``src`` claiming ``vllm``, with its server's connector replaced when ``async_connector`` (refused unless
+    the server command names vLLM's connector exactly once)."""
+    data = yaml.safe_load(Path(src).read_text())
+    if async_connector:
+        cmd = ((data.get("extract") or {}).get("server") or {}).get("command") or []
+        hits = [i for i, c in enumerate(cmd) if isinstance(c, str) and STOCK in c]
+        if len(hits) != 1 or cmd[hits[0]].count(STOCK) != 1:
+            raise ValueError(f"{src}: expected {STOCK} once in the server command, found it {len(hits)} times")
+        cmd[hits[0]] = cmd[hits[0]].replace(STOCK, ASYNC)
+    data["requires"]["vllm"] = vllm
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(text.replace(STOCK, ASYNC))
+    dest.write_text(yaml.safe_dump(data, sort_keys=False, width=1000))
     return dest
 
 
@@ -38,11 +63,16 @@ def interpreter_with(wrapper: Path, first: Path, dest: Path) -> Path:
     return dest
 
 
-def server_setup(connector: str, playbook: Path, server_python: Path, scratch: Path) -> tuple[Path, Path]:
-    """(playbook, server interpreter) for ``connector``: the shipped ones for "vllm", the copies for "async"."""
+def server_setup(connector: str, server_python: Path, scratch: Path) -> tuple[Path, Path]:
+    """(playbook, server interpreter) for ``connector`` (CONNECTORS)."""
     if connector not in CONNECTORS:
         raise ValueError(f"connector {connector!r}: one of {', '.join(CONNECTORS)}")
+    if connector == "vllm-no-chunked":
+        return NO_CHUNKED, Path(server_python)
     if connector == "vllm":
-        return Path(playbook), Path(server_python)
-    return (async_playbook(playbook, Path(scratch) / "playbooks" / Path(playbook).name),
-            interpreter_with(server_python, LIB, Path(scratch) / "bin" / "server-async" / "python"))
+        return MAIN, Path(server_python)
+    pb = playbook_copy(MAIN, Path(scratch) / "playbooks" / connector / MAIN.name, vllm=COPIES[connector],
+                       async_connector=connector == "async")
+    if connector == "async":
+        return pb, interpreter_with(server_python, LIB, Path(scratch) / "bin" / "server-async" / "python")
+    return pb, Path(server_python)
