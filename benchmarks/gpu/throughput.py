@@ -30,7 +30,12 @@ subprocess with a timeout:
       them, cut like the script cuts them) at the playbook's defaults, layer ids [2, n//2, n-3, n]
       (launch_vllm.py's: 4 layers, as the 0.3.0 flow's default). Tokens/s once the server answered
       its health check (the supervisor's healthy_at) to the newest hs_<N>.safetensors; also from the
-      first file on, and the whole job's wall time with the server's start.
+      first file on, and the whole job's wall time with the server's start. a_server_tmpfs: the same on a
+      tmpfs (the Arrow dataset copied there, so that the staging directory, the outputs and the dataset
+      share one file system, as a_tmpfs's files do); named variants change playbook vars (SERVER_VARIANTS:
+      a_server_tmpfs_c64, concurrency 64; a_server_tmpfs_b64k, max_num_batched_tokens 65536 and
+      concurrency 64), and --server-vars JSON changes vars of every server part of the run. Each part's
+      result says the vars it ran with; ratios give <part>/c_best for each.
   (b) the generator alone, no writes: the patched speculators VllmHiddenStatesGenerator driven with
       AFTER's batches (the script's own pack_batches and engine_budget, at its default steps a call
       and packing window), generate() timed from the
@@ -51,6 +56,8 @@ subprocess with a timeout:
       from the scheduler config each step too). A budget the engine refuses (at its start, or the process ending) is a point with the
       engine's error. The best point is tokens_per_s.c_best; when it was a lowered budget and time allows,
       one engine started at that budget confirms it (c_best.confirm). Ratios are also given against it.
+      --c-best-from PATH copies c_best from an earlier result of the same model shape instead (a run that
+      cannot afford the sweep), recorded as c_best_from {path, code_rev, ...}.
   (d) the bf16 roofline: 2 x parameters x tokens / 989 TFLOP/s (H200 dense BF16: NVIDIA's H200
       datasheet gives 1,979 TFLOPS BF16 Tensor Core "with sparsity"; dense is half). Parameters are
       the decoder layers' (embedding lookups and the one-token lm_head are not prefill matmuls);
@@ -92,7 +99,9 @@ PARTS = {"disk": "disk", "a_before": "a_before", "a_before_tmpfs": "a_before_tmp
          "a_tmpfs": "a_tmpfs", "a_tmpfs_gil5": "a_tmpfs_gil5", "a_tmpfs_w8": "a_tmpfs_w8",
          "a_tmpfs_k1": "a_tmpfs_k1", "a_tmpfs_w0": "a_tmpfs_w0", "a_after_w8": "a_after_w8",
          "a_after_w4": "a_after_w4", "a_tmpfs_w4": "a_tmpfs_w4", "a_2dirs": "a_2dirs", "a_server": "a_server", "b_before": "b_generator_before",
-         "b": "b_generator", "c": "c_vllm_prefill", "c_best": "c_best"}       # --parts name: the result's key
+         "b": "b_generator", "c": "c_vllm_prefill", "c_best": "c_best",
+         "a_server_tmpfs": "a_server_tmpfs", "a_server_tmpfs_c64": "a_server_tmpfs_c64",
+         "a_server_tmpfs_b64k": "a_server_tmpfs_b64k"}       # --parts name: the result's key
 # run with BEFORE's playbook patched in, before AFTER's goes on top
 BEFORE_PARTS = ("a_before", "a_before_tmpfs", "b_before")
 UNPATCHED_PARTS = ("disk", "c", "c_best")   # they use no speculators: run before, between or after either patch
@@ -117,6 +126,15 @@ DISK_VARIANTS = {"a_after_w8": {"writer_threads": 8}, "a_after_w4": {"writer_thr
 CAPTURED_LAYERS = 4   # the generator's layer ids for these models (3 auxiliary + the last): bytes a token / hidden / 2
 SERVER_PLAYBOOK = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.9.0.yaml"
 SERVER_PORT = 8810
+# the server flow on a tmpfs (a_server_tmpfs) and with playbook vars changed: part -> the vars (each against
+# a_server_tmpfs); all of them keep the dataset, the staging directory and the outputs in RAM
+SERVER_VARIANTS = {"a_server_tmpfs": {},
+                   # more requests in flight at vLLM's default step (8192 tokens)
+                   "a_server_tmpfs_c64": {"concurrency": 64},
+                   # (c_best)'s fastest budget, with requests enough to fill a step
+                   "a_server_tmpfs_b64k": {"max_num_batched_tokens": 65536, "concurrency": 64}}
+SERVER_PARTS = ("a_server", *SERVER_VARIANTS)     # every server-flow part
+SERVER_TMPFS = "/dev/shm/remote-ops-throughput-srv"   # the tmpfs server parts' preprocessed_data
 TMPFS_OUT = "/dev/shm/remote-ops-throughput-out"   # a_tmpfs: AFTER with its files in RAM (no disk)
 FLOPS_SOURCE = ("NVIDIA H200 Tensor Core GPU datasheet: BF16 Tensor Core 1,979 TFLOPS with sparsity; "
                 "dense = half = 989 TFLOP/s")
@@ -417,7 +435,45 @@ def ratios(doc: dict) -> dict:
             # against vLLM at its best (c_best), where it ran
             **{f"{k}/c_best": ratio(v, tps("c_best")) for k, v in (("a_tmpfs", t), ("a_server", srv), ("b", b),
                                                                     ("a", a), ("c", c))},
-            "c_best/d": ratio(tps("c_best"), d)}
+            "c_best/d": ratio(tps("c_best"), d),
+            # the server flow on a tmpfs, and its variants against it and against vLLM at its best
+            "a_server_tmpfs/a_server": ratio(tps("a_server_tmpfs"), srv),
+            **{k: v for part in SERVER_VARIANTS for k, v in (
+                (f"{part}/c_best", ratio(tps(part), tps("c_best"))),
+                *(((f"{part}/a_server_tmpfs", ratio(tps(part), tps("a_server_tmpfs"))),)
+                  if part != "a_server_tmpfs" else ()))}}
+
+
+def server_vars(part: str, extra: dict | None = None) -> dict:
+    """The playbook vars a server part changes: its SERVER_VARIANTS entry, then --server-vars on top."""
+    return {**SERVER_VARIANTS.get(part, {}), **(extra or {})}
+
+
+def copied_c_best(path: Path, doc: dict) -> dict:
+    """--c-best-from: (c_best) of an earlier result file, for a run whose model has the same shape: the
+    keys to put in this run's doc ({"c_best": ..., "c_best_from": {path, code_rev, ...}}). ValueError, in
+    one line, when the file has no measured c_best or its model's shape differs."""
+    try:
+        src = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--c-best-from {path}: cannot read it as JSON ({exc})") from None
+    cb = src.get("c_best") or {}
+    if not cb.get("tokens_per_s"):
+        raise ValueError(f"--c-best-from {path}: it has no measured c_best (run --parts c_best, or name a "
+                         "result that has one)")
+    if "c_best_from" in src:
+        raise ValueError(f"--c-best-from {path}: its c_best was itself copied (from "
+                         f"{src['c_best_from'].get('path')}): name that file")
+    theirs, ours = (src.get("model") or {}).get("shape"), (doc.get("model") or {}).get("shape")
+    if not theirs or theirs != ours:
+        raise ValueError(f"--c-best-from {path}: its model shape {theirs} is not this run's {ours}: "
+                         "measure c_best here, or name a result of this --model")
+    ds, ds0 = doc.get("dataset") or {}, src.get("dataset") or {}
+    return {"c_best": cb, "c_best_from": {
+        "path": str(path), "code_rev": src.get("code_rev"), "started_at": src.get("started_at"),
+        "gpus": src.get("gpus"), "vllm": ((src.get("versions") or {}).get("vllm")),
+        "same_dataset": all(ds.get(k) == ds0.get(k) for k in ("samples", "tokens", "max_model_len")),
+        "why": "copied, not measured in this run: (c_best) of an earlier result of the same model shape"}}
 
 
 def best_point(sweep: dict) -> dict:
@@ -684,6 +740,13 @@ def parse_args(argv=None):
                     help="(c_best): one engine's process at most (start, compile, warm-up, every budget)")
     ap.add_argument("--c-best-engine-min-s", type=float, default=60,
                     help="(c_best): start another engine only with this many seconds of --budget-s left")
+    ap.add_argument("--server-vars", default=None, type=_json_mapping,
+                    help="JSON mapping of playbook vars for every server part of the run (a_server, "
+                         f"{', '.join(SERVER_VARIANTS)}), over the part's own (SERVER_VARIANTS), e.g. "
+                         "'{\"max_num_batched_tokens\": 32768}'")
+    ap.add_argument("--c-best-from", default=None,
+                    help="copy c_best (and so every <part>/c_best ratio) from this earlier result JSON of the same "
+                         "model shape instead of sweeping (recorded as c_best_from)")
     ap.add_argument("--standin", action="store_true",
                     help="CPU rehearsal of the harness: (a) runs the sandbox's STAND-IN job (torch CPU, no vLLM) "
                          "through the same remote-ops extract; no model build, no patch, no (b)/(c); figures "
@@ -699,9 +762,21 @@ def parse_args(argv=None):
         ap.error(f"unknown part(s) {', '.join(sorted(unknown))}")
     if not args.out and not args.prepare_before:
         ap.error("--out is required")
+    if args.c_best_from and "c_best" in [p.strip() for p in args.parts.split(",")]:
+        ap.error("--c-best-from and the part c_best: choose one (copy an earlier c_best, or measure it here)")
     if not 1 <= args.min_tokens <= args.max_tokens:
         ap.error("--min-tokens must be >= 1 and <= --max-tokens")
     return args
+
+
+def _json_mapping(text: str) -> dict:
+    try:
+        got = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(got, dict):
+        raise argparse.ArgumentTypeError("must be a JSON mapping of playbook vars, e.g. '{\"concurrency\": 64}'")
+    return got
 
 
 # ------------------------------------------------------------------ the run
@@ -848,7 +923,10 @@ class Bench:
         self.doc["dataset"] = {"samples": len(rows), "tokens_before_cut": sum(map(len, rows)),
                                "tokens": sum(self.lengths), "max_model_len": self.max_model_len,
                                "cut": sum(1 for r in rows if len(r) > self.max_model_len - 1)}
-        if "a_server" in self.args.parts and not self.args.standin:
+        if self.server_parts() and self.args.standin:    # the rows as prepare-data saves them (pyarrow)
+            from remote_ops.sandbox_assets.prepared_data import write
+            write(str(s / "srv-data"), [ids[:self.max_model_len - 1] for ids in rows])
+        elif self.server_parts():
             cut = s / "dataset-cut.jsonl"      # the rows as the 0.3.0 script cuts them: both flows get the same tokens
             with open(cut, "w") as fh:
                 for ids in rows:
@@ -885,16 +963,21 @@ class Bench:
                  # AFTER spreading its files over two directories (output_dir a list; one disk here)
                  "twodirs": host("twodirs", PLAYBOOK, {"output_dir": [str(d) for d in self.out_dirs("twodirs")]})}
         n = self.model["layers"]
-        (s / "wd-server").mkdir(exist_ok=True)
-        hosts["server"] = {
-            "connection": "local", "python": str(s / "bin" / "client" / "python"), "workdir": str(s / "wd-server"),
-            "playbook": str(SERVER_PLAYBOOK), "env": {**HOST_ENV, "REMOTE_OPS_STATE_DIR": str(s / "state-server")},
-            # the playbook's defaults (concurrency, gpu_memory_utilization) except the model's own layer ids and
-            # the 0.3.0 playbook's max_model_len (the same cut rows)
-            "vars": {"target_model": str(s / "model"), "preprocessed_data": str(s / "srv-data"),
-                     "max_samples": self.args.samples, "layer_ids": [2, n // 2, n - 3, n], "port": SERVER_PORT,
-                     "max_model_len": self.max_model_len, "server_python": str(s / "bin" / "server" / "python"),
-                     "server_ready_seconds": 420, "gpus": 1}}
+        for part in SERVER_PARTS:
+            name = self.server_host(part)
+            (s / f"wd-{name}").mkdir(exist_ok=True)
+            hosts[name] = {
+                "connection": "local", "python": str(s / "bin" / "client" / "python"), "workdir": str(s / f"wd-{name}"),
+                "playbook": str(SERVER_PLAYBOOK), "env": {**HOST_ENV, "REMOTE_OPS_STATE_DIR": str(s / f"state-{name}")},
+                # the playbook's defaults (concurrency, gpu_memory_utilization) except the model's own layer ids and
+                # the 0.3.0 playbook's max_model_len (the same cut rows); then the part's own vars
+                "vars": {"target_model": str(s / "model"), "preprocessed_data": str(self.server_data(part)),
+                         "max_samples": self.args.samples, "layer_ids": [2, n // 2, n - 3, n], "port": SERVER_PORT,
+                         "max_model_len": self.max_model_len, "server_python": str(s / "bin" / "server" / "python"),
+                         "server_ready_seconds": 420, "gpus": 1, **self.server_standin(name),
+                         **server_vars(part, self.args.server_vars)}}
+            if self.args.standin:
+                hosts[name].update(python=str(s / "bin" / "python"), playbook=str(s / "server-standin.yaml"))
         before = self.before_files()
         for name, extra in (("before", {}), ("before_tmpfs", {"output_dir": str(self.out_dir("before_tmpfs"))})):
             if before["source"] == "git":
@@ -905,6 +988,21 @@ class Bench:
         self.doc["before_source"] = before
         self.inv = s / "inventory.yaml"
         self.inv.write_text(json.dumps({"hosts": hosts, "default": "after"}, indent=2))
+
+    def server_parts(self) -> list[str]:
+        return [p.strip() for p in self.args.parts.split(",") if p.strip() in SERVER_PARTS]
+
+    @staticmethod
+    def server_host(part) -> str:
+        """The inventory host a server part extracts with: server, server_tmpfs, server_tmpfs_b64k..."""
+        return part[2:]
+
+    def server_data(self, part) -> Path:
+        """A server part's preprocessed_data (the Arrow dataset; hidden_states/ and .hs_staging/ go in it):
+        the scratch's srv-data on the disk for a_server, a tmpfs for the others (the rehearsal: its scratch)."""
+        if part == "a_server":
+            return self.scratch / "srv-data"
+        return (self.scratch / "srv-tmpfs") if self.args.standin else Path(SERVER_TMPFS)
 
     def out_dir(self, which) -> Path:
         if which.startswith(("tmpfs", "before_tmpfs")) and not self.args.standin:   # the rehearsal: own scratch
@@ -925,6 +1023,31 @@ class Bench:
         shutil.copy(REPO / "remote_ops" / "sandbox_assets" / "extract_standin.py", wd / "extract_standin.py")
         return {"extract_script": str(wd / "extract_standin.py"), "gpus": 0, "import_check": ["torch", "tqdm"],
                 "target_model": "tiny-standin"}
+
+    def server_standin(self, name) -> dict:
+        """--standin: the sandbox's server and client STAND-INs (remote-ops sandbox's playbook: the shipped
+        0.9.0 one with their commands; no vLLM, so the server ignores max_num_batched_tokens)."""
+        if not self.args.standin:
+            return {}
+        from remote_ops import sandbox
+        wd = self.scratch / f"wd-{name}"
+        for f in ("server_standin.py", "client_standin.py"):
+            shutil.copy(REPO / "remote_ops" / "sandbox_assets" / f, wd / f)
+        (self.scratch / "server-standin.yaml").write_text(sandbox.server_playbook_text())
+        return {"server_script": str(wd / "server_standin.py"), "client_script": str(wd / "client_standin.py"),
+                "target_model": "tiny-standin", "standin_layers": CAPTURED_LAYERS, "standin_hidden": 64,
+                "sample_delay": 0, "gpus": 0, "import_check": ["pyarrow"], "server_import_check": ["torch"],
+                "server_python": str(self.scratch / "bin" / "python"), "server_ready_seconds": 60,
+                "port": self.standin_port()}
+
+    def standin_port(self) -> int:
+        """--standin: one free loopback port for the stand-in server (tests run side by side)."""
+        if not getattr(self, "_port", None):
+            import socket
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                self._port = sock.getsockname()[1]
+        return self._port
 
     def before_files(self) -> dict:
         """main's script and playbook at --before-rev, beside each other as the playbook expects:
@@ -1034,13 +1157,22 @@ class Bench:
             for d in self.out_dirs(which):   # outputs are tens of GB each)
                 shutil.rmtree(d, ignore_errors=True)
 
-    def part_a_server(self):
+    def part_a_server(self, name="a_server"):
         s = self.scratch
-        out = s / "srv-data" / "hidden_states"
+        data = self.server_data(name)
+        copied = None
+        if data != s / "srv-data":    # the Arrow dataset beside the staging and the outputs: one file system
+            t = time.monotonic()
+            shutil.rmtree(data, ignore_errors=True)
+            shutil.copytree(s / "srv-data", data, ignore=shutil.ignore_patterns("hidden_states", ".hs_staging"))
+            copied = round(time.monotonic() - t, 2)
+        out = data / "hidden_states"
         shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(data / ".hs_staging", ignore_errors=True)
+        host = self.server_host(name)
         free = self.wait_gpu_free()
-        r = self.ro("extract", "server", "--skip-check", "--tail", "--json", timeout=self.timeout(480))
-        st = self.ro("status", "server", "--json", timeout=60)
+        r = self.ro("extract", host, "--skip-check", "--tail", "--json", timeout=self.timeout(480))
+        st = self.ro("status", host, "--json", timeout=60)
         job = (last_json(st["stdout"]) or {}).get("job") or {}
         server = job.get("server") or {}
         healthy_at = None
@@ -1061,6 +1193,11 @@ class Bench:
                                                                                     self.model["layers"]],
                "server_ready_after_s": server.get("ready_after_s"), "healthy_at": healthy_at,
                "state": job.get("state"), "reason": job.get("reason"),
+               # what it ran with: the playbook's defaults but these vars, its data on this directory
+               "vars": server_vars(name, self.args.server_vars), "data_dir": str(data),
+               "on": "disk" if name == "a_server" else "tmpfs", "dataset_copy_s": copied,
+               **({"standin": "STAND-IN server and client (no vLLM): the client takes concurrency, the server "
+                             "no engine var (max_num_batched_tokens does not reach it)"} if self.args.standin else {}),
                "stderr_tail": r["stderr"][-1500:] if r["rc"] else "", "log_tail": job_lines(r["stdout"])[-8:]}
         if files and healthy_at:
             secs = mt[-1] - healthy_at
@@ -1075,7 +1212,9 @@ class Bench:
         except OSError:
             pass
         doc["phases"] = server_phases(job.get("cold_start"), healthy_at, mt, log)
-        self.doc["a_server"] = doc
+        self.doc[name] = doc
+        if name != "a_server" and not self.args.keep_outputs:   # measured: free the RAM for the next part
+            shutil.rmtree(data, ignore_errors=True)
 
     def part_b(self, which="after"):
         """(b) with the install as patched now: AFTER's playbook, or BEFORE's for b_before (then with
@@ -1159,6 +1298,7 @@ class Bench:
             for d in self.out_dirs(which):
                 shutil.rmtree(d, ignore_errors=True)
         shutil.rmtree(self.scratch / "srv-data" / "hidden_states", ignore_errors=True)
+        shutil.rmtree(self.server_data("a_server_tmpfs"), ignore_errors=True)
         self.doc["disk_use"] = disk_use(self.doc)
         self.save()
 
@@ -1224,20 +1364,28 @@ def main(argv=None) -> int:
     b.setup()
     b.build()
     b.inventory()
+    if args.c_best_from:
+        try:
+            b.doc.update(copied_c_best(Path(args.c_best_from), b.doc))
+        except ValueError as exc:
+            print(exc, file=sys.stderr)
+            return 2
+        b.save()
     if args.standin:
-        parts = [p for p in parts if p == "disk" or p in A_HOSTS]
+        parts = [p for p in parts if p == "disk" or p in A_HOSTS or p in SERVER_PARTS]
     plan = {"disk": (b.part_disk, 15), "a_after": (lambda: b.part_a("a_after"), 75),
             "a_before": (lambda: b.part_a("a_before"), 90), "a_tmpfs": (lambda: b.part_a("a_tmpfs"), 70),
             "a_before_tmpfs": (lambda: b.part_a("a_before_tmpfs"), 90), "a_2dirs": (lambda: b.part_a("a_2dirs"), 75),
             **{part: (lambda part=part: b.part_a(part), 70) for part in TMPFS_VARIANTS},
             **{part: (lambda part=part: b.part_a(part), 75) for part in DISK_VARIANTS},
             "a_server": (b.part_a_server, 150),
+            **{part: (lambda part=part: b.part_a_server(part), 150) for part in SERVER_VARIANTS},
             "b_before": (lambda: b.part_b("before"), 75), "b": (b.part_b, 75), "c": (b.part_c, 50),
             "c_best": (b.part_c_best, args.c_best_engine_min_s)}
     run_parts(b, parts, plan, args.standin)
     b.finish()
     tps = {k: (b.doc.get(k) or {}).get("tokens_per_s") for k in ("a_before", "a_before_tmpfs", "a_after", "a_tmpfs",
-                                                                  *TMPFS_VARIANTS, *DISK_VARIANTS, "a_2dirs", "a_server",
+                                                                  *TMPFS_VARIANTS, *DISK_VARIANTS, "a_2dirs", *SERVER_PARTS,
                                                                   "b_generator_before", "b_generator",
                                                                   "c_vllm_prefill", "c_best", "d_roofline")}
     print(json.dumps({"tokens_per_s": tps, "ratios": b.doc["ratios"], "disk_use": b.doc["disk_use"],

@@ -95,6 +95,12 @@ DISK_VARIANT_LABELS = {"a_after_w8": "8 writer threads (writer_threads 8)",
                        "a_after_w4": "4 writer threads (writer_threads 4)"}
 
 
+# the server flow on a tmpfs and its variants (benchmarks/gpu/throughput.py SERVER_VARIANTS): part -> label
+SERVER_VARIANT_LABELS = {"a_server_tmpfs": "on a tmpfs (dataset, staging and outputs in RAM)",
+                         "a_server_tmpfs_c64": "on a tmpfs, concurrency 64",
+                         "a_server_tmpfs_b64k": "on a tmpfs, max_num_batched_tokens 65536, concurrency 64"}
+
+
 def job_profile_table(parts: list[tuple[str, dict]]) -> list[str]:
     """Where each (a) part's job spent its time, from the script's extract-profile line (parts whose
     script prints none, BEFORE's, are left out)."""
@@ -219,6 +225,13 @@ def throughput_section(name: str, d: dict) -> list[str]:
                    f"{_mb(srv.get('bytes_per_s'))} written; from the first file on {_rate(ff.get('tokens_per_s'))}; "
                    f"layer ids {srv.get('layer_ids')}; the server was ready after {srv.get('server_ready_after_s')} s, "
                    f"the whole job {srv.get('wall_s')} s {why(srv)} |")
+    svariants = [(label, part, d.get(part) or {}) for part, label in SERVER_VARIANT_LABELS.items() if d.get(part)]
+    for label, _part, x in svariants:
+        ff = x.get("from_first_file") or {}
+        out.append(f"| (a) server flow {label} | {_rate(x.get('tokens_per_s'))} | {x.get('files')} files, "
+                   f"{x.get('tokens')} tokens in {x.get('seconds')} s after the health check; from the first file on "
+                   f"{_rate(ff.get('tokens_per_s'))}; vars {json.dumps(x.get('vars') or {}, sort_keys=True)}; the "
+                   f"whole job {x.get('wall_s')} s {why(x)} |")
     if a0 or not srv:
         out.append(f"| (a) BEFORE: the same, main's script | {_rate(a0.get('tokens_per_s'))} | "
                    f"{a0.get('files')} files, {a0.get('tokens')} tokens in {a0.get('seconds')} s; "
@@ -258,6 +271,11 @@ def throughput_section(name: str, d: dict) -> list[str]:
                f"{_rate(r.get('tokens_per_s_with_attention'))} with causal attention; {r.get('peak_source')} |\n")
     if cb_:
         out += c_best_table(cb_)
+    cf = d.get("c_best_from") or {}
+    if cf:
+        out.append(f"(c_best) was not measured in this run: copied from {Path(cf.get('path') or '?').name} "
+                   f"(remote-ops commit {cf.get('code_rev')}, same model shape; "
+                   f"{'the same' if cf.get('same_dataset') else 'another'} dataset).\n")
     q = d.get("ratios") or {}
     out.append(f"Ratios: (a)/(b) {q.get('a/b')}, (b)/(c) {q.get('b/c')}, (c)/(d) {q.get('c/d')}; "
                f"(a)/(c) {q.get('a/c')} (goal 0.9); AFTER/BEFORE {q.get('a_after/a_before')}"
@@ -275,7 +293,8 @@ def throughput_section(name: str, d: dict) -> list[str]:
                + ".\n")
     if cb_.get("tokens_per_s"):
         named = (("(c)", "c"), ("(b)", "b"), ("(a) on a tmpfs", "a_tmpfs"), ("(a) on the disk", "a"),
-                 ("(a) server flow", "a_server"))
+                 ("(a) server flow", "a_server"),
+                 *((f"(a) server flow {label}", part) for label, part, _x in svariants))
         out.append("Against vLLM at its best (c_best): " + ", ".join(
             f"{label}/c_best {q.get(key + '/c_best')}" for label, key in named if q.get(key + "/c_best"))
             + f"; c_best/(d) {q.get('c_best/d')}.\n")

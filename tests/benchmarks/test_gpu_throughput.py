@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -74,7 +75,11 @@ def test_dataset_lengths_cut_and_roofline():
                               "a_tmpfs_w4/a_tmpfs": None, "a_after_w8/a_after": None, "a_after_w4/a_after": None,
                               # no (c_best) here: every ratio against it is None
                               "a_tmpfs/c_best": None, "a_server/c_best": None, "b/c_best": None, "a/c_best": None,
-                              "c/c_best": None, "c_best/d": None}
+                              "c/c_best": None, "c_best/d": None,
+                              # no server flow on a tmpfs either
+                              "a_server_tmpfs/a_server": None, "a_server_tmpfs/c_best": None,
+                              "a_server_tmpfs_c64/c_best": None, "a_server_tmpfs_c64/a_server_tmpfs": None,
+                              "a_server_tmpfs_b64k/c_best": None, "a_server_tmpfs_b64k/a_server_tmpfs": None}
     doc["a_tmpfs_gil5"] = {"tokens_per_s": 76.0}
     assert gt.ratios(doc)["a_tmpfs_gil5/c"] == 0.38 and gt.ratios(doc)["a_tmpfs_gil5/a_tmpfs"] == 0.8
     doc["a_after_w8"] = {"tokens_per_s": 117.0}
@@ -607,3 +612,141 @@ def test_server_phases_from_cold_start_files_and_the_clients_postfix():
     assert ("launch to health check 130.0 s, health check to first file 20.0 s, first to last file 10.5 s; the client "
             "(generate-offline-data's progress bar, last postfix): 5.5 requests/s, a request 1100 ms in the server on "
             "average, a move 2 ms") in text
+
+
+def test_server_parts_ratios_against_c_best_and_the_tmpfs_server_flow():
+    """Each server part gets <part>/c_best; a variant also its ratio to a_server_tmpfs; a_server_tmpfs its ratio
+    to the server flow on the disk. Every server part has its own inventory host and result key."""
+    doc = {"c_best": {"tokens_per_s": 250000.0}, "a_server": {"tokens_per_s": 25000.0},
+           "a_server_tmpfs": {"tokens_per_s": 50000.0}, "a_server_tmpfs_b64k": {"tokens_per_s": 200000.0}}
+    q = gt.ratios(doc)
+    assert (q["a_server/c_best"], q["a_server_tmpfs/c_best"], q["a_server_tmpfs_b64k/c_best"]) == (0.1, 0.2, 0.8)
+    assert (q["a_server_tmpfs/a_server"], q["a_server_tmpfs_b64k/a_server_tmpfs"]) == (2.0, 4.0)
+    assert q["a_server_tmpfs_c64/c_best"] is None and "a_server_tmpfs/a_server_tmpfs" not in q
+    assert gt.SERVER_PARTS[0] == "a_server" and set(gt.SERVER_VARIANTS) <= set(gt.PARTS)
+    assert all(gt.PARTS[p] == p for p in gt.SERVER_PARTS)
+    assert [gt.Bench.server_host(p) for p in gt.SERVER_PARTS] == ["server", "server_tmpfs", "server_tmpfs_c64",
+                                                                 "server_tmpfs_b64k"]
+    # the vars a part runs with: its own, then --server-vars over them
+    assert gt.server_vars("a_server") == {}
+    assert gt.server_vars("a_server_tmpfs_b64k") == {"max_num_batched_tokens": 65536, "concurrency": 64}
+    assert gt.server_vars("a_server_tmpfs_b64k", {"concurrency": 128, "request_timeout": 600}) == \
+        {"max_num_batched_tokens": 65536, "concurrency": 128, "request_timeout": 600}
+    a = gt.parse_args(["--out", "x", "--parts", "a_server_tmpfs_b64k", "--server-vars", '{"concurrency": 96}'])
+    assert a.server_vars == {"concurrency": 96} and gt.parse_args(["--out", "x"]).server_vars is None
+    for bad in ('[1]', '{oops'):
+        with pytest.raises(SystemExit):
+            gt.parse_args(["--out", "x", "--server-vars", bad])
+
+
+def test_server_parts_hosts_put_the_dataset_staging_and_outputs_on_one_file_system(tmp_path):
+    """a_server keeps its data in the scratch's srv-data (the disk); every tmpfs part's preprocessed_data is the
+    tmpfs (the rehearsal's own scratch), so the dataset, the staging dir and the outputs share a file system;
+    each host carries the part's vars over the playbook's."""
+    b = gt.Bench(gt.parse_args(["--work", str(tmp_path / "w"), "--out", str(tmp_path / "r.json"),
+                                "--parts", "a_server,a_server_tmpfs_b64k", "--server-vars", '{"request_timeout": 600}']))
+    assert b.server_parts() == ["a_server", "a_server_tmpfs_b64k"]
+    assert b.server_data("a_server") == b.scratch / "srv-data"
+    assert b.server_data("a_server_tmpfs") == b.server_data("a_server_tmpfs_b64k") == Path(gt.SERVER_TMPFS)
+    assert gt.SERVER_TMPFS.startswith("/dev/shm/")
+    b.scratch.mkdir(parents=True)
+    b.model, b.max_model_len = {"layers": 22}, 2048
+    b.before_files = lambda: {"source": "flags"}
+    b.inventory()
+    hosts = json.loads(b.inv.read_text())["hosts"]
+    v = hosts["server_tmpfs_b64k"]["vars"]
+    assert v["preprocessed_data"] == gt.SERVER_TMPFS and v["layer_ids"] == [2, 11, 19, 22]
+    assert (v["max_num_batched_tokens"], v["concurrency"], v["request_timeout"]) == (65536, 64, 600)
+    assert hosts["server"]["vars"]["preprocessed_data"] == str(b.scratch / "srv-data")
+    assert "max_num_batched_tokens" not in hosts["server"]["vars"] and hosts["server"]["vars"]["request_timeout"] == 600
+    assert hosts["server_tmpfs"]["playbook"] == str(gt.SERVER_PLAYBOOK)
+
+
+def test_c_best_from_an_earlier_result_of_the_same_shape(tmp_path):
+    """--c-best-from copies c_best (so every <part>/c_best ratio) from an earlier result and says where from;
+    a result without a measured c_best, of another model shape, or whose c_best was itself copied is refused."""
+    shape = {"layers": 22, "hidden": 2048, "experts": 0, "moe": False}
+    ds = {"samples": 1000, "tokens": 1500000, "max_model_len": 2048}
+    src = {"code_rev": "4f28b5f", "started_at": "2026-12-04T10:00:00Z", "gpus": ["NVIDIA H200"],
+           "versions": {"vllm": "0.20.0"}, "model": {"shape": shape}, "dataset": ds,
+           "c_best": {"tokens_per_s": 261858.0, "best": {"max_num_batched_tokens": 65536}, "points": []}}
+    f = tmp_path / "cbest.json"
+    f.write_text(json.dumps(src))
+    doc = {"model": {"shape": dict(shape)}, "dataset": dict(ds), "a_server_tmpfs": {"tokens_per_s": 52371.6}}
+    got = gt.copied_c_best(f, doc)
+    assert got["c_best"] == src["c_best"]
+    assert got["c_best_from"] == {"path": str(f), "code_rev": "4f28b5f", "started_at": "2026-12-04T10:00:00Z",
+                                  "gpus": ["NVIDIA H200"], "vllm": "0.20.0", "same_dataset": True,
+                                  "why": "copied, not measured in this run: (c_best) of an earlier result of the "
+                                         "same model shape"}
+    doc.update(got)
+    assert gt.ratios(doc)["a_server_tmpfs/c_best"] == 0.2
+    assert gt.copied_c_best(f, {**doc, "dataset": {**ds, "samples": 300}})["c_best_from"]["same_dataset"] is False
+    for bad, words in (({**src, "model": {"shape": {**shape, "hidden": 4096}}}, "is not this run's"),
+                       ({**src, "c_best": {"skipped": "time budget"}}, "no measured c_best"),
+                       ({**src, "c_best_from": {"path": "older.json"}}, "itself copied (from older.json)")):
+        f.write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=re.escape(words)):
+            gt.copied_c_best(f, doc)
+    with pytest.raises(ValueError, match="cannot read it as JSON"):
+        gt.copied_c_best(tmp_path / "none.json", doc)
+    with pytest.raises(SystemExit):            # copy or measure, not both
+        gt.parse_args(["--out", "x", "--parts", "c_best,a_server_tmpfs", "--c-best-from", str(f)])
+
+
+def test_standin_rehearsal_of_the_server_parts_with_c_best_copied(tmp_path):
+    """The server parts end to end on the CPU with the sandbox's server and client STAND-INs through remote-ops
+    extract: on the disk and on a tmpfs (the rehearsal's own scratch), a variant's vars reach its host and its
+    result, c_best comes from an earlier result of the same shape, and every server part gets <part>/c_best."""
+    shape = {"architecture": None, "layers": 8, "hidden": 64, "heads": None, "kv_heads": None, "intermediate": None,
+             "vocab": 1000, "experts": 0, "moe": False}       # the stand-in's (build() with --standin)
+    earlier = tmp_path / "cbest.json"
+    earlier.write_text(json.dumps({"code_rev": "abc1234", "model": {"shape": shape},
+                                   "c_best": {"tokens_per_s": 1000.0, "points": []}}))
+    out = tmp_path / "r.json"
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu" / "throughput.py"), "--standin",
+                        "--work", str(tmp_path / "w"), "--out", str(out), "--samples", "6", "--min-tokens", "5",
+                        "--max-tokens", "30", "--parts", "a_server,a_server_tmpfs,a_server_tmpfs_b64k",
+                        "--server-vars", '{"request_timeout": 600}', "--c-best-from", str(earlier)],
+                       capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-2000:]
+    d = json.loads(out.read_text())
+    tokens = sum(min(len(json.loads(l)["input_ids"]), 2047)
+                 for l in (tmp_path / "w" / "throughput" / "dataset.jsonl").read_text().splitlines())
+    assert d["c_best_from"]["path"] == str(earlier) and d["c_best_from"]["code_rev"] == "abc1234"
+    assert d["c_best"]["tokens_per_s"] == 1000.0
+    for part, on, want in (("a_server", "disk", {"request_timeout": 600}),
+                           ("a_server_tmpfs", "tmpfs", {"request_timeout": 600}),
+                           ("a_server_tmpfs_b64k", "tmpfs", {"max_num_batched_tokens": 65536, "concurrency": 64,
+                                                             "request_timeout": 600})):
+        x = d[part]
+        assert x["rc"] == 0 and x["complete"] and x["tokens"] == tokens and x["tokens_per_s"] > 0, (part, x)
+        assert x["vars"] == want and x["on"] == on and x["state"] == "succeeded" and "STAND-IN" in x["standin"]
+        assert d["ratios"][f"{part}/c_best"] == round(x["tokens_per_s"] / 1000.0, 4)
+    assert d["a_server"]["data_dir"] == str(tmp_path / "w" / "throughput" / "srv-data")
+    assert d["a_server_tmpfs"]["data_dir"] == str(tmp_path / "w" / "throughput" / "srv-tmpfs")
+    assert d["ratios"]["a_server_tmpfs_b64k/a_server_tmpfs"] == round(
+        d["a_server_tmpfs_b64k"]["tokens_per_s"] / d["a_server_tmpfs"]["tokens_per_s"], 4)
+    # the client ran with the variant's concurrency (its command line, in the job's record)
+    inv = json.loads((tmp_path / "w" / "throughput" / "inventory.yaml").read_text())
+    assert inv["hosts"]["server_tmpfs_b64k"]["vars"]["concurrency"] == 64
+    assert "concurrency" not in inv["hosts"]["server_tmpfs"]["vars"]
+    # measured, then removed: the tmpfs holds nothing after the run
+    assert not (tmp_path / "w" / "throughput" / "srv-tmpfs").exists()
+    text = "\n".join(gpu_results.throughput_section("r.json", d))
+    b64k = d["a_server_tmpfs_b64k"]
+    assert (f"| (a) server flow on a tmpfs, max_num_batched_tokens 65536, concurrency 64 | "
+            f"{gpu_results._rate(b64k['tokens_per_s'])} | 6 files, {tokens} tokens in {b64k['seconds']} s") in text
+    assert '"concurrency": 64, "max_num_batched_tokens": 65536, "request_timeout": 600' in text
+    assert "(c_best) was not measured in this run: copied from cbest.json (remote-ops commit abc1234" in text
+    assert (f"(a) server flow on a tmpfs (dataset, staging and outputs in RAM)/c_best "
+            f"{d['ratios']['a_server_tmpfs/c_best']}") in text
+    assert set(gpu_results.SERVER_VARIANT_LABELS) == set(gt.SERVER_VARIANTS)      # each variant has its row
+    # another shape's c_best is refused in one line, before any part runs
+    earlier.write_text(json.dumps({"model": {"shape": {**shape, "hidden": 4096}}, "c_best": {"tokens_per_s": 1.0}}))
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu" / "throughput.py"), "--standin",
+                        "--work", str(tmp_path / "w2"), "--out", str(tmp_path / "r2.json"), "--samples", "2",
+                        "--parts", "a_server_tmpfs", "--c-best-from", str(earlier)],
+                       capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert r.returncode == 2 and "is not this run's" in r.stderr.strip().splitlines()[-1]
+    assert "a_server_tmpfs" not in json.loads((tmp_path / "r2.json").read_text())
