@@ -39,6 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.gpu import flows_check as gfc  # noqa: E402
+from benchmarks.gpu.lib.connector import NO_CHUNKED  # noqa: E402
 from benchmarks.gpu.lib.harness import HOST_ENV, kill_group, sh  # noqa: E402
 
 IDS_LOGITS = "1,3,5,7"             # data_<i>.pt: id 7 = the output of decoder layer 7, the last of 8
@@ -176,11 +177,12 @@ class LogitsCheck(gfc.FlowsCheck):
         if self.left() < 270:
             self.run.step("control_prefix_caching_on", ok=True, skipped=f"{self.left():.0f} s left of --budget")
             return
-        text = gfc.PB090.read_text()
+        # the playbook vLLM 0.20.0 runs (check last-chunk: the no-chunked-prefill one), without the flag
+        text = NO_CHUNKED.read_text()
         lines = [line for line in text.splitlines(keepends=True) if '"--no-enable-prefix-caching",' not in line]
         removed = len(text.splitlines()) - len(lines)
         pb = self.root / "eagle3-speculators-0.9.0-prefix-caching-on.yaml"
-        pb.write_text("".join(lines).replace("name: eagle3-speculators-0.9.0\n",
+        pb.write_text("".join(lines).replace(f"name: {NO_CHUNKED.stem}\n",
                                              "name: eagle3-speculators-0.9.0-prefix-caching-on\n", 1))
         inv = json.loads(self.inv.read_text())
         host = gfc.host_name("srv", "deepseek_v3")

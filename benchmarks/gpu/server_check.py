@@ -64,8 +64,9 @@ from benchmarks.gpu.lib.dataset import DATASET_BUILDER  # noqa: E402
 from benchmarks.gpu.lib.harness import run_steps  # noqa: E402
 from remote_ops.agent import jobs as agent_jobs  # noqa: E402  (stdlib-only: the host's agent)
 
-PLAYBOOK = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.9.0.yaml"
-KEY = "eagle3-speculators-0.9.0"
+# the playbook vLLM 0.20.0 runs since check last-chunk (benchmarks/gpu/lib/connector.py)
+PLAYBOOK = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.9.0-no-chunked-prefill.yaml"
+KEY = PLAYBOOK.stem
 LAYER_IDS = [2, 4, 5, 8]          # launch_vllm.py's [2, n//2, n-3, n] for the 8-layer model
 MAX_MODEL_LEN = 2048
 
