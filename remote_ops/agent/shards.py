@@ -104,30 +104,20 @@ def _scan(out_dir, dirs):
 
 def _digests(out_dir, dirs, rows, digests):
     """Each row's sha256 appended to ``digests`` (32 bytes a row): the kept digest when the file's
-    (size, mtime, ctime, inode) are still those it was hashed at, else hashed now (progress events
-    every 2 s). Returns {"reused", "hashed"}."""
+    (size, mtime, ctime, inode) are still those it was hashed at (outputs/digestcache.py), else hashed
+    now (progress events every 2 s). Returns {"reused", "hashed"}."""
     import hashlib
     import time
-    known = _digests_read(out_dir)
-    cached, todo = {}, []
-    for k, r in enumerate(rows):
-        path = os.path.join(dirs[r[1]], layout.name(r[0]))
-        e = known.get(path)
-        raw = _raw(e[4]) if isinstance(e, list) and len(e) == 5 and e[:4] == [r[2], r[4], r[5], r[6]] else None
-        if raw is not None:
-            digests += raw        # hashed before, unchanged since (size, times, inode)
-            cached[path] = e
-        else:
-            digests += bytes(32)
-            todo.append(k)
-    stale, known = len(cached) != len(known), None
+    from .outputs import digestcache
+
+    def path(r):
+        return os.path.join(dirs[r[1]], layout.name(r[0]))
+    todo, unmatched = digestcache.reuse(out_dir, dirs, rows, digests, path)
     total = sum(rows[k][2] for k in todo)
     done, last = 0, time.time()
     for k in todo:
-        r = rows[k]
-        path = os.path.join(dirs[r[1]], layout.name(r[0]))
         h = hashlib.sha256()
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path(rows[k]), os.O_RDONLY | os.O_NOFOLLOW)
         with os.fdopen(fd, "rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
@@ -136,52 +126,9 @@ def _digests(out_dir, dirs, rows, digests):
                     last = time.time()
                     yield {"type": "progress", "hashed": done, "of": total}
         digests[k * 32:(k + 1) * 32] = h.digest()
-        cached[path] = [r[2], r[4], r[5], r[6], h.hexdigest()]
-    if todo or stale:
-        _digests_write(out_dir, cached)
+    if todo or unmatched:
+        digestcache.save(out_dir, dirs, rows, digests)
     return {"reused": len(rows) - len(todo), "hashed": len(todo)}
-
-
-def _raw(v):
-    """A kept digest's 32 bytes, or None when it is not 64 hex digits."""
-    try:
-        raw = bytes.fromhex(v) if isinstance(v, str) else b""
-    except ValueError:
-        return None
-    return raw if len(raw) == 32 else None
-
-
-def _digests_path(out_dir):
-    import hashlib
-    from .core import statedir
-    key = hashlib.sha256(os.path.realpath(out_dir).encode("utf-8", "surrogateescape")).hexdigest()[:32]
-    return os.path.join(statedir.private_dir("digests"), key + ".json")
-
-
-def _digests_read(out_dir):
-    """The sha256 this host computed before for the files of ``out_dir``: {path: [size, mtime_ns,
-    ctime_ns, inode, sha256]} (kept in the agent's private state directory; a job's atomic writes give
-    a rewritten file another inode and ctime, so an entry that still matches is the same bytes)."""
-    import json
-    try:
-        with open(_digests_path(out_dir), encoding="utf-8") as fh:
-            doc = json.load(fh)
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
-def _digests_write(out_dir, entries):
-    import json
-    try:
-        path = _digests_path(out_dir)
-        tmp = "%s.%d.tmp" % (path, os.getpid())
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(entries, fh, separators=(",", ":"))
-        os.replace(tmp, path)
-    except OSError:
-        pass        # a read-only state directory: the next gather hashes again
 
 
 def _run_text(out_dir):
