@@ -226,7 +226,9 @@ def op_check(args):
         return base
     base["served_model"] = served
     eps = float(cfg.get("rms_norm_eps") or 1e-6)
-    totals = _compare_files(base, torch, (norm_w, head_w, eps), timeout, out_dir, layout, indexes, chosen)
+    from .outputs.layout import name as sample_name     # scan gives indexes (a bitmap): the chosen files' names
+    names = {i: sample_name(i, layout) for i in chosen}
+    totals = _compare_files(base, torch, (norm_w, head_w, eps), timeout, out_dir, layout, names, chosen)
     _verdict(base, totals)
     return base
 

@@ -10,6 +10,7 @@ format.schema.hidden_states.num_tensors, model.hidden_size) when it is there. By
 seeded random pick); ``all: true`` loads every file. Streams progress events while loading.
 """
 
+import itertools
 import os
 import random
 import time
@@ -17,7 +18,7 @@ import time
 from .protocol import AgentFailure
 
 from .outputs.data_config import read_data_config
-from .outputs.scan import MAX_LISTED, _import_torch, scan, stray_problems  # noqa: F401  (shared with outputs/safetensors.py)
+from .outputs.scan import MAX_LISTED, Listed, Without, _import_torch, ends_of, scan, stray_problems  # noqa: F401  (shared with outputs/safetensors.py)
 
 
 def _describe(torch, obj):
@@ -128,21 +129,22 @@ def op_verify(args):
     torch = _import_torch()
 
     indexes, empty, temporaries, spread = _scan_output(out_dir)
+    file_of = spread["file"]
     if adopt is not None and len(spread["dirs"]) > 1:
         raise AgentFailure("bad-args", "--adopt takes an output in one directory")
     from .outputs.identity_check import nothing_to_verify
     nothing_to_verify(out_dir, indexes, "data_<N>.pt")
     config = read_data_config(out_dir)
-    st = _counts(out_dir, indexes, config, *_expected(args, config))
+    st = _counts(out_dir, indexes, file_of, config, *_expected(args, config))
+    indexes = st["indexes"]
     chosen = _choose(args, indexes, st, empty, check_all)
 
     from .outputs.identity_check import IdentityCheck
     ident = IdentityCheck(out_dir, chosen, config if isinstance(config, dict) and not config.get("error") else None,
                           adopt=adopt)
-    st["bad_load"] = [{"index": i, "file": indexes[i], "error": "not whole: %s" % st["broken"][i], "whole": False}
-                      for i in sorted(st["broken"])]
     config_problems = _config_problems(config, spread, indexes, st["first"], st["step"])
-    yield from _check_files(torch, out_dir, indexes, chosen, config, ident, args.get("finite", True), st)
+    yield from _check_files(torch, out_dir, file_of, chosen, config, ident, args.get("finite", True), st)
+    ident.finish()
     names = stray_problems(spread["strays"])
     if st["extra_names"]:
         names.append("%d file(s) beyond this run's %d samples, e.g. %s: not counted (left by a larger run?); move "
@@ -169,45 +171,59 @@ def _expected(args, config):
     return expected, ("the job's expected_samples (max_samples)" if expected else None)
 
 
-def _counts(out_dir, indexes, config, expected, expected_from):
+def _counts(out_dir, indexes, file_of, config, expected, expected_from):
     """The run's size bounds what counts: a file beyond it is extra (another, larger run's leftover),
-    named, never counted (taken out of ``indexes``), and the gaps are of range(size) only. Every file's
-    end is checked (a few bytes each: layout.whole), so a file cut short is found wherever it is."""
-    limit = int(expected) if expected else None
-    extra = sorted(i for i in indexes if limit is not None and i >= limit)
-    extra_names = [os.path.basename(indexes.pop(i)) for i in extra]
-    top = max(indexes) if indexes else -1
+    named, never counted (``indexes`` returned without it), and the gaps are of range(size) only. Every
+    file's end is checked (a few bytes each: layout.whole), so a file cut short is found wherever it is.
+    Bitmaps and bounded lists throughout: the first MAX_LISTED of each kind kept, all counted."""
     from .outputs import layout as rule
-    broken = {}
-    for i, name in indexes.items():
+    limit = int(expected) if expected else None
+    extra_names = Listed()
+    if limit is not None and indexes.top >= limit:
+        kept = rule.Indexes()
+        for i in indexes:
+            if i >= limit:
+                extra_names.append(os.path.basename(file_of(i)))
+            else:
+                kept.add(i)
+        indexes = kept
+    top = indexes.top
+    broken, bad_load = rule.Indexes(), Listed()      # not whole: bad_load's first entries, in index order
+    for i in indexes:
+        name = file_of(i)
         problem = rule.whole(os.path.join(out_dir, name), "data_pt")
         if problem is not None:
-            broken[i] = problem
+            broken.add(i)
+            bad_load.append({"index": i, "file": name, "error": "not whole: %s" % problem, "whole": False})
     upper = max(top + 1, int(expected) if expected else 0)
     # a sharded job's directory (data_config.json "shard": k of n) should hold i % n == k only
     first, step = (config["shard"][0], config["shard"][1]) if isinstance(config, dict) and config.get("shard") \
         else (0, 1)
-    missing = [i for i in range(first, upper, step) if i not in indexes]
+    gaps, short = Listed(), Listed(0)
+    for i in indexes.absent(first, upper, step):
+        (gaps if i < top else short).append(i)      # holes below the highest index; never written (fewer than expected)
     if step > 1 and expected:
         expected, expected_from = len(range(first, int(expected), step)), "%s, shard %d/%d" % (
             expected_from, first, step)
     return {"expected": expected, "expected_from": expected_from, "limit": limit, "extra_names": extra_names,
-            "top": top, "broken": broken, "first": first, "step": step,
-            "gaps": [i for i in missing if i < top],          # holes below the highest index
-            "short": [i for i in missing if i > top]}         # never written (fewer than expected)
+            "top": top, "broken": broken, "bad_load": bad_load, "first": first, "step": step,
+            "gaps": gaps, "short": short, "indexes": indexes}
 
 
 def _choose(args, indexes, st, empty, check_all):
-    """The files to load: every whole one under --all; else the first, the last, the empty ones, the
-    neighbours of the first gaps and a seeded sample up to ``sample``."""
-    ordered = sorted(i for i in indexes if i not in st["broken"])
+    """The files to load: every whole one under --all (a bitmap, walked in order); else the first, the
+    last, the empty ones, the neighbours of the first gaps and a seeded sample up to ``sample``."""
+    from .outputs import layout as rule
+    broken = st["broken"]
+    whole = rule.Indexes(i for i in indexes if i not in broken)
     if check_all:
-        return ordered
+        return whole
     rng = random.Random(int(args.get("seed", 0)))
-    pick = set(ordered[:1] + ordered[-1:]) | set(empty)
+    ends = list(ends_of(whole))
+    pick = set(ends) | set(empty)
     for g in st["gaps"][:MAX_LISTED]:
         pick |= {i for i in (g - 1, g + 1) if i in indexes}
-    rest = [i for i in ordered if i not in pick]
+    rest = Without(whole, sorted(i for i in pick if i in whole))
     pick |= set(rng.sample(rest, min(len(rest), max(0, int(args.get("sample", 32)) - len(pick)))))
     return sorted(pick)
 
@@ -222,25 +238,30 @@ def _config_problems(config, spread, indexes, first, step):
         problems.append("data_config.json lists %d layer_ids but %d hidden-state tensors"
                         % (len(config["layer_ids"]), config["layers"]))
     problems += spread["problems"]
-    outside = [i for i in indexes if i % step != first]
+    outside, lowest = 0, None
+    for i in indexes:
+        if i % step != first:
+            outside += 1
+            lowest = i if lowest is None else lowest
     if outside:
         problems.append("%d file(s) outside this directory's shard %d/%d, such as data_%d.pt"
-                        % (len(outside), first, step, min(outside)))
+                        % (outside, first, step, lowest))
     return problems
 
 
-def _check_files(torch, out_dir, indexes, chosen, config, ident, check_finite, st):
+def _check_files(torch, out_dir, file_of, chosen, config, ident, check_finite, st):
     """Each chosen file loaded and checked: its structure against the first one's, its values, its
     layers x hidden against data_config.json, its tokens against the run identity; a progress event
-    every 2 s. Fills st's inconsistent, bad_values, layout_seen, reference and ref_index."""
-    bad_load, inconsistent, bad_values = st["bad_load"], [], []
+    every 2 s. Fills st's inconsistent, bad_values (the first of each and their counts), layout_seen,
+    reference and ref_index."""
+    bad_load, inconsistent, bad_values = st["bad_load"], Listed(), Listed()
     reference = ref_index = None
     layout_seen = set()
     last_event = time.time()
     for n_done, i in enumerate(chosen, 1):
-        obj, err = _load(torch, os.path.join(out_dir, indexes[i]))
+        obj, err = _load(torch, os.path.join(out_dir, file_of(i)))
         if err:
-            bad_load.append({"index": i, "file": indexes[i], "error": err})
+            bad_load.append({"index": i, "file": file_of(i), "error": err})
         else:
             sig, why = _describe(torch, obj)
             if why:
@@ -282,7 +303,7 @@ def _verify_result(ok, out_dir, spread, indexes, st, empty, chosen, check_all, c
         "ok": ok, "output_dir": out_dir, **({"output_dirs": spread["dirs"]} if len(spread["dirs"]) > 1 else {}),
         "files": len(indexes), "expected": st["expected"], "expected_from": st["expected_from"],
         "max_index": st["top"], "gaps": gaps[:MAX_LISTED], "gap_count": len(gaps),
-        "missing_after_last": len(st["short"]), "empty_files": sorted(empty)[:MAX_LISTED],
+        "missing_after_last": len(st["short"]), "empty_files": list(itertools.islice(empty, MAX_LISTED)),
         "checked": len(chosen), "mode": "all" if check_all else "sample",
         "unloadable": bad_load[:MAX_LISTED], "unloadable_count": len(bad_load),
         "inconsistent": inconsistent[:MAX_LISTED], "inconsistent_count": len(inconsistent),
@@ -313,18 +334,22 @@ def adopt_identity(args):
 
 def _scan_output(out_dir):
     """``scan`` of the whole output ``out_dir`` belongs to (run_identity.output_of: one directory, or
-    the several its run.json names, found from any of them): ({index: name, or the file's path when
-    the output has several directories}, empty indexes, temporaries, {"dirs", "problems"}). Problems:
-    a directory of the output that is missing or holds another run's run.json, an index in two
-    directories (a sample's file counts wherever it is among them; in two it is one too many)."""
+    the several its run.json names, found from any of them): (the indexes of its sample files, the
+    empty ones' (bitmaps), temporaries, {"dirs", "problems", "strays", "file"}); ``file(index)`` is the
+    sample's file name, or its path when the output has several directories. Problems: a directory
+    of the output that is missing or holds another run's run.json, an index in two directories (a
+    sample's file counts wherever it is among them; in two it is one too many)."""
+    from .outputs import layout as rule
     from .outputs import run_identity as ri
     dirs = ri.output_of(out_dir)
     strays = {"odd": [], "links": []}
     if len(dirs) == 1:
         indexes, empty, temporaries = scan(out_dir, "data_pt", strays)
-        return indexes, empty, temporaries, {"dirs": [out_dir], "problems": [], "strays": strays}
-    problems, indexes, empty, temporaries, twice = [], {}, [], [], []
+        return indexes, empty, temporaries, {"dirs": [out_dir], "problems": [], "strays": strays,
+                                             "file": lambda i: rule.name(i, "data_pt")}
+    problems, indexes, empty, temporaries, twice, first_twice = [], rule.Indexes(), rule.Indexes(), [], 0, None
     mine = ri.read(out_dir)
+    found_in = []           # (directory, its indexes): a sample's file is in the first that holds it
     for d in dirs:
         if not os.path.isdir(d):
             problems.append("%s, one of this run's %d output directories (run.json), does not exist"
@@ -338,19 +363,30 @@ def _scan_output(out_dir):
             problems.append("%s, one of this run's output directories, has %s" % (
                 d, "no run.json" if theirs is None else "another run's run.json"))
         found, e, t = scan(d, "data_pt", strays)
-        for i, name in found.items():
-            path = os.path.join(d, name)
-            if i in indexes:
-                twice.append((i, indexes[i], path))
-                continue
-            indexes[i] = path
-        empty += e
+        for i in found:
+            if not indexes.add(i):
+                twice += 1
+                if first_twice is None:
+                    first_twice = (i, _path_in(found_in, i), os.path.join(d, rule.name(i, "data_pt")))
+        found_in.append((d, found))
+        for i in e:
+            empty.add(i)
         temporaries += [os.path.join(d, n) for n in t]
     if twice:
-        i, a, b = twice[0]
+        i, a, b = first_twice
         problems.append("%d sample(s) are in two of the output directories, e.g. data_%d.pt: %s and %s (one "
-                        "copy too many: remove one)" % (len(twice), i, a, b))
-    return indexes, empty, temporaries, {"dirs": dirs, "problems": problems, "strays": strays}
+                        "copy too many: remove one)" % (twice, i, a, b))
+    return indexes, empty, temporaries, {"dirs": dirs, "problems": problems, "strays": strays,
+                                         "file": lambda i: _path_in(found_in, i)}
+
+
+def _path_in(found_in, i):
+    """The path of sample ``i`` in the first of ``found_in``'s directories that holds it."""
+    from .outputs import layout as rule
+    for d, found in found_in:
+        if i in found:
+            return os.path.join(d, rule.name(i, "data_pt"))
+    raise KeyError(i)
 
 
 def _jsonable(sig):

@@ -118,8 +118,9 @@ def output_dirs(job):
 def count_samples(output_dir, layout=None, limit=None):
     """(number of sample files (data_<N>.pt by default), highest N or -1) in ``output_dir``, or in
     all of a list of directories (one output spread over several disks: each index counted once);
-    with ``limit`` (the run's size), only indexes below it."""
-    seen, top = set(), -1
+    with ``limit`` (the run's size), only indexes below it. Counted in a bitmap (layout.Indexes): a bit
+    per index, not an entry per file."""
+    seen = _layout().Indexes()
     index_of = _layout().index_of
     for d in output_dir if isinstance(output_dir, (list, tuple)) else [output_dir]:
         try:
@@ -128,10 +129,9 @@ def count_samples(output_dir, layout=None, limit=None):
                     i = index_of(entry.name, layout)
                     if i is not None and (limit is None or i < limit) and entry.is_file(follow_symlinks=False):
                         seen.add(i)
-                        top = max(top, i)
         except OSError:
             pass
-    return len(seen), top
+    return len(seen), seen.top
 
 
 def run_size(output_dir):

@@ -40,31 +40,73 @@ def _digest_ids(ids):
     return (len(ids), hashlib.sha256(json.dumps(list(ids), separators=(",", ":")).encode()).hexdigest())
 
 
-def _lines(dataset, wanted, limit=None):
-    """(sha256 of the run's lines as they are now, {index: input_ids | None for a text line}, error);
-    with ``limit`` (max_model_len - 1, the job's cut) a line is kept as ``_digest_ids`` of its cut ids."""
-    h = hashlib.sha256()
-    out, n = {}, 0
-    try:
-        with open(dataset["path"], "rb") as fh:
-            for line in fh:
-                if n >= dataset["samples"]:
-                    break
-                if not line.strip():
-                    continue
-                h.update(line.rstrip(b"\r\n"))
-                h.update(b"\n")
-                if n in wanted:
-                    try:
-                        obj = json.loads(line)
-                        ids = obj.get("input_ids") if isinstance(obj, dict) else None
-                        out[n] = _digest_ids(ids[:limit]) if limit is not None and isinstance(ids, list) else ids
-                    except ValueError:
-                        out[n] = None
-                n += 1
-    except OSError as exc:
-        return None, {}, "cannot read dataset %s: %s" % (dataset["path"], exc.strerror or exc)
-    return h.hexdigest(), out, None
+class _Lines:
+    """The run's dataset read once, front to back, as verify asks for lines in ascending order: every
+    line hashed as it passes (the sha256 run.json records), only the line asked for parsed and none kept,
+    so verify --all holds one line at a time, not every line it checked. A line is its input_ids (None
+    for a text line); with ``limit`` (max_model_len - 1, the job's cut) ``_digest_ids`` of its cut ids."""
+
+    def __init__(self, dataset, limit=None):
+        self.dataset, self.limit = dataset, limit
+        self.h, self.n, self.error, self.sha = hashlib.sha256(), 0, None, None
+        try:
+            self.fh = open(dataset["path"], "rb")
+        except OSError as exc:
+            self.fh = None
+            self._failed(exc)
+
+    def _failed(self, exc):
+        self.error = "cannot read dataset %s: %s" % (self.dataset["path"], exc.strerror or exc)
+        if self.fh is not None:
+            self.fh.close()
+            self.fh = None
+
+    def _next(self):
+        """The next line of the run's first ``samples`` (blank lines are not lines), hashed; None at its end."""
+        while self.fh is not None and self.n < self.dataset["samples"]:
+            try:
+                line = self.fh.readline()
+            except OSError as exc:
+                self._failed(exc)
+                return None
+            if not line:
+                break
+            if not line.strip():
+                continue
+            self.h.update(line.rstrip(b"\r\n"))
+            self.h.update(b"\n")
+            self.n += 1
+            return line
+        return None
+
+    def get(self, index):
+        """(True, the line's value) for line ``index``, (False, None) when the dataset has no such line
+        (or it was passed already: lines are asked for in ascending order)."""
+        while self.fh is not None and self.n <= index:
+            line = self._next()
+            if line is None:
+                break
+            if self.n - 1 == index:
+                try:
+                    obj = json.loads(line)
+                    ids = obj.get("input_ids") if isinstance(obj, dict) else None
+                    return True, (_digest_ids(ids[:self.limit]) if self.limit is not None
+                                  and isinstance(ids, list) else ids)
+                except ValueError:
+                    return True, None
+        return False, None
+
+    def finish(self):
+        """(sha256 of the run's lines as they are now, error): the rest read and hashed, the file closed."""
+        if self.sha is None and self.error is None:
+            while self._next() is not None:
+                pass
+            if self.fh is not None:
+                self.fh.close()
+                self.fh = None
+            if self.error is None:
+                self.sha = self.h.hexdigest()
+        return self.sha, self.error
 
 
 class IdentityCheck:
@@ -72,12 +114,14 @@ class IdentityCheck:
     dataset changed since); ``check(index, ids, layers, hidden)``: the problems of one file."""
 
     def __init__(self, out_dir, chosen, data_config=None, adopt=None):
-        self.problems, self.mismatched, self.compared, self.text_lines = [], [], 0, 0
+        self.problems, self.compared, self.text_lines = [], 0, 0
         self.doc = None
         self.adopting, self.adopted, self.adopt_refused = False, False, None
         self.ident = {}
         self.layers = self.hidden = self.limit = None
-        self.lines = {}
+        self.lines = None           # the dataset, read as the files are checked (_Lines)
+        self._arrow_ds = None       # prepared data whose rows are read once the files are chosen (want)
+        self.mismatched, self.finished = 0, False
         try:
             self.doc = ri.read(out_dir)
         except ri.IdentityError as exc:
@@ -108,16 +152,19 @@ class IdentityCheck:
         ds = ident.get("dataset")
         self.rows = {}
         if isinstance(ds, dict) and ds.get("format") == "arrow" and ds.get("path"):
-            self._arrow(ds, chosen)
+            self._arrow_ds = ds
+            if chosen is not None:
+                self._arrow(ds, chosen)
         elif isinstance(ds, dict) and ds.get("path"):
-            sha, self.lines, err = _lines(ds, set(chosen), self.limit)
-            if err:
-                self.problems.append(err)
-            elif sha != ds.get("lines_sha256"):
-                self.problems.append("dataset %s changed since the run: its first %d lines hash to %s, run.json "
-                                     "records %s" % (ds["path"], ds["samples"], sha[:12], str(ds.get("lines_sha256"))[:12]))
+            self.lines = _Lines(ds, self.limit)
         self.samples = (ds.get("rows") if ds.get("format") == "arrow" else ds.get("samples")) \
             if isinstance(ds, dict) else None
+
+    def want(self, chosen):
+        """The files to be checked, when the constructor was given None for them (their choice reads
+        what this check knows first): the prepared data's rows of those are read."""
+        if self._arrow_ds is not None:
+            self._arrow(self._arrow_ds, chosen)
 
     def _arrow(self, ds, chosen):
         """The server flow's prepared data (outputs/prepared.py): its data files hash as recorded, and
@@ -159,11 +206,12 @@ class IdentityCheck:
             self.compared += 1
             n, want = self.rows[index]
             if [len(ids), hashlib.sha256(struct.pack("<%dq" % len(ids), *ids)).hexdigest()] != [n, want]:
-                self.mismatched.append(index)
+                self.mismatched += 1
                 out.append("token ids differ from prepared data row %d (%d tokens in the file, %d in the row)"
                            % (index, len(ids), n))
-        if index in self.lines and ids is not None:
-            want = self.lines[index]
+        found, want = self.lines.get(index) if self.lines is not None and ids is not None else (False, None)
+        if found:
+            line = want
             if want is None:
                 self.text_lines += 1        # a text line: its ids need the model's tokenizer
             else:
@@ -173,12 +221,26 @@ class IdentityCheck:
                 else:
                     if len(ids) <= len(want):
                         want = want[:len(ids)]     # max_model_len unknown: the file holds a cut of the line
-                    same, n_want = list(ids) == list(want), len(self.lines[index])
+                    same, n_want = list(ids) == list(want), len(line)
                 if not same:
-                    self.mismatched.append(index)
+                    self.mismatched += 1
                     out.append("token ids differ from dataset line %d (%d tokens in the file, %d in the line)"
                                % (index, len(ids), n_want))
         return out
+
+    def finish(self):
+        """The dataset read to its end once the files are checked: a dataset changed since the run (its
+        lines' hash against run.json's) is one of ``problems``. Called before they are read."""
+        if self.lines is None or self.finished:
+            return
+        self.finished = True
+        ds = self.ident["dataset"]
+        sha, err = self.lines.finish()
+        if err:
+            self.problems.append(err)
+        elif sha != ds.get("lines_sha256"):
+            self.problems.append("dataset %s changed since the run: its first %d lines hash to %s, run.json "
+                                 "records %s" % (ds["path"], ds["samples"], sha[:12], str(ds.get("lines_sha256"))[:12]))
 
     def adopt(self, out_dir, ok, files):
         """Write the adopted identity as run.json when the verify found nothing wrong and compared the
@@ -199,11 +261,12 @@ class IdentityCheck:
         self.adopted = True
 
     def to_json(self):
+        self.finish()
         return {"recorded": self.doc is not None and not (self.adopting and not self.adopted),
                 "adopted": self.adopted, "adopt_refused": self.adopt_refused,
                 "digest": (self.doc or {}).get("digest"),
                 "created": (self.doc or {}).get("created"), "identity": self.ident or None,
-                "problems": self.problems, "ids_compared": self.compared, "ids_differ": len(self.mismatched),
+                "problems": self.problems, "ids_compared": self.compared, "ids_differ": self.mismatched,
                 "text_lines_not_compared": self.text_lines}
 
 

@@ -170,28 +170,30 @@ def file_ids_sha(path, header, start):
 
 def tokens_in(output_dirs, layout_mod, since=None):
     """Tokens in the ``hs_<N>.safetensors`` files of ``output_dirs`` (their token_ids' length, from the
-    headers alone): (all, those in files written at or after ``since``)."""
+    headers alone): (all, those in files written at or after ``since``). Each directory is walked one
+    entry at a time (scandir), never held as a list of its names."""
     from .stheader import read_header
     total = new = 0
     for d in output_dirs:
         try:
-            names = os.listdir(d)
+            listing = os.scandir(d)
         except OSError:
             continue
-        for name in names:
-            if layout_mod.index_of(name, "hs_safetensors") is None:
-                continue
-            full = os.path.join(d, name)
-            header, _, problem = read_header(full)
-            shape = ((header or {}).get("token_ids") or {}).get("shape") if not problem else None
-            if not (isinstance(shape, list) and len(shape) == 1 and isinstance(shape[0], int)):
-                continue
-            total += shape[0]
-            try:
-                if since is not None and os.path.getmtime(full) >= since:
-                    new += shape[0]
-            except OSError:
-                pass
+        with listing:
+            for entry in listing:
+                if layout_mod.index_of(entry.name, "hs_safetensors") is None:
+                    continue
+                full = os.path.join(d, entry.name)
+                header, _, problem = read_header(full)
+                shape = ((header or {}).get("token_ids") or {}).get("shape") if not problem else None
+                if not (isinstance(shape, list) and len(shape) == 1 and isinstance(shape[0], int)):
+                    continue
+                total += shape[0]
+                try:
+                    if since is not None and os.path.getmtime(full) >= since:
+                        new += shape[0]
+                except OSError:
+                    pass
     return total, new
 
 

@@ -16,12 +16,14 @@ count and hidden size; token_ids against the dataset only when run.json names a 
 prepared Arrow table is not read: that needs the ``datasets`` package).
 """
 
+import itertools
 import json
 import os
 import random
 import time
 
-from ..outputs.scan import MAX_LISTED, _import_torch, scan, stray_problems
+from . import layout
+from ..outputs.scan import MAX_LISTED, Listed, Without, _import_torch, ends_of, scan, stray_problems
 from .stheader import DTYPES, read_header  # noqa: F401  (the header reader: outputs/stheader.py)
 
 
@@ -107,78 +109,94 @@ def verify(args, adopt=None):
     names = stray_problems(strays)
     from .identity_check import nothing_to_verify
     nothing_to_verify(out_dir, indexes, "hs_<N>.safetensors")
-    top = max(indexes) if indexes else -1
+    top = indexes.top
     from .prepared import recorded_rows
     rows = recorded_rows(out_dir)        # the run's prepared data holds fewer rows than max_samples
     if rows is not None and (not expected or int(expected) > rows):
         expected = rows
     upper = max(top + 1, int(expected) if expected else 0)
-    missing = [i for i in range(upper) if i not in indexes]
-    gaps = [i for i in missing if i < top]
-    short = [i for i in missing if i > top]
-    ordered = sorted(indexes)
-    # every header is read (cheap: a truncated file is found wherever it is); tensors of a sample
-    headers, bad_load = {}, []
-    for i in ordered:
-        header, start, problem = read_header(os.path.join(out_dir, indexes[i]))
+    gaps, short = Listed(), Listed(0)
+    for i in indexes.absent(0, upper):
+        (gaps if i < top else short).append(i)
+    from .identity_check import IdentityCheck
+    ident = IdentityCheck(out_dir, None, adopt=adopt)      # the rows it compares: told once chosen (want)
+    file_of = lambda i: layout.name(i, "hs_safetensors")  # noqa: E731
+    # every header is read (cheap: a truncated file is found wherever it is); each file's shape from its
+    # header alone (seq_len == its token ids, one state per layer id), kept as a bit per file: read again
+    # for the few problems listed of the files not loaded
+    good, bad_load = layout.Indexes(), Listed()
+    shape_one, shape_two = layout.Indexes(), layout.Indexes()
+    for i in indexes:
+        header, start, problem = read_header(os.path.join(out_dir, file_of(i)))
         if problem:
-            bad_load.append({"index": i, "file": indexes[i], "error": problem})
-        else:
-            headers[i] = (header, start)
+            bad_load.append({"index": i, "file": file_of(i), "error": problem})
+            continue
+        good.add(i)
+        n = len(header_shape_problems(header, ident.layers, ident.ident.get("layer_ids")))
+        if n:
+            shape_one.add(i)
+        if n > 1:
+            shape_two.add(i)
     if check_all:
-        chosen = [i for i in ordered if i in headers]
+        chosen = good
     else:
         rng = random.Random(int(args.get("seed", 0)))
-        good = [i for i in ordered if i in headers]
-        pick = set(good[:1] + good[-1:])
+        pick = set(ends_of(good))
         for g in gaps[:MAX_LISTED]:
-            pick |= {i for i in (g - 1, g + 1) if i in headers}
-        rest = [i for i in good if i not in pick]
+            pick |= {i for i in (g - 1, g + 1) if i in good}
+        rest = Without(good, sorted(pick))
         pick |= set(rng.sample(rest, min(len(rest), max(0, sample_n - len(pick)))))
         chosen = sorted(pick)
-    from .identity_check import IdentityCheck
-    ident = IdentityCheck(out_dir, chosen, adopt=adopt)
-    inconsistent, bad_values, seen = [], [], set()
+    ident.want(chosen)
+    inconsistent, bad_values, seen = Listed(), Listed(), set()
     reference = ref_index = None
     last_event = time.time()
-    # every other file's shape from its header alone: seq_len == its token ids, one state per layer id
-    loaded = set(chosen)
-    for i in ordered:
-        if i in headers and i not in loaded:
-            for p in header_shape_problems(headers[i][0], ident.layers, ident.ident.get("layer_ids")):
-                inconsistent.append({"index": i, "problem": "%s: %s" % (indexes[i], p)})
+    loaded = chosen if check_all else set(chosen)
+    for i in shape_one:
+        if i in loaded:
+            continue
+        if inconsistent.full():
+            inconsistent.more(1 + (i in shape_two))
+            continue
+        header = read_header(os.path.join(out_dir, file_of(i)))[0] or {}
+        for p in header_shape_problems(header, ident.layers, ident.ident.get("layer_ids")):
+            inconsistent.append({"index": i, "problem": "%s: %s" % (file_of(i), p)})
     for n_done, i in enumerate(chosen, 1):
-        header, start = headers[i]
+        header, start, problem = read_header(os.path.join(out_dir, file_of(i)))
+        if problem:
+            bad_load.append({"index": i, "file": file_of(i), "error": problem})
+            continue
         try:
-            tensors = load_tensors(torch, os.path.join(out_dir, indexes[i]), header, start,
+            tensors = load_tensors(torch, os.path.join(out_dir, file_of(i)), header, start,
                                    [k for k in ("hidden_states", "token_ids") if k in header])
         except (OSError, RuntimeError, ValueError) as exc:
-            bad_load.append({"index": i, "file": indexes[i], "error": "%s: %s" % (type(exc).__name__, str(exc)[:200])})
+            bad_load.append({"index": i, "file": file_of(i), "error": "%s: %s" % (type(exc).__name__, str(exc)[:200])})
             continue
-        problems, layout = check_sample(torch, header, tensors, check_finite)
+        problems, layout_ = check_sample(torch, header, tensors, check_finite)
         ids = tensors.get("token_ids")
         ids = ids.tolist() if ids is not None and torch.is_tensor(ids) and ids.dim() == 1 else None
-        problems += ident.check(i, ids, *(layout[:2] if layout else (None, None)))
+        problems += ident.check(i, ids, *(layout_[:2] if layout_ else (None, None)))
         for p in problems:
             (bad_values if "NaN" in p else inconsistent).append({"index": i, "problem": p})
-        if layout:
-            seen.add(layout)
+        if layout_:
+            seen.add(layout_)
             if reference is None:
-                reference, ref_index = layout, i
-            elif layout != reference:
+                reference, ref_index = layout_, i
+            elif layout_ != reference:
                 inconsistent.append({"index": i, "problem": "%d layers of hidden size %d (%s); hs_%d.safetensors "
-                                     "has %d of %d (%s)" % (layout + (ref_index,) + reference)})
+                                     "has %d of %d (%s)" % (layout_ + (ref_index,) + reference)})
         if time.time() - last_event > 2:
             last_event = time.time()
             yield {"type": "progress", "checked": n_done, "of": len(chosen)}
+    ident.finish()
     ok = not (gaps or short or bad_load or inconsistent or bad_values or locks or ident.problems or names)
     if ident.adopting:
         ident.adopt(out_dir, ok and check_all, len(indexes))
     return {
         "ok": ok, "output_dir": out_dir, "layout": "hs_safetensors", "files": len(indexes), "expected": expected,
         "max_index": top, "gaps": gaps[:MAX_LISTED], "gap_count": len(gaps),
-        "missing_after_last": len(short), "empty_files": sorted(empty)[:MAX_LISTED],
-        "checked": len(chosen), "headers_checked": len(ordered), "mode": "all" if check_all else "sample",
+        "missing_after_last": len(short), "empty_files": list(itertools.islice(empty, MAX_LISTED)),
+        "checked": len(chosen), "headers_checked": len(indexes), "mode": "all" if check_all else "sample",
         "unloadable": bad_load[:MAX_LISTED], "unloadable_count": len(bad_load),
         "inconsistent": inconsistent[:MAX_LISTED], "inconsistent_count": len(inconsistent),
         "non_finite": bad_values[:MAX_LISTED], "non_finite_count": len(bad_values),

@@ -21,10 +21,11 @@ def set_aside(out_dir, layers=None, now=None):
     from .stheader import read_header
     if not out_dir or not os.path.isdir(out_dir):
         return {"moved": [], "to": None}
+    from .layout import name
     indexes, _, _ = scan(out_dir, "hs_safetensors")
     moved, dest = [], None
-    for i in sorted(indexes):
-        path = os.path.join(out_dir, indexes[i])
+    for i in indexes:                  # ascending (a bitmap)
+        path = os.path.join(out_dir, name(i, "hs_safetensors"))
         header, _, problem = read_header(path)
         if problem or not header:
             continue
@@ -35,8 +36,8 @@ def set_aside(out_dir, layers=None, now=None):
             stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now or time.time()))
             dest = os.path.join(out_dir, ".short-" + stamp)
             os.makedirs(dest, exist_ok=True)
-        os.rename(path, os.path.join(dest, indexes[i]))
-        moved.append({"index": i, "file": indexes[i], "problem": problems[0]})
+        os.rename(path, os.path.join(dest, name(i, "hs_safetensors")))
+        moved.append({"index": i, "file": name(i, "hs_safetensors"), "problem": problems[0]})
     return {"moved": moved, "to": dest}
 
 
