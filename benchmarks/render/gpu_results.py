@@ -98,7 +98,11 @@ DISK_VARIANT_LABELS = {"a_after_w8": "8 writer threads (writer_threads 8)",
 # the server flow on a tmpfs and its variants (benchmarks/gpu/throughput.py SERVER_VARIANTS): part -> label
 SERVER_VARIANT_LABELS = {"a_server_tmpfs": "on a tmpfs (dataset, staging and outputs in RAM)",
                          "a_server_tmpfs_c64": "on a tmpfs, concurrency 64",
-                         "a_server_tmpfs_b64k": "on a tmpfs, max_num_batched_tokens 65536, concurrency 64"}
+                         "a_server_tmpfs_b64k": "on a tmpfs, max_num_batched_tokens 65536, concurrency 64",
+                         "a_server_tmpfs_async": "on a tmpfs, vLLM 0.22's write path (hs_async_connector.py), "
+                                                 "chunked prefill on",
+                         "a_server_tmpfs_async_b64k": "on a tmpfs, vLLM 0.22's write path, chunked prefill on, "
+                                                      "max_num_batched_tokens 65536, concurrency 64"}
 
 
 def job_profile_table(parts: list[tuple[str, dict]]) -> list[str]:
