@@ -88,6 +88,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from benchmarks import provenance  # noqa: E402
+from benchmarks.gpu.lib.connector import server_setup  # noqa: E402
 from benchmarks.gpu.lib.dataset import DATASET_BUILDER  # noqa: E402
 from benchmarks.gpu.lib.harness import HOST_ENV, VERSIONS, WORD_TOKENIZER, last_json, model_shape  # noqa: E402  (one copy of each)
 
@@ -124,16 +125,23 @@ TMPFS_VARIANTS = {"a_tmpfs_gil5": {"gil_switch_ms": 0}, "a_tmpfs_w8": {"writer_t
 # AFTER on the disk with one var changed (each against a_after): more fsyncs in flight at once
 DISK_VARIANTS = {"a_after_w8": {"writer_threads": 8}, "a_after_w4": {"writer_threads": 4}}
 CAPTURED_LAYERS = 4   # the generator's layer ids for these models (3 auxiliary + the last): bytes a token / hidden / 2
-SERVER_PLAYBOOK = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.9.0.yaml"
 SERVER_PORT = 8810
 # the server flow on a tmpfs (a_server_tmpfs) and with playbook vars changed: part -> the vars (each against
 # a_server_tmpfs); all of them keep the dataset, the staging directory and the outputs in RAM
+# "connector" (not a var) picks the playbook and server interpreter (benchmarks/gpu/lib/connector.py; default
+# vllm-no-chunked: the shipped playbook that claims vLLM 0.20.0 since check last-chunk)
 SERVER_VARIANTS = {"a_server_tmpfs": {},
                    # more requests in flight at vLLM's default step (8192 tokens)
                    "a_server_tmpfs_c64": {"concurrency": 64},
                    # (c_best)'s fastest budget, with requests enough to fill a step
-                   "a_server_tmpfs_b64k": {"max_num_batched_tokens": 65536, "concurrency": 64}}
+                   "a_server_tmpfs_b64k": {"max_num_batched_tokens": 65536, "concurrency": 64},
+                   # vLLM 0.22's write path (hs_async_connector.py), chunked prefill on: what 0.22-0.33 write with
+                   "a_server_tmpfs_async": {"connector": "async"},
+                   "a_server_tmpfs_async_b64k": {"connector": "async", "max_num_batched_tokens": 65536,
+                                                 "concurrency": 64}}
+SERVER_CONNECTOR = "vllm-no-chunked"
 SERVER_PARTS = ("a_server", *SERVER_VARIANTS)     # every server-flow part
+PARTS.update({part: part for part in SERVER_VARIANTS})
 SERVER_TMPFS = "/dev/shm/remote-ops-throughput-srv"   # the tmpfs server parts' preprocessed_data
 TMPFS_OUT = "/dev/shm/remote-ops-throughput-out"   # a_tmpfs: AFTER with its files in RAM (no disk)
 FLOPS_SOURCE = ("NVIDIA H200 Tensor Core GPU datasheet: BF16 Tensor Core 1,979 TFLOPS with sparsity; "
@@ -446,7 +454,12 @@ def ratios(doc: dict) -> dict:
 
 def server_vars(part: str, extra: dict | None = None) -> dict:
     """The playbook vars a server part changes: its SERVER_VARIANTS entry, then --server-vars on top."""
-    return {**SERVER_VARIANTS.get(part, {}), **(extra or {})}
+    return {k: v for k, v in {**SERVER_VARIANTS.get(part, {}), **(extra or {})}.items() if k != "connector"}
+
+
+def server_connector(part: str) -> str:
+    """The playbook a server part runs (benchmarks/gpu/lib/connector.py CONNECTORS)."""
+    return SERVER_VARIANTS.get(part, {}).get("connector", SERVER_CONNECTOR)
 
 
 def c_best_source(path: Path) -> dict:
@@ -973,14 +986,17 @@ class Bench:
         for part in SERVER_PARTS:
             name = self.server_host(part)
             (s / f"wd-{name}").mkdir(exist_ok=True)
+            # the stand-ins (--standin) take the sandbox's playbook below, with no server interpreter of vLLM's
+            playbook, server_py = (None, s / "bin" / "server" / "python") if self.args.standin else \
+                server_setup(server_connector(part), s / "bin" / "server" / "python", s / name)
             hosts[name] = {
                 "connection": "local", "python": str(s / "bin" / "client" / "python"), "workdir": str(s / f"wd-{name}"),
-                "playbook": str(SERVER_PLAYBOOK), "env": {**HOST_ENV, "REMOTE_OPS_STATE_DIR": str(s / f"state-{name}")},
+                "playbook": str(playbook), "env": {**HOST_ENV, "REMOTE_OPS_STATE_DIR": str(s / f"state-{name}")},
                 # the playbook's defaults (concurrency, gpu_memory_utilization) except the model's own layer ids and
                 # the 0.3.0 playbook's max_model_len (the same cut rows); then the part's own vars
                 "vars": {"target_model": str(s / "model"), "preprocessed_data": str(self.server_data(part)),
                          "max_samples": self.args.samples, "layer_ids": [2, n // 2, n - 3, n], "port": SERVER_PORT,
-                         "max_model_len": self.max_model_len, "server_python": str(s / "bin" / "server" / "python"),
+                         "max_model_len": self.max_model_len, "server_python": str(server_py),
                          "server_ready_seconds": 420, "gpus": 1, **self.server_standin(name),
                          **server_vars(part, self.args.server_vars)}}
             if self.args.standin:
@@ -1201,7 +1217,8 @@ class Bench:
                "server_ready_after_s": server.get("ready_after_s"), "healthy_at": healthy_at,
                "state": job.get("state"), "reason": job.get("reason"),
                # what it ran with: the playbook's defaults but these vars, its data on this directory
-               "vars": server_vars(name, self.args.server_vars), "data_dir": str(data),
+               "vars": server_vars(name, self.args.server_vars), "connector": server_connector(name),
+               "data_dir": str(data),
                "on": "disk" if name == "a_server" else "tmpfs", "dataset_copy_s": copied,
                **({"standin": "STAND-IN server and client (no vLLM): the client takes concurrency, the server "
                              "no engine var (max_num_batched_tokens does not reach it)"} if self.args.standin else {}),

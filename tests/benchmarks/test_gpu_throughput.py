@@ -79,7 +79,10 @@ def test_dataset_lengths_cut_and_roofline():
                               # no server flow on a tmpfs either
                               "a_server_tmpfs/a_server": None, "a_server_tmpfs/c_best": None,
                               "a_server_tmpfs_c64/c_best": None, "a_server_tmpfs_c64/a_server_tmpfs": None,
-                              "a_server_tmpfs_b64k/c_best": None, "a_server_tmpfs_b64k/a_server_tmpfs": None}
+                              "a_server_tmpfs_b64k/c_best": None, "a_server_tmpfs_b64k/a_server_tmpfs": None,
+                              "a_server_tmpfs_async/c_best": None, "a_server_tmpfs_async/a_server_tmpfs": None,
+                              "a_server_tmpfs_async_b64k/c_best": None,
+                              "a_server_tmpfs_async_b64k/a_server_tmpfs": None}
     doc["a_tmpfs_gil5"] = {"tokens_per_s": 76.0}
     assert gt.ratios(doc)["a_tmpfs_gil5/c"] == 0.38 and gt.ratios(doc)["a_tmpfs_gil5/a_tmpfs"] == 0.8
     doc["a_after_w8"] = {"tokens_per_s": 117.0}
@@ -626,7 +629,10 @@ def test_server_parts_ratios_against_c_best_and_the_tmpfs_server_flow():
     assert gt.SERVER_PARTS[0] == "a_server" and set(gt.SERVER_VARIANTS) <= set(gt.PARTS)
     assert all(gt.PARTS[p] == p for p in gt.SERVER_PARTS)
     assert [gt.Bench.server_host(p) for p in gt.SERVER_PARTS] == ["server", "server_tmpfs", "server_tmpfs_c64",
-                                                                 "server_tmpfs_b64k"]
+                                                                 "server_tmpfs_b64k", "server_tmpfs_async",
+                                                                 "server_tmpfs_async_b64k"]
+    # "connector" picks the playbook, never a var
+    assert gt.server_vars("a_server_tmpfs_async") == {} and gt.server_connector("a_server_tmpfs_async") == "async"
     # the vars a part runs with: its own, then --server-vars over them
     assert gt.server_vars("a_server") == {}
     assert gt.server_vars("a_server_tmpfs_b64k") == {"max_num_batched_tokens": 65536, "concurrency": 64}
@@ -650,6 +656,8 @@ def test_server_parts_hosts_put_the_dataset_staging_and_outputs_on_one_file_syst
     assert b.server_data("a_server_tmpfs") == b.server_data("a_server_tmpfs_b64k") == Path(gt.SERVER_TMPFS)
     assert gt.SERVER_TMPFS.startswith("/dev/shm/")
     b.scratch.mkdir(parents=True)
+    (b.scratch / "bin" / "server").mkdir(parents=True)
+    (b.scratch / "bin" / "server" / "python").write_text("#!/bin/sh\nPYTHONPATH=/e2e/site exec python3 \"$@\"\n")
     b.model, b.max_model_len = {"layers": 22}, 2048
     b.before_files = lambda: {"source": "flags"}
     b.inventory()
@@ -659,7 +667,16 @@ def test_server_parts_hosts_put_the_dataset_staging_and_outputs_on_one_file_syst
     assert (v["max_num_batched_tokens"], v["concurrency"], v["request_timeout"]) == (65536, 64, 600)
     assert hosts["server"]["vars"]["preprocessed_data"] == str(b.scratch / "srv-data")
     assert "max_num_batched_tokens" not in hosts["server"]["vars"] and hosts["server"]["vars"]["request_timeout"] == 600
-    assert hosts["server_tmpfs"]["playbook"] == str(gt.SERVER_PLAYBOOK)
+    # on vLLM 0.20.0 the shipped no-chunked-prefill playbook (check last-chunk), but for the async parts
+    from benchmarks.gpu.lib import connector
+    assert hosts["server_tmpfs"]["playbook"] == hosts["server"]["playbook"] == str(connector.NO_CHUNKED)
+    a = hosts["server_tmpfs_async_b64k"]
+    assert "AsyncHiddenStatesConnector" in Path(a["playbook"]).read_text() and "connector" not in a["vars"]
+    assert (a["vars"]["max_num_batched_tokens"], a["vars"]["concurrency"]) == (65536, 64)
+    assert f"PYTHONPATH={connector.LIB}:/e2e/site exec" in Path(a["vars"]["server_python"]).read_text()
+    assert hosts["server_tmpfs"]["vars"]["server_python"] == str(b.scratch / "bin" / "server" / "python")
+    assert gt.server_connector("a_server_tmpfs_async") == "async" and gt.server_connector("a_server") == \
+        "vllm-no-chunked"
 
 
 def test_c_best_from_an_earlier_result_of_the_same_shape(tmp_path):
