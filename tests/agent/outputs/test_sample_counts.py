@@ -204,3 +204,49 @@ def test_checking_every_line_keeps_none_of_them(tmp_path):
     peak, doc = _peak(check)
     assert doc["ids_compared"] == n and doc["problems"] == []
     assert peak < 2_000_000, peak
+
+
+def _drain(gen):
+    try:
+        while True:
+            next(gen)
+    except StopIteration as stop:
+        return stop.value
+
+
+def _linked_outputs(out, indexes):
+    """A small well-formed data_<N>.pt, hard-linked under every index of ``indexes``."""
+    torch = pytest.importorskip("torch")
+    out.mkdir()
+    for k, i in enumerate(indexes):
+        if k % 50000 == 0:                  # a new source now and then: a file system caps links per file
+            first = out / ("sample%d.pt" % k)
+            torch.save({"input_ids": torch.tensor([1, 2, 3]), "loss_mask": torch.ones(3, dtype=torch.long),
+                        "hidden_states": [torch.zeros(3, 4), torch.zeros(3, 4)]}, first)
+        os.link(first, out / ("data_%d.pt" % i))
+    for source in out.glob("sample*.pt"):
+        source.unlink()
+
+
+def test_verify_lists_the_first_gaps_and_counts_the_rest(tmp_path):
+    from remote_ops.agent.verify import op_verify
+    _linked_outputs(tmp_path / "out", range(0, 400, 2))
+    res = _drain(op_verify({"output_dir": str(tmp_path / "out"), "expected": 1000}))
+    assert res["files"] == 200 and res["max_index"] == 398
+    assert res["gaps"] == list(range(1, 100, 2)) and res["gap_count"] == 199
+    assert res["missing_after_last"] == 601 and not res["ok"]
+    # loaded: the first and last files and the 50 neighbours of the 50 gaps listed (more than the 32 asked)
+    assert res["unloadable_count"] == 0 and res["checked"] == 52
+
+
+def test_sampled_verify_of_60k_files_holds_bits_not_entries(tmp_path):
+    """op_verify over 60,000 files (two gaps, one file beyond the run's size): the answer as before,
+    from bitmaps; the {index: name} dict, index lists and sorted copies it held before are gone."""
+    from remote_ops.agent.verify import op_verify
+    n = 60000
+    _linked_outputs(tmp_path / "out", [i for i in range(n) if i not in (5, 77)] + [n + 10])
+    peak, res = _peak(lambda: _drain(op_verify({"output_dir": str(tmp_path / "out"), "expected": n})))
+    assert res["files"] == n - 2 and res["gaps"] == [5, 77] and res["gap_count"] == 2
+    assert res["extra"] == ["data_%d.pt" % (n + 10)] and res["extra_count"] == 1
+    assert res["missing_after_last"] == 0 and res["unloadable_count"] == 0 and res["checked"] == 32
+    assert peak < 3_000_000, peak
