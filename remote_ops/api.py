@@ -334,6 +334,10 @@ class Inventory(Fleet):
                                                                     on_file=on_file, host_mode=host_mode,
                                                                     manifest=manifest)
                            if h.name in per_host else _raise(listed[h.name].error))
+        per_host.clear()         # the listings' columns and the chosen files: freed before the manifest is written
+        for r in listed:
+            r.value = None
+        shard_mod.gstore.release_freed()
         results.group = self._filled(shard_mod.finish(results, g, union_doc, dest, manifest), target)
         if results.single and results[0].ok:      # one host's record carries the result as "gathered"
             results[0].value.extra["gathered"] = results.group.to_json()

@@ -3,6 +3,8 @@
     python benchmarks/controller/scale.py                          # 1k, 10k, 100k files; writes benchmarks/SCALE.md
     python benchmarks/controller/scale.py --sizes 1000,10000,100000,300000
     python benchmarks/controller/scale.py --sizes 1000,10000 --no-write
+    python benchmarks/controller/scale.py --sizes 300000 --workdir /tmp/ro-scale --only gather --no-write
+        # builds 300k outputs in /tmp/ro-scale once (kept), later runs reuse them; only the gathers
 
 One real OpenSSH sshd on 127.0.0.1 (remote_ops.sshd.SshdServer, fresh keys, strict host keys); the
 host is this machine's interpreter with its own state dir. At each size the outputs are real: the
@@ -124,6 +126,10 @@ def main() -> int:
     ap.add_argument("--results", default=str(REPO / "benchmarks" / "scale_results.json"),
                     help="each size's measurements, written as soon as that size is done")
     ap.add_argument("--render", action="store_true", help="only render SCALE.md from --results")
+    ap.add_argument("--workdir", help="build each size's outputs here and keep them; a size already built there "
+                    "(a complete build from an earlier run) is reused, not built again")
+    ap.add_argument("--only", help="comma list: run only the commands whose label starts with one of these "
+                    "(e.g. gather,extract --tail); the report then holds only those")
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
     if args.render:
@@ -132,13 +138,18 @@ def main() -> int:
     rows: dict[int, dict[str, dict]] = {}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                             text=True).stdout.strip()
+    only = [w.strip() for w in args.only.split(",")] if args.only else None
+
+    def wanted(label):
+        return only is None or any(label.startswith(w) for w in only)
     with tempfile.TemporaryDirectory(prefix="ro-scale-") as tmp:
         tmp = Path(tmp)
         server = SshdServer(tmp / "sshd").start()
         try:
             for n in sizes:
-                root = tmp / f"n{n}"
-                root.mkdir()
+                root = (Path(args.workdir) if args.workdir else tmp) / f"n{n}"
+                reuse = args.workdir is not None and (root / "built").exists()
+                root.mkdir(parents=True, exist_ok=reuse)
                 out = root / "out"
                 pb = root / "pb.yaml"
                 playbook(pb, out, n)
@@ -151,10 +162,14 @@ def main() -> int:
                 env = {k: v for k, v in os.environ.items() if not k.startswith("REMOTE_OPS_")}
                 base = ["-i", str(inv)]
                 t = time.perf_counter()
-                built = run_rss([*base, "extract", "h", "--tail", "--skip-check"], server, env)
-                if built["exit"] != 0:
-                    raise SystemExit(f"building {n} files failed:\n{built['stderr'][-2000:]}")
-                got = {"build (extract --tail)": built}
+                got = {}
+                if not reuse:
+                    built = run_rss([*base, "extract", "h", "--tail", "--skip-check"], server, env)
+                    if built["exit"] != 0:
+                        raise SystemExit(f"building {n} files failed:\n{built['stderr'][-2000:]}")
+                    got["build (extract --tail)"] = built
+                    if args.workdir:
+                        (root / "built").write_text(json.dumps(built))
                 build_s = time.perf_counter() - t
                 cases = [
                     ("status", ["status", "h"]),
@@ -165,14 +180,20 @@ def main() -> int:
                     ("extract --dry-run", ["extract", "h", "--dry-run", "--skip-check"]),
                 ]
                 for label, argv in cases:
-                    got[label] = run_rss([*base, *argv], server, env)
-                for i in range(10):          # 10 missing: the resume writes them
-                    (out / f"data_{n - 1 - i * (n // 10)}.pt").unlink()
-                got["extract --tail, 10 missing"] = run_rss([*base, "extract", "h", "--tail", "--skip-check"],
-                                                             server, env)
+                    if wanted(label):
+                        got[label] = run_rss([*base, *argv], server, env)
+                if wanted("extract --tail, 10 missing"):
+                    for i in range(10):          # 10 missing: the resume writes them
+                        (out / f"data_{n - 1 - i * (n // 10)}.pt").unlink()
+                    got["extract --tail, 10 missing"] = run_rss([*base, "extract", "h", "--tail", "--skip-check"],
+                                                                 server, env)
                 dest = root / "gathered"
-                got["gather (empty --to)"] = run_rss([*base, "gather", "h", "--to", str(dest)], server, env)
-                got["gather again (complete --to)"] = run_rss([*base, "gather", "h", "--to", str(dest)], server, env)
+                if wanted("gather (empty --to)"):
+                    shutil.rmtree(dest, ignore_errors=True)         # --workdir: a gather of an earlier run
+                    got["gather (empty --to)"] = run_rss([*base, "gather", "h", "--to", str(dest)], server, env)
+                if wanted("gather again (complete --to)"):
+                    got["gather again (complete --to)"] = run_rss([*base, "gather", "h", "--to", str(dest)],
+                                                                  server, env)
                 bad = {k: v for k, v in got.items() if v["exit"] not in (0,)}
                 if bad:
                     raise SystemExit(f"at {n}: " + "; ".join(f"{k} exit {v['exit']}: {v['stderr'][-400:]}"
@@ -183,7 +204,8 @@ def main() -> int:
                                                           "rows": rows}, indent=1))
                 print(f"{n:>7} files: built in {build_s:.0f} s; " + ", ".join(
                     f"{k} {v['seconds']:.2f} s" for k, v in got.items()), flush=True)
-                shutil.rmtree(root, ignore_errors=True)
+                if not args.workdir:
+                    shutil.rmtree(root, ignore_errors=True)
         finally:
             server.stop()
     return render(rows, args.sizes, commit, args)
@@ -209,22 +231,25 @@ def render(rows: dict, asked: str, commit: str, args) -> int:
              + (f" Not measured (the run did not reach them): {', '.join(f'{n:,}' for n in missing)} files."
                 if missing else ""), "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for label in rows[sizes[0]]:
+    labels = list(dict.fromkeys(k for n in sizes for k in rows[n]))      # --workdir/--only: not every size has all
+    for label in labels:
         cells = [label]
         for n in sizes:
-            v = rows[n][label]
-            cells.append(f"{v['seconds']:.2f} s / {v['controller_kb'] / 1024:.0f} / {v['host_kb'] / 1024:.0f}")
+            v = rows[n].get(label)
+            cells.append(f"{v['seconds']:.2f} s / {v['controller_kb'] / 1024:.0f} / {v['host_kb'] / 1024:.0f}"
+                         if v else "-")
         if pair:
-            a, b = rows[pair[0]][label]["seconds"], rows[pair[1]][label]["seconds"]
-            cells.append(f"{a / b:.1f}" if b > 0 else "-")
+            a, b = (rows[pair[0]].get(label) or {}).get("seconds"), (rows[pair[1]].get(label) or {}).get("seconds")
+            cells.append(f"{a / b:.1f}" if a is not None and b else "-")
         lines.append("| " + " | ".join(cells) + " |")
     worst = max(((v["controller_kb"], n, k) for n in sizes for k, v in rows[n].items()), default=(0, 0, ""))
     lines += ["", f"Largest controller peak RSS over every command and size: {worst[0] / 1024:.0f} MB "
               f"({worst[2]}, {worst[1]:,} files)."]
     for n in sizes:
         w = max(rows[n].items(), key=lambda kv: kv[1]["controller_kb"])
-        lines.append(f"- at {n:,} files: largest controller peak {w[1]['controller_kb'] / 1024:.0f} MB ({w[0]}); "
-                     f"gather into an empty --to {rows[n]['gather (empty --to)']['seconds'] / n * 1000:.2f} ms a file")
+        first = rows[n].get("gather (empty --to)")
+        lines.append(f"- at {n:,} files: largest controller peak {w[1]['controller_kb'] / 1024:.0f} MB ({w[0]})"
+                     + (f"; gather into an empty --to {first['seconds'] / n * 1000:.2f} ms a file" if first else ""))
     text = "\n".join(lines) + "\n"
     print(text)
     if not args.no_write:

@@ -325,15 +325,23 @@ class Session:
             nl = (len(buf) + data.find(b"\n")) if b"\n" in data else -1
             buf += data
             while nl >= 0:
-                line = bytes(memoryview(buf)[:nl])
-                del buf[:nl + 1]
+                if nl == len(buf) - 1:      # the buffer is the line (the usual case): parsed as it is, no copy
+                    line, buf = buf, bytearray()
+                    del line[nl:]
+                else:
+                    line = bytes(memoryview(buf)[:nl])
+                    del buf[:nl + 1]
                 nl = buf.find(b"\n")
-                if line.strip():
-                    try:
-                        msg = json.loads(line)
+                if line and not line.isspace():     # (strip() would copy a long bytearray)
+                    head = bytes(line[:200])
+                    try:        # the line's bytes freed before its text is parsed: never bytes, text and values at once
+                        text = line.decode(json.detect_encoding(line), "surrogatepass")
+                        line = None
+                        msg = json.loads(text)
                     except ValueError:
-                        raise AgentError(f"agent sent unreadable output: {line[:200]!r}",
+                        raise AgentError(f"agent sent unreadable output: {head!r}",
                                          host=self.label) from None
+                    text = None
                     if "results" in msg:
                         self._note_agent(msg.get("agent"))
                     if self.host.python is None and isinstance(msg, dict) and msg.get("login"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import array
 import base64
+import binascii
 import bisect
 import heapq
 import json
@@ -67,7 +68,8 @@ class Items:
 
     def __init__(self, dirs: list[dict], file_path):
         self.dirs, self.file_path = dirs, file_path
-        self.dref, self.pos = array.array("l"), array.array("q")
+        # 2 + 4 bytes a chosen file (directories and positions are small: a listing holds < 50M files)
+        self.dref, self.pos = array.array("H" if len(dirs) < 1 << 16 else "l"), array.array("I")
 
     def add(self, n: int, k: int) -> None:
         self.dref.append(n)
@@ -85,7 +87,7 @@ class HostItems:
     path}``, made when asked."""
 
     def __init__(self, items: Items):
-        self.items, self.refs = items, array.array("q")
+        self.items, self.refs = items, array.array("I")
 
     def __len__(self):
         return len(self.refs)
@@ -176,17 +178,17 @@ class Manifest:
         self.new = self._empty()
         try:
             fd = os.open(os.path.join(to, self.NAME), os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd, encoding="utf-8") as fh:
-                doc = json.load(fh)
-            self.old = self._read(doc)
-        except (OSError, ValueError, TypeError, KeyError):
+            with os.fdopen(fd, "rb") as fh:
+                doc, sha = _load(fh)
+            self.old = self._read(doc, sha)
+        except (OSError, ValueError, TypeError, KeyError, binascii.Error):
             self.old = self._empty()
         self.changed = False
 
     @staticmethod
     def _empty() -> dict:
         return {"index": array.array("q"), "size": array.array("q"), "mtime": array.array("q"),
-                "ino": array.array("q"), "source": array.array("l"), "sha": bytearray()}
+                "ino": array.array("q"), "source": array.array("I"), "sha": bytearray()}
 
     def _source(self, where: str) -> int:
         k = self._source_id.get(where)
@@ -203,7 +205,7 @@ class Manifest:
         cols["source"].append(self._source(source.rsplit("/", 1)[0]))
         cols["sha"] += sha
 
-    def _read(self, doc) -> dict:
+    def _read(self, doc, sha: bytearray | None = None) -> dict:
         cols = self._empty()
         if not isinstance(doc, dict):
             return cols
@@ -229,8 +231,9 @@ class Manifest:
         for v, ln in packed._expand(doc["source"], n, "source",
                                     lambda v, ln: packed._is_int(v, 0, len(self.sources) - 1)):
             cols["source"].extend([v] * ln)
-        cols["sha"] = bytearray(base64.b64decode(doc["sha256"]))
-        if len(cols["sha"]) != n * DIGEST or any(a >= b for a, b in zip(cols["index"], cols["index"][1:])):
+        cols["sha"] = sha if sha is not None else bytearray(base64.b64decode(doc["sha256"]))
+        index = cols["index"]
+        if len(cols["sha"]) != n * DIGEST or any(index[k] >= index[k + 1] for k in range(len(index) - 1)):
             return self._empty()
         return cols
 
@@ -249,11 +252,11 @@ class Manifest:
                       source)
             self.changed = True
 
-    def _merged(self, present: Bitmap):
+    def _merged(self, present: Bitmap, sha: bool = True):
         """(index, size, mtime, ino, source id, sha) of every entry whose file is present, in index
-        order: the newest entry of an index wins."""
+        order: the newest entry of an index wins (``sha`` False: None for the sha)."""
         new, old = self.new, self.old
-        order = array.array("q", sorted(range(len(new["index"])), key=lambda k: (new["index"][k], -k)))
+        order = _order(new["index"])
         a = b = 0
         while a < len(order) or b < len(old["index"]):
             ka = order[a] if a < len(order) else None
@@ -270,24 +273,40 @@ class Manifest:
             i = src["index"][k]
             if i in present:
                 yield (i, src["size"][k], src["mtime"][k], src["ino"][k], src["source"][k],
-                       bytes(src["sha"][k * DIGEST:(k + 1) * DIGEST]))
+                       bytes(src["sha"][k * DIGEST:(k + 1) * DIGEST]) if sha else None)
 
     def save(self, present: Bitmap | None = None) -> None:
+        """The manifest written whole (temporary + rename): the entries' integer columns gathered in
+        one pass, then the digests streamed from a second pass into the file's last field (never the
+        whole base64 text in memory)."""
         if not self.changed:
             return
         if present is None:
             present = local_indexes(self.to)[0]
         cols = {"index": array.array("q"), "size": array.array("q"), "mtime": array.array("q"),
-                "ino": array.array("q"), "source": array.array("l"), "sha": bytearray()}
-        for i, size, mtime, ino, src, sha in self._merged(present):
+                "ino": array.array("q"), "source": array.array("I")}
+        for i, size, mtime, ino, src, _ in self._merged(present, sha=False):
             for key, v in (("index", i), ("size", size), ("mtime", mtime), ("ino", ino), ("source", src)):
                 cols[key].append(v)
-            cols["sha"] += sha
-        doc = {"format": "remote-ops-gather/2", "count": len(cols["index"]), "sources": self.sources,
-               "index": packed.index_runs(cols["index"]), "source": packed.runs(cols["source"]),
-               **{key: packed._ints(cols[key]) for key in self.COLS},
-               "sha256": base64.b64encode(bytes(cols["sha"])).decode("ascii")}
-        write_json(self.to, self.NAME, doc, separators=(",", ":"))
+        count = len(cols["index"])
+        head = json.dumps({"format": "remote-ops-gather/2", "count": count, "sources": self.sources,
+                           "index": packed.index_runs(cols["index"]), "source": packed.runs(cols["source"]),
+                           **{key: packed._ints(cols[key]) for key in self.COLS}}, separators=(",", ":"))
+        del cols
+
+        def write(fh):
+            fh.write(head[:-1].encode("utf-8") + b',"sha256":"')
+            buf, n = bytearray(), 0
+            for *_, sha in self._merged(present):
+                buf += sha
+                n += 1
+                if len(buf) >= 3 * DIGEST * 8192:        # a multiple of 3 bytes: base64 without padding
+                    fh.write(base64.b64encode(buf))
+                    buf = bytearray()
+            if n != count:
+                raise RuntimeError("the manifest's entries changed while it was written")
+            fh.write(base64.b64encode(buf) + b'"}')
+        write_file(self.to, self.NAME, write)
 
     def entry(self, i: int) -> dict | None:
         """The entry of sample ``i`` as last saved or added: {size, mtime_ns, inode, sha256, source}."""
@@ -301,15 +320,90 @@ class Manifest:
         return None
 
 
-def write_json(to: str, name: str, doc, **dump) -> None:
-    """``name`` in ``to`` written whole: a fresh temporary (mkstemp: never through a pre-made link),
-    fsynced, renamed onto it, the directory fsynced."""
+_TRIM = []
+
+
+def release_freed() -> None:
+    """Hand the heap's free pages back to the system (glibc's ``malloc_trim``; elsewhere nothing): a
+    gather frees large transients (the listing's text, the manifest's) and its copy threads' arenas
+    keep what they freed, so without this the process's RSS holds the high-water mark of each phase."""
+    if not _TRIM:
+        try:
+            import ctypes
+            _TRIM.append(ctypes.CDLL(None).malloc_trim)
+        except (OSError, AttributeError):
+            _TRIM.append(None)
+    if _TRIM[0] is not None:
+        _TRIM[0](0)
+
+
+def _order(index: array.array) -> array.array:
+    """The positions of ``index`` sorted by (index, position descending): the newest addition of an
+    index first. One int a position while sorting (index and position packed in one int), not a tuple."""
+    n = len(index)
+    if n and (max(index) >= 1 << 36 or n >= 1 << 26):        # beyond what one 63-bit key holds
+        return array.array("q", sorted(range(n), key=lambda k: (index[k], -k)))
+    span = 1 << 26
+    keys = sorted(index[k] * span + (span - 1 - k) for k in range(n))
+    out = array.array("q", (span - 1 - (key % span) for key in keys))
+    return out
+
+
+def _load(fh) -> tuple:
+    """The manifest's JSON (``fh`` binary) as (doc, its digests): our own file's last field, ``sha256``'s
+    base64, decoded a slice at a time into one bytearray (its text is never held whole); any other
+    shape is parsed whole (doc, None)."""
+    mark, head = b'"sha256":"', bytearray()
+    while True:
+        chunk = fh.read(1 << 20)
+        if not chunk:
+            return json.loads(bytes(head)), None
+        start = max(0, len(head) - len(mark) + 1)
+        head += chunk
+        at = head.find(mark, start)
+        if at >= 0:
+            break
+    rest = bytearray(head[at + len(mark):])
+    del head[at + len(mark):]
+    try:
+        doc = json.loads(bytes(head) + b'"}')
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict) or doc.get("sha256") != "":      # not our last field: parse the whole file
+        fh.seek(0)
+        return json.loads(fh.read()), None
+    del head
+    sha = bytearray()
+    while True:
+        q = rest.find(b'"')
+        if q >= 0:
+            if (bytes(rest[q + 1:]) + fh.read(64)).strip() != b"}":      # more after it: parse the whole file
+                fh.seek(0)
+                return json.loads(fh.read()), None
+            sha += base64.b64decode(bytes(rest[:q]), validate=True)
+            return doc, sha
+        chunk = fh.read(1 << 20)
+        if not chunk:
+            raise ValueError("the manifest's sha256 is cut short")
+        cut = len(rest) - len(rest) % 4
+        sha += base64.b64decode(bytes(rest[:cut]), validate=True)
+        rest = rest[cut:] + chunk
+
+
+def write_file(to: str, name: str, write) -> None:
+    """``name`` in ``to`` written whole by ``write(binary file)``: a fresh temporary (mkstemp: never
+    through a pre-made link), fsynced, renamed onto it, the directory fsynced."""
     from remote_ops.agent.core import atomic
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=to)
 
-    def write(path):
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh, **dump)
+    def done(path):
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
-    atomic.replace(tmp, os.path.join(to, name), write)
+    atomic.replace(tmp, os.path.join(to, name), done)
+
+
+def write_json(to: str, name: str, doc, **dump) -> None:
+    """``name`` in ``to`` written whole as JSON (``write_file``)."""
+    write_file(to, name, lambda fh: fh.write(json.dumps(doc, **dump).encode("utf-8")))

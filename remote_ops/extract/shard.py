@@ -509,6 +509,7 @@ def list_part(session, *, pb, job: str | None, output_dir: str | None, on_progre
                                 packed=True)))
     for d in out:
         d["host"] = session.label
+    gstore.release_freed()        # the answers' text, parsed and freed
     return out
 
 
@@ -776,6 +777,7 @@ def _union_run(dirs: list[dict], run: str | None) -> dict | None:
     return None
 
 
+from remote_ops.extract import gather_store as gstore  # noqa: E402
 from remote_ops.extract.gather_store import Manifest, write_json  # noqa: E402  (api.gather builds Manifest here)
 
 
@@ -806,6 +808,7 @@ def _held(dfd: int, name: str, it: dict, manifest: Manifest | None = None, sourc
 
 
 COPY_STREAMS = 4       # files in flight at once per host (each its own SFTP channel on the one connection)
+TRIM_EVERY = 8192      # files between two hand-backs of the copy threads' freed heap (gather_store.release_freed)
 
 
 def copy_part(session, items, to: str, *, on_file=None, host_mode: bool = False,
@@ -841,6 +844,8 @@ def copy_part(session, items, to: str, *, on_file=None, host_mode: bool = False,
                 if broken is not None:
                     part.extra["not_started"] = part.extra.get("not_started", 0) + 1
                     continue
+                if j % TRIM_EVERY == TRIM_EVERY - 1:
+                    gstore.release_freed()
                 held = _held(dfd, name, it, manifest, f"{host.name}:{it['path']}")
                 if held:
                     part.skipped += 1

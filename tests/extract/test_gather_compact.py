@@ -5,6 +5,7 @@ copied counted)."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import json
@@ -137,6 +138,64 @@ def test_manifest_reads_the_first_format(tmp_path):
         {"format": "remote-ops-gather/1", "files": {"data_4.pt": [3, 44, 444, sha, "h:/o/data_4.pt"]}}))
     m = gstore.Manifest(str(tmp_path))
     assert m.quick("data_4.pt", _St(3, 44, 444), {"index": 4, "sha256": sha})
+
+
+def _saved(tmp_path, n, slice_bytes=None):
+    """A manifest of ``n`` entries added out of order (as copy threads finish), index 7 twice (the newest wins)."""
+    for i in range(n):
+        (tmp_path / f"data_{i}.pt").write_bytes(b"x")
+    m = gstore.Manifest(str(tmp_path))
+    order = list(range(n))
+    random.Random(3).shuffle(order)
+    sha = {i: hashlib.sha256(str(i).encode()).hexdigest() for i in range(n)}
+    for i in order:
+        m.add(f"data_{i}.pt", _St(i, 1000 + i, 5000 + i), {"index": i, "sha256": sha[i]}, f"h:/o/data_{i}.pt")
+    m.add("data_7.pt", _St(77, 777, 7777), {"index": 7, "sha256": sha[8]}, "g:/p/data_7.pt")
+    m.save()
+    return sha
+
+
+def test_manifest_is_written_streaming_as_the_json_it_always_was(tmp_path):
+    """The digests stream into the file's last field: the file is still one JSON document of the /2
+    format (any JSON reader reads it), and what it says is read back entry by entry."""
+    n = 3000
+    sha = _saved(tmp_path, n)
+    raw = (tmp_path / ".remote-ops-gather.json").read_bytes()
+    doc = json.loads(raw)
+    assert doc["format"] == "remote-ops-gather/2" and doc["count"] == n and list(doc)[-1] == "sha256"
+    assert raw == json.dumps(doc, separators=(",", ":")).encode()
+    back = gstore.Manifest(str(tmp_path))
+    assert back.entry(7) == {"size": 77, "mtime_ns": 777, "inode": 7777, "sha256": sha[8], "source": "g:/p/data_7.pt"}
+    for i in (0, 1, 2999, 1500):
+        assert back.quick(f"data_{i}.pt", _St(i, 1000 + i, 5000 + i), {"index": i, "sha256": sha[i]})
+    with open(tmp_path / ".remote-ops-gather.json", "rb") as fh:      # streamed read == whole read
+        streamed, digests = gstore._load(fh)
+    assert digests is not None and bytes(digests) == base64.b64decode(doc["sha256"])
+    assert {k: v for k, v in streamed.items() if k != "sha256"} == {k: v for k, v in doc.items() if k != "sha256"}
+
+
+@pytest.mark.parametrize("damage", ["cut in the digests", "cut after them", "bad base64"])
+def test_a_damaged_manifest_is_ignored(tmp_path, damage):
+    _saved(tmp_path, 200)
+    path = tmp_path / ".remote-ops-gather.json"
+    raw = path.read_bytes()
+    raw = {"cut in the digests": raw[:-500], "cut after them": raw[:-1], "bad base64": raw[:-40] + b"!!!!" + raw[-36:]}[damage]
+    path.write_bytes(raw)
+    m = gstore.Manifest(str(tmp_path))
+    assert len(m.old["index"]) == 0 and m.entry(3) is None
+
+
+def test_a_manifest_with_a_field_after_its_digests_is_read_whole(tmp_path):
+    sha = _saved(tmp_path, 50)
+    path = tmp_path / ".remote-ops-gather.json"
+    path.write_bytes(path.read_bytes()[:-1] + b',"x":1}')
+    assert gstore.Manifest(str(tmp_path)).quick("data_3.pt", _St(3, 1003, 5003), {"index": 3, "sha256": sha[3]})
+
+
+def test_order_puts_the_newest_addition_of_an_index_first():
+    import array
+    index = array.array("q", [5, 3, 5, 1, 3, 9])
+    assert list(gstore._order(index)) == [3, 4, 1, 2, 0, 5]
 
 
 class _Host:
