@@ -31,7 +31,9 @@ def op_files(args):
         raise AgentFailure("no-output", "output directory %s does not exist on the host" % out_dir)
     from .outputs.run_identity import output_of
     dirs = output_of(out_dir)      # one output spread over several directories: all of them, as one
-    rows, subdirs, odd, links, broken = _scan(out_dir, dirs)
+    # with digests, a file unchanged since it was hashed was whole then (only whole files are listed):
+    # only the others are read for layout.whole (_digests)
+    rows, subdirs, odd, links, broken = _scan(out_dir, dirs, check=not args.get("digest"))
     config_text = None
     try:
         with open(os.path.join(out_dir, "data_config.json"), encoding="utf-8") as fh:
@@ -41,7 +43,7 @@ def op_files(args):
     digests, reuse = None, None
     if args.get("digest"):
         digests = bytearray()
-        reuse = yield from _digests(out_dir, dirs, rows, digests)
+        reuse = yield from _digests(out_dir, dirs, rows, digests, broken)
     from .job import outputdir
     for d in dirs:
         try:      # a directory from before identities gets one now: one value whichever host name lists it
@@ -72,9 +74,10 @@ def _record(row, k, dirs, out_dir, digests):
     return rec
 
 
-def _scan(out_dir, dirs):
+def _scan(out_dir, dirs, check=True):
     """The directories' sample files as rows (index, dir slot, size, mode, mtime_ns, ctime_ns, inode)
-    sorted by (index, slot); the moved shares' subdirectories; the odd names, links and broken files."""
+    sorted by (index, slot); the moved shares' subdirectories; the odd names, links and broken files
+    (``check`` False: whole or not is left to the caller)."""
     rows, subdirs, odd, links, broken = [], [], [], [], []
     for slot, d in enumerate(dirs):
         try:
@@ -89,7 +92,7 @@ def _scan(out_dir, dirs):
                     if not entry.is_file(follow_symlinks=False):
                         links.append(os.path.join(d, entry.name))
                         continue
-                    problem = layout.whole(os.path.join(d, entry.name))
+                    problem = layout.whole(os.path.join(d, entry.name)) if check else None
                     if problem is not None:      # cut short: never listed as a sample to copy
                         broken.append({"file": os.path.join(d, entry.name), "problem": problem})
                         continue
@@ -102,10 +105,12 @@ def _scan(out_dir, dirs):
     return rows, subdirs, odd, links, broken
 
 
-def _digests(out_dir, dirs, rows, digests):
+def _digests(out_dir, dirs, rows, digests, broken=None):
     """Each row's sha256 appended to ``digests`` (32 bytes a row): the kept digest when the file's
     (size, mtime, ctime, inode) are still those it was hashed at (outputs/digestcache.py), else hashed
-    now (progress events every 2 s). Returns {"reused", "hashed"}."""
+    now (progress events every 2 s). With ``broken`` (a list), each file not kept is first checked
+    whole (layout.whole) and one that is not leaves ``rows`` for ``broken``. Returns {"reused",
+    "hashed"}."""
     import hashlib
     import time
     from .outputs import digestcache
@@ -113,6 +118,8 @@ def _digests(out_dir, dirs, rows, digests):
     def path(r):
         return os.path.join(dirs[r[1]], layout.name(r[0]))
     todo, unmatched = digestcache.reuse(out_dir, dirs, rows, digests, path)
+    if broken is not None:
+        todo = _drop_broken(rows, digests, todo, broken, path)
     total = sum(rows[k][2] for k in todo)
     done, last = 0, time.time()
     for k in todo:
@@ -129,6 +136,24 @@ def _digests(out_dir, dirs, rows, digests):
     if todo or unmatched:
         digestcache.save(out_dir, dirs, rows, digests)
     return {"reused": len(rows) - len(todo), "hashed": len(todo)}
+
+
+def _drop_broken(rows, digests, todo, broken, path):
+    """The rows at ``todo`` that are not whole (layout.whole) moved from ``rows`` (and their 32 bytes
+    from ``digests``) into ``broken``; ``todo`` of the rows left."""
+    bad = set()
+    for k in todo:
+        problem = layout.whole(path(rows[k]))
+        if problem is not None:      # cut short: never listed as a sample to copy
+            broken.append({"file": path(rows[k]), "problem": problem})
+            bad.add(k)
+    if not bad:
+        return todo
+    keep = [k for k in range(len(rows)) if k not in bad]
+    new_of = {k: j for j, k in enumerate(keep)}       # (some file is cut short: rare)
+    digests[:] = b"".join(bytes(digests[k * 32:(k + 1) * 32]) for k in keep)
+    rows[:] = [rows[k] for k in keep]
+    return [new_of[k] for k in todo if k not in bad]
 
 
 def _run_text(out_dir):

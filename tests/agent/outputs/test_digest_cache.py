@@ -100,3 +100,39 @@ def test_the_kept_file_is_private(outdir):
     _listing(outdir)
     kept = digestcache.path_of(str(outdir))
     assert os.stat(os.path.dirname(kept)).st_mode & 0o777 == 0o700 and os.stat(kept).st_mode & 0o777 == 0o600
+
+
+def _answer(out):
+    gen = shards.op_files({"output_dir": str(out), "digest": True, "packed": True})
+    try:
+        while True:
+            next(gen)
+    except StopIteration as stop:
+        return stop.value
+
+
+def test_a_listing_with_digests_reads_only_changed_files_for_wholeness(tmp_path, monkeypatch):
+    """A file unchanged since it was hashed was whole then: not read again; a file cut short since
+    (other size) is checked, named broken and never listed nor kept."""
+    import zipfile
+    monkeypatch.setenv("REMOTE_OPS_STATE_DIR", str(tmp_path / "state"))
+    out = tmp_path / "out"
+    out.mkdir()
+    for i in range(6):
+        with zipfile.ZipFile(out / layout.name(i), "w") as z:
+            z.writestr("data.pkl", b"sample %d" % i * 50)
+    first = _answer(out)
+    assert first["digests"] == {"reused": 0, "hashed": 6} and first["broken_count"] == 0
+    data = (out / "data_4.pt").read_bytes()
+    (out / "data_4.pt").write_bytes(data[:-10])                   # cut short
+    checked = []
+    real = layout.whole
+    monkeypatch.setattr(layout, "whole", lambda path, *a: checked.append(os.path.basename(path)) or real(path, *a))
+    second = _answer(out)
+    assert checked == ["data_4.pt"]
+    assert second["digests"] == {"reused": 5, "hashed": 0} and second["broken_count"] == 1
+    assert second["broken"][0]["file"].endswith("data_4.pt") and second["packed"]["count"] == 5
+    assert second["packed"]["index"] == [[0, 4], [5, 1]]
+    import base64
+    assert base64.b64decode(second["packed"]["sha256"]) == b"".join(
+        hashlib.sha256((out / layout.name(i)).read_bytes()).digest() for i in (0, 1, 2, 3, 5))
