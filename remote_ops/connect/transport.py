@@ -73,6 +73,8 @@ class ConnectOptions:
     note: Callable[[str], None] | None = None   # -v notes (why a kept connection is not used)
 
 
+PROBE_LINE = 4096      # the probe's "need" line is far shorter: a first line longer than this is an answer
+
 class Session:
     """One verified SSH connection to one host, and agent calls over it."""
 
@@ -390,7 +392,7 @@ class Session:
         link_errors_ = link_errors()
         stderr_chunks: list[bytes] = []
         probing = payload[:1] == b"{"
-        first = b""
+        first = bytearray()
         try:
             if not getattr(chan, "exec_sent", False):
                 _exec_pipelined(chan, command)
@@ -410,24 +412,27 @@ class Session:
                     break
                 if probing:
                     first += data
-                    if b"\n" not in first:
+                    nl = first.find(b"\n")
+                    if nl < 0 and len(first) <= PROBE_LINE:
                         continue
+                    # the first line is known: the short "need" line, or anything else (a long line,
+                    # e.g. gather's listing, is passed on as it arrives, never gathered here first)
                     probing = False
-                    line, data = first.split(b"\n", 1)
-                    first = b""
-                    if line.strip() == bundle.NEED_BUNDLE:
+                    if 0 <= nl <= PROBE_LINE and first[:nl].strip() == bundle.NEED_BUNDLE:
+                        data = bytes(first[nl + 1:])
                         extra = bundle.agent_payload()
                         chan.sendall(extra)
                         self.stats.bytes_sent += len(extra)
                         self.stats.bundles_sent += 1
                     else:
-                        data = line + b"\n" + data
+                        data = bytes(first)
+                    first = bytearray()
                     chan.shutdown_write()
                     if not data:
                         continue
                 yield data
             if first:
-                yield first
+                yield bytes(first)
             end["status"] = chan.recv_exit_status()
             while chan.recv_stderr_ready():
                 stderr_chunks.append(chan.recv_stderr(65536))
