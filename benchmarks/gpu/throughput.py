@@ -138,7 +138,10 @@ SERVER_VARIANTS = {"a_server_tmpfs": {},
                    # vLLM 0.22's write path (hs_async_connector.py), chunked prefill on: what 0.22-0.33 write with
                    "a_server_tmpfs_async": {"connector": "async"},
                    "a_server_tmpfs_async_b64k": {"connector": "async", "max_num_batched_tokens": 65536,
-                                                 "concurrency": 64}}
+                                                 "concurrency": 64},
+                   # four clients (speculators' --world-size 4 --rank r), 32 in flight each, at that write path and step
+                   "a_server_tmpfs_async_b64k_x4": {"connector": "async", "clients": 4,
+                                                    "max_num_batched_tokens": 65536}}
 SERVER_CONNECTOR = "vllm-no-chunked"
 SERVER_PARTS = ("a_server", *SERVER_VARIANTS)     # every server-flow part
 PARTS.update({part: part for part in SERVER_VARIANTS})
@@ -454,7 +457,8 @@ def ratios(doc: dict) -> dict:
 
 def server_vars(part: str, extra: dict | None = None) -> dict:
     """The playbook vars a server part changes: its SERVER_VARIANTS entry, then --server-vars on top."""
-    return {k: v for k, v in {**SERVER_VARIANTS.get(part, {}), **(extra or {})}.items() if k != "connector"}
+    return {k: v for k, v in {**SERVER_VARIANTS.get(part, {}), **(extra or {})}.items()
+            if k not in ("connector", "clients")}
 
 
 def server_connector(part: str) -> str:
@@ -988,7 +992,8 @@ class Bench:
             (s / f"wd-{name}").mkdir(exist_ok=True)
             # the stand-ins (--standin) take the sandbox's playbook below, with no server interpreter of vLLM's
             playbook, server_py = (None, s / "bin" / "server" / "python") if self.args.standin else \
-                server_setup(server_connector(part), s / "bin" / "server" / "python", s / name)
+                server_setup(server_connector(part), s / "bin" / "server" / "python", s / name,
+                             SERVER_VARIANTS.get(part, {}).get("clients", 1))
             hosts[name] = {
                 "connection": "local", "python": str(s / "bin" / "client" / "python"), "workdir": str(s / f"wd-{name}"),
                 "playbook": str(playbook), "env": {**HOST_ENV, "REMOTE_OPS_STATE_DIR": str(s / f"state-{name}")},
@@ -1218,6 +1223,7 @@ class Bench:
                "state": job.get("state"), "reason": job.get("reason"),
                # what it ran with: the playbook's defaults but these vars, its data on this directory
                "vars": server_vars(name, self.args.server_vars), "connector": server_connector(name),
+               "clients": SERVER_VARIANTS.get(name, {}).get("clients", 1),
                "data_dir": str(data),
                "on": "disk" if name == "a_server" else "tmpfs", "dataset_copy_s": copied,
                **({"standin": "STAND-IN server and client (no vLLM): the client takes concurrency, the server "

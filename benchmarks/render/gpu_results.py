@@ -102,7 +102,9 @@ SERVER_VARIANT_LABELS = {"a_server_tmpfs": "on a tmpfs (dataset, staging and out
                          "a_server_tmpfs_async": "on a tmpfs, vLLM 0.22's write path (hs_async_connector.py), "
                                                  "chunked prefill on",
                          "a_server_tmpfs_async_b64k": "on a tmpfs, vLLM 0.22's write path, chunked prefill on, "
-                                                      "max_num_batched_tokens 65536, concurrency 64"}
+                                                      "max_num_batched_tokens 65536, concurrency 64",
+                         "a_server_tmpfs_async_b64k_x4": "on a tmpfs, vLLM 0.22's write path, chunked prefill on, "
+                                                         "max_num_batched_tokens 65536, 4 clients of 32 in flight"}
 
 
 def job_profile_table(parts: list[tuple[str, dict]]) -> list[str]:

@@ -63,3 +63,20 @@ def test_the_async_server_interpreter_finds_the_module_first(tmp_path):
                          capture_output=True, text=True)
     # the import fails past the path lookup here (no torch/vllm) but names the lib's file, not site's
     assert str(connector.MODULE) in out.stderr or out.stdout.strip() == str(connector.MODULE)
+
+
+def test_several_clients_each_take_their_rank_and_the_first_failure_is_the_jobs(tmp_path):
+    pb = connector.playbook_copy(connector.NO_CHUNKED, tmp_path / "x4.yaml", clients=4)
+    spec = jobs.parse_spec(playbook.load(str(pb)), HOST)
+    stock = command(connector.NO_CHUNKED)
+    assert spec.command[:5] == ["/bin/sh", "-c", connector.CLIENTS_SH, "clients", "4"]
+    assert spec.command[5:] == jobs.parse_spec(playbook.load(str(connector.NO_CHUNKED)), HOST).command
+    assert command(pb) == stock                                      # the server is untouched
+    fake = ["python3", "-c", "import sys; a = sys.argv[1:]; open(a[0] + '/r' + a[-1], 'w').write(' '.join(a[1:])); "
+                             "sys.exit(3 if a[-1] == '2' else 0)", str(tmp_path)]
+    r = subprocess.run(["/bin/sh", "-c", connector.CLIENTS_SH, "clients", "4", *fake])
+    assert r.returncode == 3
+    assert sorted(p.name for p in tmp_path.glob("r*")) == ["r0", "r1", "r2", "r3"]
+    assert (tmp_path / "r1").read_text() == "--world-size 4 --rank 1"
+    r = subprocess.run(["/bin/sh", "-c", connector.CLIENTS_SH, "clients", "2", "true"])
+    assert r.returncode == 0

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 import torch
 
 from remote_ops import pkgsource
@@ -82,7 +83,9 @@ def test_dataset_lengths_cut_and_roofline():
                               "a_server_tmpfs_b64k/c_best": None, "a_server_tmpfs_b64k/a_server_tmpfs": None,
                               "a_server_tmpfs_async/c_best": None, "a_server_tmpfs_async/a_server_tmpfs": None,
                               "a_server_tmpfs_async_b64k/c_best": None,
-                              "a_server_tmpfs_async_b64k/a_server_tmpfs": None}
+                              "a_server_tmpfs_async_b64k/a_server_tmpfs": None,
+                              "a_server_tmpfs_async_b64k_x4/c_best": None,
+                              "a_server_tmpfs_async_b64k_x4/a_server_tmpfs": None}
     doc["a_tmpfs_gil5"] = {"tokens_per_s": 76.0}
     assert gt.ratios(doc)["a_tmpfs_gil5/c"] == 0.38 and gt.ratios(doc)["a_tmpfs_gil5/a_tmpfs"] == 0.8
     doc["a_after_w8"] = {"tokens_per_s": 117.0}
@@ -630,9 +633,10 @@ def test_server_parts_ratios_against_c_best_and_the_tmpfs_server_flow():
     assert all(gt.PARTS[p] == p for p in gt.SERVER_PARTS)
     assert [gt.Bench.server_host(p) for p in gt.SERVER_PARTS] == ["server", "server_tmpfs", "server_tmpfs_c64",
                                                                  "server_tmpfs_b64k", "server_tmpfs_async",
-                                                                 "server_tmpfs_async_b64k"]
+                                                                 "server_tmpfs_async_b64k", "server_tmpfs_async_b64k_x4"]
     # "connector" picks the playbook, never a var
     assert gt.server_vars("a_server_tmpfs_async") == {} and gt.server_connector("a_server_tmpfs_async") == "async"
+    assert gt.server_vars("a_server_tmpfs_async_b64k_x4") == {"max_num_batched_tokens": 65536}   # clients: no var
     # the vars a part runs with: its own, then --server-vars over them
     assert gt.server_vars("a_server") == {}
     assert gt.server_vars("a_server_tmpfs_b64k") == {"max_num_batched_tokens": 65536, "concurrency": 64}
@@ -675,6 +679,8 @@ def test_server_parts_hosts_put_the_dataset_staging_and_outputs_on_one_file_syst
     assert (a["vars"]["max_num_batched_tokens"], a["vars"]["concurrency"]) == (65536, 64)
     assert f"PYTHONPATH={connector.LIB}:/e2e/site exec" in Path(a["vars"]["server_python"]).read_text()
     assert hosts["server_tmpfs"]["vars"]["server_python"] == str(b.scratch / "bin" / "server" / "python")
+    x4 = yaml.safe_load(Path(hosts["server_tmpfs_async_b64k_x4"]["playbook"]).read_text())
+    assert x4["extract"]["command"][:5] == ["/bin/sh", "-c", connector.CLIENTS_SH, "clients", "4"]
     assert gt.server_connector("a_server_tmpfs_async") == "async" and gt.server_connector("a_server") == \
         "vllm-no-chunked"
 
