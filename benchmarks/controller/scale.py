@@ -254,7 +254,50 @@ def render(rows: dict, asked: str, commit: str, args) -> int:
     print(text)
     if not args.no_write:
         (REPO / "benchmarks" / "SCALE.md").write_text(text)
+        readme = REPO / "README.md"
+        readme.write_text(with_paragraph(readme.read_text(), readme_paragraph(rows, asked)))
     return 0
+
+
+README_START = "<!-- scale: start (python benchmarks/controller/scale.py writes this paragraph) -->"
+README_END = "<!-- scale: end -->"
+CONTROLLER_GOAL_MB = 100     # issue 49: the controller stays at or below this for every command at 300k files
+
+
+def readme_paragraph(rows: dict, asked: str) -> str:
+    """README's scale paragraph: the 100k/10k time ratio of every command, the second gather at 100k, and the
+    controller's largest peak RSS at the largest size, against the goal."""
+    ratio = {}
+    if 10_000 in rows and 100_000 in rows:
+        for label, v in rows[100_000].items():
+            b = (rows[10_000].get(label) or {}).get("seconds")
+            if b:
+                ratio[label] = v["seconds"] / b
+    top = max(rows)
+    worst = max(rows[top].items(), key=lambda kv: kv[1]["controller_kb"])
+    again = rows.get(100_000, {}).get("gather again (complete --to)")
+    parts = []
+    if ratio:
+        lo, hi = min(ratio.values()), max(ratio.values())
+        parts.append(f"From 10,000 to 100,000 sample files over a real sshd (ten times the files) every command "
+                     f"took {lo:.1f}-{hi:.1f}x as long (" + ", ".join(
+                         f"{k} {r:.1f}x" for k, r in sorted(ratio.items(), key=lambda kv: -kv[1])) + ")")
+    if again:
+        parts.append(f"a second `gather` into the complete directory took {again['seconds']:.2f} s at 100,000 files")
+    mb = worst[1]["controller_kb"] / 1024
+    parts.append(f"at {top:,} files the controller's largest peak RSS was {mb:.0f} MB ({worst[0]}), "
+                 f"{'within' if mb <= CONTROLLER_GOAL_MB else 'above'} the {CONTROLLER_GOAL_MB} MB goal")
+    text = "; ".join(parts)
+    return (f"{README_START}\n{text[0].upper() + text[1:]}: [benchmarks/SCALE.md](benchmarks/SCALE.md) "
+            f"(`python benchmarks/controller/scale.py --sizes {asked}`).\n{README_END}")
+
+
+def with_paragraph(readme: str, paragraph: str) -> str:
+    """README with the text between the markers (markers included) replaced by ``paragraph``."""
+    a, b = readme.find(README_START), readme.find(README_END)
+    if a < 0 or b < a:
+        raise SystemExit(f"README.md has no {README_START} ... {README_END} section")
+    return readme[:a] + paragraph + readme[b + len(README_END):]
 
 
 if __name__ == "__main__":
