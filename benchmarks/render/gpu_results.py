@@ -640,6 +640,11 @@ def render_flows(files: list[Path]) -> list[str]:
         if d.get("flows") and len(d["flows"]) == 1:
             out.append(f"- flows run: {'the 0.3.0 flow' if d['flows'] == ['030'] else 'the server flow'} only "
                        f"(`--flows {d['flows'][0]}`)")
+        inv = st.get("inventory") or {}
+        if inv.get("server_connector"):   # flows_check --server-connector / --server-vars / --models
+            out.append(f"- server-flow playbook: `--server-connector {inv['server_connector']}` "
+                       f"(benchmarks/gpu/lib/connector.py); server vars {json.dumps(inv.get('server_vars') or {})}; "
+                       f"models {', '.join(inv.get('models') or [])}")
         for k in ("models", "server", "client"):
             x = v.get(k) or {}
             if x:

@@ -167,6 +167,18 @@ def flows_doc(ok=True):
                                                "min_cosine": -0.1, "fails": True}}}}}
 
 
+def test_flows_section_names_the_server_playbook_it_ran(tmp_path):
+    d = flows_doc()
+    f = tmp_path / "gpu_flows_tp1.json"
+    f.write_text(json.dumps(d))
+    assert "server-flow playbook" not in "\n".join(gpu_results.render_flows([f]))   # a record from before
+    d["steps"]["inventory"] = {"ok": True, "server_connector": "async", "models": ["deepseek_v3"],
+                               "server_vars": {"max_num_batched_tokens": 1024}}
+    f.write_text(json.dumps(d))
+    assert ("- server-flow playbook: `--server-connector async` (benchmarks/gpu/lib/connector.py); server vars "
+            '{"max_num_batched_tokens": 1024}; models deepseek_v3') in "\n".join(gpu_results.render_flows([f]))
+
+
 def test_flows_section_reads_its_figures_from_the_file(tmp_path):
     f = tmp_path / "gpu_flows_tp1.json"
     f.write_text(json.dumps(flows_doc()))
