@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -108,7 +109,10 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=2_000)
     ap.add_argument("--baseline", default="9c1644b", help="revision to compare with ('' for none)")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--readme", action="store_true", help="only write README's paragraph from DATASET_MEMORY.md")
     args = ap.parse_args()
+    if args.readme:
+        return write_readme()
     with tempfile.TemporaryDirectory(prefix="dsmem-") as tmp:
         tmp = Path(tmp)
         ds = tmp / "data.jsonl"
@@ -156,6 +160,45 @@ def main() -> int:
         print(text)
         if not args.no_write:
             (REPO / "benchmarks" / "DATASET_MEMORY.md").write_text(text)
+            write_readme()
+    return 0
+
+
+README_START = "<!-- dataset-memory: start (python benchmarks/controller/dataset_memory.py writes this paragraph) -->"
+README_END = "<!-- dataset-memory: end -->"
+
+
+def readme_paragraph(report: str) -> str:
+    """README's paragraph on the job's memory, from DATASET_MEMORY.md's table (this checkout's fresh and resume
+    rows, and the baseline's fresh row when the report has one)."""
+    cells = {}
+    for line in report.splitlines():
+        parts = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(parts) == 5 and parts[1] in ("fresh", "resume") and parts[2].replace(",", "").isdigit():
+            cells[(parts[0], parts[1])] = int(parts[2].replace(",", ""))
+    m = re.search(r"a JSONL dataset of ([\d,]+) lines of ([\d,]+) token ids \(([\d,]+) MB", report)
+    if not m or ("this checkout", "fresh") not in cells or ("this checkout", "resume") not in cells:
+        raise SystemExit("benchmarks/DATASET_MEMORY.md has no dataset line or no rows for this checkout")
+    base = next((v for (label, case), v in cells.items() if label != "this checkout" and case == "fresh"), None)
+    base_label = next((label for (label, case) in cells if label != "this checkout"), None)
+    text = (f"On {m.group(1)} lines of {m.group(2)} tokens ({int(m.group(3).replace(',', '')) / 1000:.1f} GB) the job "
+            f"held {cells[('this checkout', 'fresh')]:,} MB above its start-up before the engine loaded "
+            f"({cells[('this checkout', 'resume')]:,} MB on a resume)"
+            + (f", where the job at {base_label}, before the dataset streamed, held {base / 1024:.1f} GB"
+               if base is not None else "")
+            + ": [benchmarks/DATASET_MEMORY.md](benchmarks/DATASET_MEMORY.md) "
+              "(`python benchmarks/controller/dataset_memory.py`).")
+    return f"{README_START}\n{text}\n{README_END}"
+
+
+def write_readme() -> int:
+    readme = REPO / "README.md"
+    text = readme.read_text()
+    a, b = text.find(README_START), text.find(README_END)
+    if a < 0 or b < a:
+        raise SystemExit(f"README.md has no {README_START} ... {README_END} section")
+    para = readme_paragraph((REPO / "benchmarks" / "DATASET_MEMORY.md").read_text())
+    readme.write_text(text[:a] + para + text[b + len(README_END):])
     return 0
 
 
