@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+from benchmarks.render import readme_section  # noqa: E402
 SCRIPT = "remote_ops/playbook/shipped/scripts/extract_hidden_states.py"
 OLD_SCRIPT = "playbooks/scripts/extract_hidden_states.py"
 SIBLINGS = ("remote_ops/agent/outputs/run_identity.py", "remote_ops/agent/outputs/layout.py")
@@ -188,17 +190,16 @@ def readme_paragraph(report: str) -> str:
                if base is not None else "")
             + ": [benchmarks/DATASET_MEMORY.md](benchmarks/DATASET_MEMORY.md) "
               "(`python benchmarks/controller/dataset_memory.py`).")
-    return f"{README_START}\n{text}\n{README_END}"
+    return text
 
 
 def write_readme() -> int:
     readme = REPO / "README.md"
-    text = readme.read_text()
-    a, b = text.find(README_START), text.find(README_END)
-    if a < 0 or b < a:
-        raise SystemExit(f"README.md has no {README_START} ... {README_END} section")
     para = readme_paragraph((REPO / "benchmarks" / "DATASET_MEMORY.md").read_text())
-    readme.write_text(text[:a] + para + text[b + len(README_END):])
+    text = readme_section.replace(readme.read_text(), README_START, README_END, para)
+    if text is None:
+        raise SystemExit(f"README.md has no {README_START} ... {README_END} section")
+    readme.write_text(text)
     return 0
 
 

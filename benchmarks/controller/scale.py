@@ -33,6 +33,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+from benchmarks.render import readme_section  # noqa: E402
 
 from remote_ops.sshd import SshdServer  # noqa: E402
 
@@ -288,16 +289,16 @@ def readme_paragraph(rows: dict, asked: str) -> str:
     parts.append(f"at {top:,} files the controller's largest peak RSS was {mb:.0f} MB ({worst[0]}), "
                  f"{'within' if mb <= CONTROLLER_GOAL_MB else 'above'} the {CONTROLLER_GOAL_MB} MB goal")
     text = "; ".join(parts)
-    return (f"{README_START}\n{text[0].upper() + text[1:]}: [benchmarks/SCALE.md](benchmarks/SCALE.md) "
-            f"(`python benchmarks/controller/scale.py --sizes {asked}`).\n{README_END}")
+    return (f"{text[0].upper() + text[1:]}: [benchmarks/SCALE.md](benchmarks/SCALE.md) "
+            f"(`python benchmarks/controller/scale.py --sizes {asked}`).")
 
 
 def with_paragraph(readme: str, paragraph: str) -> str:
-    """README with the text between the markers (markers included) replaced by ``paragraph``."""
-    a, b = readme.find(README_START), readme.find(README_END)
-    if a < 0 or b < a:
+    """README with ``paragraph`` between the markers."""
+    text = readme_section.replace(readme, README_START, README_END, paragraph)
+    if text is None:
         raise SystemExit(f"README.md has no {README_START} ... {README_END} section")
-    return readme[:a] + paragraph + readme[b + len(README_END):]
+    return text
 
 
 if __name__ == "__main__":

@@ -19,6 +19,9 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.render import readme_section  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results"
 README = REPO / "README.md"
@@ -126,9 +129,7 @@ def render(docs: dict, rows=ROWS) -> str:
 
 
 def readme_table(text: str) -> str | None:
-    if START not in text or END not in text:
-        return None
-    return text.split(START, 1)[1].split(END, 1)[0].strip("\n")
+    return readme_section.read(text, START, END)
 
 
 def main(argv=None) -> int:
@@ -139,12 +140,11 @@ def main(argv=None) -> int:
     if not args.write:
         print(table)
         return 0
-    text = README.read_text()
-    if readme_table(text) is None:
+    text = readme_section.replace(README.read_text(), START, END, table)
+    if text is None:
         sys.stderr.write(f"README.md has no {START} ... {END} markers: add them where the table goes\n")
         return 1
-    head, rest = text.split(START, 1)
-    README.write_text(head + START + "\n" + table + "\n" + END + rest.split(END, 1)[1])
+    README.write_text(text)
     return 0
 
 

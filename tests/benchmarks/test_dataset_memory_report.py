@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.controller import dataset_memory as dm
+from benchmarks.render import readme_section
 from tests.conftest import REPO
 
 
 def test_readme_holds_the_rendered_paragraph():
     text = (REPO / "README.md").read_text()
-    a, b = text.index(dm.README_START), text.index(dm.README_END) + len(dm.README_END)
-    assert text[a:b] == dm.readme_paragraph((REPO / "benchmarks" / "DATASET_MEMORY.md").read_text())
+    assert readme_section.read(text, dm.README_START, dm.README_END) == \
+        dm.readme_paragraph((REPO / "benchmarks" / "DATASET_MEMORY.md").read_text())
 
 
 def test_the_paragraph_reads_the_table():

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from benchmarks.controller import scale
+from benchmarks.render import readme_section
 from tests.conftest import REPO
 
 
@@ -18,8 +19,7 @@ def measured():
 def test_readme_holds_the_rendered_paragraph():
     rows, asked = measured()
     text = (REPO / "README.md").read_text()
-    a, b = text.index(scale.README_START), text.index(scale.README_END) + len(scale.README_END)
-    assert text[a:b] == scale.readme_paragraph(rows, asked)
+    assert readme_section.read(text, scale.README_START, scale.README_END) == scale.readme_paragraph(rows, asked)
 
 
 def test_the_paragraph_says_the_ratios_and_the_goal():
@@ -38,4 +38,5 @@ def test_the_paragraph_says_the_ratios_and_the_goal():
 def test_a_readme_without_the_markers_is_refused():
     with pytest.raises(SystemExit, match="no <!-- scale: start"):
         scale.with_paragraph("# README\n", "x")
-    assert scale.with_paragraph(f"a\n{scale.README_START}\nold\n{scale.README_END}\nb\n", "NEW") == "a\nNEW\nb\n"
+    assert scale.with_paragraph(f"a\n{scale.README_START}\nold\n{scale.README_END}\nb\n", "NEW") == \
+        f"a\n{scale.README_START}\nNEW\n{scale.README_END}\nb\n"
