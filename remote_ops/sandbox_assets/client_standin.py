@@ -20,7 +20,7 @@ What differs: it sends ``$OPENAI_API_KEY``, when set, as its bearer key (what an
 no ``api_key`` sends), so a test can run the flow with ``extract.server.api_key``; the real client
 passes ``api_key="EMPTY"`` and cannot. It reads the Arrow directory ``speculators prepare-data`` saves with
 pyarrow (the real one with ``datasets.load_from_disk``; a JSONL file of ``{"input_ids": [...]}`` lines too); the chat API for
-multimodal rows, ``--validate-outputs``, ``--world-size``/``--rank`` are not implemented. It imports
+multimodal rows and ``--validate-outputs`` are not implemented. It imports
 neither speculators nor openai (the sandbox's interpreter has neither); the real client runs only on
 a GPU host (benchmarks/gpu/server_check.py).
 """
@@ -112,10 +112,17 @@ def existing_indices(output):
     return sorted(found)
 
 
-def indices_to_process(num_samples, max_samples, existing):
+def indices_to_process(num_samples, max_samples, existing, world_size=1, rank=0):
+    """speculators 0.9.0's get_indices_to_process: rank's contiguous chunk of the first target rows, the
+    remainder spread over the first ranks, minus the rows already written."""
     target = min(max_samples, num_samples) if max_samples is not None else num_samples
+    if target <= 0:
+        return []
+    chunk, remainder = divmod(target, world_size)
+    start = rank * chunk + min(rank, remainder)
+    end = start + chunk + (1 if rank < remainder else 0)
     done = set(existing)
-    return [i for i in range(max(0, target)) if i not in done]
+    return [i for i in range(start, end) if i not in done]
 
 
 def extract_output(doc, token_ids):
@@ -163,8 +170,14 @@ def main(argv=None):
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--request-timeout", type=float, default=120)
     ap.add_argument("--max-retries", type=int, default=3)
+    ap.add_argument("--world-size", type=int, default=1)
+    ap.add_argument("--rank", type=int, default=0)
     ap.add_argument("--sample-delay", type=float, default=0.0, help="STAND-IN: seconds per sample (slow job)")
+    ap.add_argument("--fail-rank", type=int, default=None,
+                    help="STAND-IN: this rank exits 3 before its first request (a client that dies)")
     args = ap.parse_args(argv)
+    if args.rank < 0 or args.rank >= args.world_size:
+        ap.error("--rank must be in range [0, world_size)")
     print(STANDIN_LINE, flush=True)
     print("EAGLE Offline Data Generation", flush=True)
     rows = read_rows(args.preprocessed_data)
@@ -175,11 +188,14 @@ def main(argv=None):
         print("WARNING %d cached hidden-states file(s) are unreadable and will be regenerated: %s"
               % (len(corrupt), ", ".join("hs_%d.safetensors" % i for i in corrupt[:10])), flush=True)
     existing = [i for i in existing if i not in corrupt]
-    todo = indices_to_process(len(rows), args.max_samples, existing)
+    todo = indices_to_process(len(rows), args.max_samples, existing, args.world_size, args.rank)
     if not todo:
         print("All samples for this rank already processed!", flush=True)
         return 0
     print("Processing %d samples" % len(todo), flush=True)
+    if args.fail_rank == args.rank:
+        print("ERROR Data generation failed\nRuntimeError: STAND-IN: rank %d died (--fail-rank)" % args.rank, flush=True)
+        return 3
     models = http_json(args.endpoint.rstrip("/") + "/models", timeout=args.request_timeout).get("data") or []
     if not models:
         raise SystemExit("No models found on the vLLM server. Make sure the server is fully loaded.")
