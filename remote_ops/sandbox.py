@@ -238,7 +238,11 @@ def server_playbook_text() -> str:
                                "--layers", "{vars.standin_layers}", "--hidden", "{vars.standin_hidden}",
                                "--max-model-len", "{vars.max_model_len}"]
     ex["server"]["import_check"] = "{vars.server_import_check}"
-    ex["command"] = ["{python}", "{vars.client_script}", "--endpoint", "http://127.0.0.1:{port}/v1",
+    # the shipped launcher (run_clients.py, uploaded by the shipped `files:`) runs the stand-in client as it
+    # runs speculators' one: --clients {vars.clients}, the health wait; it preloads pyarrow, what the stand-in reads
+    ex["command"] = ["{python}", "run_clients.py", "--clients", "{vars.clients}",
+                     "--health", "http://127.0.0.1:{port}/health", "--preload", "pyarrow", "--",
+                     "{vars.client_script}", "--endpoint", "http://127.0.0.1:{port}/v1",
                      "--preprocessed-data", "{vars.preprocessed_data}", "--output", "{output_dir}",
                      "--max-samples", "{vars.max_samples}", "--concurrency", "{vars.concurrency}",
                      "--sample-delay", "{vars.sample_delay}"]

@@ -573,18 +573,21 @@ def _abort_safe(c, conn_rel, conn_src, client_command):
     _m, _s, cflags = parse_command(client_command)
     try:
         timeout = float(cflags.get(CLIENT_TIMEOUT) or CLIENT_TIMEOUT_DEFAULT)
-        conc = int(cflags.get("--concurrency") or CLIENT_CONCURRENCY_DEFAULT)
+        per = int(cflags.get("--concurrency") or CLIENT_CONCURRENCY_DEFAULT)
+        clients = int(cflags.get("--clients") or 1)   # run_clients.py --clients N: N x --concurrency in flight
     except ValueError:
         c.add("abort-safe", what, None, crash + "; the client's %s or --concurrency is not a number"
               % CLIENT_TIMEOUT, where=where)
         return
+    conc = per * max(clients, 1)
+    shown = "--concurrency %d" % per + (" x --clients %d" % clients if clients > 1 else "")
     need = QUEUE_WAIT_PER_REQUEST_S * max(conc, 1)
     ok = timeout >= need
     c.add("abort-safe", what, ok, crash + ("; the client waits %gs with %d in flight (>= %ds per request ahead of a "
                                            "queued one): it aborts no queued request"
                                            % (timeout, conc, QUEUE_WAIT_PER_REQUEST_S) if ok else
-                                           "; the client's %s is %gs with --concurrency %d: a request queued behind "
-                                           "the others can time out and be aborted" % (CLIENT_TIMEOUT, timeout, conc)),
+                                           "; the client's %s is %gs with %s: a request queued behind "
+                                           "the others can time out and be aborted" % (CLIENT_TIMEOUT, timeout, shown)),
           where=where, fix="a vLLM release with #56841's change, or the var request_timeout >= %d (%ds x concurrency "
                            "%d)" % (need, QUEUE_WAIT_PER_REQUEST_S, conc))
 

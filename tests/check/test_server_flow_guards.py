@@ -91,6 +91,21 @@ def test_026_is_not_abort_safe_and_only_a_long_client_timeout_holds():
     assert _checks("0.26.0", server)["abort-safe"]["ok"] is None        # the client's timeout unknown
 
 
+def test_several_clients_count_every_request_in_flight():
+    """clients: N (run_clients.py --clients N): N x --concurrency requests in flight, so the timeout that holds
+    for one client (600 s x 32) is too short for four."""
+    pb = pb_mod.load(str(pb_mod.find(MAIN)))
+    server = server_command(pb, HOST)
+    client = client_command(pb, Host(name="t", hostname="h", python="python3",
+                                     vars={"request_timeout": 19200, "clients": 4}))
+    assert client[client.index("--clients") + 1] == "4"
+    bad = _checks("0.26.0", server, client)["abort-safe"]
+    assert bad["ok"] is False and "19200s with --concurrency 32 x --clients 4" in bad["detail"]
+    assert "76800" in bad["fix"] and "concurrency 128" in bad["fix"]
+    one = client[:client.index("--clients") + 1] + ["1"] + client[client.index("--clients") + 2:]
+    assert _checks("0.26.0", server, one)["abort-safe"]["ok"] is True
+
+
 def test_020_022_and_033_are_abort_safe_whatever_the_client_does():
     server, client = _commands(MAIN)
     i = client.index("--request-timeout")

@@ -34,7 +34,18 @@ def test_shipped_playbook_is_speculators_launch_vllm_plus_generate_offline_data(
     assert kv == {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
                   "kv_connector_extra_config": {"shared_storage_path": "/data/eagle3/preprocessed/.hs_staging"}}
     assert srv.command[srv.command.index("--tensor-parallel-size") + 1] == "2" and spec.gpu_count == 2
-    assert spec.command[:4] == ["/opt/venv/bin/python", "-m", "speculators", "generate-offline-data"]
+    # through the shipped launcher (uploaded into the workdir): one client by default, the health wait, the
+    # client's imports first; then speculators' own entry point, as its docs run it
+    assert spec.command[:12] == ["/opt/venv/bin/python", "run_clients.py", "--clients", "1",
+                                 "--health", "http://127.0.0.1:8123/health",
+                                 "--preload", "speculators.cli.generate_offline_data",
+                                 "--", "-m", "speculators", "generate-offline-data"]
+    assert [(f.local.name, f.name) for f in spec.files] == [("run_clients.py", "run_clients.py")]
+    assert spec.files[0].data == (REPO / "remote_ops" / "playbook" / "shipped" / "scripts" / "run_clients.py").read_bytes()
+    assert "--world-size" not in spec.command and "--rank" not in spec.command      # the launcher adds them for N > 1
+    four = jobs.parse_spec(pb, Host(name="gpu", hostname="gpu01", python="/opt/venv/bin/python",
+                                    vars={"clients": 4}))
+    assert four.command[four.command.index("--clients") + 1] == "4"
     assert spec.command[spec.command.index("--endpoint") + 1] == "http://127.0.0.1:8123/v1"
     assert spec.command[spec.command.index("--output") + 1] == spec.output_dir == \
         "/data/eagle3/preprocessed/hidden_states"
@@ -60,6 +71,8 @@ def test_the_no_chunked_prefill_sibling_differs_only_by_the_flag_and_its_range()
     assert [x for x in b.server.command if x != "--no-enable-chunked-prefill"] == a.server.command
     assert "--no-enable-chunked-prefill" in b.server.command and "--no-enable-chunked-prefill" not in a.server.command
     assert a.command == b.command and a.output_dir == b.output_dir and a.layout == b.layout
+    assert [(f.name, f.sha256) for f in a.files] == [(f.name, f.sha256) for f in b.files]
+    assert main.doc.data["vars"]["clients"] == nocp.doc.data["vars"]["clients"] == 1
     assert a.server.import_check == b.server.import_check and a.env == b.env
     main_range, nocp_range = SpecifierSet(main.requires["vllm"]), SpecifierSet(nocp.requires["vllm"])
     every = ("0.17.0", "0.17.1", "0.18.0", "0.20.0", "0.21.0", "0.22.0", "0.22.1", "0.23.0", "0.24.0", "0.33.0")

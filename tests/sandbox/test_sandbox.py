@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -187,6 +188,23 @@ def test_sandbox_server_flow_host_extract_status_verify_gather_stop(tmp_path, cl
         assert f"{rows} hs_<N>.safetensors files of {rows} expected" in out
         assert f"token ids of {rows} file(s) compared with their prepared data rows, 0 differ" in out
         assert "data_<N>.pt" not in out and "data_config.json" not in out
+        # the client ran through the shipped launcher, uploaded into the workdir (one client: no line of its own)
+        workdir = Path(srv["workdir"])
+        assert (workdir / "run_clients.py").read_bytes() == \
+            (Path(sandbox.__file__).parent / "playbook" / "shipped" / "scripts" / "run_clients.py").read_bytes()
+        assert job["label"].startswith("STAND-IN")           # the stand-in named after the launcher's --
+        # clients: 3 (a host var): three stand-in clients, each its contiguous third, every file written again
+        for f in (Path(srv["prepared"]) / "hidden_states").glob("hs_*.safetensors"):
+            f.unlink()
+        local = tmp_path / "inventory.local.yaml"
+        local.write_text(re.sub(r"\n( +)sample_delay: 0\n", r"\n\1sample_delay: 0\n\1clients: 3\n", local.read_text()))
+        assert "clients: 3" in local.read_text()
+        status, out, err = cli("-i", str(inv), "extract", "sandbox-server", "--tail")
+        assert status == 0, err + out
+        assert all(f"[run_clients] rank {r}/3: imports " in out for r in range(3))
+        assert out.count(f"Processing {rows // 3} samples") == 3 and f"{rows}/{rows} samples" in out
+        status, out, err = cli("-i", str(inv), "verify", "sandbox-server", "--all")
+        assert status == 0 and f"{rows} hs_<N>.safetensors files of {rows} expected" in out, err + out
 
         # gather does not copy this layout: one line naming the flow, nothing written
         dest = tmp_path / "gathered"
@@ -198,7 +216,6 @@ def test_sandbox_server_flow_host_extract_status_verify_gather_stop(tmp_path, cl
         # stop: the run resumed (its files lost, each sample slowed down) and stopped; both processes gone
         for f in (Path(srv["prepared"]) / "hidden_states").glob("hs_*.safetensors"):
             f.unlink()
-        local = tmp_path / "inventory.local.yaml"
         local.write_text(local.read_text().replace("sample_delay: 0", "sample_delay: 5"))
         status, out, err = cli("-i", str(inv), "extract", "sandbox-server")
         assert status == 0, err + out

@@ -2,7 +2,8 @@
 
 speculators' client (generate-offline-data, 0.5.0-0.9.0) skips a sample whose request failed after its
 retries and exits 0: it logs ``Skipping sample N due to error: REASON`` for each, and at the end
-``Skipped K samples due to errors: [i, j, ...]``. vLLM logs ``VLLMValidationError: ...`` for a request it
+``Skipped K samples due to errors: [i, j, ...]``; with several clients (run_clients.py --clients N) the
+log holds one such summary per client, and they add up. vLLM logs ``VLLMValidationError: ...`` for a request it
 refuses (a prompt of max_model_len tokens or more); the supervisor relays the server's lines into the
 job's log as ``[server] ...``. The sandbox's stand-ins print the same lines. A job with such lines never
 ends as "succeeded" (job/status.py).
@@ -19,7 +20,7 @@ REASONS = 3
 def scan(log_path, start=0, max_bytes=64 << 20):
     """{"count", "indexes", "reasons", "server_refusals"} of the log from byte ``start`` (its last
     ``max_bytes`` at most), or None when nothing was refused."""
-    indexes, reasons, server, summary = [], [], 0, None
+    indexes, reasons, server, summaries = [], [], 0, []
     try:
         with open(log_path, "rb") as fh:
             fh.seek(0, 2)
@@ -36,7 +37,7 @@ def scan(log_path, start=0, max_bytes=64 << 20):
                 m = SKIPPED.search(line)
                 if m:
                     listed = [int(p) for p in re.split(r"[,\s]+", m.group(2) or "") if p]
-                    summary = (int(m.group(1)), listed)
+                    summaries.append((int(m.group(1)), listed))
                     continue
                 m = SERVER.search(line)
                 if m:
@@ -45,12 +46,10 @@ def scan(log_path, start=0, max_bytes=64 << 20):
                         reasons.append("server: " + m.group(1)[:300])
     except OSError:
         return None
-    if summary is not None:
-        indexes = sorted(set(indexes) | set(summary[1]))
-        count = max(summary[0], len(indexes))
-    else:
-        indexes = sorted(set(indexes))
-        count = len(indexes)
+    # one summary per client: their counts add up (each client its own rows), the rows listed join the
+    # per-sample lines'
+    indexes = sorted(set(indexes).union(*(listed for _k, listed in summaries)))
+    count = max(sum(k for k, _listed in summaries), len(indexes))
     if not count and not server:
         return None
     return {"count": count, "indexes": indexes[:50], "reasons": reasons, "server_refusals": server}

@@ -252,7 +252,7 @@ def _state(out, job, jobdir, run, ext, stop, held):
                    signal_name=ext.get("signal_name"), cleanup=ext.get("cleanup"))
         if ext.get("start_error"):
             state, reason = "failed", ext["start_error"]
-        elif stop and ext.get("before_client"):
+        elif stop and (ext.get("before_client") or ext.get("before_healthy")):   # before_healthy: the client ran (launch)
             state, reason = "stopped", "stopped by remote-ops' stop while the server was starting"
         elif stop:
             state = "stopped"
@@ -408,8 +408,10 @@ STANDIN_MARK = "# remote-ops: STAND-IN"
 def standin_label(command, workdir):
     """"STAND-IN ..." when a script on the command line carries the stand-in marker comment in its
     first lines (the sandbox's extract_standin.py does), else None: such a job is labelled STAND-IN
-    in status and extract, whatever host runs it."""
-    for arg in command[1:4]:
+    in status and extract, whatever host runs it. A launcher's target counts too: the first word after
+    ``--`` (the sandbox runs client_standin.py through run_clients.py)."""
+    after = command[command.index("--") + 1:][:1] if "--" in command else []
+    for arg in list(command[1:4]) + after:
         if not arg.endswith(".py"):
             continue
         path = os.path.join(workdir, os.path.expanduser(arg))
