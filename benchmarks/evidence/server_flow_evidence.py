@@ -207,7 +207,9 @@ def client_checks() -> dict:
     from remote_ops import pkgsource
     src = pkgsource.unpacked("speculators", "0.9.0")
     hsc = pkgsource.unpacked("hs-connectors", "0.9.0")
-    need = {"endpoint", "preprocessed_data", "output", "max_samples", "concurrency", "validate_outputs"}
+    # the playbooks' options, and world_size/rank, which run_clients.py appends when the var clients > 1
+    need = {"endpoint", "preprocessed_data", "output", "max_samples", "concurrency", "validate_outputs",
+            "world_size", "rank"}
     got = params(src, ["speculators.cli.generate_offline_data:generate_offline_data"])
     names = set(next(iter(got.values())).get("names") or [])
     transfer = text(hsc, "hs_connectors/transfer.py") or ""
