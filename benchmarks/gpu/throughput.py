@@ -34,7 +34,9 @@ subprocess with a timeout:
       tmpfs (the Arrow dataset copied there, so that the staging directory, the outputs and the dataset
       share one file system, as a_tmpfs's files do); named variants change playbook vars (SERVER_VARIANTS:
       a_server_tmpfs_c64, concurrency 64; a_server_tmpfs_b64k, max_num_batched_tokens 65536 and
-      concurrency 64), and --server-vars JSON changes vars of every server part of the run. Each part's
+      concurrency 64; a_server_tmpfs_x4 / _x8, the var clients: 4 / 8 client processes, run_clients.py;
+      "connector" picks a harness copy of the playbook instead of a var), and --server-vars JSON changes vars
+      of every server part of the run. Each part's
       result says the vars it ran with; ratios give <part>/c_best for each.
   (b) the generator alone, no writes: the patched speculators VllmHiddenStatesGenerator driven with
       AFTER's batches (the script's own pack_batches and engine_budget, at its default steps a call
@@ -139,8 +141,15 @@ SERVER_VARIANTS = {"a_server_tmpfs": {},
                    "a_server_tmpfs_async": {"connector": "async"},
                    "a_server_tmpfs_async_b64k": {"connector": "async", "max_num_batched_tokens": 65536,
                                                  "concurrency": 64},
-                   # four clients (speculators' --world-size 4 --rank r), 32 in flight each, at that write path and step
+                   # four clients (the playbook var clients: run_clients.py gives each speculators' --world-size 4
+                   # --rank r), 32 in flight each, at that write path and step
                    "a_server_tmpfs_async_b64k_x4": {"connector": "async", "clients": 4,
+                                                    "max_num_batched_tokens": 65536},
+                   # the shipped playbook for 0.20.0 as it is, but clients: 4 and 8
+                   "a_server_tmpfs_x4": {"clients": 4},
+                   "a_server_tmpfs_x8": {"clients": 8},
+                   # eight clients at vLLM 0.22's write path and (c_best)'s step
+                   "a_server_tmpfs_async_b64k_x8": {"connector": "async", "clients": 8,
                                                     "max_num_batched_tokens": 65536}}
 SERVER_CONNECTOR = "vllm-no-chunked"
 SERVER_PARTS = ("a_server", *SERVER_VARIANTS)     # every server-flow part
@@ -457,8 +466,7 @@ def ratios(doc: dict) -> dict:
 
 def server_vars(part: str, extra: dict | None = None) -> dict:
     """The playbook vars a server part changes: its SERVER_VARIANTS entry, then --server-vars on top."""
-    return {k: v for k, v in {**SERVER_VARIANTS.get(part, {}), **(extra or {})}.items()
-            if k not in ("connector", "clients")}
+    return {k: v for k, v in {**SERVER_VARIANTS.get(part, {}), **(extra or {})}.items() if k != "connector"}
 
 
 def server_connector(part: str) -> str:
@@ -581,6 +589,8 @@ def from_first_file(files: list[Path], lengths: list[int], index) -> dict:
     return {"seconds": round(span, 3), "tokens": tokens, "tokens_per_s": round(tokens / span, 1) if span > 0 else None}
 
 
+RUN_CLIENTS = re.compile(r"\[run_clients\] rank (\d+)/(\d+): imports ([\d.]+) s, "
+                         r"(?:server ready after ([\d.]+) s|no health check)")
 CLIENT_POSTFIX = re.compile(r"ok=(\d+), err=(\d+)(?:, rps=([\d.]+), vllm=(\d+)ms, write=(\d+)ms)?")
 
 
@@ -600,7 +610,15 @@ def server_phases(cold_start: dict | None, healthy_at: float | None, mtimes: lis
         m = found[-1]
         out["client"] = {"ok": int(m.group(1)), "errors": int(m.group(2)), "requests_per_s": float(m.group(3)),
                          "mean_request_ms": int(m.group(4)), "mean_move_ms": int(m.group(5)),
-                         "from": "generate-offline-data's progress bar, last postfix"}
+                         "from": "generate-offline-data's progress bar, last postfix (one client's, with several)"}
+    ranks = {int(m.group(1)): (int(m.group(2)), float(m.group(3)), m.group(4) and float(m.group(4)))
+             for m in RUN_CLIENTS.finditer(log)}
+    if ranks:
+        ready = [r[2] for r in ranks.values() if r[2] is not None]
+        out["clients"] = {"n": max(r[0] for r in ranks.values()), "started": len(ranks),
+                          "imports_s_max": max(r[1] for r in ranks.values()),
+                          "ready_after_s_max": max(ready) if ready else None,
+                          "from": "run_clients.py's line per rank (seconds from the client's own start)"}
     return out
 
 
@@ -992,8 +1010,7 @@ class Bench:
             (s / f"wd-{name}").mkdir(exist_ok=True)
             # the stand-ins (--standin) take the sandbox's playbook below, with no server interpreter of vLLM's
             playbook, server_py = (None, s / "bin" / "server" / "python") if self.args.standin else \
-                server_setup(server_connector(part), s / "bin" / "server" / "python", s / name,
-                             SERVER_VARIANTS.get(part, {}).get("clients", 1))
+                server_setup(server_connector(part), s / "bin" / "server" / "python", s / name)
             hosts[name] = {
                 "connection": "local", "python": str(s / "bin" / "client" / "python"), "workdir": str(s / f"wd-{name}"),
                 "playbook": str(playbook), "env": {**HOST_ENV, "REMOTE_OPS_STATE_DIR": str(s / f"state-{name}")},
@@ -1223,7 +1240,7 @@ class Bench:
                "state": job.get("state"), "reason": job.get("reason"),
                # what it ran with: the playbook's defaults but these vars, its data on this directory
                "vars": server_vars(name, self.args.server_vars), "connector": server_connector(name),
-               "clients": SERVER_VARIANTS.get(name, {}).get("clients", 1),
+               "clients": server_vars(name, self.args.server_vars).get("clients", 1),
                "data_dir": str(data),
                "on": "disk" if name == "a_server" else "tmpfs", "dataset_copy_s": copied,
                **({"standin": "STAND-IN server and client (no vLLM): the client takes concurrency, the server "

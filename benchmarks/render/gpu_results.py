@@ -104,7 +104,11 @@ SERVER_VARIANT_LABELS = {"a_server_tmpfs": "on a tmpfs (dataset, staging and out
                          "a_server_tmpfs_async_b64k": "on a tmpfs, vLLM 0.22's write path, chunked prefill on, "
                                                       "max_num_batched_tokens 65536, concurrency 64",
                          "a_server_tmpfs_async_b64k_x4": "on a tmpfs, vLLM 0.22's write path, chunked prefill on, "
-                                                         "max_num_batched_tokens 65536, 4 clients of 32 in flight"}
+                                                         "max_num_batched_tokens 65536, 4 clients of 32 in flight",
+                         "a_server_tmpfs_x4": "on a tmpfs, 4 clients of 32 in flight (the playbook var clients)",
+                         "a_server_tmpfs_x8": "on a tmpfs, 8 clients of 32 in flight (the playbook var clients)",
+                         "a_server_tmpfs_async_b64k_x8": "on a tmpfs, vLLM 0.22's write path, chunked prefill on, "
+                                                         "max_num_batched_tokens 65536, 8 clients of 32 in flight"}
 
 
 def job_profile_table(parts: list[tuple[str, dict]]) -> list[str]:
@@ -459,7 +463,11 @@ def server_pair_section(name0: str, d0: dict, name1: str, d1: dict) -> list[str]
                    f"first file {ph.get('healthy_to_first_file_s')} s, first to last file {ph.get('first_to_last_file_s')} s"
                    + (f"; the client ({cl.get('from')}): {cl.get('requests_per_s')} requests/s, a request "
                       f"{cl.get('mean_request_ms')} ms in the server on average, a move {cl.get('mean_move_ms')} ms"
-                      if cl else "") + "\n")
+                      if cl else "")
+                   + (f"; {ph['clients'].get('n')} clients ({ph['clients'].get('from')}): imports at most "
+                      f"{ph['clients'].get('imports_s_max')} s, the server ready for them at most "
+                      f"{ph['clients'].get('ready_after_s_max')} s after their start" if ph.get("clients") else "")
+                   + "\n")
     out.append("| ratio | value |\n|---|---|")
     out.append(f"| server flow / (c_best) (goal 0.8) | {r(tps(d1, 'a_server'), cb)} |")
     out.append(f"| server flow from its first file on / (c_best) | {r(ff, cb)} |")

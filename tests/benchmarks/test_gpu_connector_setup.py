@@ -2,13 +2,15 @@
 vLLM 0.20.0, as the harnesses build them (pure: no GPU)."""
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
+import yaml
 from packaging.specifiers import SpecifierSet
 
 from benchmarks.gpu.lib import connector
 from benchmarks.gpu.lib.harness import write_interpreter
-from remote_ops.connect.inventory import Host
+from remote_ops.connect.hosts import Host
 from remote_ops.extract import jobs
 from remote_ops.playbook import loader as playbook
 
@@ -65,18 +67,17 @@ def test_the_async_server_interpreter_finds_the_module_first(tmp_path):
     assert str(connector.MODULE) in out.stderr or out.stdout.strip() == str(connector.MODULE)
 
 
-def test_several_clients_each_take_their_rank_and_the_first_failure_is_the_jobs(tmp_path):
-    pb = connector.playbook_copy(connector.NO_CHUNKED, tmp_path / "x4.yaml", clients=4)
-    spec = jobs.parse_spec(playbook.load(str(pb)), HOST)
-    stock = command(connector.NO_CHUNKED)
-    assert spec.command[:5] == ["/bin/sh", "-c", connector.CLIENTS_SH, "clients", "4"]
-    assert spec.command[5:] == jobs.parse_spec(playbook.load(str(connector.NO_CHUNKED)), HOST).command
-    assert command(pb) == stock                                      # the server is untouched
-    fake = ["python3", "-c", "import sys; a = sys.argv[1:]; open(a[0] + '/r' + a[-1], 'w').write(' '.join(a[1:])); "
-                             "sys.exit(3 if a[-1] == '2' else 0)", str(tmp_path)]
-    r = subprocess.run(["/bin/sh", "-c", connector.CLIENTS_SH, "clients", "4", *fake])
-    assert r.returncode == 3
-    assert sorted(p.name for p in tmp_path.glob("r*")) == ["r0", "r1", "r2", "r3"]
-    assert (tmp_path / "r1").read_text() == "--world-size 4 --rank 1"
-    r = subprocess.run(["/bin/sh", "-c", connector.CLIENTS_SH, "clients", "2", "true"])
-    assert r.returncode == 0
+def test_several_clients_are_the_shipped_playbooks_var_and_the_copies_keep_it(tmp_path):
+    """clients is the shipped playbooks' own var (run_clients.py); the harness's copies change only the connector
+    and requires, so a copy runs N clients exactly as the shipped playbook does."""
+    for shipped in (connector.NO_CHUNKED, connector.MAIN):
+        raw = yaml.safe_load(shipped.read_text())
+        assert raw["vars"]["clients"] == 1
+        assert raw["extract"]["command"][1] == "run_clients.py" and "{vars.clients}" in raw["extract"]["command"]
+    pb, _ = connector.server_setup("async", wrapper(tmp_path), tmp_path / "s")
+    copy = yaml.safe_load(Path(pb).read_text())
+    assert copy["extract"]["command"] == yaml.safe_load(connector.MAIN.read_text())["extract"]["command"]
+    assert copy["extract"]["files"] == yaml.safe_load(connector.MAIN.read_text())["extract"]["files"]
+    spec = jobs.parse_spec(playbook.load(str(pb)), Host(name="gpu", hostname="gpu01", python="/opt/venv/bin/python",
+                                                        vars={"clients": 4}))
+    assert spec.command[spec.command.index("--clients") + 1] == "4"

@@ -85,7 +85,11 @@ def test_dataset_lengths_cut_and_roofline():
                               "a_server_tmpfs_async_b64k/c_best": None,
                               "a_server_tmpfs_async_b64k/a_server_tmpfs": None,
                               "a_server_tmpfs_async_b64k_x4/c_best": None,
-                              "a_server_tmpfs_async_b64k_x4/a_server_tmpfs": None}
+                              "a_server_tmpfs_async_b64k_x4/a_server_tmpfs": None,
+                              "a_server_tmpfs_x4/c_best": None, "a_server_tmpfs_x4/a_server_tmpfs": None,
+                              "a_server_tmpfs_x8/c_best": None, "a_server_tmpfs_x8/a_server_tmpfs": None,
+                              "a_server_tmpfs_async_b64k_x8/c_best": None,
+                              "a_server_tmpfs_async_b64k_x8/a_server_tmpfs": None}
     doc["a_tmpfs_gil5"] = {"tokens_per_s": 76.0}
     assert gt.ratios(doc)["a_tmpfs_gil5/c"] == 0.38 and gt.ratios(doc)["a_tmpfs_gil5/a_tmpfs"] == 0.8
     doc["a_after_w8"] = {"tokens_per_s": 117.0}
@@ -610,13 +614,20 @@ def test_server_phases_from_cold_start_files_and_the_clients_postfix():
     ph = gt.server_phases({"ready_after_s": 130.0, "first_file_after_s": 150.0}, 1000.0, [1020.0, 1030.5, 1025.0], log)
     assert (ph["launch_to_healthy_s"], ph["healthy_to_first_file_s"], ph["first_to_last_file_s"]) == (130.0, 20.0, 10.5)
     assert ph["client"] == {"ok": 10, "errors": 0, "requests_per_s": 5.5, "mean_request_ms": 1100, "mean_move_ms": 2,
-                            "from": "generate-offline-data's progress bar, last postfix"}
+                            "from": "generate-offline-data's progress bar, last postfix (one client's, with several)"}
     assert "client" not in gt.server_phases(None, None, [], "ok=0, err=0")      # the bar's first postfix has no means
+    assert "clients" not in ph                                                # one client: run_clients prints nothing
+    lines = ("[run_clients] rank 1/3: imports 4.2 s, server ready after 95.0 s\n"
+             "[run_clients] rank 0/3: imports 3.1 s, server ready after 96.5 s\n"
+             "[run_clients] rank 2/3: imports 5.0 s, no health check\n")
+    assert gt.server_phases(None, None, [], lines)["clients"] == {
+        "n": 3, "started": 3, "imports_s_max": 5.0, "ready_after_s_max": 96.5,
+        "from": "run_clients.py's line per rank (seconds from the client's own start)"}
     base = {"gpus": ["H200"], "versions": {}, "model": {}, "dataset": {}}
     text = "\n".join(gpu_results.server_pair_section("x.json", {**base, "c_best": {"tokens_per_s": 1.0}}, "x_server.json",
                                                      {**base, "a_server": {"tokens_per_s": 0.5, "phases": ph}}))
     assert ("launch to health check 130.0 s, health check to first file 20.0 s, first to last file 10.5 s; the client "
-            "(generate-offline-data's progress bar, last postfix): 5.5 requests/s, a request 1100 ms in the server on "
+            "(generate-offline-data's progress bar, last postfix (one client's, with several)): 5.5 requests/s, a request 1100 ms in the server on "
             "average, a move 2 ms") in text
 
 
@@ -633,10 +644,15 @@ def test_server_parts_ratios_against_c_best_and_the_tmpfs_server_flow():
     assert all(gt.PARTS[p] == p for p in gt.SERVER_PARTS)
     assert [gt.Bench.server_host(p) for p in gt.SERVER_PARTS] == ["server", "server_tmpfs", "server_tmpfs_c64",
                                                                  "server_tmpfs_b64k", "server_tmpfs_async",
-                                                                 "server_tmpfs_async_b64k", "server_tmpfs_async_b64k_x4"]
+                                                                 "server_tmpfs_async_b64k", "server_tmpfs_async_b64k_x4",
+                                                                 "server_tmpfs_x4", "server_tmpfs_x8",
+                                                                 "server_tmpfs_async_b64k_x8"]
     # "connector" picks the playbook, never a var
     assert gt.server_vars("a_server_tmpfs_async") == {} and gt.server_connector("a_server_tmpfs_async") == "async"
-    assert gt.server_vars("a_server_tmpfs_async_b64k_x4") == {"max_num_batched_tokens": 65536}   # clients: no var
+    # clients is the shipped playbooks' var (run_clients.py)
+    assert gt.server_vars("a_server_tmpfs_async_b64k_x4") == {"max_num_batched_tokens": 65536, "clients": 4}
+    assert gt.server_vars("a_server_tmpfs_x8") == {"clients": 8} and gt.server_connector("a_server_tmpfs_x8") == \
+        "vllm-no-chunked"
     # the vars a part runs with: its own, then --server-vars over them
     assert gt.server_vars("a_server") == {}
     assert gt.server_vars("a_server_tmpfs_b64k") == {"max_num_batched_tokens": 65536, "concurrency": 64}
@@ -679,8 +695,8 @@ def test_server_parts_hosts_put_the_dataset_staging_and_outputs_on_one_file_syst
     assert (a["vars"]["max_num_batched_tokens"], a["vars"]["concurrency"]) == (65536, 64)
     assert f"PYTHONPATH={connector.LIB}:/e2e/site exec" in Path(a["vars"]["server_python"]).read_text()
     assert hosts["server_tmpfs"]["vars"]["server_python"] == str(b.scratch / "bin" / "server" / "python")
-    x4 = yaml.safe_load(Path(hosts["server_tmpfs_async_b64k_x4"]["playbook"]).read_text())
-    assert x4["extract"]["command"][:5] == ["/bin/sh", "-c", connector.CLIENTS_SH, "clients", "4"]
+    x4 = hosts["server_tmpfs_async_b64k_x4"]
+    assert x4["vars"]["clients"] == 4 and "AsyncHiddenStatesConnector" in Path(x4["playbook"]).read_text()
     assert gt.server_connector("a_server_tmpfs_async") == "async" and gt.server_connector("a_server") == \
         "vllm-no-chunked"
 

@@ -33,21 +33,11 @@ CONNECTORS = ("vllm-no-chunked", "vllm", "async", "vllm-chunked")
 COPIES = {"async": ">=0.17,<0.22", "vllm-chunked": ">=0.17,<0.34"}
 
 
-# N copies of the client at once, each its share (speculators 0.9.0's --world-size N --rank r: its
-# get_indices_to_process), the job's exit status the first failure's; "$@" is the playbook's client command
-CLIENTS_SH = ('n=$1; shift; pids=""; r=0; while [ "$r" -lt "$n" ]; do "$@" --world-size "$n" --rank "$r" & '
-              'pids="$pids $!"; r=$((r + 1)); done; rc=0; for p in $pids; do wait "$p" || rc=$?; done; exit "$rc"')
-
-
-def playbook_copy(src: Path, dest: Path, *, vllm: str | None = None, async_connector: bool = False,
-                  clients: int = 1) -> Path:
+def playbook_copy(src: Path, dest: Path, *, vllm: str | None = None, async_connector: bool = False) -> Path:
     """``src`` claiming ``vllm`` (when given), with its server's connector replaced when ``async_connector``
-    (refused unless the server command names vLLM's connector exactly once), and its client run as ``clients``
-    processes at once, each its share of the rows."""
+    (refused unless the server command names vLLM's connector exactly once). Several clients are the shipped
+    playbooks' own var ``clients`` (run_clients.py), not a change of the copy."""
     data = yaml.safe_load(Path(src).read_text())
-    if clients > 1:
-        data["extract"]["command"] = ["/bin/sh", "-c", CLIENTS_SH, "clients", str(clients),
-                                      *data["extract"]["command"]]
     if async_connector:
         cmd = ((data.get("extract") or {}).get("server") or {}).get("command") or []
         hits = [i for i, c in enumerate(cmd) if isinstance(c, str) and STOCK in c]
@@ -75,15 +65,15 @@ def interpreter_with(wrapper: Path, first: Path, dest: Path) -> Path:
     return dest
 
 
-def server_setup(connector: str, server_python: Path, scratch: Path, clients: int = 1) -> tuple[Path, Path]:
-    """(playbook, server interpreter) for ``connector`` (CONNECTORS), its client run as ``clients`` processes."""
+def server_setup(connector: str, server_python: Path, scratch: Path) -> tuple[Path, Path]:
+    """(playbook, server interpreter) for ``connector`` (CONNECTORS)."""
     if connector not in CONNECTORS:
         raise ValueError(f"connector {connector!r}: one of {', '.join(CONNECTORS)}")
     shipped = {"vllm-no-chunked": NO_CHUNKED, "vllm": MAIN}.get(connector)
-    if shipped and clients == 1:
+    if shipped:
         return shipped, Path(server_python)
-    pb = playbook_copy(shipped or MAIN, Path(scratch) / "playbooks" / f"{connector}-{clients}" / (shipped or MAIN).name,
-                       vllm=COPIES.get(connector), async_connector=connector == "async", clients=clients)
+    pb = playbook_copy(MAIN, Path(scratch) / "playbooks" / connector / MAIN.name,
+                       vllm=COPIES.get(connector), async_connector=connector == "async")
     if connector == "async":
         return pb, interpreter_with(server_python, LIB, Path(scratch) / "bin" / "server-async" / "python")
     return pb, Path(server_python)
