@@ -191,8 +191,9 @@ def test_the_clients_preload_then_wait_for_200_from_health(work):
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{httpd.server_address[1]}/health"
+        # a proxy in the environment (one that answers nothing) is not used for the loopback check
         r = run(work, "--clients", "1", "--health", url, "--preload", "fakepre", "--", "-m", "fakeclient",
-                env={"FAKE_EVENTS": str(events)})
+                env={"FAKE_EVENTS": str(events), "http_proxy": "http://127.0.0.1:9", "no_proxy": ""})
         assert r.returncode == 0, r.stderr
         lines = events.read_text().splitlines()
         assert lines == ["preload", "health 503", "health 503", "health 503", "health 200", "run solo"]

@@ -99,10 +99,12 @@ def parse(argv):
 
 
 def wait_healthy(url):
-    """Return once ``url`` answers 200; connection errors and other statuses: try again."""
+    """Return once ``url`` answers 200; connection errors and other statuses: try again. No proxy: the
+    server is on loopback, and an http_proxy in the job's environment must not carry the check elsewhere."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     while True:
         try:
-            with urllib.request.urlopen(url, timeout=5) as resp:
+            with opener.open(url, timeout=5) as resp:
                 if resp.status == 200:
                     return
         except (urllib.error.URLError, OSError, ValueError):
