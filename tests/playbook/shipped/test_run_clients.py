@@ -152,17 +152,19 @@ def _alive(pid):
     return stat[stat.rindex(")") + 2] != "Z"
 
 
-def test_sigterm_to_the_launcher_alone_reaches_every_client(work):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_signal_to_the_launcher_alone_reaches_every_client(work, sig):
     p = subprocess.Popen([sys.executable, str(LAUNCHER), "--clients", "3", "--", "-m", "fakeclient"], cwd=work,
                          env={**os.environ, "FAKE_OUT": str(work / "out"), "FAKE_SLEEP": "600"},
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 60
     while len(list((work / "out").iterdir())) < 3 and time.time() < deadline:
         time.sleep(0.05)
     pids = [recorded(work, str(r))["pid"] for r in range(3)]
     assert all(_alive(pid) for pid in pids)
-    os.kill(p.pid, signal.SIGTERM)                 # the launcher only, not its group
-    assert p.wait(30) == 128 + signal.SIGTERM
+    os.kill(p.pid, sig)                            # the launcher only, not its group
+    _out, err = p.communicate(timeout=30)
+    assert p.returncode == 128 + sig, err          # each client ended by it (SIGINT: KeyboardInterrupt, then the signal)
     deadline = time.time() + 10
     while any(_alive(pid) for pid in pids) and time.time() < deadline:
         time.sleep(0.05)
