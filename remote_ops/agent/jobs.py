@@ -385,7 +385,9 @@ def _str_dict(value, what):
 
 
 def _server_args(server):
-    """The server of a two-process job, checked: {command, env, port, health_path, health_timeout}."""
+    """The server of a two-process job, checked: {command, env, port, health_path, health_timeout} and
+    client_start when it is not the default ("healthy": the client once the server answers; "launch":
+    right after the server, the client waiting for it itself)."""
     if server is None:
         return None
     if not isinstance(server, dict):
@@ -396,9 +398,13 @@ def _server_args(server):
     port = server.get("port")
     if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
         raise AgentFailure("bad-args", "server.port must be a port number")
+    start = server.get("client_start", "healthy")
+    if start not in ("healthy", "launch"):
+        raise AgentFailure("bad-args", "server.client_start must be healthy or launch")
     return {"command": command, "env": _str_dict(server.get("env"), "server.env"), "port": port,
             "health_path": str(server.get("health_path") or "/health"),
-            "health_timeout": float(server.get("health_timeout") or 600)}
+            "health_timeout": float(server.get("health_timeout") or 600),
+            **({"client_start": start} if start != "healthy" else {})}
 
 
 def op_launch(args):

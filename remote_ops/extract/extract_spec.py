@@ -37,6 +37,8 @@ side; ``jobs.py`` runs it: preflight, launch, the records status / logs / stop /
         import_check: [vllm.entrypoints.openai.api_server]   # imported by the server's interpreter
         api_key: {client_env: OPENAI_API_KEY}   # a key made for each launch: the server gets it as
                                          # VLLM_API_KEY, the client as OPENAI_API_KEY (secrets, never argv)
+        client_start: healthy            # the client once the server answers (default), or launch: right
+                                         # after the server, its start overlapping (it waits itself)
 
 A command item may be ``{flag: "--trust-remote-code", if: "{vars.trust_remote_code}"}``: the flag when
 the var is true, nothing when it is false; or ``{flag: "--max-num-batched-tokens", value:

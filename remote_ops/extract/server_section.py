@@ -11,7 +11,11 @@ from dataclasses import dataclass, field
 
 from remote_ops.yamlsrc import type_name
 
-SERVER_KEYS = {"command", "port", "health", "env", "import_check", "api_key"}
+SERVER_KEYS = {"command", "port", "health", "env", "import_check", "api_key", "client_start"}
+# when the supervisor starts the client: once the server answers its health check (today's, the default),
+# or right after the server, so that the client's own start (its imports) overlaps the server's; the
+# client then waits for the server itself (agent/job/supervisor.py Server.wait_healthy)
+CLIENT_START = ("healthy", "launch")
 # what vLLM's `serve` reads its API key from (vllm/envs.py; `--api-key` takes precedence, and would
 # put the key on the command line, in `ps`)
 SERVER_KEY_ENV = "VLLM_API_KEY"
@@ -29,17 +33,20 @@ class ServerSpec:
     env: dict[str, str] = field(default_factory=dict)
     import_check: list[str] = field(default_factory=list)
     api_key_env: str | None = None     # server.api_key.client_env: where the client finds the generated key
+    client_start: str = "healthy"      # CLIENT_START: the client after the health check, or beside the server
 
     def to_json(self) -> dict:
         key = {} if self.api_key_env is None else {
             "api_key": {"server_env": SERVER_KEY_ENV, "client_env": self.api_key_env}}
         return {"command": self.command, "port": self.port,
                 "health": {"path": self.health_path, "timeout_seconds": self.health_timeout},
-                "env": self.env, "import_check": self.import_check, **key}
+                "env": self.env, "import_check": self.import_check, **key, "client_start": self.client_start}
 
     def to_wire(self) -> dict:
+        # the default is left out: a job launched without the key reaches the host exactly as before it existed
+        launch = {} if self.client_start == "healthy" else {"client_start": self.client_start}
         return {"command": self.command, "port": self.port, "env": self.env, "health_path": self.health_path,
-                "health_timeout": self.health_timeout}
+                "health_timeout": self.health_timeout, **launch}
 
     @property
     def python(self) -> str | None:
@@ -52,7 +59,8 @@ def parse(raw, ctx, err_at, argv, templated_number, text, whole_var) -> ServerSp
         return None
     keys = ("server",)
     if not isinstance(raw, dict):
-        raise err_at(keys)(f"server must be a mapping {{command, port, health, env, import_check}}, got {type_name(raw)}")
+        raise err_at(keys)(f"server must be a mapping {{command, port, health, env, import_check, api_key, "
+                           f"client_start}}, got {type_name(raw)}")
     from remote_ops.yamlsrc import unknown_key_check
     unknown_key_check(raw, SERVER_KEYS, "in extract.server",
                       lambda k, problem, hint: err_at(keys + (k,))(problem, hint))
@@ -101,5 +109,11 @@ def parse(raw, ctx, err_at, argv, templated_number, text, whole_var) -> ServerSp
     if not isinstance(checks, list) or not all(isinstance(c, str) and MODULE.match(c) for c in checks):
         raise err_at(keys + ("import_check",))(f"server.import_check must be a list of module names, got {checks!r}",
                                                "e.g. import_check: [vllm.entrypoints.openai.api_server]")
+    start = whole_var(raw.get("client_start", "healthy"))
+    if start not in CLIENT_START:
+        raise err_at(keys + ("client_start",))(
+            f"server.client_start must be one of {', '.join(CLIENT_START)}, got {start!r}",
+            "healthy: the client starts once the server answers its health check; launch: right after the "
+            "server (the client must wait for the server itself)")
     return ServerSpec(command, port, path, float(timeout), env, list(checks),
-                      api_key["client_env"] if api_key is not None else None)
+                      api_key["client_env"] if api_key is not None else None, start)

@@ -99,6 +99,8 @@ BASE = {"command": ["{python}", "client.py", "--url", "http://127.0.0.1:{port}/v
     ({"server": {"command": ["s"], "port": 8000, "helth": {}}}, "helth"),
     ({"server": {"command": ["s"], "port": 8000, "health": {"path": "health"}}}, "health.path must be a URL path"),
     ({"server": {"command": ["s"], "port": 8000, "health": {"timeout_seconds": 0}}}, "timeout_seconds must be a number >= 1"),
+    ({"server": {"command": ["s"], "port": 8000, "client_start": "early"}},
+     "server.client_start must be one of healthy, launch, got 'early'"),
     ({"output_layout": "npz"}, "output_layout must be one of data_pt, hs_safetensors"),
     ({"server": None, "command": ["{python}", "c.py", "{port}"]}, "unknown template {port}"),
 ])
@@ -117,7 +119,22 @@ def test_port_template_fills_both_commands(tmp_path):
     assert spec.command[-1] == "http://127.0.0.1:8001/v1" and spec.server.command[-1] == "8001"
     assert spec.server.to_wire() == {"command": ["/p/python", "server.py", "--port", "8001"], "port": 8001,
                                      "env": {}, "health_path": "/health", "health_timeout": 600.0}
+    assert spec.server.client_start == "healthy" and spec.server.to_json()["client_start"] == "healthy"
     assert spec.layout is None      # data_pt, the default
+
+
+def test_client_start_launch_reaches_the_host(tmp_path):
+    """client_start: launch (a var's value too) is in the spec's JSON and the launch; the default is left
+    out of the launch, which then reaches the host as before the key existed."""
+    ex = {**BASE, "server": {**BASE["server"], "client_start": "{vars.start}"}}
+    p = tmp_path / "pb.yaml"
+    p.write_text(yaml.safe_dump({"name": "x", "vars": {"start": "launch"}, "extract": ex}, sort_keys=False))
+    spec = jobs.parse_spec(playbook.load(str(p)), Host(name="h", hostname="h", python="/p/python"))
+    assert spec.server.client_start == "launch" and spec.to_json()["server"]["client_start"] == "launch"
+    assert spec.server.to_wire()["client_start"] == "launch"
+    from remote_ops.agent.jobs import _server_args
+    assert _server_args(spec.server.to_wire())["client_start"] == "launch"
+    assert "client_start" not in _server_args({"command": ["s"], "port": 8001})
 
 
 # ------------------------------------------------------------------ verify's hs_safetensors layout

@@ -46,6 +46,7 @@ class Supervisor:
         self.job_id = self.job.get("job_id") or os.path.basename(jobdir.rstrip("/"))
         self.proc = None
         self.pgid = None
+        self.known = {}               # the client's processes and their descendants ({pid: start_ticks})
         self.server = None            # Server, when the playbook's extract has a server
         self.server_failure = None    # why the server ended the job (exit.json "server_failure")
 
@@ -97,9 +98,10 @@ class Supervisor:
         layout = job.get("layout")
         initial, _ = jf.count_samples(output_dir, layout) if output_dir else (0, -1)
         if job.get("server"):
-            # the server first (same marker, its own process group and log), healthy before the client
+            # the server first (same marker, its own process group and log); the client once it is healthy,
+            # or (client_start: launch) right after it, so that the client's own start overlaps the server's
             self.server = Server(self, job["server"], env, log_fd)
-            if not self.server.start_and_wait():
+            if not self.server.start() or (not self.server.launch and self.server.wait_healthy() != "healthy"):
                 env = None
                 return 0
         import shlex   # the command as a shell would take it back: copyable, empty arguments kept
@@ -122,6 +124,7 @@ class Supervisor:
             return 0
         env = None
         self.pgid = self.proc.pid   # start_new_session: the job leads its own session and group
+        self.known = {self.proc.pid: jf.proc_start_ticks(self.proc.pid)}
         started = jf.now()
         jf.write_json(self.path("run.json"), {
             "job_id": self.job_id, "command": job.get("command"), "log": log_path,
@@ -130,7 +133,19 @@ class Supervisor:
             "boot_id": jf.boot_id(), "initial_samples": initial,
             "server": self.server.record() if self.server else None,
         })
-        rc = self._wait(log_fd, output_dir, started)
+        if self.server and self.server.launch:
+            # the client runs while the server starts (it waits for the server itself): the same health
+            # wait, watching the client as well
+            ready = self.server.wait_healthy(client=self.proc)
+            if ready == "ended":       # the server failed or the job was stopped: both stopped, exit.json written
+                return 0
+            # "client": it ended before the server answered. The server had not failed, so this is the end
+            # of the client as any other (below: the server stopped, the client's exit status recorded), not
+            # a server failure. "healthy": from here as when the client starts after the health check, the
+            # watchdog counting from then (the client only waited before)
+            rc = self.proc.wait() if ready == "client" else self._wait(log_fd, output_dir, self.server.healthy_at)
+        else:
+            rc = self._wait(log_fd, output_dir, started)
         sig = -rc if rc < 0 else None
         exit_rec = {"exit_code": rc if rc >= 0 else None, "signal": sig,
                     "signal_name": signal.Signals(sig).name if sig else None,
@@ -185,23 +200,13 @@ class Supervisor:
             return size, (jf.count_samples(output_dir, self.job.get("layout")) if output_dir else None)
 
         last, last_change, stalled = progress(), started, False
-        known = {self.proc.pid: jf.proc_start_ticks(self.proc.pid)}
-        if self.server:
-            known.update(self.server.known)
         poll = min(poll, 1.0)
         while True:
             try:
                 return self.proc.wait(timeout=poll)
             except subprocess.TimeoutExpired:
                 pass
-            try:
-                grew = jf.track_descendants(self.proc.pid, known)
-                if self.server and jf.track_descendants(self.server.proc.pid, known):
-                    grew = True
-                if grew:
-                    jf.write_json(self.path("pids.json"), {str(k): v for k, v in known.items()})
-            except OSError:
-                pass
+            self.track()
             if self.server:
                 self.server.relay()
                 died = self.server.proc.poll()
@@ -225,6 +230,20 @@ class Supervisor:
                 jf.log_line(log_fd, "watchdog: no new log output and no new output files for %ds "
                                  "(a hung NCCL start looks like this)" % (t - last_change))
             last = progress()   # our own log lines are not progress
+
+    def track(self):
+        """Record the new descendants of the client and of the server (a worker that leaves its group is
+        still the job's); ``pids.json``, which stop and the cleanup read, rewritten when either grew."""
+        try:
+            grew = self.proc is not None and jf.track_descendants(self.proc.pid, self.known)
+            if self.server and self.server.proc is not None \
+                    and jf.track_descendants(self.server.proc.pid, self.server.known):
+                grew = True
+            if grew:
+                both = {**(self.server.known if self.server else {}), **self.known}
+                jf.write_json(self.path("pids.json"), {str(k): v for k, v in both.items()})
+        except OSError:
+            pass
 
     def _end_client(self):
         """The server is gone: TERM the client's group, KILL it after the cleanup grace; its status."""
@@ -269,7 +288,9 @@ class Server:
     supervisor before the client, in its own process group, with the job's marker and environment plus
     its own, its output in ``server.log`` (relayed into the job's log as ``[server] ...`` lines), ready
     when ``GET http://127.0.0.1:PORT/PATH`` answers 200 (stdlib urllib, loopback). ``server.json``
-    records pid, group, port and state for status and stop."""
+    records pid, group, port and state for status and stop. ``client_start``: the client is started once
+    the server is healthy (``healthy``, the default), or right after the server (``launch``: the client
+    waits for the server itself, and the health wait watches the client too)."""
 
     def __init__(self, sup, spec, env, log_fd):
         self.sup, self.spec, self.log_fd = sup, spec, log_fd
@@ -283,6 +304,7 @@ class Server:
         self.known = {}
         self.state = "starting"
         self.started_at = self.healthy_at = None
+        self.launch = spec.get("client_start") == "launch"
 
     def record(self):
         return {"pid": self.proc.pid if self.proc else None, "pgid": self.pgid,
@@ -339,9 +361,8 @@ class Server:
         except (urllib.error.URLError, OSError, ValueError):
             return False
 
-    def start_and_wait(self):
-        """Start the server and wait for its health check; False when the job cannot go on (exit.json
-        written: the server exited, never became healthy, or the job was stopped meanwhile)."""
+    def start(self):
+        """Start the server (``server.json``: state starting); False when it cannot start (exit.json written)."""
         import subprocess
         spec, sup = self.spec, self.sup
         import shlex
@@ -356,7 +377,8 @@ class Server:
                                                    else exc)
             if isinstance(exc, OSError) and exc.filename:
                 msg += ": %s" % exc.filename
-            return self._fail(msg)
+            self._fail(msg)
+            return False
         finally:
             os.close(slog)
             self.env = None
@@ -364,16 +386,20 @@ class Server:
         self.started_at = jf.now()
         self.known = {self.proc.pid: jf.proc_start_ticks(self.proc.pid)}
         self.save()
-        timeout = float(spec.get("health_timeout") or 600)
+        return True
+
+    def wait_healthy(self, client=None):
+        """Poll the health check until it answers 200: "healthy" (``server.json`` records when), or "ended"
+        when the job cannot go on (the server exited, did not answer in time, or the job was stopped;
+        exit.json written, nothing of the job left). With ``client`` (client_start: launch, the client
+        already running): also "client" when the client ended first; the job's end stops the client too."""
+        sup = self.sup
+        timeout = float(self.spec.get("health_timeout") or 600)
         jf.log_line(self.log_fd, "waiting for %s (up to %ds)" % (self.url(), timeout))
         deadline = self.started_at + timeout
         while True:
             self.relay()
-            try:
-                if jf.track_descendants(self.proc.pid, self.known):
-                    jf.write_json(sup.path("pids.json"), {str(k): v for k, v in self.known.items()})
-            except OSError:
-                pass
+            sup.track()
             rc = self.proc.poll()
             if rc is not None:
                 self.relay(final=True)
@@ -384,13 +410,15 @@ class Server:
             if os.path.exists(sup.path("stop.json")):
                 self.stop()
                 return self._stopped()
+            if client is not None and client.poll() is not None:
+                return "client"
             if self.healthy():
                 self.healthy_at = jf.now()
                 self.state = "healthy"
                 self.save()
                 jf.log_line(self.log_fd, "server healthy after %.1fs: %s" % (self.healthy_at - self.started_at,
                                                                           self.url()))
-                return True
+                return "healthy"
             if jf.now() >= deadline:
                 self.stop()
                 return self._fail("the server did not answer %s with 200 within %ds" % (self.url(), timeout))
@@ -405,25 +433,42 @@ class Server:
         return msg
 
     def _fail(self, msg, rc=None):
+        """The server ended the job before it was healthy: exit.json says why (as for a job whose client never
+        started, whether or not it had: client_start launch); "ended"."""
         self.state = "failed"
         if self.proc is not None:
             self.save(exit=jf.describe_rc(rc) if rc is not None else None, ended_at=jf.now())
         jf.log_line(self.log_fd, msg)
+        self._stop_client()
         jf.write_json(self.sup.path("exit.json"), {"exit_code": None, "signal": None, "ended_at": jf.now(),
                                                 "start_error": msg, "failed_by": "server", "cleanup": [],
                                                 "samples": self.sup.written()})
         self.sup._cleanup(self.log_fd)
-        return False
+        return "ended"
 
     def _stopped(self):
+        """remote-ops' stop came while the server started: "ended". exit.json says so by ``before_client``, or
+        ``before_healthy`` when the client was already running (launch): status says the same of both."""
         self.state = "stopped"
         self.save(ended_at=jf.now())
-        jf.log_line(self.log_fd, "stopped before the client started")
+        ran = self._stop_client()
+        jf.log_line(self.log_fd, "stopped while the server was starting" if ran else "stopped before the client started")
         jf.write_json(self.sup.path("exit.json"), {"exit_code": None, "signal": None, "ended_at": jf.now(),
-                                                "before_client": True, "cleanup": [],
+                                                "before_healthy" if ran else "before_client": True, "cleanup": [],
                                                 "samples": self.sup.written()})
         self.sup._cleanup(self.log_fd)
-        return False
+        return "ended"
+
+    def _stop_client(self):
+        """With client_start launch the client runs while the server starts: a job that ends then ends it
+        too (TERM to its group, KILL after the grace), before exit.json is written. Whether it had started."""
+        sup = self.sup
+        if sup.proc is None:
+            return False
+        if sup.proc.poll() is None:
+            jf.log_line(self.log_fd, "stopping the client (process group %d)" % sup.pgid)
+        jf.log_line(self.log_fd, "client %s" % jf.describe_rc(sup._end_client()))
+        return True
 
     def stop(self):
         """TERM the server's group, KILL it after the cleanup grace; what happened."""
