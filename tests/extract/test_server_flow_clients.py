@@ -2,7 +2,8 @@
 ``extract.files`` as the speculators 0.9.0 playbooks ship it) runs the sandbox's STAND-IN client as N
 processes, each its contiguous share of the rows (speculators' --world-size N --rank r); one that fails
 gives the job its exit status while the others' files are written, a rerun writes only the missing ones,
-and stop leaves no process of the job."""
+and stop leaves no process of the job. With extract.server.client_start: launch the clients start beside the
+server and wait for its health check themselves."""
 
 from __future__ import annotations
 
@@ -88,3 +89,20 @@ def test_stop_mid_run_leaves_no_client_and_no_server(tmp_path, sshd, cli):
     assert rep["clean"] and rep["remaining"] == [] and rep["job"]["state"] == "stopped"
     assert marker_pids(tmp_path) == [] and port_free(env.port)["free"]
     assert 3 <= len(env.files()) < 12
+
+
+def test_clients_started_beside_the_server_wait_for_its_health_then_write_every_file(tmp_path, sshd, cli):
+    """extract.server.client_start: launch starts the client right after the server: the launcher's clients
+    import, then wait for /health themselves (the server takes 3 s here), then send their rows."""
+    env = with_clients(Env(tmp_path, sshd, server_args=["--startup-seconds", "3"],
+                           server={"client_start": "launch"}), 3)
+    status, out, err = cli(*env.argv("extract", "testhost", "--tail"))
+    assert status == 0, err + out
+    ready = [float(out.split(f"[run_clients] rank {r}/3: imports ")[1].split("server ready after ")[1].split(" s")[0])
+             for r in range(3)]
+    assert all(t >= 2.0 for t in ready), ready           # each waited for the server, none failed on it
+    assert out.count("Saved 4 new data points") == 3 and len(env.files()) == 12
+    assert "Request timed out" not in out and "Skipping sample" not in out
+    s, rec, _ = cli_json(cli, env, "verify", "testhost", "--all")
+    assert s == 0 and rec["ok"] and rec["files"] == 12
+    assert marker_pids(tmp_path) == [] and port_free(env.port)["free"]
