@@ -355,8 +355,11 @@ class Server:
     def healthy(self):
         import urllib.error
         import urllib.request
+        # no proxy: the server is on loopback, and an http_proxy in the host's environment must not carry the
+        # check elsewhere (run_clients.py's wait does the same)
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         try:
-            with urllib.request.urlopen(self.url(), timeout=2) as resp:
+            with opener.open(self.url(), timeout=2) as resp:
                 return resp.status == 200
         except (urllib.error.URLError, OSError, ValueError):
             return False
