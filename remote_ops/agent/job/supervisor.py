@@ -413,8 +413,9 @@ class Server:
             if os.path.exists(sup.path("stop.json")):
                 self.stop()
                 return self._stopped()
-            if client is not None and client.poll() is not None:
-                return "client"
+            # a client that ended after the server answered (a short job, within one poll) still saw it healthy:
+            # the check comes first, so the readiness is recorded
+            ended = client is not None and client.poll() is not None
             if self.healthy():
                 self.healthy_at = jf.now()
                 self.state = "healthy"
@@ -422,10 +423,13 @@ class Server:
                 jf.log_line(self.log_fd, "server healthy after %.1fs: %s" % (self.healthy_at - self.started_at,
                                                                           self.url()))
                 return "healthy"
+            if ended:
+                return "client"
             if jf.now() >= deadline:
                 self.stop()
                 return self._fail("the server did not answer %s with 200 within %ds" % (self.url(), timeout))
-            time.sleep(0.5)
+            # with the client running (launch) its rate is timed from healthy_at: a finer poll
+            time.sleep(0.5 if client is None else 0.1)
 
     def died_while_client_ran(self, rc):
         self.relay(final=True)
