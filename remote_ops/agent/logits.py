@@ -115,13 +115,13 @@ def head_tensors(torch, model_dir, cfg):
 def last_state(torch, path, layout):
     """(token ids list, last captured layer's states [seq, hidden] float32) of one sample file."""
     if layout == "hs_safetensors":
-        from .outputs.safetensors import load_tensors
+        from .outputs.safetensors import load_states
         from .outputs.stheader import read_header
         header, start, problem = read_header(path)
         if problem:
             raise ValueError(problem)
-        t = load_tensors(torch, path, header, start, ["token_ids", "hidden_states"])
-        return [int(x) for x in t["token_ids"].tolist()], t["hidden_states"][:, -1, :].float()
+        ids, states = load_states(torch, path, header, start)     # FP8 files dequantised
+        return [int(x) for x in ids.tolist()], states[:, -1, :]
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except TypeError:

@@ -14,6 +14,13 @@ Also reported: ``*.lock`` files the connector left, gaps in the numbering, files
 hidden from the first good one. Against the run identity (run.json, identity_check.py): the layer
 count and hidden size; token_ids against the dataset only when run.json names a JSONL dataset (a
 prepared Arrow table is not read: that needs the ``datasets`` package).
+
+FP8 files (hs_connectors' FP8HiddenStatesConnector, the playbook var ``hidden_states_dtype: fp8``):
+``hidden_states`` F8_E4M3 (float8_e4m3fn codes) plus ``hidden_states_scales`` F32 ``[seq_len, 1, 1]``, one
+scale per token (hs_connectors/fp8_utils.py); training dequantises ``codes * scale``. Such a file needs the
+scales tensor of that shape; its states are finite when no code is a NaN (e4m3fn has no infinity: NaN is
+S.1111.111, ``code & 0x7F == 0x7F``) and every scale is finite and > 0. The codes are read as bytes, so the
+check needs no float8 support in the host's torch.
 """
 
 import itertools
@@ -27,7 +34,14 @@ from ..outputs.scan import MAX_LISTED, Listed, Without, _import_torch, ends_of, 
 from .stheader import DTYPES, read_header  # noqa: F401  (the header reader: outputs/stheader.py)
 
 
+SCALES = "hidden_states_scales"      # hs_connectors/fp8_utils.py SCALES_KEY
+FP8 = ("F8_E4M3", "F8_E5M2")
+# the codes that are not finite numbers: e4m3fn NaN only (S.1111.111); e5m2 inf and NaN (exponent all ones)
+NON_FINITE = {"F8_E4M3": (0x7F, 0x7F), "F8_E5M2": (0x7C, 0x7C)}
+
+
 def load_tensors(torch, path, header, start, names):
+    """The tensors ``names`` of one file, as written; FP8 tensors as their uint8 codes."""
     out = {}
     with open(path, "rb") as fh:
         for name in names:
@@ -35,9 +49,39 @@ def load_tensors(torch, path, header, start, names):
             begin, end = t["data_offsets"]
             fh.seek(start + begin)
             buf = bytearray(fh.read(end - begin))
-            dtype = getattr(torch, DTYPES[t["dtype"]][0])
+            dtype = torch.uint8 if t["dtype"] in FP8 else getattr(torch, DTYPES[t["dtype"]][0])
             flat = torch.frombuffer(buf, dtype=dtype) if buf else torch.empty(0, dtype=dtype)
             out[name] = flat.reshape(t["shape"])
+    return out
+
+
+def load_states(torch, path, header, start):
+    """(token_ids, hidden_states as float32) of one file: FP8 codes dequantised with their scales."""
+    names = ["token_ids", "hidden_states"] + ([SCALES] if header["hidden_states"]["dtype"] in FP8 else [])
+    t = load_tensors(torch, path, header, start, names)
+    hs = t["hidden_states"]
+    if SCALES in t:
+        codes = hs.view(getattr(torch, DTYPES[header["hidden_states"]["dtype"]][0]))
+        hs = codes.float() * t[SCALES].float()
+    return t["token_ids"], hs.float()
+
+
+def scales_problems(header):
+    """An FP8 file's scales from its header: present, float32, one per token ([seq_len, 1, 1]); a bf16
+    file holds none (training would multiply its states by them)."""
+    hs_h, sc_h = header.get("hidden_states") or {}, header.get(SCALES)
+    shape = hs_h.get("shape") or []
+    if hs_h.get("dtype") not in FP8:
+        return ["%s beside %s hidden_states (only FP8 states have scales)" % (SCALES, hs_h.get("dtype"))] \
+            if sc_h is not None else []
+    if not isinstance(sc_h, dict):
+        return ["hidden_states is %s without %s: the states cannot be dequantised" % (hs_h.get("dtype"), SCALES)]
+    want = [shape[0]] + [1] * (len(shape) - 1) if shape else None
+    out = []
+    if sc_h.get("shape") != want:
+        out.append("%s has shape %s, not %s (one scale per token)" % (SCALES, sc_h.get("shape"), want))
+    if sc_h.get("dtype") != "F32":
+        out.append("%s has dtype %s, not F32" % (SCALES, sc_h.get("dtype")))
     return out
 
 
@@ -67,7 +111,19 @@ def check_sample(torch, header, tensors, check_finite):
         if layers < 2:
             problems.append("hidden_states holds %d layer(s); training needs the target layers plus the "
                             "verifier's last layer (at least 2)" % layers)
-        if check_finite and tensors is not None and hs_h["dtype"].startswith(("F", "BF")):
+        problems += scales_problems(header)
+        if check_finite and tensors is not None and hs_h["dtype"] in FP8:
+            mask, value = NON_FINITE[hs_h["dtype"]]
+            t = tensors["hidden_states"]
+            bad = int(((t & mask) == value).sum()) if t.numel() else 0
+            if bad:
+                problems.append("hidden_states has %d NaN/inf values (FP8 codes)" % bad)
+            sc = tensors.get(SCALES)
+            if sc is not None and sc.dtype.is_floating_point and sc.numel():
+                nonpos = int((~torch.isfinite(sc) | (sc <= 0)).sum())
+                if nonpos:
+                    problems.append("%s has %d NaN/inf or non-positive values" % (SCALES, nonpos))
+        elif check_finite and tensors is not None and hs_h["dtype"].startswith(("F", "BF")):
             t = tensors["hidden_states"]
             bad = int((~torch.isfinite(t.float() if t.dtype in (torch.float16, torch.bfloat16) else t)).sum()) \
                 if t.numel() else 0
@@ -87,7 +143,7 @@ def header_shape_problems(header, layers=None, layer_ids=None):
     if len(hs_s) != 3 or len(ids_s) != 1:
         return ["hidden_states has shape %s, token_ids %s: not [seq_len, layers, hidden] and [seq_len]"
                 % (hs_s, ids_s)]
-    out = []
+    out = scales_problems(header)
     if hs_s[0] != ids_s[0]:
         out.append("hidden_states has %d rows for %d tokens" % (hs_s[0], ids_s[0]))
     if layers is not None and hs_s[1] != layers:
@@ -99,7 +155,8 @@ def header_shape_problems(header, layers=None, layer_ids=None):
 def verify(args, adopt=None):
     """The ``hs_safetensors`` layout of ``verify.verify`` (same arguments and result keys)."""
     out_dir = os.path.expanduser(args.get("output_dir") or "")
-    expected = args.get("expected")
+    # a count the caller gives, else the job's expected_samples (min(max_samples, rows) at its launch)
+    expected = args.get("expected") or args.get("expected_default")
     check_all = bool(args.get("all"))
     sample_n = int(args.get("sample", 32))
     check_finite = args.get("finite", True)
@@ -168,7 +225,7 @@ def verify(args, adopt=None):
             continue
         try:
             tensors = load_tensors(torch, os.path.join(out_dir, file_of(i)), header, start,
-                                   [k for k in ("hidden_states", "token_ids") if k in header])
+                                   [k for k in ("hidden_states", "token_ids", SCALES) if k in header])
         except (OSError, RuntimeError, ValueError) as exc:
             bad_load.append({"index": i, "file": file_of(i), "error": "%s: %s" % (type(exc).__name__, str(exc)[:200])})
             continue
