@@ -62,6 +62,9 @@ def test_rows_too_long_for_the_server_are_refused_before_launch(tmp_path, sshd, 
     status, out, err = cli(*env.argv("extract", "testhost", "--tail"))
     assert status == 0, err + out
     assert "5/5 samples" in out and len(env.files()) == 5
+    # verify counts what the job was asked for (max_samples 5), not the 10 rows run.json records
+    s, rec, _ = cli_json(cli, env, "verify", "testhost", "--all")
+    assert s == 0 and rec["ok"] and rec["expected"] == 5 and rec["missing_after_last"] == 0, rec
 
 
 def test_complete_run_counts_rows_tokens_and_compares_every_file_then_changed_data_is_refused(tmp_path, sshd, cli):
