@@ -37,7 +37,7 @@ SERVER_CHECK_IDS = ("entry-point", "method", "proposer", "draft-config-", "specu
                     "kv-transfer-config-keys", "connector-reads-", "connector-writes", "connector-returns",
                     "connector-write-lock", "chunked-prefill", "health", "fields-", "flags", "model",
                     "trust-remote-code", "aux-layer-ids", "prefix-caching", "abort-safe", "mla-tp-page-size",
-                    "mla-kv-groups", "last-chunk")
+                    "mla-kv-groups", "last-chunk", "connector-module", "connector-hook-")
 # ... of which the served model's: extract's preflight refuses on these (the others are check's)
 SERVED_MODEL_CHECKS = ("model", "trust-remote-code", "aux-layer-ids")
 

@@ -202,12 +202,20 @@ def check(root, site, command, client, sys_path, client_command=None):
     kv_flag, kv = _json_flag(flags, KV_FLAGS)
     if spec is not None:
         _speculative(c, static, spec, spec_flag)
-    conn_rel, conn_src = _connector(c, static, kv, kv_flag) if kv is not None else (None, "")
+    base_kv = kv
+    if kv is not None and kv.get("kv_connector_module_path"):
+        # an out-of-tree subclass (hs_connectors' FP8HiddenStatesConnector): the checks of the vLLM connector it
+        # extends apply to what it inherits
+        base = _external_connector(c, kv, sys_path)
+        base_kv = dict(kv, kv_connector=base) if base else None
+    conn_rel, conn_src = _connector(c, static, base_kv, kv_flag) if base_kv is not None else (None, "")
+    if kv is not None and kv.get("kv_connector_module_path") and conn_src:
+        _write_hook(c, kv, conn_rel, conn_src, sys_path)
     refused_at = _chunked_prefill(c, kv, flags)
     if conn_src:
         _prefix_caching(c, conn_rel, conn_src, flags)
         _abort_safe(c, conn_rel, conn_src, client_command)
-        _last_chunk(c, kv, conn_rel, conn_src, flags, refused_at)
+        _last_chunk(c, base_kv, conn_rel, conn_src, flags, refused_at)
     _health(c)
     _client_fields(c, static, root, client)
     _flags(c, static, root, flags)
@@ -294,6 +302,69 @@ def _connector(c, static, kv, kv_flag):
                   lock, "" if lock else "asynchronous write without a lock file: the client could read a "
                   "partial file")
     return conn_rel, conn_src
+
+
+def _module_file(sys_path, module):
+    rel = module.replace(".", os.sep) + ".py"
+    for entry in sys_path:
+        if entry and os.path.isfile(os.path.join(entry, rel)):
+            return os.path.join(entry, rel)
+    return None
+
+
+def _read(path):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+def _external_connector(c, kv, sys_path):
+    """A connector loaded from kv_connector_module_path (vLLM's factory imports that module and takes the class
+    named kv_connector): the module on the server's search path, the class in it, and the vLLM connector it
+    extends. Returns that vLLM connector's name, or None."""
+    module, name = kv["kv_connector_module_path"], kv.get("kv_connector")
+    what = "%s in %s (kv_connector_module_path), on the server's interpreter" % (name, module)
+    path = _module_file(sys_path, str(module))
+    if path is None:
+        c.add("connector-module", what, False, "%s is not on the server interpreter's search path" % module,
+              fix="install the package that has it into the server's environment (FP8HiddenStatesConnector: "
+                  "hs-connectors==0.9.0, which speculators 0.9.0 requires), or the var hidden_states_dtype: bf16")
+        return None
+    src = _read(path)
+    m = re.search(r"^class %s\(\s*([\w.]+)\s*\)" % re.escape(str(name)), src, re.M)
+    if not m:
+        c.add("connector-module", what, False, "%s defines no class %s" % (path, name),
+              fix="a release of that package that has it (hs-connectors 0.9.0)")
+        return None
+    base = m.group(1).rsplit(".", 1)[-1]
+    c.add("connector-module", what, True, "class %s(%s)" % (name, m.group(1)),
+          where="%s:%d" % (path, _line_of(src, m.group(0))))
+    return base
+
+
+def _write_hook(c, kv, conn_rel, conn_src, sys_path):
+    """The vLLM connector's methods the subclass overrides must be called there: FP8HiddenStatesConnector
+    overrides only ``_write_tensors`` (the writer thread's save), which ExampleHiddenStatesConnector has from
+    vLLM 0.22.0; before, the override is never run and the files are written in bf16 without scales."""
+    path = _module_file(sys_path, str(kv["kv_connector_module_path"]))
+    src = _read(path) if path else ""
+    for hook in sorted(set(re.findall(r"\n    def (_\w+)\(", src))):
+        if hook.startswith("__"):
+            continue
+        call = "self.%s," % hook if "self.%s," % hook in conn_src else "self.%s(" % hook
+        where_sub = "%s:%d" % (path, _line_of(src, "def %s(" % hook))
+        what = "vLLM's %s calls %s, which %s overrides (%s)" % (EXAMPLE_HS if EXAMPLE_HS in conn_src else conn_rel,
+                                                                hook, kv.get("kv_connector"), where_sub)
+        if call in conn_src:
+            c.add("connector-hook-" + hook, what, True, "", where="vllm/%s:%d" % (conn_rel, _line_of(conn_src, call)))
+        else:
+            c.add("connector-hook-" + hook, what, False, "vllm/%s never calls %s: the override is never run (%s "
+                  "writes what the vLLM connector writes: bf16 states, no scales)" % (conn_rel, hook,
+                                                                                     kv.get("kv_connector")),
+                  fix="a vLLM release whose connector has it (%s: vLLM >= 0.22.0; the shipped playbook claims "
+                      "0.24-0.33), or the var hidden_states_dtype: bf16" % hook)
 
 
 def _chunked_prefill(c, kv, flags):

@@ -209,13 +209,15 @@ class _Section:
     def optional_flag(self, keys, item):
         """A command item that is a mapping: ``{flag: --name, if: "{vars.NAME}"}``, the flag when the var is
         true, nothing when it is false (a boolean, or the text true/false); or ``{flag: --name, value:
-        "{vars.NAME}"}``, the flag then the value when the var is set, nothing when it is null or empty.
-        Anything else is an error here."""
+        "{vars.NAME}"}``, the flag then the value when the var is set, nothing when it is null or empty; or
+        ``{select: "{vars.NAME}", cases: {...}}`` (``select``). Anything else is an error here."""
         if set(item) == {"flag", "value"}:
             return self.flag_value(keys, item)
+        if set(item) == {"select", "cases"}:
+            return self.select(keys, item)
         if set(item) != {"flag", "if"}:
-            raise self.err_at(keys)(f"a command item that is a mapping must be {{flag, if}} or {{flag, value}}, "
-                                    f"got keys {', '.join(sorted(map(str, item)))}",
+            raise self.err_at(keys)(f"a command item that is a mapping must be {{flag, if}}, {{flag, value}} or "
+                                    f"{{select, cases}}, got keys {', '.join(sorted(map(str, item)))}",
                                     'e.g. {flag: "--trust-remote-code", if: "{vars.trust_remote_code}"} or '
                                     '{flag: "--max-num-batched-tokens", value: "{vars.max_num_batched_tokens}"}')
         cond = self.whole_var(item["if"])
@@ -224,6 +226,27 @@ class _Section:
         if not isinstance(cond, bool):
             raise self.err_at(keys + ("if",))(f"{item['if']!r} gives {cond!r}: a flag's 'if' must be true or false")
         return [self.text(keys + ("flag",), item["flag"], "a flag")] if cond else []
+
+    def select(self, keys, item):
+        """``{select: "{vars.NAME}", cases: {A: [items], B: [items]}}``: the items of the case the var's value
+        names (strings, templates filled; a case may be one string or an empty list); a value that names no
+        case is an error that lists them."""
+        cases = item["cases"]
+        if not isinstance(cases, dict) or not cases:
+            raise self.err_at(keys + ("cases",))("'cases' must be a mapping of values to lists of command items")
+        raw = item["select"]
+        value = self.whole_var(raw) if isinstance(raw, str) else raw
+        key = value if isinstance(value, str) else None
+        if key not in cases:
+            raise self.err_at(keys + ("select",))(f"{raw!r} gives {value!r}: one of {', '.join(map(str, cases))}",
+                                                  f"set it to one of {', '.join(map(str, cases))} (the host's "
+                                                  "'vars:' or the playbook's)")
+        chosen = cases[key]
+        chosen = [chosen] if isinstance(chosen, str) else chosen
+        if not isinstance(chosen, list):
+            raise self.err_at(keys + ("cases", key))(f"case {key!r} must be a list of strings, got "
+                                                     f"{type_name(chosen)}")
+        return [self.text(keys + ("cases", key, i), c, "every command item") for i, c in enumerate(chosen)]
 
     def flag_value(self, keys, item):
         """``{flag: --name, value: ...}``: [flag, value] when the value is set; [] when it is null or an empty
