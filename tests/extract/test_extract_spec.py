@@ -124,6 +124,22 @@ def test_a_flag_with_a_value_is_given_when_the_var_is_set(tmp_path, value, want)
     assert spec.command[2:] == ["--n", "8192"]
 
 
+@pytest.mark.parametrize("value, want", [
+    ("bf16", ["--kv", '{"c": "E"}', "--validate"]),
+    ("fp8", ["--kv", '{"c": "F", "dir": "/d/m"}']),     # templates filled inside a case
+    ("one", ["--only"]),                                # a case may be one string
+])
+def test_select_gives_the_items_of_the_case_the_var_names(tmp_path, value, want):
+    item = {"select": "{vars.v}", "cases": {"bf16": ["--kv", '{"c": "E"}', "--validate"],
+                                            "fp8": ["--kv", '{"c": "F", "dir": "/d/{vars.m}"}'], "one": "--only"}}
+    import yaml
+    p = tmp_path / "pb.yaml"
+    p.write_text(yaml.safe_dump({"name": "flags", "vars": {"v": value, "m": "m"},
+                                 "extract": {"command": ["python", "job.py", item, "--end"], "output_dir": "/out"}}))
+    spec = jobs.parse_spec(playbook.load(str(p)), Host(name="h", hostname="h"))
+    assert spec.command == ["python", "job.py", *want, "--end"]
+
+
 def test_a_flag_value_inside_a_longer_text_and_a_literal(tmp_path):
     pb = _flag_playbook(tmp_path, {"flag": "--path", "value": "/data/{vars.v}/x"}, "m")
     assert jobs.parse_spec(pb, Host(name="h", hostname="h")).command[2:] == ["--path", "/data/m/x"]
@@ -132,8 +148,14 @@ def test_a_flag_value_inside_a_longer_text_and_a_literal(tmp_path):
 
 
 @pytest.mark.parametrize("item, var_value, words", [
-    ({"flag": "--n", "value": "{vars.v}", "if": "{vars.v}"}, 1, ["{flag, if} or {flag, value}", "keys flag, if, value"]),
-    ({"flag": "--n"}, 1, ["{flag, if} or {flag, value}", "got keys flag"]),
+    ({"flag": "--n", "value": "{vars.v}", "if": "{vars.v}"}, 1,
+     ["{flag, if}, {flag, value} or {select, cases}", "keys flag, if, value"]),
+    ({"flag": "--n"}, 1, ["{flag, if}, {flag, value} or {select, cases}", "got keys flag"]),
+    ({"select": "{vars.v}", "cases": {"a": ["--a"], "b": []}}, "c", ["'{vars.v}' gives 'c': one of a, b"]),
+    ({"select": "{vars.v}", "cases": {"a": ["--a"]}}, None, ["gives None: one of a"]),
+    ({"select": "{vars.v}", "cases": {"a": {"x": 1}}}, "a", ["case 'a' must be a list of strings, got mapping"]),
+    ({"select": "{vars.v}", "cases": {"a": [["--x"]]}}, "a", ["every command item must be a string, got list"]),
+    ({"select": "{vars.v}", "cases": []}, "a", ["'cases' must be a mapping"]),
     ({"flag": "--n", "value": "{vars.v}"}, [1, 2], ["gives list", "'value' must be a string or a number"]),
     ({"flag": "--n", "value": "{vars.v}"}, True, ["gives boolean"]),
     ({"flag": "--n", "value": "{vars.missing}"}, 1, ["missing"]),
