@@ -15,13 +15,18 @@ the dist-info is vLLM 0.20.0's (for ``requires``). No GPU: the harness runs with
 It answers, before any GPU time is spent: do the carried wheels import and run speculators' real client
 under transformers 5.17, does the stand-in server speak what that client checks (``prompt_token_ids``,
 ``kv_transfer_params.hidden_states_path``, the safetensors it loads with --validate-outputs), and do the
-harness's steps (c) (d) (f) (g) work. Writes benchmarks/results/server_flow_rehearsal.json (the harness's
-own result document, marked ``rehearsal``). Then, with the REAL vLLM 0.20.0 package on the path (CPU
+harness's steps (c) (d) (f) (g) work. One pass per --passes entry: ``playbook`` runs the shipped playbook
+with its own vars (clients: 1, the client started with the server through run_clients.py), a number N the
+same with the var clients N (run_clients.py's N processes, each speculators' --world-size N --rank r;
+steps (c) (f) (g) check each rank's line and the "Processing K samples" shares in the job's log). Writes
+benchmarks/results/server_flow_rehearsal.json and server_flow_rehearsal_clients<N>.json (the harness's own
+result documents, marked ``rehearsal``, the hosts' vars in ``host_vars``). Then, with the REAL vLLM 0.20.0 package on the path (CPU
 platform forced, nothing run): vLLM's own ``serve`` parser takes the playbook's server arguments and its
 FastAPI app, built with the carried server/ wheels, has /health, /v1/models and /v1/completions
 (benchmarks/results/server_flow_rehearsal_app.json).
 
     python benchmarks/evidence/server_flow_rehearsal.py          # downloads ~100 MB of wheels once (cached)
+    python benchmarks/evidence/server_flow_rehearsal.py --passes 3 --no-app-probe
 """
 
 from __future__ import annotations
@@ -171,7 +176,14 @@ def main(argv=None) -> int:
     ap.add_argument("--work", default=str(cache_dir() / "server-flow-rehearsal"))
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "server_flow_rehearsal.json"))
     ap.add_argument("--steps", default="c,d,f,g")
+    ap.add_argument("--passes", default="playbook,3",
+                    help="comma-separated: 'playbook' (the playbook's own vars) or N (var clients N); one result each")
+    ap.add_argument("--no-app-probe", action="store_true", help="skip vLLM 0.20.0's parser and app probe")
     args = ap.parse_args(argv)
+    passes = [p.strip() for p in args.passes.split(",") if p.strip()]
+    bad = [p for p in passes if p != "playbook" and not (p.isdigit() and int(p) >= 1)]
+    if bad or not passes:
+        ap.error(f"--passes: 'playbook' or a number of clients >= 1, got {args.passes!r}")
     work = Path(args.work)
     wheels = work / "wheels"
     wl = REPO / "benchmarks" / "gpu" / "wheels"
@@ -189,14 +201,23 @@ def main(argv=None) -> int:
     base.chmod(0o755)
     rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                          text=True).stdout.strip()
-    cmd = [sys.executable, str(REPO / "benchmarks" / "gpu" / "server_check.py"), "--work", str(work), "--out", args.out,
-           "--base-python", str(base), "--controller-python", sys.executable, "--no-gpu", "--fresh",
-           "--steps", args.steps, "--stop-rows", "600", "--job-timeout", "600", "--budget", "3000"]
-    if rev:
-        cmd += ["--code-rev", rev]
     env = {**os.environ, "REMOTE_OPS_REHEARSAL": "CPU; vLLM replaced by the STAND-IN server "
                                                  "(benchmarks/evidence/server_flow_rehearsal.py)"}
-    rc = subprocess.run(cmd, env=env).returncode
+    rc = 0
+    for p in passes:
+        out = Path(args.out)
+        if p != "playbook":
+            out = out.with_name(f"{out.stem}_clients{p}{out.suffix}")
+        cmd = [sys.executable, str(REPO / "benchmarks" / "gpu" / "server_check.py"), "--work", str(work), "--out",
+               str(out), "--base-python", str(base), "--controller-python", sys.executable, "--no-gpu", "--fresh",
+               "--steps", args.steps, "--stop-rows", "600", "--job-timeout", "600", "--budget", "3000"]
+        cmd += [] if p == "playbook" else ["--clients", p]
+        if rev:
+            cmd += ["--code-rev", rev]
+        print(f"pass {p}: {out}", flush=True)
+        rc = subprocess.run(cmd, env=env).returncode or rc
+    if args.no_app_probe:
+        return rc
     probe = app_probe(work, Path(args.out).with_name("server_flow_rehearsal_app.json"))   # after: the model exists
     return rc or (0 if probe["ok"] else 1)
 

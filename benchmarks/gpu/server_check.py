@@ -18,7 +18,8 @@ client, not a stand-in) against it. Each step's command, exit status, timing and
           COMPARE with layout hs_safetensors (aux layer id k = the hook on layers[k-1]); min per-token cosine
   (f)     a second run stopped mid-way: `stop` while the client runs; nvidia-smi compute processes, the /proc
           marker scan and the server's port afterwards: nothing left
-  (g)     relaunch over (f)'s output with a larger --max-samples: only the missing samples are written
+  (g)     relaunch over (f)'s output with a larger --max-samples (with --clients N > 1: the same one, each rank's
+          share unchanged): only the missing samples are written
           (speculators' resume), then `verify`
   Issue 52 item 6 (--steps pa,pb,pd,pc): the prepared data written by speculators 0.9.0's REAL
   `speculators prepare-data` (pre-tokenized JSONL rows, --seq-length 4096, no render endpoint), max_samples
@@ -51,6 +52,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import sys
 import time
@@ -96,6 +98,39 @@ for n in ("vllm", "speculators", "hs-connectors", "torch", "transformers", "data
         out[n] = None
 print(json.dumps(out))
 '''
+
+
+RANK_LINE = re.compile(r"\[run_clients\] rank (\d+)/(\d+): ([^\n]*)")
+PROCESSING_LINE = re.compile(r"Processing (\d+) samples")
+EXISTING_LINE = re.compile(r"Found (\d+) existing samples for rank (\d+)")
+
+
+def shares(target: int, world_size: int) -> list[tuple[int, int]]:
+    """Each rank's [start, end) of the first ``target`` rows: speculators 0.9.0's get_indices_to_process
+    (speculators/data_generation/offline.py) before it drops the rows already written."""
+    size, rem = divmod(target, world_size)
+    out = []
+    for r in range(world_size):
+        start = r * size + min(r, rem)
+        out.append((start, start + size + (1 if r < rem else 0)))
+    return out
+
+
+def client_shares(text: str, clients: int, target: int, existing: set[int] | frozenset = frozenset()) -> dict:
+    """What a job's log says of its clients: run_clients.py's line per rank (none with one client) and
+    speculators' ``Processing K samples`` lines, against the shares ``clients`` ranks of ``target`` rows
+    should take given the row indices already written (``existing``; a rank with nothing left logs no
+    Processing line). ``ok``: every rank's line once, and the logged counts are the expected ones."""
+    ranks = [(int(m.group(1)), int(m.group(2)), m.group(3).strip()) for m in RANK_LINE.finditer(text)]
+    processing = sorted(int(m.group(1)) for m in PROCESSING_LINE.finditer(text))
+    expected = sorted(k for k in (sum(1 for i in range(a, b) if i not in existing)
+                                  for a, b in shares(target, clients)) if k)
+    rank_ok = (sorted(r for r, n, _ in ranks) == list(range(clients)) and all(n == clients for _, n, _ in ranks)
+               if clients > 1 else not ranks)
+    return {"clients": clients, "target": target, "rank_lines": [f"rank {r}/{n}: {rest}" for r, n, rest in ranks],
+            "processing": processing, "expected_processing": expected,
+            "existing_found": sorted((int(m.group(2)), int(m.group(1))) for m in EXISTING_LINE.finditer(text)),
+            "ok": rank_ok and processing == expected}
 
 
 def rows_main(rng: random.Random) -> list[list[int]]:
@@ -149,6 +184,18 @@ class Harness(common.Harness):
         super().__init__(args, "gpu_server_check")
         if os.environ.get("REMOTE_OPS_REHEARSAL"):   # benchmarks/evidence/server_flow_rehearsal.py: not a GPU result
             self.run.doc["rehearsal"] = os.environ["REMOTE_OPS_REHEARSAL"]
+
+    @property
+    def clients(self) -> int:
+        """The job's client processes: --clients, else the playbook's own default (its var clients)."""
+        if self.args.clients is not None:
+            return self.args.clients
+        import yaml
+        return int((yaml.safe_load(PLAYBOOK.read_text()).get("vars") or {}).get("clients", 1))
+
+    def job_log(self, host: str, inv: Path | None = None) -> str:
+        logs = self.ro("logs", host, "-n", "20000", "--json", timeout=60, inv=inv)
+        return (logs["json"] or {}).get("text") or ""
 
     # ------------------------------------------------------------------ setup
     def paths(self) -> dict[str, str]:
@@ -219,6 +266,7 @@ class Harness(common.Harness):
 
     def inventory(self) -> Path:
         w, tp = self.work, self.args.tp
+        clients = {} if self.args.clients is None else {"clients": self.args.clients}
 
         def host(data: str, max_samples: int, port: int, state: str, concurrency: int = 16) -> dict:
             return {"connection": "local", "python": str(self.python("client")), "workdir": str(w / "wd"),
@@ -229,7 +277,7 @@ class Harness(common.Harness):
                              "port": port, "tensor_parallel_size": tp, "gpus": 0 if self.args.no_gpu else tp,
                              "max_model_len": MAX_MODEL_LEN,
                              "gpu_memory_utilization": 0.3, "server_python": str(self.python("server")),
-                             "server_ready_seconds": 420}}
+                             "server_ready_seconds": 420, **clients}}
         p = self.args.port
         self.stop_samples = self.args.stop_rows
         inv = {"hosts": {"gpu-sf": host("sf_data", self.samples, p, "state-sf"),
@@ -241,6 +289,9 @@ class Harness(common.Harness):
         inv["hosts"]["gpu-pd-long"] = host("pd_long", PD_MAX_SAMPLES, p + 3, "state-pd-long")
         self.inv = w / "inventory-server.yaml"
         self.inv.write_text(json.dumps(inv, indent=2))
+        self.run.doc["playbook"] = str(PLAYBOOK.relative_to(REPO))
+        self.run.doc["clients"] = self.clients
+        self.run.doc["host_vars"] = {name: h["vars"] for name, h in inv["hosts"].items()}
         return self.inv
 
     def ro(self, *args: str, timeout: float = 300, inv: Path | None = None) -> dict:
@@ -268,8 +319,8 @@ class Harness(common.Harness):
         end = next((e for e in reversed(events) if e.get("event") == "end"), {})
         st = self.ro("status", "gpu-sf", "--json", timeout=60)
         job = (st["json"] or {}).get("job") or {}
-        logs = self.ro("logs", "gpu-sf", "-n", "4000", "--json", timeout=60)
-        text = (logs["json"] or {}).get("text") or ""
+        text = self.job_log("gpu-sf")
+        clients = client_shares(text, self.clients, self.samples)
         server_lines = [l for l in text.splitlines() if l.startswith("[server] ")]
         after, t_gpu = self.gpu_apps(), time.monotonic()
         while after and time.monotonic() - t_gpu < 15:     # the driver's list can lag the process's exit
@@ -277,7 +328,8 @@ class Harness(common.Harness):
             after = self.gpu_apps()
         files = self.hs_files("sf_data")
         self.run.step("c_extract_tail", ok=r["rc"] == 0 and files == self.samples and not after
-                      and job.get("state") == "succeeded", rc=r["rc"], seconds=r["seconds"], files=files,
+                      and job.get("state") == "succeeded" and job.get("exit_code") == 0 and clients["ok"],
+                      rc=r["rc"], clients=clients, seconds=r["seconds"], files=files,
                       expected=self.samples, end=end.get("status", {}).get("reason") if end else None,
                       status={k: job.get(k) for k in ("state", "reason", "exit_code", "server", "samples",
                                                       "elapsed_s", "rate_per_s", "layout")},
@@ -326,12 +378,13 @@ class Harness(common.Harness):
         st = self.ro("status", "gpu-sf-stop", "--json", timeout=60)
         job = (st["json"] or {}).get("job") or {}
         self.files_after_stop = self.hs_files("sf_data_stop")
+        clients = client_shares(self.job_log("gpu-sf-stop"), self.clients, self.stop_samples)
         self.run.step("f_stop_leaves_no_gpu_process",
-                      ok=launch["rc"] == 0 and bool(seen_gpu) and stop["rc"] == 0 and not after and not marker_left
+                      ok=launch["rc"] == 0 and (bool(seen_gpu) or self.args.no_gpu) and stop["rc"] == 0 and not after and not marker_left
                       and port_free(self.args.port + 1) and job.get("state") == "stopped"
                       and (server_at_stop or {}).get("state") == "healthy"
-                      and 0 < files_at_stop < self.stop_samples,
-                      launch_rc=launch["rc"], gpu_processes_while_running=seen_gpu, files_at_stop=files_at_stop,
+                      and 0 < files_at_stop < self.stop_samples and clients["ok"],
+                      clients=clients, launch_rc=launch["rc"], gpu_processes_while_running=seen_gpu, files_at_stop=files_at_stop,
                       server_at_stop=server_at_stop,
                       stop={"rc": stop["rc"], "clean": (stop["json"] or {}).get("clean"),
                             "terminated": (stop["json"] or {}).get("terminated"),
@@ -344,21 +397,32 @@ class Harness(common.Harness):
         done = getattr(self, "files_after_stop", None)
         if done is None:
             done = self.hs_files("sf_data_stop")
-        target = min(self.stop_samples, done + 64)
+        # one client stops with a prefix written, so a relaunch with 64 more rows resumes it; several stop each
+        # inside its own share (rank r's rows start at r x max_samples / N), so the stopped run is resumed with
+        # its own max_samples: a smaller one would move the shares and leave files beyond it
+        target = min(self.stop_samples, done + 64) if self.clients == 1 else self.stop_samples
         inv = json.loads(self.inv.read_text())
         inv["hosts"]["gpu-sf-stop"]["vars"]["max_samples"] = target
         inv_path = self.work / "inventory-server-resume.yaml"
         inv_path.write_text(json.dumps(inv, indent=2))
         before = {p.name: p.stat().st_mtime_ns for p in (self.work / "sf_data_stop" / "hidden_states").glob("hs_*")}
+        done_idx = {int(n[3:].split(".")[0]) for n in before if n.endswith(".safetensors")}
+        # several clients stop each at a point of its own share: what was written need not be a prefix, so
+        # the relaunch writes the first `target` rows' missing ones and keeps every file written before
+        want = len(done_idx | set(range(target)))
         r = self.ro("extract", "gpu-sf-stop", "--tail", "--json", timeout=self.args.job_timeout, inv=inv_path)
+        clients = client_shares(self.job_log("gpu-sf-stop", inv=inv_path), self.clients, target, done_idx)
         v = self.ro("verify", "gpu-sf-stop", "--all", "--json", timeout=300, inv=inv_path)
         kept = sum(1 for p in (self.work / "sf_data_stop" / "hidden_states").glob("hs_*")
                    if before.get(p.name) == p.stat().st_mtime_ns)
         files = self.hs_files("sf_data_stop")
-        self.run.step("g_relaunch_resumes", ok=r["rc"] == 0 and files == target and kept == len(before)
-                      and v["rc"] == 0, rc=r["rc"], seconds=r["seconds"], files_before=len(before),
-                      max_samples=target, files_after=files, untouched=kept,
-                      verify={"rc": v["rc"], "ok": (v["json"] or {}).get("ok"), "files": (v["json"] or {}).get("files")},
+        self.run.step("g_relaunch_resumes", ok=r["rc"] == 0 and files == want and kept == len(before)
+                      and v["rc"] == 0 and clients["ok"], rc=r["rc"], seconds=r["seconds"], files_before=len(before),
+                      files_before_beyond_max_samples=sum(1 for i in done_idx if i >= target),
+                      max_samples=target, files_after=files, files_expected=want, untouched=kept, clients=clients,
+                      verify={"rc": v["rc"], "ok": (v["json"] or {}).get("ok"), "files": (v["json"] or {}).get("files"),
+                              "problems": {k: (v["json"] or {}).get(k) for k in ("gap_count", "missing_after_last",
+                                                                                "unloadable_count", "name_problems")}},
                       stderr_tail=r["stderr"][-1500:], gpu_processes_after=self.gpu_apps())
 
     # ------------------------------------------------ issue 52 item 6: prepared data (the real prepare-data)
@@ -576,6 +640,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--steps", default="c,d,e,f,g")
     ap.add_argument("--port", type=int, default=8765, help="the server's port (the stop run uses the next one)")
+    ap.add_argument("--clients", type=int, default=None,
+                    help="the playbook's var clients on every host (default: the playbook's own)")
     ap.add_argument("--stop-rows", type=int, default=3000, help="rows of the dataset the stop run works through")
     ap.add_argument("--server-transformers", choices=("4.57.6", "machine"), default="4.57.6")
     ap.add_argument("--job-timeout", type=float, default=300, help="seconds for one extract --tail")
