@@ -15,7 +15,8 @@ bf16 one. A vector that is zero in bf16 is exact when it dequantises to zero too
     (--hs-connectors PATH: import hs_connectors from PATH, e.g. an unpacked wheel, instead of the installed one)
 
 Writes a JSON: files, vectors, min_cosine, below (vectors < --threshold, default 0.999), zero_vectors,
-per_file [{file, tokens, layers, hidden, min_cosine, below}], per_layer_min, the bytes of hidden_states in
+per_file [{file, tokens, layers, hidden, min_cosine, below, worst}], per_layer_min, mean_cosine, below_levels
+(vectors under 0.9999 ... 0.99, recorded only), the bytes of hidden_states in
 bf16 and in FP8 with its scales, hs_connectors' version and path, torch's version, code_rev. Exit status 1
 when any vector is below the threshold (or there is no file), 2 on a usage error. ``--write-fp8 DIR2`` also
 saves each file as the connector would (same tensors, safetensors' save_file), for `remote-ops verify`.
@@ -32,6 +33,7 @@ import time
 from pathlib import Path
 
 NAME = re.compile(r"^hs_(\d+)\.safetensors$")
+LEVELS = (0.9999, 0.9995, 0.999, 0.998, 0.995, 0.99)     # below_levels: vectors under each (recorded, not judged)
 
 
 def _import(hs_path):
@@ -87,6 +89,8 @@ def main(argv=None):
     t0 = time.perf_counter()
     per_file, layer_min = [], []
     vectors = below = zeros = 0
+    cos_sum = 0.0
+    at = {t: 0 for t in LEVELS}
     bytes_bf16 = bytes_fp8 = 0
     dtypes = set()
     for name in names:
@@ -116,6 +120,9 @@ def main(argv=None):
         per_file.append({"file": name, "tokens": seq, "layers": layers, "hidden": hidden, "min_cosine": fmin,
                          "below": n_below, "worst": worst})
         vectors += cos.numel()
+        cos_sum += float(cos.sum())
+        for t in LEVELS:
+            at[t] += int((cos < t).sum())
         below += n_below
         zeros += z
         bytes_bf16 += hs_t.numel() * hs_t.element_size()
@@ -128,7 +135,8 @@ def main(argv=None):
         "hs_connectors": {"version": getattr(hs, "__version__", None), "path": os.path.dirname(hs.__file__)},
         "torch": torch.__version__, "threshold": args.threshold, "dtypes": sorted(dtypes),
         "files": len(per_file), "vectors": vectors, "min_cosine": min(mins) if mins else None,
-        "below": below, "zero_vectors": zeros, "per_layer_min": layer_min,
+        "below": below, "zero_vectors": zeros, "mean_cosine": cos_sum / vectors if vectors else None,
+        "below_levels": {str(t): n for t, n in at.items()}, "per_layer_min": layer_min,
         "bytes_hidden_states_bf16": bytes_bf16, "bytes_fp8_with_scales": bytes_fp8,
         "fp8_written_to": os.path.abspath(args.write_fp8) if args.write_fp8 else None,
         "elapsed_s": round(time.perf_counter() - t0, 2),

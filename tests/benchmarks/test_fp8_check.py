@@ -48,7 +48,9 @@ def test_every_vector_within_threshold_and_fp8_files_written(tmp_path):
     r = json.loads(out.read_text())
     assert r["ok"] and r["files"] == 3 and r["below"] == 0
     assert r["vectors"] == (5 + 17 + 33) * 4                  # every token x layer
-    assert 0.999 <= r["min_cosine"] < 1.0                     # quantised: close, not exact
+    assert 0.999 <= r["min_cosine"] <= r["mean_cosine"] < 1.0  # quantised: close, not exact
+    assert r["below_levels"]["0.999"] == 0 and r["below_levels"]["0.99"] == 0
+    assert r["below_levels"]["0.9999"] >= r["below_levels"]["0.9995"] > 0     # FP8 is not lossless
     assert r["bytes_fp8_with_scales"] == 55 * 4 * 256 + 55 * 4 and r["bytes_hidden_states_bf16"] == 55 * 4 * 256 * 2
     assert r["hs_connectors"]["path"] == str(HS_SRC / "hs_connectors")
     assert [f["file"] for f in r["per_file"]] == ["hs_0.safetensors", "hs_1.safetensors", "hs_2.safetensors"]
@@ -73,6 +75,7 @@ def test_fails_when_a_vector_is_off(tmp_path):
     assert p.returncode == 1, p.stderr + p.stdout
     r = json.loads(out.read_text())
     assert not r["ok"] and r["below"] >= 1 and r["min_cosine"] < 0.5
+    assert r["below_levels"]["0.999"] == r["below"] and r["below_levels"]["0.99"] >= 1
     good, worst = r["per_file"]
     assert good["below"] == 0 and worst["below"] >= 1 and worst["worst"] == {"token": 6, "layer": 1}
     assert r["per_layer_min"][1] == worst["min_cosine"]
