@@ -105,6 +105,12 @@ def window_figures(samples: list[dict], rows: int, clk: int, cpus: int, lo: floa
             "other_cpu_cores": round(busy - client / dt - server / dt, 2) if busy is not None else None}
 
 
+def ceiling(fig: dict, clients: int) -> float:
+    """Requests/s the client processes would reach with a core each, were their CPU the only bound:
+    clients / (client CPU seconds a request). An upper bound read from the CPU cost, not a measured rate."""
+    return round(clients / fig["client_cpu_s_per_request"], 1) if fig["client_cpu_s_per_request"] else float("inf")
+
+
 def bound(fig: dict, clients: int, cpus: int) -> str:
     """Which was the bound in a window, by a stated rule (client processes at >= 85% of a core each; else
     client + server at >= 85% of the machine's cores; else neither)."""
@@ -144,20 +150,24 @@ def render(doc: dict) -> str:
            f"{p['interval']} s). Bound rule: a client process at >= 0.85 of a core is CPU-bound; else client + "
            f"server + other at >= 85% of the cores.", "",
            "| clients | run | requests/s | tokens/s | client CPU s / request | client CPU (cores) | server CPU "
-           "(cores) | other (cores) | bound | exit | files | client's own samples/s |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "(cores) | other (cores) | bound | a core per client: requests/s at most | exit | files | "
+           "client's own samples/s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["runs"]:
         w = r["window"]
         own = ", ".join(f"{t['samples_per_s']}" for t in r["client_timings"]) or "-"
         if w is None:
-            out.append(f"| {r['clients']} | {r['repeat']} | - | - | - | - | - | - | no window | {r['exit']} | "
+            out.append(f"| {r['clients']} | {r['repeat']} | - | - | - | - | - | - | no window | - | {r['exit']} | "
                        f"{r['files']} | {own} |")
             continue
         out.append(f"| {r['clients']} | {r['repeat']} | {w['requests_per_s']} | {w['tokens_per_s']} | "
                    f"{w['client_cpu_s_per_request']} | {w['client_cpu_cores']} | {w['server_cpu_cores']} | "
-                   f"{w['other_cpu_cores']} | {r['bound']} | {r['exit']} | {r['files']}/{p['rows']} | {own} |")
-    out += ["", "`client's own samples/s`: each client process's `Timing:` line (its whole run, from its "
-            "first request; with several clients, one figure per process).", ""]
+                   f"{w['other_cpu_cores']} | {r['bound']} | {ceiling(w, r['clients'])} | {r['exit']} | "
+                   f"{r['files']}/{p['rows']} | {own} |")
+    out += ["", "`a core per client: requests/s at most`: clients / (client CPU s a request), what the client "
+            "processes could reach with a core each were their own CPU the only bound (an upper bound read from "
+            "their CPU cost, not a measured rate). `client's own samples/s`: each client process's `Timing:` "
+            "line (its whole run, from its first request; with several clients, one figure per process).", ""]
     return "\n".join(out)
 
 
@@ -352,7 +362,7 @@ def main(argv=None) -> int:
                     str(cache_dir() / "client-rate"), help="dataset, outputs and logs (outputs removed after each run)")
     ap.add_argument("--clients", default="1,2", help="comma-separated numbers of client processes (run_clients.py)")
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--rows", type=int, default=240)
+    ap.add_argument("--rows", type=int, default=400)
     ap.add_argument("--min-tokens", type=int, default=300)
     ap.add_argument("--max-tokens", type=int, default=1500)
     ap.add_argument("--hidden", type=int, default=2048, help="hidden size (the 1.1B run's 2048)")
@@ -394,7 +404,8 @@ def main(argv=None) -> int:
             print(json.dumps({"clients": n, "repeat": rep, "exit": r["exit"], "files": r["files"],
                               **{k: w.get(k) for k in ("requests_per_s", "tokens_per_s", "client_cpu_s_per_request",
                                                        "client_cpu_cores", "server_cpu_cores", "other_cpu_cores")},
-                              "bound": r["bound"], "client_timings": r["client_timings"]}), flush=True)
+                              "bound": r["bound"], "ceiling_a_core_per_client": ceiling(w, n) if w else None,
+                              "client_timings": r["client_timings"]}), flush=True)
     argv_shown = sys.argv[1:] if argv is None else list(argv)
     doc = {"what": "speculators 0.9.0's real client against a fast STAND-IN server (no vLLM, CPU only)",
            "command": " ".join(["python", "benchmarks/controller/client_rate.py", *argv_shown]),

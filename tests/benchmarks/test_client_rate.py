@@ -96,9 +96,14 @@ def test_render_shows_every_run_and_says_what_it_is_not():
                      "client_timings": []}]}
     md = cr.render(doc)
     assert "NOT a measurement of vLLM" in md and "2 CPUs" in md and "16 KiB a token" in md
-    assert "| 1 | 1 | 20.0 | 10000 | 0.1 | 2.0 | 0.5 | -0.5 | client CPU (2.00 of a core per client process) | 0 " \
-           "| 100/100 | 19.5 |" in md
-    assert "| 2 | 1 | - | - | - | - | - | - | no window | 1 | 7 | - |" in md
+    assert "| 1 | 1 | 20.0 | 10000 | 0.1 | 2.0 | 0.5 | -0.5 | client CPU (2.00 of a core per client process) | 10.0 " \
+           "| 0 | 100/100 | 19.5 |" in md
+    assert "| 2 | 1 | - | - | - | - | - | - | no window | - | 1 | 7 | - |" in md
+
+
+def test_ceiling_is_clients_over_cpu_per_request():
+    assert cr.ceiling({"client_cpu_s_per_request": 0.02}, 1) == 50.0
+    assert cr.ceiling({"client_cpu_s_per_request": 0.02}, 2) == 100.0
 
 
 # ------------------------------------------------------------------ server_check.py: several clients' shares
