@@ -1247,7 +1247,13 @@ class Bench:
                              "no engine var (max_num_batched_tokens does not reach it)"} if self.args.standin else {}),
                "stderr_tail": r["stderr"][-1500:] if r["rc"] else "", "log_tail": job_lines(r["stdout"])[-8:]}
         if files and healthy_at:
-            secs = mt[-1] - healthy_at
+            # with client_start: launch the client polls /health itself and can see the server ready a poll before
+            # the supervisor records healthy_at: the server was ready by its first file at the latest, so the
+            # time counts from whichever came first (said by start_before_healthy_at_s when the file did)
+            start = min(healthy_at, mt[0])
+            secs = mt[-1] - start
+            if start < healthy_at:
+                doc["start_before_healthy_at_s"] = round(healthy_at - start, 3)
             doc.update({"seconds": round(secs, 3), "tokens_per_s": round(tokens / secs, 1) if secs > 0 else None,
                         "bytes_per_s": round(size / secs) if secs > 0 else None,
                         "bytes_per_token": round(size / tokens, 1) if tokens else None})

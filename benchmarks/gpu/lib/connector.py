@@ -40,16 +40,30 @@ def playbook_copy(src: Path, dest: Path, *, vllm: str | None = None, async_conne
     data = yaml.safe_load(Path(src).read_text())
     if async_connector:
         cmd = ((data.get("extract") or {}).get("server") or {}).get("command") or []
-        hits = [i for i, c in enumerate(cmd) if isinstance(c, str) and STOCK in c]
-        if len(hits) != 1 or cmd[hits[0]].count(STOCK) != 1:
+        # the connector's argument, at the top of the command or in a command item's cases ({select, cases}:
+        # eagle3-speculators-0.9.0's hidden_states_dtype, whose bf16 case names vLLM's connector)
+        hits = list(_strings_with(cmd, STOCK))
+        if len(hits) != 1 or hits[0][0][hits[0][1]].count(STOCK) != 1:
             raise ValueError(f"{src}: expected {STOCK} once in the server command, found it {len(hits)} times")
-        cmd[hits[0]] = cmd[hits[0]].replace(STOCK, ASYNC)
+        where, key = hits[0]
+        where[key] = where[key].replace(STOCK, ASYNC)
     if vllm:
         data["requires"]["vllm"] = vllm
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(yaml.safe_dump(data, sort_keys=False, width=1000))
     return dest
+
+
+def _strings_with(node, text):
+    """(container, key) of every string holding ``text`` in a command's nested lists and mappings."""
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in items:
+        if isinstance(value, str):
+            if text in value:
+                yield node, key
+        else:
+            yield from _strings_with(value, text)
 
 
 def interpreter_with(wrapper: Path, first: Path, dest: Path) -> Path:
