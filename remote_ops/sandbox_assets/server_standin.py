@@ -209,6 +209,12 @@ def handler(state):
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    # several clients of `concurrency` connections each (the var clients): a listen backlog as deep as a real
+    # server's (http.server's default, 5, dropped connections: the client then retries after seconds)
+    request_queue_size = 1024
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", help="the model name the server answers to (vLLM: the model path)")
@@ -236,7 +242,7 @@ def main(argv=None):
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     state = State(args)
-    server = ThreadingHTTPServer((args.host, args.port), handler(state))
+    server = _Server((args.host, args.port), handler(state))
     server.daemon_threads = True
     print("INFO:     Started server process [%d]" % os.getpid(), flush=True)
     print("INFO:     Uvicorn running on http://%s:%d (Press CTRL+C to quit)" % (args.host, args.port), flush=True)
