@@ -171,6 +171,22 @@ def verify(args, adopt=None):
     rows = recorded_rows(out_dir)        # the run's prepared data holds fewer rows than max_samples
     if rows is not None and (not expected or int(expected) > rows):
         expected = rows
+    # the run's size bounds what counts, as for data_<N>.pt (agent/verify.py _counts): a file beyond it is
+    # extra (a larger run's leftover, or several clients' shares of a run stopped and relaunched smaller),
+    # named, never counted, and the gaps are of range(size) only
+    limit = int(expected) if expected else None
+    extra_names = Listed()
+    if limit is not None and top >= limit:
+        kept = layout.Indexes()
+        for i in indexes:
+            if i >= limit:
+                extra_names.append(layout.name(i, "hs_safetensors"))
+            else:
+                kept.add(i)
+        indexes, top = kept, kept.top
+    if extra_names:
+        names.append("%d file(s) beyond this run's %d samples, e.g. %s: not counted (left by a larger run?); move "
+                     "them away" % (len(extra_names), limit, extra_names[0]))
     upper = max(top + 1, int(expected) if expected else 0)
     gaps, short = Listed(), Listed(0)
     for i in indexes.absent(0, upper):
@@ -265,4 +281,5 @@ def verify(args, adopt=None):
                        "token_ids": ["tensor", "integer", 1]}},
         "torch": getattr(torch, "__version__", None), "identity": ident.to_json(),
         "name_problems": names, "odd_names": strays["odd"][:MAX_LISTED], "links": strays["links"][:MAX_LISTED],
+        "extra": extra_names[:MAX_LISTED], "extra_count": len(extra_names),
     }
