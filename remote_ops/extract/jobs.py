@@ -305,13 +305,15 @@ def exit_for(st: dict) -> int:
 # ------------------------------------------------------------------ waiting from a script
 def wait_ended(read_status, *, timeout: float, every: float = 0.5) -> dict:
     """Call ``read_status()`` (the JSON of ``status TARGET --json``: one host's document, or a group's
-    ``hosts``) every ``every`` seconds until each job in it has ended; that last document. A
-    TimeoutError_ naming the jobs' states after ``timeout`` seconds."""
+    ``hosts``) every ``every`` seconds until each job in it has ended and its supervisor has let go (as
+    ``extract --tail`` waits: the exit is recorded before the supervisor's cleanup of leftover processes
+    and the release of the output directory); that last document. A TimeoutError_ naming the jobs' states
+    after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         doc = read_status()
         found = [h["result"]["job"] for h in doc["hosts"]] if "hosts" in doc else [doc["job"]]
-        if all(j["state"] in TERMINAL for j in found):
+        if all(j["state"] in TERMINAL and not j.get("supervisor_alive") for j in found):
             return doc
         if time.monotonic() > deadline:
             raise TimeoutError_(f"jobs still not ended after {timeout:g}s: "

@@ -29,3 +29,14 @@ def test_times_out_naming_the_states():
     with pytest.raises(TimeoutError_) as ei:
         jobs.wait_ended(lambda: _group("running", "stopped"), timeout=0.2, every=0.05)
     assert ei.value.one_line() == "jobs still not ended after 0.2s: running, stopped"
+
+
+def test_an_ended_job_whose_supervisor_still_runs_its_cleanup_is_waited_for():
+    # the exit is recorded before the supervisor's cleanup and the release of the output directory: --tail waits for
+    # the supervisor to let go (agent/jobs.py op_tail), and so does wait_ended
+    cleaning = {"hosts": [{"host": "h0", "ok": True, "result": {"job": {"state": "succeeded", "supervisor_alive": True}}}]}
+    done = {"hosts": [{"host": "h0", "ok": True, "result": {"job": {"state": "succeeded", "supervisor_alive": False}}}]}
+    answers = iter([cleaning, cleaning, done])
+    assert jobs.wait_ended(lambda: next(answers), timeout=10, every=0) == done
+    with pytest.raises(TimeoutError_):
+        jobs.wait_ended(lambda: cleaning, timeout=0.2, every=0.05)
