@@ -30,6 +30,7 @@ from remote_ops.connect.inventory import Host
 from remote_ops.extract.extract_spec import client_command, server_command
 from remote_ops.playbook import loader as pb_mod
 from tests.conftest import FIXTURES
+from tests.helpers_ops import drain
 
 MAIN = "eagle3-speculators-0.9.0"
 NOCP = "eagle3-speculators-0.9.0-no-chunked-prefill"
@@ -228,20 +229,11 @@ def _write_hs(path, seq, tokens, layers, hidden=4):
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + hs + ids)
 
 
-def _verify(args):
-    gen = verify_hs.verify(args)
-    while True:
-        try:
-            next(gen)
-        except StopIteration as stop:
-            return stop.value
-
-
 def test_verify_names_every_short_file_from_its_header_loaded_or_not(tmp_path):
     n = 40
     for i in range(n):
         _write_hs(tmp_path / f"hs_{i}.safetensors", 7 if i in (5, 33) else 9, 9, 3)
-    res = _verify({"output_dir": str(tmp_path), "expected": n, "sample": 2, "seed": 0})
+    res = drain(verify_hs.verify({"output_dir": str(tmp_path), "expected": n, "sample": 2, "seed": 0}))
     assert res["checked"] < n and res["headers_checked"] == n and not res["ok"]
     found = {p["index"]: p["problem"] for p in res["inconsistent"]}
     assert set(found) == {5, 33}, found

@@ -13,6 +13,7 @@ from remote_ops.errors import ConfigError
 from remote_ops.extract import jobs
 from remote_ops.playbook import loader as playbook
 from tests.conftest import REPO
+from tests.helpers_ops import drain
 
 SHIPPED = REPO / "remote_ops" / "playbook" / "shipped" / "eagle3-speculators-0.9.0.yaml"
 
@@ -148,12 +149,8 @@ def _write(path, hidden_states, token_ids):
 
 def _verify(out, expected):
     from remote_ops.agent import verify
-    gen = verify.op_verify({"output_dir": str(out), "expected": expected, "all": True, "layout": "hs_safetensors"})
-    try:
-        while True:
-            next(gen)
-    except StopIteration as stop:
-        return stop.value
+    return drain(verify.op_verify({"output_dir": str(out), "expected": expected, "all": True,
+                                   "layout": "hs_safetensors"}))
 
 
 def test_verify_finds_every_kind_of_broken_sample(tmp_path):

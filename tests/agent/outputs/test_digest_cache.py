@@ -12,6 +12,7 @@ import pytest
 
 from remote_ops.agent import shards
 from remote_ops.agent.outputs import digestcache, layout
+from tests.helpers_ops import drain
 
 
 @pytest.fixture
@@ -37,12 +38,7 @@ def _rows(out):
 def _listing(out):
     """(the rows' digests, {"reused", "hashed"}) as the listing computes them."""
     rows, digests = _rows(out), bytearray()
-    gen = shards._digests(str(out), [str(out)], rows, digests)
-    try:
-        while True:
-            next(gen)
-    except StopIteration as stop:
-        counts = stop.value
+    counts = drain(shards._digests(str(out), [str(out)], rows, digests))
     truth = b"".join(hashlib.sha256((out / layout.name(r[0])).read_bytes()).digest() for r in rows)
     assert bytes(digests) == truth          # reused or hashed, every digest is the file's
     return counts
@@ -103,12 +99,7 @@ def test_the_kept_file_is_private(outdir):
 
 
 def _answer(out):
-    gen = shards.op_files({"output_dir": str(out), "digest": True, "packed": True})
-    try:
-        while True:
-            next(gen)
-    except StopIteration as stop:
-        return stop.value
+    return drain(shards.op_files({"output_dir": str(out), "digest": True, "packed": True}))
 
 
 def test_a_listing_with_digests_reads_only_changed_files_for_wholeness(tmp_path, monkeypatch):

@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 st = pytest.importorskip("safetensors.torch")
 
 from remote_ops.agent.outputs import safetensors as verify_hs  # noqa: E402
+from tests.helpers_ops import drain  # noqa: E402
 
 HS_SRC = Path("/root/.cache/remote-ops/src/hs_connectors-0.9.0")
 pytestmark = pytest.mark.skipif(not (HS_SRC / "hs_connectors" / "fp8_utils.py").is_file(),
@@ -44,15 +45,6 @@ def write_fp8(fp8_utils, path, seed, seq, **replace):
     return tensors["hidden_states"], fp8, scales
 
 
-def _verify(args):
-    gen = verify_hs.verify(args)
-    while True:
-        try:
-            next(gen)
-        except StopIteration as stop:
-            return stop.value
-
-
 def set_byte(path, tensor, k, value):
     """Byte k of ``tensor``'s data in a written file set to ``value``."""
     raw = bytearray(path.read_bytes())
@@ -65,7 +57,7 @@ def set_byte(path, tensor, k, value):
 def test_connector_written_fp8_files_pass_and_dequantise_as_training_does(tmp_path, fp8_utils):
     for i, seq in enumerate((4, 9, 6)):
         bf16, fp8, scales = write_fp8(fp8_utils, tmp_path / f"hs_{i}.safetensors", i, seq)
-    res = _verify({"output_dir": str(tmp_path), "expected": 3, "all": True})
+    res = drain(verify_hs.verify({"output_dir": str(tmp_path), "expected": 3, "all": True}))
     # every check of the files passes (no run.json here: the run identity is not this test's subject)
     assert (res["inconsistent_count"], res["non_finite_count"], res["unloadable_count"], res["gap_count"]) == \
         (0, 0, 0, 0), res
@@ -92,7 +84,7 @@ def test_a_wrong_scales_tensor_is_a_problem_loaded_or_not(tmp_path, fp8_utils, c
     for i in range(6):
         write_fp8(fp8_utils, tmp_path / f"hs_{i}.safetensors", i, 5, **(replace if i in (0, 3) else {}))
     # sample 2: files 0 and 5 are loaded, 3 is judged from its header alone
-    res = _verify({"output_dir": str(tmp_path), "expected": 6, "sample": 2, "seed": 0})
+    res = drain(verify_hs.verify({"output_dir": str(tmp_path), "expected": 6, "sample": 2, "seed": 0}))
     assert not res["ok"]
     found = {p["index"]: p["problem"] for p in res["inconsistent"]}
     assert set(found) == {0, 3}, found
@@ -102,7 +94,7 @@ def test_a_wrong_scales_tensor_is_a_problem_loaded_or_not(tmp_path, fp8_utils, c
 def test_scales_beside_bf16_states_are_a_problem(tmp_path):
     st.save_file({"hidden_states": states(0, 4), "token_ids": torch.arange(4), "hidden_states_scales":
                   torch.ones(4, 1, 1)}, str(tmp_path / "hs_0.safetensors"))
-    res = _verify({"output_dir": str(tmp_path), "expected": 1, "all": True})
+    res = drain(verify_hs.verify({"output_dir": str(tmp_path), "expected": 1, "all": True}))
     assert not res["ok"] and "hidden_states_scales beside BF16 hidden_states" in res["inconsistent"][0]["problem"]
 
 
@@ -112,7 +104,7 @@ def test_a_nan_code_is_found(tmp_path, fp8_utils, code):
         write_fp8(fp8_utils, tmp_path / f"hs_{i}.safetensors", i, 5)
     set_byte(tmp_path / "hs_1.safetensors", "hidden_states", 17, code)
     assert torch.isnan(st.load_file(str(tmp_path / "hs_1.safetensors"))["hidden_states"].float()).sum() == 1
-    res = _verify({"output_dir": str(tmp_path), "expected": 3, "all": True})
+    res = drain(verify_hs.verify({"output_dir": str(tmp_path), "expected": 3, "all": True}))
     assert not res["ok"] and res["non_finite"] == [{"index": 1, "problem": "hidden_states has 1 NaN/inf values "
                                                                             "(FP8 codes)"}]
 
@@ -122,6 +114,6 @@ def test_largest_finite_code_is_not_nan_and_a_bad_scale_is(tmp_path, fp8_utils):
     set_byte(tmp_path / "hs_0.safetensors", "hidden_states", 3, 0x7E)      # 448, e4m3fn's largest
     write_fp8(fp8_utils, tmp_path / "hs_1.safetensors", 1, 5,
               hidden_states_scales=torch.tensor([1.0, float("inf"), 0.0, 1.0, 1.0]).reshape(5, 1, 1))
-    res = _verify({"output_dir": str(tmp_path), "expected": 2, "all": True})
+    res = drain(verify_hs.verify({"output_dir": str(tmp_path), "expected": 2, "all": True}))
     assert not res["ok"] and res["non_finite"] == [{"index": 1, "problem": "hidden_states_scales has 2 NaN/inf "
                                                                             "or non-positive values"}]

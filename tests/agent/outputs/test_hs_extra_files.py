@@ -8,6 +8,7 @@ torch = pytest.importorskip("torch")
 st = pytest.importorskip("safetensors.torch")
 
 from remote_ops.agent.outputs import safetensors as verify_hs  # noqa: E402
+from tests.helpers_ops import drain  # noqa: E402
 
 
 def write(d, i, seq=4, layers=3, hidden=8):
@@ -15,20 +16,11 @@ def write(d, i, seq=4, layers=3, hidden=8):
                   "token_ids": torch.arange(seq, dtype=torch.int64)}, str(d / f"hs_{i}.safetensors"))
 
 
-def run(args):
-    gen = verify_hs.verify(args)
-    while True:
-        try:
-            next(gen)
-        except StopIteration as stop:
-            return stop.value
-
-
 def test_files_beyond_the_runs_size_are_extra_not_gaps(tmp_path):
     # three clients' shares of 30 rows stopped early (0-2, 10-12, 20-22), then the run relaunched with 6 samples
     for i in (0, 1, 2, 3, 4, 5, 10, 11, 20, 21, 22):
         write(tmp_path, i)
-    res = run({"output_dir": str(tmp_path), "expected_default": 6, "all": True})
+    res = drain(verify_hs.verify({"output_dir": str(tmp_path), "expected_default": 6, "all": True}))
     assert res["files"] == 6 and res["expected"] == 6 and res["gap_count"] == 0 and res["missing_after_last"] == 0
     assert res["extra_count"] == 5 and res["extra"][0] == "hs_10.safetensors" and res["checked"] == 6
     assert not res["ok"]
@@ -36,9 +28,9 @@ def test_files_beyond_the_runs_size_are_extra_not_gaps(tmp_path):
     # the whole run: nothing extra, no name problem (no run.json here: the identity's own problem stays)
     for i in range(30):
         write(tmp_path, i)
-    res = run({"output_dir": str(tmp_path), "expected_default": 30, "all": True})
+    res = drain(verify_hs.verify({"output_dir": str(tmp_path), "expected_default": 30, "all": True}))
     assert res["extra_count"] == 0 and res["files"] == 30 and res["name_problems"] == [] and res["gap_count"] == 0
     # no size known: every file counts (the gaps are below the highest)
     (tmp_path / "hs_7.safetensors").unlink()
-    res = run({"output_dir": str(tmp_path), "all": False})
+    res = drain(verify_hs.verify({"output_dir": str(tmp_path), "all": False}))
     assert res["gaps"] == [7] and res["extra_count"] == 0 and not res["ok"]

@@ -18,6 +18,7 @@ from remote_ops.agent.outputs import run_identity as ri
 from remote_ops.agent.outputs.identity_check import IdentityCheck
 from remote_ops.agent.outputs.layout import Indexes
 from remote_ops.agent.outputs.scan import Listed, Without, ends_of, scan
+from tests.helpers_ops import drain
 
 
 @pytest.mark.parametrize("members", [
@@ -206,14 +207,6 @@ def test_checking_every_line_keeps_none_of_them(tmp_path):
     assert peak < 2_000_000, peak
 
 
-def _drain(gen):
-    try:
-        while True:
-            next(gen)
-    except StopIteration as stop:
-        return stop.value
-
-
 def _linked_outputs(out, indexes):
     """A small well-formed data_<N>.pt, hard-linked under every index of ``indexes``."""
     torch = pytest.importorskip("torch")
@@ -231,7 +224,7 @@ def _linked_outputs(out, indexes):
 def test_verify_lists_the_first_gaps_and_counts_the_rest(tmp_path):
     from remote_ops.agent.verify import op_verify
     _linked_outputs(tmp_path / "out", range(0, 400, 2))
-    res = _drain(op_verify({"output_dir": str(tmp_path / "out"), "expected": 1000}))
+    res = drain(op_verify({"output_dir": str(tmp_path / "out"), "expected": 1000}))
     assert res["files"] == 200 and res["max_index"] == 398
     assert res["gaps"] == list(range(1, 100, 2)) and res["gap_count"] == 199
     assert res["missing_after_last"] == 601 and not res["ok"]
@@ -245,7 +238,7 @@ def test_sampled_verify_of_60k_files_holds_bits_not_entries(tmp_path):
     from remote_ops.agent.verify import op_verify
     n = 60000
     _linked_outputs(tmp_path / "out", [i for i in range(n) if i not in (5, 77)] + [n + 10])
-    peak, res = _peak(lambda: _drain(op_verify({"output_dir": str(tmp_path / "out"), "expected": n})))
+    peak, res = _peak(lambda: drain(op_verify({"output_dir": str(tmp_path / "out"), "expected": n})))
     assert res["files"] == n - 2 and res["gaps"] == [5, 77] and res["gap_count"] == 2
     assert res["extra"] == ["data_%d.pt" % (n + 10)] and res["extra_count"] == 1
     assert res["missing_after_last"] == 0 and res["unloadable_count"] == 0 and res["checked"] == 32
