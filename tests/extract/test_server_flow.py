@@ -96,6 +96,13 @@ class Env:
             time.sleep(0.05)
         raise AssertionError(f"{text!r} never appeared in the log")
 
+    def wait_files(self, n, timeout=60):
+        """Until the output directory holds at least ``n`` sample files, or ``timeout`` seconds pass (no
+        error then: the caller's own checks judge what is there)."""
+        deadline = time.time() + timeout
+        while len(self.files()) < n and time.time() < deadline:
+            time.sleep(0.1)
+
     def files(self):
         return sorted(self.out.glob("hs_*.safetensors"))
 
@@ -248,9 +255,7 @@ def test_stop_mid_run_stops_both_trees_then_relaunch_resumes(tmp_path, sshd, cli
                                                                           "--sample-delay", "0.4"])
     status, rec, err = cli_json(cli, env, "extract", "testhost")
     assert status == 0, err
-    deadline = time.time() + 60
-    while len(env.files()) < 2 and time.time() < deadline:
-        time.sleep(0.1)
+    env.wait_files(2)
     s, st, _ = cli_json(cli, env, "status", "testhost")
     assert st["job"]["state"] == "running" and st["job"]["server"]["state"] == "healthy"
     server_pid = st["job"]["server"]["pid"]
@@ -349,9 +354,7 @@ def test_server_api_key_refuses_requests_without_it_and_never_shows(tmp_path, ss
     status, rec, err = cli_json(cli, env, "extract", "testhost")
     assert status == 0, err
     launched = json.dumps(rec)
-    deadline = time.time() + 60
-    while len(env.files()) < 2 and time.time() < deadline:
-        time.sleep(0.1)
+    env.wait_files(2)
     s, st, _ = cli_json(cli, env, "status", "testhost")
     assert st["job"]["state"] == "running" and st["job"]["server"]["state"] == "healthy"
     server_pid = st["job"]["server"]["pid"]

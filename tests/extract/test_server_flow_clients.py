@@ -7,8 +7,6 @@ server and wait for its health check themselves."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import yaml
 
@@ -78,9 +76,7 @@ def test_stop_mid_run_leaves_no_client_and_no_server(tmp_path, sshd, cli):
     env = with_clients(Env(tmp_path, sshd, client_args=["--concurrency", "1", "--sample-delay", "2"]), 3)
     status, rec, err = cli_json(cli, env, "extract", "testhost")
     assert status == 0, err
-    deadline = time.time() + 60
-    while len(env.files()) < 3 and time.time() < deadline:
-        time.sleep(0.1)
+    env.wait_files(3)
     s, st, _ = cli_json(cli, env, "status", "testhost")
     assert st["job"]["state"] == "running"
     assert len(marker_pids(tmp_path)) >= 5          # the supervisor's children: launcher, 3 clients, server
