@@ -14,9 +14,9 @@ st = pytest.importorskip("safetensors.torch")
 from remote_ops.agent.outputs import safetensors as verify_hs  # noqa: E402
 from tests.helpers_ops import drain  # noqa: E402
 
-HS_SRC = Path("/root/.cache/remote-ops/src/hs_connectors-0.9.0")
-pytestmark = pytest.mark.skipif(not (HS_SRC / "hs_connectors" / "fp8_utils.py").is_file(),
-                                reason="hs_connectors 0.9.0's unpacked wheel is not here")
+from remote_ops import pkgsource  # noqa: E402
+
+HS_SRC = pkgsource.unpacked("hs-connectors", "0.9.0")   # the real wheel from PyPI (cached), never a skip
 
 
 @pytest.fixture(scope="module")
