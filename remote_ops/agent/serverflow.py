@@ -33,6 +33,7 @@ Also used, unchanged, by benchmarks/evidence/server_flow_evidence.py over each r
 one implementation of the evidence and of the host's check.
 """
 
+import ast
 import json
 import os
 import re
@@ -41,6 +42,7 @@ import time
 
 from .core.pythons import sys_path_of
 from .protocol import AgentFailure
+from .resolve.base import Ent
 from .resolve.resolver import StaticResolver
 from .resolve.sigmodel import Unknown
 
@@ -418,12 +420,35 @@ def _client_fields(c, static, root, client):
                 _params(static, "%s:%s" % (proto, cls)), None)
 
 
+def _parser_options(static, module):
+    """The option strings (``--api-server-count``, ``-asc``, ...) of the ``add_argument(...)`` calls in
+    ``module``'s ``make_arg_parser``: flags ``vllm serve`` takes that are no EngineArgs/FrontendArgs parameter
+    (a set), or a str reason. Literal strings only, read from the parsed source."""
+    mod = static.load(module)
+    if isinstance(mod, Ent):
+        return "%s: %s" % (module, mod.reason)
+    fn = next((st for st in mod.tree.body if isinstance(st, ast.FunctionDef) and st.name == "make_arg_parser"), None)
+    if fn is None:
+        return "%s defines no make_arg_parser" % module
+    out = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
+            out.update(a.value for a in node.args
+                       if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("-"))
+    return out
+
+
 def _flags(c, static, root, flags):
-    """Every flag is an EngineArgs or FrontendArgs parameter (--no-X: the boolean X)."""
+    """Every flag is an EngineArgs or FrontendArgs parameter (--no-X: the boolean X), or an option that
+    make_arg_parser adds itself in the module that has FrontendArgs (--api-server-count / -asc, --headless,
+    --config, ...). A flag none of them has is a finding; where make_arg_parser's options could not be read,
+    such a flag is not decided rather than reported."""
     eng = _params(static, ENGINE_ARGS)
-    front = next((_params(static, s) for s in FRONTEND_ARGS
+    where = next((s for s in FRONTEND_ARGS
                   if os.path.isfile(os.path.join(os.path.dirname(root), s.partition(":")[0].replace(".", "/") + ".py"))),
-                 "FrontendArgs: none of %s" % ", ".join(FRONTEND_ARGS))
+                 None)
+    front = _params(static, where) if where else "FrontendArgs: none of %s" % ", ".join(FRONTEND_ARGS)
+    what = "every flag of the server command is an EngineArgs/FrontendArgs parameter"
     if isinstance(eng, set) and isinstance(front, set):
         known = eng | front
         unknown = []
@@ -431,12 +456,17 @@ def _flags(c, static, root, flags):
             n = f[2:].replace("-", "_")
             if n not in known and not (n.startswith("no_") and n[3:] in known):
                 unknown.append(f)
-        c.add("flags", "every flag of the server command is an EngineArgs/FrontendArgs parameter", not unknown,
-              "" if not unknown else "unknown: " + ", ".join(unknown),
-              fix="remove or rename the flag (vllm serve --help lists this release's)")
+        parser = _parser_options(static, where.partition(":")[0]) if unknown else set()
+        if isinstance(parser, set):
+            # vLLM's FlexibleArgumentParser takes --a_b for --a-b
+            own = {o[2:].replace("-", "_") if o.startswith("--") else o for o in parser}
+            unknown = [f for f in unknown if (f[2:].replace("-", "_") if f.startswith("--") else f) not in own]
+            c.add("flags", what, not unknown, "" if not unknown else "unknown: " + ", ".join(unknown),
+                  fix="remove or rename the flag (vllm serve --help lists this release's)")
+        else:
+            c.add("flags", what, None, "not EngineArgs/FrontendArgs parameters: %s; %s" % (", ".join(unknown), parser))
     else:
-        c.add("flags", "every flag of the server command is an EngineArgs/FrontendArgs parameter", None,
-              "; ".join(x for x in (eng, front) if isinstance(x, str)))
+        c.add("flags", what, None, "; ".join(x for x in (eng, front) if isinstance(x, str)))
 
 
 def served_model(command):

@@ -11,6 +11,7 @@ and writes the hidden-states file after the response, holding <file>.lock meanwh
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -78,6 +79,50 @@ def test_an_unknown_flag_and_an_unknown_config_key_are_findings():
     assert checks["flags"]["ok"] is False and "--no-such-flag" in checks["flags"]["detail"]
     assert checks["speculative-config-keys"]["ok"] is False
     assert "num_speculative_tokenz" in checks["speculative-config-keys"]["detail"]
+
+
+# vLLM releases whose make_arg_parser adds --api-server-count / -asc itself (not an EngineArgs/FrontendArgs field),
+# in each place FrontendArgs has lived: entrypoints/openai/ (<= 0.28), launchers/ (0.29-0.32), common/ (0.33)
+PARSER_RELEASES = ("0.11.0", "0.17.0", "0.20.0", "0.22.0", "0.24.0", "0.26.0", "0.29.0", "0.33.0")
+
+
+@pytest.mark.parametrize("version", PARSER_RELEASES)
+def test_make_arg_parsers_own_flags_are_known_and_a_made_up_one_is_still_a_finding(version):
+    """--api-server-count N (api_server_count) is added by make_arg_parser in the module that has FrontendArgs:
+    accepted, long, underscored (vLLM's FlexibleArgumentParser) or beside --headless; a made-up flag next to it is
+    still reported, alone."""
+    src = pkgsource.unpacked("vllm", version)
+    static = agent_sf.StaticResolver([str(src)])
+    module = next(s.partition(":")[0] for s in agent_sf.FRONTEND_ARGS
+                  if (src / (s.partition(":")[0].replace(".", "/") + ".py")).is_file())
+    opts = agent_sf._parser_options(static, module)
+    assert {"--api-server-count", "-asc", "--headless", "--config"} <= opts, (version, opts)
+    for extra in (["--api-server-count", "2"], ["--api_server_count", "2"], ["--api-server-count", "4", "--headless"]):
+        flags = _by_id(agent_sf.op_check({"command": _command(MAIN) + extra, "client": serverflow.CLIENT_FIELDS,
+                                          "sys_path": [str(src)]}))["flags"]
+        assert flags["ok"] is True and flags["detail"] == "", (version, extra, flags)
+    flags = _by_id(agent_sf.op_check({"command": _command(MAIN) + ["--api-server-count", "2", "--no-such-flag", "1"],
+                                      "client": serverflow.CLIENT_FIELDS, "sys_path": [str(src)]}))["flags"]
+    assert flags["ok"] is False and flags["detail"] == "unknown: --no-such-flag", (version, flags)
+    assert flags["what"] == "every flag of the server command is an EngineArgs/FrontendArgs parameter"
+
+
+def test_a_flag_not_in_the_args_classes_is_undecided_where_make_arg_parser_cannot_be_read(tmp_path):
+    """A cli_args module without make_arg_parser (a vLLM laid out otherwise): a flag outside EngineArgs and
+    FrontendArgs is not decided, never a false finding; the flags that are parameters still pass."""
+    src = pkgsource.unpacked("vllm", "0.33.0")
+    copy = tmp_path / "vllm-copy"
+    shutil.copytree(src, copy)
+    cli_args = copy / "vllm/entrypoints/common/cli_args.py"
+    text = cli_args.read_text()
+    assert "def make_arg_parser(" in text
+    cli_args.write_text(text.replace("def make_arg_parser(", "def make_arg_parser_renamed("))
+    flags = _by_id(agent_sf.op_check({"command": _command(MAIN) + ["--api-server-count", "2"],
+                                      "client": serverflow.CLIENT_FIELDS, "sys_path": [str(copy)]}))["flags"]
+    assert flags["ok"] is None and "--api-server-count" in flags["detail"], flags
+    assert "defines no make_arg_parser" in flags["detail"]
+    assert _by_id(agent_sf.op_check({"command": _command(MAIN), "client": serverflow.CLIENT_FIELDS,
+                                     "sys_path": [str(copy)]}))["flags"]["ok"] is True
 
 
 @pytest.fixture(scope="module")
