@@ -107,6 +107,20 @@ def test_make_arg_parsers_own_flags_are_known_and_a_made_up_one_is_still_a_findi
     assert flags["what"] == "every flag of the server command is an EngineArgs/FrontendArgs parameter"
 
 
+@pytest.mark.parametrize("name,version", [(MAIN, "0.24.0"), (MAIN, "0.33.0"), (NOCP, "0.17.0"), (NOCP, "0.22.0")])
+def test_a_hosts_api_server_count_passes_every_check_the_default_passes(name, version):
+    """The playbooks' var api_server_count: 4 renders --api-server-count 4, which each playbook's releases take;
+    every check holds as it does for the default command (no flag)."""
+    pb = pb_mod.load(str(pb_mod.find(name)))
+    cmd = server_command(pb, Host(name="t", hostname="h", python="python3", vars={"api_server_count": 4}))
+    assert cmd[cmd.index("--api-server-count") + 1] == "4"
+    got = _by_id(agent_sf.op_check({"command": cmd, "client": serverflow.CLIENT_FIELDS,
+                                    "sys_path": [str(pkgsource.unpacked("vllm", version))]}))
+    plain = _by_id(_op(version, name))
+    assert {k: c["ok"] for k, c in got.items()} == {k: c["ok"] for k, c in plain.items()}
+    assert got["flags"]["ok"] is True, got["flags"]
+
+
 def test_a_flag_not_in_the_args_classes_is_undecided_where_make_arg_parser_cannot_be_read(tmp_path):
     """A cli_args module without make_arg_parser (a vLLM laid out otherwise): a flag outside EngineArgs and
     FrontendArgs is not decided, never a false finding; the flags that are parameters still pass."""

@@ -194,3 +194,19 @@ def test_max_num_batched_tokens_is_vllms_default_until_a_host_sets_it(name):
     i = set_.server.command.index("--max-num-batched-tokens")
     assert set_.server.command[i + 1] == "65536"
     assert set_.server.command[:i] + set_.server.command[i + 2:] == plain.server.command
+
+
+@pytest.mark.parametrize("name", ["eagle3-speculators-0.9.0.yaml", "eagle3-speculators-0.9.0-no-chunked-prefill.yaml"])
+def test_api_server_count_is_vllms_default_until_a_host_sets_it(name):
+    """The var api_server_count (null: vLLM's own default, one API-server process) gives the server no flag; a
+    host's number gives --api-server-count N, and nothing else of the server or client command moves."""
+    pb = playbook.load(str(SHIPPED.with_name(name)))
+    assert pb.doc.data["vars"]["api_server_count"] is None
+    plain = jobs.parse_spec(pb, Host(name="gpu", hostname="gpu01", python="/opt/venv/bin/python"))
+    assert not any("api-server-count" in x or x == "-asc" for x in plain.server.command)
+    set_ = jobs.parse_spec(pb, Host(name="gpu", hostname="gpu01", python="/opt/venv/bin/python",
+                                    vars={"api_server_count": 4}))
+    i = set_.server.command.index("--api-server-count")
+    assert set_.server.command[i + 1] == "4"
+    assert set_.server.command[:i] + set_.server.command[i + 2:] == plain.server.command
+    assert set_.command == plain.command
