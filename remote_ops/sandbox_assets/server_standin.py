@@ -29,6 +29,9 @@ AuthenticationMiddleware).
 Fault flags for the tests: ``--crash-at-start`` (exit 3 with a traceback before listening),
 ``--exit-after N`` (a traceback and exit 1 after N completions: the server dying under the client),
 ``--startup-seconds S``, ``--ignore-term`` (survives SIGTERM: stop must KILL it).
+
+``--api-server-count N`` (``-asc``, vLLM's: N API-server processes on one port) is taken so that a command
+carrying the playbooks' var api_server_count starts; the STAND-IN still runs one process and says so.
 """
 
 import argparse
@@ -232,6 +235,9 @@ def main(argv=None):
     ap.add_argument("--ignore-term", action="store_true", help="survive SIGTERM (stop must SIGKILL)")
     ap.add_argument("--access-log", action="store_true")
     ap.add_argument("--api-key", default=None, help="as vLLM's (else $VLLM_API_KEY): /v1 paths need the bearer key")
+    ap.add_argument("--api-server-count", "-asc", type=int, default=None,
+                    help="vLLM's (the playbooks' var api_server_count): taken so that a command carrying it starts, "
+                         "but the STAND-IN always runs ONE process (one threaded HTTP server), whatever N")
     args = ap.parse_args(argv)
     print(STANDIN_LINE, flush=True)
     print("INFO %s [api_server.py] vLLM API server version STAND-IN" % time.strftime("%m-%d %H:%M:%S"), flush=True)
@@ -244,6 +250,9 @@ def main(argv=None):
     state = State(args)
     server = _Server((args.host, args.port), handler(state))
     server.daemon_threads = True
+    if args.api_server_count is not None and args.api_server_count != 1:
+        print("INFO %s [serve.py] STAND-IN: --api-server-count %d taken, one API-server process runs"
+              % (time.strftime("%m-%d %H:%M:%S"), args.api_server_count), flush=True)
     print("INFO:     Started server process [%d]" % os.getpid(), flush=True)
     print("INFO:     Uvicorn running on http://%s:%d (Press CTRL+C to quit)" % (args.host, args.port), flush=True)
     try:

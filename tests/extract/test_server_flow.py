@@ -212,6 +212,21 @@ def test_server_then_client_tail_status_logs_verify_then_resume(tmp_path, sshd, 
     assert s == 0 and rec["ok"]
 
 
+def test_a_server_command_with_api_server_count_runs_on_the_standin(tmp_path, sshd, cli):
+    """The playbooks' var api_server_count puts vLLM's --api-server-count N on the server command: the STAND-IN takes
+    it (and -asc), says it runs one process, and the job ends as without it."""
+    env = Env(tmp_path, sshd, server_args=["--api-server-count", "4"])
+    status, out, err = cli(*env.argv("extract", "testhost", "--tail"))
+    assert status == 0, err + out
+    assert "[server] " in out and "STAND-IN: --api-server-count 4 taken, one API-server process runs" in out
+    assert "succeeded" in out and len(env.files()) == 12
+    assert_sample_is_row(env.out / "hs_11.safetensors", 11)
+    assert marker_pids(tmp_path) == [] and port_free(env.port)["free"]
+    r = subprocess.run([sys.executable, str(SERVER), "m", "-asc", "2", "--crash-at-start"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 3 and "--api-server-count 2" not in r.stdout       # parsed (argparse would exit 2)
+
+
 def test_server_dying_under_the_client_fails_the_job_with_its_last_lines(tmp_path, sshd, cli):
     env = Env(tmp_path, sshd, server_args=["--exit-after", "5"], client_args=["--concurrency", "1",
                                                                              "--sample-delay", "0.3"])
