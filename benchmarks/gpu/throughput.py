@@ -35,6 +35,7 @@ subprocess with a timeout:
       share one file system, as a_tmpfs's files do); named variants change playbook vars (SERVER_VARIANTS:
       a_server_tmpfs_c64, concurrency 64; a_server_tmpfs_b64k, max_num_batched_tokens 65536 and
       concurrency 64; a_server_tmpfs_x4 / _x8, the var clients: 4 / 8 client processes, run_clients.py;
+      a_server_tmpfs_x8_api4, 8 clients and the var api_server_count: 4, vLLM's --api-server-count 4;
       "connector" picks a harness copy of the playbook instead of a var), and --server-vars JSON changes vars
       of every server part of the run. Each part's
       result says the vars it ran with; ratios give <part>/c_best for each.
@@ -148,6 +149,9 @@ SERVER_VARIANTS = {"a_server_tmpfs": {},
                    # the shipped playbook for 0.20.0 as it is, but clients: 4 and 8
                    "a_server_tmpfs_x4": {"clients": 4},
                    "a_server_tmpfs_x8": {"clients": 8},
+                   # the same eight clients against four API-server processes (the playbook var api_server_count:
+                   # vllm serve --api-server-count 4): is vLLM's one API-server process the bound?
+                   "a_server_tmpfs_x8_api4": {"clients": 8, "api_server_count": 4},
                    # eight clients at vLLM 0.22's write path and (c_best)'s step
                    "a_server_tmpfs_async_b64k_x8": {"connector": "async", "clients": 8,
                                                     "max_num_batched_tokens": 65536}}
@@ -1244,7 +1248,8 @@ class Bench:
                "data_dir": str(data),
                "on": "disk" if name == "a_server" else "tmpfs", "dataset_copy_s": copied,
                **({"standin": "STAND-IN server and client (no vLLM): the client takes concurrency, the server "
-                             "no engine var (max_num_batched_tokens does not reach it)"} if self.args.standin else {}),
+                             "no engine var (max_num_batched_tokens does not reach it) and no api_server_count "
+                             "(one process)"} if self.args.standin else {}),
                "stderr_tail": r["stderr"][-1500:] if r["rc"] else "", "log_tail": job_lines(r["stdout"])[-8:]}
         if files and healthy_at:
             # with client_start: launch the client polls /health itself and can see the server ready a poll before

@@ -107,6 +107,8 @@ SERVER_VARIANT_LABELS = {"a_server_tmpfs": "on a tmpfs (dataset, staging and out
                                                          "max_num_batched_tokens 65536, 4 clients of 32 in flight",
                          "a_server_tmpfs_x4": "on a tmpfs, 4 clients of 32 in flight (the playbook var clients)",
                          "a_server_tmpfs_x8": "on a tmpfs, 8 clients of 32 in flight (the playbook var clients)",
+                         "a_server_tmpfs_x8_api4": "on a tmpfs, 8 clients of 32 in flight, 4 API-server processes "
+                                                   "(the playbook var api_server_count)",
                          "a_server_tmpfs_async_b64k_x8": "on a tmpfs, vLLM 0.22's write path, chunked prefill on, "
                                                          "max_num_batched_tokens 65536, 8 clients of 32 in flight"}
 

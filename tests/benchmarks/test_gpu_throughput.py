@@ -88,6 +88,7 @@ def test_dataset_lengths_cut_and_roofline():
                               "a_server_tmpfs_async_b64k_x4/a_server_tmpfs": None,
                               "a_server_tmpfs_x4/c_best": None, "a_server_tmpfs_x4/a_server_tmpfs": None,
                               "a_server_tmpfs_x8/c_best": None, "a_server_tmpfs_x8/a_server_tmpfs": None,
+                              "a_server_tmpfs_x8_api4/c_best": None, "a_server_tmpfs_x8_api4/a_server_tmpfs": None,
                               "a_server_tmpfs_async_b64k_x8/c_best": None,
                               "a_server_tmpfs_async_b64k_x8/a_server_tmpfs": None}
     doc["a_tmpfs_gil5"] = {"tokens_per_s": 76.0}
@@ -646,13 +647,19 @@ def test_server_parts_ratios_against_c_best_and_the_tmpfs_server_flow():
                                                                  "server_tmpfs_b64k", "server_tmpfs_async",
                                                                  "server_tmpfs_async_b64k", "server_tmpfs_async_b64k_x4",
                                                                  "server_tmpfs_x4", "server_tmpfs_x8",
-                                                                 "server_tmpfs_async_b64k_x8"]
+                                                                 "server_tmpfs_x8_api4", "server_tmpfs_async_b64k_x8"]
     # "connector" picks the playbook, never a var
     assert gt.server_vars("a_server_tmpfs_async") == {} and gt.server_connector("a_server_tmpfs_async") == "async"
     # clients is the shipped playbooks' var (run_clients.py)
     assert gt.server_vars("a_server_tmpfs_async_b64k_x4") == {"max_num_batched_tokens": 65536, "clients": 4}
     assert gt.server_vars("a_server_tmpfs_x8") == {"clients": 8} and gt.server_connector("a_server_tmpfs_x8") == \
         "vllm-no-chunked"
+    # api_server_count is the shipped playbooks' var (vllm serve --api-server-count): a_server_tmpfs_x8 otherwise
+    assert gt.server_vars("a_server_tmpfs_x8_api4") == {"clients": 8, "api_server_count": 4}
+    assert gt.server_connector("a_server_tmpfs_x8_api4") == gt.server_connector("a_server_tmpfs_x8")
+    doc["a_server_tmpfs_x8"], doc["a_server_tmpfs_x8_api4"] = {"tokens_per_s": 60000.0}, {"tokens_per_s": 125000.0}
+    q = gt.ratios(doc)
+    assert (q["a_server_tmpfs_x8_api4/c_best"], q["a_server_tmpfs_x8_api4/a_server_tmpfs"]) == (0.5, 2.5)
     # the vars a part runs with: its own, then --server-vars over them
     assert gt.server_vars("a_server") == {}
     assert gt.server_vars("a_server_tmpfs_b64k") == {"max_num_batched_tokens": 65536, "concurrency": 64}
@@ -699,6 +706,18 @@ def test_server_parts_hosts_put_the_dataset_staging_and_outputs_on_one_file_syst
     assert x4["vars"]["clients"] == 4 and "AsyncHiddenStatesConnector" in Path(x4["playbook"]).read_text()
     assert gt.server_connector("a_server_tmpfs_async") == "async" and gt.server_connector("a_server") == \
         "vllm-no-chunked"
+    # a_server_tmpfs_x8_api4: a_server_tmpfs_x8's host (the shipped playbook as it is, 8 clients) plus the var
+    # api_server_count, which that playbook renders as vLLM's --api-server-count 4 (a_server_tmpfs_x8's: no flag)
+    from remote_ops.connect.inventory import Host
+    from remote_ops.extract.extract_spec import server_command
+    from remote_ops.playbook import loader
+    api4, x8 = hosts["server_tmpfs_x8_api4"], hosts["server_tmpfs_x8"]
+    assert api4["playbook"] == x8["playbook"] == str(connector.NO_CHUNKED)
+    assert api4["vars"] == {**x8["vars"], "api_server_count": 4} and api4["vars"]["clients"] == 8
+    cmds = {k: server_command(loader.load(h["playbook"]), Host(name=k, hostname="localhost", python="python3",
+                                                               vars=h["vars"])) for k, h in (("api4", api4), ("x8", x8))}
+    i = cmds["api4"].index("--api-server-count")
+    assert cmds["api4"][i + 1] == "4" and cmds["api4"][:i] + cmds["api4"][i + 2:] == cmds["x8"]
 
 
 def test_c_best_from_an_earlier_result_of_the_same_shape(tmp_path):
